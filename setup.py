@@ -1,0 +1,32 @@
+"""vit_jax: the Vision Transformer paper in JAX/Flax."""
+
+import setuptools
+
+setuptools.setup(
+    name='vit_jax',
+    version='0.1.0',
+    description='Vision Transformer (An Image is Worth 16x16 Words) in JAX/Flax',
+    long_description=open('README.md', encoding='utf-8').read(),
+    long_description_content_type='text/markdown',
+    license='Apache-2.0',
+    packages=setuptools.find_packages(include=['vit_jax', 'vit_jax.*']),
+    python_requires='>=3.10',
+    install_requires=[
+        'absl-py',
+        'flax>=0.10',
+        'jax>=0.5',
+        'ml-collections',
+        'numpy',
+        'optax',
+        'orbax-checkpoint',
+        'scipy',
+        'tensorflow-cpu',
+        'tensorflow-datasets',
+    ],
+    extras_require={
+        # torch is pinned to the build CI has as a CPU wheel; any recent torch works.
+        'test': ['pytest', 'torch==2.13.0', 'transformers'],
+        'gpu': ['jax[cuda12]'],
+        'tpu': ['jax[tpu]'],
+    },
+)

@@ -1,0 +1,229 @@
+"""Model structure and numerics: exact parameter counts, dtype, intermediates."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from vit_jax import checkpoint
+from vit_jax import models
+from vit_jax.configs import models as model_configs
+
+# ../shared/REFERENCE.md section 1: 1000 classes, 224 px, no pre-logits.
+REFERENCE_PARAM_COUNTS = {
+    'ViT-Ti_16': 5_717_416,
+    'ViT-S_16': 22_050_664,
+    'ViT-S_32': 22_878_952,
+    'ViT-B_8': 86_576_872,
+    'ViT-B_16': 86_567_656,
+    'ViT-B_32': 88_224_232,
+    'ViT-L_16': 304_326_632,
+    'ViT-L_32': 306_535_400,
+    'ViT-H_14': 632_045_800,
+    'R50+ViT-B_16': 98_659_112,
+    'R26+ViT-B_32': 101_383_976,
+    'R50+ViT-L_32': 328_994_856,
+    'ViT-B_16-gap': 86_566_120,
+}
+
+
+def param_shapes(name, num_classes=1000, size=224, **overrides):
+  config = model_configs.MODEL_CONFIGS[name]
+  config.update(overrides)
+  model = models.VisionTransformer(num_classes=num_classes, **config)
+  images = jnp.zeros((1, size, size, 3))
+  return jax.eval_shape(lambda: model.init(jax.random.key(0), images, train=False))['params']
+
+
+def count(tree):
+  return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(tree))
+
+
+def test_registry_lists_every_public_name():
+  missing = set(REFERENCE_PARAM_COUNTS) - set(model_configs.MODEL_CONFIGS)
+  assert not missing
+
+
+@pytest.mark.parametrize('name', sorted(model_configs.MODEL_CONFIGS))
+def test_exact_parameter_count(name):
+  n = count(param_shapes(name))
+  if name in REFERENCE_PARAM_COUNTS:
+    assert n == REFERENCE_PARAM_COUNTS[name]
+  elif name.endswith('-gap'):
+    # No class token and one position-embedding row fewer than the token model.
+    base = name[:-len('-gap')]
+    hidden = model_configs.MODEL_CONFIGS[base].hidden_size
+    assert n == REFERENCE_PARAM_COUNTS[base] - 2 * hidden
+  else:
+    assert name == 'testing'
+
+
+def test_registry_returns_independent_copies():
+  config = model_configs.MODEL_CONFIGS['ViT-B_16']
+  config.transformer.num_layers = 3
+  assert model_configs.MODEL_CONFIGS['ViT-B_16'].transformer.num_layers == 12
+
+
+def test_unknown_model_suggests_names():
+  with pytest.raises(KeyError, match='did you mean ViT-B_16'):
+    model_configs.MODEL_CONFIGS['ViT-B16']
+
+
+def test_hybrid_parameter_names_are_the_checkpoint_layout():
+  keys = checkpoint.flatten(param_shapes('R50+ViT-B_16'))
+  assert keys['conv_root/kernel'].shape == (7, 7, 3, 64)
+  assert keys['gn_root/scale'].shape == (64,)
+  assert keys['block3/unit9/conv3/kernel'].shape == (1, 1, 256, 1024)
+  assert keys['block1/unit1/gn_proj/bias'].shape == (256,)
+  assert keys['embedding/kernel'].shape == (1, 1, 1024, 768)
+  # Total stride 16: a 14x14 feature map at 224 px, plus the class token.
+  assert keys['Transformer/posembed_input/pos_embedding'].shape == (1, 197, 768)
+
+
+def test_vit_b16_checkpoint_layout():
+  keys = checkpoint.flatten(param_shapes('ViT-B_16', representation_size=768, num_classes=21843))
+  block = 'Transformer/encoderblock_11/'
+  expected = {
+      'cls': (1, 1, 768),
+      'embedding/kernel': (16, 16, 3, 768),
+      'Transformer/posembed_input/pos_embedding': (1, 197, 768),
+      block + 'LayerNorm_0/scale': (768,),
+      block + 'MultiHeadDotProductAttention_1/query/kernel': (768, 12, 64),
+      block + 'MultiHeadDotProductAttention_1/value/bias': (12, 64),
+      block + 'MultiHeadDotProductAttention_1/out/kernel': (12, 64, 768),
+      block + 'LayerNorm_2/bias': (768,),
+      block + 'MlpBlock_3/Dense_0/kernel': (768, 3072),
+      block + 'MlpBlock_3/Dense_1/kernel': (3072, 768),
+      'Transformer/encoder_norm/scale': (768,),
+      'pre_logits/kernel': (768, 768),
+      'head/kernel': (768, 21843),
+  }
+  for key, shape in expected.items():
+    assert keys[key].shape == shape, key
+  # cls, embedding (2), posemb, 12 blocks of 16 arrays, encoder_norm, pre_logits, head (2 each).
+  assert len(keys) == 1 + 2 + 1 + 12 * 16 + 2 + 2 + 2
+
+
+def _tiny(**overrides):
+  config = model_configs.MODEL_CONFIGS['testing']
+  config.update(hidden_size=32, patches={'size': (4, 4)})
+  config.transformer.update(num_layers=2, num_heads=4, mlp_dim=64)
+  config.update(overrides)
+  return config
+
+
+def _random_params(model, images, seed=0):
+  """Initialised params with every leaf randomised (zeros hide layout bugs)."""
+  params = model.init(jax.random.key(seed), images, train=False)['params']
+  leaves, treedef = jax.tree.flatten(params)
+  keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
+  leaves = [0.1 * jax.random.normal(k, x.shape) for k, x in zip(keys, leaves)]
+  return jax.tree.unflatten(treedef, leaves)
+
+
+def test_head_is_zero_initialised_with_bias_init():
+  model = models.VisionTransformer(num_classes=5, head_bias_init=-10.0, **_tiny())
+  params = model.init(jax.random.key(0), jnp.zeros((1, 16, 16, 3)), train=False)['params']
+  np.testing.assert_array_equal(params['head']['kernel'], 0)
+  np.testing.assert_array_equal(params['head']['bias'], -10)
+  np.testing.assert_array_equal(params['cls'], 0)
+
+
+@pytest.mark.parametrize('classifier, shape', [
+    ('token', (2, 32)), ('gap', (2, 32)), ('unpooled', (2, 16, 32)), ('token_unpooled', (2, 17, 32))])
+def test_classifier_outputs(classifier, shape):
+  model = models.VisionTransformer(num_classes=None, **_tiny(classifier=classifier))
+  images = jax.random.uniform(jax.random.key(1), (2, 16, 16, 3), minval=-1, maxval=1)
+  params = _random_params(model, images)
+  features = model.apply({'params': params}, images, train=False)
+  assert features.shape == shape
+  tokens = model.apply({'params': params}, images, train=False,
+                       mutable=['intermediates'])[1]['intermediates']
+  if classifier == 'gap':
+    # Mean over the final (normalised) tokens; recompute it from the last block.
+    last = tokens['Transformer']['encoderblock_1']['tokens'][0]
+    norm = params['Transformer']['encoder_norm']
+    mu, var = last.mean(-1, keepdims=True), last.var(-1, keepdims=True)
+    normed = (last - mu) / jnp.sqrt(var + 1e-6) * norm['scale'] + norm['bias']
+    np.testing.assert_allclose(features, normed.mean(1), rtol=1e-5, atol=1e-5)
+
+
+def test_attention_weights_and_fast_path_agree():
+  model = models.VisionTransformer(num_classes=7, **_tiny())
+  images = jax.random.uniform(jax.random.key(2), (2, 16, 16, 3), minval=-1, maxval=1)
+  params = _random_params(model, images)
+  fast = model.apply({'params': params}, images, train=False)
+  slow, state = model.apply({'params': params}, images, train=False, mutable=['intermediates'])
+  np.testing.assert_allclose(fast, slow, rtol=1e-5, atol=1e-6)
+  block = state['intermediates']['Transformer']['encoderblock_0']
+  weights = block['MultiHeadDotProductAttention_1']['attention_weights'][0]
+  assert weights.shape == (2, 4, 17, 17)
+  np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-5)
+  assert block['tokens'][0].shape == (2, 17, 32)
+
+
+def test_bfloat16_compute_float32_params():
+  config = _tiny()
+  images = jax.random.uniform(jax.random.key(3), (2, 16, 16, 3), minval=-1, maxval=1)
+  f32 = models.VisionTransformer(num_classes=7, **config)
+  bf16 = models.VisionTransformer(num_classes=7, dtype=jnp.bfloat16, **config)
+  params = _random_params(f32, images)
+  init_bf16 = bf16.init(jax.random.key(0), images, train=False)['params']
+  assert {x.dtype for x in jax.tree.leaves(init_bf16)} == {jnp.dtype('float32')}
+
+  logits, state = bf16.apply({'params': params}, images, train=False,
+                             capture_intermediates=True, mutable=['intermediates'])
+  assert logits.dtype == jnp.float32
+  # Every layer's output (Dense, Conv, LayerNorm, attention, blocks) is bf16;
+  # the attention's projection holders return their float32 parameters.
+  layer_dtypes = {
+      path: x[0].dtype for path, x in checkpoint.flatten(state['intermediates']).items()
+      if path.endswith('__call__') and path != '__call__'
+      and not path.endswith(('query/__call__', 'key/__call__', 'value/__call__', 'out/__call__'))}
+  assert len(layer_dtypes) > 20
+  assert set(layer_dtypes.values()) == {jnp.dtype('bfloat16')}, layer_dtypes
+  reference = f32.apply({'params': params}, images, train=False)
+  np.testing.assert_allclose(logits, reference, atol=0.05 * float(jnp.abs(reference).max()))
+
+
+def test_remat_gives_same_values_and_gradients():
+  config = _tiny(transformer={**_tiny().transformer, 'dropout_rate': 0.1})
+  images = jax.random.uniform(jax.random.key(4), (2, 16, 16, 3), minval=-1, maxval=1)
+  plain = models.VisionTransformer(num_classes=3, **config)
+  remat = models.VisionTransformer(num_classes=3, remat=True, **config)
+  params = _random_params(plain, images)
+
+  def loss(model, p):
+    out = model.apply({'params': p}, images, train=True, rngs={'dropout': jax.random.key(5)})
+    return jnp.sum(out ** 2)
+
+  v1, g1 = jax.value_and_grad(lambda p: loss(plain, p))(params)
+  v2, g2 = jax.value_and_grad(lambda p: loss(remat, p))(params)
+  np.testing.assert_allclose(v1, v2, rtol=1e-6)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), g1, g2)
+
+
+def test_dropout_is_active_only_in_training():
+  config = _tiny(transformer={**_tiny().transformer, 'dropout_rate': 0.5,
+                              'attention_dropout_rate': 0.5})
+  model = models.VisionTransformer(num_classes=3, **config)
+  images = jax.random.uniform(jax.random.key(6), (2, 16, 16, 3), minval=-1, maxval=1)
+  params = _random_params(model, images)
+  run = lambda seed: model.apply({'params': params}, images, train=True,  # noqa: E731
+                                 rngs={'dropout': jax.random.key(seed)})
+  assert not np.allclose(run(0), run(1))
+  np.testing.assert_array_equal(model.apply({'params': params}, images, train=False),
+                                model.apply({'params': params}, images, train=False))
+
+
+def test_hybrid_forward():
+  config = model_configs.MODEL_CONFIGS['R26+ViT-B_32']
+  config.hidden_size = 32
+  config.transformer.update(num_layers=1, num_heads=2, mlp_dim=16)
+  model = models.VisionTransformer(num_classes=4, **config)
+  images = jax.random.uniform(jax.random.key(7), (1, 64, 64, 3), minval=-1, maxval=1)
+  params = _random_params(model, images)
+  # Four stages: stride 32, so a 2x2 feature map and 4 + 1 tokens.
+  assert params['Transformer']['posembed_input']['pos_embedding'].shape == (1, 5, 32)
+  logits = model.apply({'params': params}, images, train=False)
+  assert logits.shape == (1, 4) and bool(jnp.all(jnp.isfinite(logits)))

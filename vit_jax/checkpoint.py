@@ -1,0 +1,310 @@
+"""The public `.npz` checkpoints: load, save, and adapt for fine-tuning.
+
+The files are plain `numpy.savez` archives whose keys are `/`-joined
+parameter paths (`Transformer/encoderblock_0/MlpBlock_3/Dense_0/kernel`).
+`load` accepts the original release, the newer Flax numbering and the
+`params/` / `opt/target/` prefixes of big_vision-era files, and returns the
+parameter tree of `vit_jax.models.VisionTransformer` as numpy arrays.
+"""
+
+import io
+import math
+import os
+import re
+import zipfile
+from typing import Any, Mapping, Optional
+
+import numpy as np
+
+Params = Mapping[str, Any]
+
+_PREFIXES = ('opt/target/', 'params/')
+# Newer Flax numbering inside an encoder block -> the original release's.
+_NEW_BLOCK_NAMES = {
+    'LayerNorm_1': 'LayerNorm_2',
+    'MultiHeadDotProductAttention_0': 'MultiHeadDotProductAttention_1',
+    'MlpBlock_0': 'MlpBlock_3',
+}
+_POSEMB = 'Transformer/posembed_input/pos_embedding'
+
+
+class CheckpointError(ValueError):
+  """A checkpoint that cannot be read or does not fit the model; one line."""
+
+
+# ---------------------------------------------------------------------------
+# Files: local paths directly, anything with a scheme (gs://) via tf.io.gfile.
+
+
+def _is_remote(path: str) -> bool:
+  return '://' in str(path)
+
+
+def _gfile():
+  try:
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise CheckpointError(
+        'reading gs:// paths needs TensorFlow: pip install tensorflow-cpu') from e
+  return tf.io.gfile
+
+
+def _exists(path: str) -> bool:
+  return _gfile().exists(path) if _is_remote(path) else os.path.exists(path)
+
+
+def resolve(path: str) -> str:
+  """A `.npz` path, or a directory holding `params.npz` (a training workdir)."""
+  path = os.fspath(path)
+  if not _is_remote(path) and os.path.isdir(path) or _is_remote(path) and _gfile().isdir(path):
+    candidate = path.rstrip('/') + '/params.npz'
+    if not _exists(candidate):
+      raise CheckpointError(f'{path}: a directory without params.npz; pass the .npz file itself')
+    return candidate
+  if not _exists(path):
+    raise CheckpointError(f'{path}: no such checkpoint; check the path (released files: '
+                          'gs://vit_models/imagenet21k/ViT-B_16.npz and friends)')
+  return path
+
+
+# ---------------------------------------------------------------------------
+# Trees.
+
+
+def flatten(tree: Params, prefix: str = '') -> dict:
+  """Nested mapping -> {'a/b/c': leaf}."""
+  flat = {}
+  for key, value in tree.items():
+    path = f'{prefix}{key}'
+    if isinstance(value, Mapping):
+      flat.update(flatten(value, path + '/'))
+    else:
+      flat[path] = value
+  return flat
+
+
+def unflatten(flat: Mapping[str, Any]) -> dict:
+  """{'a/b/c': leaf} -> nested dicts."""
+  tree = {}
+  for path, value in flat.items():
+    *parents, leaf = path.split('/')
+    node = tree
+    for p in parents:
+      node = node.setdefault(p, {})
+    node[leaf] = value
+  return tree
+
+
+def _canonical(flat: dict) -> dict:
+  """Maps the key variants of released files onto this model's names."""
+  for prefix in _PREFIXES:
+    if any(k.startswith(prefix) for k in flat):
+      flat = {k[len(prefix):]: v for k, v in flat.items() if k.startswith(prefix)}
+      break
+
+  out = {}
+  for key, value in flat.items():
+    # big_vision with `scan=True`: one block whose leaves carry a layer axis.
+    if key.startswith('Transformer/encoderblock/'):
+      rest = key[len('Transformer/encoderblock/'):]
+      for i, layer_value in enumerate(value):
+        out[f'Transformer/encoderblock_{i}/{rest}'] = layer_value
+      continue
+    out[key] = value
+
+  renamed = {}
+  for key, value in out.items():
+    match = re.match(r'(Transformer/encoderblock_\d+/)([^/]+)(/.*)', key)
+    if match and match.group(2) in _NEW_BLOCK_NAMES:
+      key = match.group(1) + _NEW_BLOCK_NAMES[match.group(2)] + match.group(3)
+    # Old hybrid files store GroupNorm scale/bias as (1, 1, 1, C).
+    if re.search(r'(^|/)gn[^/]*/(scale|bias)$', key) and value.ndim == 4:
+      value = value.reshape(-1)
+    renamed[key] = value
+
+  # big_vision keeps the position embedding at the root and adds it to the
+  # patches only, before the class token is prepended. Our class token gets the
+  # embedding's first row, so a zero row makes the two models compute the same.
+  if 'pos_embedding' in renamed:
+    posemb = renamed.pop('pos_embedding')
+    if 'cls' in renamed:
+      posemb = np.concatenate([np.zeros_like(posemb[:, :1]), posemb], axis=1)
+    renamed[_POSEMB] = posemb
+  return renamed
+
+
+def _shape(x) -> tuple:
+  return tuple(np.shape(x))
+
+
+def check_tree(params: Params, expected: Params, what: str = 'checkpoint') -> None:
+  """Raises CheckpointError naming the first key whose presence or shape differs.
+
+  `expected` may hold arrays or `jax.ShapeDtypeStruct`s (from `jax.eval_shape`).
+  """
+  got, want = flatten(params), flatten(expected)
+  for key in sorted(set(got) | set(want)):
+    if key not in got:
+      raise CheckpointError(f'{what} lacks {key} {_shape(want[key])} that the model has; '
+                            'is it a checkpoint of another model?')
+    if key not in want:
+      raise CheckpointError(f'{what} has {key} {_shape(got[key])} that the model lacks; '
+                            'is it a checkpoint of another model?')
+    if _shape(got[key]) != _shape(want[key]):
+      raise CheckpointError(f'{what}: {key} has shape {_shape(got[key])}, the model expects '
+                            f'{_shape(want[key])}; check --model (or use load_pretrained to '
+                            'change resolution or classes)')
+
+
+# ---------------------------------------------------------------------------
+# Load and save.
+
+
+def load_flat(path: str) -> dict:
+  """Reads a `.npz` into {'key': np.ndarray} exactly as stored (no renaming)."""
+  path = resolve(path)
+  try:
+    if _is_remote(path):
+      with _gfile().GFile(path, 'rb') as f:
+        data = io.BytesIO(f.read())
+    else:
+      data = path
+    with np.load(data, allow_pickle=False) as npz:
+      return {key: npz[key] for key in npz.files}
+  except (zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError) as e:
+    raise CheckpointError(
+        f'{path}: not a readable .npz checkpoint ({type(e).__name__}: {e}); '
+        'the file may be truncated, download it again') from None
+
+
+def load(path: str, like: Optional[Params] = None) -> dict:
+  """Reads a public `.npz` (or a workdir's `params.npz`) into a parameter tree.
+
+  Args:
+    path: local path or `gs://...`; a directory means its `params.npz`.
+    like: optional parameter tree (arrays or `jax.eval_shape` structs) the
+      result must match key for key and shape for shape.
+
+  Returns:
+    Nested dicts of numpy arrays, in this package's (original release) naming.
+  """
+  params = unflatten(_canonical(load_flat(path)))
+  if like is not None:
+    check_tree(params, like, what=os.fspath(path))
+  return params
+
+
+def save_npz(params: Params, path: str) -> str:
+  """Writes `params` in the public layout; returns `path`.
+
+  Local files are written to a temporary name and renamed, so a killed process
+  never leaves a truncated file under `path`. Arrays are stored as their numpy
+  dtype; bfloat16 leaves are widened to float32 (numpy cannot read bfloat16
+  from `.npz` without pickling).
+  """
+  path = os.fspath(path)
+  flat = {}
+  for key, value in flatten(params).items():
+    array = np.asarray(value)
+    flat[key] = array.astype(np.float32) if array.dtype.name == 'bfloat16' else array
+  if _is_remote(path):
+    buffer = io.BytesIO()
+    np.savez(buffer, **flat)
+    with _gfile().GFile(path, 'wb') as f:
+      f.write(buffer.getvalue())
+    return path
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  tmp = f'{path}.tmp-{os.getpid()}'
+  with open(tmp, 'wb') as f:
+    np.savez(f, **flat)
+  os.replace(tmp, path)
+  return path
+
+
+# ---------------------------------------------------------------------------
+# Fine-tuning.
+
+
+def resize_posemb(posemb: np.ndarray, num_tokens: int, num_prefix_tokens: int) -> np.ndarray:
+  """Bilinearly resizes the square grid of position embeddings (paper 3.2).
+
+  Args:
+    posemb: [1, num_prefix_tokens + g*g, D].
+    num_tokens: new sequence length, num_prefix_tokens + G*G.
+    num_prefix_tokens: leading rows kept as they are (1 for the class token).
+
+  Returns:
+    [1, num_tokens, D] float32.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+
+  prefix, grid = posemb[:, :num_prefix_tokens], posemb[0, num_prefix_tokens:]
+  old, new = len(grid), num_tokens - num_prefix_tokens
+  g_old, g_new = math.isqrt(old), math.isqrt(new)
+  if g_old * g_old != old or g_new * g_new != new:
+    raise CheckpointError(
+        f'position embeddings: cannot resize {old} to {new} patch positions; '
+        'only square grids (square images) can be interpolated')
+  grid = grid.reshape(g_old, g_old, -1).astype(np.float32)
+  # Half-pixel-centred bilinear (as torch's align_corners=False); no antialias,
+  # so shrinking samples the grid rather than blurring it.
+  grid = jax.image.resize(grid, (g_new, g_new, grid.shape[-1]), 'bilinear', antialias=False)
+  grid = np.asarray(grid).reshape(1, new, -1)
+  return np.concatenate([prefix.astype(np.float32), grid], axis=1)
+
+
+def load_pretrained(*, pretrained_path: str, init_params: Params, model_config: Mapping,
+                    verbose: bool = True) -> dict:
+  """Loads a pre-trained checkpoint for fine-tuning a model (paper 3.2).
+
+  The backbone is kept. The head is replaced by `init_params`' head (zeros:
+  paper 3.2), `pre_logits` is dropped when the new model has none, and
+  position embeddings are resized when the resolution differs.
+
+  Args:
+    pretrained_path: a released `.npz`, or a workdir holding `params.npz`.
+    init_params: freshly initialised parameters of the model to fine-tune.
+    model_config: its config (a `MODEL_CONFIGS` entry), for the classifier.
+    verbose: print a table of what was kept, resized, dropped or re-initialised.
+
+  Returns:
+    A parameter tree with the structure and shapes of `init_params`.
+  """
+  restored = flatten(load(pretrained_path))
+  init = flatten(init_params)
+  num_prefix = 1 if model_config.get('classifier', 'token') in ('token', 'token_unpooled') else 0
+
+  out, kept, resized, dropped, reinit = {}, [], [], [], []
+  for key, value in init.items():
+    if key.startswith('head/') or key not in restored and key.startswith('pre_logits/'):
+      out[key] = value
+      reinit.append(f'{key} {_shape(value)}')
+    elif key not in restored:
+      raise CheckpointError(f'{pretrained_path} lacks {key} {_shape(value)} that the model '
+                            'has; is it a checkpoint of another model?')
+    elif key == _POSEMB and _shape(restored[key]) != _shape(value):
+      out[key] = resize_posemb(restored[key], value.shape[1], num_prefix)
+      resized.append(f'{key} {_shape(restored[key])} -> {_shape(value)}')
+    elif _shape(restored[key]) != _shape(value):
+      raise CheckpointError(f'{pretrained_path}: {key} has shape {_shape(restored[key])}, the '
+                            f'model expects {_shape(value)}; check the model name')
+    else:
+      out[key] = restored[key]
+      kept.append(key)
+  for key in sorted(set(restored) - set(init)):
+    if not key.startswith(('head/', 'pre_logits/')):
+      raise CheckpointError(f'{pretrained_path} has {key} {_shape(restored[key])} that the '
+                            'model lacks; is it a checkpoint of another model?')
+    if key.startswith('pre_logits/'):
+      dropped.append(f'{key} {_shape(restored[key])}')
+
+  if verbose:
+    num_kept = sum(int(np.size(out[k])) for k in kept)
+    rows = [('kept', f'{len(kept)} arrays, {num_kept:,} parameters')]
+    rows += [('resized', r) for r in resized]
+    rows += [('dropped', d) for d in sorted(dropped)]
+    rows += [('re-initialised', r) for r in sorted(reinit)]
+    print(f'load_pretrained {pretrained_path}:')
+    for action, what in rows:
+      print(f'  {action:<15} {what}')
+  return unflatten(out)

@@ -1,0 +1,1 @@
+"""Model architecture configs (`vit_jax.configs.models`)."""

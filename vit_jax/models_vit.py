@@ -1,0 +1,231 @@
+"""Vision Transformer (Dosovitskiy et al., ICLR 2021), as a Flax linen module.
+
+Module names are the parameter names of the public `.npz` checkpoints
+(`embedding`, `cls`, `Transformer/posembed_input`, `encoderblock_{i}`,
+`LayerNorm_0`, `MultiHeadDotProductAttention_1`, `LayerNorm_2`, `MlpBlock_3`,
+`encoder_norm`, `pre_logits`, `head`), so the parameter tree is the file format.
+
+Every layer computes in `dtype` (e.g. bfloat16) and keeps float32 parameters.
+For analysis, call `apply(..., mutable=['intermediates'])`: each encoder block
+then sows its attention weights (`attention_weights`, [B, heads, N, N]) and its
+output tokens (`tokens`, [B, N, D]). Without that collection the attention runs
+through `jax.nn.dot_product_attention` and materialises nothing extra.
+"""
+
+import math
+from typing import Any, Callable, Mapping, Optional
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from vit_jax import models_resnet
+
+Dtype = Any
+
+CLASSIFIERS = ('token', 'gap', 'unpooled', 'token_unpooled')
+
+
+def _layer_norm(name, dtype):
+  # Original code: LayerNorm epsilon 1e-6 everywhere.
+  return nn.LayerNorm(epsilon=1e-6, dtype=dtype, name=name)
+
+
+def _flat_init(init, num_in_dims):
+  """Initialises a multi-axis kernel as the 2D matrix it multiplies as."""
+  def init_fn(key, shape, dtype=jnp.float32):
+    fan_in = math.prod(shape[:num_in_dims])
+    return init(key, (fan_in, math.prod(shape[num_in_dims:])), dtype).reshape(shape)
+  return init_fn
+
+
+class AddPositionEmbs(nn.Module):
+  """Learned 1D position embeddings (paper 3.1), added to the token sequence."""
+  posemb_init: Callable = nn.initializers.normal(stddev=0.02)
+  dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x):
+    shape = (1, x.shape[1], x.shape[2])
+    pe = self.param('pos_embedding', self.posemb_init, shape, jnp.float32)
+    return x + pe.astype(self.dtype)
+
+
+class _Projection(nn.Module):
+  """One attention projection's parameters, under the checkpoint's names."""
+  kernel_shape: tuple
+  bias_shape: tuple
+  num_in_dims: int
+
+  @nn.compact
+  def __call__(self):
+    init = _flat_init(nn.initializers.xavier_uniform(), self.num_in_dims)
+    kernel = self.param('kernel', init, self.kernel_shape, jnp.float32)
+    bias = self.param('bias', nn.initializers.zeros, self.bias_shape, jnp.float32)
+    return kernel, bias
+
+
+class MultiHeadDotProductAttention(nn.Module):
+  """Multi-head self-attention with the parameter layout of the public files.
+
+  Parameters: `{query,key,value}/kernel` [D, heads, head_dim] and `/bias`
+  [heads, head_dim]; `out/kernel` [heads, head_dim, D] and `out/bias` [D].
+  Query, key and value are projected with one fused matmul.
+  """
+  num_heads: int
+  dropout_rate: float = 0.0
+  dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x, *, deterministic: bool):
+    d = x.shape[-1]
+    if d % self.num_heads:
+      raise ValueError(f'hidden size {d} is not divisible by num_heads={self.num_heads}')
+    head_dim = d // self.num_heads
+    qkv_params = [
+        _Projection((d, self.num_heads, head_dim), (self.num_heads, head_dim), 1, name=n)()
+        for n in ('query', 'key', 'value')]
+    out_kernel, out_bias = _Projection(
+        (self.num_heads, head_dim, d), (d,), 2, name='out')()
+
+    kernel = jnp.stack([k for k, _ in qkv_params], axis=1).astype(self.dtype)  # [D,3,H,K]
+    bias = jnp.stack([b for _, b in qkv_params], axis=0).astype(self.dtype)  # [3,H,K]
+    q, k, v = jnp.unstack(jnp.einsum('bnd,dthk->tbnhk', x, kernel) + bias[:, None, None], axis=0)
+
+    need_weights = self.is_mutable_collection('intermediates')
+    use_dropout = not deterministic and self.dropout_rate > 0.0
+    if need_weights or use_dropout:
+      logits = jnp.einsum('bqhk,bshk->bhqs', q, k) / jnp.sqrt(head_dim).astype(self.dtype)
+      # Softmax in float32 for range; the weights then return to `dtype`.
+      weights = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(self.dtype)
+      self.sow('intermediates', 'attention_weights', weights)
+      weights = nn.Dropout(self.dropout_rate)(weights, deterministic=deterministic)
+      y = jnp.einsum('bhqs,bshk->bqhk', weights, v)
+    else:
+      y = jax.nn.dot_product_attention(q, k, v)
+    return jnp.einsum('bnhk,hkd->bnd', y, out_kernel.astype(self.dtype)) + out_bias.astype(self.dtype)
+
+
+class MlpBlock(nn.Module):
+  """Transformer MLP: Dense, GELU (tanh approximation, as the original), Dense."""
+  mlp_dim: int
+  dropout_rate: float = 0.0
+  dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x, *, deterministic: bool):
+    dense = lambda n, name: nn.Dense(  # noqa: E731
+        n, dtype=self.dtype, kernel_init=nn.initializers.xavier_uniform(),
+        bias_init=nn.initializers.normal(stddev=1e-6), name=name)
+    y = nn.gelu(dense(self.mlp_dim, 'Dense_0')(x))
+    y = nn.Dropout(self.dropout_rate)(y, deterministic=deterministic)
+    y = dense(x.shape[-1], 'Dense_1')(y)
+    return nn.Dropout(self.dropout_rate)(y, deterministic=deterministic)
+
+
+class Encoder1DBlock(nn.Module):
+  """Pre-LN encoder block (paper eq. 2-3): x + MSA(LN(x)), then x + MLP(LN(x))."""
+  mlp_dim: int
+  num_heads: int
+  dropout_rate: float = 0.1
+  attention_dropout_rate: float = 0.1
+  dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x, deterministic: bool):
+    y = _layer_norm('LayerNorm_0', self.dtype)(x)
+    y = MultiHeadDotProductAttention(
+        num_heads=self.num_heads, dropout_rate=self.attention_dropout_rate,
+        dtype=self.dtype, name='MultiHeadDotProductAttention_1')(y, deterministic=deterministic)
+    x = x + nn.Dropout(self.dropout_rate)(y, deterministic=deterministic)
+    y = _layer_norm('LayerNorm_2', self.dtype)(x)
+    y = MlpBlock(self.mlp_dim, self.dropout_rate, self.dtype, name='MlpBlock_3')(
+        y, deterministic=deterministic)
+    x = x + y
+    self.sow('intermediates', 'tokens', x)
+    return x
+
+
+class Encoder(nn.Module):
+  """Position embeddings, the stack of encoder blocks, and the final LayerNorm."""
+  num_layers: int
+  mlp_dim: int
+  num_heads: int
+  dropout_rate: float = 0.1
+  attention_dropout_rate: float = 0.1
+  dtype: Dtype = jnp.float32
+  remat: bool = False
+
+  @nn.compact
+  def __call__(self, x, *, train: bool):
+    x = AddPositionEmbs(dtype=self.dtype, name='posembed_input')(x)
+    x = nn.Dropout(self.dropout_rate)(x, deterministic=not train)
+    # static_argnums=(2,): `deterministic` is a Python bool, not traced.
+    block_cls = nn.remat(Encoder1DBlock, static_argnums=(2,)) if self.remat else Encoder1DBlock
+    for i in range(self.num_layers):
+      x = block_cls(
+          mlp_dim=self.mlp_dim, num_heads=self.num_heads, dropout_rate=self.dropout_rate,
+          attention_dropout_rate=self.attention_dropout_rate, dtype=self.dtype,
+          name=f'encoderblock_{i}')(x, not train)
+    return _layer_norm('encoder_norm', self.dtype)(x)
+
+
+class VisionTransformer(nn.Module):
+  """ViT and R+ViT hybrids (paper section 3.1).
+
+  Takes NHWC images with values in [-1, 1] and returns float32 logits
+  [B, num_classes], or the pooled representation when `num_classes` is None
+  (all tokens for the `unpooled` classifiers).
+
+  Attributes mirror the entries of `vit_jax.configs.models.MODEL_CONFIGS`, so
+  `VisionTransformer(num_classes=1000, **MODEL_CONFIGS['ViT-B_16'])` works.
+  """
+  num_classes: Optional[int]
+  patches: Mapping[str, Any]
+  transformer: Mapping[str, Any]
+  hidden_size: int
+  resnet: Optional[Mapping[str, Any]] = None
+  representation_size: Optional[int] = None
+  classifier: str = 'token'
+  head_bias_init: float = 0.0
+  model_name: Optional[str] = None
+  dtype: Dtype = jnp.float32
+  remat: bool = False
+
+  @nn.compact
+  def __call__(self, inputs, *, train: bool):
+    if self.classifier not in CLASSIFIERS:
+      raise ValueError(f'classifier={self.classifier!r}; use one of {CLASSIFIERS}')
+    x = inputs.astype(self.dtype)
+    if self.resnet is not None:
+      x = models_resnet.resnet_stem(
+          x, self.resnet['num_layers'], self.resnet['width_factor'], self.dtype)
+
+    patch = tuple(self.patches['size'])
+    x = nn.Conv(self.hidden_size, patch, strides=patch, padding='VALID',
+                dtype=self.dtype, name='embedding')(x)
+    n, h, w, c = x.shape
+    x = x.reshape(n, h * w, c)
+
+    if self.classifier in ('token', 'token_unpooled'):
+      cls = self.param('cls', nn.initializers.zeros, (1, 1, c), jnp.float32)
+      x = jnp.concatenate([jnp.tile(cls.astype(self.dtype), (n, 1, 1)), x], axis=1)
+
+    x = Encoder(dtype=self.dtype, remat=self.remat, name='Transformer',
+                **self.transformer)(x, train=train)
+
+    if self.classifier == 'token':
+      x = x[:, 0]
+    elif self.classifier == 'gap':
+      x = jnp.mean(x, axis=1)
+
+    if self.representation_size is not None:
+      # Paper 3.1: the pre-training head is an MLP with one hidden layer.
+      x = nn.tanh(nn.Dense(self.representation_size, dtype=self.dtype, name='pre_logits')(x))
+
+    if self.num_classes is None:
+      return x.astype(jnp.float32)
+    # Paper 3.2: a zero-initialised head; bias -10 for sigmoid pre-training.
+    x = nn.Dense(self.num_classes, dtype=self.dtype, kernel_init=nn.initializers.zeros,
+                 bias_init=nn.initializers.constant(self.head_bias_init), name='head')(x)
+    return x.astype(jnp.float32)
