@@ -20,6 +20,7 @@ setuptools.setup(
         'optax',
         'orbax-checkpoint',
         'scipy',
+        'tensorboard',
         'tensorflow-cpu',
         'tensorflow-datasets',
     ],

@@ -59,6 +59,14 @@ def hybrid_config(name):
   return config
 
 
+def demo_config():
+  """The demo model: a 4-layer ViT with 4x4 patches for small images (not public)."""
+  config = vit_config('Ti', 4, name='ViT-Demo_4')
+  config.hidden_size = 128
+  config.transformer.update(mlp_dim=256, num_heads=4, num_layers=4)
+  return config
+
+
 def testing_config():
   """A tiny ViT for unit tests (not a public checkpoint)."""
   config = vit_config('Ti', 16, name='testing')
@@ -76,6 +84,7 @@ def _factories():
         s, p, classifier='gap', name=f'{n}-gap')
   for name in _HYBRIDS:
     factories[name] = lambda n=name: hybrid_config(n)
+  factories['ViT-Demo_4'] = demo_config
   factories['testing'] = testing_config
   return factories
 

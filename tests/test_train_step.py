@@ -1,0 +1,174 @@
+"""The train step's math: losses, schedules, weight decay, accumulation, NaN guard."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from vit_jax import optim
+from vit_jax import sharding
+from vit_jax import train
+from vit_jax.configs import common
+
+
+def small_config(**overrides):
+  config = common.get_config()
+  config.unlock()
+  config.update(model='testing', pp={**config.pp.to_dict(), 'crop': 16}, batch=16,
+                total_steps=100, warmup_steps=10, base_lr=1e-3, weight_decay=0.1)
+  config.update(overrides)
+  return config
+
+
+def setup(config, num_classes=5):
+  model = train.make_model(config, num_classes)
+  tx, schedule = optim.make_optimizer(config)
+  state = train.init_state(jax.random.PRNGKey(0), model=model, tx=tx, image_size=16, ema=False)
+  # Non-zero head so the first step moves everything.
+  state = state.replace(params={**state.params, 'head': jax.tree.map(
+      lambda x: 0.1 * jnp.ones_like(x), state.params['head'])})
+  mesh = sharding.make_mesh()
+  step = jax.jit(functools.partial(train.train_step, model=model, tx=tx, schedule=schedule,
+                                   config=config))
+  return state, step, mesh
+
+
+def batch(n=16, seed=0, num_classes=5):
+  rng = np.random.default_rng(seed)
+  return {'image': rng.uniform(-1, 1, (n, 16, 16, 3)).astype(np.float32),
+          'label': rng.integers(0, num_classes, n).astype(np.int32)}
+
+
+def test_softmax_cross_entropy_and_label_smoothing():
+  logits = jnp.array([[2.0, 0.0, -1.0], [0.5, 0.5, 3.0]])
+  labels = jnp.array([0, 2])
+  expected = -np.mean([jax.nn.log_softmax(logits[0])[0], jax.nn.log_softmax(logits[1])[2]])
+  np.testing.assert_allclose(train.cross_entropy(logits, labels, loss='softmax'), expected,
+                             rtol=1e-6)
+  smooth = train.cross_entropy(logits, labels, loss='softmax', label_smoothing=0.3)
+  targets = np.array([[0.8, 0.1, 0.1], [0.1, 0.1, 0.8]])
+  np.testing.assert_allclose(
+      smooth, -np.mean(np.sum(targets * jax.nn.log_softmax(logits), -1)), rtol=1e-6)
+
+
+def test_sigmoid_cross_entropy_sums_classes():
+  logits = jnp.array([[2.0, -1.0, 0.0]])
+  multi_hot = jnp.array([[1.0, 0.0, 1.0]])
+  p = 1 / (1 + np.exp(-np.array([2.0, -1.0, 0.0])))
+  expected = -(np.log(p[0]) + np.log(1 - p[1]) + np.log(p[2]))
+  np.testing.assert_allclose(train.cross_entropy(logits, multi_hot, loss='sigmoid'), expected,
+                             rtol=1e-6)
+
+
+@pytest.mark.parametrize('decay_type, end', [('linear', 0.0), ('cosine', 0.0)])
+def test_schedule(decay_type, end):
+  config = small_config(decay_type=decay_type)
+  schedule = optim.learning_rate_schedule(config)
+  np.testing.assert_allclose(schedule(0), 0.0)
+  np.testing.assert_allclose(schedule(5), 0.5e-3, rtol=1e-6)
+  np.testing.assert_allclose(schedule(10), 1e-3, rtol=1e-6)
+  np.testing.assert_allclose(schedule(100), end, atol=1e-9)
+  half = 0.5e-3  # both decays are at half the peak halfway through the decay
+  np.testing.assert_allclose(schedule(55), half, rtol=1e-5)
+
+
+def test_weight_decay_applies_to_kernels_only():
+  config = small_config(grad_norm_clip=0.0)
+  tx, schedule = optim.make_optimizer(config)
+  params = {'dense': {'kernel': jnp.ones((2, 2)), 'bias': jnp.ones(2)},
+            'LayerNorm_0': {'scale': jnp.ones(2)}, 'cls': jnp.ones((1, 1, 2))}
+  zero_grads = jax.tree.map(jnp.zeros_like, params)
+  state = tx.init(params)
+  for _ in range(11):  # to the end of warm-up: lr = 1e-3
+    updates, state = tx.update(zero_grads, state, params)
+  np.testing.assert_allclose(updates['dense']['kernel'], -1e-3 * 0.1, rtol=1e-5)
+  for leaf in (updates['dense']['bias'], updates['LayerNorm_0']['scale'], updates['cls']):
+    np.testing.assert_array_equal(leaf, 0.0)
+  assert schedule(10) == pytest.approx(1e-3)
+
+
+def test_sgd_momentum_matches_optax_reference():
+  config = small_config(optimizer='sgd', weight_decay=0.0, grad_norm_clip=0.0,
+                        decay_type='cosine')
+  tx, schedule = optim.make_optimizer(config)
+  reference = optax.sgd(schedule, momentum=0.9)
+  params = {'w': jnp.array([1.0, -2.0])}
+  s1, s2 = tx.init(params), reference.init(params)
+  for i in range(15):
+    grads = {'w': jnp.array([0.3, -0.1]) * (i + 1)}
+    u1, s1 = tx.update(grads, s1, params)
+    u2, s2 = reference.update(grads, s2, params)
+    np.testing.assert_allclose(u1['w'], u2['w'], rtol=1e-6)
+
+
+def test_gradient_clipping_at_global_norm():
+  config = small_config(optimizer='sgd', momentum=0.0, weight_decay=0.0, grad_norm_clip=1.0,
+                        warmup_steps=0, decay_type='linear', base_lr=1.0)
+  tx, _ = optim.make_optimizer(config)
+  params = {'w': jnp.zeros(2)}
+  updates, _ = tx.update({'w': jnp.array([30.0, 40.0])}, tx.init(params), params)
+  np.testing.assert_allclose(updates['w'], [-0.6, -0.8], rtol=1e-5)  # norm 50 -> 1
+
+
+def test_accumulation_matches_one_big_batch():
+  data = batch(16)
+  results = []
+  for accum in (1, 4):
+    # Plain SGD: parameter differences are gradient differences (Adam's
+    # normalisation would magnify rounding in near-zero gradients).
+    state, step, mesh = setup(small_config(accum_steps=accum, optimizer='sgd', momentum=0.0,
+                                           base_lr=0.1))
+    with jax.set_mesh(mesh):
+      for _ in range(3):
+        state, metrics = step(state, data)
+    results.append((state.params, float(metrics['loss']), float(metrics['grad_norm'])))
+  (p1, l1, g1), (p4, l4, g4) = results
+  np.testing.assert_allclose(l1, l4, rtol=1e-5)
+  np.testing.assert_allclose(g1, g4, rtol=1e-4)
+  leaves1, leaves4 = jax.tree.leaves(p1), jax.tree.leaves(p4)
+  for a, b in zip(leaves1, leaves4):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+  # The steps did change the parameters (so equality above is not vacuous).
+  state0, _, _ = setup(small_config())
+  moved = [float(jnp.max(jnp.abs(a - b))) for a, b in zip(leaves1, jax.tree.leaves(state0.params))]
+  assert max(moved) > 1e-4
+
+
+def test_nonfinite_step_changes_nothing():
+  state, step, mesh = setup(small_config())
+  bad = batch(16)
+  bad['image'][3, 0, 0, 0] = np.nan
+  with jax.set_mesh(mesh):
+    new_state, metrics = step(state, bad)
+  assert not bool(metrics['finite'])
+  assert int(new_state.num_skipped) == 1 and int(new_state.step) == 1
+  for a, b in zip(jax.tree.leaves(new_state.params), jax.tree.leaves(state.params)):
+    np.testing.assert_array_equal(a, b)
+  with jax.set_mesh(mesh):
+    good_state, metrics = step(new_state, batch(16))
+  assert bool(metrics['finite']) and int(good_state.num_skipped) == 1
+
+
+def test_ema_tracks_params():
+  config = small_config(ema_decay=0.5)
+  model = train.make_model(config, 5)
+  tx, schedule = optim.make_optimizer(config)
+  state = train.init_state(jax.random.PRNGKey(0), model=model, tx=tx, image_size=16, ema=True)
+  step = jax.jit(functools.partial(train.train_step, model=model, tx=tx, schedule=schedule,
+                                   config=config))
+  with jax.set_mesh(sharding.make_mesh()):
+    new_state, _ = step(state, batch(16))
+  for e, p0, p1 in zip(*(jax.tree.leaves(t) for t in
+                         (new_state.ema_params, state.params, new_state.params))):
+    np.testing.assert_allclose(e, 0.5 * p0 + 0.5 * p1, rtol=1e-6, atol=1e-7)
+
+
+def test_fsdp_rule():
+  assert sharding.fsdp_spec((768, 3072), 4, 1024) == jax.sharding.PartitionSpec(None, 'fsdp')
+  assert sharding.fsdp_spec((768,), 4, 1024) == jax.sharding.PartitionSpec()  # too small
+  assert sharding.fsdp_spec((1, 197, 768), 4, 1024) == jax.sharding.PartitionSpec(None, None, 'fsdp')
+  assert sharding.fsdp_spec((7, 5), 2, 1) == jax.sharding.PartitionSpec()  # nothing divides
+  assert sharding.fsdp_spec((768, 3072), 1, 1) == jax.sharding.PartitionSpec()

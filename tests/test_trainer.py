@@ -1,0 +1,236 @@
+"""Whole runs of `python -m vit_jax.main`: outputs, resume, preemption, NaN, devices, hosts.
+
+Each run is a subprocess on the built-in dataset with a tiny schedule, so a
+test sees exactly what a user sees: files in the workdir, exit codes, stderr.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from vit_jax import checkpoint
+from vit_jax import trainer
+from vit_jax.configs import common
+
+# A short run of the demo model at 8 px: a few seconds of training.
+TINY = ['--config.model=testing', '--config.pp.crop=16', '--config.batch=32',
+        '--config.batch_eval=64', '--config.total_steps=24', '--config.warmup_steps=4',
+        # SGD: Adam turns the rounding noise of zero-gradient parameters (the key
+        # bias) into full-size steps, which would hide real differences between runs.
+        '--config.optimizer=sgd', '--config.base_lr=0.1',
+        '--config.progress_every=4', '--config.eval_every=12',
+        '--config.checkpoint_every=8', '--config.tensorboard=False', '--config.dropout_rate=0.1']
+
+
+def command(workdir, *overrides, extra=()):
+  return [sys.executable, '-m', 'vit_jax.main', f'--workdir={workdir}', *TINY, *overrides,
+          *extra]
+
+
+def environment(devices=1):
+  env = dict(os.environ, JAX_PLATFORMS='cpu',
+             XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}')
+  env['PYTHONPATH'] = os.pathsep.join(
+      [os.path.dirname(os.path.dirname(os.path.abspath(__file__))), env.get('PYTHONPATH', '')])
+  return env
+
+
+def run(workdir, *overrides, devices=1, check=True, timeout=600):
+  result = subprocess.run(command(workdir, *overrides), env=environment(devices),
+                          capture_output=True, text=True, timeout=timeout)
+  if check and result.returncode:
+    raise AssertionError(f'run failed ({result.returncode}):\n{result.stderr[-3000:]}')
+  return result
+
+
+def params(workdir):
+  return checkpoint.flatten(checkpoint.load(os.path.join(workdir, 'params.npz')))
+
+
+def assert_bitwise_equal(a, b):
+  assert sorted(a) == sorted(b)
+  for key in a:
+    np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+
+
+@pytest.fixture(scope='module')
+def reference_run(tmp_path_factory):
+  """One uninterrupted run that other tests compare against."""
+  workdir = str(tmp_path_factory.mktemp('reference'))
+  result = run(workdir)
+  return workdir, result
+
+
+def test_outputs_of_a_run(reference_run):
+  workdir, result = reference_run
+  summary = json.load(open(os.path.join(workdir, 'summary.json')))
+  for key in ('step', 'train_loss', 'test_accuracy', 'wall_time_s', 'img_per_sec'):
+    assert key in summary
+  assert summary['step'] == 24
+  assert summary['test_examples'] == 360  # every test example, exactly once
+  assert 0.0 <= summary['test_accuracy'] <= 1.0 and summary['img_per_sec'] > 0
+  lines = [json.loads(l) for l in open(os.path.join(workdir, 'metrics.jsonl'))]
+  logged = [l for l in lines if 'train_loss' in l]
+  assert [l['step'] for l in logged] == [4, 8, 12, 16, 20, 24]
+  for l in logged:
+    assert {'learning_rate', 'grad_norm', 'img_per_sec', 'mfu'} <= set(l)
+    assert 0.0 < l['mfu'] < 1.0
+  assert any('test_accuracy' in l and l['step'] == 12 for l in lines)
+  assert logged[-1]['train_loss'] < logged[0]['train_loss'] - 0.1  # it learns
+  assert 'step 24/24' in result.stderr and 'ETA' in result.stderr
+  # params.npz is the public layout of the configured model.
+  flat = params(workdir)
+  assert flat['Transformer/posembed_input/pos_embedding'].shape == (1, 2, 16)
+  assert flat['head/kernel'].shape == (16, 10)
+  # Three most recent checkpoints are kept.
+  assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == ['16', '24', '8']
+
+
+def test_rerun_of_a_finished_run_changes_nothing(reference_run, tmp_path):
+  workdir, _ = reference_run
+  before = params(workdir)
+  result = run(workdir)
+  assert 'Resuming from the checkpoint at step 24' in result.stderr
+  assert_bitwise_equal(params(workdir), before)
+
+
+def _wait_for(predicate, process, timeout=300):
+  deadline = time.time() + timeout
+  while time.time() < deadline:
+    if predicate():
+      return
+    if process.poll() is not None:
+      raise AssertionError(f'process ended early: {process.stderr.read()[-3000:]}')
+    time.sleep(0.05)
+  raise AssertionError('timed out')
+
+
+def test_sigkill_and_resume_is_bitwise(reference_run, tmp_path):
+  workdir = str(tmp_path / 'killed')
+  process = subprocess.Popen(command(workdir), env=environment(), stderr=subprocess.PIPE,
+                             text=True)
+  checkpoints = os.path.join(workdir, 'checkpoints')
+  _wait_for(lambda: os.path.isdir(os.path.join(checkpoints, '8')), process)
+  process.send_signal(signal.SIGKILL)
+  process.wait()
+  assert not os.path.exists(os.path.join(workdir, 'params.npz'))
+  # A write cut off mid-way leaves a temporary directory; it must not be used.
+  os.makedirs(os.path.join(checkpoints, '16.orbax-checkpoint-tmp-1234', 'state'))
+  result = run(workdir)
+  assert 'Resuming from the checkpoint at step' in result.stderr
+  assert_bitwise_equal(params(workdir), params(reference_run[0]))
+
+
+def test_sigterm_writes_a_checkpoint_and_resumes(reference_run, tmp_path):
+  workdir = str(tmp_path / 'preempted')
+  slow = ['--config.total_steps=24', '--config.checkpoint_every=1000']
+  process = subprocess.Popen(command(workdir, *slow), env=environment(),
+                             stderr=subprocess.PIPE, text=True)
+  metrics = os.path.join(workdir, 'metrics.jsonl')
+  _wait_for(lambda: os.path.exists(metrics) and os.path.getsize(metrics) > 0, process)
+  process.send_signal(signal.SIGTERM)
+  stderr = process.communicate(timeout=300)[1]
+  steps = os.listdir(os.path.join(workdir, 'checkpoints'))
+  if process.returncode == 0:
+    pytest.skip('the run finished before SIGTERM arrived')  # a very fast machine
+  assert process.returncode == 2
+  assert 'preempted (SIGTERM) at step' in stderr and 'Traceback' not in stderr
+  assert len(steps) == 1 and 0 < int(steps[0]) < 24
+  result = run(workdir, *slow)
+  assert f'Resuming from the checkpoint at step {steps[0]}' in result.stderr
+  assert_bitwise_equal(params(workdir), params(reference_run[0]))
+
+
+def test_nan_loss_stops_and_keeps_the_last_checkpoint(tmp_path, monkeypatch):
+  config = common.get_config()
+  config.update(model='testing', total_steps=12, warmup_steps=2, checkpoint_every=4,
+                progress_every=4, eval_every=100, batch=32, batch_eval=64, tensorboard=False)
+  config.pp.crop = 16
+  make = trainer.input_pipeline.make_train_iterator
+
+  class Poisoned:
+    """The training batches, with a NaN pixel in the 7th."""
+
+    def __init__(self, *args, **kwargs):
+      self._it = make(*args, **kwargs)
+      self._count = 0
+
+    def __next__(self):
+      batch = next(self._it)
+      self._count += 1
+      if self._count == 7:
+        image = np.array(batch['image'])
+        image[0, 0, 0, 0] = np.nan
+        import jax  # pylint: disable=g-import-not-at-top
+        batch = {**batch, 'image': jax.device_put(image, batch['image'].sharding)}
+      return batch
+
+    def get_state(self):
+      return self._it.get_state()
+
+  monkeypatch.setattr(trainer.input_pipeline, 'make_train_iterator', Poisoned)
+  with pytest.raises(trainer.TrainingError, match='NaN/Inf at step 7; stopped') as e:
+    trainer.train_and_evaluate(config, str(tmp_path))
+  assert '\n' not in str(e.value)
+  assert sorted(os.listdir(tmp_path / 'checkpoints')) == ['4']
+
+  config.skip_nonfinite = True
+  summary = trainer.train_and_evaluate(config, str(tmp_path / 'skip'))
+  assert summary['skipped_steps'] == 1 and summary['step'] == 12
+
+
+def test_eight_devices_and_fsdp_match_one_device(reference_run, tmp_path):
+  reference = params(reference_run[0])
+  for name, overrides in [('dp8', []), ('fsdp', ['--config.mesh.fsdp=4'])]:
+    workdir = str(tmp_path / name)
+    run(workdir, '--config.mesh.fsdp=1', *overrides, devices=8)
+    got = params(workdir)
+    for key in reference:
+      np.testing.assert_allclose(got[key], reference[key], rtol=2e-4, atol=2e-5, err_msg=key)
+
+
+def _free_port():
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
+def test_two_processes_match_one(reference_run, tmp_path):
+  workdir = str(tmp_path / 'two')
+  address = f'127.0.0.1:{_free_port()}'
+  processes = [
+      subprocess.Popen(
+          command(workdir, extra=[f'--coordinator_address={address}', '--num_processes=2',
+                                  f'--process_id={i}']),
+          env=environment(devices=2), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+      for i in range(2)]
+  outputs = [p.communicate(timeout=600) for p in processes]
+  for p, (_, err) in zip(processes, outputs):
+    assert p.returncode == 0, err[-3000:]
+  # Only process 0 logs progress and writes results.
+  assert 'step 24/24' in outputs[0][1] and 'step 24/24' not in outputs[1][1]
+  reference = params(reference_run[0])
+  got = params(workdir)
+  for key in reference:
+    np.testing.assert_allclose(got[key], reference[key], rtol=2e-4, atol=2e-5, err_msg=key)
+
+
+def test_cli_errors_are_one_line(tmp_path):
+  cases = [
+      (['--config.bach=3'], "unknown config field 'bach'; did you mean batch?"),
+      (['--config=configs/nope.py'], 'config file configs/nope.py not found'),
+      (['--config.model=ViT-B16'], "unknown model 'ViT-B16': did you mean ViT-B_16"),
+      (['--config.batch=30'], 'batch=30 must be a multiple of accum_steps'),
+  ]
+  for overrides, message in cases:
+    result = run(str(tmp_path / 'w'), *overrides, check=False)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert message in result.stderr, result.stderr[-2000:]
+    assert 'Traceback' not in result.stderr

@@ -1,0 +1,59 @@
+"""Defaults shared by every experiment config (`configs/*.py`).
+
+Field names follow the original vit_jax where it had one (`dataset`, `batch`,
+`batch_eval`, `total_steps`, `base_lr`, `warmup_steps`, `decay_type`,
+`accum_steps`, `grad_norm_clip`, `eval_every`, `checkpoint_every`, `pp.crop`,
+`tfds_data_dir`, `tfds_manual_dir`).
+"""
+
+import ml_collections
+
+from vit_jax import input_pipeline
+
+
+def get_config():
+  config = ml_collections.ConfigDict()
+  config.seed = 0
+
+  # Model: a `vit_jax.configs.models.MODEL_CONFIGS` name plus run-time choices.
+  config.model = 'ViT-B_16'
+  config.dtype = 'float32'                 # compute dtype: 'float32' or 'bfloat16'
+  config.remat = False                     # recompute blocks in the backward pass
+  config.dropout_rate = 0.0
+  config.attention_dropout_rate = 0.0
+  config.representation_size = ml_collections.config_dict.placeholder(int)  # pre-logits
+  config.head_bias_init = 0.0              # -10 with the sigmoid loss (paper B.1)
+  config.pretrained_path = ml_collections.config_dict.placeholder(str)
+
+  # Data: dataset, splits, preprocessing (see vit_jax/input_pipeline.py).
+  input_pipeline.add_data_config(config)
+
+  # Optimisation (paper Appendix B.1).
+  config.optimizer = 'adam'                # 'adam' (pre-training) or 'sgd' (fine-tuning)
+  config.b1 = 0.9
+  config.b2 = 0.999
+  config.momentum = 0.9
+  config.optim_dtype = 'float32'           # dtype of Adam's first moment / SGD's momentum
+  config.base_lr = 1e-3
+  config.warmup_steps = 10_000
+  config.decay_type = 'linear'             # 'linear' or 'cosine'
+  config.weight_decay = 0.0                # decoupled, kernels only
+  config.grad_norm_clip = 1.0
+  config.label_smoothing = 0.0
+  config.loss = 'softmax'                  # 'softmax' or 'sigmoid' (multi-label data)
+  config.ema_decay = 0.0                   # Polyak averaging factor; 0 = off
+  config.total_steps = 10_000
+  config.accum_steps = 1                   # micro-batches per step (same math, less memory)
+  config.skip_nonfinite = False            # skip NaN/Inf steps instead of stopping
+
+  # Devices: a (data, fsdp) mesh over all devices; fsdp > 1 shards params.
+  config.mesh = ml_collections.ConfigDict({'fsdp': 1})
+
+  # Loop.
+  config.progress_every = 100
+  config.eval_every = 1000
+  config.checkpoint_every = 1000
+  config.keep_checkpoints = 3
+  config.tensorboard = True
+  config.peak_flops = ml_collections.config_dict.placeholder(float)  # per device, for MFU
+  return config

@@ -1,0 +1,117 @@
+r"""Pre-train or fine-tune a ViT: `python -m vit_jax.main`.
+
+  python -m vit_jax.main                                   # the offline demo
+  python -m vit_jax.main --config=configs/vit_l16.py:imagenet21k --workdir=gs://bucket/run
+  python -m vit_jax.main --config=configs/finetune.py:ViT-B_16,cifar10 --workdir=DIR \
+      --config.batch=256 --config.accum_steps=2
+
+Running the same command on the same workdir resumes the run. Multi-host:
+every process runs the same command; pass --coordinator_address,
+--num_processes and --process_id, or leave them out on TPU VMs and under SLURM
+(detected) or on a single host.
+"""
+
+import logging as py_logging
+import os
+import re
+import sys
+
+from absl import app
+from absl import flags
+from absl import logging
+from ml_collections import config_flags
+
+_DEMO_CONFIG = os.path.join(os.path.dirname(__file__), 'configs', 'demo.py')
+
+# No default here: ml_collections would parse it, and any --config.FIELD, at
+# import. `_parse_flags` substitutes the demo config when --config is absent.
+_CONFIG = config_flags.DEFINE_config_file(
+    'config', None, 'Experiment config file, optionally with `:ARGS` (default: the demo).',
+    lock_config=True)
+_WORKDIR = flags.DEFINE_string(
+    'workdir', None, 'Directory (local or gs://) for checkpoints, logs and results; '
+    'default: workdirs/<config name>.')
+_COORDINATOR = flags.DEFINE_string(
+    'coordinator_address', None, 'host:port of process 0, for jax.distributed.initialize.')
+_NUM_PROCESSES = flags.DEFINE_integer('num_processes', None, 'Number of processes.')
+_PROCESS_ID = flags.DEFINE_integer('process_id', None, 'This process index.')
+
+
+def _parse_flags(argv):
+  """absl flag parsing, with one-line errors instead of tracebacks."""
+  config_arg = next((a.split('=', 1)[1] for a in argv if a.startswith('--config=')), None)
+  if config_arg is None:
+    argv = argv[:1] + [f'--config={_DEMO_CONFIG}'] + argv[1:]
+  elif not os.path.exists(config_arg.split(':', 1)[0]):
+    _exit(f'config file {config_arg.split(":", 1)[0]} not found; configs live in configs/ '
+          '(e.g. --config=configs/vit_b16.py:imagenet21k)')
+  try:
+    argv = flags.FLAGS(argv)
+    # ml_collections applies --config.FIELD overrides when the value is first read.
+    _ = _CONFIG.value
+    return argv
+  except AttributeError as e:
+    # A --config.FIELD that the locked config does not have.
+    text = str(e).replace('\\', '')
+    match = re.search(r'Did you mean "([\w.]+)" instead of "([\w.]+)"', text)
+    if match:
+      _exit(f'unknown config field {match.group(2)!r}; did you mean {match.group(1)}?')
+    field = re.search(r"(\w+)", text)
+    _exit(f'unknown config field {field.group(1) if field else text!r}; see the config file')
+  except flags.Error as e:
+    _exit(str(e))
+
+
+def _exit(message):
+  print(f'error: {message}', file=sys.stderr)
+  sys.exit(2)
+
+
+def _initialize_distributed():
+  """jax.distributed for multi-host runs; single process when nothing says otherwise."""
+  import jax  # pylint: disable=g-import-not-at-top
+  # CPU processes talk through gloo; accelerators ignore this setting.
+  jax.config.update('jax_cpu_collectives_implementation', 'gloo')
+  if _COORDINATOR.value or _NUM_PROCESSES.value:
+    jax.distributed.initialize(coordinator_address=_COORDINATOR.value,
+                               num_processes=_NUM_PROCESSES.value,
+                               process_id=_PROCESS_ID.value)
+  elif (int(os.environ.get('SLURM_NTASKS', '1')) > 1
+        or len(os.environ.get('TPU_WORKER_HOSTNAMES', '').split(',')) > 1):
+    jax.distributed.initialize()  # detects SLURM and TPU pod slices itself
+
+
+def _default_workdir(argv):
+  """workdirs/<config name>[_<config args>], e.g. workdirs/finetune_ViT-B_16_cifar10."""
+  spec = next((a.split('=', 1)[1] for a in argv if a.startswith('--config=')), 'demo')
+  path, _, args = spec.partition(':')
+  name = os.path.splitext(os.path.basename(path))[0]
+  return os.path.join('workdirs', '_'.join([name] + [a for a in re.split(r'[,:]', args) if a]))
+
+
+def main(argv):
+  if len(argv) > 1:
+    _exit(f'unexpected arguments {argv[1:]}; flags are --config, --workdir, --config.FIELD=...')
+  logging.set_verbosity(logging.INFO)
+  # Orbax logs every checkpoint operation at INFO; keep the run's own lines readable.
+  logging.get_absl_handler().addFilter(
+      lambda record: record.levelno >= py_logging.WARNING or 'orbax' not in record.pathname)
+  _initialize_distributed()
+
+  # Imported here: these pull in TensorFlow for the input pipeline.
+  from vit_jax import checkpoint  # pylint: disable=g-import-not-at-top
+  from vit_jax import input_pipeline  # pylint: disable=g-import-not-at-top
+  from vit_jax import trainer  # pylint: disable=g-import-not-at-top
+
+  config = _CONFIG.value
+  workdir = _WORKDIR.value or _default_workdir(sys.argv)
+  try:
+    trainer.train_and_evaluate(config, workdir)
+  except (trainer.TrainingError, trainer.ConfigError, checkpoint.CheckpointError,
+          input_pipeline.DataError, KeyError) as e:
+    message = e.args[0] if isinstance(e, KeyError) and e.args else e
+    _exit(str(message))
+
+
+if __name__ == '__main__':
+  app.run(main, flags_parser=_parse_flags)

@@ -1,0 +1,159 @@
+"""Training: the train state, one train step, one eval step.
+
+Each step is a pure function of (state, batch), jitted over a device mesh by
+`vit_jax.trainer`. Pre-training and fine-tuning differ only in their config
+(paper Appendix B.1): the optimizer, the loss and whether a checkpoint seeds
+the parameters.
+"""
+
+import functools
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+import optax
+
+from vit_jax import models
+from vit_jax import sharding
+from vit_jax.configs import models as model_configs
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array            # int32 scalar: optimizer steps taken
+  params: Any
+  opt_state: Any
+  ema_params: Any            # Polyak average of params, or None
+  rng: jax.Array             # base PRNG key (raw uint32); step keys are folded from it
+  num_skipped: jax.Array     # steps whose loss or gradient was not finite
+
+
+def model_config(config):
+  """The architecture of `config.model`, with the run's dropout and pre-logits."""
+  arch = model_configs.MODEL_CONFIGS[config.model]
+  arch.transformer.update(dropout_rate=config.dropout_rate,
+                          attention_dropout_rate=config.attention_dropout_rate)
+  if config.representation_size is not None:
+    arch.representation_size = config.representation_size
+  return arch
+
+
+def make_model(config, num_classes):
+  return models.VisionTransformer(
+      num_classes=num_classes, head_bias_init=config.head_bias_init,
+      dtype=jnp.dtype(config.dtype), remat=config.remat, **model_config(config))
+
+
+def init_state(rng, *, model, tx, image_size, ema: bool) -> TrainState:
+  init_rng, state_rng = jax.random.split(rng)
+  images = jnp.zeros((1, image_size, image_size, 3), jnp.float32)
+  params = model.init(init_rng, images, train=False)['params']
+  return TrainState(
+      step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+      ema_params=params if ema else None, rng=state_rng,
+      num_skipped=jnp.zeros((), jnp.int32))
+
+
+def cross_entropy(logits, labels, *, loss: str, label_smoothing: float = 0.0):
+  """Mean over the batch. `labels`: int [B] or (multi-hot / soft) float [B, K]."""
+  num_classes = logits.shape[-1]
+  targets = jax.nn.one_hot(labels, num_classes) if labels.ndim == 1 else labels
+  if label_smoothing:
+    targets = targets * (1.0 - label_smoothing) + label_smoothing / num_classes
+  if loss == 'softmax':
+    return -jnp.mean(jnp.sum(targets * jax.nn.log_softmax(logits), axis=-1))
+  if loss == 'sigmoid':
+    # Paper B.1: sigmoid cross-entropy for multi-label JFT, summed over classes.
+    return jnp.mean(jnp.sum(optax.sigmoid_binary_cross_entropy(logits, targets), axis=-1))
+  raise ValueError(f"loss={loss!r}: use 'softmax' or 'sigmoid'")
+
+
+def _micro_batches(x, accum_steps):
+  """[B, ...] -> [accum_steps, B / accum_steps, ...], keeping rows on their device.
+
+  Micro-batch i takes rows i, i + accum_steps, ...; each device's contiguous
+  block of the batch holds an equal share of every micro-batch, so no data
+  moves between devices.
+  """
+  x = x.reshape((x.shape[0] // accum_steps, accum_steps) + x.shape[1:])
+  x = jnp.moveaxis(x, 1, 0)
+  if jax.sharding.get_abstract_mesh().empty:  # called outside `jax.set_mesh`
+    return x
+  return jax.lax.with_sharding_constraint(
+      x, jax.sharding.PartitionSpec(None, sharding.BATCH_AXES))
+
+
+def train_step(state: TrainState, batch, *, model, tx, schedule, config):
+  """One optimizer step over the global batch (accumulated over micro-batches)."""
+  step_rng = jax.random.fold_in(state.rng, state.step)
+
+  def loss_fn(params, images, labels, rng):
+    logits = model.apply({'params': params}, images, train=True, rngs={'dropout': rng})
+    return cross_entropy(logits, labels, loss=config.loss,
+                         label_smoothing=config.label_smoothing)
+
+  grad_fn = jax.value_and_grad(loss_fn)
+  accum = config.accum_steps
+  if accum == 1:
+    loss, grads = grad_fn(state.params, batch['image'], batch['label'], step_rng)
+  else:
+    images = _micro_batches(batch['image'], accum)
+    labels = _micro_batches(batch['label'], accum)
+
+    def accumulate(carry, i):
+      loss_sum, grad_sum = carry
+      loss, grads = grad_fn(state.params, images[i], labels[i], jax.random.fold_in(step_rng, i))
+      return (loss_sum + loss, jax.tree.map(jnp.add, grad_sum, grads)), None
+
+    zeros = jax.tree.map(jnp.zeros_like, state.params)
+    (loss, grads), _ = jax.lax.scan(accumulate, (0.0, zeros), jnp.arange(accum))
+    loss, grads = loss / accum, jax.tree.map(lambda g: g / accum, grads)
+
+  grad_norm = optax.global_norm(grads)
+  finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  # A non-finite step changes nothing; the loop then stops or skips it.
+  keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)  # noqa: E731
+  params, opt_state = keep(params, state.params), keep(opt_state, state.opt_state)
+  ema_params = state.ema_params
+  if ema_params is not None:
+    decay = config.ema_decay
+    ema_params = keep(jax.tree.map(lambda e, p: decay * e + (1 - decay) * p, ema_params, params),
+                      ema_params)
+  new_state = state.replace(
+      step=state.step + 1, params=params, opt_state=opt_state, ema_params=ema_params,
+      num_skipped=state.num_skipped + jnp.where(finite, 0, 1))
+  metrics = {'loss': loss, 'grad_norm': grad_norm, 'learning_rate': schedule(state.step),
+             'finite': finite}
+  return new_state, metrics
+
+
+def eval_step(params, batch, *, model, multi_label: bool):
+  """Counts of correct top-1 predictions among real (unmasked) examples.
+
+  Multi-label data counts precision@1: the top class is one of the labels.
+  """
+  logits = model.apply({'params': params}, batch['image'], train=False)
+  top1 = jnp.argmax(logits, axis=-1)
+  labels = batch['label']
+  if multi_label:
+    correct = jnp.take_along_axis(labels, top1[:, None], axis=-1)[:, 0] > 0
+  else:
+    correct = top1 == labels
+  mask = batch['mask']
+  return {'correct': jnp.sum(correct * mask), 'count': jnp.sum(mask)}
+
+
+def jit_train_step(*, model, tx, schedule, config, state_shardings, batch_sharding):
+  step = functools.partial(train_step, model=model, tx=tx, schedule=schedule, config=config)
+  metric_sharding = sharding.replicated(batch_sharding.mesh)
+  return jax.jit(step, in_shardings=(state_shardings, batch_sharding),
+                 out_shardings=(state_shardings, metric_sharding), donate_argnums=0)
+
+
+def jit_eval_step(*, model, multi_label, params_shardings, batch_sharding):
+  step = functools.partial(eval_step, model=model, multi_label=multi_label)
+  return jax.jit(step, in_shardings=(params_shardings, batch_sharding),
+                 out_shardings=sharding.replicated(batch_sharding.mesh))
