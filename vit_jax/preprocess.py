@@ -132,8 +132,13 @@ def crop_and_resize_batch(images, y, x, h, w, crop):
   size_h, size_w = images.shape[1], images.shape[2]
   rows = _interpolation_matrix(y, h, size_h, crop)
   cols = _interpolation_matrix(x, w, size_w, crop)
-  out = tf.einsum('bih,bhwc,bjw->bijc', rows, tf.cast(images, tf.float32), cols)
-  return to_uint8(out)
+  b, c = tf.shape(images)[0], images.shape[3]
+  # Two batched matmuls: rows, then columns (one fused einsum is several times slower).
+  x = tf.reshape(tf.cast(images, tf.float32), [b, size_h, size_w * c])
+  x = tf.reshape(tf.matmul(rows, x), [b, crop, size_w, c])
+  x = tf.reshape(tf.transpose(x, [0, 2, 1, 3]), [b, size_w, crop * c])
+  x = tf.reshape(tf.matmul(cols, x), [b, crop, crop, c])
+  return to_uint8(tf.transpose(x, [0, 2, 1, 3]))
 
 
 def train_batch(images, seed, *, crop, inception_crop, area_min, flip):
