@@ -254,17 +254,7 @@ def _cached_eval_dataset(key, source, pp, local_batch, process_index, process_co
     def make(pos):
       idx, mask = select(pos)
       example = source.read(idx)
-      images = example['image']
-      if pp.resize:
-        full = tf.fill(tf.shape(idx), images.shape[1])
-        images = preprocess.crop_and_resize_batch(images, full * 0, full * 0, full, full,
-                                                  pp.resize)
-        start = (pp.resize - pp.crop) // 2
-        images = images[:, start:start + pp.crop, start:start + pp.crop]
-      else:
-        full = tf.fill(tf.shape(idx), images.shape[1])
-        images = preprocess.crop_and_resize_batch(images, full * 0, full * 0, full, full,
-                                                  pp.crop)
+      images = preprocess.eval_image(example['image'], pp.crop, pp.resize)  # batched
       return {'image': images, 'label': example['label'], 'mask': mask}
     ds = positions.batch(local_batch).map(make)
   else:

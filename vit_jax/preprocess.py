@@ -85,12 +85,12 @@ def decode_inception_crop(encoded, uniforms, area_min, crop):
 
 
 def eval_image(image, crop, resize_to=None):
-  """uint8 [h, w, 3] -> resize to `crop`, or to `resize_to` then a centre `crop`."""
+  """uint8 [(b,) h, w, 3] -> resize to `crop`, or to `resize_to` then a centre `crop`."""
   if not resize_to:
     return resize(image, crop)
   image = resize(image, resize_to)
   start = (resize_to - crop) // 2
-  return image[start:start + crop, start:start + crop]
+  return image[..., start:start + crop, start:start + crop, :]
 
 
 def train_image(encoded, seed, *, crop, inception_crop, area_min, flip):
