@@ -292,6 +292,9 @@ def _to_device(batch, sharding):
 
 
 def _tf_error(source, what, error):
+  for line in str(error).splitlines():
+    if 'DataError: ' in line:  # raised by a reader inside tf.numpy_function
+      return DataError(line.split('DataError: ', 1)[1].strip())
   first = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
   return DataError(f'{source.name}: {what} failed ({first}); if an image is corrupt, '
                    "replace it (image folders: corrupt_images='skip' leaves out what PIL "
