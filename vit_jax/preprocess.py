@@ -150,9 +150,9 @@ def train_batch(images, seed, *, crop, inception_crop, area_min, flip):
   if inception_crop:
     y, x, h, w = inception_crop_window(
         random_uniforms(crop_seed, [b]), full * size_h, full * size_w, area_min)
+    images = crop_and_resize_batch(images, y, x, h, w, crop)
   else:
-    y, x, h, w = full * 0, full * 0, full * size_h, full * size_w
-  images = crop_and_resize_batch(images, y, x, h, w, crop)
+    images = resize(images, crop)  # exactly the eval resize
   if flip:
     mirror = tf.random.stateless_uniform([b], flip_seed) < 0.5
     images = tf.where(mirror[:, None, None, None], images[:, :, ::-1], images)

@@ -24,9 +24,10 @@ def data_config() -> ml_collections.ConfigDict:
           'test': None,    # test split; None = the dataset's preset
           'crop': 224,     # train and eval resolution (paper B.1.1: 224 pre-train, 384 fine-tune)
           'resize': None,  # eval: resize to this, then centre crop to `crop`; None = resize to crop
-          'inception_crop': True,  # train: random area/aspect crop; False = resize like eval
-          'area_min': 0.05,        # inception crop: smallest crop area, fraction of the image
-          'flip': True,            # train: random horizontal flip (off for digits, text, ...)
+          # None below = the dataset's choice (vit_jax.presets; digits: no flip, area_min 0.5).
+          'inception_crop': None,  # train: random area/aspect crop; False = resize like eval
+          'area_min': None,        # inception crop: smallest crop area (default 0.05)
+          'flip': None,            # train: random horizontal flip (default True)
           'randaug_layers': 0,     # RandAugment ops per image (AugReg: 2); 0 = off
           'randaug_magnitude': 10,  # RandAugment magnitude, 10 = the ops' full range
           'mixup': 0.0,            # Mixup Beta(alpha, alpha) alpha; 0 = off
