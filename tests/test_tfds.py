@@ -118,3 +118,11 @@ def test_unprepared_and_unknown_datasets_say_what_to_do(tmp_path):
   with pytest.raises(input_pipeline.DataError, match='imagenet21k: no converted shards'):
     input_pipeline.get_info(_config('imagenet21k', tfds_data_dir=str(tmp_path)))
   _fresh()
+
+
+def test_prepare_names_the_missing_manual_download(tmp_path):
+  from vit_jax import prepare  # pylint: disable=g-import-not-at-top
+  with pytest.raises(SystemExit, match=r'imagenet2012: manual download missing in .*ILSVRC2012_img_train.tar'):
+    prepare.main(['imagenet2012', '--data_dir', str(tmp_path), '--manual_dir', str(tmp_path)])
+  with pytest.raises(SystemExit, match='imagenet21k: manual download missing'):
+    prepare.main(['imagenet21k', '--data_dir', str(tmp_path), '--manual_dir', str(tmp_path / 'x')])
