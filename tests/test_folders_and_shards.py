@@ -1,0 +1,205 @@
+"""Image folders and JFT-style shards: formats, labels, corrupt files, bad input."""
+
+import json
+import logging
+import os
+
+import jax
+import ml_collections
+import numpy as np
+import pytest
+from PIL import Image
+
+from vit_jax import input_pipeline
+from vit_jax import jft
+
+# Class colours: after any crop/flip/resize an image keeps its colour.
+_COLOURS = {'cat': (200, 30, 30), 'dog': (30, 200, 30), 'eel': (30, 30, 200)}
+_FORMATS = [('jpg', 'RGB'), ('png', 'L'), ('png', 'RGBA'), ('bmp', 'RGB'), ('gif', 'RGB'),
+            ('JPEG', 'RGB')]
+
+
+def _image(colour, mode, rng, size=(40, 30)):
+  pixels = np.clip(np.array(colour) + rng.integers(-10, 10, size[::-1] + (3,)), 0, 255)
+  image = Image.fromarray(pixels.astype(np.uint8), 'RGB')
+  if mode == 'L':
+    return image.convert('L')
+  if mode == 'RGBA':
+    image = image.convert('RGBA')
+    image.putalpha(128)
+  return image
+
+
+def make_folder(root, splits=(('train', 6), ('test', 4)), seed=0):
+  rng = np.random.default_rng(seed)
+  for split, per_class in splits:
+    for name, colour in _COLOURS.items():
+      os.makedirs(os.path.join(root, split, name))
+      for i in range(per_class):
+        ext, mode = _FORMATS[i % len(_FORMATS)]
+        _image(colour, mode, rng).save(os.path.join(root, split, name, f'{i}.{ext}'))
+  return root
+
+
+def _corrupt(root):
+  """A truncated JPEG and a non-image with an image name."""
+  good = os.path.join(root, 'train', 'dog', '0.jpg')
+  data = open(good, 'rb').read()
+  with open(os.path.join(root, 'train', 'dog', 'truncated.jpg'), 'wb') as f:
+    f.write(data[:len(data) // 2])
+  with open(os.path.join(root, 'train', 'cat', 'garbage.png'), 'wb') as f:
+    f.write(b'this is not a png' * 10)
+
+
+def _config(dataset, **pp):
+  config = input_pipeline.add_data_config(ml_collections.ConfigDict())
+  config.dataset = str(dataset)
+  config.pp.crop = 8
+  config.batch = 6
+  config.batch_eval = 5
+  config.pp.update(pp)
+  return config
+
+
+def _sharding():
+  mesh = jax.make_mesh((jax.device_count(),), ('data',))
+  return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('data'))
+
+
+def _colour_class(images):
+  """Class index from the dominant channel of each image in [-1, 1]."""
+  return np.argmax(np.asarray(images).mean(axis=(1, 2)), axis=-1)
+
+
+def test_folder_formats_labels_and_exact_eval(tmp_path):
+  root = make_folder(tmp_path / 'pets')
+  config = _config(root)
+  info = input_pipeline.get_info(config)
+  assert (info.num_train, info.num_test, info.num_classes) == (18, 12, 3)
+  assert info.class_names == ['cat', 'dog', 'eel']
+  it = input_pipeline.make_train_iterator(config, _sharding())
+  for _ in range(4):
+    batch = next(it)
+    assert batch['image'].shape == (6, 8, 8, 3)
+    # Every format decodes to RGB of its class colour (grey PNGs: equal channels).
+    rgb = np.asarray(batch['image'])
+    grey = np.ptp(rgb.mean(axis=(1, 2)), axis=-1) < 0.05
+    np.testing.assert_array_equal(_colour_class(rgb)[~grey], np.asarray(batch['label'])[~grey])
+  batches = list(input_pipeline.make_eval_iterator(config, _sharding()))
+  mask = np.concatenate([b['mask'] for b in batches])
+  labels = np.concatenate([b['label'] for b in batches])
+  assert len(mask) == 15 and mask.sum() == 12
+  np.testing.assert_array_equal(labels[:12], [0] * 4 + [1] * 4 + [2] * 4)
+
+
+def test_rgba_and_grey_become_rgb_like_pil(tmp_path):
+  root = make_folder(tmp_path / 'f', splits=(('train', 3), ('test', 3)))
+  config = _config(root, crop=40)  # no resize: 40x30 -> 40x40 only stretches rows
+  batches = list(input_pipeline.make_eval_iterator(config, _sharding()))
+  images = np.round((np.concatenate([b['image'] for b in batches]) + 1) * 127.5)
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  for k in (1, 2):  # the grey PNG and the RGBA PNG (lossless, unlike the JPEG)
+    name = os.path.join(root, 'test', 'cat', f'{k}.png')
+    rgb = np.asarray(Image.open(name).convert('RGB'))
+    expected = tf.round(tf.image.resize(rgb, [40, 40])).numpy()
+    np.testing.assert_array_equal(images[k], expected)
+
+
+def test_corrupt_files_are_skipped_counted_and_named(tmp_path, caplog):
+  root = make_folder(tmp_path / 'c')
+  _corrupt(root)
+  with caplog.at_level(logging.WARNING):
+    info = input_pipeline.get_info(_config(root))
+  assert info.num_train == 18  # 20 files, 2 left out
+  assert 'skipped 2 corrupt image(s) of 20' in caplog.text
+  assert 'truncated.jpg' in caplog.text and 'garbage.png' in caplog.text
+  batch = next(input_pipeline.make_train_iterator(_config(root), _sharding()))
+  assert batch['image'].shape == (6, 8, 8, 3)
+
+
+def test_corrupt_files_fail_when_asked(tmp_path):
+  root = make_folder(tmp_path / 'c')
+  _corrupt(root)
+  config = _config(root)
+  config.corrupt_images = 'fail'
+  with pytest.raises(input_pipeline.DataError, match=r'garbage\.png: corrupt or truncated') as e:
+    input_pipeline.get_info(config)
+  assert '\n' not in str(e.value)
+
+
+def test_folder_errors_name_the_folder(tmp_path):
+  root = make_folder(tmp_path / 'e')
+  os.makedirs(root / 'train' / 'fox')
+  with pytest.raises(input_pipeline.DataError, match=r'train/fox: empty class folder'):
+    input_pipeline.get_info(_config(root))
+  os.rmdir(root / 'train' / 'fox')
+  with pytest.raises(input_pipeline.DataError, match=r"no split folder 'val' \(has test, train\)"):
+    input_pipeline.get_info(_config(root, test='val'))
+  with pytest.raises(input_pipeline.DataError, match='no such folder'):
+    input_pipeline.get_info(_config(tmp_path / 'missing'))
+
+
+# ---------------------------------------------------------------------------
+# JFT-style shards.
+
+
+@pytest.mark.parametrize('file_format', ['tfrecord', 'array_record'])
+def test_shards_from_folder_round_trip(tmp_path, file_format):
+  root = make_folder(tmp_path / 'src')
+  out = tmp_path / 'shards'
+  for split in ('train', 'test'):
+    jft.main(['--folder', str(root / split), '--out', str(out), '--split', split,
+              '--shards', '3', '--format', file_format])
+  info = json.load(open(out / 'info.json'))
+  assert info['class_names'] == ['cat', 'dog', 'eel'] and info['file_format'] == file_format
+  assert [f['num_examples'] for f in info['splits']['train']] == [6, 6, 6]
+  config = _config(out)
+  data_info = input_pipeline.get_info(config)
+  assert data_info.multi_label and (data_info.num_train, data_info.num_test) == (18, 12)
+  batch = next(input_pipeline.make_train_iterator(config, _sharding()))
+  label = np.asarray(batch['label'])
+  assert label.shape == (6, 3) and np.all(label.sum(1) == 1)  # multi-hot of one class
+  rgb = np.asarray(batch['image'])
+  grey = np.ptp(rgb.mean(axis=(1, 2)), axis=-1) < 0.05
+  np.testing.assert_array_equal(_colour_class(rgb)[~grey], label.argmax(1)[~grey])
+  seen = np.concatenate([b['label'] for b in input_pipeline.make_eval_iterator(config, _sharding())])
+  assert seen[:12].sum(0).tolist() == [4, 4, 4]
+
+
+def test_shards_from_csv_keep_every_label(tmp_path):
+  root = make_folder(tmp_path / 'src', splits=(('train', 2),))
+  files = sorted((root / 'train').glob('*/*'))
+  lines = [f'{f.relative_to(tmp_path)},{i % 5};{(i * 3) % 7}' for i, f in enumerate(files)]
+  (tmp_path / 'labels.csv').write_text('\n'.join(lines) + '\n')
+  out = tmp_path / 'shards'
+  jft.main(['--csv', str(tmp_path / 'labels.csv'), '--out', str(out), '--num_classes', '7',
+            '--shards', '2'])
+  source = jft.open_split(str(out), 'train')
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  records = source.read(tf.range(source.num_examples, dtype=tf.int64))['record'].numpy()
+  got = {}
+  for record in records:
+    example = tf.train.Example.FromString(record)
+    key = example.features.feature['image/id'].bytes_list.value[0].decode()
+    parsed = source.parse({'record': tf.constant(record)})
+    got[os.path.relpath(key, tmp_path)] = np.flatnonzero(parsed['label'].numpy()).tolist()
+  want = {str(f.relative_to(tmp_path)): sorted({i % 5, (i * 3) % 7}) for i, f in enumerate(files)}
+  assert got == want
+
+
+def test_truncated_shard_is_named(tmp_path):
+  root = make_folder(tmp_path / 'src', splits=(('train', 4),))
+  out = tmp_path / 'shards'
+  jft.main(['--folder', str(root / 'train'), '--out', str(out), '--shards', '2'])
+  shard = out / 'train-00001-of-00002.tfrecord'
+  data = shard.read_bytes()
+  shard.write_bytes(data[:len(data) - 100])
+  config = _config(out, train='train[6:]')  # only the second shard
+  with pytest.raises(input_pipeline.DataError, match='train-00001-of-00002.tfrecord: truncated'):
+    next(input_pipeline.make_train_iterator(config, _sharding()))
+
+
+def test_bad_csv_line_is_named(tmp_path):
+  (tmp_path / 'bad.csv').write_text('a.jpg,1;2\nb.jpg,cat\n')
+  with pytest.raises(SystemExit, match=r'bad.csv:2: expected "path,label_id'):
+    jft.main(['--csv', str(tmp_path / 'bad.csv'), '--out', str(tmp_path / 'o')])

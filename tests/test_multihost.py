@@ -1,0 +1,87 @@
+"""Two real JAX processes (CPU, gloo): disjoint reads, global batches of the configured size."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+
+_WORKER = textwrap.dedent('''
+    import json, sys
+    import jax
+    jax.config.update('jax_cpu_collectives_implementation', 'gloo')
+    jax.distributed.initialize(f'127.0.0.1:{sys.argv[1]}', num_processes=2,
+                               process_id=int(sys.argv[2]))
+    import jax.numpy as jnp
+    import ml_collections
+    import numpy as np
+    import tensorflow as tf
+    from vit_jax import datasets, input_pipeline
+
+    config = input_pipeline.add_data_config(ml_collections.ConfigDict())
+    config.pp.crop, config.batch, config.batch_eval = 16, 32, 50
+    config.pp.inception_crop = False  # deterministic pixels identify each example
+    mesh = jax.make_mesh((2,), ('data',))
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('data'))
+
+    raw, _ = datasets.load_digits()
+    train = datasets.digits_split_indices()[0]
+    resized = tf.cast(tf.clip_by_value(tf.round(tf.image.resize(raw[train], [16, 16])),
+                                       0, 255), tf.uint8).numpy().reshape(len(train), -1)
+    lookup = {row.tobytes(): i for i, row in enumerate(resized)}
+
+    it = input_pipeline.make_train_iterator(config, sharding)
+    read, shapes = [], []
+    for _ in range(3):
+      batch = next(it)
+      shapes.append(list(batch['image'].shape))
+      local = np.concatenate([np.asarray(s.data) for s in batch['image'].addressable_shards])
+      pixels = np.round((local + 1) * 127.5).astype(np.uint8).reshape(len(local), -1)
+      read += [lookup.get(p.tobytes(), -1) for p in pixels]
+
+    masks = [b['mask'] for b in input_pipeline.make_eval_iterator(config, sharding)]
+    seen = int(jax.jit(lambda ms: sum(jnp.sum(m) for m in ms))(masks))
+    print('RESULT' + json.dumps({'read': read, 'shapes': shapes, 'eval_seen': seen,
+                                 'eval_batches': len(masks),
+                                 'eval_shape': list(masks[0].shape)}))
+''')
+
+
+def _free_port():
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
+def test_two_processes_read_disjoint_parts_into_one_global_batch(tmp_path):
+  script = tmp_path / 'worker.py'
+  script.write_text(_WORKER)
+  port = str(_free_port())
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = {**os.environ, 'PYTHONPATH': repo, 'JAX_PLATFORMS': 'cpu', 'TF_CPP_MIN_LOG_LEVEL': '3',
+         'XLA_FLAGS': ''}
+  procs = [subprocess.Popen([sys.executable, str(script), port, str(i)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+           for i in range(2)]
+  results = []
+  for proc in procs:
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, err[-2000:]
+    results.append(json.loads(out.split('RESULT', 1)[1]))
+
+  n = 1438
+  for p, result in enumerate(results):
+    assert result['shapes'] == [[32, 16, 16, 3]] * 3  # global batch = config.batch
+    read = np.array(result['read'])
+    assert len(read) == 3 * 16 and np.all(read >= 0)  # 16 local examples per step
+    lo, hi = n * p // 2, n * (p + 1) // 2
+    assert np.all((lo <= read) & (read < hi)), f'process {p} read outside its part'
+    assert len(set(read)) == len(read)  # 48 < 719: no repeats within the first epoch
+  assert not set(results[0]['read']) & set(results[1]['read'])
+  for result in results:
+    # 359 test examples, 180 per process at most: 8 batches of 25 local, 400 slots.
+    assert result['eval_seen'] == 359
+    assert result['eval_batches'] == 8 and result['eval_shape'] == [50]

@@ -1,0 +1,128 @@
+"""The TFDS path: mocked presets, real TFRecord/ArrayRecord preparations, errors."""
+
+import jax
+import ml_collections
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+
+from vit_jax import datasets
+from vit_jax import input_pipeline
+
+
+def _config(dataset, **kw):
+  config = input_pipeline.add_data_config(ml_collections.ConfigDict())
+  config.dataset = dataset
+  config.pp.crop = 8
+  config.batch = 4
+  config.batch_eval = 3
+  config.update(kw)
+  return config
+
+
+def _sharding():
+  mesh = jax.make_mesh((jax.device_count(),), ('data',))
+  return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('data'))
+
+
+def _fresh():
+  datasets.open_split.cache_clear()
+
+
+def test_cifar10_preset_with_mock_data():
+  _fresh()
+  with tfds.testing.mock_data(num_examples=10):
+    config = _config('cifar10')
+    info = input_pipeline.get_info(config)
+    assert (info.num_classes, info.finetune_steps, info.num_test) == (10, 10_000, 10)
+    batch = next(input_pipeline.make_train_iterator(config, _sharding()))
+    assert batch['image'].shape == (4, 8, 8, 3) and batch['label'].dtype == np.int32
+    masks = [np.asarray(b['mask']) for b in input_pipeline.make_eval_iterator(config, _sharding())]
+    assert len(masks) == 4 and sum(m.sum() for m in masks) == 10  # 10 = 3 + 3 + 3 + 1
+  _fresh()
+
+
+def test_imagenet_real_labels_are_multi_hot_and_empty_sets_masked():
+  _fresh()
+  with tfds.testing.mock_data(num_examples=5):
+    config = _config('imagenet2012_real')
+    batches = list(input_pipeline.make_eval_iterator(config, _sharding()))
+    label = np.concatenate([b['label'] for b in batches])
+    assert label.shape == (6, 1000) and set(np.unique(label)) <= {0.0, 1.0}
+    assert np.concatenate([b['mask'] for b in batches]).sum() == 5
+  _fresh()
+
+
+def test_vtab_task_uses_the_1k_protocol_splits():
+  _fresh()
+  with tfds.testing.mock_data(num_examples=7):
+    info = input_pipeline.get_info(_config('vtab/dsprites_orientation'))
+    # Mocked splits have 7 examples each: train800 -> 7, val200 -> 7.
+    assert (info.num_classes, info.num_train, info.finetune_steps) == (16, 14, 2500)
+    batch = next(input_pipeline.make_train_iterator(_config('vtab/dsprites_orientation'), _sharding()))
+    assert np.all((0 <= np.asarray(batch['label'])) & (np.asarray(batch['label']) < 16))
+  _fresh()
+
+
+class Tiny(tfds.core.GeneratorBasedBuilder):
+  """A real, locally prepared TFDS dataset: solid images whose colour is the label."""
+  VERSION = tfds.core.Version('1.0.0')
+
+  def _info(self):
+    return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({
+        'image': tfds.features.Image(shape=(12, 10, 3)),
+        'label': tfds.features.ClassLabel(num_classes=5)}))
+
+  def _split_generators(self, dl_manager):
+    return {'train': self._generate_examples(23), 'test': self._generate_examples(7)}
+
+  def _generate_examples(self, n):
+    for i in range(n):
+      image = np.full((12, 10, 3), 40 * (i % 5), np.uint8)
+      yield i, {'image': image, 'label': i % 5}
+
+
+@pytest.mark.parametrize('file_format', ['tfrecord', 'array_record'])
+def test_prepared_dataset_reads_every_example(tmp_path, file_format):
+  _fresh()
+  Tiny(data_dir=str(tmp_path), file_format=file_format).download_and_prepare()
+  config = _config('tiny', tfds_data_dir=str(tmp_path))
+  config.pp.test = 'test'
+  config.pp.train = 'train[:20]'
+  info = input_pipeline.get_info(config)
+  assert (info.num_train, info.num_test, info.num_classes) == (20, 7, 5)
+  batches = list(input_pipeline.make_eval_iterator(config, _sharding(), split='train[:20]'))
+  images = np.concatenate([b['image'] for b in batches])
+  labels = np.concatenate([b['label'] for b in batches])
+  mask = np.concatenate([b['mask'] for b in batches])
+  assert mask.sum() == 20
+  # Each image's pixel value encodes its label: image and label travel together.
+  pixel = np.round((images[mask == 1, 0, 0, 0] + 1) * 127.5)
+  np.testing.assert_array_equal(pixel, 40 * labels[mask == 1])
+  # Same examples in the same order as TFDS's own reader.
+  builder = tfds.builder('tiny', data_dir=str(tmp_path))
+  reference = (builder.as_dataset('train[:20]') if file_format == 'tfrecord'
+               else builder.as_data_source('train[:20]'))
+  np.testing.assert_array_equal(labels[mask == 1], [int(e['label']) for e in reference])
+  _fresh()
+
+
+def test_unprepared_and_unknown_datasets_say_what_to_do(tmp_path):
+  _fresh()
+  with pytest.raises(input_pipeline.DataError, match=r"unknown dataset 'cifar11': did you mean cifar10"):
+    input_pipeline.get_info(_config('cifar11'))
+  with pytest.raises(input_pipeline.DataError, match='cifar10: not prepared in .* run python -m vit_jax.prepare cifar10'):
+    input_pipeline.get_info(_config('cifar10', tfds_data_dir=str(tmp_path)))
+  with pytest.raises(input_pipeline.DataError, match='imagenet2012: not prepared .*ILSVRC2012_img_train.tar'):
+    input_pipeline.get_info(_config('imagenet2012', tfds_data_dir=str(tmp_path)))
+  with pytest.raises(input_pipeline.DataError, match='imagenet21k: no converted shards'):
+    input_pipeline.get_info(_config('imagenet21k', tfds_data_dir=str(tmp_path)))
+  _fresh()
+
+
+def test_prepare_names_the_missing_manual_download(tmp_path):
+  from vit_jax import prepare  # pylint: disable=g-import-not-at-top
+  with pytest.raises(SystemExit, match=r'imagenet2012: manual download missing in .*ILSVRC2012_img_train.tar'):
+    prepare.main(['imagenet2012', '--data_dir', str(tmp_path), '--manual_dir', str(tmp_path)])
+  with pytest.raises(SystemExit, match='imagenet21k: manual download missing'):
+    prepare.main(['imagenet21k', '--data_dir', str(tmp_path), '--manual_dir', str(tmp_path / 'x')])

@@ -1,0 +1,56 @@
+"""Data fields of an experiment config, with their defaults, in one place.
+
+`add_data_config(config)` puts every field that `vit_jax.input_pipeline` reads
+into `config` (keeping values already there), so experiment configs and tests
+share one source of defaults. Field names follow the original vit_jax where it
+had one (`dataset`, `tfds_data_dir`, `tfds_manual_dir`, `pp.train`, `pp.test`,
+`pp.crop`, `pp.resize`, `batch`, `batch_eval`, `prefetch`).
+"""
+
+import ml_collections
+
+
+def data_config() -> ml_collections.ConfigDict:
+  """A fresh ConfigDict holding only the data fields, at their defaults."""
+  return ml_collections.ConfigDict({
+      # What to read (README "Input pipelines"): a TFDS name or preset
+      # ('cifar10', 'imagenet2012', 'vtab/dtd'), the built-in 'digits', a
+      # folder DIR/{train,test}/<class>/*, or a shard directory with info.json.
+      'dataset': 'digits',
+      'tfds_data_dir': None,    # TFDS data_dir; None = TFDS default (~/tensorflow_datasets)
+      'tfds_manual_dir': None,  # manual downloads (ImageNet tars, ImageNet-21k folders)
+      'pp': {
+          'train': None,   # train split, e.g. 'train[:98%]'; None = the dataset's preset
+          'test': None,    # test split; None = the dataset's preset
+          'crop': 224,     # train and eval resolution (paper B.1.1: 224 pre-train, 384 fine-tune)
+          'resize': None,  # eval: resize to this, then centre crop to `crop`; None = resize to crop
+          # None below = the dataset's choice (vit_jax.presets; digits: no flip, area_min 0.5).
+          'inception_crop': None,  # train: random area/aspect crop; False = resize like eval
+          'area_min': None,        # inception crop: smallest crop area (default 0.05)
+          'flip': None,            # train: random horizontal flip (default True)
+          'randaug_layers': 0,     # RandAugment ops per image (AugReg: 2); 0 = off
+          'randaug_magnitude': 10,  # RandAugment magnitude, 10 = the ops' full range
+          'mixup': 0.0,            # Mixup Beta(alpha, alpha) alpha; 0 = off
+      },
+      'batch': 512,         # global train batch, split evenly over processes
+      'batch_eval': 512,    # global eval batch
+      'prefetch': 2,        # batches transferred to the devices ahead of use
+      'seed': 0,            # data order and augmentation are a pure function of (seed, step)
+      'corrupt_images': 'skip',  # image folders: 'skip' (log and count) or 'fail'
+      'eval_cache_mb': 1024,     # keep preprocessed eval data in host memory when below this
+  })
+
+
+def add_data_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Adds the data fields to `config` where missing; returns `config`."""
+  _merge_missing(config, data_config())
+  return config
+
+
+def _merge_missing(config, defaults):
+  with config.unlocked():
+    for key, value in defaults.items():
+      if key not in config:
+        config[key] = value
+      elif isinstance(value, ml_collections.ConfigDict):
+        _merge_missing(config[key], value)

@@ -1,0 +1,247 @@
+"""`config.dataset` -> a `Source` for a split: names, presets and the four kinds of data.
+
+- `digits`: the built-in dataset (UCI handwritten digits shipped by scikit-learn);
+- a directory with `info.json`: JFT-style shards (`vit_jax.jft`);
+- any other directory: an image folder DIR/<split>/<class>/<image>;
+- `imagenet21k`: shards in <tfds_data_dir>/imagenet21k, converted by `vit_jax.jft`;
+- a preset (`vit_jax.presets`) or any other TFDS name.
+"""
+
+import dataclasses
+import difflib
+import functools
+import os
+from typing import Optional
+
+import numpy as np
+
+from vit_jax import folder
+from vit_jax import jft
+from vit_jax import presets
+from vit_jax import records
+from vit_jax import sources
+from vit_jax.sources import DataError
+
+BUILTIN = ('digits',)
+
+
+@dataclasses.dataclass(frozen=True)
+class Defaults:
+  """What a dataset brings when the config leaves a field at None."""
+  train: str = 'train'
+  test: str = 'test'
+  flip: bool = True
+  inception_crop: bool = True
+  area_min: float = 0.05
+  finetune_steps: Optional[int] = None
+
+
+# Digits are 8x8: a crop keeping most of the digit, and no flip (it changes
+# their meaning: 2 vs 5 mirrored).
+_DIGITS = Defaults(flip=False, area_min=0.5)
+
+
+def kind(dataset: str) -> str:
+  """'builtin', 'shards', 'folder' or 'tfds'."""
+  if dataset in BUILTIN:
+    return 'builtin'
+  path = os.path.expanduser(dataset)
+  if os.path.isdir(path) or dataset.startswith(('/', '.', '~')) or '://' in dataset:
+    if jft.is_shard_dir(path):
+      return 'shards'
+    if not os.path.isdir(path):
+      raise DataError(f'{dataset}: no such folder; pass an existing image folder or shard '
+                      'directory, or a dataset name (digits, cifar10, imagenet2012, ...)')
+    return 'folder'
+  if dataset == 'imagenet21k':
+    return 'shards'
+  return 'tfds'
+
+
+def defaults(dataset: str) -> Defaults:
+  if dataset in BUILTIN:
+    return _DIGITS
+  preset = presets.PRESETS.get(dataset)
+  if preset is None:
+    return Defaults()
+  return Defaults(preset.train, preset.test, preset.flip, preset.inception_crop,
+                  preset.area_min, preset.finetune_steps)
+
+
+def data_dir(tfds_data_dir):
+  return os.path.expanduser(tfds_data_dir or os.environ.get('TFDS_DATA_DIR')
+                            or '~/tensorflow_datasets')
+
+
+@functools.lru_cache(maxsize=32)
+def open_split(dataset: str, split: str, tfds_data_dir=None, tfds_manual_dir=None,
+               corrupt_images='skip') -> sources.Source:
+  """The Source of `split` of `dataset`. Cached: folders are checked once per process."""
+  which = kind(dataset)
+  if which == 'builtin':
+    return _digits(split)
+  if which == 'folder':
+    return _folder(os.path.expanduser(dataset), split, corrupt_images)
+  if which == 'shards':
+    root = os.path.expanduser(dataset)
+    if dataset == 'imagenet21k':
+      root = os.path.join(data_dir(tfds_data_dir), 'imagenet21k')
+      if not jft.is_shard_dir(root):
+        manual = tfds_manual_dir or '<tfds_manual_dir>'
+        raise DataError(f'imagenet21k: no converted shards in {root}; convert the extracted '
+                        f'release with python -m vit_jax.jft --folder {manual} --out {root} '
+                        '(README: ImageNet-21k)')
+    return jft.open_split(root, split)
+  return _tfds(dataset, split, tfds_data_dir, tfds_manual_dir)
+
+
+# ---------------------------------------------------------------------------
+# Built-in: digits.
+
+
+def load_digits():
+  """(images uint8 [1797, 8, 8, 3], labels [1797]) from scikit-learn's copy of UCI digits."""
+  from sklearn import datasets as sk_datasets  # pylint: disable=g-import-not-at-top
+  digits = sk_datasets.load_digits()
+  # Pixels are counts 0..16 of set bits in 4x4 blocks of the 32x32 scans.
+  grey = np.round(digits.images * (255.0 / 16.0)).astype(np.uint8)
+  return np.repeat(grey[..., None], 3, axis=-1), digits.target.astype(np.int32)
+
+
+def digits_split_indices(test_fraction=0.2, seed=0):
+  """Fixed stratified split: per class, a seeded 20% are test. (train, test) indices."""
+  _, labels = load_digits()
+  rng = np.random.default_rng(seed)
+  train, test = [], []
+  for c in range(10):
+    members = rng.permutation(np.flatnonzero(labels == c))
+    n_test = int(round(test_fraction * len(members)))
+    test += members[:n_test].tolist()
+    train += members[n_test:].tolist()
+  return np.sort(train), np.sort(test)
+
+
+def _digits(split):
+  name, start, stop = sources.parse_split(split)
+  if name not in ('train', 'test'):
+    raise DataError(f'digits: no split {name!r}; use train or test (e.g. train[:90%])')
+  images, labels = load_digits()
+  index = digits_split_indices()[0 if name == 'train' else 1]
+  source = sources.array_source(f'digits {name}', images[index], labels[index], 10,
+                                [str(d) for d in range(10)])
+  lo, hi = sources.slice_bounds(start, stop, source.num_examples)
+  return sources.sliced(source, lo, hi, f'[{start or ""}:{stop or ""}]')
+
+
+# ---------------------------------------------------------------------------
+# Image folders.
+
+
+def _folder(root, split, corrupt_images):
+  name, start, stop = sources.parse_split(split)
+  classes = folder.class_names(root)
+  paths, labels = folder.list_split(root, name, classes, corrupt_images)
+  source = sources.file_source(os.path.join(root, name), paths, labels, len(classes), classes)
+  lo, hi = sources.slice_bounds(start, stop, source.num_examples)
+  return sources.sliced(source, lo, hi, f'[{start or ""}:{stop or ""}]')
+
+
+# ---------------------------------------------------------------------------
+# TFDS.
+
+
+def _unknown(dataset, tfds_names):
+  known = list(BUILTIN) + ['imagenet21k'] + list(presets.PRESETS) + list(tfds_names)
+  close = difflib.get_close_matches(dataset, known, n=3, cutoff=0.6)
+  hint = f'did you mean {" or ".join(close)}?' if close else (
+      'use a TFDS name, a preset (README "Input pipelines"), digits, or a folder path')
+  return DataError(f'unknown dataset {dataset!r}: {hint}')
+
+
+def _tfds(dataset, split, tfds_data_dir, tfds_manual_dir):
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  preset = presets.PRESETS.get(dataset)
+  if preset is None and dataset.startswith('vtab/'):
+    raise _unknown(dataset, [])
+  tfds_name = preset.tfds_name if preset else dataset
+  try:
+    builder = tfds.builder(tfds_name, data_dir=tfds_data_dir)
+  except tfds.core.registered.DatasetNotFoundError:
+    raise _unknown(dataset, tfds.list_builders()) from None
+  except Exception as e:  # pylint: disable=broad-except
+    # A bad config name ('eurosat/nope') or an unreadable data_dir.
+    raise DataError(f'{dataset}: cannot open TFDS builder {tfds_name!r} '
+                    f'({_first_line(e)}); check the name and tfds_data_dir') from None
+
+  parts = (preset.named_splits.get(split) if preset else None) or ((split, None),)
+  features = builder.info.features
+  label_key = preset.label_key if preset else 'label'
+  if preset and preset.num_classes:
+    num_classes = preset.num_classes
+  elif label_key in features and hasattr(features[label_key], 'num_classes'):
+    num_classes = features[label_key].num_classes
+  else:
+    raise DataError(f'{dataset}: no ClassLabel feature {label_key!r}; '
+                    'only image classification datasets are supported')
+  names = getattr(features[label_key], 'names', None) if label_key in features else None
+  multi_label = bool(preset and preset.multi_label)
+
+  def parse(record):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    example = features.deserialize_example(
+        record, decoders={'image': tfds.decode.SkipDecoding()})
+    label = preset.label_fn(example) if preset and preset.label_fn else example[label_key]
+    label = tf.cast(label, tf.float32 if multi_label else tf.int32)
+    return {'image': example['image'], 'label': label}
+
+  pieces = []
+  for expr, take in parts:
+    reader = _tfds_reader(builder, dataset, expr, tfds_data_dir, tfds_manual_dir, preset)
+    source = sources.record_source(f'{dataset} {expr}', reader, parse, num_classes,
+                                   class_names=names, multi_label=multi_label,
+                                   mask_empty_labels=bool(preset and preset.mask_empty_labels))
+    if take is not None:
+      source = sources.sliced(source, 0, min(take, source.num_examples), f'[:{take}]')
+    pieces.append(source)
+  return sources.concatenated(pieces, f'{dataset} {split}')
+
+
+def _tfds_reader(builder, dataset, expr, tfds_data_dir, tfds_manual_dir, preset):
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  try:
+    data_source = builder.as_data_source(
+        expr, deserialize_method=tfds.decode.DeserializeMethod.RAW_BYTES)
+    return records.DataSourceReader(data_source, f'{dataset} {expr}')
+  except Exception as e:  # pylint: disable=broad-except
+    error = e
+  if not builder.is_prepared():
+    where = builder.data_dir
+    if preset and preset.manual:
+      manual = tfds_manual_dir or '<tfds_manual_dir>'
+      raise DataError(f'{dataset}: not prepared in {where}; put {", ".join(preset.manual_files)} '
+                      f'in {manual} and run python -m vit_jax.prepare {dataset} '
+                      f'--manual_dir {manual} (README: ImageNet)') from None
+    raise DataError(f'{dataset}: not prepared in {where}; run python -m vit_jax.prepare '
+                    f'{dataset} where it can download (README: TFDS datasets)') from None
+  if isinstance(error, NotImplementedError):
+    # Prepared as TFRecord: our own random access over TFDS's files.
+    try:
+      instructions = builder.info.splits[expr].file_instructions
+    except Exception as e:  # pylint: disable=broad-except
+      raise _bad_split(dataset, expr, builder, e) from None
+    files = [(fi.filename if os.path.isabs(fi.filename) or '://' in fi.filename
+              else os.path.join(builder.data_dir, fi.filename), fi.skip,
+              fi.take if fi.take >= 0 else fi.examples_in_shard - fi.skip)
+             for fi in instructions]
+    return records.TFRecordReader(files)
+  raise _bad_split(dataset, expr, builder, error) from None
+
+
+def _bad_split(dataset, expr, builder, error):
+  have = ', '.join(sorted(builder.info.splits)) or 'none'
+  return DataError(f'{dataset}: cannot read split {expr!r} ({_first_line(error)}); '
+                   f'splits: {have}')
+
+
+def _first_line(error):
+  return (str(error).strip().splitlines() or [type(error).__name__])[0][:200]

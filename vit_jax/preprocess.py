@@ -1,0 +1,164 @@
+"""Image preprocessing as in the paper (Appendix B.1.1), in TensorFlow ops.
+
+Train: inception crop (random area in [area_min, 1] of the image, aspect ratio
+log-uniform in [3/4, 4/3]; Szegedy et al. 2015), random horizontal flip,
+bilinear resize to `crop`. Eval: bilinear resize to `crop`, or to `resize`
+followed by a centre crop. Pixels end in [-1, 1].
+
+Every random choice comes from a stateless RNG seeded by the caller with
+(seed, example position), so an example's augmentation is a pure function of
+where it sits in the data stream: a resumed run repeats it bit for bit.
+Images stay uint8 [h, w, 3] between steps (rounded after each resize), which
+is also what RandAugment's ops expect.
+"""
+
+import math
+
+import tensorflow as tf
+
+_LOG_RATIO = (math.log(3 / 4), math.log(4 / 3))
+ATTEMPTS = 10  # crop candidates per image; the first that fits is taken
+
+
+def random_uniforms(seed, shape=()):
+  """[..., ATTEMPTS, 4] uniforms that `inception_crop_window` turns into a crop."""
+  return tf.random.stateless_uniform(list(shape) + [ATTEMPTS, 4], seed)
+
+
+def inception_crop_window(uniforms, height, width, area_min):
+  """(y, x, h, w) int32 of an inception crop of [height, width] images.
+
+  `uniforms` [..., ATTEMPTS, 4] in [0, 1); `height`/`width` broadcast against
+  its leading dims. Works on one image or a batch. Each attempt draws an area
+  and a log aspect ratio; the first attempt whose box fits is used, else the
+  whole image (as Szegedy et al. and torchvision do after 10 misses).
+  """
+  height = tf.cast(height, tf.float32)[..., None]
+  width = tf.cast(width, tf.float32)[..., None]
+  area = height * width * (area_min + (1.0 - area_min) * uniforms[..., 0])
+  ratio = tf.exp(_LOG_RATIO[0] + (_LOG_RATIO[1] - _LOG_RATIO[0]) * uniforms[..., 1])
+  w = tf.round(tf.sqrt(area * ratio))
+  h = tf.round(tf.sqrt(area / ratio))
+  fits = (w <= width) & (h <= height) & (w >= 1) & (h >= 1)
+  first = tf.argmax(tf.cast(fits, tf.int32), axis=-1, output_type=tf.int32)
+  take = lambda t: tf.gather(t, first[..., None], axis=-1, batch_dims=len(first.shape))[..., 0]
+  any_fit = tf.reduce_any(fits, axis=-1)
+  h = tf.where(any_fit, take(h), height[..., 0])
+  w = tf.where(any_fit, take(w), width[..., 0])
+  y = tf.floor(take(uniforms[..., 2]) * (height[..., 0] - h + 1))
+  x = tf.floor(take(uniforms[..., 3]) * (width[..., 0] - w + 1))
+  return tuple(tf.cast(v, tf.int32) for v in (y, x, h, w))
+
+
+def decode(encoded):
+  """Encoded JPEG/PNG/GIF/BMP -> uint8 [h, w, 3]: grey replicated, alpha dropped, GIF frame 0."""
+  image = tf.io.decode_image(encoded, channels=3, expand_animations=False)
+  image.set_shape([None, None, 3])
+  return image
+
+
+def to_uint8(image):
+  return tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8)
+
+
+def resize(image, size):
+  """Bilinear resize (half-pixel centres, no antialiasing, as the original code)."""
+  return to_uint8(tf.image.resize(image, [size, size], method='bilinear'))
+
+
+def decode_inception_crop(encoded, uniforms, area_min, crop):
+  """Decodes only the crop window of JPEGs (DCT-domain crop), any format otherwise."""
+  def crop_jpeg():
+    shape = tf.io.extract_jpeg_shape(encoded)
+    y, x, h, w = inception_crop_window(uniforms, shape[0], shape[1], area_min)
+    return tf.io.decode_and_crop_jpeg(encoded, tf.stack([y, x, h, w]), channels=3)
+
+  def crop_other():
+    image = decode(encoded)
+    shape = tf.shape(image)
+    y, x, h, w = inception_crop_window(uniforms, shape[0], shape[1], area_min)
+    return image[y:y + h, x:x + w]
+
+  image = tf.cond(tf.io.is_jpeg(encoded), crop_jpeg, crop_other)
+  image.set_shape([None, None, 3])
+  return resize(image, crop)
+
+
+def eval_image(image, crop, resize_to=None):
+  """uint8 [(b,) h, w, 3] -> resize to `crop`, or to `resize_to` then a centre `crop`."""
+  if not resize_to:
+    return resize(image, crop)
+  image = resize(image, resize_to)
+  start = (resize_to - crop) // 2
+  return image[..., start:start + crop, start:start + crop, :]
+
+
+def train_image(encoded, seed, *, crop, inception_crop, area_min, flip):
+  """Encoded image + seed [2] -> augmented uint8 [crop, crop, 3] (before RandAugment)."""
+  crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
+  if inception_crop:
+    image = decode_inception_crop(encoded, random_uniforms(crop_seed), area_min, crop)
+  else:
+    image = resize(decode(encoded), crop)
+  if flip:
+    image = tf.image.stateless_random_flip_left_right(image, flip_seed)
+  return image
+
+
+# ---------------------------------------------------------------------------
+# Batched versions for decoded in-memory images of one size (the digits): one
+# op per batch instead of one per image keeps the per-step cost tiny.
+
+
+def _interpolation_matrix(start, length, size, out):
+  """[b, out, size] weights of a bilinear resize of rows [start, start+length) to `out`.
+
+  Same sampling as `tf.image.resize` (half-pixel centres, edge clamped), so a
+  batched crop+resize equals cropping and resizing each image on its own.
+  """
+  start = tf.cast(start, tf.float32)[:, None]
+  length = tf.cast(length, tf.float32)[:, None]
+  centres = (tf.range(out, dtype=tf.float32)[None] + 0.5) * length / out - 0.5
+  src = start + tf.clip_by_value(centres, 0.0, length - 1.0)
+  lo = tf.floor(src)
+  frac = src - lo
+  hi = tf.minimum(lo + 1.0, start + length - 1.0)
+  one_hot = lambda i: tf.one_hot(tf.cast(i, tf.int32), size, dtype=tf.float32)
+  return one_hot(lo) * (1.0 - frac)[..., None] + one_hot(hi) * frac[..., None]
+
+
+def crop_and_resize_batch(images, y, x, h, w, crop):
+  """uint8 [b, H, W, 3] and per-image windows -> uint8 [b, crop, crop, 3]."""
+  size_h, size_w = images.shape[1], images.shape[2]
+  rows = _interpolation_matrix(y, h, size_h, crop)
+  cols = _interpolation_matrix(x, w, size_w, crop)
+  b, c = tf.shape(images)[0], images.shape[3]
+  # Two batched matmuls: rows, then columns (one fused einsum is several times slower).
+  x = tf.reshape(tf.cast(images, tf.float32), [b, size_h, size_w * c])
+  x = tf.reshape(tf.matmul(rows, x), [b, crop, size_w, c])
+  x = tf.reshape(tf.transpose(x, [0, 2, 1, 3]), [b, size_w, crop * c])
+  x = tf.reshape(tf.matmul(cols, x), [b, crop, crop, c])
+  return to_uint8(tf.transpose(x, [0, 2, 1, 3]))
+
+
+def train_batch(images, seed, *, crop, inception_crop, area_min, flip):
+  """Batched `train_image` for decoded images of one size; seed [2] for the batch."""
+  b = tf.shape(images)[0]
+  size_h, size_w = images.shape[1], images.shape[2]
+  crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
+  full = tf.ones([b], tf.int32)
+  if inception_crop:
+    y, x, h, w = inception_crop_window(
+        random_uniforms(crop_seed, [b]), full * size_h, full * size_w, area_min)
+    images = crop_and_resize_batch(images, y, x, h, w, crop)
+  else:
+    images = resize(images, crop)  # exactly the eval resize
+  if flip:
+    mirror = tf.random.stateless_uniform([b], flip_seed) < 0.5
+    images = tf.where(mirror[:, None, None, None], images[:, :, ::-1], images)
+  return images
+
+
+def to_float(images):
+  """uint8 -> float32 in [-1, 1] (paper B.1.1)."""
+  return tf.cast(images, tf.float32) / 127.5 - 1.0
