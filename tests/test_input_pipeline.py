@@ -61,11 +61,11 @@ def test_train_batches_shapes_and_range():
   assert isinstance(batch['image'], jax.Array)
 
 
-def test_each_epoch_is_a_permutation_of_the_part():
+def test_each_epoch_is_a_permutation_of_the_split():
   n, b = 1438, 64
   seen = np.concatenate([
-      input_pipeline.train_indices(tf.constant(s, tf.int64), local_batch=b, part_start=0,
-                                   part_size=n, order_key=5)[1].numpy()
+      input_pipeline.train_indices(tf.constant(s, tf.int64), global_batch=b, local_batch=b,
+                                   offset=0, num_examples=n, order_key=5)[1].numpy()
       for s in range(2 * n // b + 2)])
   assert sorted(seen[:n]) == list(range(n))           # epoch 0: every example once
   assert sorted(seen[n:2 * n]) == list(range(n))      # epoch 1 too
@@ -97,7 +97,7 @@ def test_resume_gives_bitwise_the_same_batches(overrides):
 
 
 def test_restore_with_another_batch_size_is_refused():
-  state = {'step': 3, 'seed': 0, 'batch': 64, 'process_count': 1, 'dataset': 'digits'}
+  state = {'step': 3, 'seed': 0, 'batch': 64, 'dataset': 'digits'}
   with pytest.raises(input_pipeline.DataError, match='batch=64'):
     input_pipeline.make_train_iterator(_config(batch=32), _sharding(), state=state)
 

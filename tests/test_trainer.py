@@ -74,7 +74,8 @@ def test_outputs_of_a_run(reference_run):
   for key in ('step', 'train_loss', 'test_accuracy', 'wall_time_s', 'img_per_sec'):
     assert key in summary
   assert summary['step'] == 24
-  assert summary['test_examples'] == 360  # every test example, exactly once
+  # Every test example, exactly once.
+  assert summary['test_examples'] == trainer.input_pipeline.get_info(common.get_config()).num_test
   assert 0.0 <= summary['test_accuracy'] <= 1.0 and summary['img_per_sec'] > 0
   lines = [json.loads(l) for l in open(os.path.join(workdir, 'metrics.jsonl'))]
   logged = [l for l in lines if 'train_loss' in l]
@@ -227,7 +228,9 @@ def test_cli_errors_are_one_line(tmp_path):
       (['--config.bach=3'], "unknown config field 'bach'; did you mean batch?"),
       (['--config=configs/nope.py'], 'config file configs/nope.py not found'),
       (['--config.model=ViT-B16'], "unknown model 'ViT-B16': did you mean ViT-B_16"),
-      (['--config.batch=30'], 'batch=30 must be a multiple of accum_steps'),
+      (['--config.accum_steps=4', '--config.batch=30'],
+       'batch=30 must be a multiple of accum_steps (4)'),
+      (['--config.dataset=cifar11'], "cifar11"),
   ]
   for overrides, message in cases:
     result = run(str(tmp_path / 'w'), *overrides, check=False)

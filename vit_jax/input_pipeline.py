@@ -7,13 +7,14 @@
     resumed = input_pipeline.make_train_iterator(config, sharding, state=state)
     for batch in input_pipeline.make_eval_iterator(config, sharding):        # + 'mask'
 
-Order. Process p of P owns the examples [p*N//P, (p+1)*N//P) of the split.
-Its example stream is epoch after epoch of that part, each epoch a seeded
-permutation (`tf.random.experimental.index_shuffle`, computed per index, no
-table); step s takes the stream positions [s*b, (s+1)*b), b = batch / P. Each
-example's augmentation is seeded by (seed, its position). So the batch at step
-s is a pure function of (seed, s): the iterator's state is the step number and
-restoring it costs nothing, however late in training.
+Order. The example stream is epoch after epoch of the split, each epoch a
+seeded permutation (`tf.random.experimental.index_shuffle`, computed per index,
+no table); global step s takes the stream positions [s*B, (s+1)*B), and process
+p of P reads only its share [s*B + p*b, s*B + (p+1)*b), b = B / P. Each
+example's augmentation is seeded by (seed, its position). So the global batch
+at step s is a pure function of (seed, s), whatever the number of processes:
+the iterator's state is the step number, restoring it costs nothing however
+late in training, and a run may resume on another number of hosts.
 
 Evaluation reads every example of the split exactly once: each process pads
 its part to the same number of batches and marks padding with mask = 0.
@@ -104,9 +105,9 @@ def _open(config, split) -> sources.Source:
                              config.corrupt_images)
 
 
-def _keys(seed: int, process_index: int):
-  """Independent int64 keys for example order, augmentation and mixup of one process."""
-  words = np.random.SeedSequence([int(seed), int(process_index)]).generate_state(3, np.uint64)
+def _keys(seed: int):
+  """Independent int64 keys for example order, augmentation and mixup."""
+  words = np.random.SeedSequence([int(seed)]).generate_state(3, np.uint64)
   return [int(w >> np.uint64(1)) for w in words]
 
 
@@ -134,17 +135,17 @@ def _local_batch(batch: int, what: str, sharding, process_count: int) -> int:
 # tf.data pipelines of process-local batches.
 
 
-def train_indices(step, *, local_batch, part_start, part_size, order_key):
-  """(stream positions, example indices) int64 [b] of one step of one process."""
-  positions = step * local_batch + tf.range(local_batch, dtype=tf.int64)
-  epoch, within = positions // part_size, positions % part_size
+def train_indices(step, *, global_batch, local_batch, offset, num_examples, order_key):
+  """(stream positions, example indices) int64 [b] of one process's share of a step."""
+  positions = step * global_batch + offset + tf.range(local_batch, dtype=tf.int64)
+  epoch, within = positions // num_examples, positions % num_examples
   # The raw op: the public wrapper mis-pads batched [n, 2] seeds (TF 2.21).
   key = tf.fill([local_batch], tf.constant(order_key, tf.int64))
   seeds = tf.stack([key, epoch, tf.zeros_like(epoch)], axis=1)
   shuffled = tf.raw_ops.RandomIndexShuffle(
-      index=within, seed=seeds, max_index=tf.fill([local_batch], tf.constant(part_size - 1, tf.int64)),
-      rounds=4)
-  return positions, part_start + shuffled
+      index=within, seed=seeds,
+      max_index=tf.fill([local_batch], tf.constant(num_examples - 1, tf.int64)), rounds=4)
+  return positions, shuffled
 
 
 def _randaugment(image, seed, pp):
@@ -177,20 +178,29 @@ def _mixup(batch, step, source, alpha, mix_key):
   labels = batch['label']
   if not source.multi_label:
     labels = tf.one_hot(labels, source.num_classes, dtype=tf.float32)
-  mix = lambda x: p * x + (1.0 - p) * tf.roll(x, 1, axis=0)
+
+  def partner(x):
+    # Examples 2k and 2k+1 mix with each other: pairs never straddle two
+    # processes' shares, so the global batch does not depend on their number.
+    pairs = tf.reshape(x, tf.concat([[-1, 2], tf.shape(x)[1:]], axis=0))
+    return tf.reshape(tf.reverse(pairs, axis=[1]), tf.shape(x))
+
+  mix = lambda x: p * x + (1.0 - p) * partner(x)
   return {**batch, 'image': mix(batch['image']), 'label': mix(labels)}
 
 
 def train_dataset(source, pp, *, local_batch, start_step, seed, process_index=0,
                   process_count=1) -> tf.data.Dataset:
   """Process-local train batches from `start_step` on (float images, labels)."""
-  part_start, part_size = process_part(source.num_examples, process_index, process_count)
-  if part_size < 1:
-    raise DataError(f'{source.name}: {source.num_examples} examples cannot be shared by '
-                    f'{process_count} processes; use a larger split')
-  order_key, aug_key, mix_key = _keys(seed, process_index)
-  indices = functools.partial(train_indices, local_batch=local_batch, part_start=part_start,
-                              part_size=part_size, order_key=order_key)
+  if source.num_examples < 1:
+    raise DataError(f'{source.name}: the train split is empty; check pp.train')
+  if pp.mixup > 0 and local_batch % 2:
+    raise DataError(f'mixup pairs examples: the per-process batch ({local_batch}) must be even')
+  order_key, aug_key, mix_key = _keys(seed)
+  global_batch, offset = local_batch * process_count, local_batch * process_index
+  indices = functools.partial(train_indices, global_batch=global_batch, local_batch=local_batch,
+                              offset=offset, num_examples=source.num_examples,
+                              order_key=order_key)
   steps = tf.data.Dataset.range(start_step, _FOREVER)
   aug = dict(crop=pp.crop, inception_crop=pp.inception_crop, area_min=pp.area_min,
              flip=pp.flip)
@@ -200,9 +210,10 @@ def train_dataset(source, pp, *, local_batch, start_step, seed, process_index=0,
       _, idx = indices(step)
       example = source.read(idx)
       seed_ = tf.stack([tf.constant(aug_key, tf.int64), step])
-      images = preprocess.train_batch(example['image'], seed_, **aug)
+      images = preprocess.train_batch(example['image'], seed_, offset=offset,
+                                      global_batch=global_batch, **aug)
       if pp.randaug_layers:
-        seeds = tf.random.experimental.stateless_split(seed_, local_batch)
+        seeds = tf.random.experimental.stateless_split(seed_, global_batch)[offset:][:local_batch]
         images = tf.map_fn(lambda a: _randaugment(a[0], a[1], pp), (images, seeds),
                            fn_output_signature=tf.uint8)
       batch = {'image': images, 'label': example['label'], 'step': step}
@@ -345,7 +356,7 @@ def make_train_iterator(config, sharding, *, state=None) -> TrainIterator:
   pp = _pp(config)
   local_batch = _local_batch(config.batch, 'batch', sharding, jax.process_count())
   fingerprint = {'seed': int(config.seed), 'batch': int(config.batch),
-                 'process_count': jax.process_count(), 'dataset': str(config.dataset)}
+                 'dataset': str(config.dataset)}
   step = 0
   if state:
     for key, value in fingerprint.items():

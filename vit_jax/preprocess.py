@@ -141,20 +141,27 @@ def crop_and_resize_batch(images, y, x, h, w, crop):
   return to_uint8(tf.transpose(x, [0, 2, 1, 3]))
 
 
-def train_batch(images, seed, *, crop, inception_crop, area_min, flip):
-  """Batched `train_image` for decoded images of one size; seed [2] for the batch."""
+def train_batch(images, seed, *, crop, inception_crop, area_min, flip, offset=0,
+                global_batch=None):
+  """Batched `train_image` for decoded images of one size; seed [2] for the batch.
+
+  The random draws are made for `global_batch` examples and rows
+  [offset, offset + b) used, so a process's share of a global batch is
+  augmented as it would be in a single-process run.
+  """
   b = tf.shape(images)[0]
+  total = b if global_batch is None else global_batch
   size_h, size_w = images.shape[1], images.shape[2]
   crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
   full = tf.ones([b], tf.int32)
   if inception_crop:
-    y, x, h, w = inception_crop_window(
-        random_uniforms(crop_seed, [b]), full * size_h, full * size_w, area_min)
+    uniforms = random_uniforms(crop_seed, [total])[offset:offset + b]
+    y, x, h, w = inception_crop_window(uniforms, full * size_h, full * size_w, area_min)
     images = crop_and_resize_batch(images, y, x, h, w, crop)
   else:
     images = resize(images, crop)  # exactly the eval resize
   if flip:
-    mirror = tf.random.stateless_uniform([b], flip_seed) < 0.5
+    mirror = tf.random.stateless_uniform([total], flip_seed)[offset:offset + b] < 0.5
     images = tf.where(mirror[:, None, None, None], images[:, :, ::-1], images)
   return images
 
