@@ -139,7 +139,8 @@ def embedding_filter_components(kernel: np.ndarray, num_components: int = 28) ->
 
   Args:
     kernel: [ph, pw, C, D] the `embedding/kernel` parameter.
-    num_components: how many to return (at most min(D, ph*pw*C)).
+    num_components: how many to return (at most min(D - 1, ph*pw*C): centring
+      the D filters leaves at most D - 1 directions of variance).
 
   Returns:
     (components [k, ph, pw, C], explained variance ratio [k]).
@@ -149,7 +150,9 @@ def embedding_filter_components(kernel: np.ndarray, num_components: int = 28) ->
   filters = kernel.reshape(ph * pw * c, d).T
   filters = filters - filters.mean(axis=0)
   _, singular, vt = np.linalg.svd(filters, full_matrices=False)
-  k = min(num_components, len(singular))
+  k = min(num_components, d - 1, len(singular))
+  if k < 1:
+    raise ValueError(f'{d} embedding filter(s): principal components need at least 2')
   vt = vt[:k]
   signs = np.sign(vt[np.arange(k), np.abs(vt).argmax(axis=1)])
   variance = singular ** 2
