@@ -116,8 +116,7 @@ def plot_posemb_similarity(similarity: np.ndarray, title: str, path: str) -> Non
   plt = _pyplot()
   g = similarity.shape[0]
   mosaic = _mosaic(similarity.reshape(g * g, g, g), columns=g)
-  cmap = plt.get_cmap('viridis').copy()
-  cmap.set_bad('white')
+  cmap = plt.get_cmap('viridis').with_extremes(bad='white')
   fig, ax = plt.subplots(figsize=(6.0, 5.2))
   im = ax.imshow(np.ma.masked_invalid(mosaic), cmap=cmap, vmin=-1, vmax=1,
                  interpolation='nearest')
