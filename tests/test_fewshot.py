@@ -124,8 +124,9 @@ def test_extract_features_are_what_the_head_reads(representation_size):
   config.representation_size = representation_size
   model = models.VisionTransformer(num_classes=6, **config)
   images = jax.random.uniform(jax.random.key(1), (5, 32, 32, 3), minval=-1, maxval=1)
-  params = model.init(jax.random.key(0), images, train=False)['params']
-  params['head']['kernel'] = jax.random.normal(jax.random.key(2), params['head']['kernel'].shape)
+  shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), images, train=False))['params']
+  rng = np.random.default_rng(0)
+  params = jax.tree.map(lambda s: rng.normal(0, 0.3, s.shape).astype(np.float32), shapes)
   batches = [{'image': images[:3], 'label': np.array([0, 1, 2]), 'mask': np.array([1, 0, 1])},
              {'image': images[3:], 'label': np.eye(6)[[4, 5]]}]  # one-hot labels too
   features, labels = fewshot.extract_features(model, params, batches)

@@ -1,6 +1,7 @@
 """Prediction CLI, class-name files, image reading, checkpoint -> model inference."""
 
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -38,11 +39,11 @@ def test_names_follow_the_sorted_wordnet_ids_of_independent_sources():
   """Order = sorted WordNet ids, as TFDS imagenet2012 and timm's i21k synsets."""
   timm_info = os.path.join(os.path.dirname(pytest.importorskip('timm').__file__), 'data', '_info')
   tfds = pytest.importorskip('tensorflow_datasets')
-  lemma = dict(line.rstrip('\n').split('\t') for line in open(
-      os.path.join(timm_info, 'imagenet_synset_to_lemma.txt'), encoding='utf-8'))
-  tfds_1k = open(os.path.join(os.path.dirname(tfds.__file__), 'datasets', 'imagenet2012',
-                              'labels.txt')).read().split()
-  ids_21k = open(os.path.join(timm_info, 'imagenet21k_goog_synsets.txt')).read().split()
+  read = lambda *parts: pathlib.Path(*parts).read_text(encoding='utf-8')  # noqa: E731
+  lemma = dict(line.split('\t') for line in
+               read(timm_info, 'imagenet_synset_to_lemma.txt').splitlines())
+  tfds_1k = read(os.path.dirname(tfds.__file__), 'datasets', 'imagenet2012', 'labels.txt').split()
+  ids_21k = read(timm_info, 'imagenet21k_goog_synsets.txt').split()
   assert tfds_1k == sorted(tfds_1k) and ids_21k == sorted(ids_21k) and len(set(ids_21k)) == 21843
   assert inference.class_names(1000) == [lemma[i] for i in tfds_1k]
   assert inference.class_names(21843) == [lemma[i] for i in ids_21k]

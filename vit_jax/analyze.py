@@ -154,7 +154,7 @@ def plot_filters(components: np.ndarray, ratio: np.ndarray, title: str, path: st
 
 def _upsample(grid_map: np.ndarray, size: int) -> np.ndarray:
   from PIL import Image  # pylint: disable=g-import-not-at-top
-  image = Image.fromarray(grid_map.astype(np.float32), mode='F')
+  image = Image.fromarray(grid_map.astype(np.float32))  # mode F
   return np.asarray(image.resize((size, size), Image.BILINEAR))
 
 
