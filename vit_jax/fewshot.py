@@ -111,8 +111,10 @@ def fit(features: np.ndarray, labels: np.ndarray, num_classes: int,
 
 def predict(classifier: LinearClassifier, features: np.ndarray) -> np.ndarray:
   """[N] predicted class ids."""
-  x = standardize(features, classifier.mean, classifier.std)
-  return np.argmax(x @ classifier.kernel + classifier.bias, axis=1)
+  # Standardisation folded into the weights: no standardised copy of a large test set.
+  kernel = classifier.kernel / classifier.std[:, None]
+  bias = classifier.bias - (classifier.mean / classifier.std) @ classifier.kernel
+  return np.argmax(np.asarray(features, np.float64) @ kernel + bias, axis=1)
 
 
 def sample_shots(labels: np.ndarray, num_classes: int, shots: int, seed: int) -> np.ndarray:
@@ -152,13 +154,14 @@ def fewshot_accuracy(train_features: np.ndarray, train_labels: np.ndarray,
     {shots: {'mean': float, 'per_seed': [float, ...]}}, accuracies in [0, 1].
   """
   test_labels = _check_labels(test_labels, num_classes, 'test labels')
+  test_features = np.asarray(test_features, np.float64)
+  train_features = np.asarray(train_features)
   results = {}
   for n in shots:
     accuracies = []
     for seed in seeds:
       idx = sample_shots(train_labels, num_classes, n, seed)
-      classifier = fit(np.asarray(train_features)[idx], np.asarray(train_labels)[idx],
-                       num_classes, l2_reg)
+      classifier = fit(train_features[idx], np.asarray(train_labels)[idx], num_classes, l2_reg)
       accuracies.append(float(np.mean(predict(classifier, test_features) == test_labels)))
     results[n] = {'mean': float(np.mean(accuracies)), 'per_seed': accuracies}
   return results
