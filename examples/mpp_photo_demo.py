@@ -7,6 +7,9 @@ it, analysing those same photos:
 
   PYTHONPATH=. python examples/mpp_photo_demo.py --steps=2000 --output=/tmp/mpp_demo
 
+(2000 steps: 282 s on 2 shared CPU cores; final MPP loss 1.26, accuracy 0.60 on
+the corrupted patches of the last batch.)
+
 Three photos are not a dataset: this shows what the tools draw for a model
 that has learned something, not a result about ViTs.
 """
