@@ -10,6 +10,8 @@ setuptools.setup(
     long_description_content_type='text/markdown',
     license='Apache-2.0',
     packages=setuptools.find_packages(include=['vit_jax', 'vit_jax.*']),
+    # ImageNet-1k / ImageNet-21k class names for `python -m vit_jax.predict`.
+    package_data={'vit_jax': ['data/*.txt']},
     python_requires='>=3.10',
     install_requires=[
         'absl-py',

@@ -26,6 +26,9 @@ _NEW_BLOCK_NAMES = {
     'MlpBlock_0': 'MlpBlock_3',
 }
 _POSEMB = 'Transformer/posembed_input/pos_embedding'
+# Layers only pre-training uses (paper 3.1 pre-logits; B.1.2 masked patch
+# prediction); fine-tuning drops them when the new model has none.
+_PRETRAINING_ONLY = ('pre_logits/', 'mask_token', 'mpp_head/')
 
 
 class CheckpointError(ValueError):
@@ -258,8 +261,9 @@ def load_pretrained(*, pretrained_path: str, init_params: Params, model_config: 
   """Loads a pre-trained checkpoint for fine-tuning a model (paper 3.2).
 
   The backbone is kept. The head is replaced by `init_params`' head (zeros:
-  paper 3.2), `pre_logits` is dropped when the new model has none, and
-  position embeddings are resized when the resolution differs.
+  paper 3.2), `pre_logits` is dropped when the new model has none, as are
+  the `mask_token` and `mpp_head` of masked patch prediction (`vit_jax.mpp`),
+  and position embeddings are resized when the resolution differs.
 
   Args:
     pretrained_path: a released `.npz`, or a workdir holding `params.npz`.
@@ -292,10 +296,10 @@ def load_pretrained(*, pretrained_path: str, init_params: Params, model_config: 
       out[key] = restored[key]
       kept.append(key)
   for key in sorted(set(restored) - set(init)):
-    if not key.startswith(('head/', 'pre_logits/')):
+    if not key.startswith(('head/',) + _PRETRAINING_ONLY):
       raise CheckpointError(f'{pretrained_path} has {key} {_shape(restored[key])} that the '
                             'model lacks; is it a checkpoint of another model?')
-    if key.startswith('pre_logits/'):
+    if key.startswith(_PRETRAINING_ONLY):
       dropped.append(f'{key} {_shape(restored[key])}')
 
   if verbose:

@@ -1,0 +1,121 @@
+"""The analysis CLI: figures and analysis.json from a checkpoint, on real model attention."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from PIL import Image
+
+from vit_jax import analysis
+from vit_jax import analyze
+from vit_jax import checkpoint
+from vit_jax import inference
+from vit_jax import models
+from vit_jax import mpp
+from vit_jax.configs import models as model_configs
+
+
+def small_config(**overrides):
+  config = model_configs.MODEL_CONFIGS['testing']
+  config.transformer.num_layers = 1
+  config.update(overrides)
+  return config
+
+
+def random_checkpoint(path, config, size, module=None, num_classes=10):
+  module = module or models.VisionTransformer(num_classes=num_classes, **config)
+  shapes = jax.eval_shape(lambda: module.init(
+      jax.random.key(0), jnp.zeros((1, size, size, 3)), train=False))['params']
+  rng = np.random.default_rng(0)
+  # Large query/key weights give peaked, position-dependent attention.
+  params = jax.tree.map(lambda s: rng.normal(0, 0.5, s.shape).astype(np.float32), shapes)
+  return checkpoint.save_npz(params, path), params
+
+
+def image_dir(tmp_path, n=2):
+  folder = tmp_path / 'images'
+  folder.mkdir()
+  rng = np.random.default_rng(1)
+  for i in range(n):
+    Image.fromarray(rng.integers(0, 256, (40, 50, 3), dtype=np.uint8)).save(folder / f'{i}.png')
+  return folder
+
+
+def test_analyze_writes_figures_and_the_numbers(tmp_path, capsys):
+  path, params = random_checkpoint(tmp_path / 'ckpt.npz', small_config(), size=64)
+  folder = image_dir(tmp_path)
+  out = tmp_path / 'out'
+  assert analyze.main([f'--checkpoint={path}', '--model=testing', f'--images={folder}',
+                       f'--output={out}', '--num_components=6']) == 0
+  assert 'wrote attention_distance.png' in capsys.readouterr().out
+  for name in ('attention_distance.png', 'attention_rollout.png', 'posemb_similarity.png',
+               'embedding_filters.png'):
+    with Image.open(out / name) as figure:
+      assert figure.format == 'PNG' and min(figure.size) >= 150, name
+  result = json.loads((out / 'analysis.json').read_text())
+  assert result['image_size'] == 64 and result['patch_grid'] == [4, 4]
+  assert result['images'] == [str(folder / '0.png'), str(folder / '1.png')]
+
+  # Numbers: recompute from the checkpoint with the model directly.
+  model = models.VisionTransformer(num_classes=10, **small_config())
+  images = np.stack([inference.read_image(f, 64) for f in result['images']])
+  _, state = model.apply({'params': params}, images, train=False, mutable=['intermediates'])
+  att = np.asarray(state['intermediates']['Transformer']['encoderblock_0'][
+      'MultiHeadDotProductAttention_1']['attention_weights'][0])
+  np.testing.assert_allclose(result['mean_attention_distance']['per_layer_head'],
+                             [analysis.mean_attention_distance(att, (4, 4), 16)], atol=2e-5)
+  maps = analysis.rollout_maps(analysis.attention_rollout([att]), (4, 4))
+  np.testing.assert_allclose(result['attention_rollout']['maps'], maps, atol=2e-6)
+  assert np.ptp(maps) > 0.01  # the random model does not attend uniformly
+
+  posemb = params['Transformer']['posembed_input']['pos_embedding'][0, 1:]
+  unit = posemb / np.linalg.norm(posemb, axis=1, keepdims=True)
+  np.testing.assert_allclose(np.reshape(result['posemb_similarity']['values'], (16, 16)),
+                             unit @ unit.T, atol=2e-6)
+  ratio = result['embedding_filters']['explained_variance_ratio']
+  assert len(ratio) == 6 and ratio == sorted(ratio, reverse=True) and sum(ratio) < 1
+  assert np.shape(result['embedding_filters']['components']) == (6, 16, 16, 3)
+
+
+def test_analyze_a_gap_model():
+  config = small_config(classifier='gap')
+  model = models.VisionTransformer(num_classes=None, **config)
+  images = np.random.default_rng(0).uniform(-1, 1, (2, 32, 32, 3)).astype(np.float32)
+  shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), images, train=False))['params']
+  rng = np.random.default_rng(0)
+  params = jax.tree.map(lambda s: rng.normal(0, 0.5, s.shape).astype(np.float32), shapes)
+  loaded = inference.LoadedModel(model, params, config, 32, 2, 16, 0)
+  result = analyze.compute(loaded, images, num_components=4)
+  _, state = model.apply({'params': params}, images, train=False, mutable=['intermediates'])
+  att = np.asarray(state['intermediates']['Transformer']['encoderblock_0'][
+      'MultiHeadDotProductAttention_1']['attention_weights'][0])
+  assert att.shape == (2, 2, 4, 4)  # no class token
+  a = (att.mean(1) + np.eye(4)) / 2
+  np.testing.assert_allclose(result['rollout'], a.mean(axis=1).reshape(2, 2, 2), rtol=1e-5)
+  assert result['posemb_similarity'].shape == (2, 2, 2, 2)
+
+
+def test_analyze_an_mpp_checkpoint(tmp_path):
+  """Its pre-training layers are skipped and the backbone analysed."""
+  folder = image_dir(tmp_path, n=1)
+  path, _ = random_checkpoint(tmp_path / 'mpp.npz', small_config(), size=32,
+                              module=mpp.MppViT(**small_config()))
+  loaded = inference.load_model(path, 'testing')
+  assert loaded.model.num_classes is None and 'mask_token' not in loaded.params
+  out = tmp_path / 'mpp'
+  assert analyze.main([f'--checkpoint={path}', '--model=testing', f'--images={folder}',
+                       f'--output={out}']) == 0
+  assert json.loads((out / 'analysis.json').read_text())['patch_grid'] == [2, 2]
+
+
+def test_analyze_errors(tmp_path, capsys):
+  path, _ = random_checkpoint(tmp_path / 'ckpt.npz', small_config(), size=32)
+  assert analyze.main([f'--checkpoint={path}', '--model=ViT-S_16', '--images=nope.png',
+                       f'--output={tmp_path}']) == 1
+  assert capsys.readouterr().err.strip() == (
+      'python -m vit_jax.analyze: error: nope.png: no such image file or directory')
+  assert analyze.main([f'--checkpoint={path}', '--model=ViT-S_16',
+                       f'--output={tmp_path}']) == 1
+  err = capsys.readouterr().err.strip()
+  assert '\n' not in err and 'the model expects (384,)' in err

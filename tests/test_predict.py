@@ -1,0 +1,185 @@
+"""Prediction CLI, class-name files, image reading, checkpoint -> model inference."""
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from PIL import Image
+
+from vit_jax import checkpoint
+from vit_jax import inference
+from vit_jax import models
+from vit_jax import predict
+from vit_jax.configs import models as model_configs
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_shipped_imagenet_names():
+  names_1k = inference.class_names(1000)
+  names_21k = inference.class_names(21843)
+  assert len(names_1k) == 1000 and len(names_21k) == 21843
+  assert all(n.strip() == n and n for n in names_1k + names_21k)
+  # Well-known ImageNet-1k indices.
+  assert names_1k[0] == 'tench, Tinca tinca'
+  assert names_1k[1] == 'goldfish, Carassius auratus'
+  assert names_1k[207] == 'golden retriever'
+  assert names_1k[281] == 'tabby, tabby cat'
+  assert names_1k[999] == 'toilet tissue, toilet paper, bathroom tissue'
+  assert names_21k[0] == 'organism, being'
+  assert inference.class_names(3) == ['class_0', 'class_1', 'class_2']
+
+
+def test_names_follow_the_sorted_wordnet_ids_of_independent_sources():
+  """Order = sorted WordNet ids, as TFDS imagenet2012 and timm's i21k synsets."""
+  timm_info = os.path.join(os.path.dirname(pytest.importorskip('timm').__file__), 'data', '_info')
+  tfds = pytest.importorskip('tensorflow_datasets')
+  read = lambda *parts: pathlib.Path(*parts).read_text(encoding='utf-8')  # noqa: E731
+  lemma = dict(line.split('\t') for line in
+               read(timm_info, 'imagenet_synset_to_lemma.txt').splitlines())
+  tfds_1k = read(os.path.dirname(tfds.__file__), 'datasets', 'imagenet2012', 'labels.txt').split()
+  ids_21k = read(timm_info, 'imagenet21k_goog_synsets.txt').split()
+  assert tfds_1k == sorted(tfds_1k) and ids_21k == sorted(ids_21k) and len(set(ids_21k)) == 21843
+  assert inference.class_names(1000) == [lemma[i] for i in tfds_1k]
+  assert inference.class_names(21843) == [lemma[i] for i in ids_21k]
+
+
+def test_labels_file(tmp_path):
+  path = tmp_path / 'labels.txt'
+  path.write_text('cat\ndog\n\n')
+  assert inference.class_names(2, str(path)) == ['cat', 'dog']
+  with pytest.raises(inference.InputError, match='2 names for a head of 3 classes'):
+    inference.class_names(3, str(path))
+
+
+def test_read_image_scales_to_minus_one_one_and_resizes(tmp_path):
+  path = tmp_path / 'solid.png'
+  Image.fromarray(np.full((10, 30, 3), [255, 0, 51], np.uint8)).save(path)
+  image = inference.read_image(str(path), 16)
+  assert image.shape == (16, 16, 3) and image.dtype == np.float32
+  np.testing.assert_allclose(image[3, 7], [1.0, -1.0, 51 / 127.5 - 1], rtol=1e-6)
+  grey = tmp_path / 'grey.png'
+  Image.fromarray(np.full((8, 8), 255, np.uint8), mode='L').save(grey)
+  np.testing.assert_allclose(inference.read_image(str(grey), 4), np.ones((4, 4, 3)))
+
+
+def test_unreadable_image_is_a_one_line_error(tmp_path):
+  bad = tmp_path / 'broken.jpg'
+  bad.write_bytes(b'\xff\xd8 not really a jpeg')
+  with pytest.raises(inference.InputError, match='broken.jpg: not a readable image') as e:
+    inference.read_image(str(bad), 8)
+  assert '\n' not in str(e.value)
+  with pytest.raises(inference.InputError, match='no such image file'):
+    inference.image_files([str(tmp_path / 'missing.png')])
+
+
+def test_image_files_expands_directories_and_commas(tmp_path):
+  for name in ('b.png', 'a.JPG', 'notes.txt'):
+    (tmp_path / name).write_bytes(b'')
+  one = str(tmp_path / 'b.png')
+  assert inference.image_files([str(tmp_path), f'{one},{one}']) == [
+      str(tmp_path / 'a.JPG'), one, one, one]
+
+
+@pytest.mark.parametrize('name,stride', [('R50+ViT-B_16', 16), ('R26+ViT-B_32', 32),
+                                         ('R50+ViT-L_32', 32), ('ViT-B_8', 8)])
+def test_pixels_per_patch_is_the_token_stride(name, stride):
+  config = model_configs.MODEL_CONFIGS[name]
+  assert inference.pixels_per_patch(config) == stride
+  model = models.VisionTransformer(num_classes=None, **config)
+  shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros((1, 128, 128, 3)),
+                                             train=False))['params']
+  assert shapes['Transformer']['posembed_input']['pos_embedding'].shape[1] == \
+      1 + (128 // stride) ** 2
+
+
+def write_checkpoint(path, num_classes, size=48, favourites=(), config_name='testing', **kw):
+  """A random model whose head prefers `favourites`, in that order, for any image."""
+  config = model_configs.MODEL_CONFIGS[config_name]
+  config.update(kw)
+  model = models.VisionTransformer(num_classes=num_classes, **config)
+  shapes = jax.eval_shape(lambda: model.init(
+      jax.random.key(0), jnp.zeros((1, size, size, 3)), train=False))['params']
+  rng = np.random.default_rng(0)
+  params = jax.tree.map(lambda s: rng.normal(0, 0.02, s.shape).astype(np.float32), shapes)
+  params['head']['kernel'] = np.zeros_like(params['head']['kernel'])
+  bias = np.zeros(num_classes, np.float32)
+  for rank, index in enumerate(favourites):
+    bias[index] = 20.0 - rank
+  params['head']['bias'] = bias
+  return checkpoint.save_npz(params, path)
+
+
+def solid_png(path, colour=(10, 200, 30), size=(20, 24)):
+  Image.fromarray(np.full((*size, 3), colour, np.uint8)).save(path)
+  return str(path)
+
+
+def test_load_model_reads_classes_and_resolution(tmp_path):
+  path = write_checkpoint(tmp_path / 'c.npz', 7, size=48, representation_size=8)
+  loaded = inference.load_model(path, 'testing')
+  assert loaded.model.num_classes == 7 and loaded.config.representation_size == 8
+  assert (loaded.image_size, loaded.grid_size, loaded.pixels_per_patch) == (48, 3, 16)
+  with pytest.raises(checkpoint.CheckpointError,
+                     match=r'encoder_norm/bias has shape \(16,\), the model expects \(192,\)'):
+    inference.load_model(path, 'ViT-Ti_16')
+  with pytest.raises(checkpoint.CheckpointError, match='not 0 class token.* check --model'):
+    inference.load_model(path, 'ViT-Ti_16-gap')
+  with pytest.raises(inference.InputError, match="unknown model 'ViT-Q_16'"):
+    inference.load_model(path, 'ViT-Q_16')
+
+
+def test_predict_prints_imagenet_names(tmp_path, capsys):
+  path = write_checkpoint(tmp_path / 'in1k.npz', 1000, favourites=(207, 281, 0, 1, 999, 5))
+  image = solid_png(tmp_path / 'x.png')
+  assert predict.main([f'--checkpoint={path}', '--model=testing', image]) == 0
+  lines = capsys.readouterr().out.splitlines()
+  assert lines[0] == image
+  assert len(lines) == 6
+  assert lines[1].endswith('golden retriever  (class 207)') and lines[1].startswith('  1.')
+  assert 'tabby, tabby cat  (class 281)' in lines[2]
+  assert 'tench, Tinca tinca' in lines[3]
+  assert lines[5].endswith('toilet tissue, toilet paper, bathroom tissue  (class 999)')
+  assert float(lines[1].split()[1].rstrip('%')) == pytest.approx(100 / (1 + np.exp(-1) + np.exp(
+      -2) + np.exp(-3) + np.exp(-4) + np.exp(-5) + 994 * np.exp(-20)), abs=0.01)
+
+
+def test_predict_21k_names_and_custom_labels(tmp_path, capsys):
+  path = write_checkpoint(tmp_path / 'in21k.npz', 21843, size=32, favourites=(12345,))
+  image = solid_png(tmp_path / 'x.png')
+  assert predict.main([f'--checkpoint={path}', '--model=testing', '--top_k=1', image]) == 0
+  expected = inference.class_names(21843)[12345]
+  assert capsys.readouterr().out.splitlines()[1].endswith(f'{expected}  (class 12345)')
+
+  path = write_checkpoint(tmp_path / 'three.npz', 3, favourites=(2,))
+  labels = tmp_path / 'labels.txt'
+  labels.write_text('red\ngreen\nblue\n')
+  assert predict.main([f'--checkpoint={path}', '--model=testing', f'--labels={labels}',
+                       image, image]) == 0
+  out = capsys.readouterr().out.splitlines()
+  assert len(out) == 2 * 4 and out[1].endswith('blue  (class 2)') and 'class_' not in out[2]
+
+
+def test_cli_errors_are_one_line_without_traceback(tmp_path):
+  path = write_checkpoint(tmp_path / 'c.npz', 10)
+  image = solid_png(tmp_path / 'x.png')
+  broken = tmp_path / 'broken.png'
+  broken.write_bytes(b'garbage')
+  cases = [
+      ([f'--checkpoint={tmp_path / "nope.npz"}', '--model=testing', image], 'no such checkpoint'),
+      ([f'--checkpoint={path}', '--model=ViT-B_16', image], 'the model expects (768,)'),
+      ([f'--checkpoint={path}', '--model=testing', str(broken)], 'not a readable image'),
+  ]
+  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS='cpu')
+  for args, message in cases:
+    run = subprocess.run([sys.executable, '-m', 'vit_jax.predict', *args], capture_output=True,
+                         text=True, env=env, cwd=tmp_path, timeout=120)
+    assert run.returncode == 1, run.stderr
+    assert 'Traceback' not in run.stderr
+    errors = [line for line in run.stderr.splitlines() if 'error:' in line]
+    assert len(errors) == 1 and message in errors[0], run.stderr

@@ -1,0 +1,167 @@
+"""What the command-line tools share: a model from a checkpoint, images, class names.
+
+`load_model` builds the `VisionTransformer` that a `.npz` holds: the head size
+and pre-logits width come from the file, the resolution from its position
+embeddings. Errors a user can cause raise `checkpoint.CheckpointError` or
+`InputError`, each one line; the CLIs print them without a traceback.
+"""
+
+import importlib.resources
+import math
+import os
+from typing import Any, List, NamedTuple, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from vit_jax import checkpoint
+from vit_jax import models
+from vit_jax.configs import models as model_configs
+
+IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.bmp', '.gif', '.webp', '.tif', '.tiff')
+# Layers of masked patch prediction (vit_jax.mpp); the backbone is analysed without them.
+_MPP_ONLY = ('mask_token', 'mpp_head/')
+# Head sizes of the public checkpoints -> shipped class-name files (vit_jax/data/).
+LABEL_FILES = {1000: 'imagenet2012_labels.txt', 21843: 'imagenet21k_labels.txt'}
+
+
+class InputError(ValueError):
+  """A bad command-line input (model name, image, label file); one line."""
+
+
+class LoadedModel(NamedTuple):
+  model: models.VisionTransformer
+  params: Any
+  config: Any  # the MODEL_CONFIGS entry, with the checkpoint's representation_size
+  image_size: int
+  grid_size: int  # patches per side
+  pixels_per_patch: int  # input pixels per patch step (the backbone stride for hybrids)
+  num_prefix_tokens: int
+
+
+def pixels_per_patch(config) -> int:
+  """Input pixels per token step: the patch size, times the ResNet's stride for hybrids."""
+  patch = config.patches.size[0]
+  if config.get('resnet') is not None:
+    # Root conv /2 and max-pool /2, then /2 in every stage after the first.
+    return patch * 4 * 2 ** (len(config.resnet.num_layers) - 1)
+  return patch
+
+
+def load_model(path: str, model_name: str) -> LoadedModel:
+  """The model a checkpoint holds, checked key by key and shape by shape.
+
+  Args:
+    path: a `.npz`, or a workdir holding `params.npz`.
+    model_name: a `MODEL_CONFIGS` name (`ViT-B_16`, `testing`, ...).
+  """
+  try:
+    config = model_configs.MODEL_CONFIGS[model_name]
+  except KeyError as e:
+    raise InputError(f'--model: {e.args[0]}') from None
+  flat = {k: v for k, v in checkpoint.flatten(checkpoint.load(path)).items()
+          if not k.startswith(_MPP_ONLY)}
+  if 'pre_logits/kernel' in flat:
+    config.representation_size = int(flat['pre_logits/kernel'].shape[-1])
+  num_classes = int(flat['head/kernel'].shape[-1]) if 'head/kernel' in flat else None
+  num_prefix = 1 if config.classifier in ('token', 'token_unpooled') else 0
+
+  posemb = flat.get('Transformer/posembed_input/pos_embedding')
+  if posemb is None or posemb.ndim != 3:
+    raise checkpoint.CheckpointError(f'{path}: no Transformer/posembed_input/pos_embedding of '
+                                     'shape [1, tokens, width]; is it a ViT checkpoint?')
+  num_patches = posemb.shape[1] - num_prefix
+  grid = math.isqrt(max(num_patches, 0))
+  if num_patches < 1 or grid * grid != num_patches:
+    raise checkpoint.CheckpointError(
+        f'{path}: {posemb.shape[1]} position embeddings are not {num_prefix} class token(s) + a '
+        f'square patch grid, as {model_name} (classifier={config.classifier}) needs; check --model')
+  stride = pixels_per_patch(config)
+  image_size = grid * stride
+
+  model = models.VisionTransformer(num_classes=num_classes, **config)
+  expected = jax.eval_shape(lambda: model.init(
+      jax.random.key(0), jnp.zeros((1, image_size, image_size, 3)), train=False))['params']
+  params = checkpoint.unflatten(flat)
+  checkpoint.check_tree(params, expected, what=os.fspath(path))
+  return LoadedModel(model, params, config, image_size, grid, stride, num_prefix)
+
+
+# ---------------------------------------------------------------------------
+# Images.
+
+
+def image_files(specs: Sequence[str]) -> List[str]:
+  """Files named by `specs`: image files, directories (their images, sorted) or comma lists."""
+  files = []
+  for spec in specs:
+    for item in filter(None, spec.split(',')):
+      if os.path.isdir(item):
+        found = sorted(os.path.join(item, f) for f in os.listdir(item)
+                       if f.lower().endswith(IMAGE_EXTENSIONS))
+        if not found:
+          raise InputError(f'{item}: a directory without images ({", ".join(IMAGE_EXTENSIONS)})')
+        files.extend(found)
+      elif os.path.exists(item):
+        files.append(item)
+      else:
+        raise InputError(f'{item}: no such image file or directory')
+  return files
+
+
+def read_image(path: str, size: int) -> np.ndarray:
+  """[size, size, 3] float32 in [-1, 1]: RGB, resized (bilinear) like the eval pipeline."""
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+  try:
+    with Image.open(path) as image:
+      image = image.convert('RGB').resize((size, size), Image.BILINEAR)
+  except (OSError, ValueError, Image.DecompressionBombError) as e:
+    message = str(e).splitlines()[0] if str(e) else type(e).__name__
+    raise InputError(f'{path}: not a readable image ({message}); pass a JPEG or PNG file') from None
+  return np.asarray(image, np.float32) / 127.5 - 1.0
+
+
+def builtin_images() -> List[str]:
+  """Photos that ship with installed packages, for runs without --images.
+
+  matplotlib's `grace_hopper.jpg`, and scikit-learn's `china.jpg` and
+  `flower.jpg` when scikit-learn is installed.
+  """
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  files = [os.path.join(matplotlib.get_data_path(), 'sample_data', 'grace_hopper.jpg')]
+  try:
+    import sklearn.datasets  # pylint: disable=g-import-not-at-top
+    folder = os.path.join(os.path.dirname(sklearn.datasets.__file__), 'images')
+    files += [os.path.join(folder, name) for name in ('china.jpg', 'flower.jpg')]
+  except ImportError:
+    pass
+  return [f for f in files if os.path.exists(f)]
+
+
+# ---------------------------------------------------------------------------
+# Class names.
+
+
+def class_names(num_classes: int, labels_file: Optional[str] = None) -> List[str]:
+  """Names for a head of `num_classes` outputs.
+
+  From `labels_file` (one name per line) if given; else the shipped
+  ImageNet-1k (1000) or ImageNet-21k (21843) names; else `class_<i>`.
+  """
+  if labels_file:
+    try:
+      with open(labels_file, encoding='utf-8') as f:
+        names = [line.rstrip('\n') for line in f if line.strip()]
+    except (OSError, UnicodeDecodeError) as e:
+      raise InputError(f'{labels_file}: cannot read the labels file ({e}); '
+                       'pass a UTF-8 text file with one class name per line') from None
+    if len(names) != num_classes:
+      raise InputError(f'{labels_file}: {len(names)} names for a head of {num_classes} classes; '
+                       'pass one name per class, in the head\'s order')
+    return names
+  if num_classes in LABEL_FILES:
+    text = importlib.resources.files('vit_jax').joinpath(
+        'data', LABEL_FILES[num_classes]).read_text(encoding='utf-8')
+    return text.splitlines()
+  return [f'class_{i}' for i in range(num_classes)]

@@ -1,0 +1,75 @@
+"""Top-5 classes of images under a checkpoint.
+
+  python -m vit_jax.predict --checkpoint=ViT-B_16.npz --model=ViT-B_16 cat.jpg dog.png
+
+Images are resized to the checkpoint's resolution (read from its position
+embeddings) and scaled to [-1, 1]. Class names: ImageNet-1k for 1000-way
+heads, ImageNet-21k for 21843-way heads (both ship in `vit_jax/data/`),
+`--labels=FILE` for others, else `class_<i>`. Probabilities are the softmax
+of the logits.
+"""
+
+import argparse
+import sys
+from typing import List, Optional, Sequence
+
+import jax
+import numpy as np
+
+from vit_jax import checkpoint
+from vit_jax import inference
+
+_BATCH = 16
+
+
+def top_k(logits: np.ndarray, k: int) -> tuple:
+  """(indices [B, k], softmax probabilities [B, k]), best first."""
+  logits = np.asarray(logits, np.float64)
+  probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
+  probs /= probs.sum(axis=-1, keepdims=True)
+  idx = np.argsort(-logits, axis=-1, kind='stable')[:, :k]
+  return idx, np.take_along_axis(probs, idx, axis=-1)
+
+
+def predict(loaded: inference.LoadedModel, files: Sequence[str], k: int = 5) -> tuple:
+  """(indices [B, k], probabilities [B, k]) for image files."""
+  apply = jax.jit(lambda p, x: loaded.model.apply({'params': p}, x, train=False))
+  indices, probs = [], []
+  for start in range(0, len(files), _BATCH):
+    images = np.stack([inference.read_image(f, loaded.image_size)
+                       for f in files[start:start + _BATCH]])
+    i, p = top_k(apply(loaded.params, images), k)
+    indices.append(i)
+    probs.append(p)
+  return np.concatenate(indices), np.concatenate(probs)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+  parser = argparse.ArgumentParser(prog='python -m vit_jax.predict', description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument('--checkpoint', required=True, help='.npz file or a workdir with params.npz')
+  parser.add_argument('--model', required=True, help='model name, e.g. ViT-B_16')
+  parser.add_argument('--labels', help='class names, one per line, in the head\'s order')
+  parser.add_argument('--top_k', type=int, default=5)
+  parser.add_argument('images', nargs='+', help='image files or directories')
+  args = parser.parse_args(argv)
+  try:
+    files = inference.image_files(args.images)
+    loaded = inference.load_model(args.checkpoint, args.model)
+    if loaded.model.num_classes is None:
+      raise checkpoint.CheckpointError(f'{args.checkpoint}: no head/kernel, so it cannot classify; '
+                                       'pass a checkpoint with a classification head')
+    names = inference.class_names(loaded.model.num_classes, args.labels)
+    indices, probs = predict(loaded, files, max(1, args.top_k))
+  except (checkpoint.CheckpointError, inference.InputError) as e:
+    print(f'{parser.prog}: error: {e}', file=sys.stderr)
+    return 1
+  for f, idx, prob in zip(files, indices, probs):
+    print(f)
+    for rank, (i, p) in enumerate(zip(idx, prob), 1):
+      print(f'  {rank}. {100 * p:6.2f}%  {names[i]}  (class {i})')
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())
