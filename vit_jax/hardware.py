@@ -1,5 +1,8 @@
 """Peak arithmetic rates of accelerators, for model FLOPs utilisation (MFU)."""
 
+import importlib.metadata
+import os
+import platform
 import time
 
 import jax
@@ -39,3 +42,51 @@ def measure_matmul_flops(n: int = 2048, dtype=jnp.float32, repeats: int = 5) -> 
     f(a).block_until_ready()
     best = min(best, time.perf_counter() - start)
   return 2 * n**3 / best
+
+
+# CPU features that decide which matmul kernels can run (AVX-512 and AMX for bf16).
+_CPU_FLAGS = ('avx2', 'fma', 'avx512f', 'avx512_bf16', 'amx_tile', 'amx_bf16')
+
+
+def _cpu_model_and_flags():
+  try:
+    with open('/proc/cpuinfo', encoding='utf-8') as f:
+      text = f.read()
+  except OSError:
+    return platform.processor() or 'unknown', []
+  model = next((line.split(':', 1)[1].strip() for line in text.splitlines()
+                if line.startswith('model name')), 'unknown')
+  flags_line = next((line for line in text.splitlines() if line.startswith('flags')), '')
+  present = set(flags_line.split(':', 1)[-1].split())
+  return model, [f for f in _CPU_FLAGS if f in present]
+
+
+def library_versions(names=('jax', 'jaxlib', 'flax', 'optax', 'numpy', 'torch', 'timm')) -> dict:
+  """Installed versions, read from package metadata (nothing is imported)."""
+  versions = {}
+  for name in names:
+    try:
+      versions[name] = importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+      versions[name] = None
+  return versions
+
+
+def machine_info() -> dict:
+  """What a benchmark number depends on: CPU, cores, devices, libraries, XLA flags."""
+  cpu, cpu_flags = _cpu_model_and_flags()
+  device = jax.devices()[0]
+  return {
+      'cpu': cpu,
+      'cpu_flags': cpu_flags,
+      'cpu_cores': len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity')
+                   else os.cpu_count(),
+      'platform': device.platform,
+      'device_kind': device.device_kind,
+      'device_count': jax.device_count(),
+      'python': platform.python_version(),
+      'versions': library_versions(),
+      'xla_flags': os.environ.get('XLA_FLAGS', ''),
+      # Other work on the machine skews timings: record how busy it was.
+      'load_average_1min': os.getloadavg()[0] if hasattr(os, 'getloadavg') else None,
+  }

@@ -25,6 +25,12 @@ Dtype = Any
 
 CLASSIFIERS = ('token', 'gap', 'unpooled', 'token_unpooled')
 
+# How attention is computed when its weights are not captured: 'xla' and 'cudnn'
+# are the implementations of `jax.nn.dot_product_attention`; 'explicit' writes
+# out logits, softmax and the weighted sum; 'auto' takes cuDNN's fused (flash)
+# attention on GPUs in half precision and XLA's elsewhere.
+ATTENTION = ('auto', 'xla', 'cudnn', 'explicit')
+
 
 def _layer_norm(name, dtype):
   # Original code: LayerNorm epsilon 1e-6 everywhere.
@@ -75,9 +81,12 @@ class MultiHeadDotProductAttention(nn.Module):
   num_heads: int
   dropout_rate: float = 0.0
   dtype: Dtype = jnp.float32
+  attention: str = 'auto'
 
   @nn.compact
   def __call__(self, x, *, deterministic: bool):
+    if self.attention not in ATTENTION:
+      raise ValueError(f'attention={self.attention!r}; use one of {ATTENTION}')
     d = x.shape[-1]
     if d % self.num_heads:
       raise ValueError(f'hidden size {d} is not divisible by num_heads={self.num_heads}')
@@ -88,13 +97,22 @@ class MultiHeadDotProductAttention(nn.Module):
     out_kernel, out_bias = _Projection(
         (self.num_heads, head_dim, d), (d,), 2, name='out')()
 
-    kernel = jnp.stack([k for k, _ in qkv_params], axis=1).astype(self.dtype)  # [D,3,H,K]
-    bias = jnp.stack([b for _, b in qkv_params], axis=0).astype(self.dtype)  # [3,H,K]
-    q, k, v = jnp.unstack(jnp.einsum('bnd,dthk->tbnhk', x, kernel) + bias[:, None, None], axis=0)
+    # One matmul for q, k and v, the kernels side by side as [D, 3D]. Joining
+    # them along the output axis is a contiguous copy; stacking them on a new
+    # axis made XLA:CPU transpose all three kernels and the activations on
+    # every call (README "Speed").
+    kernel = jnp.concatenate([k.reshape(d, d) for k, _ in qkv_params], axis=1)
+    bias = jnp.concatenate([b.reshape(d) for _, b in qkv_params])
+    qkv = x @ kernel.astype(self.dtype) + bias.astype(self.dtype)
+    q, k, v = jnp.split(qkv.reshape(x.shape[:-1] + (3 * self.num_heads, head_dim)), 3, axis=-2)
 
     need_weights = self.is_mutable_collection('intermediates')
     use_dropout = not deterministic and self.dropout_rate > 0.0
-    if need_weights or use_dropout:
+    implementation = self.attention
+    if implementation == 'auto':
+      half = jnp.dtype(self.dtype) in (jnp.bfloat16, jnp.float16)
+      implementation = 'cudnn' if half and jax.default_backend() == 'gpu' else 'xla'
+    if need_weights or use_dropout or implementation == 'explicit':
       logits = jnp.einsum('bqhk,bshk->bhqs', q, k) / jnp.sqrt(head_dim).astype(self.dtype)
       # Softmax in float32 for range; the weights then return to `dtype`.
       weights = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(self.dtype)
@@ -102,7 +120,7 @@ class MultiHeadDotProductAttention(nn.Module):
       weights = nn.Dropout(self.dropout_rate)(weights, deterministic=deterministic)
       y = jnp.einsum('bhqs,bshk->bqhk', weights, v)
     else:
-      y = jax.nn.dot_product_attention(q, k, v)
+      y = jax.nn.dot_product_attention(q, k, v, implementation=implementation)
     return jnp.einsum('bnhk,hkd->bnd', y, out_kernel.astype(self.dtype)) + out_bias.astype(self.dtype)
 
 
@@ -130,13 +148,15 @@ class Encoder1DBlock(nn.Module):
   dropout_rate: float = 0.1
   attention_dropout_rate: float = 0.1
   dtype: Dtype = jnp.float32
+  attention: str = 'auto'
 
   @nn.compact
   def __call__(self, x, deterministic: bool):
     y = _layer_norm('LayerNorm_0', self.dtype)(x)
     y = MultiHeadDotProductAttention(
         num_heads=self.num_heads, dropout_rate=self.attention_dropout_rate,
-        dtype=self.dtype, name='MultiHeadDotProductAttention_1')(y, deterministic=deterministic)
+        dtype=self.dtype, attention=self.attention,
+        name='MultiHeadDotProductAttention_1')(y, deterministic=deterministic)
     x = x + nn.Dropout(self.dropout_rate)(y, deterministic=deterministic)
     y = _layer_norm('LayerNorm_2', self.dtype)(x)
     y = MlpBlock(self.mlp_dim, self.dropout_rate, self.dtype, name='MlpBlock_3')(
@@ -155,6 +175,7 @@ class Encoder(nn.Module):
   attention_dropout_rate: float = 0.1
   dtype: Dtype = jnp.float32
   remat: bool = False
+  attention: str = 'auto'
 
   @nn.compact
   def __call__(self, x, *, train: bool):
@@ -166,7 +187,7 @@ class Encoder(nn.Module):
       x = block_cls(
           mlp_dim=self.mlp_dim, num_heads=self.num_heads, dropout_rate=self.dropout_rate,
           attention_dropout_rate=self.attention_dropout_rate, dtype=self.dtype,
-          name=f'encoderblock_{i}')(x, not train)
+          attention=self.attention, name=f'encoderblock_{i}')(x, not train)
     return _layer_norm('encoder_norm', self.dtype)(x)
 
 
@@ -191,6 +212,7 @@ class VisionTransformer(nn.Module):
   model_name: Optional[str] = None
   dtype: Dtype = jnp.float32
   remat: bool = False
+  attention: str = 'auto'  # see ATTENTION
 
   @nn.compact
   def __call__(self, inputs, *, train: bool):
@@ -211,8 +233,8 @@ class VisionTransformer(nn.Module):
       cls = self.param('cls', nn.initializers.zeros, (1, 1, c), jnp.float32)
       x = jnp.concatenate([jnp.tile(cls.astype(self.dtype), (n, 1, 1)), x], axis=1)
 
-    x = Encoder(dtype=self.dtype, remat=self.remat, name='Transformer',
-                **self.transformer)(x, train=train)
+    x = Encoder(dtype=self.dtype, remat=self.remat, attention=self.attention,
+                name='Transformer', **self.transformer)(x, train=train)
 
     if self.classifier == 'token':
       x = x[:, 0]

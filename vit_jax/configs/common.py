@@ -8,7 +8,8 @@ Field names follow the original vit_jax where it had one (`dataset`, `batch`,
 
 import ml_collections
 
-from vit_jax import input_pipeline
+# configs.data, not input_pipeline: configs must import without TensorFlow.
+from vit_jax.configs import data
 
 
 def get_config():
@@ -26,7 +27,7 @@ def get_config():
   config.pretrained_path = ml_collections.config_dict.placeholder(str)
 
   # Data: dataset, splits, preprocessing (see vit_jax/input_pipeline.py).
-  input_pipeline.add_data_config(config)
+  data.add_data_config(config)
 
   # Optimisation (paper Appendix B.1).
   config.optimizer = 'adam'                # 'adam' (pre-training) or 'sgd' (fine-tuning)

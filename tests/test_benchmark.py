@@ -1,0 +1,114 @@
+"""The benchmark tool on a tiny model: fields, positive numbers, MFU in (0, 1), FLOP counts."""
+
+import dataclasses
+import json
+import os
+
+import jax
+import pytest
+
+from vit_jax import benchmark
+from vit_jax import benchmark_memory
+
+
+def tiny(**overrides):
+  kwargs = dict(model='testing', batch=4, resolution=32, warmup=1, steps=2, repeats=2)
+  kwargs.update(overrides)
+  return benchmark.Options(**kwargs)
+
+
+def check_side(side, batch):
+  assert side['img_per_sec'] > 0 and side['step_time_s'] > 0
+  assert side['img_per_sec'] == pytest.approx(batch / side['step_time_s'])
+  assert all(t > 0 for t in side['step_times_s'])
+  assert 0 < side['mfu'] < 1
+  assert side['achieved_flops'] > 0
+
+
+def test_infer_record_fields_and_numbers():
+  record = benchmark.run(tiny(mode='infer'))
+  check_side(record['vit_jax'], 4)
+  ours = record['vit_jax']
+  assert len(ours['step_times_s']) == 4  # steps x repeats
+  assert ours['compile_s'] > 0 and ours['memory_bytes'] > 0
+  assert ours['memory_source'] == 'XLA estimate'  # CPU: no device allocator statistics
+  assert record['peak']['jax_matmul_flops'] > 1e9
+  assert record['peak']['peak_flops'] == record['peak']['jax_matmul_flops']
+  machine = record['machine']
+  assert machine['cpu_cores'] >= 1 and machine['versions']['jax'] == jax.__version__
+  assert 'xla_flags' in machine and machine['platform'] == 'cpu'
+  assert 'timm' not in record and 'ratio_vs_timm' not in record
+  json.dumps(record)  # the record is plain JSON
+
+
+def test_train_with_accumulation_against_timm():
+  pytest.importorskip('timm')
+  # One torch thread: OpenMP's spinning threads make tiny steps erratic on a busy machine.
+  record = benchmark.run(tiny(mode='train', batch=4, accum_steps=2, compare='timm', threads=1))
+  check_side(record['vit_jax'], 4)
+  check_side(record['timm'], 4)
+  assert record['ratio_vs_timm'] == pytest.approx(
+      record['vit_jax']['img_per_sec'] / record['timm']['img_per_sec'])
+  assert record['peak']['torch_matmul_flops'] > 1e9
+  assert record['timm']['setup']['optimizer'].startswith('torch.optim.Adam')
+  assert record['timm']['setup']['threads'] == 1
+  # Accumulation does not change the work per image: the count is the micro-step's.
+  single = benchmark.xla_flops_per_image(tiny(mode='train', batch=2))
+  assert record['flops_per_image']['xla'] == pytest.approx(single, rel=1e-6)
+
+
+@pytest.mark.parametrize('mode,factor', [('infer', 1), ('train', 3)])
+def test_flops_match_the_closed_form_for_vit_b16(mode, factor):
+  # Paper numbers (REFERENCE 7): ViT-B/16 at 224 costs 17.6 GMACs per image forward.
+  opts = benchmark.Options(model='ViT-B_16', mode=mode, batch=2)
+  analytic = benchmark.analytic_flops_per_image(opts)
+  assert analytic == pytest.approx(factor * 2 * 17.6e9, rel=0.005)
+  xla = benchmark.xla_flops_per_image(opts)
+  # XLA also counts the elementwise work (softmax, GELU, LayerNorm, Adam): a few %.
+  assert analytic < xla < 1.04 * analytic
+
+
+def test_largest_search_is_exact_and_cheap():
+  for answer in (0, 1, 7, 64, 1000):
+    probes = []
+
+    def fits(b, answer=answer, probes=probes):
+      probes.append(b)
+      return b <= answer
+    assert benchmark_memory._largest(fits, 40, limit=4096) == answer
+    assert len(probes) <= 2 * 12 + 2
+  probes = []
+  assert benchmark_memory._largest(lambda b: probes.append(b) or b <= 64, 64, 4096) == 64
+  assert len(probes) == 2  # a right guess costs two probes
+
+
+def test_find_max_batch_on_cpu_meets_the_budget():
+  opts = tiny(mode='infer', batch=1)
+  fn, args = benchmark.build_step(dataclasses.replace(opts, batch=6), abstract=True)
+  budget = benchmark_memory.estimate_bytes(fn.lower(*args).compile())  # batch 6 fits
+  record = benchmark_memory.find_max_batch(opts, benchmark.build_step, benchmark.JaxRunner,
+                                           budget_bytes=budget)
+  micro = record['max_micro_batch']
+  assert micro >= 6 and record['max_batch'] == micro
+  sizes = {p['micro_batch']: p['estimate_bytes'] for p in record['probes']}
+  assert sizes[micro] <= budget < sizes[micro + 1]
+  assert record['method'] == 'XLA CPU-compiled estimate'
+  assert 'largest batch per device' in benchmark_memory.describe(record)
+
+
+def test_cli_writes_a_record_and_rejects_bad_options(tmp_path, capsys):
+  path = tmp_path / 'run.json'
+  assert benchmark.main(['--model=testing', '--batch=2', '--resolution=32', '--steps=1',
+                         '--repeats=1', f'--json={path}']) == 0
+  record = json.loads(path.read_text())
+  assert record['options']['batch'] == 2 and record['vit_jax']['img_per_sec'] > 0
+  assert record['command'].startswith('python -m vit_jax.benchmark')
+  name = os.path.basename(benchmark.record_path(record))
+  assert name.endswith('_cpu_testing_infer_b2_r32.json')
+  assert benchmark.main(['--model=testing', '--resolution=30', '--no_record']) == 2
+  err = capsys.readouterr().err.strip()
+  assert 'multiple of the patch size 16' in err and '\n' not in err
+  assert benchmark.main(['--model=ViT-B16', '--no_record']) == 2
+  assert 'ViT-B_16' in capsys.readouterr().err  # suggests the close name
+  assert benchmark.main(['--model=testing', '--mode=infer', '--accum_steps=2', '--batch=4',
+                         '--no_record']) == 2
