@@ -331,6 +331,7 @@ def _parser():
   p.add_argument('--accum_steps', type=int, default=d.accum_steps)
   p.add_argument('--remat', action='store_true')
   p.add_argument('--optimizer', default=d.optimizer, choices=('adam', 'sgd'))
+  p.add_argument('--num_classes', type=int, default=d.num_classes)
   p.add_argument('--attention', default=d.attention, help='auto, xla, cudnn or explicit')
   p.add_argument('--warmup', type=int, default=d.warmup)
   p.add_argument('--steps', type=int, default=d.steps, help='timed steps per repeat and side')
