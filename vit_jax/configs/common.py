@@ -8,7 +8,7 @@ Field names follow the original vit_jax where it had one (`dataset`, `batch`,
 
 import ml_collections
 
-from vit_jax import input_pipeline
+from vit_jax.configs import data
 
 
 def get_config():
@@ -25,8 +25,8 @@ def get_config():
   config.head_bias_init = 0.0              # -10 with the sigmoid loss (paper B.1)
   config.pretrained_path = ml_collections.config_dict.placeholder(str)
 
-  # Data: dataset, splits, preprocessing (see vit_jax/input_pipeline.py).
-  input_pipeline.add_data_config(config)
+  # Data: dataset, splits, preprocessing (vit_jax/configs/data.py).
+  data.add_data_config(config)
 
   # Optimisation (paper Appendix B.1).
   config.optimizer = 'adam'                # 'adam' (pre-training) or 'sgd' (fine-tuning)
