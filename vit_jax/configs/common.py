@@ -15,6 +15,10 @@ def get_config():
   config = ml_collections.ConfigDict()
   config.seed = 0
 
+  # What is learnt: 'classification' (labels) or 'mpp' (masked patch
+  # prediction, paper B.1.2, self-supervised: labels unused).
+  config.task = 'classification'
+
   # Model: a `vit_jax.configs.models.MODEL_CONFIGS` name plus run-time choices.
   config.model = 'ViT-B_16'
   config.dtype = 'float32'                 # compute dtype: 'float32' or 'bfloat16'
@@ -45,6 +49,18 @@ def get_config():
   config.total_steps = 10_000
   config.accum_steps = 1                   # micro-batches per step (same math, less memory)
   config.skip_nonfinite = False            # skip NaN/Inf steps instead of stopping
+
+  # Few-shot linear evaluation of the frozen pre-logits (paper 4.1), on the
+  # train/test splits of other datasets, every `every` steps and at the end.
+  config.fewshot = ml_collections.ConfigDict({
+      'datasets': (),          # e.g. ('cifar10', 'vtab/dtd'); empty = off
+      'every': 0,              # steps between evaluations; 0 = only at the end
+      'shots': (1, 5, 10, 25),
+      'seeds': (0, 1, 2),
+      'l2_reg': 2.0 ** 10,
+      'train_split': 'train',  # 'train' / 'test' = the dataset's own; or a split expression
+      'test_split': 'test',
+  })
 
   # Devices: a (data, fsdp) mesh over all devices; fsdp > 1 shards params.
   config.mesh = ml_collections.ConfigDict({'fsdp': 1})

@@ -2,7 +2,8 @@
 
 `pretrain(model, arg)` returns paper Table 3's recipe for a model on
 ImageNet-21k, JFT-style data or ImageNet; `finetune(arg)` returns Table 4's
-recipe for `MODEL,DATASET`. The files in the repository's `configs/` call these.
+recipe for `MODEL,DATASET`; `mpp(model, arg)` the masked patch prediction
+recipe of B.1.2. The files in the repository's `configs/` call these.
 """
 
 import math
@@ -113,4 +114,25 @@ def finetune(arg: str) -> ml_collections.ConfigDict:
   config.progress_every = 50
   config.eval_every = 1000
   config.checkpoint_every = 1000
+  return config
+
+
+def mpp(model: str, arg: str = 'jft') -> ml_collections.ConfigDict:
+  """Masked patch prediction pre-training (paper B.1.2). `arg`: DATASET.
+
+  B.1.2: ViT-B/16 on JFT, 1M steps (about 14 epochs) of batch 4096, Adam with
+  base learning rate 2e-4, 10k warm-up steps and cosine decay. Weight decay
+  and dropout are not given there; the supervised JFT values (0.1, none) are
+  used. Labels are not read.
+  """
+  config = pretrain(model, 'jft' if arg == 'jft' else arg)
+  config.task = 'mpp'
+  config.representation_size = None  # the colour head reads patch tokens
+  config.loss = 'softmax'
+  config.head_bias_init = 0.0
+  config.base_lr = 2e-4
+  config.decay_type = 'cosine'
+  config.weight_decay = 0.1
+  config.dropout_rate = 0.0
+  config.total_steps = 1_000_000
   return config
