@@ -15,15 +15,18 @@ setuptools.setup(
     python_requires='>=3.10',
     install_requires=[
         'absl-py',
+        'array-record',         # index-addressable shards for the input pipeline
         'flax>=0.10',
         'jax>=0.5',
+        'matplotlib',           # analysis figures
         'ml-collections',
         'numpy',
         'optax',
         'orbax-checkpoint',
-        'scipy',
+        'pillow',               # image folders, prediction
+        'scikit-learn',         # the built-in digits dataset
         'tensorboard',
-        'tensorflow-cpu',
+        'tensorflow-cpu',       # tf.data and gs:// file access
         'tensorflow-datasets',
     ],
     extras_require={

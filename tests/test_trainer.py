@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 
+import jax
 import numpy as np
 import pytest
 
@@ -267,3 +268,25 @@ def test_mpp_pretraining_then_finetuning_from_its_workdir(tmp_path):
   assert 'dropped         mask_token (1, 1, 128)' in result.stdout
   finetuned = checkpoint.load(ft_dir)
   assert 'mask_token' not in finetuned and finetuned['head']['kernel'].shape == (128, 10)
+
+
+def test_out_of_memory_suggests_accumulation(tmp_path, monkeypatch):
+  config = common.get_config()
+  config.update(model='testing', total_steps=4, warmup_steps=1, batch=32, batch_eval=64,
+                tensorboard=False, accum_steps=2)
+  config.pp.crop = 16
+
+  def compile_that_fails(fn, *args):
+    del fn, args
+
+    def step(state, batch):
+      raise jax.errors.JaxRuntimeError(
+          'RESOURCE_EXHAUSTED: Out of memory while trying to allocate 80.00GiB')
+    return step, 0.0
+
+  monkeypatch.setattr(trainer, '_compile', compile_that_fails)
+  with pytest.raises(trainer.TrainingError) as e:
+    trainer.train_and_evaluate(config, str(tmp_path))
+  message = str(e.value)
+  assert message.startswith('out of device memory at batch 16 per step')
+  assert '--config.accum_steps (now 2' in message and '\n' not in message

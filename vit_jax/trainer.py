@@ -271,7 +271,7 @@ def _train_and_evaluate(config, workdir: str, mesh) -> dict:
   final = _evaluate(eval_fn, state.params, config, batch_sharding)
   summary = {
       'step': int(state.step),
-      'train_loss': train_loss,
+      'train_loss': train_loss if np.isfinite(train_loss) else None,  # None: no step ran
       'test_accuracy': final['accuracy'],
       'test_examples': final['examples'],
       **({'test_accuracy_top5': final['accuracy_top5']} if 'accuracy_top5' in final else {}),
