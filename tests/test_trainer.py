@@ -263,6 +263,7 @@ def test_mpp_pretraining_then_finetuning_from_its_workdir(tmp_path):
   result = subprocess.run(
       [sys.executable, '-m', 'vit_jax.main', '--config=configs/finetune.py:ViT-Demo_4,digits',
        f'--workdir={ft_dir}', f'--config.pretrained_path={mpp_dir}', '--config.dtype=float32',
+       '--config.pp.train=train[:50%]',  # a None default, set from the command line
        *demo_scale], env=environment(), capture_output=True, text=True, timeout=600)
   assert result.returncode == 0, result.stderr[-3000:]
   assert 'dropped         mask_token (1, 1, 128)' in result.stdout

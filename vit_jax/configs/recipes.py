@@ -75,7 +75,7 @@ def pretrain(model: str, arg: str = 'imagenet21k') -> ml_collections.ConfigDict:
   if dataset == 'jft':
     # JFT is multi-label: sigmoid cross-entropy, head bias -10 (B.1). The data
     # is the user's own shards: a directory with info.json (README).
-    config.dataset = None
+    config.dataset = ml_collections.config_dict.placeholder(str)
     config.loss = 'sigmoid'
     config.head_bias_init = -10.0
   else:
