@@ -107,8 +107,8 @@ def main():
         reader = {'timm': 'timm.create_model + eps of build_model' if hybrid else
                        'timm.create_model', 'hf': 'transformers', 'savedmodel': 'tensorflow',
                   'onnx': 'onnxruntime'}[fmt]
-        print(f'| {name} | {fmt} | {reader} | {relative_error(ours, readers[fmt](out, images)):.1e} |',
-              flush=True)
+        error = relative_error(ours, readers[fmt](out, images))
+        print(f'| {name} | {fmt} | {reader} | {error:.1e} |', flush=True)
         if fmt == 'timm' and hybrid:
           error = relative_error(ours, theirs_timm(out, images, default_eps=True))
           print(f'| {name} | {fmt} | timm.create_model, timm\'s eps | {error:.1e} |', flush=True)

@@ -93,7 +93,8 @@ def test_every_released_architecture_has_its_timm_name():
   registered = set(timm.list_models('vit_*'))
   for name in interop_timm.TIMM_NAMES:
     config = model_configs.MODEL_CONFIGS[name]
-    sizes = (224, 384) if interop_timm.TIMM_NAMES[name] in interop_timm._TIMM_384 else (224,)  # pylint: disable=protected-access
+    at_384 = interop_timm.TIMM_NAMES[name] in interop_timm.TIMM_384
+    sizes = (224, 384) if at_384 else (224,)
     for size in sizes:
       assert interop_timm.registered_name(config, size) in registered, (name, size)
   # A shrunk model under a released name is not that timm model.
@@ -150,7 +151,8 @@ def test_timm_export_matches_timm_and_its_own_npz_loader(tmp_path, name, units, 
 
   # timm's own reader of the public .npz layout, an independent mapping.
   reference = interop_timm.build_model(config, 7, size)
-  timm.models.vision_transformer._load_weights(reference, str(npz))  # pylint: disable=protected-access
+  load_npz = timm.models.vision_transformer._load_weights  # pylint: disable=protected-access
+  load_npz(reference, str(npz))
   for key, value in reference.state_dict().items():
     assert torch.equal(value, exported[key]), key
 
@@ -404,11 +406,9 @@ def test_errors_are_one_line(tmp_path, capsys, monkeypatch):
 def test_cli_runs_and_the_package_imports_without_optional_dependencies(tmp_path):
   config = model_configs.MODEL_CONFIGS['testing']
   flat, npz = write_npz(tmp_path, config, 10, 32)
-  code = ('import sys, runpy; sys.argv = sys.argv[:1] + sys.argv[1:]; '
-          'runpy.run_module("vit_jax.export", run_name="__main__")')
   result = subprocess.run(
-      [sys.executable, '-c', code, f'--checkpoint={npz}', '--model=testing', '--format=npz',
-       f'--output={tmp_path / "copy.npz"}'],
+      [sys.executable, '-m', 'vit_jax.export', f'--checkpoint={npz}', '--model=testing',
+       '--format=npz', f'--output={tmp_path / "copy.npz"}'],
       capture_output=True, text=True, cwd=ROOT, env={**os.environ, 'PYTHONPATH': ROOT},
       check=False)
   assert result.returncode == 0, result.stderr

@@ -38,7 +38,7 @@ _TORCH_SUFFIXES = ('.safetensors', '.pth', '.pt', '.bin')
 
 class Source(NamedTuple):
   loaded: inference.LoadedModel
-  class_names: Optional[List[str]]
+  class_names: Optional[List[str]]  # what the source itself names (a transformers folder)
   notes: List[str]
 
 
@@ -86,13 +86,12 @@ def load(path: str, model_name: Optional[str] = None) -> Source:
       return Source(inference.model_from_flat(flat, model_name, path), None, [])
     if any(k.startswith(('vit.', 'embeddings.')) for k in state):
       folder = os.path.dirname(os.path.abspath(path))
-      hf = interop_hf.read_folder(folder)[1] if os.path.exists(
+      hf = interop_hf.read_config(folder) if os.path.exists(
           os.path.join(folder, 'config.json')) else {}
       return _from_hf(interop_hf.canonical_names(state), hf, model_name, path)
     raise checkpoint.CheckpointError(f'{path}: neither timm (patch_embed.proj.weight) nor '
                                      'transformers (vit.embeddings...) ViT weights')
-  loaded = inference.load_model(path, _model_name(model_name, path, {}))
-  return Source(loaded, _dataset_class_names(path), [])
+  return Source(inference.load_model(path, _model_name(model_name, path, {})), None, [])
 
 
 def _from_hf(state, hf, model_name, what) -> Source:
@@ -104,6 +103,7 @@ def _from_hf(state, hf, model_name, what) -> Source:
 
 def _dataset_class_names(path: str) -> Optional[List[str]]:
   """Class names of the dataset a workdir was trained on, if it can be opened here."""
+  path = os.fspath(path)
   dataset = _summary(path).get('dataset') if os.path.isdir(path) else None
   if not dataset:
     return None
@@ -149,6 +149,19 @@ def _save_timm(loaded: inference.LoadedModel, output: str) -> List[str]:
   return notes
 
 
+def _class_names(source: Source, path: str, labels: Optional[str]) -> Optional[List[str]]:
+  """--labels, else the source's or its dataset's names, else the ImageNet lists by head size."""
+  num_classes = source.loaded.model.num_classes
+  if num_classes is None:
+    return None
+  if labels:
+    return inference.class_names(num_classes, labels)
+  names = source.class_names or _dataset_class_names(path)
+  if names is not None and len(names) == num_classes:
+    return names
+  return inference.class_names(num_classes) if num_classes in inference.LABEL_FILES else None
+
+
 def export(checkpoint_path: str, fmt: str, output: str, model_name: Optional[str] = None,
            labels: Optional[str] = None) -> List[str]:
   """Converts `checkpoint_path` to `fmt` at `output`; returns notes for the user."""
@@ -161,11 +174,7 @@ def export(checkpoint_path: str, fmt: str, output: str, model_name: Optional[str
   elif fmt == 'timm':
     notes += _save_timm(loaded, output)
   elif fmt == 'hf':
-    num_classes, names = loaded.model.num_classes, source.class_names
-    if num_classes is not None and (labels or names is None and num_classes in inference.LABEL_FILES):
-      names = inference.class_names(num_classes, labels)
-    if names is not None and len(names) != num_classes:
-      names = None
+    names = _class_names(source, checkpoint_path, labels)
     notes += interop_hf.save(checkpoint.flatten(loaded.params), loaded.config,
                              loaded.image_size, output, names)
   elif fmt == 'savedmodel':

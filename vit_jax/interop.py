@@ -41,7 +41,8 @@ def require(module: str, pip_name: Optional[str] = None):
   try:
     return importlib.import_module(module)
   except ImportError:
-    raise ExportError(f'this needs {pip_name or module}: pip install {pip_name or module}') from None
+    name = pip_name or module
+    raise ExportError(f'this needs {name}: pip install {name}') from None
 
 
 def rename(key: str, rules) -> Optional[str]:

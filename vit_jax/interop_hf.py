@@ -42,7 +42,8 @@ _RULES = (
     (_LAYER + r'LayerNorm_2/', r'vit.encoder.layer.\1.layernorm_after.'),
     (_LAYER + r'MultiHeadDotProductAttention_1/(query|key|value)/',
      r'vit.encoder.layer.\1.attention.attention.\2.'),
-    (_LAYER + r'MultiHeadDotProductAttention_1/out/', r'vit.encoder.layer.\1.attention.output.dense.'),
+    (_LAYER + r'MultiHeadDotProductAttention_1/out/',
+     r'vit.encoder.layer.\1.attention.output.dense.'),
     (_LAYER + r'MlpBlock_3/Dense_0/', r'vit.encoder.layer.\1.intermediate.dense.'),
     (_LAYER + r'MlpBlock_3/Dense_1/', r'vit.encoder.layer.\1.output.dense.'),
     (r'^pre_logits/', 'vit.pooler.dense.'),
@@ -163,17 +164,23 @@ def canonical_names(state: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
   return out
 
 
-def read_folder(path: str) -> Tuple[Dict[str, np.ndarray], dict, dict]:
-  """(state_dict in the Hub's names, config.json, safetensors metadata) of a ViT folder."""
-  config_path = os.path.join(path, 'config.json')
+def read_config(folder: str) -> dict:
+  """A transformers ViT folder's config.json."""
+  path = os.path.join(folder, 'config.json')
   try:
-    with open(config_path, encoding='utf-8') as f:
+    with open(path, encoding='utf-8') as f:
       hf = json.load(f)
   except (OSError, ValueError) as e:
-    raise checkpoint.CheckpointError(f'{config_path}: not a readable config.json ({e})') from None
+    raise checkpoint.CheckpointError(f'{path}: not a readable config.json ({e})') from None
   if hf.get('model_type') != 'vit':
-    raise checkpoint.CheckpointError(f'{config_path}: model_type is {hf.get("model_type")!r}, '
-                                     'not \'vit\'; only transformers ViT folders convert')
+    raise checkpoint.CheckpointError(f'{path}: model_type is {hf.get("model_type")!r}, not '
+                                     '\'vit\'; only transformers ViT folders convert')
+  return hf
+
+
+def read_folder(path: str) -> Tuple[Dict[str, np.ndarray], dict, dict]:
+  """(state_dict in the Hub's names, config.json, safetensors metadata) of a ViT folder."""
+  hf = read_config(path)
   weights, metadata = os.path.join(path, 'model.safetensors'), {}
   if os.path.exists(weights):
     state, metadata = interop.load_safetensors(weights)
@@ -200,8 +207,8 @@ def from_hf(state: Dict[str, np.ndarray], hf: dict, config, what: str) -> Tuple[
                                      f'{config.model_name}; check --model')
   notes = []
   if hf.get('hidden_act', 'gelu') not in _TANH_GELUS:
-    notes.append(f'its hidden_act is {hf.get("hidden_act", "gelu")!r}; this model computes the tanh '
-                 'approximation of GELU (logits differ slightly)')
+    notes.append(f'its hidden_act is {hf.get("hidden_act", "gelu")!r}; this model computes the '
+                 'tanh approximation of GELU (logits differ slightly)')
   if hf.get('layer_norm_eps', 1e-12) != 1e-6:
     notes.append(f'its layer_norm_eps is {hf.get("layer_norm_eps", 1e-12)}; this model uses 1e-6')
   if 'vit.embeddings.position_embeddings' not in state:
@@ -223,6 +230,7 @@ def class_names(hf: dict) -> Optional[List[str]]:
   """id2label in index order, or None when they are transformers' LABEL_<i> defaults."""
   id2label = hf.get('id2label') or {}
   names = [id2label.get(str(i), id2label.get(i)) for i in range(len(id2label))]
-  if not names or any(n is None for n in names) or names == [f'LABEL_{i}' for i in range(len(names))]:
+  defaults = [f'LABEL_{i}' for i in range(len(names))]
+  if not names or any(n is None for n in names) or names == defaults:
     return None
   return names

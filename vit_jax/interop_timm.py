@@ -41,7 +41,7 @@ TIMM_NAMES = {
     'R50+ViT-L_32': 'vit_large_r50_s32',
 }
 # Of those, the ones timm also registers at 384 px.
-_TIMM_384 = ('vit_tiny_patch16', 'vit_small_patch16', 'vit_small_patch32', 'vit_base_patch16',
+TIMM_384 = ('vit_tiny_patch16', 'vit_small_patch16', 'vit_small_patch32', 'vit_base_patch16',
              'vit_base_patch32', 'vit_large_patch16', 'vit_large_patch32', 'vit_base_r50_s16',
              'vit_large_r50_s32')
 
@@ -102,7 +102,7 @@ def registered_name(config, image_size: int) -> Optional[str]:
   if any(config.get(f) != released.get(f) for f in structure):
     return None  # same name, other sizes (a shrunk test model)
   base = TIMM_NAMES[name]
-  return f'{base}_384' if image_size == 384 and base in _TIMM_384 else f'{base}_224'
+  return f'{base}_384' if image_size == 384 and base in TIMM_384 else f'{base}_224'
 
 
 def create_model_kwargs(config, num_classes: Optional[int], image_size: int) -> dict:
