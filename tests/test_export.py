@@ -185,21 +185,23 @@ def test_timm_cli_writes_a_file_timm_create_model_loads_strictly(tmp_path, capsy
 
 
 def test_import_a_timm_model_that_timm_initialised(tmp_path):
-  """Import direction with weights written by timm itself."""
-  config = small_config()
+  """Import direction with weights written by timm itself, as .safetensors and as .pth."""
+  config = model_configs.MODEL_CONFIGS['testing']
   torch.manual_seed(0)
   model = interop_timm.build_model(config, 5, 32)
   with torch.no_grad():
     for p in model.parameters():  # timm zero-initialises biases and the head
       p.add_(0.05 * torch.randn_like(p))
-  path = tmp_path / 'timm.safetensors'
-  safetensors_torch.save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path))
-
-  flat = interop_timm.from_timm(interop.load_safetensors(str(path))[0], config, str(path))
+  state = {k: v.contiguous() for k, v in model.state_dict().items()}
+  safetensors_torch.save_file(state, str(tmp_path / 'timm.safetensors'))
+  torch.save(state, tmp_path / 'timm.pth')
   x = images(32)
   with torch.no_grad():
     theirs = model(nchw(x)).numpy()
-  assert relative_error(ours(config, flat, x), theirs) <= BOUND
+  imported = [checkpoint.flatten(export.load(str(tmp_path / name), 'testing').loaded.params)
+              for name in ('timm.safetensors', 'timm.pth')]
+  assert_flat_equal(*imported)
+  assert relative_error(ours(config, imported[0], x), theirs) <= BOUND
 
 
 # ---------------------------------------------------------------------------
