@@ -35,6 +35,10 @@ def sbatch_script(args) -> str:
       f'#SBATCH --time={args.time}',
       f'#SBATCH --output={os.path.join(log_dir, "slurm-%j.out")}',
   ]
+  # SIGTERM this long before the time limit (and on preemption): the trainer
+  # checkpoints at the next step and exits; resubmitting resumes. --requeue
+  # lets SLURM restart the job itself after a node failure or preemption.
+  lines += [f'#SBATCH --signal=TERM@{args.grace_s}', '#SBATCH --requeue']
   lines += [f'#SBATCH --partition={args.partition}'] if args.partition else []
   lines += [f'#SBATCH --account={args.account}'] if args.account else []
   lines += ['set -euo pipefail']
@@ -63,6 +67,8 @@ def main(argv=None) -> int:
   parser.add_argument('--cpus_per_gpu', type=int, default=8,
                       help='CPU cores per process, for the input pipeline')
   parser.add_argument('--time', default='24:00:00', help='wall-clock limit, HH:MM:SS')
+  parser.add_argument('--grace_s', type=int, default=300,
+                      help='seconds before the time limit to signal the run to checkpoint')
   parser.add_argument('--partition', help='SLURM partition')
   parser.add_argument('--account', help='SLURM account')
   parser.add_argument('--job_name', default='vit_jax')

@@ -8,7 +8,9 @@ Actions (positional, default `create install run fetch`):
   create   gcloud compute tpus tpu-vm create
   install  copy the committed tree (git archive HEAD) to every worker, pip install ".[tpu]"
   run      python3 -m vit_jax.main on all workers at once (--worker=all); each worker
-           finds the others itself (jax.distributed on TPU pod slices)
+           finds the others itself (jax.distributed on TPU pod slices). With
+           --detach it runs in the background, logging to vit_jax/run.log
+  logs     the last lines of worker 0's run.log (after run --detach)
   fetch    copy summary.json and params.npz from the gs:// workdir to --results
   delete   delete the TPU VM
 
@@ -22,7 +24,8 @@ import sys
 
 import common
 
-ACTIONS = ('create', 'install', 'run', 'fetch', 'delete')
+ACTIONS = ('create', 'install', 'run', 'logs', 'fetch', 'delete')
+LOG = 'run.log'
 
 
 def commands(args) -> list:
@@ -42,7 +45,13 @@ def commands(args) -> list:
       out.append(ssh + [f'--command={common.unpack_and_install("tpu")}'])
     elif action == 'run':
       run = common.shell_join(common.main_command('python3', args))
+      if args.detach:
+        # Survives the ssh session; `logs` shows worker 0's output.
+        run = f'nohup {run} > {LOG} 2>&1 < /dev/null &'
       out.append(ssh + [f'--command=cd {common.REMOTE_DIR} && {run}'])
+    elif action == 'logs':
+      out.append(tpu + ['ssh', args.name] + where + [
+          '--worker=0', f'--command=tail -n 100 {common.REMOTE_DIR}/{LOG}'])
     elif action == 'fetch':
       workdir = args.workdir.rstrip('/')
       out.append(['mkdir', '-p', args.results])
@@ -64,10 +73,13 @@ def main(argv=None) -> int:
                       help='TPU software version (v5e: v2-alpha-tpuv5-lite, v6e: v2-alpha-tpuv6e)')
   parser.add_argument('--project', help='GCP project (default: gcloud\'s)')
   parser.add_argument('--spot', action='store_true', help='a Spot (preemptible) TPU VM')
+  parser.add_argument('--detach', action='store_true',
+                      help='run in the background (nohup), so the training outlives the ssh session')
   parser.add_argument('--results', default='results', help='local folder for fetched results')
   common.add_common_flags(parser, 'gs://BUCKET/PATH for checkpoints, logs and results')
   args = parser.parse(argv)
-  args.actions = args.actions or ['create', 'install', 'run', 'fetch']
+  # A detached run is not finished when `run` returns: fetch later.
+  args.actions = args.actions or ['create', 'install', 'run'] + ([] if args.detach else ['fetch'])
   unknown = [a for a in args.actions if a not in ACTIONS]
   if unknown:
     parser.error(f'unknown action {unknown[0]!r}; use any of {", ".join(ACTIONS)}')

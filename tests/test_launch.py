@@ -81,6 +81,15 @@ def test_tpu_vm_dry_run():
   delete, = dry_run('tpu_vm.py', 'delete', *TPU_ARGS)
   assert delete[4:6] == ['delete', 'vit-b16'] and '--quiet' in delete
 
+  # Detached: the run outlives ssh, `logs` reads worker 0's log, nothing is fetched yet.
+  detached = dry_run('tpu_vm.py', '--detach', *TPU_ARGS)
+  assert [c[:5] for c in detached][-1] == ['gcloud', 'compute', 'tpus', 'tpu-vm', 'ssh']
+  command = flags(detached[-1])['--command']
+  assert command.startswith('cd vit_jax && nohup python3 -m vit_jax.main ')
+  assert command.endswith(' > run.log 2>&1 < /dev/null &')
+  logs, = dry_run('tpu_vm.py', 'logs', *TPU_ARGS)
+  assert '--worker=0' in logs and flags(logs)['--command'] == 'tail -n 100 vit_jax/run.log'
+
 
 def test_tpu_vm_runs_exactly_its_dry_run(tmp_path):
   env = fake_tools(tmp_path, 'gcloud')
@@ -118,11 +127,12 @@ def test_slurm_dry_run_and_the_script_under_srun(tmp_path):
   assert shlex.split(header) == ['cat', '>', path, '<<EOF']
   assert shlex.split(submit) == ['sbatch', path]
 
-  directives = dict(line[len('#SBATCH '):].split('=', 1) for line in script.splitlines()
+  directives = dict((line[len('#SBATCH '):] + '=').split('=')[:2] for line in script.splitlines()
                     if line.startswith('#SBATCH '))
   assert directives == {'--job-name': 'vit_jax', '--nodes': '4', '--ntasks-per-node': '8',
                         '--gpus-per-node': '8', '--cpus-per-task': '8', '--time': '02:00:00',
-                        '--output': f'{workdir}/slurm-%j.out', '--partition': 'gpu'}
+                        '--output': f'{workdir}/slurm-%j.out', '--partition': 'gpu',
+                        '--signal': 'TERM@300', '--requeue': ''}
   srun = shlex.split(script.splitlines()[-1])
   assert srun[:5] == ['srun', '--kill-on-bad-exit=1', 'python', '-m', 'vit_jax.main']
   assert flags(srun[5:]) == {'--workdir': str(workdir), '--config.batch': '4096'}

@@ -16,6 +16,7 @@ A format module (`interop_timm`, `interop_hf`) supplies only a name function:
 our key -> (its key, index of a fused q/k/v chunk or None).
 """
 
+import importlib
 import math
 import re
 from typing import Callable, Dict, Mapping, Optional, Tuple
@@ -37,7 +38,6 @@ class ExportError(ValueError):
 
 def require(module: str, pip_name: Optional[str] = None):
   """Imports an optional dependency, or says how to install it."""
-  import importlib  # pylint: disable=g-import-not-at-top
   try:
     return importlib.import_module(module)
   except ImportError:
