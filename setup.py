@@ -30,8 +30,14 @@ setuptools.setup(
         'tensorflow-datasets',
     ],
     extras_require={
-        # torch is pinned to the build CI has as a CPU wheel; any recent torch works.
-        'test': ['pytest', 'torch==2.13.0', 'transformers'],
+        # Export to PyTorch (timm, transformers), ONNX.
+        'export': ['torch', 'timm', 'transformers', 'safetensors', 'onnx', 'onnxscript',
+                   'onnxruntime'],
+        # torch is pinned to the build CI has as a CPU wheel (any recent torch
+        # works). timm is left out: on CPU-only machines PyPI's torchvision,
+        # which timm imports, is a CUDA build; README "Set-up" installs it apart.
+        'test': ['pytest', 'torch==2.13.0', 'transformers', 'safetensors', 'onnx',
+                 'onnxscript', 'onnxruntime', 'nbclient', 'nbformat', 'ipykernel'],
         'gpu': ['jax[cuda12]'],
         'tpu': ['jax[tpu]'],
     },

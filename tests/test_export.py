@@ -25,7 +25,11 @@ from vit_jax import models
 from vit_jax.configs import models as model_configs
 
 torch = pytest.importorskip('torch')
-timm = pytest.importorskip('timm')
+try:
+  import timm  # pylint: disable=g-import-not-at-top
+except ImportError:
+  timm = None  # CPU-only machines install it apart (README: Set-up)
+needs_timm = pytest.mark.skipif(timm is None, reason='timm is not installed (README: Set-up)')
 transformers = pytest.importorskip('transformers')
 safetensors = pytest.importorskip('safetensors')
 safetensors_torch = pytest.importorskip('safetensors.torch')
@@ -89,6 +93,7 @@ def assert_flat_equal(a, b):
 # timm.
 
 
+@needs_timm
 def test_every_released_architecture_has_its_timm_name():
   registered = set(timm.list_models('vit_*'))
   for name in interop_timm.TIMM_NAMES:
@@ -104,6 +109,7 @@ def test_every_released_architecture_has_its_timm_name():
 # Every structure: ViT, gap, three- and four-stage hybrids, the largest hybrid.
 @pytest.mark.parametrize('name', ['ViT-Ti_16', 'ViT-B_16-gap', 'R50+ViT-B_16', 'R26+ViT-B_32',
                                   'R50+ViT-L_32'])
+@needs_timm
 def test_timm_names_and_shapes_of_released_architectures(name):
   """Our mapping yields exactly timm.create_model(name).state_dict()'s keys and shapes."""
   config = model_configs.MODEL_CONFIGS[name]
@@ -130,6 +136,7 @@ def test_timm_names_and_shapes_of_released_architectures(name):
     ('ViT-B_16-gap', None, 'gap', 32),
     ('R50+ViT-B_16', (1, 1, 1), 'token', 64),
 ])
+@needs_timm
 def test_timm_export_matches_timm_and_its_own_npz_loader(tmp_path, name, units, classifier, size):
   config = small_config(name, hybrid_units=units)
   assert config.classifier == classifier
@@ -160,6 +167,7 @@ def test_timm_export_matches_timm_and_its_own_npz_loader(tmp_path, name, units, 
       {k: v.numpy() for k, v in exported.items()}, config, str(out)), flat)
 
 
+@needs_timm
 def test_timm_cli_writes_a_file_timm_create_model_loads_strictly(tmp_path, capsys):
   config = model_configs.MODEL_CONFIGS['ViT-Ti_16']
   flat = random_flat(config, 10, 224)
@@ -184,6 +192,7 @@ def test_timm_cli_writes_a_file_timm_create_model_loads_strictly(tmp_path, capsy
   assert_flat_equal(checkpoint.flatten(checkpoint.load(tmp_path / 'back.npz')), flat)
 
 
+@needs_timm
 def test_import_a_timm_model_that_timm_initialised(tmp_path):
   """Import direction with weights written by timm itself, as .safetensors and as .pth."""
   config = model_configs.MODEL_CONFIGS['testing']
@@ -318,6 +327,7 @@ def test_savedmodel_matches_in_tensorflow(tmp_path):
   assert relative_error(expected, logits) <= BOUND
 
 
+@needs_timm
 def test_onnx_with_pre_logits_matches_in_onnxruntime(tmp_path):
   # A ViT: the hybrid exports through the same timm module (tested above
   # against timm) at 4x the export time (4.5e-7 measured, see README).
@@ -352,6 +362,7 @@ def test_workdir_needs_no_model_and_names_classes_from_its_dataset(tmp_path, cap
   assert hf['id2label'] == {str(i): str(i) for i in range(10)}
 
 
+@needs_timm
 def test_timm_export_of_pre_logits_is_the_feature_model(tmp_path, capsys):
   config = model_configs.MODEL_CONFIGS['testing']
   config.representation_size = 16
