@@ -15,20 +15,29 @@ setuptools.setup(
     python_requires='>=3.10',
     install_requires=[
         'absl-py',
+        'array-record',         # index-addressable shards for the input pipeline
         'flax>=0.10',
         'jax>=0.5',
+        'matplotlib',           # analysis figures
         'ml-collections',
         'numpy',
         'optax',
         'orbax-checkpoint',
-        'scipy',
+        'pillow',               # image folders, prediction
+        'scikit-learn',         # the built-in digits dataset
         'tensorboard',
-        'tensorflow-cpu',
+        'tensorflow-cpu',       # tf.data and gs:// file access
         'tensorflow-datasets',
     ],
     extras_require={
-        # torch is pinned to the build CI has as a CPU wheel; any recent torch works.
-        'test': ['pytest', 'torch==2.13.0', 'transformers'],
+        # Export to PyTorch (timm, transformers), ONNX.
+        'export': ['torch', 'timm', 'transformers', 'safetensors', 'onnx', 'onnxscript',
+                   'onnxruntime'],
+        # torch is pinned to the build CI has as a CPU wheel (any recent torch
+        # works). timm is left out: on CPU-only machines PyPI's torchvision,
+        # which timm imports, is a CUDA build; README "Set-up" installs it apart.
+        'test': ['pytest', 'torch==2.13.0', 'transformers', 'safetensors', 'onnx',
+                 'onnxscript', 'onnxruntime', 'nbclient', 'nbformat', 'ipykernel'],
         'gpu': ['jax[cuda12]'],
         'tpu': ['jax[tpu]'],
     },

@@ -24,14 +24,15 @@ def small_config(**overrides):
 
 
 def setup(config, num_classes=5):
-  model = train.make_model(config, num_classes)
+  task = train.make_task(config, num_classes, multi_label=False)
   tx, schedule = optim.make_optimizer(config)
-  state = train.init_state(jax.random.PRNGKey(0), model=model, tx=tx, image_size=16, ema=False)
+  state = train.init_state(jax.random.PRNGKey(0), model=task.model, tx=tx, image_size=16,
+                           ema=False)
   # Non-zero head so the first step moves everything.
   state = state.replace(params={**state.params, 'head': jax.tree.map(
       lambda x: 0.1 * jnp.ones_like(x), state.params['head'])})
   mesh = sharding.make_mesh()
-  step = jax.jit(functools.partial(train.train_step, model=model, tx=tx, schedule=schedule,
+  step = jax.jit(functools.partial(train.train_step, task=task, tx=tx, schedule=schedule,
                                    config=config))
   return state, step, mesh
 
@@ -154,10 +155,11 @@ def test_nonfinite_step_changes_nothing():
 
 def test_ema_tracks_params():
   config = small_config(ema_decay=0.5)
-  model = train.make_model(config, 5)
+  task = train.make_task(config, 5, multi_label=False)
   tx, schedule = optim.make_optimizer(config)
-  state = train.init_state(jax.random.PRNGKey(0), model=model, tx=tx, image_size=16, ema=True)
-  step = jax.jit(functools.partial(train.train_step, model=model, tx=tx, schedule=schedule,
+  state = train.init_state(jax.random.PRNGKey(0), model=task.model, tx=tx, image_size=16,
+                           ema=True)
+  step = jax.jit(functools.partial(train.train_step, task=task, tx=tx, schedule=schedule,
                                    config=config))
   with jax.set_mesh(sharding.make_mesh()):
     new_state, _ = step(state, batch(16))
@@ -172,3 +174,39 @@ def test_fsdp_rule():
   assert sharding.fsdp_spec((1, 197, 768), 4, 1024) == jax.sharding.PartitionSpec(None, None, 'fsdp')
   assert sharding.fsdp_spec((7, 5), 2, 1) == jax.sharding.PartitionSpec()  # nothing divides
   assert sharding.fsdp_spec((768, 3072), 1, 1) == jax.sharding.PartitionSpec()
+
+
+def test_classification_counts_top1_top5_and_masks():
+  logits = jnp.array([[5., 4., 3., 2., 1., 0.],    # label 0: top-1
+                      [5., 4., 3., 2., 1., 0.],    # label 4: top-5 only
+                      [5., 4., 3., 2., 1., 0.],    # label 5: neither
+                      [0., 0., 0., 0., 0., 9.]])   # padding (mask 0), "correct"
+  labels = jnp.array([0, 4, 5, 5])
+  mask = jnp.array([1., 1., 1., 0.])
+  counts = train.classification_counts(logits, labels, mask, multi_label=False)
+  assert {k: float(v) for k, v in counts.items()} == {
+      'correct': 1.0, 'count': 3.0, 'correct_top5': 2.0}
+  multi_hot = jnp.array([[0., 1., 0., 0., 0., 0.], [1., 0., 0., 0., 0., 1.],
+                         [0., 0., 0., 0., 0., 0.], [0., 0., 0., 0., 0., 1.]])
+  counts = train.classification_counts(logits, multi_hot, mask, multi_label=True)
+  assert {k: float(v) for k, v in counts.items()} == {'correct': 1.0, 'count': 3.0}
+
+
+def test_mpp_task_trains_and_counts_corrupted_patches():
+  config = small_config(task='mpp', model='ViT-Demo_4', optimizer='adam', base_lr=1e-3)
+  task = train.make_task(config, num_classes=10, multi_label=False)
+  tx, schedule = optim.make_optimizer(config)
+  state = train.init_state(jax.random.PRNGKey(0), model=task.model, tx=tx, image_size=16,
+                           ema=False)
+  assert 'mask_token' in state.params and 'mpp_head' in state.params
+  data = {**batch(8), 'mask': np.array([1.0] * 6 + [0.0] * 2, np.float32)}
+  counts = jax.jit(task.eval_fn)(state.params, data)
+  # Half of the 16 patches of each of the 6 real images are corrupted.
+  assert float(counts['count']) == 6 * 8
+  step = jax.jit(functools.partial(train.train_step, task=task, tx=tx, schedule=schedule,
+                                   config=config))
+  with jax.set_mesh(sharding.make_mesh()):
+    new_state, metrics = step(state, data)
+    new_state, metrics = step(new_state, data)  # the first step has learning rate 0
+  assert bool(metrics['finite']) and float(metrics['loss']) > 0
+  assert not np.allclose(new_state.params['mask_token'], state.params['mask_token'])

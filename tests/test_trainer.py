@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 
+import jax
 import numpy as np
 import pytest
 
@@ -64,7 +65,9 @@ def assert_bitwise_equal(a, b):
 def reference_run(tmp_path_factory):
   """One uninterrupted run that other tests compare against."""
   workdir = str(tmp_path_factory.mktemp('reference'))
-  result = run(workdir)
+  # Few-shot probes at step 12 and at the end (they do not change training).
+  result = run(workdir, "--config.fewshot.datasets=('digits',)", '--config.fewshot.every=12',
+               '--config.fewshot.shots=(1,5)', '--config.fewshot.seeds=(0,)')
   return workdir, result
 
 
@@ -84,6 +87,9 @@ def test_outputs_of_a_run(reference_run):
     assert {'learning_rate', 'grad_norm', 'img_per_sec', 'mfu'} <= set(l)
     assert 0.0 < l['mfu'] < 1.0
   assert any('test_accuracy' in l and l['step'] == 12 for l in lines)
+  fewshot_lines = [l for l in lines if 'fewshot/digits_5shot' in l]
+  assert [l['step'] for l in fewshot_lines] == [12, 24]
+  assert summary['fewshot/digits_5shot'] == fewshot_lines[-1]['fewshot/digits_5shot'] > 0.2
   assert logged[-1]['train_loss'] < logged[0]['train_loss'] - 0.1  # it learns
   assert 'step 24/24' in result.stderr and 'ETA' in result.stderr
   # params.npz is the public layout of the configured model.
@@ -237,3 +243,51 @@ def test_cli_errors_are_one_line(tmp_path):
     assert result.returncode == 2, result.stderr[-2000:]
     assert message in result.stderr, result.stderr[-2000:]
     assert 'Traceback' not in result.stderr
+
+
+def test_mpp_pretraining_then_finetuning_from_its_workdir(tmp_path):
+  """Paper B.1.2: self-supervised pre-training, then the normal fine-tune config."""
+  mpp_dir, ft_dir = str(tmp_path / 'mpp'), str(tmp_path / 'finetune')
+  demo_scale = ['--config.pp.crop=16', '--config.batch=32', '--config.batch_eval=64',
+                '--config.total_steps=6', '--config.warmup_steps=2', '--config.progress_every=3',
+                '--config.eval_every=100', '--config.checkpoint_every=100',
+                '--config.tensorboard=False']
+  subprocess.run([sys.executable, '-m', 'vit_jax.main', '--config=configs/mpp_demo.py',
+                  f'--workdir={mpp_dir}', *demo_scale], env=environment(), check=True,
+                 capture_output=True, text=True, timeout=600)
+  summary = json.load(open(os.path.join(mpp_dir, 'summary.json')))
+  # Accuracy of the 3-bit colour of the corrupted patches of every test image.
+  assert 0.0 < summary['test_accuracy'] <= 1.0
+  assert 'mask_token' in checkpoint.load(mpp_dir)
+
+  result = subprocess.run(
+      [sys.executable, '-m', 'vit_jax.main', '--config=configs/finetune.py:ViT-Demo_4,digits',
+       f'--workdir={ft_dir}', f'--config.pretrained_path={mpp_dir}', '--config.dtype=float32',
+       '--config.pp.train=train[:50%]',  # a None default, set from the command line
+       *demo_scale], env=environment(), capture_output=True, text=True, timeout=600)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert 'dropped         mask_token (1, 1, 128)' in result.stdout
+  finetuned = checkpoint.load(ft_dir)
+  assert 'mask_token' not in finetuned and finetuned['head']['kernel'].shape == (128, 10)
+
+
+def test_out_of_memory_suggests_accumulation(tmp_path, monkeypatch):
+  config = common.get_config()
+  config.update(model='testing', total_steps=4, warmup_steps=1, batch=32, batch_eval=64,
+                tensorboard=False, accum_steps=2)
+  config.pp.crop = 16
+
+  def compile_that_fails(fn, *args):
+    del fn, args
+
+    def step(state, batch):
+      raise jax.errors.JaxRuntimeError(
+          'RESOURCE_EXHAUSTED: Out of memory while trying to allocate 80.00GiB')
+    return step, 0.0
+
+  monkeypatch.setattr(trainer, '_compile', compile_that_fails)
+  with pytest.raises(trainer.TrainingError) as e:
+    trainer.train_and_evaluate(config, str(tmp_path))
+  message = str(e.value)
+  assert message.startswith('out of device memory at batch 16 per step')
+  assert '--config.accum_steps (now 2' in message and '\n' not in message

@@ -222,9 +222,18 @@ def representation_fn(model):
 
   @jax.jit
   def fn(params, images):
-    params = {k: v for k, v in params.items() if k != 'head'}
+    # The head, and the masked-patch-prediction parts of an MPP model, are unused.
+    params = {k: v for k, v in params.items() if k not in ('head', 'mask_token', 'mpp_head')}
     return feature_model.apply({'params': params}, images, train=False)
   return fn
+
+
+def _host(x) -> np.ndarray:
+  """A (possibly multi-process) array as a host numpy array."""
+  if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+  return np.asarray(x)
 
 
 def extract_features(model, params, batches: Iterable[Mapping], *, features_fn=None) -> tuple:
@@ -246,13 +255,131 @@ def extract_features(model, params, batches: Iterable[Mapping], *, features_fn=N
   features_fn = features_fn or representation_fn(model)
   features, labels = [], []
   for batch in batches:
-    out = np.asarray(features_fn(params, batch['image']))
-    label = np.asarray(batch['label'])
+    out = _host(features_fn(params, batch['image']))
+    label = _host(batch['label'])
     if label.ndim == 2:
       label = label.argmax(axis=1)
-    keep = np.asarray(batch.get('mask', np.ones(len(out))), bool).reshape(-1)
+    keep = _host(batch['mask']).astype(bool) if 'mask' in batch else np.ones(len(out), bool)
     features.append(out.reshape(len(out), -1)[keep])
     labels.append(label[keep].astype(np.int64))
   if not features:
     raise ValueError('extract_features: the batch iterable is empty; check the split')
   return np.concatenate(features), np.concatenate(labels)
+
+
+# ---------------------------------------------------------------------------
+# On datasets the input pipeline reads: during training and from the command line.
+
+
+def evaluate_datasets(config, model, params, sharding, *, features_fn=None) -> dict:
+  """Few-shot accuracies on every dataset of `config.fewshot.datasets`.
+
+  Features of each dataset's train and test splits (eval preprocessing at
+  `config.pp.crop`) are extracted with `model`, then `fewshot_accuracy` runs.
+
+  Args:
+    config: a run config: `fewshot.*`, plus `pp.crop`, `batch_eval`,
+      `tfds_data_dir`, `tfds_manual_dir` for reading the data.
+    model, params: a `VisionTransformer` (any head) or MPP model parameters.
+    sharding: batch sharding of the mesh (`vit_jax.sharding.batch_sharding`).
+    features_fn: `representation_fn(model)`, to reuse its compilation.
+
+  Returns:
+    {'fewshot/<dataset>_<n>shot': mean accuracy, ...-seed<i>: per seed}.
+  """
+  from vit_jax import input_pipeline  # pylint: disable=g-import-not-at-top  (TensorFlow)
+  features_fn = features_fn or representation_fn(model)
+  scalars = {}
+  for name in config.fewshot.datasets:
+    data = input_pipeline.data_config()
+    data.update(dataset=name, batch_eval=config.batch_eval, tfds_data_dir=config.tfds_data_dir,
+                tfds_manual_dir=config.tfds_manual_dir)
+    data.pp.crop = config.pp.crop
+    info = input_pipeline.get_info(data)
+    train = extract_features(model, params, input_pipeline.make_eval_iterator(
+        data, sharding, split=config.fewshot.train_split), features_fn=features_fn)
+    test = extract_features(model, params, input_pipeline.make_eval_iterator(
+        data, sharding, split=config.fewshot.test_split), features_fn=features_fn)
+    results = fewshot_accuracy(*train, *test, num_classes=info.num_classes,
+                               shots=tuple(config.fewshot.shots),
+                               seeds=tuple(config.fewshot.seeds), l2_reg=config.fewshot.l2_reg)
+    scalars.update(summary_scalars(results, f'fewshot/{name}'))
+  return scalars
+
+
+def main(argv=None) -> int:
+  """`python -m vit_jax.fewshot`: few-shot accuracies of a checkpoint."""
+  import argparse  # pylint: disable=g-import-not-at-top
+  import json  # pylint: disable=g-import-not-at-top
+  import os  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+
+  import ml_collections  # pylint: disable=g-import-not-at-top
+
+  from vit_jax import checkpoint  # pylint: disable=g-import-not-at-top
+  from vit_jax import inference  # pylint: disable=g-import-not-at-top
+  from vit_jax import input_pipeline  # pylint: disable=g-import-not-at-top
+  from vit_jax import run_log  # pylint: disable=g-import-not-at-top
+  from vit_jax import sharding  # pylint: disable=g-import-not-at-top
+
+  ints = lambda text: tuple(int(x) for x in text.split(','))  # noqa: E731
+  parser = argparse.ArgumentParser(
+      prog='python -m vit_jax.fewshot',
+      description='Few-shot linear evaluation (paper 4.1) of a checkpoint.')
+  parser.add_argument('--checkpoint', required=True, help='.npz file or a workdir')
+  parser.add_argument('--model', required=True, help='MODEL_CONFIGS name, e.g. ViT-B_16')
+  parser.add_argument('--datasets', required=True,
+                      help='comma-separated datasets the input pipeline reads')
+  parser.add_argument('--shots', type=ints, default=DEFAULT_SHOTS)
+  parser.add_argument('--seeds', type=ints, default=DEFAULT_SEEDS)
+  parser.add_argument('--l2_reg', type=float, default=DEFAULT_L2_REG)
+  parser.add_argument('--train_split', default='train')
+  parser.add_argument('--test_split', default='test')
+  parser.add_argument('--crop', type=int, default=None, help="default: the checkpoint's")
+  parser.add_argument('--batch', type=int, default=256)
+  parser.add_argument('--tfds_data_dir', default=None)
+  parser.add_argument('--tfds_manual_dir', default=None)
+  parser.add_argument('--workdir', default=None,
+                      help='write TensorBoard scalars and summary.json entries here '
+                           '(default: the checkpoint, when it is a workdir)')
+  args = parser.parse_args(argv)
+
+  try:
+    loaded = inference.load_model(args.checkpoint, args.model)
+    config = ml_collections.ConfigDict({
+        'pp': {'crop': args.crop or loaded.image_size}, 'batch_eval': args.batch,
+        'tfds_data_dir': args.tfds_data_dir, 'tfds_manual_dir': args.tfds_manual_dir,
+        'fewshot': {'datasets': tuple(args.datasets.split(',')), 'shots': args.shots,
+                    'seeds': args.seeds, 'l2_reg': args.l2_reg,
+                    'train_split': args.train_split, 'test_split': args.test_split}})
+    batch_sharding = sharding.batch_sharding(sharding.make_mesh())
+    params = jax.device_put(loaded.params, sharding.replicated(batch_sharding.mesh))
+    scalars = evaluate_datasets(config, loaded.model, params, batch_sharding)
+  except (checkpoint.CheckpointError, inference.InputError, input_pipeline.DataError,
+          ValueError) as e:
+    print(f'error: {e}', file=sys.stderr)
+    return 1
+
+  for name, value in scalars.items():
+    if '-seed' not in name:
+      print(f'{name:40s} {value:.4f}')
+  workdir = args.workdir or (args.checkpoint if os.path.isdir(args.checkpoint) else None)
+  if workdir and jax.process_index() == 0:
+    log = run_log.RunLog(workdir, is_main=True)
+    log.scalars(0, scalars)
+    log.close()
+    path = os.path.join(workdir, 'summary.json')
+    summary = {}
+    if os.path.exists(path):
+      with open(path, encoding='utf-8') as f:
+        summary = json.load(f)
+    summary.update(scalars)
+    with open(path + '.tmp', 'w', encoding='utf-8') as f:
+      json.dump(summary, f, indent=2, sort_keys=True)
+    os.replace(path + '.tmp', path)
+    print(f'wrote {path}')
+  return 0
+
+
+if __name__ == '__main__':
+  raise SystemExit(main())

@@ -49,6 +49,14 @@ def pixels_per_patch(config) -> int:
   return patch
 
 
+def model_config(model_name: str):
+  """A fresh MODEL_CONFIGS entry; InputError naming close matches for a wrong name."""
+  try:
+    return model_configs.MODEL_CONFIGS[model_name]
+  except KeyError as e:
+    raise InputError(f'--model: {e.args[0]}') from None
+
+
 def load_model(path: str, model_name: str) -> LoadedModel:
   """The model a checkpoint holds, checked key by key and shape by shape.
 
@@ -56,12 +64,17 @@ def load_model(path: str, model_name: str) -> LoadedModel:
     path: a `.npz`, or a workdir holding `params.npz`.
     model_name: a `MODEL_CONFIGS` name (`ViT-B_16`, `testing`, ...).
   """
-  try:
-    config = model_configs.MODEL_CONFIGS[model_name]
-  except KeyError as e:
-    raise InputError(f'--model: {e.args[0]}') from None
-  flat = {k: v for k, v in checkpoint.flatten(checkpoint.load(path)).items()
-          if not k.startswith(_MPP_ONLY)}
+  _ = model_config(model_name)  # a wrong name fails before the file is read
+  return model_from_flat(checkpoint.flatten(checkpoint.load(path)), model_name, os.fspath(path))
+
+
+def model_from_flat(flat: dict, model_name: str, what: str) -> LoadedModel:
+  """`load_model` for parameters already in memory ({'a/b/c': array}, public names).
+
+  `what` names their source in errors (a path, or a converted file).
+  """
+  config = model_config(model_name)
+  flat = {k: v for k, v in flat.items() if not k.startswith(_MPP_ONLY)}
   if 'pre_logits/kernel' in flat:
     config.representation_size = int(flat['pre_logits/kernel'].shape[-1])
   num_classes = int(flat['head/kernel'].shape[-1]) if 'head/kernel' in flat else None
@@ -69,13 +82,13 @@ def load_model(path: str, model_name: str) -> LoadedModel:
 
   posemb = flat.get('Transformer/posembed_input/pos_embedding')
   if posemb is None or posemb.ndim != 3:
-    raise checkpoint.CheckpointError(f'{path}: no Transformer/posembed_input/pos_embedding of '
+    raise checkpoint.CheckpointError(f'{what}: no Transformer/posembed_input/pos_embedding of '
                                      'shape [1, tokens, width]; is it a ViT checkpoint?')
   num_patches = posemb.shape[1] - num_prefix
   grid = math.isqrt(max(num_patches, 0))
   if num_patches < 1 or grid * grid != num_patches:
     raise checkpoint.CheckpointError(
-        f'{path}: {posemb.shape[1]} position embeddings are not {num_prefix} class token(s) + a '
+        f'{what}: {posemb.shape[1]} position embeddings are not {num_prefix} class token(s) + a '
         f'square patch grid, as {model_name} (classifier={config.classifier}) needs; check --model')
   stride = pixels_per_patch(config)
   image_size = grid * stride
@@ -84,7 +97,7 @@ def load_model(path: str, model_name: str) -> LoadedModel:
   expected = jax.eval_shape(lambda: model.init(
       jax.random.key(0), jnp.zeros((1, image_size, image_size, 3)), train=False))['params']
   params = checkpoint.unflatten(flat)
-  checkpoint.check_tree(params, expected, what=os.fspath(path))
+  checkpoint.check_tree(params, expected, what=what)
   return LoadedModel(model, params, config, image_size, grid, stride, num_prefix)
 
 

@@ -99,7 +99,8 @@ def split_expression(config, split: str) -> str:
 
 def _open(config, split) -> sources.Source:
   if config.get('dataset') is None:
-    raise DataError('config.dataset is not set; call input_pipeline.add_data_config(config)')
+    raise DataError('config.dataset is not set: pass --config.dataset=NAME_OR_DIR (a TFDS name '
+                    'such as imagenet2012, an image folder, or a directory of JFT-style shards)')
   return datasets.open_split(config.dataset, split_expression(config, split),
                              config.tfds_data_dir, config.tfds_manual_dir,
                              config.corrupt_images)

@@ -1,20 +1,23 @@
-"""Training: the train state, one train step, one eval step.
+"""Training: the task, the train state, one train step, one eval step.
 
 Each step is a pure function of (state, batch), jitted over a device mesh by
 `vit_jax.trainer`. Pre-training and fine-tuning differ only in their config
 (paper Appendix B.1): the optimizer, the loss and whether a checkpoint seeds
-the parameters.
+the parameters. The task is supervised classification or masked patch
+prediction (paper B.1.2).
 """
 
 import functools
-from typing import Any
+from typing import Any, Callable, NamedTuple
 
 import flax
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
 
 from vit_jax import models
+from vit_jax import mpp
 from vit_jax import sharding
 from vit_jax.configs import models as model_configs
 
@@ -43,6 +46,65 @@ def make_model(config, num_classes):
   return models.VisionTransformer(
       num_classes=num_classes, head_bias_init=config.head_bias_init,
       dtype=jnp.dtype(config.dtype), remat=config.remat, **model_config(config))
+
+
+class Task(NamedTuple):
+  """What is trained: the model, its loss on a batch, its evaluation counts."""
+  model: nn.Module
+  loss_fn: Callable   # (params, batch, rng, train) -> scalar loss
+  eval_fn: Callable   # (params, batch) -> {'correct', 'count', ...}: sums over real examples
+
+
+def make_task(config, num_classes: int, multi_label: bool) -> Task:
+  """The task named by `config.task`: 'classification' or 'mpp'."""
+  if config.task == 'classification':
+    model = make_model(config, num_classes)
+
+    def loss_fn(params, batch, rng, train):
+      logits = model.apply({'params': params}, batch['image'], train=train,
+                           rngs={'dropout': rng})
+      return cross_entropy(logits, batch['label'], loss=config.loss,
+                           label_smoothing=config.label_smoothing)
+
+    def eval_fn(params, batch):
+      logits = model.apply({'params': params}, batch['image'], train=False)
+      return classification_counts(logits, batch['label'], batch['mask'], multi_label)
+
+  elif config.task == 'mpp':
+    model = mpp.MppViT(dtype=jnp.dtype(config.dtype), remat=config.remat,
+                       **model_config(config))
+
+    def loss_fn(params, batch, rng, train):
+      return mpp.loss_fn(params, batch['image'], rng, model=model, train=train)[0]
+
+    def eval_fn(params, batch):
+      # A fixed corruption pattern, so evaluations of one run are comparable.
+      targets = mpp.colour_targets(batch['image'], tuple(model.patches['size']))
+      corruption = mpp.sample_corruption(jax.random.PRNGKey(0), *targets.shape)
+      logits = model.apply({'params': params}, batch['image'], corruption, train=False)
+      counted = corruption.corrupted * batch['mask'][:, None]
+      correct = (jnp.argmax(logits, axis=-1) == targets) * counted
+      return {'correct': jnp.sum(correct), 'count': jnp.sum(counted)}
+
+  else:
+    raise ValueError(f"task={config.task!r}: use 'classification' or 'mpp'")
+  return Task(model, loss_fn, eval_fn)
+
+
+def classification_counts(logits, labels, mask, multi_label: bool) -> dict:
+  """Correct top-1 (and top-5) predictions among real (unmasked) examples.
+
+  Multi-label data counts precision@1: the top class is one of the labels.
+  """
+  top1 = jnp.argmax(logits, axis=-1)
+  if multi_label:
+    correct = jnp.take_along_axis(labels, top1[:, None], axis=-1)[:, 0] > 0
+    return {'correct': jnp.sum(correct * mask), 'count': jnp.sum(mask)}
+  counts = {'correct': jnp.sum((top1 == labels) * mask), 'count': jnp.sum(mask)}
+  if logits.shape[-1] >= 5:
+    top5 = jax.lax.top_k(logits, 5)[1]
+    counts['correct_top5'] = jnp.sum(jnp.any(top5 == labels[:, None], axis=-1) * mask)
+  return counts
 
 
 def init_state(rng, *, model, tx, image_size, ema: bool) -> TrainState:
@@ -84,26 +146,20 @@ def _micro_batches(x, accum_steps):
       x, jax.sharding.PartitionSpec(None, sharding.BATCH_AXES))
 
 
-def train_step(state: TrainState, batch, *, model, tx, schedule, config):
+def train_step(state: TrainState, batch, *, task: Task, tx, schedule, config):
   """One optimizer step over the global batch (accumulated over micro-batches)."""
   step_rng = jax.random.fold_in(state.rng, state.step)
-
-  def loss_fn(params, images, labels, rng):
-    logits = model.apply({'params': params}, images, train=True, rngs={'dropout': rng})
-    return cross_entropy(logits, labels, loss=config.loss,
-                         label_smoothing=config.label_smoothing)
-
-  grad_fn = jax.value_and_grad(loss_fn)
+  grad_fn = jax.value_and_grad(functools.partial(task.loss_fn, train=True))
   accum = config.accum_steps
   if accum == 1:
-    loss, grads = grad_fn(state.params, batch['image'], batch['label'], step_rng)
+    loss, grads = grad_fn(state.params, batch, step_rng)
   else:
-    images = _micro_batches(batch['image'], accum)
-    labels = _micro_batches(batch['label'], accum)
+    micro = jax.tree.map(lambda x: _micro_batches(x, accum), batch)
 
     def accumulate(carry, i):
       loss_sum, grad_sum = carry
-      loss, grads = grad_fn(state.params, images[i], labels[i], jax.random.fold_in(step_rng, i))
+      loss, grads = grad_fn(state.params, jax.tree.map(lambda x: x[i], micro),
+                            jax.random.fold_in(step_rng, i))
       return (loss_sum + loss, jax.tree.map(jnp.add, grad_sum, grads)), None
 
     zeros = jax.tree.map(jnp.zeros_like, state.params)
@@ -130,30 +186,13 @@ def train_step(state: TrainState, batch, *, model, tx, schedule, config):
   return new_state, metrics
 
 
-def eval_step(params, batch, *, model, multi_label: bool):
-  """Counts of correct top-1 predictions among real (unmasked) examples.
-
-  Multi-label data counts precision@1: the top class is one of the labels.
-  """
-  logits = model.apply({'params': params}, batch['image'], train=False)
-  top1 = jnp.argmax(logits, axis=-1)
-  labels = batch['label']
-  if multi_label:
-    correct = jnp.take_along_axis(labels, top1[:, None], axis=-1)[:, 0] > 0
-  else:
-    correct = top1 == labels
-  mask = batch['mask']
-  return {'correct': jnp.sum(correct * mask), 'count': jnp.sum(mask)}
-
-
-def jit_train_step(*, model, tx, schedule, config, state_shardings, batch_sharding):
-  step = functools.partial(train_step, model=model, tx=tx, schedule=schedule, config=config)
+def jit_train_step(*, task, tx, schedule, config, state_shardings, batch_sharding):
+  step = functools.partial(train_step, task=task, tx=tx, schedule=schedule, config=config)
   metric_sharding = sharding.replicated(batch_sharding.mesh)
   return jax.jit(step, in_shardings=(state_shardings, batch_sharding),
                  out_shardings=(state_shardings, metric_sharding), donate_argnums=0)
 
 
-def jit_eval_step(*, model, multi_label, params_shardings, batch_sharding):
-  step = functools.partial(eval_step, model=model, multi_label=multi_label)
-  return jax.jit(step, in_shardings=(params_shardings, batch_sharding),
+def jit_eval_step(*, task, params_shardings, batch_sharding):
+  return jax.jit(task.eval_fn, in_shardings=(params_shardings, batch_sharding),
                  out_shardings=sharding.replicated(batch_sharding.mesh))

@@ -19,6 +19,7 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 from vit_jax import checkpoint
+from vit_jax import fewshot
 from vit_jax import hardware
 from vit_jax import input_pipeline
 from vit_jax import optim
@@ -49,24 +50,39 @@ def validate(config, num_devices: int) -> None:
 
 
 class _Preemption:
-  """SIGTERM (preemption) sets a flag; the loop checkpoints and exits at a step boundary."""
+  """Preemption: checkpoint at a step boundary, then exit.
+
+  One process: SIGTERM sets a flag that the loop reads after every step.
+  Several: JAX's coordination service catches the signal, and every process
+  asks `reached_preemption_sync_point` at the same (boundary) steps, so all
+  agree on the step to stop at.
+  """
 
   def __init__(self):
     self.requested = False
-    self._previous = signal.signal(signal.SIGTERM, self._handle)
+    self._single = jax.process_count() == 1
+    self._previous = signal.signal(signal.SIGTERM, self._handle) if self._single else None
 
   def _handle(self, signum, frame):
     del signum, frame
     self.requested = True
 
+  @property
+  def pending(self) -> bool:
+    """A stop is due now (single process only; hosts agree at boundaries)."""
+    return self._single and self.requested
+
   def reached(self, step: int) -> bool:
-    if jax.process_count() > 1:
-      # All processes must agree on the step; the coordination service does.
-      return self.requested or multihost_utils.reached_preemption_sync_point(step)
-    return self.requested
+    if self._single:
+      return self.requested
+    try:
+      return multihost_utils.reached_preemption_sync_point(step)
+    except RuntimeError:  # no preemption service on this platform
+      return False
 
   def restore(self):
-    signal.signal(signal.SIGTERM, self._previous)
+    if self._single:
+      signal.signal(signal.SIGTERM, self._previous)
 
 
 def _host_tree(tree):
@@ -77,12 +93,16 @@ def _host_tree(tree):
 
 
 def _evaluate(eval_fn, params, config, batch_sharding) -> dict:
-  correct, count = 0.0, 0.0
+  """Exact top-1 (and top-5) accuracy over the whole test split."""
+  sums = {}
   for batch in input_pipeline.make_eval_iterator(config, batch_sharding):
-    out = eval_fn(params, batch)
-    correct += float(out['correct'])
-    count += float(out['count'])
-  return {'accuracy': correct / max(count, 1.0), 'examples': int(count)}
+    for key, value in eval_fn(params, batch).items():
+      sums[key] = sums.get(key, 0.0) + float(value)
+  count = max(sums.get('count', 0.0), 1.0)
+  result = {'accuracy': sums.get('correct', 0.0) / count, 'examples': int(sums.get('count', 0))}
+  if 'correct_top5' in sums:
+    result['accuracy_top5'] = sums['correct_top5'] / count
+  return result
 
 
 def _compile(fn, *args):
@@ -116,14 +136,14 @@ def _train_and_evaluate(config, workdir: str, mesh) -> dict:
   is_main = jax.process_index() == 0
   validate(config, mesh.size)
   info = input_pipeline.get_info(config)
-  if info.multi_label and config.loss != 'sigmoid':
+  if info.multi_label and config.loss != 'sigmoid' and config.task == 'classification':
     raise ConfigError(f'{info.name} is multi-label: set --config.loss=sigmoid')
   log = run_log.RunLog(workdir, is_main=is_main, tensorboard=config.tensorboard)
   batch_sharding = sharding.batch_sharding(mesh)
 
-  model = train.make_model(config, info.num_classes)
+  task = train.make_task(config, info.num_classes, info.multi_label)
   tx, schedule = optim.make_optimizer(config)
-  init = functools.partial(train.init_state, model=model, tx=tx, image_size=config.pp.crop,
+  init = functools.partial(train.init_state, model=task.model, tx=tx, image_size=config.pp.crop,
                            ema=bool(config.ema_decay))
   rng = jax.random.PRNGKey(config.seed)
   abstract = jax.eval_shape(init, rng)
@@ -153,9 +173,20 @@ def _train_and_evaluate(config, workdir: str, mesh) -> dict:
   first_step = int(state.step)
 
   train_iter = input_pipeline.make_train_iterator(config, batch_sharding, state=data_state)
-  eval_fn = train.jit_eval_step(model=model, multi_label=info.multi_label,
-                                params_shardings=state_shardings.params,
+  eval_fn = train.jit_eval_step(task=task, params_shardings=state_shardings.params,
                                 batch_sharding=batch_sharding)
+
+  # Few-shot probes read the backbone as a plain ViT (also for MPP runs).
+  fewshot_model = train.make_model(config, num_classes=None)
+  fewshot_fn = fewshot.representation_fn(fewshot_model)
+
+  def run_fewshot(step):
+    scalars = fewshot.evaluate_datasets(config, fewshot_model, state.params, batch_sharding,
+                                        features_fn=fewshot_fn)
+    log.scalars(step, scalars)
+    log.info('step %d: %s', step, ', '.join(
+        f'{k} {v:.4f}' for k, v in scalars.items() if '-seed' not in k))
+    return scalars
 
   def save(step):
     manager.save(step, args=ocp.args.Composite(
@@ -175,7 +206,7 @@ def _train_and_evaluate(config, workdir: str, mesh) -> dict:
       batch = next(train_iter)
       if step_fn is None:
         step_fn, flops = _compile(
-            train.jit_train_step(model=model, tx=tx, schedule=schedule, config=config,
+            train.jit_train_step(task=task, tx=tx, schedule=schedule, config=config,
                                  state_shardings=state_shardings,
                                  batch_sharding=batch_sharding), state, batch)
         progress.restart_clock(step - 1)
@@ -186,9 +217,12 @@ def _train_and_evaluate(config, workdir: str, mesh) -> dict:
         losses.append(_check_finite(config, *pending))
       pending = (step, metrics)
 
+      fewshot_now = bool(config.fewshot.datasets and config.fewshot.every
+                         and step % config.fewshot.every == 0 and step != config.total_steps)
       boundary = (step % config.progress_every == 0 or step == config.total_steps
-                  or step % config.checkpoint_every == 0 or step % config.eval_every == 0)
-      if not boundary and not preemption.requested:
+                  or step % config.checkpoint_every == 0 or step % config.eval_every == 0
+                  or fewshot_now)
+      if not boundary and not preemption.pending:
         train_time += time.perf_counter() - step_start
         timed_steps += 1
         continue
@@ -213,6 +247,8 @@ def _train_and_evaluate(config, workdir: str, mesh) -> dict:
         log.scalars(step, {'test_accuracy': result['accuracy']})
         log.info('step %d: test accuracy %.4f (%d examples)', step, result['accuracy'],
                  result['examples'])
+      if fewshot_now:
+        run_fewshot(step)
       if step % config.checkpoint_every == 0 or step == config.total_steps:
         save(step)
       if preemption.reached(step):
@@ -235,9 +271,10 @@ def _train_and_evaluate(config, workdir: str, mesh) -> dict:
   final = _evaluate(eval_fn, state.params, config, batch_sharding)
   summary = {
       'step': int(state.step),
-      'train_loss': train_loss,
+      'train_loss': train_loss if np.isfinite(train_loss) else None,  # None: no step ran
       'test_accuracy': final['accuracy'],
       'test_examples': final['examples'],
+      **({'test_accuracy_top5': final['accuracy_top5']} if 'accuracy_top5' in final else {}),
       'wall_time_s': time.time() - wall_start,
       'img_per_sec': config.batch * timed_steps / train_time if train_time else 0.0,
       'skipped_steps': int(state.num_skipped),
@@ -248,6 +285,8 @@ def _train_and_evaluate(config, workdir: str, mesh) -> dict:
   if config.ema_decay:
     summary['test_accuracy_ema'] = _evaluate(eval_fn, state.ema_params, config,
                                              batch_sharding)['accuracy']
+  if config.fewshot.datasets:
+    summary.update(run_fewshot(summary['step']))
   log.scalars(summary['step'], {'test_accuracy': summary['test_accuracy']})
   params = _host_tree(state.params)
   if is_main:

@@ -8,13 +8,16 @@ Field names follow the original vit_jax where it had one (`dataset`, `batch`,
 
 import ml_collections
 
-# configs.data, not input_pipeline: configs must import without TensorFlow.
 from vit_jax.configs import data
 
 
 def get_config():
   config = ml_collections.ConfigDict()
   config.seed = 0
+
+  # What is learnt: 'classification' (labels) or 'mpp' (masked patch
+  # prediction, paper B.1.2, self-supervised: labels unused).
+  config.task = 'classification'
 
   # Model: a `vit_jax.configs.models.MODEL_CONFIGS` name plus run-time choices.
   config.model = 'ViT-B_16'
@@ -26,7 +29,7 @@ def get_config():
   config.head_bias_init = 0.0              # -10 with the sigmoid loss (paper B.1)
   config.pretrained_path = ml_collections.config_dict.placeholder(str)
 
-  # Data: dataset, splits, preprocessing (see vit_jax/input_pipeline.py).
+  # Data: dataset, splits, preprocessing (vit_jax/configs/data.py).
   data.add_data_config(config)
 
   # Optimisation (paper Appendix B.1).
@@ -46,6 +49,18 @@ def get_config():
   config.total_steps = 10_000
   config.accum_steps = 1                   # micro-batches per step (same math, less memory)
   config.skip_nonfinite = False            # skip NaN/Inf steps instead of stopping
+
+  # Few-shot linear evaluation of the frozen pre-logits (paper 4.1), on the
+  # train/test splits of other datasets, every `every` steps and at the end.
+  config.fewshot = ml_collections.ConfigDict({
+      'datasets': (),          # e.g. ('cifar10', 'vtab/dtd'); empty = off
+      'every': 0,              # steps between evaluations; 0 = only at the end
+      'shots': (1, 5, 10, 25),
+      'seeds': (0, 1, 2),
+      'l2_reg': 2.0 ** 10,
+      'train_split': 'train',  # 'train' / 'test' = the dataset's own; or a split expression
+      'test_split': 'test',
+  })
 
   # Devices: a (data, fsdp) mesh over all devices; fsdp > 1 shards params.
   config.mesh = ml_collections.ConfigDict({'fsdp': 1})

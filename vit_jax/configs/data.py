@@ -8,26 +8,31 @@ had one (`dataset`, `tfds_data_dir`, `tfds_manual_dir`, `pp.train`, `pp.test`,
 """
 
 import ml_collections
+from ml_collections.config_dict import placeholder
 
 
 def data_config() -> ml_collections.ConfigDict:
-  """A fresh ConfigDict holding only the data fields, at their defaults."""
+  """A fresh ConfigDict holding only the data fields, at their defaults.
+
+  Fields that default to None are typed placeholders, so they can still be
+  set from the command line (`--config.pp.train=train[:10%]`).
+  """
   return ml_collections.ConfigDict({
       # What to read (README "Input pipelines"): a TFDS name or preset
       # ('cifar10', 'imagenet2012', 'vtab/dtd'), the built-in 'digits', a
       # folder DIR/{train,test}/<class>/*, or a shard directory with info.json.
       'dataset': 'digits',
-      'tfds_data_dir': None,    # TFDS data_dir; None = TFDS default (~/tensorflow_datasets)
-      'tfds_manual_dir': None,  # manual downloads (ImageNet tars, ImageNet-21k folders)
+      'tfds_data_dir': placeholder(str),    # TFDS data_dir; None = TFDS default (~/tensorflow_datasets)
+      'tfds_manual_dir': placeholder(str),  # manual downloads (ImageNet tars, ImageNet-21k folders)
       'pp': {
-          'train': None,   # train split, e.g. 'train[:98%]'; None = the dataset's preset
-          'test': None,    # test split; None = the dataset's preset
+          'train': placeholder(str),   # train split, e.g. 'train[:98%]'; None = the dataset's preset
+          'test': placeholder(str),    # test split; None = the dataset's preset
           'crop': 224,     # train and eval resolution (paper B.1.1: 224 pre-train, 384 fine-tune)
-          'resize': None,  # eval: resize to this, then centre crop to `crop`; None = resize to crop
+          'resize': placeholder(int),  # eval: resize to this, then centre crop to `crop`; None = resize to crop
           # None below = the dataset's choice (vit_jax.presets; digits: no flip, area_min 0.5).
-          'inception_crop': None,  # train: random area/aspect crop; False = resize like eval
-          'area_min': None,        # inception crop: smallest crop area (default 0.05)
-          'flip': None,            # train: random horizontal flip (default True)
+          'inception_crop': placeholder(bool),  # train: random area/aspect crop; False = resize like eval
+          'area_min': placeholder(float),        # inception crop: smallest crop area (default 0.05)
+          'flip': placeholder(bool),            # train: random horizontal flip (default True)
           'randaug_layers': 0,     # RandAugment ops per image (AugReg: 2); 0 = off
           'randaug_magnitude': 10,  # RandAugment magnitude, 10 = the ops' full range
           'mixup': 0.0,            # Mixup Beta(alpha, alpha) alpha; 0 = off
@@ -49,7 +54,8 @@ def add_data_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigD
 
 def _merge_missing(config, defaults):
   with config.unlocked():
-    for key, value in defaults.items():
+    # Keep FieldReferences: a typed None placeholder stays settable.
+    for key, value in defaults.items(preserve_field_references=True):
       if key not in config:
         config[key] = value
       elif isinstance(value, ml_collections.ConfigDict):

@@ -1,0 +1,71 @@
+r"""Measures the README's main command: `python -m vit_jax.main` (the demo).
+
+  python benchmarks/measure_demo.py [--runs=2]
+
+Runs the default command in a fresh workdir, times it end to end (process
+start to exit, compilation and evaluation included), reads summary.json, and
+writes a record `benchmarks/<time>_demo.json`. Target (issue 4): test accuracy
+>= 97% within 10 minutes on a 2-core CPU.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+
+import jax
+
+
+def _cpu_model():
+  try:
+    with open('/proc/cpuinfo', encoding='utf-8') as f:
+      for line in f:
+        if line.startswith('model name'):
+          return line.split(':', 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor()
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--runs', type=int, default=1)
+  args = parser.parse_args()
+
+  runs = []
+  for _ in range(args.runs):
+    with tempfile.TemporaryDirectory() as workdir:
+      start = time.perf_counter()
+      subprocess.run([sys.executable, '-m', 'vit_jax.main', f'--workdir={workdir}'], check=True,
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+      elapsed = time.perf_counter() - start
+      with open(os.path.join(workdir, 'summary.json'), encoding='utf-8') as f:
+        summary = json.load(f)
+    runs.append({'end_to_end_s': round(elapsed, 1), **summary})
+    print(f"test accuracy {summary['test_accuracy']:.4f} in {elapsed:.0f} s end to end "
+          f"({summary['img_per_sec']:.0f} img/s in training steps)")
+
+  record = {
+      'benchmark': 'demo: python -m vit_jax.main',
+      'date': datetime.datetime.now().isoformat(timespec='seconds'),
+      'machine': {'cpu': _cpu_model(), 'cores': os.cpu_count(), 'platform': platform.platform()},
+      'versions': {'python': platform.python_version(), 'jax': jax.__version__},
+      'runs': runs,
+      'target_met': all(r['test_accuracy'] >= 0.97 and r['end_to_end_s'] <= 600 for r in runs),
+  }
+  name = datetime.datetime.now().strftime('%Y-%m-%dT%H%M') + '_demo.json'
+  path = os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
+  with open(path, 'w', encoding='utf-8') as f:
+    json.dump(record, f, indent=2)
+    f.write('\n')
+  print(f"target (>= 97% in <= 600 s): {'met' if record['target_met'] else 'NOT met'}; "
+        f'wrote {path}')
+
+
+if __name__ == '__main__':
+  main()

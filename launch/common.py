@@ -1,0 +1,103 @@
+"""What the launch scripts share: flags passed to vit_jax.main, printing or running commands.
+
+Each script builds a list of commands (argv lists, or a file to write), then
+either prints them (`--dry-run`: exactly what would run, shell-quoted, one per
+line) or runs them in order, stopping at the first failure. Only the standard
+library is used, so the scripts run where vit_jax is not installed.
+"""
+
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+from typing import List, NamedTuple, Sequence
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REMOTE_DIR = 'vit_jax'  # the checkout on remote machines, relative to the login directory
+ARCHIVE = 'vit_jax-src.tar.gz'
+
+
+class WriteFile(NamedTuple):
+  """A file to write locally (printed as a here-document in a dry run)."""
+  path: str
+  content: str
+
+
+class Parser(argparse.ArgumentParser):
+  """argparse with one-line errors; `-- --config.FIELD=VALUE ...` goes to vit_jax.main."""
+
+  def error(self, message):
+    self.exit(2, f'{self.prog}: error: {message}\n')
+
+  def parse(self, argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    split = argv.index('--') if '--' in argv else len(argv)
+    args = self.parse_args(argv[:split])
+    overrides = argv[split + 1:]
+    bad = [a for a in overrides if not a.startswith('--config.')]
+    if bad:
+      self.error(f'after --, only --config.FIELD=VALUE overrides for vit_jax.main, not {bad[0]}')
+    args.overrides = overrides
+    return args
+
+
+def add_common_flags(parser: Parser, workdir_help: str) -> None:
+  parser.add_argument('--workdir', required=True, help=workdir_help)
+  parser.add_argument('--config', help='vit_jax.main --config, a path relative to the repository '
+                      'root (default: the demo), e.g. vit_jax/configs/demo.py')
+  parser.add_argument('--dry-run', '--dry_run', dest='dry_run', action='store_true',
+                      help='print the commands instead of running them')
+
+
+def main_command(python: str, args) -> List[str]:
+  """`python -m vit_jax.main` with the run's flags."""
+  command = [python, '-m', 'vit_jax.main', f'--workdir={args.workdir}']
+  if args.config:
+    command.append(f'--config={args.config}')
+  return command + list(args.overrides)
+
+
+def local_archive(name: str) -> tuple:
+  """(path, command): the committed tree (git HEAD) as a tarball to copy to machines."""
+  path = os.path.join(tempfile.gettempdir(), f'{name}-{ARCHIVE}')
+  return path, ['git', '-C', ROOT, 'archive', '--format=tar.gz', f'--prefix={REMOTE_DIR}/',
+                '-o', path, 'HEAD']
+
+
+def unpack_and_install(extra: str, python: str = 'python3') -> str:
+  """Remote shell line: unpack the archive over a fresh checkout and pip-install it."""
+  return (f'rm -rf {REMOTE_DIR} && tar xzf {ARCHIVE} && '
+          f'{python} -m pip install -q -e "./{REMOTE_DIR}[{extra}]"')
+
+
+def shell_join(command: Sequence[str]) -> str:
+  return shlex.join(command)
+
+
+def execute(commands: Sequence, dry_run: bool) -> int:
+  """Prints (dry run) or runs `commands` in order; returns an exit status."""
+  for command in commands:
+    if isinstance(command, WriteFile):
+      if dry_run:
+        print(f"cat > {shlex.quote(command.path)} <<'EOF'\n{command.content}EOF")
+      else:
+        os.makedirs(os.path.dirname(os.path.abspath(command.path)), exist_ok=True)
+        with open(command.path, 'w', encoding='utf-8') as f:
+          f.write(command.content)
+        print(f'wrote {command.path}', flush=True)
+      continue
+    print(shell_join(command), flush=True)
+    if dry_run:
+      continue
+    try:
+      status = subprocess.run(command, check=False).returncode
+    except FileNotFoundError:
+      print(f'error: {command[0]} not found; install it (gcloud: https://cloud.google.com/sdk, '
+            'sbatch: run on a SLURM login node)', file=sys.stderr)
+      return 1
+    if status:
+      print(f'error: exit status {status} from: {shell_join(command)}', file=sys.stderr)
+      return status
+  return 0

@@ -1,0 +1,86 @@
+r"""Train on one GPU machine, this one or another over ssh: set up a venv, check the GPU, run.
+
+  python launch/gpu_box.py --workdir=runs/b16 --config=vit_jax/configs/demo.py --dry-run
+  python launch/gpu_box.py --host=me@gpu-box --workdir=runs/b16 --dry-run -- --config.batch=256
+
+Actions (positional, default `setup run`, plus `fetch` with --host):
+  setup  a virtualenv with vit_jax[gpu] (jax with CUDA 12 wheels) installed from
+         this checkout (with --host: its committed tree, copied over by scp)
+  run    check that JAX sees a GPU, then python -m vit_jax.main; all local GPUs
+         are used by the one process, so the same recipe fits an 8-GPU box
+  fetch  (--host) copy summary.json and params.npz back to --results
+
+Rerunning `run` with the same workdir resumes from its checkpoints.
+"""
+
+import os
+import sys
+
+import common
+
+ACTIONS = ('setup', 'run', 'fetch')
+# Fails (and stops the run) when JAX has no GPU backend: no driver, or a CPU-only jax.
+_GPU_CHECK = 'import jax; print(jax.devices("gpu"))'
+
+
+
+def commands(args) -> list:
+  python = os.path.join(args.venv, 'bin', 'python')
+  check = [python, '-c', _GPU_CHECK]
+  train = common.main_command(python, args)
+  out = []
+  if not args.host:
+    for action in args.actions:
+      if action == 'setup':
+        out.append(['python3', '-m', 'venv', args.venv])
+        out.append([python, '-m', 'pip', 'install', '-q', '-e', f'{common.ROOT}[gpu]'])
+      elif action == 'run':
+        out += [check, train]
+    return out
+
+  def remote(*lines):
+    return ['ssh', args.host, ' && '.join(lines)]
+
+  cd = f'cd {common.REMOTE_DIR}'
+  for action in args.actions:
+    if action == 'setup':
+      archive, make_archive = common.local_archive('gpu_box')
+      out.append(make_archive)
+      out.append(['scp', archive, f'{args.host}:{common.ARCHIVE}'])
+      out.append(remote(f'rm -rf {common.REMOTE_DIR} && tar xzf {common.ARCHIVE}', cd,
+                        f'python3 -m venv {args.venv}',
+                        f'{python} -m pip install -q -e ".[gpu]"'))
+    elif action == 'run':
+      out.append(remote(cd, common.shell_join(check), common.shell_join(train)))
+    elif action == 'fetch':
+      remote_workdir = args.workdir if os.path.isabs(args.workdir) else \
+          f'{common.REMOTE_DIR}/{args.workdir}'
+      out.append(['mkdir', '-p', args.results])
+      out.append(['scp', f'{args.host}:{remote_workdir}/summary.json',
+                  f'{args.host}:{remote_workdir}/params.npz', args.results])
+  return out
+
+
+def main(argv=None) -> int:
+  parser = common.Parser(prog='launch/gpu_box.py', description=__doc__,
+                         formatter_class=common.argparse.RawDescriptionHelpFormatter)
+  parser.add_argument('actions', nargs='*', metavar='ACTION', help=f'any of {", ".join(ACTIONS)}')
+  parser.add_argument('--host', help='user@machine to run on over ssh (default: this machine)')
+  parser.add_argument('--venv', default='.venv', help='virtualenv path (relative: to the checkout)')
+  parser.add_argument('--results', default='results', help='local folder for fetched results')
+  common.add_common_flags(parser, 'directory for checkpoints, logs and results')
+  args = parser.parse(argv)
+  args.actions = args.actions or (['setup', 'run'] + (['fetch'] if args.host else []))
+  unknown = [a for a in args.actions if a not in ACTIONS]
+  if unknown:
+    parser.error(f'unknown action {unknown[0]!r}; use any of {", ".join(ACTIONS)}')
+  if 'fetch' in args.actions and not args.host:
+    parser.error('fetch copies results from --host; without it they are already in --workdir')
+  if not args.host:
+    args.venv = os.path.join(common.ROOT, args.venv)
+    os.chdir(common.ROOT)  # `--config` paths are relative to the checkout
+  return common.execute(commands(args), args.dry_run)
+
+
+if __name__ == '__main__':
+  sys.exit(main())

@@ -1,0 +1,434 @@
+"""Export and import: timm, transformers, SavedModel, ONNX, against the real libraries.
+
+Weights are random (every leaf non-zero, heads included) in small versions of
+the released architectures. Parity = max |ours - theirs| / max |theirs| of the
+logits; the bound is 1e-5 wherever the target computes our GELU and epsilons
+(measured: 1e-7 to 2e-6).
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from vit_jax import checkpoint
+from vit_jax import export
+from vit_jax import interop
+from vit_jax import interop_timm
+from vit_jax import models
+from vit_jax.configs import models as model_configs
+
+torch = pytest.importorskip('torch')
+try:
+  import timm  # pylint: disable=g-import-not-at-top
+except ImportError:
+  timm = None  # CPU-only machines install it apart (README: Set-up)
+needs_timm = pytest.mark.skipif(timm is None, reason='timm is not installed (README: Set-up)')
+transformers = pytest.importorskip('transformers')
+safetensors = pytest.importorskip('safetensors')
+safetensors_torch = pytest.importorskip('safetensors.torch')
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BOUND = 1e-5
+
+
+def small_config(name='ViT-Ti_16', hybrid_units=None, **overrides):
+  """A released architecture shrunk in depth and width; hybrids get one unit per stage."""
+  config = model_configs.MODEL_CONFIGS[name]
+  config.hidden_size = 24
+  config.transformer.update(num_layers=2, num_heads=3, mlp_dim=48)
+  if hybrid_units:
+    config.resnet = ml_collections.ConfigDict({'num_layers': hybrid_units, 'width_factor': 0.5})
+  config.update(overrides)
+  return config
+
+
+def random_flat(config, num_classes, size, seed=0):
+  model = models.VisionTransformer(num_classes=num_classes, **config)
+  shapes = jax.eval_shape(
+      lambda: model.init(jax.random.key(0), jnp.zeros((1, size, size, 3)), train=False))['params']
+  rng = np.random.default_rng(seed)
+  # LayerNorm / GroupNorm scales near 1 keep activations in a realistic range.
+  return {k: (0.05 * rng.normal(size=v.shape) + k.endswith('/scale')).astype(np.float32)
+          for k, v in checkpoint.flatten(shapes).items()}
+
+
+def ours(config, flat, images):
+  num_classes = flat['head/kernel'].shape[-1] if 'head/kernel' in flat else None
+  model = models.VisionTransformer(num_classes=num_classes, **config)
+  apply = jax.jit(lambda params, x: model.apply({'params': params}, x, train=False))
+  return np.asarray(apply(checkpoint.unflatten(flat), images))
+
+
+def images(size, n=2, seed=1):
+  return np.random.default_rng(seed).uniform(-1, 1, (n, size, size, 3)).astype(np.float32)
+
+
+def nchw(x):
+  return torch.from_numpy(np.ascontiguousarray(x.transpose(0, 3, 1, 2)))
+
+
+def relative_error(a, b):
+  return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+
+
+def run(*args):
+  return export.main([f'--{k}={v}' for k, v in args])
+
+
+def assert_flat_equal(a, b):
+  assert sorted(a) == sorted(b)
+  for key in a:
+    assert a[key].dtype == b[key].dtype, key
+    np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+
+
+# ---------------------------------------------------------------------------
+# timm.
+
+
+@needs_timm
+def test_every_released_architecture_has_its_timm_name():
+  registered = set(timm.list_models('vit_*'))
+  for name in interop_timm.TIMM_NAMES:
+    config = model_configs.MODEL_CONFIGS[name]
+    at_384 = interop_timm.TIMM_NAMES[name] in interop_timm.TIMM_384
+    sizes = (224, 384) if at_384 else (224,)
+    for size in sizes:
+      assert interop_timm.registered_name(config, size) in registered, (name, size)
+  # A shrunk model under a released name is not that timm model.
+  assert interop_timm.registered_name(small_config(), 224) is None
+
+
+# Every structure: ViT, gap, three- and four-stage hybrids, the largest hybrid.
+@pytest.mark.parametrize('name', ['ViT-Ti_16', 'ViT-B_16-gap', 'R50+ViT-B_16', 'R26+ViT-B_32',
+                                  'R50+ViT-L_32'])
+@needs_timm
+def test_timm_names_and_shapes_of_released_architectures(name):
+  """Our mapping yields exactly timm.create_model(name).state_dict()'s keys and shapes."""
+  config = model_configs.MODEL_CONFIGS[name]
+  timm_name = interop_timm.registered_name(config, 224)
+  kwargs = interop_timm.create_model_kwargs(config, 1000, 224)
+  theirs = {k: tuple(v.shape) for k, v in
+            timm.create_model(timm_name, device='meta', **kwargs).state_dict().items()}
+  model = models.VisionTransformer(num_classes=1000, **config)
+  shapes = jax.eval_shape(
+      lambda: model.init(jax.random.key(0), jnp.zeros((1, 224, 224, 3)), train=False))['params']
+  mapped = {}
+  for key, s in checkpoint.flatten(shapes).items():
+    name_, chunk = interop_timm.timm_name(key)
+    # Zero-stride views: layouts without allocating hundreds of MB.
+    shape = interop.to_torch_layout(key, np.broadcast_to(np.float32(0), s.shape)).shape
+    if chunk is not None:
+      shape = (shape[0] * 3,) + shape[1:]
+    mapped[name_] = shape
+  assert mapped == theirs
+
+
+@pytest.mark.parametrize('name,units,classifier,size', [
+    ('ViT-Ti_16', None, 'token', 32),
+    ('ViT-B_16-gap', None, 'gap', 32),
+    ('R50+ViT-B_16', (1, 1, 1), 'token', 64),
+])
+@needs_timm
+def test_timm_export_matches_timm_and_its_own_npz_loader(tmp_path, name, units, classifier, size):
+  config = small_config(name, hybrid_units=units)
+  assert config.classifier == classifier
+  flat = random_flat(config, 7, size)
+  npz = checkpoint.save_npz(checkpoint.unflatten(flat), tmp_path / 'model.npz')
+  out = tmp_path / 'model.safetensors'
+  # A shrunk model has no timm name, so --model names its (released) config;
+  # export.load checks shapes against it, so go through the API with the config.
+  state = interop_timm.to_timm(flat)
+  interop.save_safetensors(state, str(out), {})
+  exported = safetensors_torch.load_file(str(out))
+
+  model = interop_timm.build_model(config, 7, size)
+  model.load_state_dict(exported, strict=True)
+  with torch.no_grad():
+    theirs = model(nchw(images(size))).numpy()
+  assert np.abs(theirs).max() > 0.05  # a non-trivial head
+  assert relative_error(ours(config, flat, images(size)), theirs) <= BOUND
+
+  # timm's own reader of the public .npz layout, an independent mapping.
+  reference = interop_timm.build_model(config, 7, size)
+  load_npz = timm.models.vision_transformer._load_weights  # pylint: disable=protected-access
+  load_npz(reference, str(npz))
+  for key, value in reference.state_dict().items():
+    assert torch.equal(value, exported[key]), key
+
+  assert_flat_equal(interop_timm.from_timm(
+      {k: v.numpy() for k, v in exported.items()}, config, str(out)), flat)
+
+
+@needs_timm
+def test_timm_cli_writes_a_file_timm_create_model_loads_strictly(tmp_path, capsys):
+  config = model_configs.MODEL_CONFIGS['ViT-Ti_16']
+  flat = random_flat(config, 10, 224)
+  checkpoint.save_npz(checkpoint.unflatten(flat), tmp_path / 'ti16.npz')
+  out = tmp_path / 'ti16.safetensors'
+  assert run(('checkpoint', tmp_path / 'ti16.npz'), ('model', 'ViT-Ti_16'), ('format', 'timm'),
+             ('output', out)) == 0
+  assert 'timm.create_model(\'vit_tiny_patch16_224\'' in capsys.readouterr().out
+
+  with safetensors.safe_open(str(out), 'np') as f:
+    meta = f.metadata()
+  assert meta['timm_model'] == 'vit_tiny_patch16_224' and meta['vit_jax_model'] == 'ViT-Ti_16'
+  model = timm.create_model(meta['timm_model'], **json.loads(meta['timm_kwargs'])).eval()
+  model.load_state_dict(safetensors_torch.load_file(str(out)), strict=True)
+  x = images(224)
+  with torch.no_grad():
+    theirs = model(nchw(x)).numpy()
+  assert relative_error(ours(config, flat, x), theirs) <= BOUND
+
+  # Back: bitwise.
+  assert run(('checkpoint', out), ('format', 'npz'), ('output', tmp_path / 'back.npz')) == 0
+  assert_flat_equal(checkpoint.flatten(checkpoint.load(tmp_path / 'back.npz')), flat)
+
+
+@needs_timm
+def test_import_a_timm_model_that_timm_initialised(tmp_path):
+  """Import direction with weights written by timm itself, as .safetensors and as .pth."""
+  config = model_configs.MODEL_CONFIGS['testing']
+  torch.manual_seed(0)
+  model = interop_timm.build_model(config, 5, 32)
+  with torch.no_grad():
+    for p in model.parameters():  # timm zero-initialises biases and the head
+      p.add_(0.05 * torch.randn_like(p))
+  state = {k: v.contiguous() for k, v in model.state_dict().items()}
+  safetensors_torch.save_file(state, str(tmp_path / 'timm.safetensors'))
+  torch.save(state, tmp_path / 'timm.pth')
+  x = images(32)
+  with torch.no_grad():
+    theirs = model(nchw(x)).numpy()
+  imported = [checkpoint.flatten(export.load(str(tmp_path / name), 'testing').loaded.params)
+              for name in ('timm.safetensors', 'timm.pth')]
+  assert_flat_equal(*imported)
+  assert relative_error(ours(config, imported[0], x), theirs) <= BOUND
+
+
+# ---------------------------------------------------------------------------
+# transformers.
+
+
+def write_npz(tmp_path, config, num_classes, size, name='model.npz', seed=0):
+  flat = random_flat(config, num_classes, size, seed)
+  return flat, checkpoint.save_npz(checkpoint.unflatten(flat), tmp_path / name)
+
+
+def test_hf_folder_loads_with_from_pretrained_and_matches(tmp_path, capsys):
+  config = model_configs.MODEL_CONFIGS['ViT-Demo_4']
+  flat, npz = write_npz(tmp_path, config, 3, 16)
+  labels = tmp_path / 'labels.txt'
+  labels.write_text('cat\ndog\nbird\n')
+  out = tmp_path / 'hf'
+  assert run(('checkpoint', npz), ('model', 'ViT-Demo_4'), ('format', 'hf'), ('output', out),
+             ('labels', labels)) == 0
+  assert sorted(os.listdir(out)) == ['config.json', 'model.safetensors', 'preprocessor_config.json']
+  # The Hub's (transformers 4.x) names, which 5.x converts on load.
+  with safetensors.safe_open(str(out / 'model.safetensors'), 'np') as f:
+    keys = set(f.keys())
+  assert 'vit.encoder.layer.3.attention.attention.query.weight' in keys
+  assert 'vit.encoder.layer.0.output.dense.bias' in keys and 'classifier.weight' in keys
+
+  model, info = transformers.ViTForImageClassification.from_pretrained(
+      str(out), output_loading_info=True)
+  assert not info['missing_keys'] and not info['unexpected_keys'] and not info['mismatched_keys']
+  assert model.config.id2label == {0: 'cat', 1: 'dog', 2: 'bird'}
+  x = images(16, n=3)
+  with torch.no_grad():
+    theirs = model.eval()(pixel_values=nchw(x)).logits.numpy()
+  assert np.abs(theirs).max() > 0.05
+  assert relative_error(ours(config, flat, x), theirs) <= BOUND
+
+  # What save_pretrained writes reads back bitwise, as does our own folder.
+  model.save_pretrained(tmp_path / 'resaved')
+  for folder in (out, tmp_path / 'resaved'):
+    assert run(('checkpoint', folder), ('model', 'ViT-Demo_4'), ('format', 'npz'),
+               ('output', tmp_path / 'back.npz')) == 0
+    assert_flat_equal(checkpoint.flatten(checkpoint.load(tmp_path / 'back.npz')), flat)
+
+
+def test_hf_preprocessor_reproduces_our_eval_preprocessing(tmp_path):
+  from vit_jax import inference  # pylint: disable=g-import-not-at-top
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+  config = model_configs.MODEL_CONFIGS['testing']
+  _, npz = write_npz(tmp_path, config, 2, 64)
+  assert run(('checkpoint', npz), ('model', 'testing'), ('format', 'hf'),
+             ('output', tmp_path / 'hf')) == 0
+  processor = transformers.AutoImageProcessor.from_pretrained(str(tmp_path / 'hf'))
+  for path in inference.builtin_images():
+    with Image.open(path) as image:
+      theirs = processor(images=image, return_tensors='np')['pixel_values'][0].transpose(1, 2, 0)
+    # Within one 8-bit level: the resize rounds differently.
+    assert np.abs(theirs - inference.read_image(path, 64)).max() <= 1 / 127.5 + 1e-6
+
+
+def test_hf_pre_logits_become_the_pooler(tmp_path, capsys):
+  config = small_config(representation_size=20)
+  flat = random_flat(config, 7, 32)
+  from vit_jax import interop_hf  # pylint: disable=g-import-not-at-top
+  notes = interop_hf.save(flat, config, 32, str(tmp_path / 'hf'))
+  assert any('head dropped' in n for n in notes)
+  model = transformers.ViTModel.from_pretrained(str(tmp_path / 'hf')).eval()
+  assert model.config.architectures == ['ViTModel'] and model.config.pooler_output_size == 20
+  x = images(32)
+  with torch.no_grad():
+    theirs = model(pixel_values=nchw(x)).pooler_output.numpy()
+  features = {k: v for k, v in flat.items() if not k.startswith('head/')}
+  assert relative_error(ours(config, features, x), theirs) <= BOUND
+
+
+def test_import_a_transformers_model_in_its_own_naming(tmp_path):
+  """Weights initialised and named by transformers 5.x itself."""
+  config = model_configs.MODEL_CONFIGS['testing']
+  hf = transformers.ViTForImageClassification(transformers.ViTConfig(
+      hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+      image_size=32, patch_size=16, num_labels=4, hidden_act='gelu_new',
+      layer_norm_eps=1e-6)).eval()
+  with torch.no_grad():
+    for p in hf.parameters():
+      p.add_(0.05 * torch.randn_like(p))
+  state = {k: v.contiguous() for k, v in hf.state_dict().items()}
+  assert 'vit.layers.0.attention.q_proj.weight' in state  # 5.x names
+  safetensors_torch.save_file(state, str(tmp_path / 'hf5.safetensors'), metadata={'format': 'pt'})
+  source = export.load(str(tmp_path / 'hf5.safetensors'), 'testing')
+  x = images(32)
+  with torch.no_grad():
+    theirs = hf(pixel_values=nchw(x)).logits.numpy()
+  flat = checkpoint.flatten(source.loaded.params)
+  assert relative_error(ours(config, flat, x), theirs) <= BOUND
+
+
+# ---------------------------------------------------------------------------
+# SavedModel and ONNX.
+
+
+def test_savedmodel_matches_in_tensorflow(tmp_path):
+  tf = pytest.importorskip('tensorflow')
+  config = model_configs.MODEL_CONFIGS['ViT-Demo_4']
+  flat, npz = write_npz(tmp_path, config, 10, 16)
+  assert run(('checkpoint', npz), ('model', 'ViT-Demo_4'), ('format', 'savedmodel'),
+             ('output', tmp_path / 'sm')) == 0
+  loaded = tf.saved_model.load(str(tmp_path / 'sm'))
+  pixels = np.random.default_rng(2).integers(0, 256, (3, 16, 16, 3), dtype=np.uint8)
+  x = (pixels / 127.5 - 1).astype(np.float32)
+  expected = ours(config, flat, x)
+  for n in (1, 3):  # the batch dimension is polymorphic
+    logits = loaded.signatures['serving_default'](images=tf.constant(x[:n]))['logits'].numpy()
+    assert relative_error(expected[:n], logits) <= BOUND
+  logits = loaded.signatures['serving_uint8'](images=tf.constant(pixels))['logits'].numpy()
+  assert relative_error(expected, logits) <= BOUND
+
+
+@needs_timm
+def test_onnx_with_pre_logits_matches_in_onnxruntime(tmp_path):
+  # A ViT: the hybrid exports through the same timm module (tested above
+  # against timm) at 4x the export time (4.5e-7 measured, see README).
+  ort = pytest.importorskip('onnxruntime')
+  pytest.importorskip('onnxscript')
+  from vit_jax import export_onnx  # pylint: disable=g-import-not-at-top
+  from vit_jax import inference  # pylint: disable=g-import-not-at-top
+  config = small_config(representation_size=16)
+  flat = random_flat(config, 5, 32)
+  loaded = inference.LoadedModel(models.VisionTransformer(num_classes=5, **config),
+                                 checkpoint.unflatten(flat), config, 32, 2, 16, 1)
+  export_onnx.save(loaded, str(tmp_path / 'model.onnx'))
+  session = ort.InferenceSession(str(tmp_path / 'model.onnx'))
+  assert [i.name for i in session.get_inputs()] == ['images']
+  x = images(32, n=3)
+  expected = ours(config, flat, x)
+  for n in (1, 3):  # the batch dimension is dynamic
+    logits, = session.run(['logits'], {'images': x[:n]})
+    assert relative_error(expected[:n], logits) <= BOUND
+
+
+# ---------------------------------------------------------------------------
+# Workdirs, errors, the command line.
+
+
+def test_workdir_needs_no_model_and_names_classes_from_its_dataset(tmp_path, capsys):
+  config = model_configs.MODEL_CONFIGS['testing']
+  write_npz(tmp_path, config, 10, 32, name='params.npz')
+  (tmp_path / 'summary.json').write_text(json.dumps({'model': 'testing', 'dataset': 'digits'}))
+  assert run(('checkpoint', tmp_path), ('format', 'hf'), ('output', tmp_path / 'hf')) == 0
+  hf = json.loads((tmp_path / 'hf' / 'config.json').read_text())
+  assert hf['id2label'] == {str(i): str(i) for i in range(10)}
+
+
+@needs_timm
+def test_timm_export_of_pre_logits_is_the_feature_model(tmp_path, capsys):
+  config = model_configs.MODEL_CONFIGS['testing']
+  config.representation_size = 16
+  _, npz = write_npz(tmp_path, config, 10, 32)
+  assert run(('checkpoint', npz), ('model', 'testing'), ('format', 'timm'),
+             ('output', tmp_path / 't.safetensors')) == 0
+  assert 'pre_logits and head dropped' in capsys.readouterr().out
+  with safetensors.safe_open(str(tmp_path / 't.safetensors'), 'np') as f:
+    assert not [k for k in f.keys() if k.startswith('head')]
+    assert json.loads(f.metadata()['timm_kwargs'])['num_classes'] == 0
+
+
+def one_line_error(capsys, *args, code=1):
+  assert run(*args) == code
+  err = capsys.readouterr().err
+  assert err.count('\n') == 1 and err.startswith('python -m vit_jax.export: error: ')
+  return err
+
+
+def test_errors_are_one_line(tmp_path, capsys, monkeypatch):
+  config = model_configs.MODEL_CONFIGS['testing']
+  _, npz = write_npz(tmp_path, config, 10, 32)
+  out = ('output', tmp_path / 'out')
+  assert 'pass --model' in one_line_error(capsys, ('checkpoint', npz), ('format', 'npz'), out)
+  assert 'did you mean ViT-B_16' in one_line_error(
+      capsys, ('checkpoint', npz), ('model', 'ViT-B_166'), ('format', 'npz'), out)
+  assert 'check --model' in one_line_error(
+      capsys, ('checkpoint', npz), ('model', 'ViT-Ti_16'), ('format', 'npz'), out)
+  assert 'no such checkpoint' in one_line_error(
+      capsys, ('checkpoint', tmp_path / 'nope.npz'), ('model', 'testing'), ('format', 'hf'), out)
+  bad = tmp_path / 'bad.safetensors'
+  bad.write_bytes(b'not a safetensors file')
+  assert 'not a readable .safetensors' in one_line_error(
+      capsys, ('checkpoint', bad), ('model', 'testing'), ('format', 'npz'), out)
+
+  hybrid = model_configs.MODEL_CONFIGS['R50+ViT-B_16']
+  with pytest.raises(interop.ExportError, match='no R\\+ViT hybrid'):
+    from vit_jax import interop_hf  # pylint: disable=g-import-not-at-top
+    interop_hf.check_exportable(hybrid)
+  with pytest.raises(interop.ExportError, match='class token only'):
+    interop_hf.check_exportable(model_configs.MODEL_CONFIGS['ViT-B_16-gap'])
+
+  monkeypatch.setitem(sys.modules, 'torch', None)  # as if torch were not installed
+  assert 'pip install torch' in one_line_error(
+      capsys, ('checkpoint', npz), ('model', 'testing'), ('format', 'onnx'), out)
+
+  with pytest.raises(SystemExit) as exit_info:
+    run(('checkpoint', npz), ('model', 'testing'), ('format', 'tflite'), out)
+  assert exit_info.value.code == 2
+  err = capsys.readouterr().err
+  assert err.count('\n') == 1 and 'invalid choice' in err
+
+
+def test_cli_runs_and_the_package_imports_without_optional_dependencies(tmp_path):
+  config = model_configs.MODEL_CONFIGS['testing']
+  flat, npz = write_npz(tmp_path, config, 10, 32)
+  result = subprocess.run(
+      [sys.executable, '-m', 'vit_jax.export', f'--checkpoint={npz}', '--model=testing',
+       '--format=npz', f'--output={tmp_path / "copy.npz"}'],
+      capture_output=True, text=True, cwd=ROOT, env={**os.environ, 'PYTHONPATH': ROOT},
+      check=False)
+  assert result.returncode == 0, result.stderr
+  assert_flat_equal(checkpoint.flatten(checkpoint.load(tmp_path / 'copy.npz')), flat)
+  heavy = subprocess.run(
+      [sys.executable, '-c', 'import sys, vit_jax.export; print(sorted(m for m in ("torch", '
+       '"timm", "transformers", "tensorflow", "onnx", "safetensors") if m in sys.modules))'],
+      capture_output=True, text=True, cwd=ROOT, env={**os.environ, 'PYTHONPATH': ROOT},
+      check=True)
+  assert heavy.stdout.strip() == '[]'

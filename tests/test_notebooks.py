@@ -1,0 +1,43 @@
+"""The notebooks run top to bottom on a CPU (their demo-model branch), as CI runs them."""
+
+import os
+import pathlib
+
+import pytest
+
+nbclient = pytest.importorskip('nbclient')
+nbformat = pytest.importorskip('nbformat')
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted((ROOT / 'notebooks').glob('*.ipynb'))
+
+
+def test_there_are_notebooks_and_they_are_committed_without_outputs():
+  assert [p.name for p in NOTEBOOKS] == ['walkthrough.ipynb']
+  for path in NOTEBOOKS:
+    notebook = nbformat.read(path, as_version=4)
+    for cell in notebook.cells:
+      if cell.cell_type == 'code':
+        assert not cell.outputs and cell.execution_count is None, path.name
+
+
+@pytest.mark.parametrize('path', NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_runs_on_cpu(path, tmp_path, monkeypatch):
+  notebook = nbformat.read(path, as_version=4)
+  # The kernel inherits the environment: this checkout on the path, a CPU backend,
+  # and temporary files under tmp_path.
+  monkeypatch.setenv('PYTHONPATH', os.pathsep.join(
+      [str(ROOT)] + [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p]))
+  monkeypatch.setenv('JAX_PLATFORMS', 'cpu')
+  monkeypatch.setenv('TMPDIR', str(tmp_path))
+  monkeypatch.setenv('MPLBACKEND', 'Agg')
+  client = nbclient.NotebookClient(notebook, timeout=300, kernel_name='python3',
+                                   resources={'metadata': {'path': str(tmp_path)}})
+  client.execute()
+  text = '\n'.join(output.get('text', '') for cell in notebook.cells
+                   for output in cell.get('outputs', []) if output.get('name') == 'stdout')
+  assert 'demo model on CPU' in text
+  assert 'fine-tuned 30 steps on digits' in text
+  # The exported transformers model computes the same logits.
+  ratio = float(text.split('max |ours - transformers| / max |transformers| = ')[1].split()[0])
+  assert ratio <= 1e-5

@@ -1,0 +1,102 @@
+r"""Evaluate a checkpoint on a whole dataset split: exact top-1 and top-5.
+
+  python -m vit_jax.evaluate --checkpoint=ViT-B_16.npz --model=ViT-B_16 \
+      --dataset=imagenet2012 --tfds_data_dir=~/tensorflow_datasets
+
+Every example of the split is counted exactly once. For ImageNet, the ReaL
+labels (Beyer et al. 2020) are evaluated too when `imagenet2012_real` is
+prepared in the same data directory (`python -m vit_jax.prepare
+imagenet2012_real`): precision@1 over the validation images that have a ReaL
+label. Prints the numbers as JSON, and writes them to --output when given.
+"""
+
+import argparse
+import json
+import sys
+
+import jax
+
+from vit_jax import checkpoint
+from vit_jax import inference
+from vit_jax import sharding
+from vit_jax import train
+
+
+def _counts_fn(model, multi_label):
+  @jax.jit
+  def fn(params, batch):
+    logits = model.apply({'params': params}, batch['image'], train=False)
+    return train.classification_counts(logits, batch['label'], batch['mask'], multi_label)
+  return fn
+
+
+def evaluate(loaded: inference.LoadedModel, data_config, split: str, batch_sharding) -> dict:
+  """{'top1', 'top5' (single-label), 'examples'} of `loaded` on `split`."""
+  from vit_jax import input_pipeline  # pylint: disable=g-import-not-at-top  (TensorFlow)
+  info = input_pipeline.get_info(data_config)
+  if loaded.model.num_classes != info.num_classes:
+    raise inference.InputError(
+        f'{data_config.dataset} has {info.num_classes} classes, the checkpoint\'s head '
+        f'{loaded.model.num_classes}; evaluate a checkpoint fine-tuned on it')
+  counts_fn = _counts_fn(loaded.model, info.multi_label)
+  params = jax.device_put(loaded.params, sharding.replicated(batch_sharding.mesh))
+  sums = {}
+  for batch in input_pipeline.make_eval_iterator(data_config, batch_sharding, split=split):
+    for key, value in counts_fn(params, batch).items():
+      sums[key] = sums.get(key, 0.0) + float(value)
+  count = max(sums.get('count', 0.0), 1.0)
+  result = {'top1': sums['correct'] / count, 'examples': int(sums.get('count', 0))}
+  if 'correct_top5' in sums:
+    result['top5'] = sums['correct_top5'] / count
+  return result
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(
+      prog='python -m vit_jax.evaluate', description=__doc__.split('\n', 1)[0])
+  parser.add_argument('--checkpoint', required=True, help='.npz file or a workdir')
+  parser.add_argument('--model', required=True, help='MODEL_CONFIGS name, e.g. ViT-B_16')
+  parser.add_argument('--dataset', required=True, help='a dataset the input pipeline reads')
+  parser.add_argument('--split', default='test', help="'test', 'train' or a split expression")
+  parser.add_argument('--crop', type=int, default=None,
+                      help='resolution (default: the checkpoint\'s)')
+  parser.add_argument('--resize', type=int, default=None,
+                      help='resize to this, then centre-crop to --crop')
+  parser.add_argument('--batch', type=int, default=256)
+  parser.add_argument('--tfds_data_dir', default=None)
+  parser.add_argument('--tfds_manual_dir', default=None)
+  parser.add_argument('--output', default=None, help='also write the JSON here')
+  args = parser.parse_args(argv)
+
+  from vit_jax import input_pipeline  # pylint: disable=g-import-not-at-top  (TensorFlow)
+  try:
+    loaded = inference.load_model(args.checkpoint, args.model)
+    data = input_pipeline.data_config()
+    data.update(dataset=args.dataset, batch_eval=args.batch, tfds_data_dir=args.tfds_data_dir,
+                tfds_manual_dir=args.tfds_manual_dir)
+    data.pp.crop = args.crop or loaded.image_size
+    data.pp.resize = args.resize
+    batch_sharding = sharding.batch_sharding(sharding.make_mesh())
+    result = {'checkpoint': args.checkpoint, 'dataset': args.dataset, 'split': args.split,
+              **evaluate(loaded, data, args.split, batch_sharding)}
+    if args.dataset == 'imagenet2012':
+      real = input_pipeline.data_config()
+      real.update(data.to_dict())
+      real.dataset = 'imagenet2012_real'
+      try:
+        result['real_top1'] = evaluate(loaded, real, 'test', batch_sharding)['top1']
+      except input_pipeline.DataError as e:
+        print(f'ReaL labels not evaluated: {e}', file=sys.stderr)
+  except (checkpoint.CheckpointError, inference.InputError, input_pipeline.DataError) as e:
+    print(f'error: {e}', file=sys.stderr)
+    return 1
+  text = json.dumps(result, indent=2)
+  print(text)
+  if args.output:
+    with open(args.output, 'w', encoding='utf-8') as f:
+      f.write(text + '\n')
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())

@@ -1,0 +1,229 @@
+"""What the PyTorch formats share: tensor layouts, name tables, safetensors files.
+
+Our parameters (public `.npz` names, Flax layouts) and a PyTorch state_dict
+hold the same numbers in different layouts:
+
+| ours | PyTorch |
+|---|---|
+| conv kernel [kh, kw, in, out] | weight [out, in, kh, kw] |
+| Dense kernel [in, out] | weight [out, in] |
+| query/key/value kernel [D, heads, head_dim] | weight [heads * head_dim, D] |
+| attention out kernel [heads, head_dim, D] | weight [D, heads * head_dim] |
+| query/key/value bias [heads, head_dim] | bias [heads * head_dim] |
+
+Every conversion is a transpose or a reshape, so a round trip is bitwise.
+A format module (`interop_timm`, `interop_hf`) supplies only a name function:
+our key -> (its key, index of a fused q/k/v chunk or None).
+"""
+
+import importlib
+import math
+import re
+from typing import Callable, Dict, Mapping, Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from vit_jax import checkpoint
+from vit_jax import inference
+from vit_jax import models
+
+NameFn = Callable[[str], Tuple[Optional[str], Optional[int]]]
+
+
+class ExportError(ValueError):
+  """A model that a format cannot hold, or a missing optional package; one line."""
+
+
+def require(module: str, pip_name: Optional[str] = None):
+  """Imports an optional dependency, or says how to install it."""
+  try:
+    return importlib.import_module(module)
+  except ImportError:
+    name = pip_name or module
+    raise ExportError(f'this needs {name}: pip install {name}') from None
+
+
+def rename(key: str, rules) -> Optional[str]:
+  """Applies the first matching (pattern, replacement) rule; None when none matches.
+
+  The leaf follows PyTorch: `kernel` and `scale` become `weight`.
+  """
+  for pattern, replacement in rules:
+    if re.match(pattern, key):
+      name = re.sub(pattern, replacement, key)
+      return re.sub(r'\.(kernel|scale)$', '.weight', name)
+  return None
+
+
+# ---------------------------------------------------------------------------
+# Layouts.
+
+
+def _kind(key: str, ndim: int) -> str:
+  if key.endswith('/kernel'):
+    if ndim == 4:
+      return 'conv'
+    if ndim == 3:
+      return 'attn_out' if key.endswith('/out/kernel') else 'attn_in'
+    return 'dense'
+  return 'plain'
+
+
+def to_torch_layout(key: str, x: np.ndarray) -> np.ndarray:
+  """One of our arrays in PyTorch's layout."""
+  x = np.asarray(x)
+  kind = _kind(key, x.ndim)
+  if kind == 'conv':
+    return x.transpose(3, 2, 0, 1)
+  if kind == 'attn_in':
+    return x.reshape(x.shape[0], -1).T
+  if kind == 'attn_out':
+    return x.reshape(-1, x.shape[-1]).T
+  if kind == 'dense':
+    return x.T
+  # q/k/v biases [heads, head_dim] flatten; other vectors, `cls` and the
+  # position embeddings have the same shape in both.
+  return x.reshape(-1) if key.endswith(('/bias', '/scale')) else x
+
+
+def from_torch_layout(key: str, x: np.ndarray, shape: tuple) -> Optional[np.ndarray]:
+  """Inverse of `to_torch_layout` onto our `shape`; None when the shapes do not fit."""
+  kind = _kind(key, len(shape))
+  fits = x.size == math.prod(shape)
+  if kind == 'conv':
+    fits = fits and x.ndim == 4 and x.transpose(2, 3, 1, 0).shape == shape
+    x = x.transpose(2, 3, 1, 0) if fits else x
+  elif kind == 'dense':
+    fits = fits and x.ndim == 2 and x.T.shape == shape
+    x = x.T
+  elif kind == 'attn_in':
+    fits = fits and x.ndim == 2 and x.shape[1] == shape[0]
+    x = x.T
+  elif kind == 'attn_out':
+    fits = fits and x.ndim == 2 and x.shape[0] == shape[-1]
+    x = x.T
+  return x.reshape(shape) if fits else None
+
+
+def to_torch_state(flat: Mapping[str, np.ndarray], name_fn: NameFn) -> Dict[str, np.ndarray]:
+  """Our flat parameters -> a state_dict of contiguous float32 numpy arrays."""
+  out, chunks = {}, {}
+  for key, value in flat.items():
+    name, index = name_fn(key)
+    if name is None:
+      raise ExportError(f'{key} has no counterpart in this format')
+    x = to_torch_layout(key, value)
+    if index is None:
+      out[name] = x
+    else:
+      chunks.setdefault(name, [None] * 3)[index] = x
+  for name, parts in chunks.items():
+    out[name] = np.concatenate(parts, axis=0)
+  return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in out.items()}
+
+
+def from_torch_state(state: Mapping[str, np.ndarray], expected: Mapping[str, tuple],
+                     name_fn: NameFn, what: str) -> Dict[str, np.ndarray]:
+  """A state_dict -> our flat parameters of the `expected` {key: shape}.
+
+  Raises CheckpointError naming the first tensor that is missing, left over,
+  or of the wrong size.
+  """
+  out, used = {}, set()
+  for key, shape in expected.items():
+    name, index = name_fn(key)
+    if name not in state:
+      raise checkpoint.CheckpointError(
+          f'{what} lacks {name}, which {key} {tuple(shape)} needs; check --model')
+    x = np.asarray(state[name])
+    used.add(name)
+    if index is not None:
+      if x.shape[0] % 3:
+        raise checkpoint.CheckpointError(f'{what}: {name} {x.shape} is not 3 stacked q/k/v blocks')
+      x = np.split(x, 3, axis=0)[index]
+    converted = from_torch_layout(key, x, tuple(shape))
+    if converted is None:
+      raise checkpoint.CheckpointError(
+          f'{what}: {name} has shape {tuple(np.shape(state[name]))}, {key} needs {tuple(shape)}; '
+          'check --model')
+    out[key] = np.ascontiguousarray(converted)
+  extra = sorted(set(state) - used)
+  if extra:
+    raise checkpoint.CheckpointError(
+        f'{what} has {extra[0]} {tuple(np.shape(state[extra[0]]))} that the model lacks; '
+        'is it a checkpoint of another architecture? check --model')
+  return out
+
+
+# ---------------------------------------------------------------------------
+# Shapes our model expects for a foreign checkpoint.
+
+
+def expected_shapes(config, num_classes: Optional[int], num_tokens: int, what: str) -> dict:
+  """{key: shape} of `config` with a head of `num_classes` and `num_tokens` positions."""
+  num_prefix = 1 if config.classifier in ('token', 'token_unpooled') else 0
+  grid = math.isqrt(max(num_tokens - num_prefix, 0))
+  if num_tokens <= num_prefix or grid * grid != num_tokens - num_prefix:
+    raise checkpoint.CheckpointError(
+        f'{what}: {num_tokens} position embeddings are not {num_prefix} class token(s) + a square '
+        f'patch grid, as {config.model_name} (classifier={config.classifier}) needs; check --model')
+  size = grid * inference.pixels_per_patch(config)
+  model = models.VisionTransformer(num_classes=num_classes, **config)
+  shapes = jax.eval_shape(lambda: model.init(
+      jax.random.key(0), jnp.zeros((1, size, size, 3)), train=False))['params']
+  return {k: tuple(v.shape) for k, v in checkpoint.flatten(shapes).items()}
+
+
+# ---------------------------------------------------------------------------
+# Files.
+
+
+def save_safetensors(state: Mapping[str, np.ndarray], path: str, metadata: Mapping[str, str]):
+  """Writes a .safetensors file; `format: pt` tells transformers the layout is PyTorch's."""
+  safetensors_numpy = require('safetensors.numpy', 'safetensors')
+  safetensors_numpy.save_file(dict(state), path, metadata={'format': 'pt', **metadata})
+  return path
+
+
+def load_safetensors(path: str) -> Tuple[Dict[str, np.ndarray], Dict[str, str]]:
+  """(tensors as float32 numpy arrays, metadata); bfloat16 files go through torch."""
+  safetensors = require('safetensors')
+  try:
+    try:
+      with safetensors.safe_open(path, 'np') as f:
+        metadata = dict(f.metadata() or {})
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except TypeError:
+      # numpy has no bfloat16: read with torch and widen.
+      torch = require('torch')
+      with safetensors.safe_open(path, 'pt') as f:
+        metadata = dict(f.metadata() or {})
+        tensors = {k: f.get_tensor(k).to(torch.float32).numpy() for k in f.keys()}
+  except ExportError:
+    raise
+  except Exception as e:  # pylint: disable=broad-except
+    # SafetensorError is not importable under a stable name.
+    raise checkpoint.CheckpointError(
+        f'{path}: not a readable .safetensors file ({str(e).splitlines()[0]})') from None
+  return {k: _float32(v) for k, v in tensors.items()}, metadata
+
+
+def load_torch_file(path: str) -> Dict[str, np.ndarray]:
+  """A PyTorch `.pth` / `.bin` state_dict (tensors only, never pickled code)."""
+  torch = require('torch')
+  try:
+    state = torch.load(path, map_location='cpu', weights_only=True)
+  except Exception as e:  # pylint: disable=broad-except
+    raise checkpoint.CheckpointError(f'{path}: not a readable PyTorch state_dict '
+                                     f'({type(e).__name__}); save it as .safetensors') from None
+  for key in ('state_dict', 'model'):
+    if isinstance(state, dict) and isinstance(state.get(key), dict):
+      state = state[key]
+  return {k: _float32(v.to(torch.float32).numpy()) for k, v in state.items()
+          if hasattr(v, 'numpy')}
+
+
+def _float32(x: np.ndarray) -> np.ndarray:
+  return x.astype(np.float32) if np.issubdtype(x.dtype, np.floating) else x
