@@ -37,7 +37,6 @@ import numpy as np
 from vit_jax import hardware
 from vit_jax import benchmark_memory as memory
 from vit_jax import benchmark_timm
-from vit_jax import models
 from vit_jax import optim
 from vit_jax import sharding
 from vit_jax import train
@@ -93,19 +92,11 @@ def validate(opts: Options) -> None:
 def train_config(opts: Options):
   """The experiment config of a train step: common defaults, no dropout, fp32 moments."""
   config = common.get_config()
-  config.update(model=opts.model, dtype=opts.dtype, remat=opts.remat, batch=opts.batch,
-                accum_steps=opts.accum_steps, optimizer=opts.optimizer, total_steps=10**6,
-                warmup_steps=1, dropout_rate=0.0, attention_dropout_rate=0.0)
+  config.update(model=opts.model, dtype=opts.dtype, remat=opts.remat, attention=opts.attention,
+                batch=opts.batch, accum_steps=opts.accum_steps, optimizer=opts.optimizer,
+                total_steps=10**6, warmup_steps=1, dropout_rate=0.0, attention_dropout_rate=0.0)
   config.pp.crop = opts.resolution
   return config
-
-
-def make_model(opts: Options, **overrides):
-  config = train_config(opts)
-  kwargs = dict(num_classes=opts.num_classes, dtype=jnp.dtype(opts.dtype), remat=opts.remat,
-                attention=opts.attention)
-  kwargs.update(overrides)
-  return models.VisionTransformer(**kwargs, **train.model_config(config))
 
 
 def build_step(opts: Options, abstract: bool = False):
@@ -115,7 +106,9 @@ def build_step(opts: Options, abstract: bool = False):
   lower and compile without allocating parameters or optimizer state.
   """
   device = jax.devices()[0]
-  model = make_model(opts)
+  config = train_config(opts)
+  task = train.make_task(config, opts.num_classes, multi_label=False)
+  model = task.model
   shape = (opts.batch, opts.resolution, opts.resolution, 3)
   if abstract:
     data = {'image': jax.ShapeDtypeStruct(shape, jnp.float32),
@@ -131,14 +124,13 @@ def build_step(opts: Options, abstract: bool = False):
     fn = jax.jit(lambda p, x: model.apply({'params': p}, x, train=False))
     return fn, (params, data['image'] if abstract else jax.device_put(data['image'], device))
   mesh = sharding.make_mesh(devices=[device])
-  config = train_config(opts)
   tx, schedule = optim.make_optimizer(config)
   init = functools.partial(train.init_state, model=model, tx=tx, image_size=opts.resolution,
                            ema=False)
   rng = jax.random.PRNGKey(0)
   state_shardings = sharding.tree_shardings(jax.eval_shape(init, rng), mesh)
   batch_sharding = sharding.batch_sharding(mesh)
-  fn = train.jit_train_step(model=model, tx=tx, schedule=schedule, config=config,
+  fn = train.jit_train_step(task=task, tx=tx, schedule=schedule, config=config,
                             state_shardings=state_shardings, batch_sharding=batch_sharding)
   if abstract:
     return fn, (jax.eval_shape(init, rng), data)

@@ -120,6 +120,7 @@ class MppViT(nn.Module):
   model_name: Optional[str] = None
   dtype: Any = jnp.float32
   remat: bool = False
+  attention: str = 'auto'
 
   @nn.compact
   def __call__(self, images, corruption: Optional[Corruption] = None, *, train: bool):
@@ -145,7 +146,8 @@ class MppViT(nn.Module):
       cls = self.param('cls', nn.initializers.zeros, (1, 1, c), jnp.float32)
       x = jnp.concatenate([jnp.tile(cls.astype(self.dtype), (n, 1, 1)), x], axis=1)
       num_prefix = 1
-    x = models_vit.Encoder(dtype=self.dtype, remat=self.remat, name='Transformer',
+    x = models_vit.Encoder(dtype=self.dtype, remat=self.remat, attention=self.attention,
+                           name='Transformer',
                            **self.transformer)(x, train=train)
     logits = nn.Dense(NUM_COLOURS, dtype=self.dtype, name='mpp_head')(x[:, num_prefix:])
     return logits.astype(jnp.float32)

@@ -45,7 +45,8 @@ def model_config(config):
 def make_model(config, num_classes):
   return models.VisionTransformer(
       num_classes=num_classes, head_bias_init=config.head_bias_init,
-      dtype=jnp.dtype(config.dtype), remat=config.remat, **model_config(config))
+      dtype=jnp.dtype(config.dtype), remat=config.remat, attention=config.attention,
+      **model_config(config))
 
 
 class Task(NamedTuple):
@@ -72,7 +73,7 @@ def make_task(config, num_classes: int, multi_label: bool) -> Task:
 
   elif config.task == 'mpp':
     model = mpp.MppViT(dtype=jnp.dtype(config.dtype), remat=config.remat,
-                       **model_config(config))
+                       attention=config.attention, **model_config(config))
 
     def loss_fn(params, batch, rng, train):
       return mpp.loss_fn(params, batch['image'], rng, model=model, train=train)[0]

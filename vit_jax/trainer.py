@@ -198,7 +198,10 @@ def _train_and_evaluate(config, workdir: str, mesh) -> dict:
   progress = run_log.Progress(config.total_steps, first_step, config.batch)
   preemption = _Preemption()
   train_loss, losses = float('nan'), []
-  train_time, timed_steps = 0.0, 0
+  # The whole loop's rate (summary `img_per_sec`): wall time from the end of the
+  # first step (after compilation) to the last, input pipeline, logging and
+  # checkpoint saves included, evaluations and few-shot probes excluded.
+  loop_start, eval_time, timed_steps = None, 0.0, 0
   step_fn, flops = None, 0.0
   try:
     pending = None  # (step, metrics) of the previous step, read while this one runs
@@ -210,8 +213,12 @@ def _train_and_evaluate(config, workdir: str, mesh) -> dict:
                                  state_shardings=state_shardings,
                                  batch_sharding=batch_sharding), state, batch)
         progress.restart_clock(step - 1)
-      step_start = time.perf_counter()
       state, metrics = step_fn(state, batch)
+      if loop_start is None:
+        jax.block_until_ready(metrics)
+        loop_start = time.perf_counter()
+      else:
+        timed_steps += 1
 
       if pending is not None:
         losses.append(_check_finite(config, *pending))
@@ -223,14 +230,10 @@ def _train_and_evaluate(config, workdir: str, mesh) -> dict:
                   or step % config.checkpoint_every == 0 or step % config.eval_every == 0
                   or fewshot_now)
       if not boundary and not preemption.pending:
-        train_time += time.perf_counter() - step_start
-        timed_steps += 1
         continue
 
       losses.append(_check_finite(config, *pending))
       pending = None
-      train_time += time.perf_counter() - step_start
-      timed_steps += 1
       if step % config.progress_every == 0 or step == config.total_steps:
         train_loss = float(np.mean([x for x in losses if np.isfinite(x)] or [np.nan]))
         losses = []
@@ -242,6 +245,7 @@ def _train_and_evaluate(config, workdir: str, mesh) -> dict:
           scalars['mfu'] = flops / (progress.step_time * peak)
         log.scalars(step, scalars)
         log.info('%s', progress.line(step, train_loss, scalars['learning_rate']))
+      eval_start = time.perf_counter()
       if step % config.eval_every == 0 and step != config.total_steps:
         result = _evaluate(eval_fn, state.params, config, batch_sharding)
         log.scalars(step, {'test_accuracy': result['accuracy']})
@@ -249,6 +253,7 @@ def _train_and_evaluate(config, workdir: str, mesh) -> dict:
                  result['examples'])
       if fewshot_now:
         run_fewshot(step)
+      eval_time += time.perf_counter() - eval_start
       if step % config.checkpoint_every == 0 or step == config.total_steps:
         save(step)
       if preemption.reached(step):
@@ -257,6 +262,7 @@ def _train_and_evaluate(config, workdir: str, mesh) -> dict:
         raise TrainingError(f'preempted (SIGTERM) at step {step}; checkpoint written to '
                             f'{workdir}; run the same command again to resume')
       progress.restart_clock(step)
+    loop_time = time.perf_counter() - loop_start - eval_time if timed_steps else 0.0
   except jax.errors.JaxRuntimeError as e:
     if _out_of_memory(e):
       raise TrainingError(
@@ -276,7 +282,7 @@ def _train_and_evaluate(config, workdir: str, mesh) -> dict:
       'test_examples': final['examples'],
       **({'test_accuracy_top5': final['accuracy_top5']} if 'accuracy_top5' in final else {}),
       'wall_time_s': time.time() - wall_start,
-      'img_per_sec': config.batch * timed_steps / train_time if train_time else 0.0,
+      'img_per_sec': config.batch * timed_steps / loop_time if loop_time else 0.0,
       'skipped_steps': int(state.num_skipped),
       'resumed_from_step': first_step,
       'model': config.model,

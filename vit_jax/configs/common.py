@@ -23,6 +23,7 @@ def get_config():
   config.model = 'ViT-B_16'
   config.dtype = 'float32'                 # compute dtype: 'float32' or 'bfloat16'
   config.remat = False                     # recompute blocks in the backward pass
+  config.attention = 'auto'                # 'auto', 'xla', 'cudnn' or 'explicit' (models_vit)
   config.dropout_rate = 0.0
   config.attention_dropout_rate = 0.0
   config.representation_size = ml_collections.config_dict.placeholder(int)  # pre-logits
