@@ -154,8 +154,9 @@ def test_classifier_outputs(classifier, shape):
     np.testing.assert_allclose(features, normed.mean(1), rtol=1e-5, atol=1e-5)
 
 
-def test_attention_weights_and_fast_path_agree():
-  model = models.VisionTransformer(num_classes=7, **_tiny())
+@pytest.mark.parametrize('attention', ['explicit', 'xla'])
+def test_attention_weights_and_fast_path_agree(attention):
+  model = models.VisionTransformer(num_classes=7, attention=attention, **_tiny())
   images = jax.random.uniform(jax.random.key(2), (2, 16, 16, 3), minval=-1, maxval=1)
   params = _random_params(model, images)
   fast = model.apply({'params': params}, images, train=False)
@@ -166,6 +167,32 @@ def test_attention_weights_and_fast_path_agree():
   assert weights.shape == (2, 4, 17, 17)
   np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-5)
   assert block['tokens'][0].shape == (2, 17, 32)
+
+
+def test_attention_implementations_agree_in_values_and_gradients():
+  # 'explicit' (head-major, normalised after the weighted sum) against
+  # jax.nn.dot_product_attention's XLA implementation.
+  images = jax.random.uniform(jax.random.key(4), (3, 16, 16, 3), minval=-1, maxval=1)
+  labels = jnp.array([1, 4, 6])
+  results = []
+  for attention in ('explicit', 'xla'):
+    model = models.VisionTransformer(num_classes=7, attention=attention, **_tiny())
+    params = _random_params(model, images)
+
+    def loss(p, model=model):
+      logits = model.apply({'params': p}, images, train=False)
+      return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], 1))
+    results.append(jax.value_and_grad(loss)(params))
+  (value_a, grads_a), (value_b, grads_b) = results
+  np.testing.assert_allclose(value_a, value_b, rtol=1e-6)
+  # The key bias gets a zero gradient (softmax ignores a shift), so the tolerance
+  # is relative to the largest gradient overall.
+  scale = max(float(jnp.abs(b).max()) for b in jax.tree.leaves(grads_b))
+  for a, b in zip(jax.tree.leaves(grads_a), jax.tree.leaves(grads_b)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6 * scale)
+  with pytest.raises(ValueError, match='attention='):
+    models.VisionTransformer(num_classes=7, attention='flash', **_tiny()).init(
+        jax.random.key(0), images, train=False)
 
 
 def test_bfloat16_compute_float32_params():
