@@ -1,6 +1,6 @@
 r"""Measures the README's main command: `python -m vit_jax.main` (the demo).
 
-  python benchmarks/measure_demo.py [--runs=2]
+  python benchmarks/measure_demo.py [--runs=2] [--keep=workdirs/demo]
 
 Runs the default command in a fresh workdir, times it end to end (process
 start to exit, compilation and evaluation included), reads summary.json, and
@@ -35,11 +35,16 @@ def _cpu_model():
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--runs', type=int, default=1)
+  parser.add_argument('--keep', help='keep the (last) run in this workdir, e.g. workdirs/demo; '
+                      'it must not exist yet, or the run would resume instead of train')
   args = parser.parse_args()
+  if args.keep and os.path.exists(args.keep):
+    parser.error(f'--keep={args.keep} exists; remove it or name another directory')
 
   runs = []
-  for _ in range(args.runs):
-    with tempfile.TemporaryDirectory() as workdir:
+  for i in range(args.runs):
+    with tempfile.TemporaryDirectory() as tmp:
+      workdir = args.keep if args.keep and i == args.runs - 1 else tmp
       start = time.perf_counter()
       subprocess.run([sys.executable, '-m', 'vit_jax.main', f'--workdir={workdir}'], check=True,
                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

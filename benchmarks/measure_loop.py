@@ -30,7 +30,8 @@ CASES = {
                                num_classes=10, warmup=3, steps=20, repeats=3)),
     # A paper model at 224 px, compute-bound on a CPU.
     's16': (['--config=configs/demo.py', '--config.model=ViT-S_16', '--config.pp.crop=224',
-             '--config.batch=16', '--config.total_steps=24', '--config.progress_every=4',
+             '--config.batch=16', '--config.total_steps=24', '--config.warmup_steps=2',
+             '--config.progress_every=4',
              '--config.checkpoint_every=12', '--config.eval_every=1000',
              '--config.batch_eval=64'],
             benchmark.Options(model='ViT-S_16', mode='train', batch=16, resolution=224,

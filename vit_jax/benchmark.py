@@ -283,6 +283,8 @@ def record_path(record: dict, directory: str = 'benchmarks') -> str:
     parts.append(f'r{o["resolution"]}')
   if o['dtype'] != 'float32':
     parts.append(o['dtype'])
+  if record['benchmark'].endswith('--find_max_batch'):
+    parts.append('maxbatch')
   return os.path.join(directory, '_'.join(parts) + '.json')
 
 

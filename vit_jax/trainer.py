@@ -22,6 +22,7 @@ from vit_jax import checkpoint
 from vit_jax import fewshot
 from vit_jax import hardware
 from vit_jax import input_pipeline
+from vit_jax import models_vit
 from vit_jax import optim
 from vit_jax import run_log
 from vit_jax import sharding
@@ -47,6 +48,15 @@ def validate(config, num_devices: int) -> None:
                       f'devices ({num_devices})')
   if config.total_steps < 1:
     raise ConfigError(f'total_steps={config.total_steps} must be positive')
+  if not 0 <= config.warmup_steps < config.total_steps:
+    raise ConfigError(f'warmup_steps={config.warmup_steps} must be in [0, total_steps='
+                      f'{config.total_steps}): set --config.warmup_steps lower')
+  choices = {'task': ('classification', 'mpp'), 'loss': ('softmax', 'sigmoid'),
+             'optimizer': ('adam', 'sgd'), 'decay_type': ('linear', 'cosine'),
+             'attention': models_vit.ATTENTION}
+  for field, allowed in choices.items():
+    if config[field] not in allowed:
+      raise ConfigError(f'{field}={config[field]!r}: use one of {", ".join(allowed)}')
 
 
 class _Preemption:
