@@ -237,7 +237,8 @@ def test_cli_errors_are_one_line(tmp_path):
       (['--config.accum_steps=4', '--config.batch=30'],
        'batch=30 must be a multiple of accum_steps (4)'),
       (['--config.dataset=cifar11'], "cifar11"),
-      (['--config.total_steps=20'], 'warmup_steps=200 must be in [0, total_steps=20)'),
+      (['--config.warmup_steps=20', '--config.total_steps=20'],
+       'warmup_steps=20 must be in [0, total_steps=20)'),
       (['--config.attention=flash'], "attention='flash': use one of auto, xla"),
   ]
   for overrides, message in cases:

@@ -278,12 +278,15 @@ def record_path(record: dict, directory: str = 'benchmarks') -> str:
   """benchmarks/<UTC time>_<platform>_<model>_<mode>[_<dtype>]_b<batch>.json."""
   o = record['options']
   stamp = re.sub(r'[-:]', '', record['time_utc'][:16]).replace('T', 'T')
-  parts = [stamp, record['machine']['platform'], o['model'], o['mode'], f'b{o["batch"]}']
+  search = record['benchmark'].endswith('--find_max_batch')
+  parts = [stamp, record['machine']['platform'], o['model'], o['mode']]
+  if not search:
+    parts.append(f'b{o["batch"]}')
   if o['resolution'] != 224:
     parts.append(f'r{o["resolution"]}')
   if o['dtype'] != 'float32':
     parts.append(o['dtype'])
-  if record['benchmark'].endswith('--find_max_batch'):
+  if search:
     parts.append('maxbatch')
   return os.path.join(directory, '_'.join(parts) + '.json')
 
