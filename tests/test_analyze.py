@@ -10,6 +10,7 @@ from PIL import Image
 from vit_jax import analysis
 from vit_jax import analyze
 from vit_jax import checkpoint
+from vit_jax import datasets
 from vit_jax import inference
 from vit_jax import models
 from vit_jax import mpp
@@ -119,3 +120,18 @@ def test_analyze_errors(tmp_path, capsys):
                        f'--output={tmp_path}']) == 1
   err = capsys.readouterr().err.strip()
   assert '\n' not in err and 'the model expects (384,)' in err
+
+
+def test_analyze_digits_uses_the_demo_test_images(tmp_path):
+  path, _ = random_checkpoint(tmp_path / 'ckpt.npz', small_config(), size=64)
+  out = tmp_path / 'out'
+  assert analyze.main([f'--checkpoint={path}', '--model=testing', '--images=digits',
+                       f'--output={out}', '--num_components=2']) == 0
+  result = json.loads((out / 'analysis.json').read_text())
+  _, test = datasets.digits_split_indices()
+  labels = datasets.load_digits()[1]
+  assert result['images'] == [f'test digit #{i} (a {labels[i]})' for i in test[:4]]
+  names, images = analyze._test_digits(64)
+  assert images.shape == (4, 64, 64, 3) and images.min() >= -1.0 and images.max() <= 1.0
+  # Bright strokes on a dark ground, as the training pipeline sees them.
+  assert images.min() == -1.0 and images.max() > 0.5

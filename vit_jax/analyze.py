@@ -192,6 +192,17 @@ def _rounded(x) -> Optional[list]:
   return None if x is None else np.round(np.asarray(x, np.float64), 6).tolist()
 
 
+def _test_digits(size: int, count: int = 4):
+  """(names, [count, size, size, 3] in [-1, 1]): the first test digits of the demo's dataset."""
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+  from vit_jax import datasets  # pylint: disable=g-import-not-at-top
+  pixels, labels = datasets.load_digits()
+  index = datasets.digits_split_indices()[1][:count]
+  images = [np.asarray(Image.fromarray(pixels[i]).resize((size, size), Image.BILINEAR),
+                       np.float32) / 127.5 - 1.0 for i in index]
+  return [f'test digit #{i} (a {labels[i]})' for i in index], np.stack(images)
+
+
 def write_outputs(result: dict, loaded: inference.LoadedModel, images: np.ndarray,
                   names: List[str], args) -> List[str]:
   os.makedirs(args.output, exist_ok=True)
@@ -247,17 +258,23 @@ def main(argv: Optional[List[str]] = None) -> int:
   parser.add_argument('--checkpoint', required=True, help='.npz file or a workdir with params.npz')
   parser.add_argument('--model', required=True, help='model name, e.g. ViT-B_16')
   parser.add_argument('--images', nargs='*', default=[],
-                      help='image files and/or directories (comma-separated or repeated)')
+                      help='image files and/or directories (comma-separated or repeated), or '
+                      '"digits": test images of the built-in digits (the demo model)')
   parser.add_argument('--output', required=True, help='directory for the PNGs and analysis.json')
   parser.add_argument('--num_components', type=int, default=28,
                       help='principal components of the embedding filters to show')
   args = parser.parse_args(argv)
   try:
-    files = inference.image_files(args.images) if args.images else inference.builtin_images()
-    if not files:
-      raise inference.InputError('no images: pass --images=FILES or a directory')
+    digits = args.images == ['digits']
+    if not digits:
+      files = inference.image_files(args.images) if args.images else inference.builtin_images()
+      if not files:
+        raise inference.InputError('no images: pass --images=FILES or a directory')
     loaded = inference.load_model(args.checkpoint, args.model)
-    images = np.stack([inference.read_image(f, loaded.image_size) for f in files])
+    if digits:
+      files, images = _test_digits(loaded.image_size)
+    else:
+      images = np.stack([inference.read_image(f, loaded.image_size) for f in files])
   except (checkpoint.CheckpointError, inference.InputError) as e:
     print(f'{parser.prog}: error: {e}', file=sys.stderr)
     return 1
