@@ -147,8 +147,7 @@ class MppViT(nn.Module):
       x = jnp.concatenate([jnp.tile(cls.astype(self.dtype), (n, 1, 1)), x], axis=1)
       num_prefix = 1
     x = models_vit.Encoder(dtype=self.dtype, remat=self.remat, attention=self.attention,
-                           name='Transformer',
-                           **self.transformer)(x, train=train)
+                           name='Transformer', **self.transformer)(x, train=train)
     logits = nn.Dense(NUM_COLOURS, dtype=self.dtype, name='mpp_head')(x[:, num_prefix:])
     return logits.astype(jnp.float32)
 
