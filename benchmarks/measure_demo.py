@@ -38,6 +38,8 @@ def main():
   parser.add_argument('--keep', help='keep the (last) run in this workdir, e.g. workdirs/demo; '
                       'it must not exist yet, or the run would resume instead of train')
   args = parser.parse_args()
+  if args.runs < 1:
+    parser.error('--runs must be at least 1')
   if args.keep and os.path.exists(args.keep):
     parser.error(f'--keep={args.keep} exists; remove it or name another directory')
 
@@ -46,14 +48,17 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
       workdir = args.keep if args.keep and i == args.runs - 1 else tmp
       start = time.perf_counter()
-      subprocess.run([sys.executable, '-m', 'vit_jax.main', f'--workdir={workdir}'], check=True,
-                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+      result = subprocess.run([sys.executable, '-m', 'vit_jax.main', f'--workdir={workdir}'],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+      if result.returncode:
+        lines = result.stderr.strip().splitlines() or ['(no output)']
+        sys.exit(f'python -m vit_jax.main failed: {lines[-1]}')
       elapsed = time.perf_counter() - start
       with open(os.path.join(workdir, 'summary.json'), encoding='utf-8') as f:
         summary = json.load(f)
     runs.append({'end_to_end_s': round(elapsed, 1), **summary})
     print(f"test accuracy {summary['test_accuracy']:.4f} in {elapsed:.0f} s end to end "
-          f"({summary['img_per_sec']:.0f} img/s in training steps)")
+          f"(training loop {summary['img_per_sec']:.0f} img/s)")
 
   record = {
       'benchmark': 'demo: python -m vit_jax.main',

@@ -112,3 +112,8 @@ def test_cli_writes_a_record_and_rejects_bad_options(tmp_path, capsys):
   assert 'ViT-B_16' in capsys.readouterr().err  # suggests the close name
   assert benchmark.main(['--model=testing', '--mode=infer', '--accum_steps=2', '--batch=4',
                          '--no_record']) == 2
+  assert benchmark.main(['--model=testing', '--mode=train', '--optimizer=sgd', '--compare=timm',
+                         '--no_record']) == 2
+  assert 'like with like' in capsys.readouterr().err
+  assert benchmark.main(['--model=testing', '--attention=cudnn', '--no_record']) == 2
+  assert 'needs a CUDA GPU' in capsys.readouterr().err

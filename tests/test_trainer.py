@@ -240,6 +240,7 @@ def test_cli_errors_are_one_line(tmp_path):
       (['--config.warmup_steps=20', '--config.total_steps=20'],
        'warmup_steps=20 must be in [0, total_steps=20)'),
       (['--config.attention=flash'], "attention='flash': use one of auto, xla"),
+      (['--config.attention=cudnn'], "attention='cudnn' needs a CUDA GPU"),
   ]
   for overrides, message in cases:
     result = run(str(tmp_path / 'w'), *overrides, check=False)

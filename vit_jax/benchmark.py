@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vit_jax import hardware
+from vit_jax import models_vit
 from vit_jax import benchmark_memory as memory
 from vit_jax import benchmark_timm
 from vit_jax import optim
@@ -82,7 +83,19 @@ def validate(opts: Options) -> None:
     raise BenchmarkError('--steps and --repeats must be >= 1, --warmup >= 0')
   if opts.compare not in (None, 'timm'):
     raise BenchmarkError(f"--compare={opts.compare}: only 'timm' is supported")
-  arch = model_configs.MODEL_CONFIGS[opts.model]  # KeyError names close matches
+  if opts.attention not in models_vit.ATTENTION:
+    raise BenchmarkError(f'--attention={opts.attention}: use one of {", ".join(models_vit.ATTENTION)}')
+  if opts.attention == 'cudnn' and (opts.dtype != 'bfloat16' or jax.default_backend() != 'gpu'):
+    raise BenchmarkError("--attention=cudnn needs a CUDA GPU and --dtype=bfloat16; use 'auto'")
+  if opts.compare == 'timm' and opts.optimizer != 'adam':
+    # timm's step is Adam on the whole batch; accumulation and remat change only
+    # how ours does the same work (remat: more of it), so those stay comparable.
+    raise BenchmarkError('--compare=timm times Adam in timm: drop --optimizer=sgd to compare '
+                         'like with like')
+  try:
+    arch = model_configs.MODEL_CONFIGS[opts.model]
+  except KeyError as e:  # its message names close matches
+    raise BenchmarkError(e.args[0]) from None
   patch = arch.patches.size[0]
   if arch.get('resnet') is None and opts.resolution % patch:
     raise BenchmarkError(f'--resolution={opts.resolution} must be a multiple of the patch '
@@ -277,7 +290,7 @@ def run(opts: Options) -> dict:
 def record_path(record: dict, directory: str = 'benchmarks') -> str:
   """benchmarks/<UTC time>_<platform>_<model>_<mode>[_<dtype>]_b<batch>.json."""
   o = record['options']
-  stamp = re.sub(r'[-:]', '', record['time_utc'][:16]).replace('T', 'T')
+  stamp = re.sub(r'[-:]', '', record['time_utc'][:16])
   search = record['benchmark'].endswith('--find_max_batch')
   parts = [stamp, record['machine']['platform'], o['model'], o['mode']]
   if not search:
@@ -296,7 +309,7 @@ def summary(record: dict) -> str:
   m = record['machine']
   lines = [f'{o["model"]} {o["mode"]} batch {o["batch"]} at {o["resolution"]} px, {o["dtype"]}, '
            f'{m["device_kind"]} ({m["cpu"]}, {m["cpu_cores"]} cores, load '
-           f'{m["load_average_1min"]:.1f})']
+           f'{m["load_average_1min"] or 0:.1f})']
   peak = record['peak']
   lines.append('peak (matmul %d): jnp %.1f GFLOP/s%s' % (
       peak['matmul_size'], peak['jax_matmul_flops'] / 1e9,
@@ -329,7 +342,7 @@ def _parser():
   p.add_argument('--remat', action='store_true')
   p.add_argument('--optimizer', default=d.optimizer, choices=('adam', 'sgd'))
   p.add_argument('--num_classes', type=int, default=d.num_classes)
-  p.add_argument('--attention', default=d.attention, help='auto, xla, cudnn or explicit')
+  p.add_argument('--attention', default=d.attention, choices=models_vit.ATTENTION)
   p.add_argument('--warmup', type=int, default=d.warmup)
   p.add_argument('--steps', type=int, default=d.steps, help='timed steps per repeat and side')
   p.add_argument('--repeats', type=int, default=d.repeats)
@@ -351,6 +364,10 @@ def _parser():
 def main(argv=None) -> int:
   parser = _parser()
   args = parser.parse_args(argv)
+  # On GPUs JAX reserves 75% of the memory when it starts: leave torch its share
+  # when comparing, and let a single-library run use the whole device.
+  os.environ.setdefault('XLA_PYTHON_CLIENT_PREALLOCATE', 'false' if args.compare else 'true')
+  os.environ.setdefault('XLA_PYTHON_CLIENT_MEM_FRACTION', '0.95')
   if args.xla_flags:
     if jax._src.xla_bridge.backends_are_initialized():  # pylint: disable=protected-access
       print(f'{parser.prog}: error: --xla_flags must be set before JAX starts', file=sys.stderr)
@@ -367,7 +384,7 @@ def main(argv=None) -> int:
     else:
       record = run(opts)
       print(summary(record))
-  except (BenchmarkError, benchmark_timm.CompareError, KeyError) as e:
+  except (BenchmarkError, benchmark_timm.CompareError) as e:
     print(f'{parser.prog}: error: {e.args[0] if e.args else e}', file=sys.stderr)
     return 2
   path = args.json or (None if args.no_record else record_path(record))

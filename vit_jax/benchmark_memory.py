@@ -31,7 +31,8 @@ def compiled_memory(compiled) -> dict:
   out = {'memory_estimate_bytes': estimate_bytes(compiled)}
   stats = jax.devices()[0].memory_stats() or {}
   if 'peak_bytes_in_use' in stats:
-    out.update(memory_bytes=int(stats['peak_bytes_in_use']), memory_source='device peak')
+    # The process's peak: the step's, unless the peak matmul probe was larger.
+    out.update(memory_bytes=int(stats['peak_bytes_in_use']), memory_source='device peak (process)')
   else:
     out.update(memory_bytes=out['memory_estimate_bytes'], memory_source='XLA estimate')
   return out
@@ -151,4 +152,7 @@ def describe(record: dict) -> str:
     line += f' (x {o["accum_steps"]} accumulation steps = {record["max_batch"]})'
   if record['budget_bytes']:
     line += f' within {record["budget_bytes"] / 2**30:.1f} GiB'
-  return f'{line} [{record["method"]}]'
+  method = record['method']
+  if o['remat'] and record['budget_bytes']:
+    method += '; XLA:CPU ignores remat, so this is the estimate without it'
+  return f'{line} [{method}]'

@@ -2,7 +2,7 @@
 
 The model is built from our architecture config, so both sides run the same
 network: patch size, width, depth, heads, MLP size, class token or mean
-pooling, 1000 classes, GELU with the tanh approximation (as ours, paper code),
+pooling, the same number of classes, GELU with the tanh approximation (as ours, paper code),
 LayerNorm eps 1e-6, no dropout. A train step is what ours does: forward,
 softmax cross-entropy, backward, clipping at global norm 1, Adam. timm runs
 eager on CPU and under `torch.compile` with bf16 autocast on CUDA; attention

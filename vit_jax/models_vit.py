@@ -8,8 +8,8 @@ Module names are the parameter names of the public `.npz` checkpoints
 Every layer computes in `dtype` (e.g. bfloat16) and keeps float32 parameters.
 For analysis, call `apply(..., mutable=['intermediates'])`: each encoder block
 then sows its attention weights (`attention_weights`, [B, heads, N, N]) and its
-output tokens (`tokens`, [B, N, D]). Without that collection the attention runs
-through `jax.nn.dot_product_attention` and materialises nothing extra.
+output tokens (`tokens`, [B, N, D]). Without that collection nothing extra is
+kept; how attention is computed is the `attention` attribute (see ATTENTION).
 """
 
 import math
@@ -25,13 +25,30 @@ Dtype = Any
 
 CLASSIFIERS = ('token', 'gap', 'unpooled', 'token_unpooled')
 
-# How attention is computed when its weights are not captured. 'explicit'
-# writes out the math head-major ([batch, heads, tokens, head_dim]) and
-# normalises after the weighted sum (N x head_dim divisions instead of N x N);
-# 'xla' and 'cudnn' are the implementations of `jax.nn.dot_product_attention`.
-# 'auto' takes cuDNN's fused (flash) attention on GPUs in half precision and
-# 'explicit' elsewhere: on CPU it runs 3x faster than 'xla' (README "Speed").
+# How attention is computed when its weights are neither captured nor dropped
+# out (those two need the weights, so they always take the written-out path).
+# 'explicit' writes out the math head-major ([batch, heads, tokens, head_dim])
+# and normalises after the weighted sum (N x head_dim divisions instead of
+# N x N); 'xla' and 'cudnn' are the implementations of
+# `jax.nn.dot_product_attention`. 'auto' takes cuDNN's fused (flash) attention
+# where it applies (CUDA GPUs of compute capability >= 8.0, half precision,
+# head_dim a multiple of 8 up to 128) and 'explicit' elsewhere; on CPU the
+# attention itself runs 3x faster than with 'xla' (README "Speed").
 ATTENTION = ('auto', 'xla', 'cudnn', 'explicit')
+
+
+def cudnn_attention_applies(dtype, head_dim: int) -> bool:
+  """Whether cuDNN's fused attention can run here: CUDA, sm80+, half precision."""
+  if jnp.dtype(dtype) not in (jnp.bfloat16, jnp.float16) or jax.default_backend() != 'gpu':
+    return False
+  device = jax.devices()[0]
+  if 'cuda' not in getattr(device.client, 'platform_version', '').lower():
+    return False  # e.g. ROCm
+  try:
+    capability = float(getattr(device, 'compute_capability', '0'))
+  except ValueError:
+    return False
+  return capability >= 8.0 and head_dim % 8 == 0 and head_dim <= 128
 
 
 def _layer_norm(name, dtype):
@@ -98,19 +115,21 @@ class MultiHeadDotProductAttention(nn.Module):
     out_kernel, out_bias = _Projection(
         (self.num_heads, head_dim, d), (d,), 2, name='out')()
 
-    def project(layout):
+    def project(layout, query_scale=1.0):
       # q, k and v straight into the layout the attention reads; XLA needs no
       # transposes between the projections and the attention (README "Speed").
-      return [jnp.einsum(f'bnd,dhk->{layout}', x, kernel.astype(self.dtype))
-              + (bias if layout == 'bnhk' else bias[:, None]).astype(self.dtype)
-              for kernel, bias in qkv_params]
+      # The query's 1/sqrt(head_dim) is folded into its kernel in float32.
+      scales = (query_scale, 1.0, 1.0)
+      return [jnp.einsum(f'bnd,dhk->{layout}', x, (kernel * scale).astype(self.dtype))
+              + (bias * scale if layout == 'bnhk' else bias[:, None] * scale).astype(self.dtype)
+              for (kernel, bias), scale in zip(qkv_params, scales)]
 
     need_weights = self.is_mutable_collection('intermediates')
     use_dropout = not deterministic and self.dropout_rate > 0.0
     implementation = self.attention
     if implementation == 'auto':
-      half = jnp.dtype(self.dtype) in (jnp.bfloat16, jnp.float16)
-      implementation = 'cudnn' if half and jax.default_backend() == 'gpu' else 'explicit'
+      implementation = ('cudnn' if cudnn_attention_applies(self.dtype, head_dim)
+                        else 'explicit')
     out_kernel = out_kernel.astype(self.dtype)
     out_bias = out_bias.astype(self.dtype)
 
@@ -119,8 +138,7 @@ class MultiHeadDotProductAttention(nn.Module):
       y = jax.nn.dot_product_attention(q, k, v, implementation=implementation)
       return jnp.einsum('bnhk,hkd->bnd', y, out_kernel) + out_bias
 
-    q, k, v = project('bhnk')
-    q = q * jnp.asarray(head_dim ** -0.5, self.dtype)
+    q, k, v = project('bhnk', query_scale=head_dim ** -0.5)
     # Logits and softmax in float32 for range.
     logits = jnp.einsum('bhqk,bhsk->bhqs', q, k, preferred_element_type=jnp.float32)
     if need_weights or use_dropout:

@@ -50,13 +50,17 @@ def validate(config, num_devices: int) -> None:
     raise ConfigError(f'total_steps={config.total_steps} must be positive')
   if not 0 <= config.warmup_steps < config.total_steps:
     raise ConfigError(f'warmup_steps={config.warmup_steps} must be in [0, total_steps='
-                      f'{config.total_steps}): set --config.warmup_steps lower')
+                      f'{config.total_steps})')
   choices = {'task': ('classification', 'mpp'), 'loss': ('softmax', 'sigmoid'),
              'optimizer': ('adam', 'sgd'), 'decay_type': ('linear', 'cosine'),
              'attention': models_vit.ATTENTION}
   for field, allowed in choices.items():
     if config[field] not in allowed:
       raise ConfigError(f'{field}={config[field]!r}: use one of {", ".join(allowed)}')
+  if config.attention == 'cudnn' and (config.dtype not in ('bfloat16', 'float16')
+                                      or jax.default_backend() != 'gpu'):
+    raise ConfigError("attention='cudnn' needs a CUDA GPU and --config.dtype=bfloat16; "
+                      "use attention='auto', which takes cuDNN where it applies")
 
 
 class _Preemption:
