@@ -115,14 +115,12 @@ class MultiHeadDotProductAttention(nn.Module):
     out_kernel, out_bias = _Projection(
         (self.num_heads, head_dim, d), (d,), 2, name='out')()
 
-    def project(layout, query_scale=1.0):
+    def project(layout):
       # q, k and v straight into the layout the attention reads; XLA needs no
       # transposes between the projections and the attention (README "Speed").
-      # The query's 1/sqrt(head_dim) is folded into its kernel in float32.
-      scales = (query_scale, 1.0, 1.0)
-      return [jnp.einsum(f'bnd,dhk->{layout}', x, (kernel * scale).astype(self.dtype))
-              + (bias * scale if layout == 'bnhk' else bias[:, None] * scale).astype(self.dtype)
-              for (kernel, bias), scale in zip(qkv_params, scales)]
+      return [jnp.einsum(f'bnd,dhk->{layout}', x, kernel.astype(self.dtype))
+              + (bias if layout == 'bnhk' else bias[:, None]).astype(self.dtype)
+              for kernel, bias in qkv_params]
 
     need_weights = self.is_mutable_collection('intermediates')
     use_dropout = not deterministic and self.dropout_rate > 0.0
@@ -138,7 +136,8 @@ class MultiHeadDotProductAttention(nn.Module):
       y = jax.nn.dot_product_attention(q, k, v, implementation=implementation)
       return jnp.einsum('bnhk,hkd->bnd', y, out_kernel) + out_bias
 
-    q, k, v = project('bhnk', query_scale=head_dim ** -0.5)
+    q, k, v = project('bhnk')
+    q = q * jnp.asarray(head_dim ** -0.5, self.dtype)
     # Logits and softmax in float32 for range.
     logits = jnp.einsum('bhqk,bhsk->bhqs', q, k, preferred_element_type=jnp.float32)
     if need_weights or use_dropout:
