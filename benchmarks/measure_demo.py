@@ -12,24 +12,12 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 import time
 
-import jax
-
-
-def _cpu_model():
-  try:
-    with open('/proc/cpuinfo', encoding='utf-8') as f:
-      for line in f:
-        if line.startswith('model name'):
-          return line.split(':', 1)[1].strip()
-  except OSError:
-    pass
-  return platform.processor()
+from vit_jax import hardware
 
 
 def main():
@@ -63,8 +51,7 @@ def main():
   record = {
       'benchmark': 'demo: python -m vit_jax.main',
       'date': datetime.datetime.now().isoformat(timespec='seconds'),
-      'machine': {'cpu': _cpu_model(), 'cores': os.cpu_count(), 'platform': platform.platform()},
-      'versions': {'python': platform.python_version(), 'jax': jax.__version__},
+      'machine': hardware.machine_info(),
       'runs': runs,
       'target_met': all(r['test_accuracy'] >= 0.97 and r['end_to_end_s'] <= 600 for r in runs),
   }

@@ -40,15 +40,11 @@ def evaluate(loaded: inference.LoadedModel, data_config, split: str, batch_shard
         f'{loaded.model.num_classes}; evaluate a checkpoint fine-tuned on it')
   counts_fn = _counts_fn(loaded.model, info.multi_label)
   params = jax.device_put(loaded.params, sharding.replicated(batch_sharding.mesh))
-  sums = {}
-  for batch in input_pipeline.make_eval_iterator(data_config, batch_sharding, split=split):
-    for key, value in counts_fn(params, batch).items():
-      sums[key] = sums.get(key, 0.0) + float(value)
-  count = max(sums.get('count', 0.0), 1.0)
-  result = {'top1': sums['correct'] / count, 'examples': int(sums.get('count', 0))}
-  if 'correct_top5' in sums:
-    result['top5'] = sums['correct_top5'] / count
-  return result
+  result = train.accuracy(counts_fn, params, input_pipeline.make_eval_iterator(
+      data_config, batch_sharding, split=split))
+  top5 = result.pop('accuracy_top5', None)
+  return {'top1': result['accuracy'], 'examples': result['examples'],
+          **({'top5': top5} if top5 is not None else {})}
 
 
 def main(argv=None) -> int:

@@ -365,18 +365,15 @@ def main(argv=None) -> int:
       print(f'{name:40s} {value:.4f}')
   workdir = args.workdir or (args.checkpoint if os.path.isdir(args.checkpoint) else None)
   if workdir and jax.process_index() == 0:
-    log = run_log.RunLog(workdir, is_main=True)
-    log.scalars(0, scalars)
-    log.close()
     path = os.path.join(workdir, 'summary.json')
     summary = {}
     if os.path.exists(path):
       with open(path, encoding='utf-8') as f:
         summary = json.load(f)
-    summary.update(scalars)
-    with open(path + '.tmp', 'w', encoding='utf-8') as f:
-      json.dump(summary, f, indent=2, sort_keys=True)
-    os.replace(path + '.tmp', path)
+    log = run_log.RunLog(workdir, is_main=True)
+    log.scalars(0, scalars)
+    log.write_json('summary.json', {**summary, **scalars})
+    log.close()
     print(f'wrote {path}')
   return 0
 

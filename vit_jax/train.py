@@ -108,6 +108,22 @@ def classification_counts(logits, labels, mask, multi_label: bool) -> dict:
   return counts
 
 
+def accuracy(eval_fn, params, batches) -> dict:
+  """Exact accuracy over `batches`: `eval_fn`'s counts summed, then divided.
+
+  Returns {'accuracy', 'examples'} and 'accuracy_top5' when `eval_fn` counts it.
+  """
+  sums = {}
+  for batch in batches:
+    for key, value in eval_fn(params, batch).items():
+      sums[key] = sums.get(key, 0.0) + float(value)
+  count = max(sums.get('count', 0.0), 1.0)
+  result = {'accuracy': sums.get('correct', 0.0) / count, 'examples': int(sums.get('count', 0))}
+  if 'correct_top5' in sums:
+    result['accuracy_top5'] = sums['correct_top5'] / count
+  return result
+
+
 def init_state(rng, *, model, tx, image_size, ema: bool) -> TrainState:
   init_rng, state_rng = jax.random.split(rng)
   images = jnp.zeros((1, image_size, image_size, 3), jnp.float32)

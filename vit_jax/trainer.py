@@ -108,15 +108,8 @@ def _host_tree(tree):
 
 def _evaluate(eval_fn, params, config, batch_sharding) -> dict:
   """Exact top-1 (and top-5) accuracy over the whole test split."""
-  sums = {}
-  for batch in input_pipeline.make_eval_iterator(config, batch_sharding):
-    for key, value in eval_fn(params, batch).items():
-      sums[key] = sums.get(key, 0.0) + float(value)
-  count = max(sums.get('count', 0.0), 1.0)
-  result = {'accuracy': sums.get('correct', 0.0) / count, 'examples': int(sums.get('count', 0))}
-  if 'correct_top5' in sums:
-    result['accuracy_top5'] = sums['correct_top5'] / count
-  return result
+  return train.accuracy(eval_fn, params,
+                        input_pipeline.make_eval_iterator(config, batch_sharding))
 
 
 def _compile(fn, *args):
