@@ -9,6 +9,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
+OPTIMIZERS = ('adam', 'sgd')        # pre-training, fine-tuning (paper B.1)
+DECAY_TYPES = ('linear', 'cosine')
+
 
 def learning_rate_schedule(config):
   """Linear warm-up from 0 to `base_lr`, then linear or cosine decay to 0."""
@@ -20,7 +23,7 @@ def learning_rate_schedule(config):
   elif config.decay_type == 'cosine':
     decay = optax.cosine_decay_schedule(config.base_lr, total - warmup)
   else:
-    raise ValueError(f"decay_type={config.decay_type!r}: use 'linear' or 'cosine'")
+    raise ValueError(f"decay_type={config.decay_type!r}: use one of {', '.join(DECAY_TYPES)}")
   warm = optax.linear_schedule(0.0, config.base_lr, warmup)
   return optax.join_schedules([warm, decay], [warmup])
 
@@ -44,7 +47,7 @@ def make_optimizer(config):
   elif config.optimizer == 'sgd':
     direction = optax.trace(decay=config.momentum, accumulator_dtype=moment_dtype)
   else:
-    raise ValueError(f"optimizer={config.optimizer!r}: use 'adam' or 'sgd'")
+    raise ValueError(f"optimizer={config.optimizer!r}: use one of {', '.join(OPTIMIZERS)}")
   parts = []
   if config.grad_norm_clip:
     parts.append(optax.clip_by_global_norm(config.grad_norm_clip))

@@ -22,6 +22,10 @@ from vit_jax import sharding
 from vit_jax.configs import models as model_configs
 
 
+TASKS = ('classification', 'mpp')   # supervised, or masked patch prediction (paper B.1.2)
+LOSSES = ('softmax', 'sigmoid')      # sigmoid for multi-label data such as JFT (paper B.1)
+
+
 @flax.struct.dataclass
 class TrainState:
   step: jax.Array            # int32 scalar: optimizer steps taken
@@ -88,7 +92,7 @@ def make_task(config, num_classes: int, multi_label: bool) -> Task:
       return {'correct': jnp.sum(correct), 'count': jnp.sum(counted)}
 
   else:
-    raise ValueError(f"task={config.task!r}: use 'classification' or 'mpp'")
+    raise ValueError(f"task={config.task!r}: use one of {', '.join(TASKS)}")
   return Task(model, loss_fn, eval_fn)
 
 
@@ -145,7 +149,7 @@ def cross_entropy(logits, labels, *, loss: str, label_smoothing: float = 0.0):
   if loss == 'sigmoid':
     # Paper B.1: sigmoid cross-entropy for multi-label JFT, summed over classes.
     return jnp.mean(jnp.sum(optax.sigmoid_binary_cross_entropy(logits, targets), axis=-1))
-  raise ValueError(f"loss={loss!r}: use 'softmax' or 'sigmoid'")
+  raise ValueError(f"loss={loss!r}: use one of {', '.join(LOSSES)}")
 
 
 def _micro_batches(x, accum_steps):

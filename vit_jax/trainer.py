@@ -51,9 +51,8 @@ def validate(config, num_devices: int) -> None:
   if not 0 <= config.warmup_steps < config.total_steps:
     raise ConfigError(f'warmup_steps={config.warmup_steps} must be in [0, total_steps='
                       f'{config.total_steps})')
-  choices = {'task': ('classification', 'mpp'), 'loss': ('softmax', 'sigmoid'),
-             'optimizer': ('adam', 'sgd'), 'decay_type': ('linear', 'cosine'),
-             'attention': models_vit.ATTENTION}
+  choices = {'task': train.TASKS, 'loss': train.LOSSES, 'optimizer': optim.OPTIMIZERS,
+             'decay_type': optim.DECAY_TYPES, 'attention': models_vit.ATTENTION}
   for field, allowed in choices.items():
     if config[field] not in allowed:
       raise ConfigError(f'{field}={config[field]!r}: use one of {", ".join(allowed)}')
