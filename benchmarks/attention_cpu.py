@@ -8,7 +8,7 @@ r"""Where the CPU time goes: attention implementations and one encoder block, ou
    (attention='explicit', the default on CPU), and timm's `Attention`, which
    calls torch's `scaled_dot_product_attention`.
 2. One encoder block of ViT-S/16 at batch 16, forward and forward+backward:
-   `models_vit.Encoder1DBlock` against timm's `Block` (tanh GELU, eps 1e-6).
+   `vit.Encoder1DBlock` against timm's `Block` (tanh GELU, eps 1e-6).
 Milliseconds, median of 8 synchronised calls; torch on as many threads as cores.
 """
 
@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vit_jax import models_vit
+from vit_jax.models import vit
 
 
 def median_ms(fn, repeats=8):
@@ -38,7 +38,7 @@ def attention_op():
   x = jax.random.normal(jax.random.key(0), (batch, tokens, heads * head_dim))
   results = {}
   for attention in ('xla', 'explicit'):
-    module = models_vit.MultiHeadDotProductAttention(num_heads=heads, attention=attention)
+    module = vit.MultiHeadDotProductAttention(num_heads=heads, attention=attention)
     params = module.init(jax.random.key(1), x, deterministic=True)
     fn = jax.jit(lambda p, x, m=module: m.apply(p, x, deterministic=True))
     results[f'vit_jax attention={attention}'] = median_ms(
@@ -60,7 +60,7 @@ def encoder_block():
   from timm.models import vision_transformer  # pylint: disable=g-import-not-at-top
   batch, tokens, width, heads = 16, 197, 384, 6
   x = jax.random.normal(jax.random.key(0), (batch, tokens, width))
-  block = models_vit.Encoder1DBlock(mlp_dim=4 * width, num_heads=heads, dropout_rate=0.0,
+  block = vit.Encoder1DBlock(mlp_dim=4 * width, num_heads=heads, dropout_rate=0.0,
                                     attention_dropout_rate=0.0)
   params = block.init(jax.random.key(1), x, True)
   forward = jax.jit(lambda p, x: block.apply(p, x, True))

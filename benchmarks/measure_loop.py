@@ -19,14 +19,14 @@ import subprocess
 import sys
 import tempfile
 
-from vit_jax import benchmark
+from vit_jax.bench import speed
 from vit_jax import hardware
 
 # name -> (config overrides for vit_jax.main, benchmark options of the same step)
 CASES = {
     # The README's demo: a tiny model, so the input pipeline has the most to keep up with.
     'demo': (['--config=configs/demo.py', '--config.total_steps=600'],
-             benchmark.Options(model='ViT-Demo_4', mode='train', batch=128, resolution=16,
+             speed.Options(model='ViT-Demo_4', mode='train', batch=128, resolution=16,
                                num_classes=10, warmup=3, steps=20, repeats=3)),
     # A paper model at 224 px, compute-bound on a CPU.
     's16': (['--config=configs/demo.py', '--config.model=ViT-S_16', '--config.pp.crop=224',
@@ -34,7 +34,7 @@ CASES = {
              '--config.progress_every=4',
              '--config.checkpoint_every=12', '--config.eval_every=1000',
              '--config.batch_eval=64'],
-            benchmark.Options(model='ViT-S_16', mode='train', batch=16, resolution=224,
+            speed.Options(model='ViT-S_16', mode='train', batch=16, resolution=224,
                               num_classes=10, warmup=1, steps=4, repeats=3)),
 }
 
@@ -65,7 +65,7 @@ def main():
   for name in args.cases.split(','):
     flags, opts = CASES[name]
     loop = run_loop(flags)['img_per_sec']
-    step = benchmark.run(opts)['vit_jax']['img_per_sec']
+    step = speed.run(opts)['vit_jax']['img_per_sec']
     results[name] = {'main_flags': flags, 'loop_img_per_sec': loop, 'step_img_per_sec': step,
                      'loop_over_step': loop / step, 'target_met': loop >= 0.9 * step}
     print(f'{name}: loop {loop:.1f} img/s, bare step {step:.1f} img/s, '

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vit_jax import checkpoint
-from vit_jax import export
+from vit_jax.interop import export
 from vit_jax import models
 from vit_jax.configs import models as model_configs
 

@@ -25,11 +25,11 @@ import numpy as np
 import optax
 from PIL import Image
 
-from vit_jax import analyze
+from vit_jax.evaluation import figures
 from vit_jax import checkpoint
-from vit_jax import inference
+from vit_jax.evaluation import inference
 from vit_jax import models
-from vit_jax import mpp
+from vit_jax.models import mpp
 from vit_jax.configs import models as model_configs
 
 SIZE = 32
@@ -112,8 +112,8 @@ def main():
   grid = SIZE // config.patches.size[0]
   loaded = inference.LoadedModel(model, backbone, config, SIZE, grid, config.patches.size[0], 1)
   images = np.stack([inference.read_image(f, SIZE) for f in files])
-  result = analyze.compute(loaded, images, num_components=28)
-  names = analyze.write_outputs(result, loaded, images, files, types.SimpleNamespace(
+  result = figures.compute(loaded, images, num_components=28)
+  names = figures.write_outputs(result, loaded, images, files, types.SimpleNamespace(
       output=args.output, model=config.model_name, checkpoint=path))
   print(f'wrote {path} and {", ".join(names)} to {args.output}')
   print('mean attention distance (pixels), per layer:',

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from sklearn.decomposition import PCA
 
-from vit_jax import analysis
+from vit_jax.evaluation import analysis
 
 
 def with_class_token(patch_attention, to_class=0.0):

@@ -7,14 +7,15 @@ import jax.numpy as jnp
 import numpy as np
 from PIL import Image
 
-from vit_jax import analysis
-from vit_jax import analyze
+from vit_jax.evaluation import analysis
+from vit_jax.evaluation import figures
 from vit_jax import checkpoint
-from vit_jax import datasets
-from vit_jax import inference
+from vit_jax.data import datasets
+from vit_jax.evaluation import inference
 from vit_jax import models
-from vit_jax import mpp
+from vit_jax.models import mpp
 from vit_jax.configs import models as model_configs
+from vit_jax import analyze
 
 
 def small_config(**overrides):
@@ -87,7 +88,7 @@ def test_analyze_a_gap_model():
   rng = np.random.default_rng(0)
   params = jax.tree.map(lambda s: rng.normal(0, 0.5, s.shape).astype(np.float32), shapes)
   loaded = inference.LoadedModel(model, params, config, 32, 2, 16, 0)
-  result = analyze.compute(loaded, images, num_components=4)
+  result = figures.compute(loaded, images, num_components=4)
   _, state = model.apply({'params': params}, images, train=False, mutable=['intermediates'])
   att = np.asarray(state['intermediates']['Transformer']['encoderblock_0'][
       'MultiHeadDotProductAttention_1']['attention_weights'][0])
@@ -131,7 +132,7 @@ def test_analyze_digits_uses_the_demo_test_images(tmp_path):
   _, test = datasets.digits_split_indices()
   labels = datasets.load_digits()[1]
   assert result['images'] == [f'test digit #{i} (a {labels[i]})' for i in test[:4]]
-  names, images = analyze._test_digits(64)
+  names, images = figures.test_digits(64)
   assert images.shape == (4, 64, 64, 3) and images.min() >= -1.0 and images.max() <= 1.0
   # Bright strokes on a dark ground, as the training pipeline sees them.
   assert images.min() == -1.0 and images.max() > 0.5

@@ -7,14 +7,15 @@ import os
 import jax
 import pytest
 
+from vit_jax.bench import speed
+from vit_jax.bench import memory
 from vit_jax import benchmark
-from vit_jax import benchmark_memory
 
 
 def tiny(**overrides):
   kwargs = dict(model='testing', batch=4, resolution=32, warmup=1, steps=2, repeats=2)
   kwargs.update(overrides)
-  return benchmark.Options(**kwargs)
+  return speed.Options(**kwargs)
 
 
 def check_side(side, batch):
@@ -26,7 +27,7 @@ def check_side(side, batch):
 
 
 def test_infer_record_fields_and_numbers():
-  record = benchmark.run(tiny(mode='infer'))
+  record = speed.run(tiny(mode='infer'))
   check_side(record['vit_jax'], 4)
   ours = record['vit_jax']
   assert len(ours['step_times_s']) == 4  # steps x repeats
@@ -44,7 +45,7 @@ def test_infer_record_fields_and_numbers():
 def test_train_with_accumulation_against_timm():
   pytest.importorskip('timm')
   # One torch thread: OpenMP's spinning threads make tiny steps erratic on a busy machine.
-  record = benchmark.run(tiny(mode='train', batch=4, accum_steps=2, compare='timm', threads=1))
+  record = speed.run(tiny(mode='train', batch=4, accum_steps=2, compare='timm', threads=1))
   check_side(record['vit_jax'], 4)
   check_side(record['timm'], 4)
   assert record['ratio_vs_timm'] == pytest.approx(
@@ -53,17 +54,17 @@ def test_train_with_accumulation_against_timm():
   assert record['timm']['setup']['optimizer'].startswith('torch.optim.Adam')
   assert record['timm']['setup']['threads'] == 1
   # Accumulation does not change the work per image: the count is the micro-step's.
-  single = benchmark.xla_flops_per_image(tiny(mode='train', batch=2))
+  single = speed.xla_flops_per_image(tiny(mode='train', batch=2))
   assert record['flops_per_image']['xla'] == pytest.approx(single, rel=1e-6)
 
 
 @pytest.mark.parametrize('mode,factor', [('infer', 1), ('train', 3)])
 def test_flops_match_the_closed_form_for_vit_b16(mode, factor):
   # Paper numbers (REFERENCE 7): ViT-B/16 at 224 costs 17.6 GMACs per image forward.
-  opts = benchmark.Options(model='ViT-B_16', mode=mode, batch=2)
-  analytic = benchmark.analytic_flops_per_image(opts)
+  opts = speed.Options(model='ViT-B_16', mode=mode, batch=2)
+  analytic = speed.analytic_flops_per_image(opts)
   assert analytic == pytest.approx(factor * 2 * 17.6e9, rel=0.005)
-  xla = benchmark.xla_flops_per_image(opts)
+  xla = speed.xla_flops_per_image(opts)
   # XLA also counts the elementwise work (softmax, GELU, LayerNorm, Adam): a few %.
   assert analytic < xla < 1.04 * analytic
 
@@ -75,25 +76,25 @@ def test_largest_search_is_exact_and_cheap():
     def fits(b, answer=answer, probes=probes):
       probes.append(b)
       return b <= answer
-    assert benchmark_memory._largest(fits, 40, limit=4096) == answer
+    assert memory._largest(fits, 40, limit=4096) == answer
     assert len(probes) <= 2 * 12 + 2
   probes = []
-  assert benchmark_memory._largest(lambda b: probes.append(b) or b <= 64, 64, 4096) == 64
+  assert memory._largest(lambda b: probes.append(b) or b <= 64, 64, 4096) == 64
   assert len(probes) == 2  # a right guess costs two probes
 
 
 def test_find_max_batch_on_cpu_meets_the_budget():
   opts = tiny(mode='infer', batch=1)
-  fn, args = benchmark.build_step(dataclasses.replace(opts, batch=6), abstract=True)
-  budget = benchmark_memory.estimate_bytes(fn.lower(*args).compile())  # batch 6 fits
-  record = benchmark_memory.find_max_batch(opts, benchmark.build_step, benchmark.JaxRunner,
+  fn, args = speed.build_step(dataclasses.replace(opts, batch=6), abstract=True)
+  budget = memory.estimate_bytes(fn.lower(*args).compile())  # batch 6 fits
+  record = memory.find_max_batch(opts, speed.build_step, speed.JaxRunner,
                                            budget_bytes=budget)
   micro = record['max_micro_batch']
   assert micro >= 6 and record['max_batch'] == micro
   sizes = {p['micro_batch']: p['estimate_bytes'] for p in record['probes']}
   assert sizes[micro] <= budget < sizes[micro + 1]
   assert record['method'] == 'XLA CPU-compiled estimate'
-  assert 'largest batch per device' in benchmark_memory.describe(record)
+  assert 'largest batch per device' in memory.describe(record)
 
 
 def test_cli_writes_a_record_and_rejects_bad_options(tmp_path, capsys):
@@ -103,7 +104,7 @@ def test_cli_writes_a_record_and_rejects_bad_options(tmp_path, capsys):
   record = json.loads(path.read_text())
   assert record['options']['batch'] == 2 and record['vit_jax']['img_per_sec'] > 0
   assert record['command'].startswith('python -m vit_jax.benchmark')
-  name = os.path.basename(benchmark.record_path(record))
+  name = os.path.basename(speed.record_path(record))
   assert name.endswith('_cpu_testing_infer_b2_r32.json')
   assert benchmark.main(['--model=testing', '--resolution=30', '--no_record']) == 2
   err = capsys.readouterr().err.strip()

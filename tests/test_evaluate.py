@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 from vit_jax import checkpoint
-from vit_jax import evaluate
-from vit_jax import fewshot
-from vit_jax import input_pipeline
+from vit_jax.data import pipeline
 from vit_jax import models
 from vit_jax import sharding
 from vit_jax.configs import models as model_configs
+from vit_jax import evaluate
+from vit_jax import fewshot as fewshot_cli
 
 
 @pytest.fixture(scope='module')
@@ -36,10 +36,10 @@ def test_top1_top5_over_every_test_example(workdir, capsys):
   result = json.loads(capsys.readouterr().out)
 
   # Independently: all test images in one batch, accuracy from numpy.
-  config = input_pipeline.data_config()
+  config = pipeline.data_config()
   config.update(dataset='digits', batch_eval=400)
   config.pp.crop = 16
-  batch = next(iter(input_pipeline.make_eval_iterator(
+  batch = next(iter(pipeline.make_eval_iterator(
       config, sharding.batch_sharding(sharding.make_mesh()))))
   mask = np.asarray(batch['mask']).astype(bool)
   logits = np.asarray(model.apply({'params': params}, batch['image'], train=False))[mask]
@@ -63,7 +63,7 @@ def test_evaluate_errors_are_one_line(workdir, capsys):
 
 def test_fewshot_command_line_writes_scalars_and_summary(workdir, capsys):
   path, model, params = workdir
-  assert fewshot.main([f'--checkpoint={path}', '--model=testing', '--datasets=digits',
+  assert fewshot_cli.main([f'--checkpoint={path}', '--model=testing', '--datasets=digits',
                        '--shots=1,5', '--seeds=0,1']) == 0
   out = capsys.readouterr().out
   assert 'fewshot/digits_5shot' in out

@@ -18,11 +18,12 @@ import numpy as np
 import pytest
 
 from vit_jax import checkpoint
-from vit_jax import export
-from vit_jax import interop
-from vit_jax import interop_timm
+from vit_jax.interop import export
+from vit_jax.interop import torch_layout
+from vit_jax.interop import timm as interop_timm
 from vit_jax import models
 from vit_jax.configs import models as model_configs
+from vit_jax import export as export_cli
 
 torch = pytest.importorskip('torch')
 try:
@@ -79,7 +80,7 @@ def relative_error(a, b):
 
 
 def run(*args):
-  return export.main([f'--{k}={v}' for k, v in args])
+  return export_cli.main([f'--{k}={v}' for k, v in args])
 
 
 def assert_flat_equal(a, b):
@@ -124,7 +125,7 @@ def test_timm_names_and_shapes_of_released_architectures(name):
   for key, s in checkpoint.flatten(shapes).items():
     name_, chunk = interop_timm.timm_name(key)
     # Zero-stride views: layouts without allocating hundreds of MB.
-    shape = interop.to_torch_layout(key, np.broadcast_to(np.float32(0), s.shape)).shape
+    shape = torch_layout.to_torch_layout(key, np.broadcast_to(np.float32(0), s.shape)).shape
     if chunk is not None:
       shape = (shape[0] * 3,) + shape[1:]
     mapped[name_] = shape
@@ -146,7 +147,7 @@ def test_timm_export_matches_timm_and_its_own_npz_loader(tmp_path, name, units, 
   # A shrunk model has no timm name, so --model names its (released) config;
   # export.load checks shapes against it, so go through the API with the config.
   state = interop_timm.to_timm(flat)
-  interop.save_safetensors(state, str(out), {})
+  torch_layout.save_safetensors(state, str(out), {})
   exported = safetensors_torch.load_file(str(out))
 
   model = interop_timm.build_model(config, 7, size)
@@ -256,7 +257,7 @@ def test_hf_folder_loads_with_from_pretrained_and_matches(tmp_path, capsys):
 
 
 def test_hf_preprocessor_reproduces_our_eval_preprocessing(tmp_path):
-  from vit_jax import inference  # pylint: disable=g-import-not-at-top
+  from vit_jax.evaluation import inference  # pylint: disable=g-import-not-at-top
   from PIL import Image  # pylint: disable=g-import-not-at-top
   config = model_configs.MODEL_CONFIGS['testing']
   _, npz = write_npz(tmp_path, config, 2, 64)
@@ -273,7 +274,7 @@ def test_hf_preprocessor_reproduces_our_eval_preprocessing(tmp_path):
 def test_hf_pre_logits_become_the_pooler(tmp_path, capsys):
   config = small_config(representation_size=20)
   flat = random_flat(config, 7, 32)
-  from vit_jax import interop_hf  # pylint: disable=g-import-not-at-top
+  from vit_jax.interop import hf as interop_hf  # pylint: disable=g-import-not-at-top
   notes = interop_hf.save(flat, config, 32, str(tmp_path / 'hf'))
   assert any('head dropped' in n for n in notes)
   model = transformers.ViTModel.from_pretrained(str(tmp_path / 'hf')).eval()
@@ -333,13 +334,13 @@ def test_onnx_with_pre_logits_matches_in_onnxruntime(tmp_path):
   # against timm) at 4x the export time (4.5e-7 measured, see README).
   ort = pytest.importorskip('onnxruntime')
   pytest.importorskip('onnxscript')
-  from vit_jax import export_onnx  # pylint: disable=g-import-not-at-top
-  from vit_jax import inference  # pylint: disable=g-import-not-at-top
+  from vit_jax.interop import onnx  # pylint: disable=g-import-not-at-top
+  from vit_jax.evaluation import inference  # pylint: disable=g-import-not-at-top
   config = small_config(representation_size=16)
   flat = random_flat(config, 5, 32)
   loaded = inference.LoadedModel(models.VisionTransformer(num_classes=5, **config),
                                  checkpoint.unflatten(flat), config, 32, 2, 16, 1)
-  export_onnx.save(loaded, str(tmp_path / 'model.onnx'))
+  onnx.save(loaded, str(tmp_path / 'model.onnx'))
   session = ort.InferenceSession(str(tmp_path / 'model.onnx'))
   assert [i.name for i in session.get_inputs()] == ['images']
   x = images(32, n=3)
@@ -399,10 +400,10 @@ def test_errors_are_one_line(tmp_path, capsys, monkeypatch):
       capsys, ('checkpoint', bad), ('model', 'testing'), ('format', 'npz'), out)
 
   hybrid = model_configs.MODEL_CONFIGS['R50+ViT-B_16']
-  with pytest.raises(interop.ExportError, match='no R\\+ViT hybrid'):
-    from vit_jax import interop_hf  # pylint: disable=g-import-not-at-top
+  with pytest.raises(torch_layout.ExportError, match='no R\\+ViT hybrid'):
+    from vit_jax.interop import hf as interop_hf  # pylint: disable=g-import-not-at-top
     interop_hf.check_exportable(hybrid)
-  with pytest.raises(interop.ExportError, match='class token only'):
+  with pytest.raises(torch_layout.ExportError, match='class token only'):
     interop_hf.check_exportable(model_configs.MODEL_CONFIGS['ViT-B_16-gap'])
 
   monkeypatch.setitem(sys.modules, 'torch', None)  # as if torch were not installed

@@ -1,12 +1,11 @@
 """Few-shot linear evaluation: parity with scikit-learn's ridge, sampling, features."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from sklearn.linear_model import RidgeClassifier
 
-from vit_jax import fewshot
+from vit_jax.evaluation import fewshot
 from vit_jax import models
 from vit_jax.configs import models as model_configs
 

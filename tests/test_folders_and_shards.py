@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vit_jax import input_pipeline
+from vit_jax.data import pipeline
+from vit_jax.data import shards
 from vit_jax import jft
 
 # Class colours: after any crop/flip/resize an image keeps its colour.
@@ -52,7 +53,7 @@ def _corrupt(root):
 
 
 def _config(dataset, **pp):
-  config = input_pipeline.add_data_config(ml_collections.ConfigDict())
+  config = pipeline.add_data_config(ml_collections.ConfigDict())
   config.dataset = str(dataset)
   config.pp.crop = 8
   config.batch = 6
@@ -74,10 +75,10 @@ def _colour_class(images):
 def test_folder_formats_labels_and_exact_eval(tmp_path):
   root = make_folder(tmp_path / 'pets')
   config = _config(root)
-  info = input_pipeline.get_info(config)
+  info = pipeline.get_info(config)
   assert (info.num_train, info.num_test, info.num_classes) == (18, 12, 3)
   assert info.class_names == ['cat', 'dog', 'eel']
-  it = input_pipeline.make_train_iterator(config, _sharding())
+  it = pipeline.make_train_iterator(config, _sharding())
   for _ in range(4):
     batch = next(it)
     assert batch['image'].shape == (6, 8, 8, 3)
@@ -85,7 +86,7 @@ def test_folder_formats_labels_and_exact_eval(tmp_path):
     rgb = np.asarray(batch['image'])
     grey = np.ptp(rgb.mean(axis=(1, 2)), axis=-1) < 0.05
     np.testing.assert_array_equal(_colour_class(rgb)[~grey], np.asarray(batch['label'])[~grey])
-  batches = list(input_pipeline.make_eval_iterator(config, _sharding()))
+  batches = list(pipeline.make_eval_iterator(config, _sharding()))
   mask = np.concatenate([b['mask'] for b in batches])
   labels = np.concatenate([b['label'] for b in batches])
   assert len(mask) == 15 and mask.sum() == 12
@@ -95,7 +96,7 @@ def test_folder_formats_labels_and_exact_eval(tmp_path):
 def test_rgba_and_grey_become_rgb_like_pil(tmp_path):
   root = make_folder(tmp_path / 'f', splits=(('train', 3), ('test', 3)))
   config = _config(root, crop=40)  # no resize: 40x30 -> 40x40 only stretches rows
-  batches = list(input_pipeline.make_eval_iterator(config, _sharding()))
+  batches = list(pipeline.make_eval_iterator(config, _sharding()))
   images = np.round((np.concatenate([b['image'] for b in batches]) + 1) * 127.5)
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   for k in (1, 2):  # the grey PNG and the RGBA PNG (lossless, unlike the JPEG)
@@ -109,11 +110,11 @@ def test_corrupt_files_are_skipped_counted_and_named(tmp_path, caplog):
   root = make_folder(tmp_path / 'c')
   _corrupt(root)
   with caplog.at_level(logging.WARNING):
-    info = input_pipeline.get_info(_config(root))
+    info = pipeline.get_info(_config(root))
   assert info.num_train == 18  # 20 files, 2 left out
   assert 'skipped 2 corrupt image(s) of 20' in caplog.text
   assert 'truncated.jpg' in caplog.text and 'garbage.png' in caplog.text
-  batch = next(input_pipeline.make_train_iterator(_config(root), _sharding()))
+  batch = next(pipeline.make_train_iterator(_config(root), _sharding()))
   assert batch['image'].shape == (6, 8, 8, 3)
 
 
@@ -122,21 +123,21 @@ def test_corrupt_files_fail_when_asked(tmp_path):
   _corrupt(root)
   config = _config(root)
   config.corrupt_images = 'fail'
-  with pytest.raises(input_pipeline.DataError, match=r'garbage\.png: corrupt or truncated') as e:
-    input_pipeline.get_info(config)
+  with pytest.raises(pipeline.DataError, match=r'garbage\.png: corrupt or truncated') as e:
+    pipeline.get_info(config)
   assert '\n' not in str(e.value)
 
 
 def test_folder_errors_name_the_folder(tmp_path):
   root = make_folder(tmp_path / 'e')
   os.makedirs(root / 'train' / 'fox')
-  with pytest.raises(input_pipeline.DataError, match=r'train/fox: empty class folder'):
-    input_pipeline.get_info(_config(root))
+  with pytest.raises(pipeline.DataError, match=r'train/fox: empty class folder'):
+    pipeline.get_info(_config(root))
   os.rmdir(root / 'train' / 'fox')
-  with pytest.raises(input_pipeline.DataError, match=r"no split folder 'val' \(has test, train\)"):
-    input_pipeline.get_info(_config(root, test='val'))
-  with pytest.raises(input_pipeline.DataError, match='no such folder'):
-    input_pipeline.get_info(_config(tmp_path / 'missing'))
+  with pytest.raises(pipeline.DataError, match=r"no split folder 'val' \(has test, train\)"):
+    pipeline.get_info(_config(root, test='val'))
+  with pytest.raises(pipeline.DataError, match='no such folder'):
+    pipeline.get_info(_config(tmp_path / 'missing'))
 
 
 # ---------------------------------------------------------------------------
@@ -154,15 +155,15 @@ def test_shards_from_folder_round_trip(tmp_path, file_format):
   assert info['class_names'] == ['cat', 'dog', 'eel'] and info['file_format'] == file_format
   assert [f['num_examples'] for f in info['splits']['train']] == [6, 6, 6]
   config = _config(out)
-  data_info = input_pipeline.get_info(config)
+  data_info = pipeline.get_info(config)
   assert data_info.multi_label and (data_info.num_train, data_info.num_test) == (18, 12)
-  batch = next(input_pipeline.make_train_iterator(config, _sharding()))
+  batch = next(pipeline.make_train_iterator(config, _sharding()))
   label = np.asarray(batch['label'])
   assert label.shape == (6, 3) and np.all(label.sum(1) == 1)  # multi-hot of one class
   rgb = np.asarray(batch['image'])
   grey = np.ptp(rgb.mean(axis=(1, 2)), axis=-1) < 0.05
   np.testing.assert_array_equal(_colour_class(rgb)[~grey], label.argmax(1)[~grey])
-  seen = np.concatenate([b['label'] for b in input_pipeline.make_eval_iterator(config, _sharding())])
+  seen = np.concatenate([b['label'] for b in pipeline.make_eval_iterator(config, _sharding())])
   assert seen[:12].sum(0).tolist() == [4, 4, 4]
 
 
@@ -174,7 +175,7 @@ def test_shards_from_csv_keep_every_label(tmp_path):
   out = tmp_path / 'shards'
   jft.main(['--csv', str(tmp_path / 'labels.csv'), '--out', str(out), '--num_classes', '7',
             '--shards', '2'])
-  source = jft.open_split(str(out), 'train')
+  source = shards.open_split(str(out), 'train')
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   records = source.read(tf.range(source.num_examples, dtype=tf.int64))['record'].numpy()
   got = {}
@@ -195,8 +196,8 @@ def test_truncated_shard_is_named(tmp_path):
   data = shard.read_bytes()
   shard.write_bytes(data[:len(data) - 100])
   config = _config(out, train='train[6:]')  # only the second shard
-  with pytest.raises(input_pipeline.DataError, match='train-00001-of-00002.tfrecord: truncated'):
-    next(input_pipeline.make_train_iterator(config, _sharding()))
+  with pytest.raises(pipeline.DataError, match='train-00001-of-00002.tfrecord: truncated'):
+    next(pipeline.make_train_iterator(config, _sharding()))
 
 
 def test_bad_csv_line_is_named(tmp_path):

@@ -10,7 +10,7 @@ import pytest
 
 from vit_jax import checkpoint
 from vit_jax import models
-from vit_jax import mpp
+from vit_jax.models import mpp
 from vit_jax.configs import models as model_configs
 
 

@@ -10,7 +10,7 @@ import textwrap
 import numpy as np
 import tensorflow as tf
 
-from vit_jax import input_pipeline
+from vit_jax.data import pipeline
 
 _WORKER = textwrap.dedent('''
     import json, sys
@@ -22,9 +22,10 @@ _WORKER = textwrap.dedent('''
     import ml_collections
     import numpy as np
     import tensorflow as tf
-    from vit_jax import datasets, input_pipeline
+    from vit_jax.data import datasets
+    from vit_jax.data import pipeline
 
-    config = input_pipeline.add_data_config(ml_collections.ConfigDict())
+    config = pipeline.add_data_config(ml_collections.ConfigDict())
     config.pp.crop, config.batch, config.batch_eval = 16, 32, 50
     config.pp.inception_crop = False  # deterministic pixels identify each example
     mesh = jax.make_mesh((2,), ('data',))
@@ -36,7 +37,7 @@ _WORKER = textwrap.dedent('''
                                        0, 255), tf.uint8).numpy().reshape(len(train), -1)
     lookup = {row.tobytes(): i for i, row in enumerate(resized)}
 
-    it = input_pipeline.make_train_iterator(config, sharding)
+    it = pipeline.make_train_iterator(config, sharding)
     read, shapes = [], []
     for _ in range(3):
       batch = next(it)
@@ -45,7 +46,7 @@ _WORKER = textwrap.dedent('''
       pixels = np.round((local + 1) * 127.5).astype(np.uint8).reshape(len(local), -1)
       read += [lookup.get(p.tobytes(), -1) for p in pixels]
 
-    masks = [b['mask'] for b in input_pipeline.make_eval_iterator(config, sharding)]
+    masks = [b['mask'] for b in pipeline.make_eval_iterator(config, sharding)]
     seen = int(jax.jit(lambda ms: sum(jnp.sum(m) for m in ms))(masks))
     print('RESULT' + json.dumps({'read': read, 'shapes': shapes, 'eval_seen': seen,
                                  'eval_batches': len(masks),
@@ -76,9 +77,9 @@ def test_two_processes_read_disjoint_parts_into_one_global_batch(tmp_path):
     results.append(json.loads(out.split('RESULT', 1)[1]))
 
   # The examples a single process would put in the first three global batches.
-  order_key = input_pipeline._keys(0)[0]  # pylint: disable=protected-access
+  order_key = pipeline._keys(0)[0]  # pylint: disable=protected-access
   expected = np.concatenate([
-      input_pipeline.train_indices(tf.constant(s, tf.int64), global_batch=32, local_batch=32,
+      pipeline.train_indices(tf.constant(s, tf.int64), global_batch=32, local_batch=32,
                                    offset=0, num_examples=1438, order_key=order_key)[1].numpy()
       for s in range(3)]).reshape(3, 2, 16)
   for p, result in enumerate(results):

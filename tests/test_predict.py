@@ -12,10 +12,10 @@ import pytest
 from PIL import Image
 
 from vit_jax import checkpoint
-from vit_jax import inference
+from vit_jax.evaluation import inference
 from vit_jax import models
-from vit_jax import predict
 from vit_jax.configs import models as model_configs
+from vit_jax import predict
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

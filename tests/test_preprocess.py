@@ -5,8 +5,8 @@ import pytest
 import tensorflow as tf
 from PIL import Image, ImageEnhance, ImageOps
 
-from vit_jax import preprocess
-from vit_jax import randaug
+from vit_jax.data import preprocess
+from vit_jax.data import randaug
 
 
 def test_batched_crop_resize_matches_per_image_tf_resize():

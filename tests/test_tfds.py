@@ -6,12 +6,14 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from vit_jax import datasets
-from vit_jax import input_pipeline
+from vit_jax.configs import recipes
+from vit_jax.data import datasets
+from vit_jax.data import pipeline
+from vit_jax import prepare as prepare_cli
 
 
 def _config(dataset, **kw):
-  config = input_pipeline.add_data_config(ml_collections.ConfigDict())
+  config = pipeline.add_data_config(ml_collections.ConfigDict())
   config.dataset = dataset
   config.pp.crop = 8
   config.batch = 4
@@ -33,11 +35,12 @@ def test_cifar10_preset_with_mock_data():
   _fresh()
   with tfds.testing.mock_data(num_examples=10):
     config = _config('cifar10')
-    info = input_pipeline.get_info(config)
-    assert (info.num_classes, info.finetune_steps, info.num_test) == (10, 10_000, 10)
-    batch = next(input_pipeline.make_train_iterator(config, _sharding()))
+    info = pipeline.get_info(config)
+    assert (info.num_classes, info.num_test) == (10, 10)
+    assert recipes.finetune_steps('cifar10') == 10_000
+    batch = next(pipeline.make_train_iterator(config, _sharding()))
     assert batch['image'].shape == (4, 8, 8, 3) and batch['label'].dtype == np.int32
-    masks = [np.asarray(b['mask']) for b in input_pipeline.make_eval_iterator(config, _sharding())]
+    masks = [np.asarray(b['mask']) for b in pipeline.make_eval_iterator(config, _sharding())]
     assert len(masks) == 4 and sum(m.sum() for m in masks) == 10  # 10 = 3 + 3 + 3 + 1
   _fresh()
 
@@ -46,7 +49,7 @@ def test_imagenet_real_labels_are_multi_hot_and_empty_sets_masked():
   _fresh()
   with tfds.testing.mock_data(num_examples=5):
     config = _config('imagenet2012_real')
-    batches = list(input_pipeline.make_eval_iterator(config, _sharding()))
+    batches = list(pipeline.make_eval_iterator(config, _sharding()))
     label = np.concatenate([b['label'] for b in batches])
     assert label.shape == (6, 1000) and set(np.unique(label)) <= {0.0, 1.0}
     assert np.concatenate([b['mask'] for b in batches]).sum() == 5
@@ -56,10 +59,11 @@ def test_imagenet_real_labels_are_multi_hot_and_empty_sets_masked():
 def test_vtab_task_uses_the_1k_protocol_splits():
   _fresh()
   with tfds.testing.mock_data(num_examples=7):
-    info = input_pipeline.get_info(_config('vtab/dsprites_orientation'))
+    info = pipeline.get_info(_config('vtab/dsprites_orientation'))
     # Mocked splits have 7 examples each: train800 -> 7, val200 -> 7.
-    assert (info.num_classes, info.num_train, info.finetune_steps) == (16, 14, 2500)
-    batch = next(input_pipeline.make_train_iterator(_config('vtab/dsprites_orientation'), _sharding()))
+    assert (info.num_classes, info.num_train) == (16, 14)
+    assert recipes.finetune_steps('vtab/dsprites_orientation') == 2500
+    batch = next(pipeline.make_train_iterator(_config('vtab/dsprites_orientation'), _sharding()))
     assert np.all((0 <= np.asarray(batch['label'])) & (np.asarray(batch['label']) < 16))
   _fresh()
 
@@ -89,9 +93,9 @@ def test_prepared_dataset_reads_every_example(tmp_path, file_format):
   config = _config('tiny', tfds_data_dir=str(tmp_path))
   config.pp.test = 'test'
   config.pp.train = 'train[:20]'
-  info = input_pipeline.get_info(config)
+  info = pipeline.get_info(config)
   assert (info.num_train, info.num_test, info.num_classes) == (20, 7, 5)
-  batches = list(input_pipeline.make_eval_iterator(config, _sharding(), split='train[:20]'))
+  batches = list(pipeline.make_eval_iterator(config, _sharding(), split='train[:20]'))
   images = np.concatenate([b['image'] for b in batches])
   labels = np.concatenate([b['label'] for b in batches])
   mask = np.concatenate([b['mask'] for b in batches])
@@ -109,20 +113,19 @@ def test_prepared_dataset_reads_every_example(tmp_path, file_format):
 
 def test_unprepared_and_unknown_datasets_say_what_to_do(tmp_path):
   _fresh()
-  with pytest.raises(input_pipeline.DataError, match=r"unknown dataset 'cifar11': did you mean cifar10"):
-    input_pipeline.get_info(_config('cifar11'))
-  with pytest.raises(input_pipeline.DataError, match='cifar10: not prepared in .* run python -m vit_jax.prepare cifar10'):
-    input_pipeline.get_info(_config('cifar10', tfds_data_dir=str(tmp_path)))
-  with pytest.raises(input_pipeline.DataError, match='imagenet2012: not prepared .*ILSVRC2012_img_train.tar'):
-    input_pipeline.get_info(_config('imagenet2012', tfds_data_dir=str(tmp_path)))
-  with pytest.raises(input_pipeline.DataError, match='imagenet21k: no converted shards'):
-    input_pipeline.get_info(_config('imagenet21k', tfds_data_dir=str(tmp_path)))
+  with pytest.raises(pipeline.DataError, match=r"unknown dataset 'cifar11': did you mean cifar10"):
+    pipeline.get_info(_config('cifar11'))
+  with pytest.raises(pipeline.DataError, match='cifar10: not prepared in .* run python -m vit_jax.prepare cifar10'):
+    pipeline.get_info(_config('cifar10', tfds_data_dir=str(tmp_path)))
+  with pytest.raises(pipeline.DataError, match='imagenet2012: not prepared .*ILSVRC2012_img_train.tar'):
+    pipeline.get_info(_config('imagenet2012', tfds_data_dir=str(tmp_path)))
+  with pytest.raises(pipeline.DataError, match='imagenet21k: no converted shards'):
+    pipeline.get_info(_config('imagenet21k', tfds_data_dir=str(tmp_path)))
   _fresh()
 
 
 def test_prepare_names_the_missing_manual_download(tmp_path):
-  from vit_jax import prepare  # pylint: disable=g-import-not-at-top
   with pytest.raises(SystemExit, match=r'imagenet2012: manual download missing in .*ILSVRC2012_img_train.tar'):
-    prepare.main(['imagenet2012', '--data_dir', str(tmp_path), '--manual_dir', str(tmp_path)])
+    prepare_cli.main(['imagenet2012', '--data_dir', str(tmp_path), '--manual_dir', str(tmp_path)])
   with pytest.raises(SystemExit, match='imagenet21k: manual download missing'):
-    prepare.main(['imagenet21k', '--data_dir', str(tmp_path), '--manual_dir', str(tmp_path / 'x')])
+    prepare_cli.main(['imagenet21k', '--data_dir', str(tmp_path), '--manual_dir', str(tmp_path / 'x')])

@@ -8,9 +8,10 @@ import numpy as np
 import optax
 import pytest
 
-from vit_jax import optim
+from vit_jax.training import optim
 from vit_jax import sharding
-from vit_jax import train
+from vit_jax.training import steps
+from vit_jax.evaluation import metrics
 from vit_jax.configs import common
 
 
@@ -24,15 +25,15 @@ def small_config(**overrides):
 
 
 def setup(config, num_classes=5):
-  task = train.make_task(config, num_classes, multi_label=False)
+  task = steps.make_task(config, num_classes, multi_label=False)
   tx, schedule = optim.make_optimizer(config)
-  state = train.init_state(jax.random.PRNGKey(0), model=task.model, tx=tx, image_size=16,
+  state = steps.init_state(jax.random.PRNGKey(0), model=task.model, tx=tx, image_size=16,
                            ema=False)
   # Non-zero head so the first step moves everything.
   state = state.replace(params={**state.params, 'head': jax.tree.map(
       lambda x: 0.1 * jnp.ones_like(x), state.params['head'])})
   mesh = sharding.make_mesh()
-  step = jax.jit(functools.partial(train.train_step, task=task, tx=tx, schedule=schedule,
+  step = jax.jit(functools.partial(steps.train_step, task=task, tx=tx, schedule=schedule,
                                    config=config))
   return state, step, mesh
 
@@ -47,9 +48,9 @@ def test_softmax_cross_entropy_and_label_smoothing():
   logits = jnp.array([[2.0, 0.0, -1.0], [0.5, 0.5, 3.0]])
   labels = jnp.array([0, 2])
   expected = -np.mean([jax.nn.log_softmax(logits[0])[0], jax.nn.log_softmax(logits[1])[2]])
-  np.testing.assert_allclose(train.cross_entropy(logits, labels, loss='softmax'), expected,
+  np.testing.assert_allclose(steps.cross_entropy(logits, labels, loss='softmax'), expected,
                              rtol=1e-6)
-  smooth = train.cross_entropy(logits, labels, loss='softmax', label_smoothing=0.3)
+  smooth = steps.cross_entropy(logits, labels, loss='softmax', label_smoothing=0.3)
   targets = np.array([[0.8, 0.1, 0.1], [0.1, 0.1, 0.8]])
   np.testing.assert_allclose(
       smooth, -np.mean(np.sum(targets * jax.nn.log_softmax(logits), -1)), rtol=1e-6)
@@ -60,7 +61,7 @@ def test_sigmoid_cross_entropy_sums_classes():
   multi_hot = jnp.array([[1.0, 0.0, 1.0]])
   p = 1 / (1 + np.exp(-np.array([2.0, -1.0, 0.0])))
   expected = -(np.log(p[0]) + np.log(1 - p[1]) + np.log(p[2]))
-  np.testing.assert_allclose(train.cross_entropy(logits, multi_hot, loss='sigmoid'), expected,
+  np.testing.assert_allclose(steps.cross_entropy(logits, multi_hot, loss='sigmoid'), expected,
                              rtol=1e-6)
 
 
@@ -155,11 +156,11 @@ def test_nonfinite_step_changes_nothing():
 
 def test_ema_tracks_params():
   config = small_config(ema_decay=0.5)
-  task = train.make_task(config, 5, multi_label=False)
+  task = steps.make_task(config, 5, multi_label=False)
   tx, schedule = optim.make_optimizer(config)
-  state = train.init_state(jax.random.PRNGKey(0), model=task.model, tx=tx, image_size=16,
+  state = steps.init_state(jax.random.PRNGKey(0), model=task.model, tx=tx, image_size=16,
                            ema=True)
-  step = jax.jit(functools.partial(train.train_step, task=task, tx=tx, schedule=schedule,
+  step = jax.jit(functools.partial(steps.train_step, task=task, tx=tx, schedule=schedule,
                                    config=config))
   with jax.set_mesh(sharding.make_mesh()):
     new_state, _ = step(state, batch(16))
@@ -183,27 +184,27 @@ def test_classification_counts_top1_top5_and_masks():
                       [0., 0., 0., 0., 0., 9.]])   # padding (mask 0), "correct"
   labels = jnp.array([0, 4, 5, 5])
   mask = jnp.array([1., 1., 1., 0.])
-  counts = train.classification_counts(logits, labels, mask, multi_label=False)
+  counts = metrics.classification_counts(logits, labels, mask, multi_label=False)
   assert {k: float(v) for k, v in counts.items()} == {
       'correct': 1.0, 'count': 3.0, 'correct_top5': 2.0}
   multi_hot = jnp.array([[0., 1., 0., 0., 0., 0.], [1., 0., 0., 0., 0., 1.],
                          [0., 0., 0., 0., 0., 0.], [0., 0., 0., 0., 0., 1.]])
-  counts = train.classification_counts(logits, multi_hot, mask, multi_label=True)
+  counts = metrics.classification_counts(logits, multi_hot, mask, multi_label=True)
   assert {k: float(v) for k, v in counts.items()} == {'correct': 1.0, 'count': 3.0}
 
 
 def test_mpp_task_trains_and_counts_corrupted_patches():
   config = small_config(task='mpp', model='ViT-Demo_4', optimizer='adam', base_lr=1e-3)
-  task = train.make_task(config, num_classes=10, multi_label=False)
+  task = steps.make_task(config, num_classes=10, multi_label=False)
   tx, schedule = optim.make_optimizer(config)
-  state = train.init_state(jax.random.PRNGKey(0), model=task.model, tx=tx, image_size=16,
+  state = steps.init_state(jax.random.PRNGKey(0), model=task.model, tx=tx, image_size=16,
                            ema=False)
   assert 'mask_token' in state.params and 'mpp_head' in state.params
   data = {**batch(8), 'mask': np.array([1.0] * 6 + [0.0] * 2, np.float32)}
   counts = jax.jit(task.eval_fn)(state.params, data)
   # Half of the 16 patches of each of the 6 real images are corrupted.
   assert float(counts['count']) == 6 * 8
-  step = jax.jit(functools.partial(train.train_step, task=task, tx=tx, schedule=schedule,
+  step = jax.jit(functools.partial(steps.train_step, task=task, tx=tx, schedule=schedule,
                                    config=config))
   with jax.set_mesh(sharding.make_mesh()):
     new_state, metrics = step(state, data)

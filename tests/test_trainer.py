@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from vit_jax import checkpoint
-from vit_jax import trainer
+from vit_jax.training import loop
 from vit_jax.configs import common
 
 # A short run of the demo model at 8 px: a few seconds of training.
@@ -78,7 +78,7 @@ def test_outputs_of_a_run(reference_run):
     assert key in summary
   assert summary['step'] == 24
   # Every test example, exactly once.
-  assert summary['test_examples'] == trainer.input_pipeline.get_info(common.get_config()).num_test
+  assert summary['test_examples'] == loop.input_pipeline.get_info(common.get_config()).num_test
   assert 0.0 <= summary['test_accuracy'] <= 1.0 and summary['img_per_sec'] > 0
   lines = [json.loads(l) for l in open(os.path.join(workdir, 'metrics.jsonl'))]
   logged = [l for l in lines if 'train_loss' in l]
@@ -160,7 +160,7 @@ def test_nan_loss_stops_and_keeps_the_last_checkpoint(tmp_path, monkeypatch):
   config.update(model='testing', total_steps=12, warmup_steps=2, checkpoint_every=4,
                 progress_every=4, eval_every=100, batch=32, batch_eval=64, tensorboard=False)
   config.pp.crop = 16
-  make = trainer.input_pipeline.make_train_iterator
+  make = loop.input_pipeline.make_train_iterator
 
   class Poisoned:
     """The training batches, with a NaN pixel in the 7th."""
@@ -182,14 +182,14 @@ def test_nan_loss_stops_and_keeps_the_last_checkpoint(tmp_path, monkeypatch):
     def get_state(self):
       return self._it.get_state()
 
-  monkeypatch.setattr(trainer.input_pipeline, 'make_train_iterator', Poisoned)
-  with pytest.raises(trainer.TrainingError, match='NaN/Inf at step 7; stopped') as e:
-    trainer.train_and_evaluate(config, str(tmp_path))
+  monkeypatch.setattr(loop.input_pipeline, 'make_train_iterator', Poisoned)
+  with pytest.raises(loop.TrainingError, match='NaN/Inf at step 7; stopped') as e:
+    loop.train_and_evaluate(config, str(tmp_path))
   assert '\n' not in str(e.value)
   assert sorted(os.listdir(tmp_path / 'checkpoints')) == ['4']
 
   config.skip_nonfinite = True
-  summary = trainer.train_and_evaluate(config, str(tmp_path / 'skip'))
+  summary = loop.train_and_evaluate(config, str(tmp_path / 'skip'))
   assert summary['skipped_steps'] == 1 and summary['step'] == 12
 
 
@@ -289,9 +289,9 @@ def test_out_of_memory_suggests_accumulation(tmp_path, monkeypatch):
           'RESOURCE_EXHAUSTED: Out of memory while trying to allocate 80.00GiB')
     return step, 0.0
 
-  monkeypatch.setattr(trainer, '_compile', compile_that_fails)
-  with pytest.raises(trainer.TrainingError) as e:
-    trainer.train_and_evaluate(config, str(tmp_path))
+  monkeypatch.setattr(loop, '_compile', compile_that_fails)
+  with pytest.raises(loop.TrainingError) as e:
+    loop.train_and_evaluate(config, str(tmp_path))
   message = str(e.value)
   assert message.startswith('out of device memory at batch 16 per step')
   assert '--config.accum_steps (now 2' in message and '\n' not in message

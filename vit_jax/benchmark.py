@@ -20,319 +20,22 @@ reported too on known accelerators). Every run writes a JSON record into
 
 import argparse
 import dataclasses
-import datetime
-import functools
 import json
 import os
-import re
-import statistics
 import sys
-import time
-from typing import Optional
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 
-from vit_jax import hardware
-from vit_jax import models_vit
-from vit_jax import benchmark_memory as memory
-from vit_jax import benchmark_timm
-from vit_jax import optim
-from vit_jax import sharding
-from vit_jax import train
-from vit_jax.configs import common
-from vit_jax.configs import models as model_configs
-
-
-@dataclasses.dataclass(frozen=True)
-class Options:
-  model: str = 'ViT-B_16'
-  mode: str = 'infer'             # 'infer' or 'train'
-  batch: int = 8
-  resolution: int = 224
-  dtype: str = 'float32'          # compute dtype: 'float32' or 'bfloat16'
-  accum_steps: int = 1
-  remat: bool = False
-  optimizer: str = 'adam'         # 'adam' (pre-training) or 'sgd' (fine-tuning)
-  attention: str = 'auto'         # see models_vit.ATTENTION
-  num_classes: int = 1000
-  warmup: int = 2                 # untimed steps per side
-  steps: int = 3                  # timed steps per side and repeat
-  repeats: int = 3                # ours, timm, ours, timm, ...
-  compare: Optional[str] = None   # 'timm'
-  timm_compile: Optional[bool] = None  # default: on CUDA only
-  threads: Optional[int] = None   # torch threads; default: the cores XLA uses
-
-
-class BenchmarkError(ValueError):
-  """Options that cannot run; one line saying what to change."""
-
-
-def validate(opts: Options) -> None:
-  if opts.mode not in ('infer', 'train'):
-    raise BenchmarkError(f"--mode={opts.mode}: use 'infer' or 'train'")
-  if opts.dtype not in ('float32', 'bfloat16'):
-    raise BenchmarkError(f"--dtype={opts.dtype}: use 'float32' or 'bfloat16'")
-  if opts.batch < 1 or opts.batch % opts.accum_steps:
-    raise BenchmarkError(f'--batch={opts.batch} must be a positive multiple of '
-                         f'--accum_steps={opts.accum_steps}')
-  if opts.accum_steps > 1 and opts.mode != 'train':
-    raise BenchmarkError('--accum_steps applies to --mode=train only')
-  if min(opts.steps, opts.repeats) < 1 or opts.warmup < 0:
-    raise BenchmarkError('--steps and --repeats must be >= 1, --warmup >= 0')
-  if opts.compare not in (None, 'timm'):
-    raise BenchmarkError(f"--compare={opts.compare}: only 'timm' is supported")
-  if opts.attention not in models_vit.ATTENTION:
-    raise BenchmarkError(f'--attention={opts.attention}: use one of {", ".join(models_vit.ATTENTION)}')
-  if opts.attention == 'cudnn' and (opts.dtype != 'bfloat16' or jax.default_backend() != 'gpu'):
-    raise BenchmarkError("--attention=cudnn needs a CUDA GPU and --dtype=bfloat16; use 'auto'")
-  if opts.compare == 'timm' and opts.optimizer != 'adam':
-    # timm's step is Adam on the whole batch; accumulation and remat change only
-    # how ours does the same work (remat: more of it), so those stay comparable.
-    raise BenchmarkError('--compare=timm times Adam in timm: drop --optimizer=sgd to compare '
-                         'like with like')
-  try:
-    arch = model_configs.MODEL_CONFIGS[opts.model]
-  except KeyError as e:  # its message names close matches
-    raise BenchmarkError(e.args[0]) from None
-  patch = arch.patches.size[0]
-  if arch.get('resnet') is None and opts.resolution % patch:
-    raise BenchmarkError(f'--resolution={opts.resolution} must be a multiple of the patch '
-                         f'size {patch} of {opts.model}')
-
-
-def train_config(opts: Options):
-  """The experiment config of a train step: common defaults, no dropout, fp32 moments."""
-  config = common.get_config()
-  config.update(model=opts.model, dtype=opts.dtype, remat=opts.remat, attention=opts.attention,
-                batch=opts.batch, accum_steps=opts.accum_steps, optimizer=opts.optimizer,
-                total_steps=10**6, warmup_steps=1, dropout_rate=0.0, attention_dropout_rate=0.0)
-  config.pp.crop = opts.resolution
-  return config
-
-
-def build_step(opts: Options, abstract: bool = False):
-  """(jitted function, its arguments) for one step of `opts`.
-
-  `abstract`: the arguments are shapes only (`jax.ShapeDtypeStruct`), enough to
-  lower and compile without allocating parameters or optimizer state.
-  """
-  device = jax.devices()[0]
-  config = train_config(opts)
-  task = train.make_task(config, opts.num_classes, multi_label=False)
-  model = task.model
-  shape = (opts.batch, opts.resolution, opts.resolution, 3)
-  if abstract:
-    data = {'image': jax.ShapeDtypeStruct(shape, jnp.float32),
-            'label': jax.ShapeDtypeStruct((opts.batch,), jnp.int32)}
-  else:
-    rng = np.random.default_rng(0)
-    data = {'image': rng.uniform(-1, 1, shape).astype(np.float32),
-            'label': rng.integers(0, opts.num_classes, opts.batch).astype(np.int32)}
-  if opts.mode == 'infer':
-    init = jax.jit(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1,) + shape[1:]),
-                                      train=False)['params'])
-    params = jax.eval_shape(init) if abstract else init()
-    fn = jax.jit(lambda p, x: model.apply({'params': p}, x, train=False))
-    return fn, (params, data['image'] if abstract else jax.device_put(data['image'], device))
-  mesh = sharding.make_mesh(devices=[device])
-  tx, schedule = optim.make_optimizer(config)
-  init = functools.partial(train.init_state, model=model, tx=tx, image_size=opts.resolution,
-                           ema=False)
-  rng = jax.random.PRNGKey(0)
-  state_shardings = sharding.tree_shardings(jax.eval_shape(init, rng), mesh)
-  batch_sharding = sharding.batch_sharding(mesh)
-  fn = train.jit_train_step(task=task, tx=tx, schedule=schedule, config=config,
-                            state_shardings=state_shardings, batch_sharding=batch_sharding)
-  if abstract:
-    return fn, (jax.eval_shape(init, rng), data)
-  state = jax.jit(init, out_shardings=state_shardings)(rng)
-  return fn, (state, jax.device_put(data, batch_sharding))
-
-
-def xla_flops_per_image(opts: Options) -> float:
-  """Model FLOPs per image from XLA's cost analysis of the step as written.
-
-  Counted on a one-micro-batch step without remat: XLA counts a loop body
-  once, and recomputation is not model work.
-  """
-  micro = dataclasses.replace(opts, batch=opts.batch // opts.accum_steps, accum_steps=1,
-                              remat=False)
-  fn, args = build_step(micro, abstract=True)
-  analysis = fn.lower(*args).cost_analysis()
-  if isinstance(analysis, (list, tuple)):
-    analysis = analysis[0] if analysis else {}
-  return float((analysis or {}).get('flops', 0.0)) / micro.batch
-
-
-def analytic_flops_per_image(opts: Options) -> Optional[float]:
-  """2 x multiply-accumulates of the matmuls (x3 for a train step); None for hybrids."""
-  arch = train.model_config(train_config(opts))
-  if arch.get('resnet') is not None:
-    return None
-  d, t = arch.hidden_size, arch.transformer
-  patches = (opts.resolution // arch.patches.size[0]) ** 2
-  n = patches + (arch.classifier in ('token', 'token_unpooled'))
-  per_block = n * d * 3 * d + 2 * n * n * d + n * d * d + 2 * n * d * t.mlp_dim
-  macs = patches * arch.patches.size[0] ** 2 * 3 * d + t.num_layers * per_block
-  macs += d * opts.num_classes
-  return 2.0 * macs * (3 if opts.mode == 'train' else 1)
-
-
-class JaxRunner:
-  """One synchronised step of ours per call; the train state threads through calls."""
-
-  def __init__(self, fn, args, mode):
-    self._fn, self._args, self._mode = fn, args, mode
-
-  def __call__(self):
-    if self._mode == 'infer':
-      self._fn(*self._args).block_until_ready()
-      return
-    state, metrics = self._fn(*self._args)
-    jax.block_until_ready((state, metrics))
-    self._args = (state, self._args[1])
-
-
-def interleave(runners: dict, opts: Options) -> dict:
-  """Step times per runner, warmed up, then timed in turns: A x steps, B x steps, A ..."""
-  times = {name: [] for name in runners}
-  for run in runners.values():
-    for _ in range(opts.warmup):
-      run()
-  for _ in range(opts.repeats):
-    for name, run in runners.items():
-      for _ in range(opts.steps):
-        start = time.perf_counter()
-        run()
-        times[name].append(time.perf_counter() - start)
-  return times
-
-
-def measure_peaks(opts: Options, compare: bool) -> dict:
-  on_cpu = jax.default_backend() == 'cpu'
-  n = 2048 if on_cpu else 8192
-  peaks = {'matmul_size': n, 'dtype': opts.dtype,
-           'jax_matmul_flops': hardware.measure_matmul_flops(n, jnp.dtype(opts.dtype))}
-  if compare:
-    peaks['torch_matmul_flops'] = benchmark_timm.matmul_flops(n, opts.dtype)
-  peaks['vendor_bf16_flops'] = hardware.peak_flops()
-  return peaks
-
-
-def _side(times, flops_per_image, peak, vendor, batch) -> dict:
-  step = statistics.median(times)
-  rate = batch / step
-  out = {'img_per_sec': rate, 'step_time_s': step, 'step_times_s': times}
-  if flops_per_image:
-    out['achieved_flops'] = flops_per_image * rate
-    out['mfu'] = out['achieved_flops'] / peak
-    if vendor:
-      out['mfu_vendor_peak'] = out['achieved_flops'] / vendor
-  return out
-
-
-def run(opts: Options) -> dict:
-  """Runs the benchmark of `opts`; returns the record (also what `--json` writes)."""
-  validate(opts)
-  compare = opts.compare == 'timm'
-  cores = hardware.machine_info()['cpu_cores']
-  timm_step = timm_setup = None
-  if compare:
-    timm_step, timm_setup = benchmark_timm.make_step(
-        train.model_config(train_config(opts)), mode=opts.mode, batch=opts.batch,
-        resolution=opts.resolution, dtype=opts.dtype, num_classes=opts.num_classes,
-        compile_model=opts.timm_compile,
-        threads=opts.threads or (cores if jax.default_backend() == 'cpu' else None))
-  peaks = measure_peaks(opts, compare)
-
-  fn, args = build_step(opts)
-  start = time.perf_counter()
-  compiled = fn.lower(*args).compile()
-  compile_s = time.perf_counter() - start
-  ours = JaxRunner(compiled, args, opts.mode)
-  runners = {'vit_jax': ours}
-  if compare:
-    start = time.perf_counter()
-    timm_step()
-    timm_setup['first_step_s'] = time.perf_counter() - start
-    runners['timm'] = timm_step
-  times = interleave(runners, opts)
-  # The peak again after the run: the faster of the two is the machine's.
-  again = measure_peaks(opts, compare)
-  for key in ('jax_matmul_flops', 'torch_matmul_flops'):
-    if key in peaks:
-      peaks[key] = max(peaks[key], again[key])
-  peak = max(peaks['jax_matmul_flops'], peaks.get('torch_matmul_flops', 0.0))
-  peaks['peak_flops'] = peak
-
-  flops = {'xla': xla_flops_per_image(opts), 'analytic': analytic_flops_per_image(opts)}
-  vendor = peaks['vendor_bf16_flops'] if opts.dtype == 'bfloat16' else None
-  record = {
-      'benchmark': 'vit_jax.benchmark',
-      'time_utc': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
-      'command': 'python -m vit_jax.benchmark ' + ' '.join(sys.argv[1:]),
-      'options': dataclasses.asdict(opts),
-      'machine': hardware.machine_info(),
-      'peak': peaks,
-      'flops_per_image': flops,
-      'vit_jax': {**_side(times['vit_jax'], flops['xla'], peak, vendor, opts.batch),
-                  'compile_s': compile_s, **memory.compiled_memory(compiled)},
-  }
-  if compare:
-    record['timm'] = {**_side(times['timm'], flops['xla'], peak, vendor, opts.batch),
-                      'setup': timm_setup}
-    record['ratio_vs_timm'] = record['vit_jax']['img_per_sec'] / record['timm']['img_per_sec']
-  return record
-
-
-def record_path(record: dict, directory: str = 'benchmarks') -> str:
-  """benchmarks/<UTC time>_<platform>_<model>_<mode>[_<dtype>]_b<batch>.json."""
-  o = record['options']
-  stamp = re.sub(r'[-:]', '', record['time_utc'][:16])
-  search = record['benchmark'].endswith('--find_max_batch')
-  parts = [stamp, record['machine']['platform'], o['model'], o['mode']]
-  if not search:
-    parts.append(f'b{o["batch"]}')
-  if o['resolution'] != 224:
-    parts.append(f'r{o["resolution"]}')
-  if o['dtype'] != 'float32':
-    parts.append(o['dtype'])
-  if search:
-    parts.append('maxbatch')
-  return os.path.join(directory, '_'.join(parts) + '.json')
-
-
-def summary(record: dict) -> str:
-  o, ours = record['options'], record['vit_jax']
-  m = record['machine']
-  lines = [f'{o["model"]} {o["mode"]} batch {o["batch"]} at {o["resolution"]} px, {o["dtype"]}, '
-           f'{m["device_kind"]} ({m["cpu"]}, {m["cpu_cores"]} cores, load '
-           f'{m["load_average_1min"] or 0:.1f})']
-  peak = record['peak']
-  lines.append('peak (matmul %d): jnp %.1f GFLOP/s%s' % (
-      peak['matmul_size'], peak['jax_matmul_flops'] / 1e9,
-      f', torch {peak["torch_matmul_flops"] / 1e9:.1f}' if 'torch_matmul_flops' in peak else ''))
-  flops = record['flops_per_image']
-  lines.append('FLOPs/image: XLA %.4g G%s' % (
-      flops['xla'] / 1e9, f', analytic {flops["analytic"] / 1e9:.4g} G' if flops['analytic'] else ''))
-  for name in ('vit_jax', 'timm'):
-    if name in record:
-      side = record[name]
-      lines.append(f'{name:8s} {side["img_per_sec"]:8.2f} img/s  step {side["step_time_s"]:.4f} s'
-                   f'  MFU {side.get("mfu", 0.0):.3f}')
-  lines.append(f'compile {ours["compile_s"]:.1f} s, memory {ours["memory_bytes"] / 2**30:.2f} GiB '
-               f'({ours["memory_source"]})')
-  if 'ratio_vs_timm' in record:
-    lines.append(f'vit_jax / timm = {record["ratio_vs_timm"]:.3f}')
-  return '\n'.join(lines)
+from vit_jax.bench import memory
+from vit_jax.bench import speed
+from vit_jax.bench import timm_peer
+from vit_jax.models import vit
 
 
 def _parser():
   p = argparse.ArgumentParser(prog='python -m vit_jax.benchmark', description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-  d = Options()
+  d = speed.Options()
   p.add_argument('--model', default=d.model, help='a MODEL_CONFIGS name, e.g. ViT-B_16')
   p.add_argument('--mode', default=d.mode, choices=('infer', 'train'))
   p.add_argument('--batch', type=int, default=d.batch)
@@ -342,7 +45,7 @@ def _parser():
   p.add_argument('--remat', action='store_true')
   p.add_argument('--optimizer', default=d.optimizer, choices=('adam', 'sgd'))
   p.add_argument('--num_classes', type=int, default=d.num_classes)
-  p.add_argument('--attention', default=d.attention, choices=models_vit.ATTENTION)
+  p.add_argument('--attention', default=d.attention, choices=vit.ATTENTION)
   p.add_argument('--warmup', type=int, default=d.warmup)
   p.add_argument('--steps', type=int, default=d.steps, help='timed steps per repeat and side')
   p.add_argument('--repeats', type=int, default=d.repeats)
@@ -373,21 +76,21 @@ def main(argv=None) -> int:
       print(f'{parser.prog}: error: --xla_flags must be set before JAX starts', file=sys.stderr)
       return 2
     os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') + ' ' + args.xla_flags).strip()
-  fields = {f.name for f in dataclasses.fields(Options)}
-  opts = Options(**{k: v for k, v in vars(args).items() if k in fields})
+  fields = {f.name for f in dataclasses.fields(speed.Options)}
+  opts = speed.Options(**{k: v for k, v in vars(args).items() if k in fields})
   try:
     if args.find_max_batch:
-      validate(opts)
-      record = memory.find_max_batch(opts, build_step, JaxRunner,
+      speed.validate(opts)
+      record = memory.find_max_batch(opts, speed.build_step, speed.JaxRunner,
                                      budget_bytes=args.memory_budget_gib * 2**30)
       print(memory.describe(record))
     else:
-      record = run(opts)
-      print(summary(record))
-  except (BenchmarkError, benchmark_timm.CompareError) as e:
+      record = speed.run(opts)
+      print(speed.summary(record))
+  except (speed.BenchmarkError, timm_peer.CompareError) as e:
     print(f'{parser.prog}: error: {e.args[0] if e.args else e}', file=sys.stderr)
     return 2
-  path = args.json or (None if args.no_record else record_path(record))
+  path = args.json or (None if args.no_record else speed.record_path(record))
   if path:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, 'w', encoding='utf-8') as f:

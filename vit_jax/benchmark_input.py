@@ -13,42 +13,9 @@ import os
 import tempfile
 import time
 
-import ml_collections
-import numpy as np
-from PIL import Image
-
-from vit_jax import datasets
-from vit_jax import input_pipeline
-from vit_jax import jft
-
-
-def write_jpegs(root, n, classes=10, seed=0):
-  rng = np.random.default_rng(seed)
-  for c in range(classes):
-    os.makedirs(os.path.join(root, 'train', f'class{c}'), exist_ok=True)
-  yy, xx = np.mgrid[0:375, 0:500]
-  for i in range(n):
-    h, w = ((375, 500), (300, 400))[i % 2]
-    # Smooth colour fields plus noise: JPEG sizes like photos (~50-100 kB).
-    base = np.stack([np.sin(xx[:h, :w] / rng.uniform(5, 40) + rng.uniform(0, 6)),
-                     np.cos(yy[:h, :w] / rng.uniform(5, 40)),
-                     np.sin((xx[:h, :w] + yy[:h, :w]) / rng.uniform(5, 40))], -1)
-    pixels = np.clip(127 + 100 * base + rng.normal(0, 20, (h, w, 3)), 0, 255).astype(np.uint8)
-    Image.fromarray(pixels).save(os.path.join(root, 'train', f'class{i % classes}', f'{i}.jpg'),
-                                 quality=90)
-
-
-def time_pipeline(dataset, batch, steps, start_step=0):
-  config = input_pipeline.add_data_config(ml_collections.ConfigDict())
-  config.dataset, config.batch, config.pp.crop = dataset, batch, 224
-  it = input_pipeline.make_train_iterator(config, None, state={'step': start_step})
-  t0 = time.perf_counter()
-  next(it)
-  first = time.perf_counter() - t0
-  t0 = time.perf_counter()
-  for _ in range(steps):
-    next(it)
-  return first, steps * batch / (time.perf_counter() - t0)
+from vit_jax.bench import input_speed
+from vit_jax.data import datasets
+from vit_jax.data import shards as shard_files
 
 
 def main():
@@ -62,20 +29,22 @@ def main():
   folder = os.path.join(root, 'folder')
   shards = os.path.join(root, 'shards')
   if not os.path.isdir(folder):
-    write_jpegs(folder, args.images)
+    input_speed.write_jpegs(folder, args.images)
   t0 = time.perf_counter()
   datasets.open_split(folder, 'train')
   check = time.perf_counter() - t0
   if not os.path.isdir(shards):
-    jft.main(['--folder', os.path.join(folder, 'train'), '--out', shards, '--shards', '8'])
+    examples, names = shard_files.examples_from_folder(os.path.join(folder, 'train'))
+    shard_files.write_shards(examples, shards, 'train', num_classes=len(names),
+                             class_names=names, num_shards=8)
   size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(folder) for f in fs)
   print(f'{args.images} JPEGs, {size / args.images / 1024:.0f} kB each; '
         f'opening the folder (checks every file): {args.images / check:.0f} files/s')
   for name, path in (('image folder', folder), ('TFRecord shards', shards)):
-    first, rate = time_pipeline(path, args.batch, args.steps)
+    first, rate = input_speed.time_pipeline(path, args.batch, args.steps)
     print(f'{name}: {rate:.0f} img/s at 224 px (batch {args.batch}, {os.cpu_count()} cores); '
           f'first batch {first:.2f} s')
-  first, _ = time_pipeline(shards, args.batch, 1, start_step=10**6)
+  first, _ = input_speed.time_pipeline(shards, args.batch, 1, start_step=10**6)
   print(f'restore at step 1,000,000: first batch {first:.2f} s (no replay)')
 
 

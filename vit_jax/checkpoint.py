@@ -15,6 +15,7 @@ import zipfile
 from typing import Any, Mapping, Optional
 
 import numpy as np
+from vit_jax import files
 
 Params = Mapping[str, Any]
 
@@ -35,36 +36,15 @@ class CheckpointError(ValueError):
   """A checkpoint that cannot be read or does not fit the model; one line."""
 
 
-# ---------------------------------------------------------------------------
-# Files: local paths directly, anything with a scheme (gs://) via tf.io.gfile.
-
-
-def _is_remote(path: str) -> bool:
-  return '://' in str(path)
-
-
-def _gfile():
-  try:
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  except ImportError as e:
-    raise CheckpointError(
-        'reading gs:// paths needs TensorFlow: pip install tensorflow-cpu') from e
-  return tf.io.gfile
-
-
-def _exists(path: str) -> bool:
-  return _gfile().exists(path) if _is_remote(path) else os.path.exists(path)
-
-
 def resolve(path: str) -> str:
   """A `.npz` path, or a directory holding `params.npz` (a training workdir)."""
   path = os.fspath(path)
-  if not _is_remote(path) and os.path.isdir(path) or _is_remote(path) and _gfile().isdir(path):
+  if files.isdir(path):
     candidate = path.rstrip('/') + '/params.npz'
-    if not _exists(candidate):
+    if not files.exists(candidate):
       raise CheckpointError(f'{path}: a directory without params.npz; pass the .npz file itself')
     return candidate
-  if not _exists(path):
+  if not files.exists(path):
     raise CheckpointError(f'{path}: no such checkpoint; check the path (released files: '
                           'gs://vit_models/imagenet21k/ViT-B_16.npz and friends)')
   return path
@@ -167,8 +147,8 @@ def load_flat(path: str) -> dict:
   """Reads a `.npz` into {'key': np.ndarray} exactly as stored (no renaming)."""
   path = resolve(path)
   try:
-    if _is_remote(path):
-      with _gfile().GFile(path, 'rb') as f:
+    if files.is_remote(path):
+      with files.open_file(path, 'rb') as f:
         data = io.BytesIO(f.read())
     else:
       data = path
@@ -210,10 +190,10 @@ def save_npz(params: Params, path: str) -> str:
   for key, value in flatten(params).items():
     array = np.asarray(value)
     flat[key] = array.astype(np.float32) if array.dtype.name == 'bfloat16' else array
-  if _is_remote(path):
+  if files.is_remote(path):
     buffer = io.BytesIO()
     np.savez(buffer, **flat)
-    with _gfile().GFile(path, 'wb') as f:
+    with files.open_file(path, 'wb') as f:
       f.write(buffer.getvalue())
     return path
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

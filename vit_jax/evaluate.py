@@ -14,37 +14,9 @@ import argparse
 import json
 import sys
 
-import jax
-
 from vit_jax import checkpoint
-from vit_jax import inference
 from vit_jax import sharding
-from vit_jax import train
-
-
-def _counts_fn(model, multi_label):
-  @jax.jit
-  def fn(params, batch):
-    logits = model.apply({'params': params}, batch['image'], train=False)
-    return train.classification_counts(logits, batch['label'], batch['mask'], multi_label)
-  return fn
-
-
-def evaluate(loaded: inference.LoadedModel, data_config, split: str, batch_sharding) -> dict:
-  """{'top1', 'top5' (single-label), 'examples'} of `loaded` on `split`."""
-  from vit_jax import input_pipeline  # pylint: disable=g-import-not-at-top  (TensorFlow)
-  info = input_pipeline.get_info(data_config)
-  if loaded.model.num_classes != info.num_classes:
-    raise inference.InputError(
-        f'{data_config.dataset} has {info.num_classes} classes, the checkpoint\'s head '
-        f'{loaded.model.num_classes}; evaluate a checkpoint fine-tuned on it')
-  counts_fn = _counts_fn(loaded.model, info.multi_label)
-  params = jax.device_put(loaded.params, sharding.replicated(batch_sharding.mesh))
-  result = train.accuracy(counts_fn, params, input_pipeline.make_eval_iterator(
-      data_config, batch_sharding, split=split))
-  top5 = result.pop('accuracy_top5', None)
-  return {'top1': result['accuracy'], 'examples': result['examples'],
-          **({'top5': top5} if top5 is not None else {})}
+from vit_jax.evaluation import inference
 
 
 def main(argv=None) -> int:
@@ -64,26 +36,26 @@ def main(argv=None) -> int:
   parser.add_argument('--output', default=None, help='also write the JSON here')
   args = parser.parse_args(argv)
 
-  from vit_jax import input_pipeline  # pylint: disable=g-import-not-at-top  (TensorFlow)
+  from vit_jax.data import pipeline  # pylint: disable=g-import-not-at-top  (TensorFlow)
   try:
     loaded = inference.load_model(args.checkpoint, args.model)
-    data = input_pipeline.data_config()
+    data = pipeline.data_config()
     data.update(dataset=args.dataset, batch_eval=args.batch, tfds_data_dir=args.tfds_data_dir,
                 tfds_manual_dir=args.tfds_manual_dir)
     data.pp.crop = args.crop or loaded.image_size
     data.pp.resize = args.resize
     batch_sharding = sharding.batch_sharding(sharding.make_mesh())
     result = {'checkpoint': args.checkpoint, 'dataset': args.dataset, 'split': args.split,
-              **evaluate(loaded, data, args.split, batch_sharding)}
+              **inference.evaluate(loaded, data, args.split, batch_sharding)}
     if args.dataset == 'imagenet2012':
-      real = input_pipeline.data_config()
+      real = pipeline.data_config()
       real.update(data.to_dict())
       real.dataset = 'imagenet2012_real'
       try:
-        result['real_top1'] = evaluate(loaded, real, 'test', batch_sharding)['top1']
-      except input_pipeline.DataError as e:
+        result['real_top1'] = inference.evaluate(loaded, real, 'test', batch_sharding)['top1']
+      except pipeline.DataError as e:
         print(f'ReaL labels not evaluated: {e}', file=sys.stderr)
-  except (checkpoint.CheckpointError, inference.InputError, input_pipeline.DataError) as e:
+  except (checkpoint.CheckpointError, inference.InputError, pipeline.DataError) as e:
     print(f'error: {e}', file=sys.stderr)
     return 1
   text = json.dumps(result, indent=2)

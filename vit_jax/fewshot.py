@@ -1,327 +1,28 @@
-"""Few-shot linear evaluation (paper 4.1) of frozen pre-logits features.
+"""Few-shot linear evaluation (paper 4.1) of a checkpoint.
 
-Paper 4.1: "few-shot accuracies are obtained by solving a regularized
-least-squares regression problem that maps the (frozen) representation of a
-subset of training images to {-1, 1}^K target vectors". The closed form here:
+  python -m vit_jax.fewshot --checkpoint=ViT-B_16.npz --model=ViT-B_16 --datasets=cifar10,pets
 
-- Features are standardised per dimension with the mean and standard
-  deviation of the few-shot training examples (as big_vision does), so one
-  regularisation strength suits models of any width and scale.
-- Each class has an unregularised bias. After standardisation the training
-  features have zero mean, so the bias is the mean target and the weights
-  solve (X^T X + l2 I) W = X^T Y. This is exactly scikit-learn's
-  `RidgeClassifier(alpha=l2_reg, fit_intercept=True)` on the standardised
-  features (tests/test_fewshot.py checks the predictions agree).
-- `DEFAULT_L2_REG = 2**10`, the fixed strength of big_vision's standard
-  few-shot config; `select_l2_reg` picks one from a grid on held-out training
-  examples instead (never on the test split).
-
-Everything runs in float64 numpy on the host: the systems are at most
-(width x width) and keep the accelerators free. The functions take arrays, so
-the data pipeline only has to supply an iterable of batches for
-`extract_features`; `summary_scalars` names results for TensorBoard and
-`summary.json`.
+Prints the accuracies per dataset and shot count (mean over seeds); with a
+workdir, also writes them there. The method: `vit_jax.evaluation.fewshot`.
 """
 
-from typing import Iterable, Mapping, NamedTuple, Sequence
+import argparse
+import json
+import os
+import sys
 
 import jax
-import numpy as np
+import ml_collections
 
-DEFAULT_SHOTS = (1, 5, 10, 25)
-DEFAULT_SEEDS = (0, 1, 2)
-DEFAULT_L2_REG = 2.0 ** 10
-DEFAULT_L2_GRID = tuple(2.0 ** i for i in range(-10, 21, 2))
-_STD_EPS = 1e-5  # keeps constant feature dimensions finite (they get zero weight)
-
-
-class LinearClassifier(NamedTuple):
-  """Scores = ((x - mean) / std) @ kernel + bias; the prediction is the argmax."""
-  mean: np.ndarray  # [D]
-  std: np.ndarray  # [D]
-  kernel: np.ndarray  # [D, K]
-  bias: np.ndarray  # [K]
-
-
-def standardize(features: np.ndarray, mean: np.ndarray, std: np.ndarray) -> np.ndarray:
-  return (np.asarray(features, np.float64) - mean) / std
-
-
-def signed_one_hot(labels: np.ndarray, num_classes: int) -> np.ndarray:
-  """Paper 4.1 targets: +1 for the true class, -1 for every other class."""
-  return np.where(np.arange(num_classes) == np.asarray(labels)[:, None], 1.0, -1.0)
-
-
-def _check_labels(labels: np.ndarray, num_classes: int, what: str) -> np.ndarray:
-  labels = np.asarray(labels)
-  if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
-    raise ValueError(f'{what}: expected a 1-D integer array of class ids, got '
-                     f'{labels.dtype} with shape {labels.shape}; pass integer labels, not one-hot')
-  if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
-    raise ValueError(f'{what}: class ids span [{labels.min()}, {labels.max()}] but '
-                     f'num_classes={num_classes}; pass the dataset\'s number of classes')
-  return labels
-
-
-def fit_path(features: np.ndarray, labels: np.ndarray, num_classes: int,
-             l2_regs: Sequence[float]) -> list:
-  """Ridge classifiers for several regularisation strengths from one eigendecomposition.
-
-  Args:
-    features: [N, D] training features.
-    labels: [N] integer class ids in [0, num_classes).
-    num_classes: K.
-    l2_regs: strengths (> 0), the `alpha` of scikit-learn's ridge.
-
-  Returns:
-    One `LinearClassifier` per entry of `l2_regs`.
-  """
-  features = np.asarray(features, np.float64)
-  labels = _check_labels(labels, num_classes, 'fit labels')
-  if features.ndim != 2 or len(features) != len(labels) or not len(labels):
-    raise ValueError(f'fit: features {features.shape} and labels {labels.shape} must be '
-                     '[N, D] and [N] with N > 0')
-  if any(l2 <= 0 for l2 in l2_regs):
-    raise ValueError(f'l2_regs={list(l2_regs)}: every strength must be > 0')
-  mean = features.mean(axis=0)
-  std = features.std(axis=0) + _STD_EPS
-  x = standardize(features, mean, std)  # columns have zero mean
-  y = signed_one_hot(labels, num_classes)
-  bias = y.mean(axis=0)
-  y = y - bias
-  num_points, dim = x.shape
-  # One eigendecomposition serves every l2. With fewer points than
-  # dimensions the N x N Gram matrix is smaller:
-  # (X^T X + l2 I)^-1 X^T = X^T (X X^T + l2 I)^-1.
-  if num_points >= dim:
-    eigs, q = np.linalg.eigh(x.T @ x)
-    left, right = q, q.T @ (x.T @ y)
-  else:
-    eigs, q = np.linalg.eigh(x @ x.T)
-    left, right = x.T @ q, q.T @ y
-  eigs = np.maximum(eigs, 0.0)  # round-off can make zero eigenvalues slightly negative
-  return [LinearClassifier(mean, std, (left / (eigs + l2)) @ right, bias) for l2 in l2_regs]
-
-
-def fit(features: np.ndarray, labels: np.ndarray, num_classes: int,
-        l2_reg: float = DEFAULT_L2_REG) -> LinearClassifier:
-  """The regularised least-squares classifier of paper 4.1 (see the module docstring)."""
-  return fit_path(features, labels, num_classes, [l2_reg])[0]
-
-
-def predict(classifier: LinearClassifier, features: np.ndarray) -> np.ndarray:
-  """[N] predicted class ids."""
-  # Standardisation folded into the weights: no standardised copy of a large test set.
-  kernel = classifier.kernel / classifier.std[:, None]
-  bias = classifier.bias - (classifier.mean / classifier.std) @ classifier.kernel
-  return np.argmax(np.asarray(features, np.float64) @ kernel + bias, axis=1)
-
-
-def sample_shots(labels: np.ndarray, num_classes: int, shots: int, seed: int) -> np.ndarray:
-  """Indices of `shots` training examples per class, drawn with `seed`.
-
-  For one seed the draws are nested: the 5-shot set contains the 1-shot set,
-  so accuracies across shot counts differ only by the added examples.
-  """
-  labels = _check_labels(labels, num_classes, 'train labels')
-  rng = np.random.default_rng(seed)
-  picked = []
-  for c in range(num_classes):
-    members = np.flatnonzero(labels == c)
-    if len(members) < shots:
-      raise ValueError(f'class {c} has {len(members)} training examples, fewer than '
-                       f'{shots} shots; use fewer shots or a larger training split')
-    picked.append(rng.permutation(members)[:shots])
-  return np.concatenate(picked)
-
-
-def fewshot_accuracy(train_features: np.ndarray, train_labels: np.ndarray,
-                     test_features: np.ndarray, test_labels: np.ndarray, *,
-                     num_classes: int, shots: Sequence[int] = DEFAULT_SHOTS,
-                     seeds: Sequence[int] = DEFAULT_SEEDS,
-                     l2_reg: float = DEFAULT_L2_REG) -> dict:
-  """Few-shot linear accuracy on the test set, per shot count and seed.
-
-  Args:
-    train_features, train_labels: the pool the shots are drawn from, [N, D], [N].
-    test_features, test_labels: the evaluation set, [M, D], [M].
-    num_classes: K.
-    shots: examples per class.
-    seeds: one draw of the training examples per seed.
-    l2_reg: ridge strength on standardised features.
-
-  Returns:
-    {shots: {'mean': float, 'per_seed': [float, ...]}}, accuracies in [0, 1].
-  """
-  test_labels = _check_labels(test_labels, num_classes, 'test labels')
-  test_features = np.asarray(test_features, np.float64)
-  train_features = np.asarray(train_features)
-  results = {}
-  for n in shots:
-    accuracies = []
-    for seed in seeds:
-      idx = sample_shots(train_labels, num_classes, n, seed)
-      classifier = fit(train_features[idx], np.asarray(train_labels)[idx], num_classes, l2_reg)
-      accuracies.append(float(np.mean(predict(classifier, test_features) == test_labels)))
-    results[n] = {'mean': float(np.mean(accuracies)), 'per_seed': accuracies}
-  return results
-
-
-def select_l2_reg(train_features: np.ndarray, train_labels: np.ndarray, *, num_classes: int,
-                  shots: int, l2_grid: Sequence[float] = DEFAULT_L2_GRID,
-                  seed: int = 0) -> tuple:
-  """Picks the ridge strength on training examples held out from the few-shot draw.
-
-  Fits on `shots` examples per class (drawn with `seed`) and scores every
-  strength of `l2_grid` on the remaining training examples.
-
-  Returns:
-    (best l2, {l2: held-out accuracy}); ties go to the stronger regularisation.
-  """
-  train_labels = _check_labels(train_labels, num_classes, 'train labels')
-  train_features = np.asarray(train_features)
-  idx = sample_shots(train_labels, num_classes, shots, seed)
-  held_out = np.ones(len(train_labels), bool)
-  held_out[idx] = False
-  if not held_out.any():
-    raise ValueError(f'{shots} shots use every training example; nothing is left to '
-                     'select l2 on: use fewer shots or a larger training split')
-  classifiers = fit_path(train_features[idx], train_labels[idx], num_classes, l2_grid)
-  scores = {float(l2): float(np.mean(predict(c, train_features[held_out]) ==
-                                     train_labels[held_out]))
-            for l2, c in zip(l2_grid, classifiers)}
-  best = max(sorted(scores, reverse=True), key=lambda l2: scores[l2])
-  return best, scores
-
-
-def summary_scalars(results: Mapping[int, Mapping], name: str) -> dict:
-  """Flat scalar names for TensorBoard / summary.json, e.g. `cifar10_10shot`.
-
-  Per-seed values get a `-seed{i}` suffix in the order of the seeds evaluated.
-  """
-  out = {}
-  for shots, result in sorted(results.items()):
-    out[f'{name}_{shots}shot'] = result['mean']
-    for i, accuracy in enumerate(result['per_seed']):
-      out[f'{name}_{shots}shot-seed{i}'] = accuracy
-  return out
-
-
-# ---------------------------------------------------------------------------
-# Frozen representations.
-
-
-def representation_fn(model):
-  """A jitted `fn(params, images) -> [B, D]` of the features the head would read.
-
-  That is the `pre_logits` output when the model has one, else the pooled
-  token. Build it once and pass it to `extract_features` when evaluating
-  repeatedly (during training), so the compiled function is reused.
-  """
-  feature_model = model.clone(num_classes=None)
-
-  @jax.jit
-  def fn(params, images):
-    # The head, and the masked-patch-prediction parts of an MPP model, are unused.
-    params = {k: v for k, v in params.items() if k not in ('head', 'mask_token', 'mpp_head')}
-    return feature_model.apply({'params': params}, images, train=False)
-  return fn
-
-
-def _host(x) -> np.ndarray:
-  """A (possibly multi-process) array as a host numpy array."""
-  if isinstance(x, jax.Array) and not x.is_fully_addressable:
-    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-  return np.asarray(x)
-
-
-def extract_features(model, params, batches: Iterable[Mapping], *, features_fn=None) -> tuple:
-  """Pre-logits features of every real example in `batches`.
-
-  Args:
-    model: a `models.VisionTransformer` (any `num_classes`; the head is not
-      evaluated).
-    params: its parameters.
-    batches: dicts with `image` [B, H, W, 3] in [-1, 1], `label` ([B] ids or
-      [B, K] one-hot/multi-hot, reduced by argmax) and optionally `mask` [B]
-      (0 marks padding added to fill the last batch).
-    features_fn: `representation_fn(model)`, built once by callers that
-      evaluate repeatedly; built here otherwise.
-
-  Returns:
-    (features [N, D] float32, labels [N] int64) as numpy arrays, padding dropped.
-  """
-  features_fn = features_fn or representation_fn(model)
-  features, labels = [], []
-  for batch in batches:
-    out = _host(features_fn(params, batch['image']))
-    label = _host(batch['label'])
-    if label.ndim == 2:
-      label = label.argmax(axis=1)
-    keep = _host(batch['mask']).astype(bool) if 'mask' in batch else np.ones(len(out), bool)
-    features.append(out.reshape(len(out), -1)[keep])
-    labels.append(label[keep].astype(np.int64))
-  if not features:
-    raise ValueError('extract_features: the batch iterable is empty; check the split')
-  return np.concatenate(features), np.concatenate(labels)
-
-
-# ---------------------------------------------------------------------------
-# On datasets the input pipeline reads: during training and from the command line.
-
-
-def evaluate_datasets(config, model, params, sharding, *, features_fn=None) -> dict:
-  """Few-shot accuracies on every dataset of `config.fewshot.datasets`.
-
-  Features of each dataset's train and test splits (eval preprocessing at
-  `config.pp.crop`) are extracted with `model`, then `fewshot_accuracy` runs.
-
-  Args:
-    config: a run config: `fewshot.*`, plus `pp.crop`, `batch_eval`,
-      `tfds_data_dir`, `tfds_manual_dir` for reading the data.
-    model, params: a `VisionTransformer` (any head) or MPP model parameters.
-    sharding: batch sharding of the mesh (`vit_jax.sharding.batch_sharding`).
-    features_fn: `representation_fn(model)`, to reuse its compilation.
-
-  Returns:
-    {'fewshot/<dataset>_<n>shot': mean accuracy, ...-seed<i>: per seed}.
-  """
-  from vit_jax import input_pipeline  # pylint: disable=g-import-not-at-top  (TensorFlow)
-  features_fn = features_fn or representation_fn(model)
-  scalars = {}
-  for name in config.fewshot.datasets:
-    data = input_pipeline.data_config()
-    data.update(dataset=name, batch_eval=config.batch_eval, tfds_data_dir=config.tfds_data_dir,
-                tfds_manual_dir=config.tfds_manual_dir)
-    data.pp.crop = config.pp.crop
-    info = input_pipeline.get_info(data)
-    train = extract_features(model, params, input_pipeline.make_eval_iterator(
-        data, sharding, split=config.fewshot.train_split), features_fn=features_fn)
-    test = extract_features(model, params, input_pipeline.make_eval_iterator(
-        data, sharding, split=config.fewshot.test_split), features_fn=features_fn)
-    results = fewshot_accuracy(*train, *test, num_classes=info.num_classes,
-                               shots=tuple(config.fewshot.shots),
-                               seeds=tuple(config.fewshot.seeds), l2_reg=config.fewshot.l2_reg)
-    scalars.update(summary_scalars(results, f'fewshot/{name}'))
-  return scalars
+from vit_jax import checkpoint
+from vit_jax import run_log
+from vit_jax import sharding
+from vit_jax.data import sources
+from vit_jax.evaluation import fewshot
+from vit_jax.evaluation import inference
 
 
 def main(argv=None) -> int:
-  """`python -m vit_jax.fewshot`: few-shot accuracies of a checkpoint."""
-  import argparse  # pylint: disable=g-import-not-at-top
-  import json  # pylint: disable=g-import-not-at-top
-  import os  # pylint: disable=g-import-not-at-top
-  import sys  # pylint: disable=g-import-not-at-top
-
-  import ml_collections  # pylint: disable=g-import-not-at-top
-
-  from vit_jax import checkpoint  # pylint: disable=g-import-not-at-top
-  from vit_jax import inference  # pylint: disable=g-import-not-at-top
-  from vit_jax import input_pipeline  # pylint: disable=g-import-not-at-top
-  from vit_jax import run_log  # pylint: disable=g-import-not-at-top
-  from vit_jax import sharding  # pylint: disable=g-import-not-at-top
-
   ints = lambda text: tuple(int(x) for x in text.split(','))  # noqa: E731
   parser = argparse.ArgumentParser(
       prog='python -m vit_jax.fewshot',
@@ -330,9 +31,9 @@ def main(argv=None) -> int:
   parser.add_argument('--model', required=True, help='MODEL_CONFIGS name, e.g. ViT-B_16')
   parser.add_argument('--datasets', required=True,
                       help='comma-separated datasets the input pipeline reads')
-  parser.add_argument('--shots', type=ints, default=DEFAULT_SHOTS)
-  parser.add_argument('--seeds', type=ints, default=DEFAULT_SEEDS)
-  parser.add_argument('--l2_reg', type=float, default=DEFAULT_L2_REG)
+  parser.add_argument('--shots', type=ints, default=fewshot.DEFAULT_SHOTS)
+  parser.add_argument('--seeds', type=ints, default=fewshot.DEFAULT_SEEDS)
+  parser.add_argument('--l2_reg', type=float, default=fewshot.DEFAULT_L2_REG)
   parser.add_argument('--train_split', default='train')
   parser.add_argument('--test_split', default='test')
   parser.add_argument('--crop', type=int, default=None, help="default: the checkpoint's")
@@ -354,8 +55,8 @@ def main(argv=None) -> int:
                     'train_split': args.train_split, 'test_split': args.test_split}})
     batch_sharding = sharding.batch_sharding(sharding.make_mesh())
     params = jax.device_put(loaded.params, sharding.replicated(batch_sharding.mesh))
-    scalars = evaluate_datasets(config, loaded.model, params, batch_sharding)
-  except (checkpoint.CheckpointError, inference.InputError, input_pipeline.DataError,
+    scalars = fewshot.evaluate_datasets(config, loaded.model, params, batch_sharding)
+  except (checkpoint.CheckpointError, inference.InputError, sources.DataError,
           ValueError) as e:
     print(f'error: {e}', file=sys.stderr)
     return 1

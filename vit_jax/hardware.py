@@ -1,4 +1,4 @@
-"""Peak arithmetic rates of accelerators, for model FLOPs utilisation (MFU)."""
+"""The machine: peak arithmetic rates (for MFU), out-of-memory errors, versions."""
 
 import importlib.metadata
 import os
@@ -90,3 +90,9 @@ def machine_info() -> dict:
       # Other work on the machine skews timings: record how busy it was.
       'load_average_1min': os.getloadavg()[0] if hasattr(os, 'getloadavg') else None,
   }
+
+
+def is_out_of_memory(error: Exception) -> bool:
+  """Whether a JAX runtime or compile error says device memory ran out."""
+  text = str(error)
+  return 'RESOURCE_EXHAUSTED' in text or 'out of memory' in text.lower()

@@ -100,15 +100,15 @@ def main(argv):
 
   # Imported here: these pull in TensorFlow for the input pipeline.
   from vit_jax import checkpoint  # pylint: disable=g-import-not-at-top
-  from vit_jax import input_pipeline  # pylint: disable=g-import-not-at-top
-  from vit_jax import trainer  # pylint: disable=g-import-not-at-top
+  from vit_jax.data import pipeline  # pylint: disable=g-import-not-at-top
+  from vit_jax.training import loop  # pylint: disable=g-import-not-at-top
 
   config = _CONFIG.value
   workdir = _WORKDIR.value or _default_workdir(sys.argv)
   try:
-    trainer.train_and_evaluate(config, workdir)
-  except (trainer.TrainingError, trainer.ConfigError, checkpoint.CheckpointError,
-          input_pipeline.DataError, KeyError) as e:
+    loop.train_and_evaluate(config, workdir)
+  except (loop.TrainingError, loop.ConfigError, checkpoint.CheckpointError,
+          pipeline.DataError, KeyError) as e:
     message = e.args[0] if isinstance(e, KeyError) and e.args else e
     _exit(str(message))
 

@@ -11,37 +11,10 @@ of the logits.
 
 import argparse
 import sys
-from typing import List, Optional, Sequence
-
-import jax
-import numpy as np
+from typing import List, Optional
 
 from vit_jax import checkpoint
-from vit_jax import inference
-
-_BATCH = 16
-
-
-def top_k(logits: np.ndarray, k: int) -> tuple:
-  """(indices [B, k], softmax probabilities [B, k]), best first."""
-  logits = np.asarray(logits, np.float64)
-  probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
-  probs /= probs.sum(axis=-1, keepdims=True)
-  idx = np.argsort(-logits, axis=-1, kind='stable')[:, :k]
-  return idx, np.take_along_axis(probs, idx, axis=-1)
-
-
-def predict(loaded: inference.LoadedModel, files: Sequence[str], k: int = 5) -> tuple:
-  """(indices [B, k], probabilities [B, k]) for image files."""
-  apply = jax.jit(lambda p, x: loaded.model.apply({'params': p}, x, train=False))
-  indices, probs = [], []
-  for start in range(0, len(files), _BATCH):
-    images = np.stack([inference.read_image(f, loaded.image_size)
-                       for f in files[start:start + _BATCH]])
-    i, p = top_k(apply(loaded.params, images), k)
-    indices.append(i)
-    probs.append(p)
-  return np.concatenate(indices), np.concatenate(probs)
+from vit_jax.evaluation import inference
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -60,7 +33,7 @@ def main(argv: Optional[List[str]] = None) -> int:
       raise checkpoint.CheckpointError(f'{args.checkpoint}: no head/kernel, so it cannot classify; '
                                        'pass a checkpoint with a classification head')
     names = inference.class_names(loaded.model.num_classes, args.labels)
-    indices, probs = predict(loaded, files, max(1, args.top_k))
+    indices, probs = inference.predict(loaded, files, max(1, args.top_k))
   except (checkpoint.CheckpointError, inference.InputError) as e:
     print(f'{parser.prog}: error: {e}', file=sys.stderr)
     return 1

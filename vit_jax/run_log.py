@@ -6,6 +6,7 @@ Only process 0 writes; on other processes every method is a no-op.
 import json
 import os
 import time
+from vit_jax import files
 
 from absl import logging
 
@@ -30,11 +31,11 @@ class RunLog:
     self._tb = None
     if not is_main:
       return
-    _makedirs(workdir)
+    files.makedirs(workdir)
     if tensorboard:
       import tensorflow as tf  # pylint: disable=g-import-not-at-top
       self._tb = tf.summary.create_file_writer(os.path.join(workdir, 'tensorboard'))
-    self._jsonl = None if _is_remote(workdir) else open(
+    self._jsonl = None if files.is_remote(workdir) else open(
         os.path.join(workdir, 'metrics.jsonl'), 'a')
 
   def scalars(self, step: int, values: dict) -> None:
@@ -59,10 +60,10 @@ class RunLog:
     if not self._active:
       return
     path = os.path.join(self._workdir, name)
-    with _open(path + '.tmp', 'w') as f:
+    with files.open_file(path + '.tmp', 'w') as f:
       json.dump(data, f, indent=2, sort_keys=True)
       f.write('\n')
-    _rename(path + '.tmp', path)
+    files.rename(path + '.tmp', path)
 
   def close(self) -> None:
     if self._active:
@@ -101,30 +102,3 @@ class Progress:
     eta = (self.total_steps - step) * self.step_time
     return (f'step {step}/{self.total_steps}  loss {loss:.4f}  lr {lr:.3g}  '
             f'{self.img_per_sec:,.0f} img/s  ETA {_format_duration(eta)}')
-
-
-def _is_remote(path):
-  return '://' in path
-
-
-def _makedirs(path):
-  if _is_remote(path):
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    tf.io.gfile.makedirs(path)
-  else:
-    os.makedirs(path, exist_ok=True)
-
-
-def _open(path, mode):
-  if _is_remote(path):
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    return tf.io.gfile.GFile(path, mode)
-  return open(path, mode, encoding='utf-8')
-
-
-def _rename(src, dst):
-  if _is_remote(src):
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    tf.io.gfile.rename(src, dst, overwrite=True)
-  else:
-    os.replace(src, dst)

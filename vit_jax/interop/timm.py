@@ -23,7 +23,7 @@ from typing import Dict, Optional, Tuple
 import numpy as np
 
 from vit_jax import checkpoint
-from vit_jax import interop
+from vit_jax.interop import torch_layout
 
 # Released architectures -> timm's names (without the `_<resolution>` suffix).
 TIMM_NAMES = {
@@ -78,7 +78,7 @@ def timm_name(key: str) -> Tuple[Optional[str], Optional[int]]:
     return (f'patch_embed.backbone.stages.{int(stage) - 1}.blocks.{int(index) - 1}.{sub}.{leaf}',
             None)
   qkv = re.match(_BLOCK + r'MultiHeadDotProductAttention_1/(query|key|value)/', key)
-  return interop.rename(key, _RULES), _QKV[qkv.group(2)] if qkv else None
+  return torch_layout.rename(key, _RULES), _QKV[qkv.group(2)] if qkv else None
 
 
 def _pooling_kwargs(classifier: str) -> dict:
@@ -113,7 +113,7 @@ def create_model_kwargs(config, num_classes: Optional[int], image_size: int) -> 
 
 def build_model(config, num_classes: Optional[int], image_size: int):
   """timm's `VisionTransformer` of `config`, numerically ours (tanh GELU, our eps)."""
-  timm = interop.require('timm')
+  timm = torch_layout.require('timm')
   from timm.layers import GroupNormAct  # pylint: disable=g-import-not-at-top
   from timm.layers import HybridEmbed  # pylint: disable=g-import-not-at-top
   from timm.layers import StdConv2dSame  # pylint: disable=g-import-not-at-top
@@ -121,7 +121,7 @@ def build_model(config, num_classes: Optional[int], image_size: int):
 
   hidden, mlp_dim = config.hidden_size, config.transformer.mlp_dim
   if int(hidden * (mlp_dim / hidden)) != mlp_dim:
-    raise interop.ExportError(f'timm sizes the MLP as a ratio of the width; {mlp_dim}/{hidden} '
+    raise torch_layout.ExportError(f'timm sizes the MLP as a ratio of the width; {mlp_dim}/{hidden} '
                               'does not round-trip')
   kwargs = dict(
       img_size=image_size, patch_size=tuple(config.patches.size), embed_dim=hidden,
@@ -142,9 +142,9 @@ def build_model(config, num_classes: Optional[int], image_size: int):
 def to_timm(flat: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
   """Our flat parameters (no `pre_logits`) -> timm's state_dict as numpy arrays."""
   if 'pre_logits/kernel' in flat:
-    raise interop.ExportError('timm\'s ViT has no pre-logits layer; drop pre_logits and the head '
+    raise torch_layout.ExportError('timm\'s ViT has no pre-logits layer; drop pre_logits and the head '
                               'first (export does this)')
-  return interop.to_torch_state(flat, timm_name)
+  return torch_layout.to_torch_state(flat, timm_name)
 
 
 def from_timm(state: Dict[str, np.ndarray], config, what: str) -> Dict[str, np.ndarray]:
@@ -157,5 +157,5 @@ def from_timm(state: Dict[str, np.ndarray], config, what: str) -> Dict[str, np.n
         f'{what}: normalises after pooling (fc_norm), unlike the paper\'s ViT; it cannot be '
         'converted')
   num_classes = int(state['head.weight'].shape[0]) if 'head.weight' in state else None
-  expected = interop.expected_shapes(config, num_classes, int(state['pos_embed'].shape[1]), what)
-  return interop.from_torch_state(state, expected, timm_name, what)
+  expected = torch_layout.expected_shapes(config, num_classes, int(state['pos_embed'].shape[1]), what)
+  return torch_layout.from_torch_state(state, expected, timm_name, what)

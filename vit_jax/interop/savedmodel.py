@@ -13,15 +13,15 @@ checkpoint without a head):
   inside the graph. Resizing to H x W stays with the caller.
 """
 
-from vit_jax import inference
-from vit_jax import interop
+from vit_jax.evaluation import inference
+from vit_jax.interop import torch_layout
 
 PLATFORMS = ('cpu', 'cuda', 'tpu')
 
 
 def save(loaded: inference.LoadedModel, output: str, platforms=PLATFORMS) -> str:
   """Writes the SavedModel directory `output`; returns it."""
-  tf = interop.require('tensorflow', 'tensorflow-cpu')
+  tf = torch_layout.require('tensorflow', 'tensorflow-cpu')
   from jax.experimental import jax2tf  # pylint: disable=g-import-not-at-top
 
   size = loaded.image_size

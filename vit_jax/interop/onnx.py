@@ -20,9 +20,9 @@ import os
 import numpy as np
 
 from vit_jax import checkpoint
-from vit_jax import inference
-from vit_jax import interop
-from vit_jax import interop_timm
+from vit_jax.evaluation import inference
+from vit_jax.interop import torch_layout
+from vit_jax.interop import timm
 
 OPSET = 18
 _ONNX_FILE_LIMIT = 2 * 1024**3  # protobuf's limit; larger weights go to OUTPUT.data
@@ -30,12 +30,12 @@ _ONNX_FILE_LIMIT = 2 * 1024**3  # protobuf's limit; larger weights go to OUTPUT.
 
 def torch_module(loaded: inference.LoadedModel):
   """A torch.nn.Module computing `loaded`'s outputs from NHWC images in [-1, 1]."""
-  torch = interop.require('torch')
+  torch = torch_layout.require('torch')
   flat = checkpoint.flatten(loaded.params)
   head = {k: flat.pop(k) for k in list(flat) if k.startswith(('head/', 'pre_logits/'))}
-  backbone = interop_timm.build_model(loaded.config, None, loaded.image_size)
+  backbone = timm.build_model(loaded.config, None, loaded.image_size)
   backbone.load_state_dict(
-      {k: torch.from_numpy(v) for k, v in interop_timm.to_timm(flat).items()}, strict=True)
+      {k: torch.from_numpy(v) for k, v in timm.to_timm(flat).items()}, strict=True)
 
   def linear(prefix):
     if f'{prefix}/kernel' not in head:
@@ -65,9 +65,9 @@ def torch_module(loaded: inference.LoadedModel):
 
 def save(loaded: inference.LoadedModel, output: str) -> str:
   """Writes `output` (.onnx); returns it."""
-  torch = interop.require('torch')
-  interop.require('onnx')
-  interop.require('onnxscript')
+  torch = torch_layout.require('torch')
+  torch_layout.require('onnx')
+  torch_layout.require('onnxscript')
   module = torch_module(loaded)
   size = loaded.image_size
   example = torch.zeros(2, size, size, 3)  # batch 2: a batch of 1 would be specialised

@@ -19,7 +19,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from vit_jax import models_resnet
+from vit_jax.models import resnet
 
 Dtype = Any
 
@@ -250,7 +250,7 @@ class VisionTransformer(nn.Module):
       raise ValueError(f'classifier={self.classifier!r}; use one of {CLASSIFIERS}')
     x = inputs.astype(self.dtype)
     if self.resnet is not None:
-      x = models_resnet.resnet_stem(
+      x = resnet.resnet_stem(
           x, self.resnet['num_layers'], self.resnet['width_factor'], self.dtype)
 
     patch = tuple(self.patches['size'])

@@ -27,7 +27,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from vit_jax import checkpoint
-from vit_jax import interop
+from vit_jax.interop import torch_layout
 
 HIDDEN_ACT = 'gelu_new'
 _TANH_GELUS = ('gelu_new', 'gelu_pytorch_tanh', 'gelu_python_tanh', 'gelu_fast')
@@ -62,15 +62,15 @@ _FROM_V5 = (
 
 
 def hf_name(key: str) -> Tuple[Optional[str], None]:
-  return interop.rename(key, _RULES), None
+  return torch_layout.rename(key, _RULES), None
 
 
 def check_exportable(config) -> None:
   if config.get('resnet') is not None:
-    raise interop.ExportError(f'{config.model_name}: transformers has no R+ViT hybrid (ViTHybrid '
+    raise torch_layout.ExportError(f'{config.model_name}: transformers has no R+ViT hybrid (ViTHybrid '
                               'was removed in 5.0); use --format=timm or --format=onnx')
   if config.classifier != 'token':
-    raise interop.ExportError(f'{config.model_name}: transformers\' ViT pools with a class token '
+    raise torch_layout.ExportError(f'{config.model_name}: transformers\' ViT pools with a class token '
                               f'only, not classifier={config.classifier}; use --format=timm')
 
 
@@ -132,15 +132,15 @@ def save(flat: Dict[str, np.ndarray], config, image_size: int, output: str,
   num_classes = int(flat['head/kernel'].shape[-1]) if 'head/kernel' in flat else None
   if num_classes is None and representation_size is None:
     notes.append('no head: the folder is a ViTModel without a pooler')
-  state = interop.to_torch_state(flat, hf_name)
+  state = torch_layout.to_torch_state(flat, hf_name)
   if num_classes is None:
     # A ViTModel's weights live at the root, as in the Hub's feature-extractor checkpoints.
     state = {k.removeprefix('vit.'): v for k, v in state.items()}
   if class_names is not None and num_classes is not None and len(class_names) != num_classes:
-    raise interop.ExportError(f'{len(class_names)} class names for a head of {num_classes}; '
+    raise torch_layout.ExportError(f'{len(class_names)} class names for a head of {num_classes}; '
                               'pass one name per class')
   os.makedirs(output, exist_ok=True)
-  interop.save_safetensors(state, os.path.join(output, 'model.safetensors'),
+  torch_layout.save_safetensors(state, os.path.join(output, 'model.safetensors'),
                            {'vit_jax_model': config.model_name or ''})
   files = {'config.json': hf_config(config, num_classes, image_size, class_names,
                                     representation_size),
@@ -183,9 +183,9 @@ def read_folder(path: str) -> Tuple[Dict[str, np.ndarray], dict, dict]:
   hf = read_config(path)
   weights, metadata = os.path.join(path, 'model.safetensors'), {}
   if os.path.exists(weights):
-    state, metadata = interop.load_safetensors(weights)
+    state, metadata = torch_layout.load_safetensors(weights)
   elif os.path.exists(os.path.join(path, 'pytorch_model.bin')):
-    state = interop.load_torch_file(os.path.join(path, 'pytorch_model.bin'))
+    state = torch_layout.load_torch_file(os.path.join(path, 'pytorch_model.bin'))
   else:
     raise checkpoint.CheckpointError(f'{path}: neither model.safetensors nor pytorch_model.bin; '
                                      'sharded folders: load and save_pretrained them as one file')
@@ -222,8 +222,8 @@ def from_hf(state: Dict[str, np.ndarray], hf: dict, config, what: str) -> Tuple[
     notes.append('pooler dropped: ViTForImageClassification classifies the class token directly')
   num_classes = int(state['classifier.weight'].shape[0]) if 'classifier.weight' in state else None
   tokens = int(state['vit.embeddings.position_embeddings'].shape[1])
-  expected = interop.expected_shapes(config, num_classes, tokens, what)
-  return interop.from_torch_state(state, expected, hf_name, what), notes
+  expected = torch_layout.expected_shapes(config, num_classes, tokens, what)
+  return torch_layout.from_torch_state(state, expected, hf_name, what), notes
 
 
 def class_names(hf: dict) -> Optional[List[str]]:

@@ -14,7 +14,7 @@ import logging
 import os
 from typing import List, Optional, Sequence, Tuple
 
-from vit_jax.sources import DataError
+from vit_jax.data.sources import DataError
 
 EXTENSIONS = ('.jpg', '.jpeg', '.png', '.bmp', '.gif')
 _MAX_NAMED = 20  # corrupt files named in the log line; the count is always exact

@@ -19,23 +19,19 @@ from typing import List, Sequence, Tuple
 
 import numpy as np
 
-from vit_jax.sources import DataError
+from vit_jax.data.sources import DataError
+from vit_jax import files
 
 _HEADER = 12
 _FOOTER = 4
 
 
-def _is_remote(path):
-  return '://' in str(path)
-
-
 def scan_tfrecord(path: str) -> Tuple[np.ndarray, np.ndarray]:
   """(data offsets, data lengths) of every record in a TFRecord file."""
   offsets, lengths = [], []
-  if _is_remote(path):
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  if files.is_remote(path):
     # Remote files are read sequentially once: one request instead of one per record.
-    with tf.io.gfile.GFile(path, 'rb') as f:
+    with files.open_file(path, 'rb') as f:
       data = f.read()
     size, read_at = len(data), lambda pos, n: data[pos:pos + n]
   else:
@@ -54,7 +50,7 @@ def scan_tfrecord(path: str) -> Tuple[np.ndarray, np.ndarray]:
       lengths.append(length)
       pos += _HEADER + length + _FOOTER
   finally:
-    if not _is_remote(path):
+    if not files.is_remote(path):
       f.close()
   return np.array(offsets, np.int64), np.array(lengths, np.int64)
 
@@ -121,10 +117,9 @@ class TFRecordReader(_FileReader):
   def _read_file(self, k, rows):
     offsets, lengths = self._file(k)
     path = self._files[k][0]
-    if _is_remote(path):
-      import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    if files.is_remote(path):
       records = []
-      with tf.io.gfile.GFile(path, 'rb') as f:
+      with files.open_file(path, 'rb') as f:
         for r in rows:
           f.seek(int(offsets[r]))
           records.append(f.read(int(lengths[r])))

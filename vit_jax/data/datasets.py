@@ -11,16 +11,16 @@ import dataclasses
 import difflib
 import functools
 import os
-from typing import Optional
 
 import numpy as np
 
-from vit_jax import folder
-from vit_jax import jft
-from vit_jax import presets
-from vit_jax import records
-from vit_jax import sources
-from vit_jax.sources import DataError
+from vit_jax import files
+from vit_jax.data import folder
+from vit_jax.data import shards
+from vit_jax.data import presets
+from vit_jax.data import records
+from vit_jax.data import sources
+from vit_jax.data.sources import DataError
 
 BUILTIN = ('digits',)
 
@@ -33,7 +33,6 @@ class Defaults:
   flip: bool = True
   inception_crop: bool = True
   area_min: float = 0.05
-  finetune_steps: Optional[int] = None
 
 
 # Digits are 8x8: a crop keeping most of the digit, and no flip (it changes
@@ -46,8 +45,8 @@ def kind(dataset: str) -> str:
   if dataset in BUILTIN:
     return 'builtin'
   path = os.path.expanduser(dataset)
-  if os.path.isdir(path) or dataset.startswith(('/', '.', '~')) or '://' in dataset:
-    if jft.is_shard_dir(path):
+  if os.path.isdir(path) or dataset.startswith(('/', '.', '~')) or files.is_remote(dataset):
+    if shards.is_shard_dir(path):
       return 'shards'
     if not os.path.isdir(path):
       raise DataError(f'{dataset}: no such folder; pass an existing image folder or shard '
@@ -65,7 +64,7 @@ def defaults(dataset: str) -> Defaults:
   if preset is None:
     return Defaults()
   return Defaults(preset.train, preset.test, preset.flip, preset.inception_crop,
-                  preset.area_min, preset.finetune_steps)
+                  preset.area_min)
 
 
 def data_dir(tfds_data_dir):
@@ -86,12 +85,12 @@ def open_split(dataset: str, split: str, tfds_data_dir=None, tfds_manual_dir=Non
     root = os.path.expanduser(dataset)
     if dataset == 'imagenet21k':
       root = os.path.join(data_dir(tfds_data_dir), 'imagenet21k')
-      if not jft.is_shard_dir(root):
+      if not shards.is_shard_dir(root):
         manual = tfds_manual_dir or '<tfds_manual_dir>'
         raise DataError(f'imagenet21k: no converted shards in {root}; convert the extracted '
                         f'release with python -m vit_jax.jft --folder {manual} --out {root} '
                         '(README: ImageNet-21k)')
-    return jft.open_split(root, split)
+    return shards.open_split(root, split)
   return _tfds(dataset, split, tfds_data_dir, tfds_manual_dir)
 
 

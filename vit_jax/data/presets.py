@@ -27,7 +27,6 @@ class Preset:
   train: str
   test: str
   num_classes: Optional[int] = None      # None = from the TFDS label feature
-  finetune_steps: Optional[int] = None    # paper Table 4
   label_key: str = 'label'
   # Builds the label from the deserialised example (TF graph); None = label_key.
   label_fn: Optional[Callable] = None
@@ -97,7 +96,7 @@ def _binned(key, original, classes):
 
 def _vtab(tfds_name, train, val, test, num_classes=None, label_key='label', label_fn=None):
   return Preset(tfds_name=tfds_name, train='train800val200', test='test',
-                num_classes=num_classes, finetune_steps=2500, label_key=label_key,
+                num_classes=num_classes, label_key=label_key,
                 label_fn=label_fn, named_splits=_vtab_splits(train, val, test),
                 # Crops and flips change the answer of the structured tasks
                 # (counts, distances, positions, orientations): resize only.
@@ -142,16 +141,16 @@ VTAB_TASKS = tuple(_VTAB)
 _IMAGENET_TARS = ('ILSVRC2012_img_train.tar', 'ILSVRC2012_img_val.tar')
 
 PRESETS = {
-    'imagenet2012': Preset('imagenet2012', 'train[:99%]', 'validation', 1000, 20_000,
+    'imagenet2012': Preset('imagenet2012', 'train[:99%]', 'validation', 1000,
                            manual=True, manual_files=_IMAGENET_TARS),
     # ReaL labels of the ImageNet validation images; evaluation only.
     'imagenet2012_real': Preset('imagenet2012_real', 'validation', 'validation', 1000,
                                 label_fn=_real_labels, multi_label=True, mask_empty_labels=True,
                                 manual=True,
                                 manual_files=_IMAGENET_TARS[1:]),
-    'cifar10': Preset('cifar10', 'train[:98%]', 'test', 10, 10_000),
-    'cifar100': Preset('cifar100', 'train[:98%]', 'test', 100, 10_000),
-    'oxford_iiit_pet': Preset('oxford_iiit_pet', 'train', 'test', 37, 500),
-    'oxford_flowers102': Preset('oxford_flowers102', 'train+validation', 'test', 102, 500),
+    'cifar10': Preset('cifar10', 'train[:98%]', 'test', 10),
+    'cifar100': Preset('cifar100', 'train[:98%]', 'test', 100),
+    'oxford_iiit_pet': Preset('oxford_iiit_pet', 'train', 'test', 37),
+    'oxford_flowers102': Preset('oxford_flowers102', 'train+validation', 'test', 102),
     **{f'vtab/{name}': preset for name, preset in _VTAB.items()},
 }

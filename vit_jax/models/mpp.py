@@ -23,7 +23,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from vit_jax import models_vit
+from vit_jax.models import vit
 
 NUM_COLOUR_BITS = 3
 NUM_COLOURS = 2 ** (3 * NUM_COLOUR_BITS)  # 512
@@ -146,7 +146,7 @@ class MppViT(nn.Module):
       cls = self.param('cls', nn.initializers.zeros, (1, 1, c), jnp.float32)
       x = jnp.concatenate([jnp.tile(cls.astype(self.dtype), (n, 1, 1)), x], axis=1)
       num_prefix = 1
-    x = models_vit.Encoder(dtype=self.dtype, remat=self.remat, attention=self.attention,
+    x = vit.Encoder(dtype=self.dtype, remat=self.remat, attention=self.attention,
                            name='Transformer', **self.transformer)(x, train=train)
     logits = nn.Dense(NUM_COLOURS, dtype=self.dtype, name='mpp_head')(x[:, num_prefix:])
     return logits.astype(jnp.float32)

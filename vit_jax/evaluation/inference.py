@@ -1,4 +1,4 @@
-"""What the command-line tools share: a model from a checkpoint, images, class names.
+"""A checkpoint applied to images or to a dataset: what the command-line tools share.
 
 `load_model` builds the `VisionTransformer` that a `.npz` holds: the head size
 and pre-logits width come from the file, the resolution from its position
@@ -17,6 +17,8 @@ import numpy as np
 
 from vit_jax import checkpoint
 from vit_jax import models
+from vit_jax import sharding
+from vit_jax.evaluation import metrics
 from vit_jax.configs import models as model_configs
 
 IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.bmp', '.gif', '.webp', '.tif', '.tiff')
@@ -178,3 +180,42 @@ def class_names(num_classes: int, labels_file: Optional[str] = None) -> List[str
         'data', LABEL_FILES[num_classes]).read_text(encoding='utf-8')
     return text.splitlines()
   return [f'class_{i}' for i in range(num_classes)]
+
+
+_PREDICT_BATCH = 16
+
+
+def predict(loaded: LoadedModel, files: Sequence[str], k: int = 5) -> tuple:
+  """(indices [B, k], probabilities [B, k]) for image files: softmax of the logits."""
+  apply = jax.jit(lambda p, x: loaded.model.apply({'params': p}, x, train=False))
+  indices, probs = [], []
+  for start in range(0, len(files), _PREDICT_BATCH):
+    images = np.stack([read_image(f, loaded.image_size)
+                       for f in files[start:start + _PREDICT_BATCH]])
+    i, p = metrics.top_k(apply(loaded.params, images), k)
+    indices.append(i)
+    probs.append(p)
+  return np.concatenate(indices), np.concatenate(probs)
+
+
+def evaluate(loaded: LoadedModel, data_config, split: str, batch_sharding) -> dict:
+  """{'top1', 'top5' (single-label), 'examples'} of `loaded` on a whole dataset split."""
+  from vit_jax.data import pipeline  # TensorFlow: imported when a dataset is read
+  info = pipeline.get_info(data_config)
+  if loaded.model.num_classes != info.num_classes:
+    raise InputError(
+        f'{data_config.dataset} has {info.num_classes} classes, the checkpoint\'s head '
+        f'{loaded.model.num_classes}; evaluate a checkpoint fine-tuned on it')
+  model, multi_label = loaded.model, info.multi_label
+
+  @jax.jit
+  def counts_fn(params, batch):
+    logits = model.apply({'params': params}, batch['image'], train=False)
+    return metrics.classification_counts(logits, batch['label'], batch['mask'], multi_label)
+
+  params = jax.device_put(loaded.params, sharding.replicated(batch_sharding.mesh))
+  result = metrics.accuracy(counts_fn, params, pipeline.make_eval_iterator(
+      data_config, batch_sharding, split=split))
+  top5 = result.pop('accuracy_top5', None)
+  return {'top1': result['accuracy'], 'examples': result['examples'],
+          **({'top5': top5} if top5 is not None else {})}

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vit_jax import checkpoint
-from vit_jax import inference
+from vit_jax.evaluation import inference
 from vit_jax import models
 
 NameFn = Callable[[str], Tuple[Optional[str], Optional[int]]]

@@ -38,11 +38,6 @@ def compiled_memory(compiled) -> dict:
   return out
 
 
-def _out_of_memory(error: Exception) -> bool:
-  text = str(error)
-  return 'RESOURCE_EXHAUSTED' in text or 'out of memory' in text.lower()
-
-
 def _largest(fits, guess: int, limit: int) -> int:
   """The largest b in [1, limit] with fits(b), assuming fits is monotone; 0 if none.
 
@@ -109,7 +104,7 @@ def find_max_batch(opts, build_step, make_runner, budget_bytes: float,
       runner()
       ok = True
     except jax.errors.JaxRuntimeError as e:
-      if not _out_of_memory(e):
+      if not hardware.is_out_of_memory(e):
         raise
       ok = False
     finally:

@@ -1,0 +1,187 @@
+"""JFT-style multi-label shards: the schema, a reader and a writer.
+
+A shard directory holds `info.json` (classes, splits and their files) and
+TFRecord or ArrayRecord files of `tf.train.Example`s (`image/encoded`,
+`image/class/label` as a list of ints). `python -m vit_jax.jft` converts a
+folder or a CSV into one.
+"""
+
+import concurrent.futures
+import json
+import logging
+import os
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from vit_jax.data import folder
+from vit_jax.data import records
+from vit_jax.data import sources
+from vit_jax.data.sources import DataError
+
+FORMAT = 'vit_jax.shards/1'
+FORMATS = {'tfrecord': 'tfrecord', 'array_record': 'array_record'}
+
+
+def is_shard_dir(path: str) -> bool:
+  return os.path.isfile(os.path.join(path, 'info.json'))
+
+
+def read_info(root: str) -> dict:
+  path = os.path.join(root, 'info.json')
+  try:
+    with open(path) as f:
+      info = json.load(f)
+  except (OSError, ValueError) as e:
+    raise DataError(f'{path}: unreadable shard info ({e}); re-run python -m vit_jax.jft') from None
+  if info.get('format') != FORMAT:
+    raise DataError(f'{path}: format {info.get("format")!r} is not {FORMAT!r}; '
+                    're-run python -m vit_jax.jft')
+  return info
+
+
+def parse_example(serialized, num_classes):
+  """Serialized tf.train.Example -> {'image': encoded bytes, 'label': multi-hot [K]}."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  features = tf.io.parse_single_example(serialized, {
+      'image/encoded': tf.io.FixedLenFeature([], tf.string),
+      'image/labels': tf.io.VarLenFeature(tf.int64),
+  })
+  ids = tf.sparse.to_dense(features['image/labels'])
+  hot = tf.reduce_sum(tf.one_hot(ids, num_classes, dtype=tf.float32), axis=0)
+  return {'image': features['image/encoded'], 'label': tf.minimum(hot, 1.0)}
+
+
+def open_split(root: str, split: str) -> sources.Source:
+  """The Source of split NAME or NAME[start:stop] of a shard directory."""
+  info = read_info(root)
+  name, start, stop = sources.parse_split(split)
+  if name not in info['splits']:
+    raise DataError(f'{root}: no split {name!r} in info.json (has '
+                    f'{", ".join(sorted(info["splits"]))}); pass one of those')
+  files = [(os.path.join(root, f['file']), 0, f['num_examples']) for f in info['splits'][name]]
+  for path, _, _ in files:
+    if not os.path.exists(path) and '://' not in path:
+      raise DataError(f'{path}: shard listed in info.json is missing; re-run python -m vit_jax.jft')
+  reader = records.open_records(files, info.get('file_format', 'tfrecord'))
+  k = int(info['num_classes'])
+  source = sources.record_source(
+      f'{root} {name}', reader, lambda r: parse_example(r, k), k,
+      class_names=info.get('class_names'), multi_label=True)
+  lo, hi = sources.slice_bounds(start, stop, source.num_examples)
+  return sources.sliced(source, lo, hi, f'[{start or ""}:{stop or ""}]')
+
+
+# ---------------------------------------------------------------------------
+# Converter.
+
+
+def examples_from_folder(root: str) -> Tuple[List[Tuple[str, List[int]]], List[str]]:
+  """ROOT/<class>/<image> -> ([(path, [label])], class names)."""
+  names = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
+  if not names:
+    raise DataError(f'{root}: no class folders; expected {root}/<class>/<image>')
+  examples = []
+  for label, name in enumerate(names):
+    class_dir = os.path.join(root, name)
+    files = sorted(f for f in os.listdir(class_dir) if f.lower().endswith(folder.EXTENSIONS))
+    if not files:
+      raise DataError(f'{class_dir}: empty class folder (no {", ".join(folder.EXTENSIONS)} '
+                      'files); add images or remove the folder')
+    examples += [(os.path.join(class_dir, f), [label]) for f in files]
+  return examples, names
+
+
+def examples_from_csv(path: str) -> List[Tuple[str, List[int]]]:
+  """Lines `image_path,id;id;...`; relative paths are relative to the CSV's folder."""
+  base = os.path.dirname(os.path.abspath(path))
+  examples = []
+  with open(path) as f:
+    for number, line in enumerate(f, start=1):
+      line = line.strip()
+      if not line:
+        continue
+      image, _, labels = line.rpartition(',')
+      try:
+        ids = [int(x) for x in labels.split(';') if x.strip()]
+      except ValueError:
+        ids = []
+      if not image or not ids or min(ids) < 0:
+        raise DataError(f'{path}:{number}: expected "path,label_id;label_id;..." with ids >= 0, '
+                        f'got {line[:80]!r}')
+      examples.append((os.path.join(base, image), ids))
+  if not examples:
+    raise DataError(f'{path}: no examples; expected lines "path,label_id;label_id;..."')
+  return examples
+
+
+def _serialize(data: bytes, labels: Sequence[int], key: str) -> bytes:
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  feature = {
+      'image/encoded': tf.train.Feature(bytes_list=tf.train.BytesList(value=[data])),
+      'image/labels': tf.train.Feature(int64_list=tf.train.Int64List(value=list(labels))),
+      'image/id': tf.train.Feature(bytes_list=tf.train.BytesList(value=[key.encode()])),
+  }
+  return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+
+
+def _writer(path: str, file_format: str):
+  if file_format == 'array_record':
+    from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
+    return array_record_module.ArrayRecordWriter(path, 'group_size:1')
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  return tf.io.TFRecordWriter(path)
+
+
+def write_shards(examples, out: str, split: str, *, num_classes: int,
+                 class_names: Optional[Sequence[str]] = None, num_shards: int = 1,
+                 file_format: str = 'tfrecord', corrupt_images: str = 'skip',
+                 seed: int = 0) -> dict:
+  """Writes `examples` [(path, [label ids])] as split `split` of shard dir `out`.
+
+  Examples are shuffled (seeded) so each shard and each host's share mixes
+  classes. Returns the updated info dict (also written to out/info.json).
+  """
+  if file_format not in FORMATS:
+    raise DataError(f'file format {file_format!r}: use tfrecord or array_record')
+  if corrupt_images not in ('skip', 'fail'):
+    raise DataError(f"corrupt_images={corrupt_images!r}: use 'skip' or 'fail'")
+  too_big = [(p, l) for p, l in examples if max(l) >= num_classes]
+  if too_big:
+    raise DataError(f'{too_big[0][0]}: label {max(too_big[0][1])} >= num_classes={num_classes}; '
+                    'raise --num_classes')
+  os.makedirs(out, exist_ok=True)
+  info = read_info(out) if is_shard_dir(out) else {
+      'format': FORMAT, 'file_format': file_format, 'num_classes': num_classes,
+      'class_names': list(class_names) if class_names else None, 'splits': {}}
+  if info['num_classes'] != num_classes or info['file_format'] != file_format or (
+      class_names and info['class_names'] and list(class_names) != info['class_names']):
+    raise DataError(f'{out}: holds shards with other classes or format; write to a new folder')
+
+  with concurrent.futures.ThreadPoolExecutor(8) as pool:
+    problems = list(pool.map(folder.check_image, [p for p, _ in examples]))
+  bad = [(p, why) for (p, _), why in zip(examples, problems) if why]
+  if bad and corrupt_images == 'fail':
+    raise DataError(f'{bad[0][0]}: corrupt or truncated image ({bad[0][1]}); replace or delete '
+                    "it, or pass --corrupt_images=skip")
+  if bad:
+    logging.warning('skipped %d corrupt image(s): %s', len(bad), ', '.join(p for p, _ in bad[:20]))
+  good = [e for e, why in zip(examples, problems) if not why]
+  order = np.random.default_rng(seed).permutation(len(good))
+  num_shards = max(1, min(num_shards, len(good)))
+  files = []
+  for shard, part in enumerate(np.array_split(order, num_shards)):
+    name = f'{split}-{shard:05d}-of-{num_shards:05d}.{FORMATS[file_format]}'
+    writer = _writer(os.path.join(out, name), file_format)
+    for i in part:
+      path, labels = good[i]
+      with open(path, 'rb') as f:
+        writer.write(_serialize(f.read(), labels, path))
+    writer.close()
+    files.append({'file': name, 'num_examples': int(len(part))})
+  info['splits'][split] = files
+  with open(os.path.join(out, 'info.json'), 'w') as f:
+    json.dump(info, f, indent=1)
+  logging.info('%s: wrote %d examples of split %s in %d shards (%d corrupt skipped)',
+               out, len(good), split, num_shards, len(bad))
+  return info

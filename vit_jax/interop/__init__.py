@@ -1,0 +1,1 @@
+"""Interop: export to timm, transformers, TF SavedModel and ONNX; import from timm and transformers."""

@@ -1,0 +1,170 @@
+"""Export a checkpoint to timm, transformers, TF SavedModel or ONNX; import timm / transformers.
+
+`load` reads any checkpoint this project knows (public `.npz`, a workdir, a
+timm state_dict, a transformers folder) as a `LoadedModel`; `export` writes
+it in one of `FORMATS`. `python -m vit_jax.export` is the command line.
+"""
+
+import json
+import os
+from typing import List, NamedTuple, Optional
+
+from vit_jax import files
+from vit_jax import checkpoint
+from vit_jax.evaluation import inference
+from vit_jax.interop import torch_layout
+from vit_jax.interop import hf
+from vit_jax.interop import timm
+
+FORMATS = ('timm', 'hf', 'npz', 'savedmodel', 'onnx')
+_TORCH_SUFFIXES = ('.safetensors', '.pth', '.pt', '.bin')
+
+
+class Source(NamedTuple):
+  loaded: inference.LoadedModel
+  class_names: Optional[List[str]]  # what the source itself names (a transformers folder)
+  notes: List[str]
+
+
+# ---------------------------------------------------------------------------
+# Reading any source.
+
+
+def _summary(path: str) -> dict:
+  try:
+    with open(os.path.join(path, 'summary.json'), encoding='utf-8') as f:
+      return json.load(f)
+  except (OSError, ValueError):
+    return {}
+
+
+def _model_name(model_name: Optional[str], path: str, metadata: dict) -> str:
+  name = model_name or metadata.get('vit_jax_model') or (
+      _summary(path).get('model') if os.path.isdir(path) else None)
+  if not name:
+    raise inference.InputError(f'{path}: pass --model (a vit_jax.configs.models.MODEL_CONFIGS '
+                               'name such as ViT-B_16) for this checkpoint')
+  return name
+
+
+def _read_torch_file(path: str):
+  if path.endswith('.safetensors'):
+    return torch_layout.load_safetensors(path)
+  return torch_layout.load_torch_file(path), {}
+
+
+def load(path: str, model_name: Optional[str] = None) -> Source:
+  """The model that a checkpoint of any supported kind holds, checked against `model_name`."""
+  path = os.fspath(path)
+  local = not files.is_remote(path)
+  if local and os.path.isdir(path) and os.path.exists(os.path.join(path, 'config.json')):
+    state, hf_config, metadata = hf.read_folder(path)
+    return _from_hf(state, hf_config, _model_name(model_name, path, metadata), path)
+  if local and path.endswith(_TORCH_SUFFIXES):
+    if not os.path.exists(path):
+      raise checkpoint.CheckpointError(f'{path}: no such file')
+    state, metadata = _read_torch_file(path)
+    model_name = _model_name(model_name, path, metadata)
+    if 'patch_embed.proj.weight' in state:
+      flat = timm.from_timm(state, inference.model_config(model_name), path)
+      return Source(inference.model_from_flat(flat, model_name, path), None, [])
+    if any(k.startswith(('vit.', 'embeddings.')) for k in state):
+      folder = os.path.dirname(os.path.abspath(path))
+      hf_config = hf.read_config(folder) if os.path.exists(
+          os.path.join(folder, 'config.json')) else {}
+      return _from_hf(hf.canonical_names(state), hf_config, model_name, path)
+    raise checkpoint.CheckpointError(f'{path}: neither timm (patch_embed.proj.weight) nor '
+                                     'transformers (vit.embeddings...) ViT weights')
+  return Source(inference.load_model(path, _model_name(model_name, path, {})), None, [])
+
+
+def _from_hf(state, hf_config, model_name, what) -> Source:
+  config = inference.model_config(model_name)
+  flat, notes = hf.from_hf(state, hf_config, config, what)
+  return Source(inference.model_from_flat(flat, model_name, what), hf.class_names(hf_config),
+                notes)
+
+
+def _dataset_class_names(path: str) -> Optional[List[str]]:
+  """Class names of the dataset a workdir was trained on, if it can be opened here."""
+  path = os.fspath(path)
+  dataset = _summary(path).get('dataset') if os.path.isdir(path) else None
+  if not dataset:
+    return None
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  from vit_jax.data import pipeline  # pylint: disable=g-import-not-at-top  (TensorFlow)
+  config = pipeline.add_data_config(ml_collections.ConfigDict())
+  config.dataset = dataset
+  try:
+    names = pipeline.get_info(config).class_names
+  except pipeline.DataError:
+    return None
+  return list(names) if names else None
+
+
+# ---------------------------------------------------------------------------
+# Writing each format.
+
+
+def _save_timm(loaded: inference.LoadedModel, output: str) -> List[str]:
+  flat, notes = checkpoint.flatten(loaded.params), []
+  num_classes = loaded.model.num_classes
+  if 'pre_logits/kernel' in flat:
+    flat = {k: v for k, v in flat.items() if not k.startswith(('pre_logits/', 'head/'))}
+    num_classes = None
+    notes.append('pre_logits and head dropped: timm\'s ViT has no pre-logits layer; the file is '
+                 'a features-only model (num_classes=0), as timm\'s *.orig_in21k weights')
+  name = timm.registered_name(loaded.config, loaded.image_size)
+  kwargs = timm.create_model_kwargs(loaded.config, num_classes, loaded.image_size)
+  metadata = {'vit_jax_model': loaded.config.model_name or '', 'timm_model': name or '',
+              'timm_kwargs': json.dumps(kwargs)}
+  os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+  torch_layout.save_safetensors(timm.to_timm(flat), output, metadata)
+  if name:
+    call = ', '.join([repr(name)] + [f'{k}={v!r}' for k, v in kwargs.items()])
+    notes.append(f'load: timm.create_model({call}).load_state_dict('
+                 f'safetensors.torch.load_file({output!r}))')
+  else:
+    notes.append('no timm name for this architecture: build it with '
+                 'vit_jax.interop.timm.build_model(config, num_classes, image_size)')
+  if loaded.config.get('resnet') is not None:
+    notes.append('timm.create_model\'s hybrids use StdConv eps 1e-8 and GroupNorm eps 1e-5 (ours: '
+                 '1e-5, 1e-6); timm.build_model matches ours exactly')
+  return notes
+
+
+def _class_names(source: Source, path: str, labels: Optional[str]) -> Optional[List[str]]:
+  """--labels, else the source's or its dataset's names, else the ImageNet lists by head size."""
+  num_classes = source.loaded.model.num_classes
+  if num_classes is None:
+    return None
+  if labels:
+    return inference.class_names(num_classes, labels)
+  names = source.class_names or _dataset_class_names(path)
+  if names is not None and len(names) == num_classes:
+    return names
+  return inference.class_names(num_classes) if num_classes in inference.LABEL_FILES else None
+
+
+def export(checkpoint_path: str, fmt: str, output: str, model_name: Optional[str] = None,
+           labels: Optional[str] = None) -> List[str]:
+  """Converts `checkpoint_path` to `fmt` at `output`; returns notes for the user."""
+  if fmt not in FORMATS:
+    raise inference.InputError(f'--format={fmt!r}: use one of {", ".join(FORMATS)}')
+  source = load(checkpoint_path, model_name)
+  loaded, notes = source.loaded, list(source.notes)
+  if fmt == 'npz':
+    checkpoint.save_npz(loaded.params, output)
+  elif fmt == 'timm':
+    notes += _save_timm(loaded, output)
+  elif fmt == 'hf':
+    names = _class_names(source, checkpoint_path, labels)
+    notes += hf.save(checkpoint.flatten(loaded.params), loaded.config,
+                             loaded.image_size, output, names)
+  elif fmt == 'savedmodel':
+    from vit_jax.interop import savedmodel  # pylint: disable=g-import-not-at-top
+    savedmodel.save(loaded, output)
+  else:
+    from vit_jax.interop import onnx  # pylint: disable=g-import-not-at-top
+    onnx.save(loaded, output)
+  return notes

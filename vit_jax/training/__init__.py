@@ -1,0 +1,1 @@
+"""Training: optimizers and schedules (`optim`), the step (`steps`) and the loop (`loop`)."""

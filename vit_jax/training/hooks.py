@@ -1,0 +1,94 @@
+"""The periodic work of a training run, declared as a list of hooks.
+
+Each `Hook` names its work, how often it runs and whether it is an
+evaluation (left out of the loop's img/s). `training.loop` runs the hooks
+that are due after a step, in the order `hooks` lists them.
+"""
+
+import dataclasses
+from typing import Callable
+
+import numpy as np
+import orbax.checkpoint as ocp
+
+from vit_jax.data import pipeline
+from vit_jax.evaluation import fewshot
+from vit_jax.evaluation import metrics
+
+
+@dataclasses.dataclass(frozen=True)
+class Hook:
+  """Periodic work: `fn(run, loop, step)` every `every` steps (0: never).
+
+  `at_end` also runs it after the last step; `evaluation` time is left out of
+  the loop's img/s.
+  """
+  name: str
+  every: int
+  fn: Callable
+  at_end: bool = False
+  evaluation: bool = False
+
+  def due(self, step: int, total_steps: int) -> bool:
+    if step == total_steps:
+      return self.at_end
+    return bool(self.every) and step % self.every == 0
+
+
+def hooks(run) -> list:
+  """The periodic work of a run, in the order it runs at a step where several are due."""
+  config = run.config
+  return [
+      Hook('progress', config.progress_every, log_progress, at_end=True),
+      Hook('evaluate', config.eval_every, evaluate, evaluation=True),
+      Hook('fewshot', config.fewshot.every if config.fewshot.datasets else 0, fewshot_probe,
+           evaluation=True),
+      Hook('checkpoint', config.checkpoint_every, save_checkpoint, at_end=True),
+  ]
+
+
+def log_progress(run, loop, step: int) -> None:
+  """The progress line and the training scalars: mean loss since the last line, lr, img/s, MFU."""
+  loop.train_loss = float(np.mean([x for x in loop.losses if np.isfinite(x)] or [np.nan]))
+  loop.losses = []
+  rates = loop.progress.update(step)
+  scalars = {'train_loss': loop.train_loss,
+             'learning_rate': float(loop.metrics['learning_rate']),
+             'grad_norm': float(loop.metrics['grad_norm']), **rates,
+             'skipped_steps': float(loop.state.num_skipped)}
+  if run.peak_flops and loop.flops and loop.progress.step_time:
+    scalars['mfu'] = loop.flops / (loop.progress.step_time * run.peak_flops)
+  run.log.scalars(step, scalars)
+  run.log.info('%s', loop.progress.line(step, loop.train_loss, scalars['learning_rate']))
+
+
+def accuracy(run, params) -> dict:
+  """Exact top-1 (and top-5) accuracy over the whole test split."""
+  return metrics.accuracy(run.eval_fn, params,
+                          pipeline.make_eval_iterator(run.config, run.batch_sharding))
+
+
+def evaluate(run, loop, step: int) -> None:
+  result = accuracy(run, loop.state.params)
+  run.log.scalars(step, {'test_accuracy': result['accuracy']})
+  run.log.info('step %d: test accuracy %.4f (%d examples)', step, result['accuracy'],
+               result['examples'])
+
+
+def fewshot_scalars(run, params) -> dict:
+  return fewshot.evaluate_datasets(run.config, run.fewshot_model, params, run.batch_sharding,
+                                   features_fn=run.fewshot_features)
+
+
+def fewshot_probe(run, loop, step: int) -> None:
+  scalars = fewshot_scalars(run, loop.state.params)
+  run.log.scalars(step, scalars)
+  run.log.info('step %d: %s', step, ', '.join(
+      f'{k} {v:.4f}' for k, v in scalars.items() if '-seed' not in k))
+
+
+def save_checkpoint(run, loop, step: int) -> None:
+  """State and the data iterator's position; orbax writes in the background."""
+  run.manager.save(step, args=ocp.args.Composite(
+      state=ocp.args.StandardSave(loop.state),
+      data=ocp.args.JsonSave(loop.train_iter.get_state())))

@@ -1,0 +1,335 @@
+"""The training loop: set up, train, evaluate, checkpoint, resume.
+
+Every process runs this same function. Process 0 alone writes logs,
+TensorBoard events, `summary.json` and `params.npz`; checkpoints are written
+collectively by orbax. Running it again on the same workdir resumes from the
+latest checkpoint (parameters, optimizer state, step, RNG and the data
+iterator's position) and, on CPU, ends with bitwise the parameters of an
+uninterrupted run.
+"""
+
+import dataclasses
+import functools
+import os
+import signal
+import time
+from typing import Any, Callable, Optional
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
+
+from vit_jax import files
+from vit_jax import checkpoint
+from vit_jax.evaluation import fewshot
+from vit_jax import hardware
+from vit_jax.data import pipeline
+from vit_jax.models import vit
+from vit_jax.training import hooks
+from vit_jax.training import optim
+from vit_jax import run_log
+from vit_jax import sharding
+from vit_jax.training import steps
+
+
+class TrainingError(RuntimeError):
+  """A run that cannot go on; the message is one line saying what to do."""
+
+
+class ConfigError(ValueError):
+  """A config whose values do not fit together; one line."""
+
+
+def validate(config, num_devices: int) -> None:
+  per_step = config.accum_steps * num_devices
+  if config.batch % per_step:
+    raise ConfigError(
+        f'batch={config.batch} must be a multiple of accum_steps ({config.accum_steps}) x '
+        f'devices ({num_devices}) = {per_step}')
+  if config.batch_eval % num_devices:
+    raise ConfigError(f'batch_eval={config.batch_eval} must be a multiple of the number of '
+                      f'devices ({num_devices})')
+  if config.total_steps < 1:
+    raise ConfigError(f'total_steps={config.total_steps} must be positive')
+  if not 0 <= config.warmup_steps < config.total_steps:
+    raise ConfigError(f'warmup_steps={config.warmup_steps} must be in [0, total_steps='
+                      f'{config.total_steps})')
+  choices = {'task': steps.TASKS, 'loss': steps.LOSSES, 'optimizer': optim.OPTIMIZERS,
+             'decay_type': optim.DECAY_TYPES, 'attention': vit.ATTENTION}
+  for field, allowed in choices.items():
+    if config[field] not in allowed:
+      raise ConfigError(f'{field}={config[field]!r}: use one of {", ".join(allowed)}')
+  if config.attention == 'cudnn' and (config.dtype not in ('bfloat16', 'float16')
+                                      or jax.default_backend() != 'gpu'):
+    raise ConfigError("attention='cudnn' needs a CUDA GPU and --config.dtype=bfloat16; "
+                      "use attention='auto', which takes cuDNN where it applies")
+
+
+class _Preemption:
+  """Preemption: checkpoint at a step boundary, then exit.
+
+  One process: SIGTERM sets a flag that the loop reads after every step.
+  Several: JAX's coordination service catches the signal, and every process
+  asks `reached_preemption_sync_point` at the same (boundary) steps, so all
+  agree on the step to stop at.
+  """
+
+  def __init__(self):
+    self.requested = False
+    self._single = jax.process_count() == 1
+    self._previous = signal.signal(signal.SIGTERM, self._handle) if self._single else None
+
+  def _handle(self, signum, frame):
+    del signum, frame
+    self.requested = True
+
+  @property
+  def pending(self) -> bool:
+    """A stop is due now (single process only; hosts agree at boundaries)."""
+    return self._single and self.requested
+
+  def reached(self, step: int) -> bool:
+    if self._single:
+      return self.requested
+    try:
+      return multihost_utils.reached_preemption_sync_point(step)
+    except RuntimeError:  # no preemption service on this platform
+      return False
+
+  def restore(self):
+    if self._single:
+      signal.signal(signal.SIGTERM, self._previous)
+
+
+def _host_tree(tree):
+  """A (possibly sharded, multi-process) pytree as host numpy arrays."""
+  if jax.process_count() > 1:
+    return multihost_utils.process_allgather(tree, tiled=True)
+  return jax.device_get(tree)
+
+
+def _compile(fn, *args):
+  """AOT-compiles `fn` for `args`; returns it and its FLOPs per device and call."""
+  compiled = fn.lower(*args).compile()
+  analysis = compiled.cost_analysis()
+  if isinstance(analysis, (list, tuple)):
+    analysis = analysis[0] if analysis else {}
+  return compiled, float((analysis or {}).get('flops', 0.0))
+
+
+def _abstract_with_shardings(abstract, shardings):
+  return jax.tree.map(
+      lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """What every part of a run reads; built once by `set_up`."""
+  config: Any
+  workdir: str
+  mesh: Any
+  info: pipeline.DatasetInfo
+  log: run_log.RunLog
+  task: steps.Task
+  tx: Any
+  schedule: Any
+  init: Callable            # rng -> TrainState
+  state_shardings: Any
+  batch_sharding: Any
+  manager: ocp.CheckpointManager
+  eval_fn: Callable         # (params, batch) -> counts, jitted over the mesh
+  fewshot_model: Any        # the backbone as a plain ViT (also for MPP runs)
+  fewshot_features: Callable  # its jitted pre-logits features
+  peak_flops: Optional[float]
+
+
+@dataclasses.dataclass
+class Loop:
+  """What changes as the loop runs."""
+  state: steps.TrainState
+  train_iter: pipeline.TrainIterator
+  progress: run_log.Progress
+  metrics: Optional[dict] = None   # the latest step's, still on the devices
+  losses: list = dataclasses.field(default_factory=list)  # since the last progress line
+  train_loss: float = float('nan')
+  flops: float = 0.0               # per device and step, from the compiled step
+
+
+def train_and_evaluate(config, workdir: str) -> dict:
+  """Trains and evaluates `config` in `workdir`; returns the summary dict."""
+  wall_start = time.time()
+  mesh = sharding.make_mesh(config.mesh.fsdp)
+  with jax.set_mesh(mesh):
+    run = set_up(config, workdir, mesh)
+    state, data_state = restore_or_initialize(run)
+    first_step = int(state.step)
+    loop = Loop(state=state,
+                train_iter=pipeline.make_train_iterator(config, run.batch_sharding,
+                                                        state=data_state),
+                progress=run_log.Progress(config.total_steps, first_step, config.batch))
+    img_per_sec = train(run, loop, hooks.hooks(run))
+    return finish(run, loop, first_step=first_step, img_per_sec=img_per_sec,
+                  wall_start=wall_start)
+
+
+def set_up(config, workdir: str, mesh) -> Run:
+  """Checks the config against the data and devices; builds the task, optimizer and manager."""
+  validate(config, mesh.size)
+  info = pipeline.get_info(config)
+  if info.multi_label and config.loss != 'sigmoid' and config.task == 'classification':
+    raise ConfigError(f'{info.name} is multi-label: set --config.loss=sigmoid')
+  log = run_log.RunLog(workdir, is_main=jax.process_index() == 0, tensorboard=config.tensorboard)
+  batch_sharding = sharding.batch_sharding(mesh)
+  task = steps.make_task(config, info.num_classes, info.multi_label)
+  tx, schedule = optim.make_optimizer(config)
+  init = functools.partial(steps.init_state, model=task.model, tx=tx, image_size=config.pp.crop,
+                           ema=bool(config.ema_decay))
+  state_shardings = sharding.tree_shardings(jax.eval_shape(init, jax.random.PRNGKey(0)), mesh)
+  manager = ocp.CheckpointManager(
+      os.path.join(files.absolute(workdir), 'checkpoints'),
+      options=ocp.CheckpointManagerOptions(
+          max_to_keep=config.keep_checkpoints, create=True, cleanup_tmp_directories=True))
+  eval_fn = steps.jit_eval_step(task=task, params_shardings=state_shardings.params,
+                                batch_sharding=batch_sharding)
+  fewshot_model = steps.make_model(config, num_classes=None)
+  peak = config.peak_flops or hardware.peak_flops()
+  if peak is None and jax.default_backend() == 'cpu':
+    peak = hardware.measure_matmul_flops() / max(1, jax.local_device_count())
+  return Run(config=config, workdir=workdir, mesh=mesh, info=info, log=log, task=task, tx=tx,
+             schedule=schedule, init=init, state_shardings=state_shardings,
+             batch_sharding=batch_sharding, manager=manager, eval_fn=eval_fn,
+             fewshot_model=fewshot_model, fewshot_features=fewshot.representation_fn(fewshot_model),
+             peak_flops=peak)
+
+
+def restore_or_initialize(run: Run):
+  """(state, data iterator state): the latest checkpoint's, or fresh (and pre-trained) ones."""
+  config = run.config
+  latest = run.manager.latest_step()
+  if latest is not None:
+    abstract = _abstract_with_shardings(jax.eval_shape(run.init, jax.random.PRNGKey(0)),
+                                        run.state_shardings)
+    restored = run.manager.restore(latest, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(abstract), data=ocp.args.JsonRestore()))
+    run.log.info('Resuming from the checkpoint at step %d in %s', latest, run.workdir)
+    return restored['state'], restored['data']
+  state = jax.jit(run.init, out_shardings=run.state_shardings)(jax.random.PRNGKey(config.seed))
+  if config.pretrained_path:
+    params = checkpoint.load_pretrained(
+        pretrained_path=config.pretrained_path, init_params=_host_tree(state.params),
+        model_config=steps.model_config(config), verbose=jax.process_index() == 0)
+    params = jax.device_put(params, run.state_shardings.params)
+    state = state.replace(params=params, ema_params=params if config.ema_decay else None)
+  return state, None
+
+
+def train(run: Run, loop: Loop, periodic: list) -> float:
+  """Steps until `total_steps`, running `periodic` hooks as due; returns the loop's img/s.
+
+  The rate is wall time from the end of the first step (after compilation) to
+  the last, input pipeline, logging and checkpoint saves included, evaluation
+  hooks excluded. A step's loss is read while the next one runs, except at
+  steps where hooks are due.
+  """
+  config = run.config
+  preemption = _Preemption()
+  loop_start, eval_time, timed_steps = None, 0.0, 0
+  step_fn = None
+  try:
+    pending = None  # (step, metrics) of the previous step
+    for step in range(int(loop.state.step) + 1, config.total_steps + 1):
+      batch = next(loop.train_iter)
+      if step_fn is None:
+        step_fn, loop.flops = _compile(
+            steps.jit_train_step(task=run.task, tx=run.tx, schedule=run.schedule, config=config,
+                                 state_shardings=run.state_shardings,
+                                 batch_sharding=run.batch_sharding), loop.state, batch)
+        loop.progress.restart_clock(step - 1)
+      loop.state, loop.metrics = step_fn(loop.state, batch)
+      if loop_start is None:
+        jax.block_until_ready(loop.metrics)
+        loop_start = time.perf_counter()
+      else:
+        timed_steps += 1
+      if pending is not None:
+        loop.losses.append(_check_finite(config, *pending))
+      pending = (step, loop.metrics)
+
+      due = [hook for hook in periodic if hook.due(step, config.total_steps)]
+      if not due and not preemption.pending:
+        continue
+      loop.losses.append(_check_finite(config, *pending))
+      pending = None
+      for hook in due:
+        start = time.perf_counter()
+        hook.fn(run, loop, step)
+        if hook.evaluation:
+          eval_time += time.perf_counter() - start
+      if preemption.reached(step):
+        hooks.save_checkpoint(run, loop, step)
+        run.manager.wait_until_finished()
+        raise TrainingError(f'preempted (SIGTERM) at step {step}; checkpoint written to '
+                            f'{run.workdir}; run the same command again to resume')
+      loop.progress.restart_clock(step)
+  except jax.errors.JaxRuntimeError as e:
+    if hardware.is_out_of_memory(e):
+      raise TrainingError(
+          f'out of device memory at batch {config.batch // config.accum_steps} per step: raise '
+          f'--config.accum_steps (now {config.accum_steps}; same math, smaller micro-batches), '
+          'set --config.remat=True, or lower --config.batch') from None
+    raise
+  finally:
+    preemption.restore()
+    run.manager.wait_until_finished()
+  loop_time = time.perf_counter() - loop_start - eval_time if timed_steps else 0.0
+  return config.batch * timed_steps / loop_time if loop_time else 0.0
+
+
+def finish(run: Run, loop: Loop, *, first_step: int, img_per_sec: float,
+           wall_start: float) -> dict:
+  """Final evaluation, `summary.json` and `params.npz`; returns the summary."""
+  config, workdir, state = run.config, run.workdir, loop.state
+  final = hooks.accuracy(run, state.params)
+  summary = {
+      'step': int(state.step),
+      # None: no step ran (a finished run started again).
+      'train_loss': loop.train_loss if np.isfinite(loop.train_loss) else None,
+      'test_accuracy': final['accuracy'],
+      'test_examples': final['examples'],
+      **({'test_accuracy_top5': final['accuracy_top5']} if 'accuracy_top5' in final else {}),
+      'wall_time_s': time.time() - wall_start,
+      'img_per_sec': img_per_sec,
+      'skipped_steps': int(state.num_skipped),
+      'resumed_from_step': first_step,
+      'model': config.model,
+      'dataset': run.info.name,
+  }
+  if config.ema_decay:
+    summary['test_accuracy_ema'] = hooks.accuracy(run, state.ema_params)['accuracy']
+  if config.fewshot.datasets:
+    summary.update(hooks.fewshot_scalars(run, state.params))
+  run.log.scalars(summary['step'], {'test_accuracy': summary['test_accuracy']})
+  params = _host_tree(state.params)
+  if jax.process_index() == 0:
+    checkpoint.save_npz(params, os.path.join(workdir, 'params.npz'))
+    if config.ema_decay:
+      checkpoint.save_npz(_host_tree(state.ema_params), os.path.join(workdir, 'params_ema.npz'))
+  run.log.write_json('summary.json', summary)
+  run.log.info('Done: step %d, test accuracy %.4f, %.0f img/s, %.0f s; wrote %s',
+               summary['step'], summary['test_accuracy'], summary['img_per_sec'],
+               summary['wall_time_s'], os.path.join(workdir, 'summary.json'))
+  run.log.close()
+  run.manager.close()
+  return summary
+
+
+def _check_finite(config, step, metrics_) -> float:
+  """The step's loss as a float; stops the run on NaN/Inf unless skipping is on."""
+  loss = float(metrics_['loss'])
+  if not bool(metrics_['finite']) and not config.skip_nonfinite:
+    raise TrainingError(
+        f'loss or gradient is NaN/Inf at step {step}; stopped without applying it, the last '
+        'checkpoint is kept. Lower --config.base_lr, check the data, or set '
+        '--config.skip_nonfinite=True to skip such steps')
+  return loss
