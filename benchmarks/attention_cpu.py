@@ -42,33 +42,42 @@ def attention_op():
     params = module.init(jax.random.key(1), x, deterministic=True)
     fn = jax.jit(lambda p, x, m=module: m.apply(p, x, deterministic=True))
     results[f'vit_jax attention={attention}'] = median_ms(
-        lambda fn=fn, params=params: fn(params, x).block_until_ready())
-  import torch  # pylint: disable=g-import-not-at-top
-  from timm.models import vision_transformer  # pylint: disable=g-import-not-at-top
+      lambda fn=fn, params=params: fn(params, x).block_until_ready()
+    )
+  from timm.models import vision_transformer
+  import torch
+
   theirs = vision_transformer.Attention(heads * head_dim, heads, qkv_bias=True)
   tx = torch.randn(batch, tokens, heads * head_dim)
 
   def torch_forward():
     with torch.inference_mode():
       theirs(tx)
+
   results['timm Attention (SDPA)'] = median_ms(torch_forward)
   return results
 
 
 def encoder_block():
-  import torch  # pylint: disable=g-import-not-at-top
-  from timm.models import vision_transformer  # pylint: disable=g-import-not-at-top
+  from timm.models import vision_transformer
+  import torch
+
   batch, tokens, width, heads = 16, 197, 384, 6
   x = jax.random.normal(jax.random.key(0), (batch, tokens, width))
-  block = vit.Encoder1DBlock(mlp_dim=4 * width, num_heads=heads, dropout_rate=0.0,
-                                    attention_dropout_rate=0.0)
+  block = vit.Encoder1DBlock(
+    mlp_dim=4 * width, num_heads=heads, dropout_rate=0.0, attention_dropout_rate=0.0
+  )
   params = block.init(jax.random.key(1), x, True)
   forward = jax.jit(lambda p, x: block.apply(p, x, True))
   backward = jax.jit(jax.grad(lambda p, x: jnp.sum(block.apply(p, x, True) ** 2), (0, 1)))
   theirs = vision_transformer.Block(
-      width, heads, mlp_ratio=4, qkv_bias=True,
-      act_layer=functools.partial(torch.nn.GELU, approximate='tanh'),
-      norm_layer=functools.partial(torch.nn.LayerNorm, eps=1e-6))
+    width,
+    heads,
+    mlp_ratio=4,
+    qkv_bias=True,
+    act_layer=functools.partial(torch.nn.GELU, approximate='tanh'),
+    norm_layer=functools.partial(torch.nn.LayerNorm, eps=1e-6),
+  )
   tx = torch.randn(batch, tokens, width, requires_grad=True)
 
   def torch_forward():
@@ -78,15 +87,17 @@ def encoder_block():
   def torch_backward():
     (theirs(tx) ** 2).sum().backward()
 
-  return {'vit_jax forward': median_ms(lambda: forward(params, x).block_until_ready()),
-          'timm forward': median_ms(torch_forward),
-          'vit_jax forward+backward': median_ms(
-              lambda: jax.block_until_ready(backward(params, x))),
-          'timm forward+backward': median_ms(torch_backward)}
+  return {
+    'vit_jax forward': median_ms(lambda: forward(params, x).block_until_ready()),
+    'timm forward': median_ms(torch_forward),
+    'vit_jax forward+backward': median_ms(lambda: jax.block_until_ready(backward(params, x))),
+    'timm forward+backward': median_ms(torch_backward),
+  }
 
 
 def main():
-  import torch  # pylint: disable=g-import-not-at-top
+  import torch
+
   torch.set_num_threads(len(os.sched_getaffinity(0)))
   print('attention layer, ViT-B/16 dims, batch 8, forward (ms):')
   for name, ms in attention_op().items():

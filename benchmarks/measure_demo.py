@@ -23,8 +23,11 @@ from vit_jax import hardware
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--runs', type=int, default=1)
-  parser.add_argument('--keep', help='keep the (last) run in this workdir, e.g. workdirs/demo; '
-                      'it must not exist yet, or the run would resume instead of train')
+  parser.add_argument(
+    '--keep',
+    help='keep the (last) run in this workdir, e.g. workdirs/demo; '
+    'it must not exist yet, or the run would resume instead of train',
+  )
   args = parser.parse_args()
   if args.runs < 1:
     parser.error('--runs must be at least 1')
@@ -36,8 +39,12 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
       workdir = args.keep if args.keep and i == args.runs - 1 else tmp
       start = time.perf_counter()
-      result = subprocess.run([sys.executable, '-m', 'vit_jax.main', f'--workdir={workdir}'],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+      result = subprocess.run(
+        [sys.executable, '-m', 'vit_jax.main', f'--workdir={workdir}'],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+      )
       if result.returncode:
         lines = result.stderr.strip().splitlines() or ['(no output)']
         sys.exit(f'python -m vit_jax.main failed: {lines[-1]}')
@@ -45,23 +52,26 @@ def main():
       with open(os.path.join(workdir, 'summary.json'), encoding='utf-8') as f:
         summary = json.load(f)
     runs.append({'end_to_end_s': round(elapsed, 1), **summary})
-    print(f"test accuracy {summary['test_accuracy']:.4f} in {elapsed:.0f} s end to end "
-          f"(training loop {summary['img_per_sec']:.0f} img/s)")
+    print(
+      f'test accuracy {summary["test_accuracy"]:.4f} in {elapsed:.0f} s end to end '
+      f'(training loop {summary["img_per_sec"]:.0f} img/s)'
+    )
 
   record = {
-      'benchmark': 'demo: python -m vit_jax.main',
-      'date': datetime.datetime.now().isoformat(timespec='seconds'),
-      'machine': hardware.machine_info(),
-      'runs': runs,
-      'target_met': all(r['test_accuracy'] >= 0.97 and r['end_to_end_s'] <= 600 for r in runs),
+    'benchmark': 'demo: python -m vit_jax.main',
+    'date': datetime.datetime.now().isoformat(timespec='seconds'),
+    'machine': hardware.machine_info(),
+    'runs': runs,
+    'target_met': all(r['test_accuracy'] >= 0.97 and r['end_to_end_s'] <= 600 for r in runs),
   }
   name = datetime.datetime.now().strftime('%Y-%m-%dT%H%M') + '_demo.json'
   path = os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
   with open(path, 'w', encoding='utf-8') as f:
     json.dump(record, f, indent=2)
     f.write('\n')
-  print(f"target (>= 97% in <= 600 s): {'met' if record['target_met'] else 'NOT met'}; "
-        f'wrote {path}')
+  print(
+    f'target (>= 97% in <= 600 s): {"met" if record["target_met"] else "NOT met"}; wrote {path}'
+  )
 
 
 if __name__ == '__main__':

@@ -1,6 +1,6 @@
 r"""R50+ViT-B/16 pre-training, paper Table 3.
 
-  --config=configs/r50_vit_b16.py:imagenet21k   (default; also :jft, :imagenet2012, :DATASET,EPOCHS)
+--config=configs/r50_vit_b16.py:imagenet21k   (default; also :jft, :imagenet2012, :DATASET,EPOCHS)
 """
 
 from vit_jax.configs import recipes

@@ -1,6 +1,6 @@
 r"""ViT-H/14 pre-training, paper Table 3.
 
-  --config=configs/vit_h14.py:imagenet21k   (default; also :jft, :imagenet2012, :DATASET,EPOCHS)
+--config=configs/vit_h14.py:imagenet21k   (default; also :jft, :imagenet2012, :DATASET,EPOCHS)
 """
 
 from vit_jax.configs import recipes

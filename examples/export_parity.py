@@ -18,9 +18,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from vit_jax import checkpoint
-from vit_jax.interop import export
 from vit_jax import models
 from vit_jax.configs import models as model_configs
+from vit_jax.interop import export
 
 SIZE = 224
 
@@ -28,8 +28,9 @@ SIZE = 224
 def random_npz(name, path, seed=0):
   config = model_configs.MODEL_CONFIGS[name]
   model = models.VisionTransformer(num_classes=1000, **config)
-  shapes = jax.eval_shape(lambda: model.init(
-      jax.random.key(0), jnp.zeros((1, SIZE, SIZE, 3)), train=False))['params']
+  shapes = jax.eval_shape(
+    lambda: model.init(jax.random.key(0), jnp.zeros((1, SIZE, SIZE, 3)), train=False)
+  )['params']
   rng = np.random.default_rng(seed)
   flat = {}
   for key, s in checkpoint.flatten(shapes).items():
@@ -45,11 +46,13 @@ def relative_error(ours, theirs):
 
 
 def theirs_timm(out, images, default_eps=False):
-  import json  # pylint: disable=g-import-not-at-top
-  import safetensors  # pylint: disable=g-import-not-at-top
-  import safetensors.torch  # pylint: disable=g-import-not-at-top
-  import timm  # pylint: disable=g-import-not-at-top
-  import torch  # pylint: disable=g-import-not-at-top
+  import json
+
+  import safetensors
+  import safetensors.torch
+  import timm
+  import torch
+
   with safetensors.safe_open(out, 'np') as f:
     meta = f.metadata()
   model = timm.create_model(meta['timm_model'], **json.loads(meta['timm_kwargs'])).eval()
@@ -65,21 +68,27 @@ def theirs_timm(out, images, default_eps=False):
 
 
 def theirs_hf(out, images):
-  import torch  # pylint: disable=g-import-not-at-top
-  import transformers  # pylint: disable=g-import-not-at-top
+  import torch
+  import transformers
+
   model = transformers.ViTForImageClassification.from_pretrained(out).eval()
   with torch.no_grad():
     return model(pixel_values=torch.from_numpy(images.transpose(0, 3, 1, 2).copy())).logits.numpy()
 
 
 def theirs_savedmodel(out, images):
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  return tf.saved_model.load(out).signatures['serving_default'](
-      images=tf.constant(images))['logits'].numpy()
+  import tensorflow as tf
+
+  return (
+    tf.saved_model.load(out)
+    .signatures['serving_default'](images=tf.constant(images))['logits']
+    .numpy()
+  )
 
 
 def theirs_onnx(out, images):
-  import onnxruntime  # pylint: disable=g-import-not-at-top
+  import onnxruntime
+
   return onnxruntime.InferenceSession(out).run(['logits'], {'images': images})[0]
 
 
@@ -89,29 +98,37 @@ def main():
   parser.add_argument('--formats', default='timm,hf,savedmodel,onnx')
   args = parser.parse_args()
   images = np.random.default_rng(1).uniform(-1, 1, (2, SIZE, SIZE, 3)).astype(np.float32)
-  readers = {'timm': theirs_timm, 'hf': theirs_hf, 'savedmodel': theirs_savedmodel,
-             'onnx': theirs_onnx}
+  readers = {
+    'timm': theirs_timm,
+    'hf': theirs_hf,
+    'savedmodel': theirs_savedmodel,
+    'onnx': theirs_onnx,
+  }
   print('| model | format | read by | relative error |\n|---|---|---|---:|')
   with tempfile.TemporaryDirectory() as tmp:
     for name in args.models.split(','):
       npz = os.path.join(tmp, 'model.npz')
       model, params = random_npz(name, npz)
-      ours = np.asarray(jax.jit(lambda p, x: model.apply({'params': p}, x, train=False))(
-          params, images))
+      ours = np.asarray(
+        jax.jit(lambda p, x: model.apply({'params': p}, x, train=False))(params, images)
+      )
       hybrid = model.resnet is not None
       for fmt in args.formats.split(','):
         if fmt == 'hf' and hybrid:
           continue
         out = os.path.join(tmp, f'out-{fmt}')
         export.export(npz, fmt, out, name)
-        reader = {'timm': 'timm.create_model + eps of build_model' if hybrid else
-                       'timm.create_model', 'hf': 'transformers', 'savedmodel': 'tensorflow',
-                  'onnx': 'onnxruntime'}[fmt]
+        reader = {
+          'timm': 'timm.create_model + eps of build_model' if hybrid else 'timm.create_model',
+          'hf': 'transformers',
+          'savedmodel': 'tensorflow',
+          'onnx': 'onnxruntime',
+        }[fmt]
         error = relative_error(ours, readers[fmt](out, images))
         print(f'| {name} | {fmt} | {reader} | {error:.1e} |', flush=True)
         if fmt == 'timm' and hybrid:
           error = relative_error(ours, theirs_timm(out, images, default_eps=True))
-          print(f'| {name} | {fmt} | timm.create_model, timm\'s eps | {error:.1e} |', flush=True)
+          print(f"| {name} | {fmt} | timm.create_model, timm's eps | {error:.1e} |", flush=True)
 
 
 if __name__ == '__main__':

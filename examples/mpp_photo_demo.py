@@ -25,12 +25,12 @@ import numpy as np
 import optax
 from PIL import Image
 
-from vit_jax.evaluation import figures
 from vit_jax import checkpoint
-from vit_jax.evaluation import inference
 from vit_jax import models
-from vit_jax.models import mpp
 from vit_jax.configs import models as model_configs
+from vit_jax.evaluation import figures
+from vit_jax.evaluation import inference
+from vit_jax.models import mpp
 
 SIZE = 32
 
@@ -52,8 +52,9 @@ def photo_pyramid(files):
       image = image.convert('RGB')
       for side in (96, 128, 192):
         scale = side / min(image.size)
-        resized = image.resize((round(image.size[0] * scale), round(image.size[1] * scale)),
-                               Image.BILINEAR)
+        resized = image.resize(
+          (round(image.size[0] * scale), round(image.size[1] * scale)), Image.BILINEAR
+        )
         out.append(np.asarray(resized, np.float32) / 127.5 - 1.0)
   return out
 
@@ -63,15 +64,16 @@ def random_crops(photos, rng, batch_size):
   for i in range(batch_size):
     photo = photos[rng.integers(len(photos))]
     y, x = rng.integers(photo.shape[0] - SIZE + 1), rng.integers(photo.shape[1] - SIZE + 1)
-    crop = photo[y:y + SIZE, x:x + SIZE]
+    crop = photo[y : y + SIZE, x : x + SIZE]
     crops[i] = crop[:, ::-1] if rng.random() < 0.5 else crop
   return crops
 
 
 def train(config, photos, steps, batch_size, seed=0):
   model = mpp.MppViT(**config)
-  params = jax.jit(lambda: model.init(
-      jax.random.key(seed), jnp.zeros((1, SIZE, SIZE, 3)), train=False))()['params']
+  params = jax.jit(
+    lambda: model.init(jax.random.key(seed), jnp.zeros((1, SIZE, SIZE, 3)), train=False)
+  )()['params']
   schedule = optax.warmup_cosine_decay_schedule(0.0, 3e-3, min(200, steps // 5), steps)
   tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.05))
   opt_state = tx.init(params)
@@ -79,7 +81,8 @@ def train(config, photos, steps, batch_size, seed=0):
   @jax.jit
   def step(params, opt_state, images, rng):
     grads, metrics = jax.grad(mpp.loss_fn, has_aux=True)(
-        params, images, rng, model=model, train=True)
+      params, images, rng, model=model, train=True
+    )
     updates, opt_state = tx.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, metrics
 
@@ -89,14 +92,18 @@ def train(config, photos, steps, batch_size, seed=0):
     images = random_crops(photos, rng, batch_size)
     params, opt_state, metrics = step(params, opt_state, images, jax.random.key(i))
     if i % 250 == 0 or i == steps - 1:
-      print(f'step {i:5d}  loss {float(metrics["loss"]):.3f}  '
-            f'accuracy {float(metrics["accuracy"]):.3f}  ({time.time() - start:.0f}s)', flush=True)
+      print(
+        f'step {i:5d}  loss {float(metrics["loss"]):.3f}  '
+        f'accuracy {float(metrics["accuracy"]):.3f}  ({time.time() - start:.0f}s)',
+        flush=True,
+      )
   return params
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = argparse.ArgumentParser(
+    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+  )
   parser.add_argument('--steps', type=int, default=2000)
   parser.add_argument('--batch_size', type=int, default=32)
   parser.add_argument('--output', required=True)
@@ -113,11 +120,18 @@ def main():
   loaded = inference.LoadedModel(model, backbone, config, SIZE, grid, config.patches.size[0], 1)
   images = np.stack([inference.read_image(f, SIZE) for f in files])
   result = figures.compute(loaded, images, num_components=28)
-  names = figures.write_outputs(result, loaded, images, files, types.SimpleNamespace(
-      output=args.output, model=config.model_name, checkpoint=path))
+  names = figures.write_outputs(
+    result,
+    loaded,
+    images,
+    files,
+    types.SimpleNamespace(output=args.output, model=config.model_name, checkpoint=path),
+  )
   print(f'wrote {path} and {", ".join(names)} to {args.output}')
-  print('mean attention distance (pixels), per layer:',
-        np.round(result['attention_distance'].mean(axis=1), 1).tolist())
+  print(
+    'mean attention distance (pixels), per layer:',
+    np.round(result['attention_distance'].mean(axis=1), 1).tolist(),
+  )
 
 
 if __name__ == '__main__':

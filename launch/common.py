@@ -21,6 +21,7 @@ ARCHIVE = 'vit_jax-src.tar.gz'
 
 class WriteFile(NamedTuple):
   """A file to write locally (printed as a here-document in a dry run)."""
+
   path: str
   content: str
 
@@ -35,7 +36,7 @@ class Parser(argparse.ArgumentParser):
     argv = list(sys.argv[1:] if argv is None else argv)
     split = argv.index('--') if '--' in argv else len(argv)
     args = self.parse_args(argv[:split])
-    overrides = argv[split + 1:]
+    overrides = argv[split + 1 :]
     bad = [a for a in overrides if not a.startswith('--config.')]
     if bad:
       self.error(f'after --, only --config.FIELD=VALUE overrides for vit_jax.main, not {bad[0]}')
@@ -45,10 +46,18 @@ class Parser(argparse.ArgumentParser):
 
 def add_common_flags(parser: Parser, workdir_help: str) -> None:
   parser.add_argument('--workdir', required=True, help=workdir_help)
-  parser.add_argument('--config', help='vit_jax.main --config, a path relative to the repository '
-                      'root (default: the demo), e.g. vit_jax/configs/demo.py')
-  parser.add_argument('--dry-run', '--dry_run', dest='dry_run', action='store_true',
-                      help='print the commands instead of running them')
+  parser.add_argument(
+    '--config',
+    help='vit_jax.main --config, a path relative to the repository '
+    'root (default: the demo), e.g. vit_jax/configs/demo.py',
+  )
+  parser.add_argument(
+    '--dry-run',
+    '--dry_run',
+    dest='dry_run',
+    action='store_true',
+    help='print the commands instead of running them',
+  )
 
 
 def main_command(python: str, args) -> List[str]:
@@ -62,14 +71,25 @@ def main_command(python: str, args) -> List[str]:
 def local_archive(name: str) -> tuple:
   """(path, command): the committed tree (git HEAD) as a tarball to copy to machines."""
   path = os.path.join(tempfile.gettempdir(), f'{name}-{ARCHIVE}')
-  return path, ['git', '-C', ROOT, 'archive', '--format=tar.gz', f'--prefix={REMOTE_DIR}/',
-                '-o', path, 'HEAD']
+  return path, [
+    'git',
+    '-C',
+    ROOT,
+    'archive',
+    '--format=tar.gz',
+    f'--prefix={REMOTE_DIR}/',
+    '-o',
+    path,
+    'HEAD',
+  ]
 
 
 def unpack_and_install(extra: str, python: str = 'python3') -> str:
   """Remote shell line: unpack the archive over a fresh checkout and pip-install it."""
-  return (f'rm -rf {REMOTE_DIR} && tar xzf {ARCHIVE} && '
-          f'{python} -m pip install -q -e "./{REMOTE_DIR}[{extra}]"')
+  return (
+    f'rm -rf {REMOTE_DIR} && tar xzf {ARCHIVE} && '
+    f'{python} -m pip install -q -e "./{REMOTE_DIR}[{extra}]"'
+  )
 
 
 def shell_join(command: Sequence[str]) -> str:
@@ -94,8 +114,11 @@ def execute(commands: Sequence, dry_run: bool) -> int:
     try:
       status = subprocess.run(command, check=False).returncode
     except FileNotFoundError:
-      print(f'error: {command[0]} not found; install it (gcloud: https://cloud.google.com/sdk, '
-            'sbatch: run on a SLURM login node)', file=sys.stderr)
+      print(
+        f'error: {command[0]} not found; install it (gcloud: https://cloud.google.com/sdk, '
+        'sbatch: run on a SLURM login node)',
+        file=sys.stderr,
+      )
       return 1
     if status:
       print(f'error: exit status {status} from: {shell_join(command)}', file=sys.stderr)

@@ -23,7 +23,6 @@ ACTIONS = ('setup', 'run', 'fetch')
 _GPU_CHECK = 'import jax; print(jax.devices("gpu"))'
 
 
-
 def commands(args) -> list:
   python = os.path.join(args.venv, 'bin', 'python')
   check = [python, '-c', _GPU_CHECK]
@@ -47,23 +46,38 @@ def commands(args) -> list:
       archive, make_archive = common.local_archive('gpu_box')
       out.append(make_archive)
       out.append(['scp', archive, f'{args.host}:{common.ARCHIVE}'])
-      out.append(remote(f'rm -rf {common.REMOTE_DIR} && tar xzf {common.ARCHIVE}', cd,
-                        f'python3 -m venv {args.venv}',
-                        f'{python} -m pip install -q -e ".[gpu]"'))
+      out.append(
+        remote(
+          f'rm -rf {common.REMOTE_DIR} && tar xzf {common.ARCHIVE}',
+          cd,
+          f'python3 -m venv {args.venv}',
+          f'{python} -m pip install -q -e ".[gpu]"',
+        )
+      )
     elif action == 'run':
       out.append(remote(cd, common.shell_join(check), common.shell_join(train)))
     elif action == 'fetch':
-      remote_workdir = args.workdir if os.path.isabs(args.workdir) else \
-          f'{common.REMOTE_DIR}/{args.workdir}'
+      remote_workdir = (
+        args.workdir if os.path.isabs(args.workdir) else f'{common.REMOTE_DIR}/{args.workdir}'
+      )
       out.append(['mkdir', '-p', args.results])
-      out.append(['scp', f'{args.host}:{remote_workdir}/summary.json',
-                  f'{args.host}:{remote_workdir}/params.npz', args.results])
+      out.append(
+        [
+          'scp',
+          f'{args.host}:{remote_workdir}/summary.json',
+          f'{args.host}:{remote_workdir}/params.npz',
+          args.results,
+        ]
+      )
   return out
 
 
 def main(argv=None) -> int:
-  parser = common.Parser(prog='launch/gpu_box.py', description=__doc__,
-                         formatter_class=common.argparse.RawDescriptionHelpFormatter)
+  parser = common.Parser(
+    prog='launch/gpu_box.py',
+    description=__doc__,
+    formatter_class=common.argparse.RawDescriptionHelpFormatter,
+  )
   parser.add_argument('actions', nargs='*', metavar='ACTION', help=f'any of {", ".join(ACTIONS)}')
   parser.add_argument('--host', help='user@machine to run on over ssh (default: this machine)')
   parser.add_argument('--venv', default='.venv', help='virtualenv path (relative: to the checkout)')

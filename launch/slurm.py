@@ -26,14 +26,14 @@ import common
 def sbatch_script(args) -> str:
   log_dir = args.workdir if '://' not in args.workdir else '.'
   lines = [
-      '#!/bin/bash',
-      f'#SBATCH --job-name={args.job_name}',
-      f'#SBATCH --nodes={args.nodes}',
-      f'#SBATCH --ntasks-per-node={args.gpus_per_node}',
-      f'#SBATCH --gpus-per-node={args.gpus_per_node}',
-      f'#SBATCH --cpus-per-task={args.cpus_per_gpu}',
-      f'#SBATCH --time={args.time}',
-      f'#SBATCH --output={os.path.join(log_dir, "slurm-%j.out")}',
+    '#!/bin/bash',
+    f'#SBATCH --job-name={args.job_name}',
+    f'#SBATCH --nodes={args.nodes}',
+    f'#SBATCH --ntasks-per-node={args.gpus_per_node}',
+    f'#SBATCH --gpus-per-node={args.gpus_per_node}',
+    f'#SBATCH --cpus-per-task={args.cpus_per_gpu}',
+    f'#SBATCH --time={args.time}',
+    f'#SBATCH --output={os.path.join(log_dir, "slurm-%j.out")}',
   ]
   # SIGTERM this long before the time limit (and on preemption): the trainer
   # checkpoints at the next step and exits; resubmitting resumes. --requeue
@@ -42,33 +42,46 @@ def sbatch_script(args) -> str:
   lines += [f'#SBATCH --partition={args.partition}'] if args.partition else []
   lines += [f'#SBATCH --account={args.account}'] if args.account else []
   lines += ['set -euo pipefail']
-  lines += [f'source {common.shlex.quote(os.path.join(args.venv, "bin", "activate"))}'] \
-      if args.venv else []
+  lines += (
+    [f'source {common.shlex.quote(os.path.join(args.venv, "bin", "activate"))}']
+    if args.venv
+    else []
+  )
   lines += [
-      f'cd {common.shlex.quote(args.repo)}',
-      # Every task sees all the node's GPUs; JAX picks GPU SLURM_LOCALID itself.
-      'srun --kill-on-bad-exit=1 ' + common.shell_join(common.main_command('python', args)),
+    f'cd {common.shlex.quote(args.repo)}',
+    # Every task sees all the node's GPUs; JAX picks GPU SLURM_LOCALID itself.
+    'srun --kill-on-bad-exit=1 ' + common.shell_join(common.main_command('python', args)),
   ]
   return '\n'.join(lines) + '\n'
 
 
 def commands(args) -> list:
   script = args.script or (
-      os.path.join(args.workdir, 'launch.sbatch') if '://' not in args.workdir
-      else f'{args.job_name}.sbatch')
+    os.path.join(args.workdir, 'launch.sbatch')
+    if '://' not in args.workdir
+    else f'{args.job_name}.sbatch'
+  )
   return [common.WriteFile(script, sbatch_script(args)), ['sbatch', script]]
 
 
 def main(argv=None) -> int:
-  parser = common.Parser(prog='launch/slurm.py', description=__doc__,
-                         formatter_class=common.argparse.RawDescriptionHelpFormatter)
+  parser = common.Parser(
+    prog='launch/slurm.py',
+    description=__doc__,
+    formatter_class=common.argparse.RawDescriptionHelpFormatter,
+  )
   parser.add_argument('--nodes', type=int, default=1)
   parser.add_argument('--gpus_per_node', type=int, default=8)
-  parser.add_argument('--cpus_per_gpu', type=int, default=8,
-                      help='CPU cores per process, for the input pipeline')
+  parser.add_argument(
+    '--cpus_per_gpu', type=int, default=8, help='CPU cores per process, for the input pipeline'
+  )
   parser.add_argument('--time', default='24:00:00', help='wall-clock limit, HH:MM:SS')
-  parser.add_argument('--grace_s', type=int, default=300,
-                      help='seconds before the time limit to signal the run to checkpoint')
+  parser.add_argument(
+    '--grace_s',
+    type=int,
+    default=300,
+    help='seconds before the time limit to signal the run to checkpoint',
+  )
   parser.add_argument('--partition', help='SLURM partition')
   parser.add_argument('--account', help='SLURM account')
   parser.add_argument('--job_name', default='vit_jax')

@@ -35,9 +35,13 @@ def commands(args) -> list:
   out = []
   for action in args.actions:
     if action == 'create':
-      out.append(tpu + ['create', args.name] + where + [
-          f'--accelerator-type={args.accelerator_type}', f'--version={args.version}'] + (
-              ['--spot'] if args.spot else []))
+      out.append(
+        tpu
+        + ['create', args.name]
+        + where
+        + [f'--accelerator-type={args.accelerator_type}', f'--version={args.version}']
+        + (['--spot'] if args.spot else [])
+      )
     elif action == 'install':
       archive, make_archive = common.local_archive(args.name)
       out.append(make_archive)
@@ -50,31 +54,52 @@ def commands(args) -> list:
         run = f'nohup {run} > {LOG} 2>&1 < /dev/null &'
       out.append(ssh + [f'--command=cd {common.REMOTE_DIR} && {run}'])
     elif action == 'logs':
-      out.append(tpu + ['ssh', args.name] + where + [
-          '--worker=0', f'--command=tail -n 100 {common.REMOTE_DIR}/{LOG}'])
+      out.append(
+        tpu
+        + ['ssh', args.name]
+        + where
+        + ['--worker=0', f'--command=tail -n 100 {common.REMOTE_DIR}/{LOG}']
+      )
     elif action == 'fetch':
       workdir = args.workdir.rstrip('/')
       out.append(['mkdir', '-p', args.results])
-      out.append(['gcloud', 'storage', 'cp', f'{workdir}/summary.json', f'{workdir}/params.npz',
-                  args.results])
+      out.append(
+        [
+          'gcloud',
+          'storage',
+          'cp',
+          f'{workdir}/summary.json',
+          f'{workdir}/params.npz',
+          args.results,
+        ]
+      )
     elif action == 'delete':
       out.append(tpu + ['delete', args.name] + where + ['--quiet'])
   return out
 
 
 def main(argv=None) -> int:
-  parser = common.Parser(prog='launch/tpu_vm.py', description=__doc__,
-                         formatter_class=common.argparse.RawDescriptionHelpFormatter)
+  parser = common.Parser(
+    prog='launch/tpu_vm.py',
+    description=__doc__,
+    formatter_class=common.argparse.RawDescriptionHelpFormatter,
+  )
   parser.add_argument('actions', nargs='*', metavar='ACTION', help=f'any of {", ".join(ACTIONS)}')
   parser.add_argument('--name', required=True, help='TPU VM name')
   parser.add_argument('--zone', required=True, help='e.g. us-central2-b')
   parser.add_argument('--accelerator_type', default='v4-8', help='e.g. v4-8, v4-32, v5litepod-16')
-  parser.add_argument('--version', default='tpu-ubuntu2204-base',
-                      help='TPU software version (v5e: v2-alpha-tpuv5-lite, v6e: v2-alpha-tpuv6e)')
-  parser.add_argument('--project', help='GCP project (default: gcloud\'s)')
+  parser.add_argument(
+    '--version',
+    default='tpu-ubuntu2204-base',
+    help='TPU software version (v5e: v2-alpha-tpuv5-lite, v6e: v2-alpha-tpuv6e)',
+  )
+  parser.add_argument('--project', help="GCP project (default: gcloud's)")
   parser.add_argument('--spot', action='store_true', help='a Spot (preemptible) TPU VM')
-  parser.add_argument('--detach', action='store_true',
-                      help='run in the background (nohup), so the training outlives the ssh session')
+  parser.add_argument(
+    '--detach',
+    action='store_true',
+    help='run in the background (nohup), so the training outlives the ssh session',
+  )
   parser.add_argument('--results', default='results', help='local folder for fetched results')
   common.add_common_flags(parser, 'gs://BUCKET/PATH for checkpoints, logs and results')
   args = parser.parse(argv)
@@ -86,10 +111,15 @@ def main(argv=None) -> int:
   if not args.workdir.startswith('gs://'):
     parser.error(f'--workdir={args.workdir}: TPU workers share no disk; pass gs://BUCKET/PATH')
   if not re.fullmatch(r'v\d+[a-z]*-\d+', args.accelerator_type):
-    parser.error(f'--accelerator_type={args.accelerator_type}: expected a type such as v4-8, '
-                 'v4-32 or v5litepod-16')
-  if 'install' in args.actions and not os.path.isdir(os.path.join(common.ROOT, '.git')) and \
-      not os.path.isfile(os.path.join(common.ROOT, '.git')):
+    parser.error(
+      f'--accelerator_type={args.accelerator_type}: expected a type such as v4-8, '
+      'v4-32 or v5litepod-16'
+    )
+  if (
+    'install' in args.actions
+    and not os.path.isdir(os.path.join(common.ROOT, '.git'))
+    and not os.path.isfile(os.path.join(common.ROOT, '.git'))
+  ):
     parser.error(f'{common.ROOT} is not a git checkout; install copies its committed tree')
   return common.execute(commands(args), args.dry_run)
 

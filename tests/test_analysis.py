@@ -56,7 +56,8 @@ def test_uniform_attention_gives_the_mean_pairwise_distance():
   np.testing.assert_allclose(got, [pairwise] * 3, rtol=1e-12)
   # 1x2 grid: each query gives half its weight to the other patch, p away.
   np.testing.assert_allclose(
-      analysis.mean_attention_distance(np.full((1, 2, 2), 0.5), (1, 2), p, 0), [p / 2])
+    analysis.mean_attention_distance(np.full((1, 2, 2), 0.5), (1, 2), p, 0), [p / 2]
+  )
   with pytest.raises(ValueError, match=r'does not fit 1 prefix tokens \+ a 4x4 patch grid'):
     analysis.mean_attention_distance(uniform, (4, 4), p)
 
@@ -77,9 +78,9 @@ def test_rollout_of_uniform_layers(num_layers):
   uniform = np.full((1, 2, n, n), 1 / n)
   rollout = analysis.attention_rollout([uniform] * num_layers)[0]
   u = np.full((n, n), 1 / n)
-  np.testing.assert_allclose(rollout, u + 2.0 ** -num_layers * (np.eye(n) - u), rtol=1e-12)
+  np.testing.assert_allclose(rollout, u + 2.0**-num_layers * (np.eye(n) - u), rtol=1e-12)
   m = analysis.rollout_maps(rollout[None], (2, 2))
-  np.testing.assert_allclose(m, np.full((1, 2, 2), (1 - 2.0 ** -num_layers) / n))
+  np.testing.assert_allclose(m, np.full((1, 2, 2), (1 - 2.0**-num_layers) / n))
 
 
 def test_rollout_averages_heads_and_multiplies_later_layers_on_the_left():
@@ -119,8 +120,12 @@ def test_filter_components_match_sklearn_pca():
   b = rng.normal(size=(p, p, 3))
   # Filters = mean + 5 x (coefficient) a + 1 x (coefficient) b + small noise.
   coeffs = rng.normal(size=(2, d)) * np.array([[5.0], [1.0]])
-  kernel = (0.3 + np.einsum('hwc,d->hwcd', a, coeffs[0]) + np.einsum('hwc,d->hwcd', b, coeffs[1])
-            + 0.01 * rng.normal(size=(p, p, 3, d)))
+  kernel = (
+    0.3
+    + np.einsum('hwc,d->hwcd', a, coeffs[0])
+    + np.einsum('hwc,d->hwcd', b, coeffs[1])
+    + 0.01 * rng.normal(size=(p, p, 3, d))
+  )
   components, ratio = analysis.embedding_filter_components(kernel, num_components=5)
   assert components.shape == (5, p, p, 3)
   reference = PCA(n_components=5).fit(kernel.reshape(-1, d).T)

@@ -2,20 +2,21 @@
 
 import json
 
+from conftest import param_shapes
+from conftest import random_like
 import jax
-import jax.numpy as jnp
 import numpy as np
 from PIL import Image
 
+from vit_jax import analyze
+from vit_jax import checkpoint
+from vit_jax import models
+from vit_jax.configs import models as model_configs
+from vit_jax.data import datasets
 from vit_jax.evaluation import analysis
 from vit_jax.evaluation import figures
-from vit_jax import checkpoint
-from vit_jax.data import datasets
 from vit_jax.evaluation import inference
-from vit_jax import models
 from vit_jax.models import mpp
-from vit_jax.configs import models as model_configs
-from vit_jax import analyze
 
 
 def small_config(**overrides):
@@ -26,12 +27,8 @@ def small_config(**overrides):
 
 
 def random_checkpoint(path, config, size, module=None, num_classes=10):
-  module = module or models.VisionTransformer(num_classes=num_classes, **config)
-  shapes = jax.eval_shape(lambda: module.init(
-      jax.random.key(0), jnp.zeros((1, size, size, 3)), train=False))['params']
-  rng = np.random.default_rng(0)
   # Large query/key weights give peaked, position-dependent attention.
-  params = jax.tree.map(lambda s: rng.normal(0, 0.5, s.shape).astype(np.float32), shapes)
+  params = random_like(param_shapes(config, num_classes, size, module), scale=0.5)
   return checkpoint.save_npz(params, path), params
 
 
@@ -48,11 +45,25 @@ def test_analyze_writes_figures_and_the_numbers(tmp_path, capsys):
   path, params = random_checkpoint(tmp_path / 'ckpt.npz', small_config(), size=64)
   folder = image_dir(tmp_path)
   out = tmp_path / 'out'
-  assert analyze.main([f'--checkpoint={path}', '--model=testing', f'--images={folder}',
-                       f'--output={out}', '--num_components=6']) == 0
+  assert (
+    analyze.main(
+      [
+        f'--checkpoint={path}',
+        '--model=testing',
+        f'--images={folder}',
+        f'--output={out}',
+        '--num_components=6',
+      ]
+    )
+    == 0
+  )
   assert 'wrote attention_distance.png' in capsys.readouterr().out
-  for name in ('attention_distance.png', 'attention_rollout.png', 'posemb_similarity.png',
-               'embedding_filters.png'):
+  for name in (
+    'attention_distance.png',
+    'attention_rollout.png',
+    'posemb_similarity.png',
+    'embedding_filters.png',
+  ):
     with Image.open(out / name) as figure:
       assert figure.format == 'PNG' and min(figure.size) >= 150, name
   result = json.loads((out / 'analysis.json').read_text())
@@ -63,18 +74,25 @@ def test_analyze_writes_figures_and_the_numbers(tmp_path, capsys):
   model = models.VisionTransformer(num_classes=10, **small_config())
   images = np.stack([inference.read_image(f, 64) for f in result['images']])
   _, state = model.apply({'params': params}, images, train=False, mutable=['intermediates'])
-  att = np.asarray(state['intermediates']['Transformer']['encoderblock_0'][
-      'MultiHeadDotProductAttention_1']['attention_weights'][0])
-  np.testing.assert_allclose(result['mean_attention_distance']['per_layer_head'],
-                             [analysis.mean_attention_distance(att, (4, 4), 16)], atol=2e-5)
+  att = np.asarray(
+    state['intermediates']['Transformer']['encoderblock_0']['MultiHeadDotProductAttention_1'][
+      'attention_weights'
+    ][0]
+  )
+  np.testing.assert_allclose(
+    result['mean_attention_distance']['per_layer_head'],
+    [analysis.mean_attention_distance(att, (4, 4), 16)],
+    atol=2e-5,
+  )
   maps = analysis.rollout_maps(analysis.attention_rollout([att]), (4, 4))
   np.testing.assert_allclose(result['attention_rollout']['maps'], maps, atol=2e-6)
   assert np.ptp(maps) > 0.01  # the random model does not attend uniformly
 
   posemb = params['Transformer']['posembed_input']['pos_embedding'][0, 1:]
   unit = posemb / np.linalg.norm(posemb, axis=1, keepdims=True)
-  np.testing.assert_allclose(np.reshape(result['posemb_similarity']['values'], (16, 16)),
-                             unit @ unit.T, atol=2e-6)
+  np.testing.assert_allclose(
+    np.reshape(result['posemb_similarity']['values'], (16, 16)), unit @ unit.T, atol=2e-6
+  )
   ratio = result['embedding_filters']['explained_variance_ratio']
   assert len(ratio) == 6 and ratio == sorted(ratio, reverse=True) and sum(ratio) < 1
   assert np.shape(result['embedding_filters']['components']) == (6, 16, 16, 3)
@@ -90,8 +108,11 @@ def test_analyze_a_gap_model():
   loaded = inference.LoadedModel(model, params, config, 32, 2, 16, 0)
   result = figures.compute(loaded, images, num_components=4)
   _, state = model.apply({'params': params}, images, train=False, mutable=['intermediates'])
-  att = np.asarray(state['intermediates']['Transformer']['encoderblock_0'][
-      'MultiHeadDotProductAttention_1']['attention_weights'][0])
+  att = np.asarray(
+    state['intermediates']['Transformer']['encoderblock_0']['MultiHeadDotProductAttention_1'][
+      'attention_weights'
+    ][0]
+  )
   assert att.shape == (2, 2, 4, 4)  # no class token
   a = (att.mean(1) + np.eye(4)) / 2
   np.testing.assert_allclose(result['rollout'], a.mean(axis=1).reshape(2, 2, 2), rtol=1e-5)
@@ -101,24 +122,33 @@ def test_analyze_a_gap_model():
 def test_analyze_an_mpp_checkpoint(tmp_path):
   """Its pre-training layers are skipped and the backbone analysed."""
   folder = image_dir(tmp_path, n=1)
-  path, _ = random_checkpoint(tmp_path / 'mpp.npz', small_config(), size=32,
-                              module=mpp.MppViT(**small_config()))
+  path, _ = random_checkpoint(
+    tmp_path / 'mpp.npz', small_config(), size=32, module=mpp.MppViT(**small_config())
+  )
   loaded = inference.load_model(path, 'testing')
   assert loaded.model.num_classes is None and 'mask_token' not in loaded.params
   out = tmp_path / 'mpp'
-  assert analyze.main([f'--checkpoint={path}', '--model=testing', f'--images={folder}',
-                       f'--output={out}']) == 0
+  assert (
+    analyze.main(
+      [f'--checkpoint={path}', '--model=testing', f'--images={folder}', f'--output={out}']
+    )
+    == 0
+  )
   assert json.loads((out / 'analysis.json').read_text())['patch_grid'] == [2, 2]
 
 
 def test_analyze_errors(tmp_path, capsys):
   path, _ = random_checkpoint(tmp_path / 'ckpt.npz', small_config(), size=32)
-  assert analyze.main([f'--checkpoint={path}', '--model=ViT-S_16', '--images=nope.png',
-                       f'--output={tmp_path}']) == 1
+  assert (
+    analyze.main(
+      [f'--checkpoint={path}', '--model=ViT-S_16', '--images=nope.png', f'--output={tmp_path}']
+    )
+    == 1
+  )
   assert capsys.readouterr().err.strip() == (
-      'python -m vit_jax.analyze: error: nope.png: no such image file or directory')
-  assert analyze.main([f'--checkpoint={path}', '--model=ViT-S_16',
-                       f'--output={tmp_path}']) == 1
+    'python -m vit_jax.analyze: error: nope.png: no such image file or directory'
+  )
+  assert analyze.main([f'--checkpoint={path}', '--model=ViT-S_16', f'--output={tmp_path}']) == 1
   err = capsys.readouterr().err.strip()
   assert '\n' not in err and 'the model expects (384,)' in err
 
@@ -126,8 +156,18 @@ def test_analyze_errors(tmp_path, capsys):
 def test_analyze_digits_uses_the_demo_test_images(tmp_path):
   path, _ = random_checkpoint(tmp_path / 'ckpt.npz', small_config(), size=64)
   out = tmp_path / 'out'
-  assert analyze.main([f'--checkpoint={path}', '--model=testing', '--images=digits',
-                       f'--output={out}', '--num_components=2']) == 0
+  assert (
+    analyze.main(
+      [
+        f'--checkpoint={path}',
+        '--model=testing',
+        '--images=digits',
+        f'--output={out}',
+        '--num_components=2',
+      ]
+    )
+    == 0
+  )
   result = json.loads((out / 'analysis.json').read_text())
   _, test = datasets.digits_split_indices()
   labels = datasets.load_digits()[1]

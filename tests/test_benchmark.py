@@ -7,9 +7,9 @@ import os
 import jax
 import pytest
 
-from vit_jax.bench import speed
-from vit_jax.bench import memory
 from vit_jax import benchmark
+from vit_jax.bench import memory
+from vit_jax.bench import speed
 
 
 def tiny(**overrides):
@@ -49,7 +49,8 @@ def test_train_with_accumulation_against_timm():
   check_side(record['vit_jax'], 4)
   check_side(record['timm'], 4)
   assert record['ratio_vs_timm'] == pytest.approx(
-      record['vit_jax']['img_per_sec'] / record['timm']['img_per_sec'])
+    record['vit_jax']['img_per_sec'] / record['timm']['img_per_sec']
+  )
   assert record['peak']['torch_matmul_flops'] > 1e9
   assert record['timm']['setup']['optimizer'].startswith('torch.optim.Adam')
   assert record['timm']['setup']['threads'] == 1
@@ -76,6 +77,7 @@ def test_largest_search_is_exact_and_cheap():
     def fits(b, answer=answer, probes=probes):
       probes.append(b)
       return b <= answer
+
     assert memory._largest(fits, 40, limit=4096) == answer
     assert len(probes) <= 2 * 12 + 2
   probes = []
@@ -87,8 +89,7 @@ def test_find_max_batch_on_cpu_meets_the_budget():
   opts = tiny(mode='infer', batch=1)
   fn, args = speed.build_step(dataclasses.replace(opts, batch=6), abstract=True)
   budget = memory.estimate_bytes(fn.lower(*args).compile())  # batch 6 fits
-  record = memory.find_max_batch(opts, speed.build_step, speed.JaxRunner,
-                                           budget_bytes=budget)
+  record = memory.find_max_batch(opts, speed.build_step, speed.JaxRunner, budget_bytes=budget)
   micro = record['max_micro_batch']
   assert micro >= 6 and record['max_batch'] == micro
   sizes = {p['micro_batch']: p['estimate_bytes'] for p in record['probes']}
@@ -99,8 +100,19 @@ def test_find_max_batch_on_cpu_meets_the_budget():
 
 def test_cli_writes_a_record_and_rejects_bad_options(tmp_path, capsys):
   path = tmp_path / 'run.json'
-  assert benchmark.main(['--model=testing', '--batch=2', '--resolution=32', '--steps=1',
-                         '--repeats=1', f'--json={path}']) == 0
+  assert (
+    benchmark.main(
+      [
+        '--model=testing',
+        '--batch=2',
+        '--resolution=32',
+        '--steps=1',
+        '--repeats=1',
+        f'--json={path}',
+      ]
+    )
+    == 0
+  )
   record = json.loads(path.read_text())
   assert record['options']['batch'] == 2 and record['vit_jax']['img_per_sec'] > 0
   assert record['command'].startswith('python -m vit_jax.benchmark')
@@ -111,10 +123,18 @@ def test_cli_writes_a_record_and_rejects_bad_options(tmp_path, capsys):
   assert 'multiple of the patch size 16' in err and '\n' not in err
   assert benchmark.main(['--model=ViT-B16', '--no_record']) == 2
   assert 'ViT-B_16' in capsys.readouterr().err  # suggests the close name
-  assert benchmark.main(['--model=testing', '--mode=infer', '--accum_steps=2', '--batch=4',
-                         '--no_record']) == 2
-  assert benchmark.main(['--model=testing', '--mode=train', '--optimizer=sgd', '--compare=timm',
-                         '--no_record']) == 2
+  assert (
+    benchmark.main(
+      ['--model=testing', '--mode=infer', '--accum_steps=2', '--batch=4', '--no_record']
+    )
+    == 2
+  )
+  assert (
+    benchmark.main(
+      ['--model=testing', '--mode=train', '--optimizer=sgd', '--compare=timm', '--no_record']
+    )
+    == 2
+  )
   assert 'like with like' in capsys.readouterr().err
   assert benchmark.main(['--model=testing', '--attention=cudnn', '--no_record']) == 2
   assert 'needs a CUDA GPU' in capsys.readouterr().err

@@ -1,5 +1,8 @@
 """The public .npz layout: load/save, key variants, fine-tuning adaptation, errors."""
 
+from conftest import param_shapes
+from conftest import random_like
+from conftest import small_vit_config
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,21 +14,8 @@ from vit_jax import models
 from vit_jax.configs import models as model_configs
 
 
-def small_config(name='ViT-Ti_16', **overrides):
-  """A released architecture, shrunk in depth and width to keep tests fast."""
-  config = model_configs.MODEL_CONFIGS[name]
-  config.hidden_size = 24
-  config.transformer.update(num_layers=2, num_heads=3, mlp_dim=48)
-  config.update(overrides)
-  return config
-
-
 def random_params(config, num_classes, size, seed=0):
-  model = models.VisionTransformer(num_classes=num_classes, **config)
-  shapes = jax.eval_shape(
-      lambda: model.init(jax.random.key(0), jnp.zeros((1, size, size, 3)), train=False))['params']
-  rng = np.random.default_rng(seed)
-  return jax.tree.map(lambda s: rng.normal(size=s.shape).astype(np.float32), shapes)
+  return random_like(param_shapes(config, num_classes, size), seed)
 
 
 def write_npz(path, flat):
@@ -42,7 +32,7 @@ def assert_trees_equal(a, b):
 
 
 def test_save_load_round_trip_is_bitwise(tmp_path):
-  params = random_params(small_config(representation_size=24), 10, 32)
+  params = random_params(small_vit_config(representation_size=24), 10, 32)
   path = checkpoint.save_npz(params, tmp_path / 'model.npz')
   assert_trees_equal(checkpoint.load(path), params)
   # The file is a plain numpy archive with '/'-joined keys.
@@ -51,14 +41,17 @@ def test_save_load_round_trip_is_bitwise(tmp_path):
 
 
 def test_save_npz_accepts_jax_arrays_and_a_workdir(tmp_path):
-  params = jax.tree.map(jnp.asarray, random_params(small_config(), 3, 32))
+  params = jax.tree.map(jnp.asarray, random_params(small_vit_config(), 3, 32))
   checkpoint.save_npz(params, tmp_path / 'params.npz')
   assert_trees_equal(checkpoint.load(tmp_path), jax.tree.map(np.asarray, params))
 
 
 def _to_new_numbering(flat):
-  renames = {'LayerNorm_2': 'LayerNorm_1', 'MultiHeadDotProductAttention_1':
-             'MultiHeadDotProductAttention_0', 'MlpBlock_3': 'MlpBlock_0'}
+  renames = {
+    'LayerNorm_2': 'LayerNorm_1',
+    'MultiHeadDotProductAttention_1': 'MultiHeadDotProductAttention_0',
+    'MlpBlock_3': 'MlpBlock_0',
+  }
   out = {}
   for key, value in flat.items():
     for old, new in renames.items():
@@ -69,7 +62,7 @@ def _to_new_numbering(flat):
 
 @pytest.mark.parametrize('prefix', ['', 'params/', 'opt/target/'])
 def test_newer_numbering_and_prefixes(tmp_path, prefix):
-  params = random_params(small_config(), 5, 32)
+  params = random_params(small_vit_config(), 5, 32)
   flat = _to_new_numbering(checkpoint.flatten(params))
   assert 'Transformer/encoderblock_0/MlpBlock_0/Dense_1/bias' in flat
   path = write_npz(tmp_path / 'new.npz', {prefix + k: v for k, v in flat.items()})
@@ -77,25 +70,28 @@ def test_newer_numbering_and_prefixes(tmp_path, prefix):
 
 
 def test_scanned_blocks_are_unstacked(tmp_path):
-  params = random_params(small_config(), 5, 32)
+  params = random_params(small_vit_config(), 5, 32)
   flat = _to_new_numbering(checkpoint.flatten(params))
   stacked = {k: v for k, v in flat.items() if not k.startswith('Transformer/encoderblock_')}
   for key in [k for k in flat if k.startswith('Transformer/encoderblock_0/')]:
-    rest = key[len('Transformer/encoderblock_0/'):]
+    rest = key[len('Transformer/encoderblock_0/') :]
     stacked['Transformer/encoderblock/' + rest] = np.stack(
-        [flat[f'Transformer/encoderblock_{i}/{rest}'] for i in range(2)])
+      [flat[f'Transformer/encoderblock_{i}/{rest}'] for i in range(2)]
+    )
   assert_trees_equal(checkpoint.load(write_npz(tmp_path / 'scan.npz', stacked)), params)
 
 
 def test_big_vision_root_posemb_gives_the_same_model(tmp_path):
   """big_vision adds position embeddings before the class token is prepended."""
-  config = small_config()
+  config = small_vit_config()
   params = random_params(config, 5, 32)
   flat = checkpoint.flatten(params)
   flat['Transformer/posembed_input/pos_embedding'][:, 0] = 0.0
   bv = dict(flat)
   bv['pos_embedding'] = bv.pop('Transformer/posembed_input/pos_embedding')[:, 1:]
-  loaded = checkpoint.load(write_npz(tmp_path / 'bv.npz', {'params/' + k: v for k, v in bv.items()}))
+  loaded = checkpoint.load(
+    write_npz(tmp_path / 'bv.npz', {'params/' + k: v for k, v in bv.items()})
+  )
   assert_trees_equal(loaded, checkpoint.unflatten(flat))
 
 
@@ -111,9 +107,9 @@ def test_old_groupnorm_shapes(tmp_path):
 
 
 def test_load_checks_against_model_naming_first_mismatch(tmp_path):
-  params = random_params(small_config(), 10, 32)
+  params = random_params(small_vit_config(), 10, 32)
   path = checkpoint.save_npz(params, tmp_path / 'a.npz')
-  expected = random_params(small_config(), 10, 64)  # another resolution
+  expected = random_params(small_vit_config(), 10, 64)  # another resolution
   with pytest.raises(checkpoint.CheckpointError) as e:
     checkpoint.load(path, like=expected)
   message = str(e.value)
@@ -121,16 +117,16 @@ def test_load_checks_against_model_naming_first_mismatch(tmp_path):
   assert 'Transformer/posembed_input/pos_embedding has shape (1, 5, 24)' in message
   assert '(1, 17, 24)' in message
 
-  other = random_params(small_config(representation_size=24), 10, 32)
+  other = random_params(small_vit_config(representation_size=24), 10, 32)
   with pytest.raises(checkpoint.CheckpointError, match='lacks pre_logits/bias'):
     checkpoint.load(path, like=other)
 
 
 def test_truncated_and_missing_files(tmp_path):
-  path = checkpoint.save_npz(random_params(small_config(), 10, 32), tmp_path / 'a.npz')
+  path = checkpoint.save_npz(random_params(small_vit_config(), 10, 32), tmp_path / 'a.npz')
   data = open(path, 'rb').read()
   truncated = tmp_path / 'truncated.npz'
-  truncated.write_bytes(data[:len(data) // 2])
+  truncated.write_bytes(data[: len(data) // 2])
   with pytest.raises(checkpoint.CheckpointError, match='truncated.npz: not a readable .npz') as e:
     checkpoint.load(truncated)
   assert '\n' not in str(e.value)
@@ -151,8 +147,9 @@ def test_pickled_npz_is_refused(tmp_path):
 def _torch_bilinear(grid, size):
   """Independent reference: torch's bilinear, half-pixel centres, no antialias."""
   t = torch.from_numpy(grid).permute(2, 0, 1)[None]
-  out = torch.nn.functional.interpolate(t, size=(size, size), mode='bilinear',
-                                        align_corners=False, antialias=False)
+  out = torch.nn.functional.interpolate(
+    t, size=(size, size), mode='bilinear', align_corners=False, antialias=False
+  )
   return out[0].permute(1, 2, 0).numpy()
 
 
@@ -192,12 +189,13 @@ def test_load_pretrained_224_to_384(tmp_path, capsys):
 
 
 def test_load_pretrained_gap_model_resizes_whole_grid(tmp_path):
-  config = small_config(classifier='gap')
+  config = small_vit_config(classifier='gap')
   path = checkpoint.save_npz(random_params(config, 5, 32), tmp_path / 'gap.npz')
   model = models.VisionTransformer(num_classes=3, **config)
   init = model.init(jax.random.key(0), jnp.zeros((1, 48, 48, 3)), train=False)['params']
-  params = checkpoint.load_pretrained(pretrained_path=path, init_params=init,
-                                      model_config=config, verbose=False)
+  params = checkpoint.load_pretrained(
+    pretrained_path=path, init_params=init, model_config=config, verbose=False
+  )
   old = checkpoint.load(path)['Transformer']['posembed_input']['pos_embedding']
   new = params['Transformer']['posembed_input']['pos_embedding']
   expected = _torch_bilinear(old[0].reshape(2, 2, 24), 3).reshape(1, 9, 24)
@@ -205,28 +203,32 @@ def test_load_pretrained_gap_model_resizes_whole_grid(tmp_path):
 
 
 def test_load_pretrained_keeps_pre_logits_when_the_model_has_them(tmp_path):
-  config = small_config(representation_size=24)
+  config = small_vit_config(representation_size=24)
   pretrained = random_params(config, 5, 32)
   path = checkpoint.save_npz(pretrained, tmp_path / 'p.npz')
   init = random_params(config, 7, 32, seed=3)
-  params = checkpoint.load_pretrained(pretrained_path=path, init_params=init,
-                                      model_config=config, verbose=False)
+  params = checkpoint.load_pretrained(
+    pretrained_path=path, init_params=init, model_config=config, verbose=False
+  )
   np.testing.assert_array_equal(params['pre_logits']['kernel'], pretrained['pre_logits']['kernel'])
   np.testing.assert_array_equal(params['head']['kernel'], init['head']['kernel'])
 
 
 def test_load_pretrained_errors(tmp_path):
-  path = checkpoint.save_npz(random_params(small_config(), 5, 32), tmp_path / 'ti.npz')
-  wrong_width = small_config(hidden_size=48)
+  path = checkpoint.save_npz(random_params(small_vit_config(), 5, 32), tmp_path / 'ti.npz')
+  wrong_width = small_vit_config(hidden_size=48)
   init = random_params(wrong_width, 5, 32)
-  with pytest.raises(checkpoint.CheckpointError,
-                     match=r'ti.npz: Transformer/encoder_norm/bias has shape \(24,\), the model '
-                           r'expects \(48,\)'):
+  with pytest.raises(
+    checkpoint.CheckpointError,
+    match=r'ti.npz: Transformer/encoder_norm/bias has shape \(24,\), the model '
+    r'expects \(48,\)',
+  ):
     checkpoint.load_pretrained(pretrained_path=path, init_params=init, model_config=wrong_width)
-  deeper = small_config()
+  deeper = small_vit_config()
   deeper.transformer.num_layers = 3
   with pytest.raises(checkpoint.CheckpointError, match='lacks Transformer/encoderblock_2/'):
-    checkpoint.load_pretrained(pretrained_path=path, init_params=random_params(deeper, 5, 32),
-                               model_config=deeper)
+    checkpoint.load_pretrained(
+      pretrained_path=path, init_params=random_params(deeper, 5, 32), model_config=deeper
+    )
   with pytest.raises(checkpoint.CheckpointError, match='only square grids'):
     checkpoint.resize_posemb(np.zeros((1, 1 + 12, 4)), 1 + 16, 1)

@@ -9,11 +9,17 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Config files with the arguments they take.
-CONFIGS = [('demo.py', None), ('mpp_demo.py', None), ('finetune.py', 'ViT-B_16,cifar10'),
-           ('finetune.py', 'R50+ViT-B_16,vtab/dtd'), ('mpp_b16.py', 'jft')] + [
-               (os.path.basename(p), arg)
-               for p in sorted(glob.glob(os.path.join(REPO, 'configs', '*vit_*.py')))
-               for arg in ('imagenet21k', 'jft', 'imagenet2012')]
+CONFIGS = [
+  ('demo.py', None),
+  ('mpp_demo.py', None),
+  ('finetune.py', 'ViT-B_16,cifar10'),
+  ('finetune.py', 'R50+ViT-B_16,vtab/dtd'),
+  ('mpp_b16.py', 'jft'),
+] + [
+  (os.path.basename(p), arg)
+  for p in sorted(glob.glob(os.path.join(REPO, 'configs', '*vit_*.py')))
+  for arg in ('imagenet21k', 'jft', 'imagenet2012')
+]
 
 
 def load(name, arg=None):
@@ -45,7 +51,9 @@ def test_none_fields_can_be_set_from_the_command_line(name, arg):
     assert field_type is not type(None), path
 
 
-@pytest.mark.parametrize('model, dataset, steps, lr, wd, dropout, decay', [
+@pytest.mark.parametrize(
+  'model, dataset, steps, lr, wd, dropout, decay',
+  [
     ('vit_b16.py', 'jft', 7 * 303_000_000 // 4096 + 1, 8e-4, 0.1, 0.0, 'linear'),
     ('vit_l16.py', 'jft', 7 * 303_000_000 // 4096 + 1, 4e-4, 0.1, 0.0, 'linear'),
     ('vit_h14.py', 'jft', 14 * 303_000_000 // 4096 + 1, 3e-4, 0.1, 0.0, 'linear'),
@@ -53,28 +61,58 @@ def test_none_fields_can_be_set_from_the_command_line(name, arg):
     ('vit_b32.py', 'imagenet21k', 90 * 14_197_122 // 4096 + 1, 1e-3, 0.03, 0.1, 'linear'),
     ('r50_vit_b16.py', 'jft', 7 * 303_000_000 // 4096 + 1, 8e-4, 0.1, 0.0, 'linear'),
     ('vit_b16.py', 'imagenet2012', 300 * 1_281_167 // 4096 + 1, 3e-3, 0.3, 0.1, 'cosine'),
-])
+  ],
+)
 def test_pretraining_recipes_are_paper_table_3(model, dataset, steps, lr, wd, dropout, decay):
   config = load(model, dataset)
-  assert (config.total_steps, config.base_lr, config.weight_decay, config.dropout_rate,
-          config.decay_type) == (steps, lr, wd, dropout, decay)
-  assert (config.batch, config.warmup_steps, config.grad_norm_clip, config.optimizer,
-          config.b1, config.b2, config.pp.crop) == (4096, 10_000, 1.0, 'adam', 0.9, 0.999, 224)
-  assert config.representation_size == {'vit_l16.py': 1024, 'vit_l32.py': 1024,
-                                        'vit_h14.py': 1280}.get(model, 768)
+  assert (
+    config.total_steps,
+    config.base_lr,
+    config.weight_decay,
+    config.dropout_rate,
+    config.decay_type,
+  ) == (steps, lr, wd, dropout, decay)
+  assert (
+    config.batch,
+    config.warmup_steps,
+    config.grad_norm_clip,
+    config.optimizer,
+    config.b1,
+    config.b2,
+    config.pp.crop,
+  ) == (4096, 10_000, 1.0, 'adam', 0.9, 0.999, 224)
+  assert config.representation_size == {
+    'vit_l16.py': 1024,
+    'vit_l32.py': 1024,
+    'vit_h14.py': 1280,
+  }.get(model, 768)
   if dataset == 'jft':
     assert (config.loss, config.head_bias_init, config.dataset) == ('sigmoid', -10.0, None)
 
 
-@pytest.mark.parametrize('dataset, steps, lr', [
-    ('cifar10', 10_000, 0.03), ('cifar100', 10_000, 0.03), ('oxford_iiit_pet', 500, 0.03),
-    ('oxford_flowers102', 500, 0.03), ('imagenet2012', 20_000, 0.03), ('vtab/dtd', 2500, 0.01)])
+@pytest.mark.parametrize(
+  'dataset, steps, lr',
+  [
+    ('cifar10', 10_000, 0.03),
+    ('cifar100', 10_000, 0.03),
+    ('oxford_iiit_pet', 500, 0.03),
+    ('oxford_flowers102', 500, 0.03),
+    ('imagenet2012', 20_000, 0.03),
+    ('vtab/dtd', 2500, 0.01),
+  ],
+)
 def test_finetuning_recipes_are_paper_table_4(dataset, steps, lr):
   config = load('finetune.py', f'ViT-L_16,{dataset}')
   assert (config.total_steps, config.base_lr) == (steps, lr)
-  assert (config.optimizer, config.momentum, config.batch, config.decay_type,
-          config.weight_decay, config.grad_norm_clip, config.pp.crop) == (
-              'sgd', 0.9, 512, 'cosine', 0.0, 1.0, 384)
+  assert (
+    config.optimizer,
+    config.momentum,
+    config.batch,
+    config.decay_type,
+    config.weight_decay,
+    config.grad_norm_clip,
+    config.pp.crop,
+  ) == ('sgd', 0.9, 512, 'cosine', 0.0, 1.0, 384)
   assert config.pretrained_path == 'gs://vit_models/imagenet21k/ViT-L_16.npz'
   assert config.representation_size is None
 

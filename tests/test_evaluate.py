@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 from vit_jax import checkpoint
-from vit_jax.data import pipeline
+from vit_jax import evaluate
+from vit_jax import fewshot as fewshot_cli
 from vit_jax import models
 from vit_jax import sharding
 from vit_jax.configs import models as model_configs
-from vit_jax import evaluate
-from vit_jax import fewshot as fewshot_cli
+from vit_jax.data import pipeline
 
 
 @pytest.fixture(scope='module')
@@ -31,16 +31,19 @@ def workdir(tmp_path_factory):
 
 def test_top1_top5_over_every_test_example(workdir, capsys):
   path, model, params = workdir
-  assert evaluate.main([f'--checkpoint={path}', '--model=testing', '--dataset=digits',
-                        '--batch=50']) == 0  # 50 does not divide the 359 test images
+  assert (
+    evaluate.main([f'--checkpoint={path}', '--model=testing', '--dataset=digits', '--batch=50'])
+    == 0
+  )  # 50 does not divide the 359 test images
   result = json.loads(capsys.readouterr().out)
 
   # Independently: all test images in one batch, accuracy from numpy.
   config = pipeline.data_config()
   config.update(dataset='digits', batch_eval=400)
   config.pp.crop = 16
-  batch = next(iter(pipeline.make_eval_iterator(
-      config, sharding.batch_sharding(sharding.make_mesh()))))
+  batch = next(
+    iter(pipeline.make_eval_iterator(config, sharding.batch_sharding(sharding.make_mesh())))
+  )
   mask = np.asarray(batch['mask']).astype(bool)
   logits = np.asarray(model.apply({'params': params}, batch['image'], train=False))[mask]
   labels = np.asarray(batch['label'])[mask]
@@ -63,16 +66,26 @@ def test_evaluate_errors_are_one_line(workdir, capsys):
 
 def test_fewshot_command_line_writes_scalars_and_summary(workdir, capsys):
   path, model, params = workdir
-  assert fewshot_cli.main([f'--checkpoint={path}', '--model=testing', '--datasets=digits',
-                       '--shots=1,5', '--seeds=0,1']) == 0
+  assert (
+    fewshot_cli.main(
+      [f'--checkpoint={path}', '--model=testing', '--datasets=digits', '--shots=1,5', '--seeds=0,1']
+    )
+    == 0
+  )
   out = capsys.readouterr().out
   assert 'fewshot/digits_5shot' in out
   summary = json.load(open(os.path.join(path, 'summary.json')))
-  assert set(summary) == {'fewshot/digits_1shot', 'fewshot/digits_1shot-seed0',
-                          'fewshot/digits_1shot-seed1', 'fewshot/digits_5shot',
-                          'fewshot/digits_5shot-seed0', 'fewshot/digits_5shot-seed1'}
+  assert set(summary) == {
+    'fewshot/digits_1shot',
+    'fewshot/digits_1shot-seed0',
+    'fewshot/digits_1shot-seed1',
+    'fewshot/digits_5shot',
+    'fewshot/digits_5shot-seed0',
+    'fewshot/digits_5shot-seed1',
+  }
   assert summary['fewshot/digits_5shot'] == pytest.approx(
-      (summary['fewshot/digits_5shot-seed0'] + summary['fewshot/digits_5shot-seed1']) / 2)
+    (summary['fewshot/digits_5shot-seed0'] + summary['fewshot/digits_5shot-seed1']) / 2
+  )
   # Random features still carry the digits' pixels: far above chance (0.1) at 5 shots.
   assert summary['fewshot/digits_5shot'] > 0.3
   assert os.listdir(os.path.join(path, 'tensorboard'))

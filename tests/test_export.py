@@ -11,23 +11,26 @@ import os
 import subprocess
 import sys
 
+from conftest import ROOT
+from conftest import param_shapes
+from conftest import small_vit_config
+from conftest import subprocess_env
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 
 from vit_jax import checkpoint
-from vit_jax.interop import export
-from vit_jax.interop import torch_layout
-from vit_jax.interop import timm as interop_timm
+from vit_jax import export as export_cli
 from vit_jax import models
 from vit_jax.configs import models as model_configs
-from vit_jax import export as export_cli
+from vit_jax.interop import export
+from vit_jax.interop import timm as interop_timm
+from vit_jax.interop import torch_layout
 
 torch = pytest.importorskip('torch')
 try:
-  import timm  # pylint: disable=g-import-not-at-top
+  import timm
 except ImportError:
   timm = None  # CPU-only machines install it apart (README: Set-up)
 needs_timm = pytest.mark.skipif(timm is None, reason='timm is not installed (README: Set-up)')
@@ -35,29 +38,17 @@ transformers = pytest.importorskip('transformers')
 safetensors = pytest.importorskip('safetensors')
 safetensors_torch = pytest.importorskip('safetensors.torch')
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BOUND = 1e-5
 
 
-def small_config(name='ViT-Ti_16', hybrid_units=None, **overrides):
-  """A released architecture shrunk in depth and width; hybrids get one unit per stage."""
-  config = model_configs.MODEL_CONFIGS[name]
-  config.hidden_size = 24
-  config.transformer.update(num_layers=2, num_heads=3, mlp_dim=48)
-  if hybrid_units:
-    config.resnet = ml_collections.ConfigDict({'num_layers': hybrid_units, 'width_factor': 0.5})
-  config.update(overrides)
-  return config
-
-
 def random_flat(config, num_classes, size, seed=0):
-  model = models.VisionTransformer(num_classes=num_classes, **config)
-  shapes = jax.eval_shape(
-      lambda: model.init(jax.random.key(0), jnp.zeros((1, size, size, 3)), train=False))['params']
+  shapes = param_shapes(config, num_classes, size)
   rng = np.random.default_rng(seed)
   # LayerNorm / GroupNorm scales near 1 keep activations in a realistic range.
-  return {k: (0.05 * rng.normal(size=v.shape) + k.endswith('/scale')).astype(np.float32)
-          for k, v in checkpoint.flatten(shapes).items()}
+  return {
+    k: (0.05 * rng.normal(size=v.shape) + k.endswith('/scale')).astype(np.float32)
+    for k, v in checkpoint.flatten(shapes).items()
+  }
 
 
 def ours(config, flat, images):
@@ -104,23 +95,27 @@ def test_every_released_architecture_has_its_timm_name():
     for size in sizes:
       assert interop_timm.registered_name(config, size) in registered, (name, size)
   # A shrunk model under a released name is not that timm model.
-  assert interop_timm.registered_name(small_config(), 224) is None
+  assert interop_timm.registered_name(small_vit_config(), 224) is None
 
 
 # Every structure: ViT, gap, three- and four-stage hybrids, the largest hybrid.
-@pytest.mark.parametrize('name', ['ViT-Ti_16', 'ViT-B_16-gap', 'R50+ViT-B_16', 'R26+ViT-B_32',
-                                  'R50+ViT-L_32'])
+@pytest.mark.parametrize(
+  'name', ['ViT-Ti_16', 'ViT-B_16-gap', 'R50+ViT-B_16', 'R26+ViT-B_32', 'R50+ViT-L_32']
+)
 @needs_timm
 def test_timm_names_and_shapes_of_released_architectures(name):
   """Our mapping yields exactly timm.create_model(name).state_dict()'s keys and shapes."""
   config = model_configs.MODEL_CONFIGS[name]
   timm_name = interop_timm.registered_name(config, 224)
   kwargs = interop_timm.create_model_kwargs(config, 1000, 224)
-  theirs = {k: tuple(v.shape) for k, v in
-            timm.create_model(timm_name, device='meta', **kwargs).state_dict().items()}
+  theirs = {
+    k: tuple(v.shape)
+    for k, v in timm.create_model(timm_name, device='meta', **kwargs).state_dict().items()
+  }
   model = models.VisionTransformer(num_classes=1000, **config)
   shapes = jax.eval_shape(
-      lambda: model.init(jax.random.key(0), jnp.zeros((1, 224, 224, 3)), train=False))['params']
+    lambda: model.init(jax.random.key(0), jnp.zeros((1, 224, 224, 3)), train=False)
+  )['params']
   mapped = {}
   for key, s in checkpoint.flatten(shapes).items():
     name_, chunk = interop_timm.timm_name(key)
@@ -132,14 +127,17 @@ def test_timm_names_and_shapes_of_released_architectures(name):
   assert mapped == theirs
 
 
-@pytest.mark.parametrize('name,units,classifier,size', [
+@pytest.mark.parametrize(
+  'name,units,classifier,size',
+  [
     ('ViT-Ti_16', None, 'token', 32),
     ('ViT-B_16-gap', None, 'gap', 32),
     ('R50+ViT-B_16', (1, 1, 1), 'token', 64),
-])
+  ],
+)
 @needs_timm
 def test_timm_export_matches_timm_and_its_own_npz_loader(tmp_path, name, units, classifier, size):
-  config = small_config(name, hybrid_units=units)
+  config = small_vit_config(name, hybrid_units=units)
   assert config.classifier == classifier
   flat = random_flat(config, 7, size)
   npz = checkpoint.save_npz(checkpoint.unflatten(flat), tmp_path / 'model.npz')
@@ -159,13 +157,14 @@ def test_timm_export_matches_timm_and_its_own_npz_loader(tmp_path, name, units, 
 
   # timm's own reader of the public .npz layout, an independent mapping.
   reference = interop_timm.build_model(config, 7, size)
-  load_npz = timm.models.vision_transformer._load_weights  # pylint: disable=protected-access
+  load_npz = timm.models.vision_transformer._load_weights
   load_npz(reference, str(npz))
   for key, value in reference.state_dict().items():
     assert torch.equal(value, exported[key]), key
 
-  assert_flat_equal(interop_timm.from_timm(
-      {k: v.numpy() for k, v in exported.items()}, config, str(out)), flat)
+  assert_flat_equal(
+    interop_timm.from_timm({k: v.numpy() for k, v in exported.items()}, config, str(out)), flat
+  )
 
 
 @needs_timm
@@ -174,9 +173,16 @@ def test_timm_cli_writes_a_file_timm_create_model_loads_strictly(tmp_path, capsy
   flat = random_flat(config, 10, 224)
   checkpoint.save_npz(checkpoint.unflatten(flat), tmp_path / 'ti16.npz')
   out = tmp_path / 'ti16.safetensors'
-  assert run(('checkpoint', tmp_path / 'ti16.npz'), ('model', 'ViT-Ti_16'), ('format', 'timm'),
-             ('output', out)) == 0
-  assert 'timm.create_model(\'vit_tiny_patch16_224\'' in capsys.readouterr().out
+  assert (
+    run(
+      ('checkpoint', tmp_path / 'ti16.npz'),
+      ('model', 'ViT-Ti_16'),
+      ('format', 'timm'),
+      ('output', out),
+    )
+    == 0
+  )
+  assert "timm.create_model('vit_tiny_patch16_224'" in capsys.readouterr().out
 
   with safetensors.safe_open(str(out), 'np') as f:
     meta = f.metadata()
@@ -208,8 +214,10 @@ def test_import_a_timm_model_that_timm_initialised(tmp_path):
   x = images(32)
   with torch.no_grad():
     theirs = model(nchw(x)).numpy()
-  imported = [checkpoint.flatten(export.load(str(tmp_path / name), 'testing').loaded.params)
-              for name in ('timm.safetensors', 'timm.pth')]
+  imported = [
+    checkpoint.flatten(export.load(str(tmp_path / name), 'testing').loaded.params)
+    for name in ('timm.safetensors', 'timm.pth')
+  ]
   assert_flat_equal(*imported)
   assert relative_error(ours(config, imported[0], x), theirs) <= BOUND
 
@@ -229,8 +237,16 @@ def test_hf_folder_loads_with_from_pretrained_and_matches(tmp_path, capsys):
   labels = tmp_path / 'labels.txt'
   labels.write_text('cat\ndog\nbird\n')
   out = tmp_path / 'hf'
-  assert run(('checkpoint', npz), ('model', 'ViT-Demo_4'), ('format', 'hf'), ('output', out),
-             ('labels', labels)) == 0
+  assert (
+    run(
+      ('checkpoint', npz),
+      ('model', 'ViT-Demo_4'),
+      ('format', 'hf'),
+      ('output', out),
+      ('labels', labels),
+    )
+    == 0
+  )
   assert sorted(os.listdir(out)) == ['config.json', 'model.safetensors', 'preprocessor_config.json']
   # The Hub's (transformers 4.x) names, which 5.x converts on load.
   with safetensors.safe_open(str(out / 'model.safetensors'), 'np') as f:
@@ -239,7 +255,8 @@ def test_hf_folder_loads_with_from_pretrained_and_matches(tmp_path, capsys):
   assert 'vit.encoder.layer.0.output.dense.bias' in keys and 'classifier.weight' in keys
 
   model, info = transformers.ViTForImageClassification.from_pretrained(
-      str(out), output_loading_info=True)
+    str(out), output_loading_info=True
+  )
   assert not info['missing_keys'] and not info['unexpected_keys'] and not info['mismatched_keys']
   assert model.config.id2label == {0: 'cat', 1: 'dog', 2: 'bird'}
   x = images(16, n=3)
@@ -251,18 +268,29 @@ def test_hf_folder_loads_with_from_pretrained_and_matches(tmp_path, capsys):
   # What save_pretrained writes reads back bitwise, as does our own folder.
   model.save_pretrained(tmp_path / 'resaved')
   for folder in (out, tmp_path / 'resaved'):
-    assert run(('checkpoint', folder), ('model', 'ViT-Demo_4'), ('format', 'npz'),
-               ('output', tmp_path / 'back.npz')) == 0
+    assert (
+      run(
+        ('checkpoint', folder),
+        ('model', 'ViT-Demo_4'),
+        ('format', 'npz'),
+        ('output', tmp_path / 'back.npz'),
+      )
+      == 0
+    )
     assert_flat_equal(checkpoint.flatten(checkpoint.load(tmp_path / 'back.npz')), flat)
 
 
 def test_hf_preprocessor_reproduces_our_eval_preprocessing(tmp_path):
-  from vit_jax.evaluation import inference  # pylint: disable=g-import-not-at-top
-  from PIL import Image  # pylint: disable=g-import-not-at-top
+  from PIL import Image
+
+  from vit_jax.evaluation import inference
+
   config = model_configs.MODEL_CONFIGS['testing']
   _, npz = write_npz(tmp_path, config, 2, 64)
-  assert run(('checkpoint', npz), ('model', 'testing'), ('format', 'hf'),
-             ('output', tmp_path / 'hf')) == 0
+  assert (
+    run(('checkpoint', npz), ('model', 'testing'), ('format', 'hf'), ('output', tmp_path / 'hf'))
+    == 0
+  )
   processor = transformers.AutoImageProcessor.from_pretrained(str(tmp_path / 'hf'))
   for path in inference.builtin_images():
     with Image.open(path) as image:
@@ -272,9 +300,10 @@ def test_hf_preprocessor_reproduces_our_eval_preprocessing(tmp_path):
 
 
 def test_hf_pre_logits_become_the_pooler(tmp_path, capsys):
-  config = small_config(representation_size=20)
+  config = small_vit_config(representation_size=20)
   flat = random_flat(config, 7, 32)
-  from vit_jax.interop import hf as interop_hf  # pylint: disable=g-import-not-at-top
+  from vit_jax.interop import hf as interop_hf
+
   notes = interop_hf.save(flat, config, 32, str(tmp_path / 'hf'))
   assert any('head dropped' in n for n in notes)
   model = transformers.ViTModel.from_pretrained(str(tmp_path / 'hf')).eval()
@@ -289,10 +318,19 @@ def test_hf_pre_logits_become_the_pooler(tmp_path, capsys):
 def test_import_a_transformers_model_in_its_own_naming(tmp_path):
   """Weights initialised and named by transformers 5.x itself."""
   config = model_configs.MODEL_CONFIGS['testing']
-  hf = transformers.ViTForImageClassification(transformers.ViTConfig(
-      hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
-      image_size=32, patch_size=16, num_labels=4, hidden_act='gelu_new',
-      layer_norm_eps=1e-6)).eval()
+  hf = transformers.ViTForImageClassification(
+    transformers.ViTConfig(
+      hidden_size=16,
+      num_hidden_layers=1,
+      num_attention_heads=2,
+      intermediate_size=32,
+      image_size=32,
+      patch_size=16,
+      num_labels=4,
+      hidden_act='gelu_new',
+      layer_norm_eps=1e-6,
+    )
+  ).eval()
   with torch.no_grad():
     for p in hf.parameters():
       p.add_(0.05 * torch.randn_like(p))
@@ -315,8 +353,15 @@ def test_savedmodel_matches_in_tensorflow(tmp_path):
   tf = pytest.importorskip('tensorflow')
   config = model_configs.MODEL_CONFIGS['ViT-Demo_4']
   flat, npz = write_npz(tmp_path, config, 10, 16)
-  assert run(('checkpoint', npz), ('model', 'ViT-Demo_4'), ('format', 'savedmodel'),
-             ('output', tmp_path / 'sm')) == 0
+  assert (
+    run(
+      ('checkpoint', npz),
+      ('model', 'ViT-Demo_4'),
+      ('format', 'savedmodel'),
+      ('output', tmp_path / 'sm'),
+    )
+    == 0
+  )
   loaded = tf.saved_model.load(str(tmp_path / 'sm'))
   pixels = np.random.default_rng(2).integers(0, 256, (3, 16, 16, 3), dtype=np.uint8)
   x = (pixels / 127.5 - 1).astype(np.float32)
@@ -331,22 +376,30 @@ def test_savedmodel_matches_in_tensorflow(tmp_path):
 @needs_timm
 def test_onnx_with_pre_logits_matches_in_onnxruntime(tmp_path):
   # A ViT: the hybrid exports through the same timm module (tested above
-  # against timm) at 4x the export time (4.5e-7 measured, see README).
+  # against timm) at 4x the export time (4.5e-7 measured, see docs/checkpoints_and_export.md).
   ort = pytest.importorskip('onnxruntime')
   pytest.importorskip('onnxscript')
-  from vit_jax.interop import onnx  # pylint: disable=g-import-not-at-top
-  from vit_jax.evaluation import inference  # pylint: disable=g-import-not-at-top
-  config = small_config(representation_size=16)
+  from vit_jax.evaluation import inference
+  from vit_jax.interop import onnx
+
+  config = small_vit_config(representation_size=16)
   flat = random_flat(config, 5, 32)
-  loaded = inference.LoadedModel(models.VisionTransformer(num_classes=5, **config),
-                                 checkpoint.unflatten(flat), config, 32, 2, 16, 1)
+  loaded = inference.LoadedModel(
+    models.VisionTransformer(num_classes=5, **config),
+    checkpoint.unflatten(flat),
+    config,
+    32,
+    2,
+    16,
+    1,
+  )
   onnx.save(loaded, str(tmp_path / 'model.onnx'))
   session = ort.InferenceSession(str(tmp_path / 'model.onnx'))
   assert [i.name for i in session.get_inputs()] == ['images']
   x = images(32, n=3)
   expected = ours(config, flat, x)
   for n in (1, 3):  # the batch dimension is dynamic
-    logits, = session.run(['logits'], {'images': x[:n]})
+    (logits,) = session.run(['logits'], {'images': x[:n]})
     assert relative_error(expected[:n], logits) <= BOUND
 
 
@@ -368,8 +421,15 @@ def test_timm_export_of_pre_logits_is_the_feature_model(tmp_path, capsys):
   config = model_configs.MODEL_CONFIGS['testing']
   config.representation_size = 16
   _, npz = write_npz(tmp_path, config, 10, 32)
-  assert run(('checkpoint', npz), ('model', 'testing'), ('format', 'timm'),
-             ('output', tmp_path / 't.safetensors')) == 0
+  assert (
+    run(
+      ('checkpoint', npz),
+      ('model', 'testing'),
+      ('format', 'timm'),
+      ('output', tmp_path / 't.safetensors'),
+    )
+    == 0
+  )
   assert 'pre_logits and head dropped' in capsys.readouterr().out
   with safetensors.safe_open(str(tmp_path / 't.safetensors'), 'np') as f:
     assert not [k for k in f.keys() if k.startswith('head')]
@@ -389,26 +449,32 @@ def test_errors_are_one_line(tmp_path, capsys, monkeypatch):
   out = ('output', tmp_path / 'out')
   assert 'pass --model' in one_line_error(capsys, ('checkpoint', npz), ('format', 'npz'), out)
   assert 'did you mean ViT-B_16' in one_line_error(
-      capsys, ('checkpoint', npz), ('model', 'ViT-B_166'), ('format', 'npz'), out)
+    capsys, ('checkpoint', npz), ('model', 'ViT-B_166'), ('format', 'npz'), out
+  )
   assert 'check --model' in one_line_error(
-      capsys, ('checkpoint', npz), ('model', 'ViT-Ti_16'), ('format', 'npz'), out)
+    capsys, ('checkpoint', npz), ('model', 'ViT-Ti_16'), ('format', 'npz'), out
+  )
   assert 'no such checkpoint' in one_line_error(
-      capsys, ('checkpoint', tmp_path / 'nope.npz'), ('model', 'testing'), ('format', 'hf'), out)
+    capsys, ('checkpoint', tmp_path / 'nope.npz'), ('model', 'testing'), ('format', 'hf'), out
+  )
   bad = tmp_path / 'bad.safetensors'
   bad.write_bytes(b'not a safetensors file')
   assert 'not a readable .safetensors' in one_line_error(
-      capsys, ('checkpoint', bad), ('model', 'testing'), ('format', 'npz'), out)
+    capsys, ('checkpoint', bad), ('model', 'testing'), ('format', 'npz'), out
+  )
 
   hybrid = model_configs.MODEL_CONFIGS['R50+ViT-B_16']
   with pytest.raises(torch_layout.ExportError, match='no R\\+ViT hybrid'):
-    from vit_jax.interop import hf as interop_hf  # pylint: disable=g-import-not-at-top
+    from vit_jax.interop import hf as interop_hf
+
     interop_hf.check_exportable(hybrid)
   with pytest.raises(torch_layout.ExportError, match='class token only'):
     interop_hf.check_exportable(model_configs.MODEL_CONFIGS['ViT-B_16-gap'])
 
   monkeypatch.setitem(sys.modules, 'torch', None)  # as if torch were not installed
   assert 'pip install torch' in one_line_error(
-      capsys, ('checkpoint', npz), ('model', 'testing'), ('format', 'onnx'), out)
+    capsys, ('checkpoint', npz), ('model', 'testing'), ('format', 'onnx'), out
+  )
 
   with pytest.raises(SystemExit) as exit_info:
     run(('checkpoint', npz), ('model', 'testing'), ('format', 'tflite'), out)
@@ -421,15 +487,34 @@ def test_cli_runs_and_the_package_imports_without_optional_dependencies(tmp_path
   config = model_configs.MODEL_CONFIGS['testing']
   flat, npz = write_npz(tmp_path, config, 10, 32)
   result = subprocess.run(
-      [sys.executable, '-m', 'vit_jax.export', f'--checkpoint={npz}', '--model=testing',
-       '--format=npz', f'--output={tmp_path / "copy.npz"}'],
-      capture_output=True, text=True, cwd=ROOT, env={**os.environ, 'PYTHONPATH': ROOT},
-      check=False)
+    [
+      sys.executable,
+      '-m',
+      'vit_jax.export',
+      f'--checkpoint={npz}',
+      '--model=testing',
+      '--format=npz',
+      f'--output={tmp_path / "copy.npz"}',
+    ],
+    capture_output=True,
+    text=True,
+    cwd=ROOT,
+    env=subprocess_env(),
+    check=False,
+  )
   assert result.returncode == 0, result.stderr
   assert_flat_equal(checkpoint.flatten(checkpoint.load(tmp_path / 'copy.npz')), flat)
   heavy = subprocess.run(
-      [sys.executable, '-c', 'import sys, vit_jax.export; print(sorted(m for m in ("torch", '
-       '"timm", "transformers", "tensorflow", "onnx", "safetensors") if m in sys.modules))'],
-      capture_output=True, text=True, cwd=ROOT, env={**os.environ, 'PYTHONPATH': ROOT},
-      check=True)
+    [
+      sys.executable,
+      '-c',
+      'import sys, vit_jax.export; print(sorted(m for m in ("torch", '
+      '"timm", "transformers", "tensorflow", "onnx", "safetensors") if m in sys.modules))',
+    ],
+    capture_output=True,
+    text=True,
+    cwd=ROOT,
+    env=subprocess_env(),
+    check=True,
+  )
   assert heavy.stdout.strip() == '[]'

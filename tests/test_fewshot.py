@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 from sklearn.linear_model import RidgeClassifier
 
-from vit_jax.evaluation import fewshot
 from vit_jax import models
 from vit_jax.configs import models as model_configs
+from vit_jax.evaluation import fewshot
 
 
 def clustered(num_classes, per_class, dim, seed, spread=2.0):
@@ -28,12 +28,15 @@ def sklearn_predictions(train_x, train_y, test_x, l2_reg):
   return ridge.predict((test_x - mean) / std), ridge
 
 
-@pytest.mark.parametrize('num_classes,per_class,dim,l2_reg', [
+@pytest.mark.parametrize(
+  'num_classes,per_class,dim,l2_reg',
+  [
     (10, 1, 48, fewshot.DEFAULT_L2_REG),  # 1-shot: fewer points than dimensions
     (10, 25, 48, fewshot.DEFAULT_L2_REG),  # more points than dimensions
     (7, 5, 32, 0.01),  # weak regularisation: near-interpolation
     (2, 10, 16, 3.0),  # sklearn uses a single +-1 column for 2 classes
-])
+  ],
+)
 def test_predictions_match_sklearn_ridge_classifier(num_classes, per_class, dim, l2_reg):
   train_x, train_y = clustered(num_classes, per_class, dim, seed=0)
   test_x, _ = clustered(num_classes, 40, dim, seed=1, spread=0.5)  # many near-ties
@@ -57,8 +60,9 @@ def test_fit_path_equals_separate_fits_and_closed_form():
     np.testing.assert_allclose(clf.kernel, w, rtol=1e-8, atol=1e-10)
     np.testing.assert_allclose(clf.bias, t.mean(0))
   # Targets: +1 for the class, -1 elsewhere.
-  np.testing.assert_array_equal(fewshot.signed_one_hot(np.array([2, 0]), 3),
-                                [[-1, -1, 1], [1, -1, -1]])
+  np.testing.assert_array_equal(
+    fewshot.signed_one_hot(np.array([2, 0]), 3), [[-1, -1, 1], [1, -1, -1]]
+  )
 
 
 def test_sample_shots_counts_nesting_and_seeds():
@@ -77,8 +81,9 @@ def test_fewshot_accuracy_per_seed_and_mean():
   train_x, train_y = clustered(5, 40, 24, seed=0)
   test_x, test_y = clustered(5, 20, 24, seed=0)  # same centres
   test_x, test_y = test_x[::2], test_y[::2]
-  results = fewshot.fewshot_accuracy(train_x, train_y, test_x, test_y, num_classes=5,
-                                     shots=(1, 10), seeds=(0, 1, 2))
+  results = fewshot.fewshot_accuracy(
+    train_x, train_y, test_x, test_y, num_classes=5, shots=(1, 10), seeds=(0, 1, 2)
+  )
   assert sorted(results) == [1, 10]
   for shots, result in results.items():
     expected = []
@@ -126,11 +131,17 @@ def test_extract_features_are_what_the_head_reads(representation_size):
   shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), images, train=False))['params']
   rng = np.random.default_rng(0)
   params = jax.tree.map(lambda s: rng.normal(0, 0.3, s.shape).astype(np.float32), shapes)
-  batches = [{'image': images[:3], 'label': np.array([0, 1, 2]), 'mask': np.array([1, 0, 1])},
-             {'image': images[3:], 'label': np.eye(6)[[4, 5]]}]  # one-hot labels too
+  batches = [
+    {'image': images[:3], 'label': np.array([0, 1, 2]), 'mask': np.array([1, 0, 1])},
+    {'image': images[3:], 'label': np.eye(6)[[4, 5]]},
+  ]  # one-hot labels too
   features, labels = fewshot.extract_features(model, params, batches)
   np.testing.assert_array_equal(labels, [0, 2, 4, 5])
   assert features.shape == (4, representation_size or 16)
   logits = model.apply({'params': params}, images, train=False)
-  np.testing.assert_allclose(features @ params['head']['kernel'] + params['head']['bias'],
-                             np.asarray(logits)[[0, 2, 3, 4]], rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(
+    features @ params['head']['kernel'] + params['head']['bias'],
+    np.asarray(logits)[[0, 2, 3, 4]],
+    rtol=1e-5,
+    atol=1e-5,
+  )

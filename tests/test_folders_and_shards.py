@@ -4,20 +4,26 @@ import json
 import logging
 import os
 
-import jax
-import ml_collections
+from conftest import batch_sharding
+from conftest import data_config
 import numpy as np
-import pytest
 from PIL import Image
+import pytest
 
+from vit_jax import jft
 from vit_jax.data import pipeline
 from vit_jax.data import shards
-from vit_jax import jft
 
 # Class colours: after any crop/flip/resize an image keeps its colour.
 _COLOURS = {'cat': (200, 30, 30), 'dog': (30, 200, 30), 'eel': (30, 30, 200)}
-_FORMATS = [('jpg', 'RGB'), ('png', 'L'), ('png', 'RGBA'), ('bmp', 'RGB'), ('gif', 'RGB'),
-            ('JPEG', 'RGB')]
+_FORMATS = [
+  ('jpg', 'RGB'),
+  ('png', 'L'),
+  ('png', 'RGBA'),
+  ('bmp', 'RGB'),
+  ('gif', 'RGB'),
+  ('JPEG', 'RGB'),
+]
 
 
 def _image(colour, mode, rng, size=(40, 30)):
@@ -47,24 +53,14 @@ def _corrupt(root):
   good = os.path.join(root, 'train', 'dog', '0.jpg')
   data = open(good, 'rb').read()
   with open(os.path.join(root, 'train', 'dog', 'truncated.jpg'), 'wb') as f:
-    f.write(data[:len(data) // 2])
+    f.write(data[: len(data) // 2])
   with open(os.path.join(root, 'train', 'cat', 'garbage.png'), 'wb') as f:
     f.write(b'this is not a png' * 10)
 
 
 def _config(dataset, **pp):
-  config = pipeline.add_data_config(ml_collections.ConfigDict())
-  config.dataset = str(dataset)
-  config.pp.crop = 8
-  config.batch = 6
-  config.batch_eval = 5
-  config.pp.update(pp)
-  return config
-
-
-def _sharding():
-  mesh = jax.make_mesh((jax.device_count(),), ('data',))
-  return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('data'))
+  pp = {f'pp.{k}': v for k, v in pp.items()}
+  return data_config(dataset, **{'batch': 6, 'batch_eval': 5, 'pp.crop': 8, **pp})
 
 
 def _colour_class(images):
@@ -78,7 +74,7 @@ def test_folder_formats_labels_and_exact_eval(tmp_path):
   info = pipeline.get_info(config)
   assert (info.num_train, info.num_test, info.num_classes) == (18, 12, 3)
   assert info.class_names == ['cat', 'dog', 'eel']
-  it = pipeline.make_train_iterator(config, _sharding())
+  it = pipeline.make_train_iterator(config, batch_sharding())
   for _ in range(4):
     batch = next(it)
     assert batch['image'].shape == (6, 8, 8, 3)
@@ -86,7 +82,7 @@ def test_folder_formats_labels_and_exact_eval(tmp_path):
     rgb = np.asarray(batch['image'])
     grey = np.ptp(rgb.mean(axis=(1, 2)), axis=-1) < 0.05
     np.testing.assert_array_equal(_colour_class(rgb)[~grey], np.asarray(batch['label'])[~grey])
-  batches = list(pipeline.make_eval_iterator(config, _sharding()))
+  batches = list(pipeline.make_eval_iterator(config, batch_sharding()))
   mask = np.concatenate([b['mask'] for b in batches])
   labels = np.concatenate([b['label'] for b in batches])
   assert len(mask) == 15 and mask.sum() == 12
@@ -96,9 +92,10 @@ def test_folder_formats_labels_and_exact_eval(tmp_path):
 def test_rgba_and_grey_become_rgb_like_pil(tmp_path):
   root = make_folder(tmp_path / 'f', splits=(('train', 3), ('test', 3)))
   config = _config(root, crop=40)  # no resize: 40x30 -> 40x40 only stretches rows
-  batches = list(pipeline.make_eval_iterator(config, _sharding()))
+  batches = list(pipeline.make_eval_iterator(config, batch_sharding()))
   images = np.round((np.concatenate([b['image'] for b in batches]) + 1) * 127.5)
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf
+
   for k in (1, 2):  # the grey PNG and the RGBA PNG (lossless, unlike the JPEG)
     name = os.path.join(root, 'test', 'cat', f'{k}.png')
     rgb = np.asarray(Image.open(name).convert('RGB'))
@@ -114,7 +111,7 @@ def test_corrupt_files_are_skipped_counted_and_named(tmp_path, caplog):
   assert info.num_train == 18  # 20 files, 2 left out
   assert 'skipped 2 corrupt image(s) of 20' in caplog.text
   assert 'truncated.jpg' in caplog.text and 'garbage.png' in caplog.text
-  batch = next(pipeline.make_train_iterator(_config(root), _sharding()))
+  batch = next(pipeline.make_train_iterator(_config(root), batch_sharding()))
   assert batch['image'].shape == (6, 8, 8, 3)
 
 
@@ -149,21 +146,33 @@ def test_shards_from_folder_round_trip(tmp_path, file_format):
   root = make_folder(tmp_path / 'src')
   out = tmp_path / 'shards'
   for split in ('train', 'test'):
-    jft.main(['--folder', str(root / split), '--out', str(out), '--split', split,
-              '--shards', '3', '--format', file_format])
+    jft.main(
+      [
+        '--folder',
+        str(root / split),
+        '--out',
+        str(out),
+        '--split',
+        split,
+        '--shards',
+        '3',
+        '--format',
+        file_format,
+      ]
+    )
   info = json.load(open(out / 'info.json'))
   assert info['class_names'] == ['cat', 'dog', 'eel'] and info['file_format'] == file_format
   assert [f['num_examples'] for f in info['splits']['train']] == [6, 6, 6]
   config = _config(out)
   data_info = pipeline.get_info(config)
   assert data_info.multi_label and (data_info.num_train, data_info.num_test) == (18, 12)
-  batch = next(pipeline.make_train_iterator(config, _sharding()))
+  batch = next(pipeline.make_train_iterator(config, batch_sharding()))
   label = np.asarray(batch['label'])
   assert label.shape == (6, 3) and np.all(label.sum(1) == 1)  # multi-hot of one class
   rgb = np.asarray(batch['image'])
   grey = np.ptp(rgb.mean(axis=(1, 2)), axis=-1) < 0.05
   np.testing.assert_array_equal(_colour_class(rgb)[~grey], label.argmax(1)[~grey])
-  seen = np.concatenate([b['label'] for b in pipeline.make_eval_iterator(config, _sharding())])
+  seen = np.concatenate([b['label'] for b in pipeline.make_eval_iterator(config, batch_sharding())])
   assert seen[:12].sum(0).tolist() == [4, 4, 4]
 
 
@@ -173,10 +182,21 @@ def test_shards_from_csv_keep_every_label(tmp_path):
   lines = [f'{f.relative_to(tmp_path)},{i % 5};{(i * 3) % 7}' for i, f in enumerate(files)]
   (tmp_path / 'labels.csv').write_text('\n'.join(lines) + '\n')
   out = tmp_path / 'shards'
-  jft.main(['--csv', str(tmp_path / 'labels.csv'), '--out', str(out), '--num_classes', '7',
-            '--shards', '2'])
+  jft.main(
+    [
+      '--csv',
+      str(tmp_path / 'labels.csv'),
+      '--out',
+      str(out),
+      '--num_classes',
+      '7',
+      '--shards',
+      '2',
+    ]
+  )
   source = shards.open_split(str(out), 'train')
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf
+
   records = source.read(tf.range(source.num_examples, dtype=tf.int64))['record'].numpy()
   got = {}
   for record in records:
@@ -194,10 +214,10 @@ def test_truncated_shard_is_named(tmp_path):
   jft.main(['--folder', str(root / 'train'), '--out', str(out), '--shards', '2'])
   shard = out / 'train-00001-of-00002.tfrecord'
   data = shard.read_bytes()
-  shard.write_bytes(data[:len(data) - 100])
+  shard.write_bytes(data[: len(data) - 100])
   config = _config(out, train='train[6:]')  # only the second shard
   with pytest.raises(pipeline.DataError, match='train-00001-of-00002.tfrecord: truncated'):
-    next(pipeline.make_train_iterator(config, _sharding()))
+    next(pipeline.make_train_iterator(config, batch_sharding()))
 
 
 def test_bad_csv_line_is_named(tmp_path):

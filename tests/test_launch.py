@@ -18,8 +18,13 @@ LAUNCH = ROOT / 'launch'
 
 
 def launch(script, *args, env=None, check=True):
-  result = subprocess.run([sys.executable, str(LAUNCH / script), *args], capture_output=True,
-                          text=True, env={**os.environ, **(env or {})}, check=False)
+  result = subprocess.run(
+    [sys.executable, str(LAUNCH / script), *args],
+    capture_output=True,
+    text=True,
+    env={**os.environ, **(env or {})},
+    check=False,
+  )
   if check:
     assert result.returncode == 0, result.stderr
   return result
@@ -40,24 +45,35 @@ def fake_tools(tmp_path, *names):
   bin_dir.mkdir(exist_ok=True)
   for name in names:
     tool = bin_dir / name
-    tool.write_text('#!/usr/bin/env python3\nimport os, shlex, sys\n'
-                    f'open({str(tmp_path / "calls")!r}, "a").write(shlex.join('
-                    '[os.path.basename(sys.argv[0])] + sys.argv[1:]) + "\\n")\n')
+    tool.write_text(
+      '#!/usr/bin/env python3\nimport os, shlex, sys\n'
+      f'open({str(tmp_path / "calls")!r}, "a").write(shlex.join('
+      '[os.path.basename(sys.argv[0])] + sys.argv[1:]) + "\\n")\n'
+    )
     tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
   return {'PATH': f'{bin_dir}{os.pathsep}{os.environ["PATH"]}', 'TMPDIR': str(tmp_path)}
 
 
-TPU_ARGS = ('--name=vit-b16', '--zone=us-central2-b', '--accelerator_type=v4-32',
-            '--workdir=gs://bucket/vit/b16', '--config=vit_jax/configs/demo.py',
-            '--project=my-project')
+TPU_ARGS = (
+  '--name=vit-b16',
+  '--zone=us-central2-b',
+  '--accelerator_type=v4-32',
+  '--workdir=gs://bucket/vit/b16',
+  '--config=vit_jax/configs/demo.py',
+  '--project=my-project',
+)
 
 
 def test_tpu_vm_dry_run():
   commands = dry_run('tpu_vm.py', *TPU_ARGS, '--spot', '--', '--config.batch=4096')
   create, archive, scp, install, run, mkdir, fetch = commands
   assert create[:6] == ['gcloud', 'compute', 'tpus', 'tpu-vm', 'create', 'vit-b16']
-  assert flags(create) == {'--zone': 'us-central2-b', '--project': 'my-project',
-                           '--accelerator-type': 'v4-32', '--version': 'tpu-ubuntu2204-base'}
+  assert flags(create) == {
+    '--zone': 'us-central2-b',
+    '--project': 'my-project',
+    '--accelerator-type': 'v4-32',
+    '--version': 'tpu-ubuntu2204-base',
+  }
   assert '--spot' in create
 
   # The committed tree goes to every worker and is installed with the TPU extra.
@@ -72,13 +88,22 @@ def test_tpu_vm_dry_run():
   assert run[4:6] == ['ssh', 'vit-b16'] and '--worker=all' in run
   remote = shlex.split(flags(run)['--command'].split(' && ', 1)[1])
   assert remote[:3] == ['python3', '-m', 'vit_jax.main']
-  assert flags(remote) == {'--workdir': 'gs://bucket/vit/b16',
-                           '--config': 'vit_jax/configs/demo.py', '--config.batch': '4096'}
+  assert flags(remote) == {
+    '--workdir': 'gs://bucket/vit/b16',
+    '--config': 'vit_jax/configs/demo.py',
+    '--config.batch': '4096',
+  }
   assert mkdir == ['mkdir', '-p', 'results']
-  assert fetch == ['gcloud', 'storage', 'cp', 'gs://bucket/vit/b16/summary.json',
-                   'gs://bucket/vit/b16/params.npz', 'results']
+  assert fetch == [
+    'gcloud',
+    'storage',
+    'cp',
+    'gs://bucket/vit/b16/summary.json',
+    'gs://bucket/vit/b16/params.npz',
+    'results',
+  ]
 
-  delete, = dry_run('tpu_vm.py', 'delete', *TPU_ARGS)
+  (delete,) = dry_run('tpu_vm.py', 'delete', *TPU_ARGS)
   assert delete[4:6] == ['delete', 'vit-b16'] and '--quiet' in delete
 
   # Detached: the run outlives ssh, `logs` reads worker 0's log, nothing is fetched yet.
@@ -87,29 +112,34 @@ def test_tpu_vm_dry_run():
   command = flags(detached[-1])['--command']
   assert command.startswith('cd vit_jax && nohup python3 -m vit_jax.main ')
   assert command.endswith(' > run.log 2>&1 < /dev/null &')
-  logs, = dry_run('tpu_vm.py', 'logs', *TPU_ARGS)
+  (logs,) = dry_run('tpu_vm.py', 'logs', *TPU_ARGS)
   assert '--worker=0' in logs and flags(logs)['--command'] == 'tail -n 100 vit_jax/run.log'
 
 
 def test_tpu_vm_runs_exactly_its_dry_run(tmp_path):
   env = fake_tools(tmp_path, 'gcloud')
-  expected = launch('tpu_vm.py', *TPU_ARGS, 'create', 'install', 'run', 'fetch', '--dry-run',
-                    env=env).stdout
+  expected = launch(
+    'tpu_vm.py', *TPU_ARGS, 'create', 'install', 'run', 'fetch', '--dry-run', env=env
+  ).stdout
   launch('tpu_vm.py', *TPU_ARGS, 'create', 'install', 'run', 'fetch', env=env)
   gcloud_lines = [line for line in expected.splitlines() if line.startswith('gcloud')]
   assert (tmp_path / 'calls').read_text().splitlines() == gcloud_lines
   # git archive really ran: the tarball holds the committed tree.
-  listing = subprocess.run(['tar', 'tzf', str(tmp_path / 'vit-b16-vit_jax-src.tar.gz')],
-                           capture_output=True, text=True, check=True).stdout.split()
+  listing = subprocess.run(
+    ['tar', 'tzf', str(tmp_path / 'vit-b16-vit_jax-src.tar.gz')],
+    capture_output=True,
+    text=True,
+    check=True,
+  ).stdout.split()
   assert 'vit_jax/vit_jax/main.py' in listing and 'vit_jax/setup.py' in listing
 
 
 def test_tpu_vm_errors_are_one_line():
   for args, message in [
-      (('--workdir=/tmp/run',), 'share no disk'),
-      (('--workdir=gs://b/r', '--accelerator_type=v4'), 'such as v4-8'),
-      (('--workdir=gs://b/r', 'launch'), "unknown action 'launch'"),
-      (('--workdir=gs://b/r', '--', '--batch=8'), 'only --config.FIELD=VALUE'),
+    (('--workdir=/tmp/run',), 'share no disk'),
+    (('--workdir=gs://b/r', '--accelerator_type=v4'), 'such as v4-8'),
+    (('--workdir=gs://b/r', 'launch'), "unknown action 'launch'"),
+    (('--workdir=gs://b/r', '--', '--batch=8'), 'only --config.FIELD=VALUE'),
   ]:
     result = launch('tpu_vm.py', '--name=n', '--zone=z', *args, '--dry-run', check=False)
     assert result.returncode == 2 and message in result.stderr
@@ -118,8 +148,16 @@ def test_tpu_vm_errors_are_one_line():
 
 def test_slurm_dry_run_and_the_script_under_srun(tmp_path):
   workdir = tmp_path / 'run'
-  args = ('--nodes=4', '--gpus_per_node=8', f'--workdir={workdir}', '--partition=gpu',
-          '--time=02:00:00', f'--venv={tmp_path / "venv"}', '--', '--config.batch=4096')
+  args = (
+    '--nodes=4',
+    '--gpus_per_node=8',
+    f'--workdir={workdir}',
+    '--partition=gpu',
+    '--time=02:00:00',
+    f'--venv={tmp_path / "venv"}',
+    '--',
+    '--config.batch=4096',
+  )
   output = launch('slurm.py', '--dry-run', *args).stdout
   heredoc, submit = output.split('\nEOF\n')
   header, script = heredoc.split('\n', 1)
@@ -127,12 +165,23 @@ def test_slurm_dry_run_and_the_script_under_srun(tmp_path):
   assert shlex.split(header) == ['cat', '>', path, '<<EOF']
   assert shlex.split(submit) == ['sbatch', path]
 
-  directives = dict((line[len('#SBATCH '):] + '=').split('=')[:2] for line in script.splitlines()
-                    if line.startswith('#SBATCH '))
-  assert directives == {'--job-name': 'vit_jax', '--nodes': '4', '--ntasks-per-node': '8',
-                        '--gpus-per-node': '8', '--cpus-per-task': '8', '--time': '02:00:00',
-                        '--output': f'{workdir}/slurm-%j.out', '--partition': 'gpu',
-                        '--signal': 'TERM@300', '--requeue': ''}
+  directives = dict(
+    (line[len('#SBATCH ') :] + '=').split('=')[:2]
+    for line in script.splitlines()
+    if line.startswith('#SBATCH ')
+  )
+  assert directives == {
+    '--job-name': 'vit_jax',
+    '--nodes': '4',
+    '--ntasks-per-node': '8',
+    '--gpus-per-node': '8',
+    '--cpus-per-task': '8',
+    '--time': '02:00:00',
+    '--output': f'{workdir}/slurm-%j.out',
+    '--partition': 'gpu',
+    '--signal': 'TERM@300',
+    '--requeue': '',
+  }
   srun = shlex.split(script.splitlines()[-1])
   assert srun[:5] == ['srun', '--kill-on-bad-exit=1', 'python', '-m', 'vit_jax.main']
   assert flags(srun[5:]) == {'--workdir': str(workdir), '--config.batch': '4096'}
@@ -155,20 +204,37 @@ def test_gpu_box_dry_runs(tmp_path):
   assert local[0] == ['python3', '-m', 'venv', str(ROOT / '.venv')]
   assert local[1] == [venv_python, '-m', 'pip', 'install', '-q', '-e', f'{ROOT}[gpu]']
   assert local[2][:2] == [venv_python, '-c'] and 'jax.devices("gpu")' in local[2][2]
-  assert local[3] == [venv_python, '-m', 'vit_jax.main', '--workdir=runs/b16',
-                      '--config=vit_jax/configs/demo.py']
+  assert local[3] == [
+    venv_python,
+    '-m',
+    'vit_jax.main',
+    '--workdir=runs/b16',
+    '--config=vit_jax/configs/demo.py',
+  ]
 
   remote = dry_run('gpu_box.py', '--host=me@box', '--workdir=runs/b16', '--', '--config.batch=256')
   archive, scp, setup, run, mkdir, fetch = remote
-  assert archive[3] == 'archive' and scp == ['scp', archive[archive.index('-o') + 1],
-                                             'me@box:vit_jax-src.tar.gz']
+  assert archive[3] == 'archive' and scp == [
+    'scp',
+    archive[archive.index('-o') + 1],
+    'me@box:vit_jax-src.tar.gz',
+  ]
   assert setup[:2] == ['ssh', 'me@box'] and 'pip install -q -e ".[gpu]"' in setup[2]
   steps = run[2].split(' && ')
   assert run[:2] == ['ssh', 'me@box'] and steps[0] == 'cd vit_jax'
-  assert shlex.split(steps[-1]) == ['.venv/bin/python', '-m', 'vit_jax.main',
-                                    '--workdir=runs/b16', '--config.batch=256']
-  assert fetch == ['scp', 'me@box:vit_jax/runs/b16/summary.json',
-                   'me@box:vit_jax/runs/b16/params.npz', 'results']
+  assert shlex.split(steps[-1]) == [
+    '.venv/bin/python',
+    '-m',
+    'vit_jax.main',
+    '--workdir=runs/b16',
+    '--config.batch=256',
+  ]
+  assert fetch == [
+    'scp',
+    'me@box:vit_jax/runs/b16/summary.json',
+    'me@box:vit_jax/runs/b16/params.npz',
+    'results',
+  ]
 
   env = fake_tools(tmp_path, 'ssh', 'scp')
   args = ('--host=me@box', '--workdir=runs/b16', 'setup', 'run')

@@ -11,19 +11,19 @@ from vit_jax.configs import models as model_configs
 
 # ../shared/REFERENCE.md section 1: 1000 classes, 224 px, no pre-logits.
 REFERENCE_PARAM_COUNTS = {
-    'ViT-Ti_16': 5_717_416,
-    'ViT-S_16': 22_050_664,
-    'ViT-S_32': 22_878_952,
-    'ViT-B_8': 86_576_872,
-    'ViT-B_16': 86_567_656,
-    'ViT-B_32': 88_224_232,
-    'ViT-L_16': 304_326_632,
-    'ViT-L_32': 306_535_400,
-    'ViT-H_14': 632_045_800,
-    'R50+ViT-B_16': 98_659_112,
-    'R26+ViT-B_32': 101_383_976,
-    'R50+ViT-L_32': 328_994_856,
-    'ViT-B_16-gap': 86_566_120,
+  'ViT-Ti_16': 5_717_416,
+  'ViT-S_16': 22_050_664,
+  'ViT-S_32': 22_878_952,
+  'ViT-B_8': 86_576_872,
+  'ViT-B_16': 86_567_656,
+  'ViT-B_32': 88_224_232,
+  'ViT-L_16': 304_326_632,
+  'ViT-L_32': 306_535_400,
+  'ViT-H_14': 632_045_800,
+  'R50+ViT-B_16': 98_659_112,
+  'R26+ViT-B_32': 101_383_976,
+  'R50+ViT-L_32': 328_994_856,
+  'ViT-B_16-gap': 86_566_120,
 }
 
 
@@ -50,8 +50,14 @@ def closed_form_count(config, num_classes=1000, size=224):
   p = config.patches.size[0]
   tokens = (size // p) ** 2 + (config.classifier in ('token', 'token_unpooled'))
   block = 2 * 2 * d + (4 * d * d + 4 * d) + (d * m + m + m * d + d)
-  return (p * p * 3 * d + d) + (d if tokens > (size // p) ** 2 else 0) + tokens * d \
-      + config.transformer.num_layers * block + 2 * d + (d * num_classes + num_classes)
+  return (
+    (p * p * 3 * d + d)
+    + (d if tokens > (size // p) ** 2 else 0)
+    + tokens * d
+    + config.transformer.num_layers * block
+    + 2 * d
+    + (d * num_classes + num_classes)
+  )
 
 
 @pytest.mark.parametrize('name', sorted(model_configs.MODEL_CONFIGS))
@@ -90,19 +96,19 @@ def test_vit_b16_checkpoint_layout():
   keys = checkpoint.flatten(param_shapes('ViT-B_16', representation_size=768, num_classes=21843))
   block = 'Transformer/encoderblock_11/'
   expected = {
-      'cls': (1, 1, 768),
-      'embedding/kernel': (16, 16, 3, 768),
-      'Transformer/posembed_input/pos_embedding': (1, 197, 768),
-      block + 'LayerNorm_0/scale': (768,),
-      block + 'MultiHeadDotProductAttention_1/query/kernel': (768, 12, 64),
-      block + 'MultiHeadDotProductAttention_1/value/bias': (12, 64),
-      block + 'MultiHeadDotProductAttention_1/out/kernel': (12, 64, 768),
-      block + 'LayerNorm_2/bias': (768,),
-      block + 'MlpBlock_3/Dense_0/kernel': (768, 3072),
-      block + 'MlpBlock_3/Dense_1/kernel': (3072, 768),
-      'Transformer/encoder_norm/scale': (768,),
-      'pre_logits/kernel': (768, 768),
-      'head/kernel': (768, 21843),
+    'cls': (1, 1, 768),
+    'embedding/kernel': (16, 16, 3, 768),
+    'Transformer/posembed_input/pos_embedding': (1, 197, 768),
+    block + 'LayerNorm_0/scale': (768,),
+    block + 'MultiHeadDotProductAttention_1/query/kernel': (768, 12, 64),
+    block + 'MultiHeadDotProductAttention_1/value/bias': (12, 64),
+    block + 'MultiHeadDotProductAttention_1/out/kernel': (12, 64, 768),
+    block + 'LayerNorm_2/bias': (768,),
+    block + 'MlpBlock_3/Dense_0/kernel': (768, 3072),
+    block + 'MlpBlock_3/Dense_1/kernel': (3072, 768),
+    'Transformer/encoder_norm/scale': (768,),
+    'pre_logits/kernel': (768, 768),
+    'head/kernel': (768, 21843),
   }
   for key, shape in expected.items():
     assert keys[key].shape == shape, key
@@ -135,16 +141,24 @@ def test_head_is_zero_initialised_with_bias_init():
   np.testing.assert_array_equal(params['cls'], 0)
 
 
-@pytest.mark.parametrize('classifier, shape', [
-    ('token', (2, 32)), ('gap', (2, 32)), ('unpooled', (2, 16, 32)), ('token_unpooled', (2, 17, 32))])
+@pytest.mark.parametrize(
+  'classifier, shape',
+  [
+    ('token', (2, 32)),
+    ('gap', (2, 32)),
+    ('unpooled', (2, 16, 32)),
+    ('token_unpooled', (2, 17, 32)),
+  ],
+)
 def test_classifier_outputs(classifier, shape):
   model = models.VisionTransformer(num_classes=None, **_tiny(classifier=classifier))
   images = jax.random.uniform(jax.random.key(1), (2, 16, 16, 3), minval=-1, maxval=1)
   params = _random_params(model, images)
   features = model.apply({'params': params}, images, train=False)
   assert features.shape == shape
-  tokens = model.apply({'params': params}, images, train=False,
-                       mutable=['intermediates'])[1]['intermediates']
+  tokens = model.apply({'params': params}, images, train=False, mutable=['intermediates'])[1][
+    'intermediates'
+  ]
   if classifier == 'gap':
     # Mean over the final (normalised) tokens; recompute it from the last block.
     last = tokens['Transformer']['encoderblock_1']['tokens'][0]
@@ -182,6 +196,7 @@ def test_attention_implementations_agree_in_values_and_gradients():
     def loss(p, model=model):
       logits = model.apply({'params': p}, images, train=False)
       return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], 1))
+
     results.append(jax.value_and_grad(loss)(params))
   (value_a, grads_a), (value_b, grads_b) = results
   np.testing.assert_allclose(value_a, value_b, rtol=1e-6)
@@ -192,7 +207,8 @@ def test_attention_implementations_agree_in_values_and_gradients():
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6 * scale)
   with pytest.raises(ValueError, match='attention='):
     models.VisionTransformer(num_classes=7, attention='flash', **_tiny()).init(
-        jax.random.key(0), images, train=False)
+      jax.random.key(0), images, train=False
+    )
 
 
 def test_bfloat16_compute_float32_params():
@@ -204,15 +220,19 @@ def test_bfloat16_compute_float32_params():
   init_bf16 = bf16.init(jax.random.key(0), images, train=False)['params']
   assert {x.dtype for x in jax.tree.leaves(init_bf16)} == {jnp.dtype('float32')}
 
-  logits, state = bf16.apply({'params': params}, images, train=False,
-                             capture_intermediates=True, mutable=['intermediates'])
+  logits, state = bf16.apply(
+    {'params': params}, images, train=False, capture_intermediates=True, mutable=['intermediates']
+  )
   assert logits.dtype == jnp.float32
   # Every layer's output (Dense, Conv, LayerNorm, attention, blocks) is bf16;
   # the attention's projection holders return their float32 parameters.
   layer_dtypes = {
-      path: x[0].dtype for path, x in checkpoint.flatten(state['intermediates']).items()
-      if path.endswith('__call__') and path != '__call__'
-      and not path.endswith(('query/__call__', 'key/__call__', 'value/__call__', 'out/__call__'))}
+    path: x[0].dtype
+    for path, x in checkpoint.flatten(state['intermediates']).items()
+    if path.endswith('__call__')
+    and path != '__call__'
+    and not path.endswith(('query/__call__', 'key/__call__', 'value/__call__', 'out/__call__'))
+  }
   assert len(layer_dtypes) > 20
   assert set(layer_dtypes.values()) == {jnp.dtype('bfloat16')}, layer_dtypes
   reference = f32.apply({'params': params}, images, train=False)
@@ -228,7 +248,7 @@ def test_remat_gives_same_values_and_gradients():
 
   def loss(model, p):
     out = model.apply({'params': p}, images, train=True, rngs={'dropout': jax.random.key(5)})
-    return jnp.sum(out ** 2)
+    return jnp.sum(out**2)
 
   v1, g1 = jax.value_and_grad(lambda p: loss(plain, p))(params)
   v2, g2 = jax.value_and_grad(lambda p: loss(remat, p))(params)
@@ -237,18 +257,26 @@ def test_remat_gives_same_values_and_gradients():
 
 
 def test_dropout_is_active_only_in_training():
-  config = _tiny(transformer={**_tiny().transformer, 'dropout_rate': 0.5,
-                              'attention_dropout_rate': 0.5})
+  config = _tiny(
+    transformer={**_tiny().transformer, 'dropout_rate': 0.5, 'attention_dropout_rate': 0.5}
+  )
   model = models.VisionTransformer(num_classes=3, **config)
   images = jax.random.uniform(jax.random.key(6), (2, 16, 16, 3), minval=-1, maxval=1)
   params = _random_params(model, images)
-  run = lambda seed: model.apply({'params': params}, images, train=True,  # noqa: E731
-                                 rngs={'dropout': jax.random.key(seed)})
+  run = lambda seed: model.apply(
+    {'params': params},
+    images,
+    train=True,  # noqa: E731
+    rngs={'dropout': jax.random.key(seed)},
+  )
   assert not np.allclose(run(0), run(1))
-  np.testing.assert_array_equal(model.apply({'params': params}, images, train=False),
-                                model.apply({'params': params}, images, train=False))
+  np.testing.assert_array_equal(
+    model.apply({'params': params}, images, train=False),
+    model.apply({'params': params}, images, train=False),
+  )
 
 
+@pytest.mark.slow
 def test_hybrid_forward():
   config = model_configs.MODEL_CONFIGS['R26+ViT-B_32']
   config.hidden_size = 32

@@ -10,8 +10,8 @@ import pytest
 
 from vit_jax import checkpoint
 from vit_jax import models
-from vit_jax.models import mpp
 from vit_jax.configs import models as model_configs
+from vit_jax.models import mpp
 
 
 def tiled(colours, patch=4):
@@ -21,15 +21,14 @@ def tiled(colours, patch=4):
 
 
 def test_colour_targets_of_hand_made_patches():
-  image = tiled([[[-1, -1, -1], [1, 1, 1], [1, -1, -1]],
-                 [[-1, 1, -1], [-1, -1, 1], [0, 0, 0]]])
+  image = tiled([[[-1, -1, -1], [1, 1, 1], [1, -1, -1]], [[-1, 1, -1], [-1, -1, 1], [0, 0, 0]]])
   # black, white, red = 7*64, green = 7*8, blue = 7, mid-grey = 4*64 + 4*8 + 4
-  np.testing.assert_array_equal(mpp.colour_targets(image, (4, 4)),
-                                [[0, 511, 448, 56, 7, 292]])
+  np.testing.assert_array_equal(mpp.colour_targets(image, (4, 4)), [[0, 511, 448, 56, 7, 292]])
   # Level boundaries: level k holds means in [-1 + k/4, -1 + (k+1)/4).
   edges = tiled([[[-0.25, -0.2500001, 0.75], [0.9999, -0.75, -0.7500001]]])
-  np.testing.assert_array_equal(mpp.colour_targets(edges, (4, 4)),
-                                [[3 * 64 + 2 * 8 + 7, 7 * 64 + 1 * 8 + 0]])
+  np.testing.assert_array_equal(
+    mpp.colour_targets(edges, (4, 4)), [[3 * 64 + 2 * 8 + 7, 7 * 64 + 1 * 8 + 0]]
+  )
 
 
 def test_colour_targets_use_the_patch_mean():
@@ -39,7 +38,7 @@ def test_colour_targets_use_the_patch_mean():
   for b in range(2):
     for i in range(2):
       for j in range(3):
-        mean = image[b, 4 * i:4 * i + 4, 4 * j:4 * j + 4].mean(axis=(0, 1))
+        mean = image[b, 4 * i : 4 * i + 4, 4 * j : 4 * j + 4].mean(axis=(0, 1))
         r, g, bl = (min(int((m + 1) / 2 * 8), 7) for m in mean)
         expected[b, 3 * i + j] = r * 64 + g * 8 + bl
   np.testing.assert_array_equal(mpp.colour_targets(image, (4, 4)), expected)
@@ -80,10 +79,11 @@ def test_apply_corruption_replaces_exactly_the_chosen_positions():
   x = jnp.arange(2 * 4 * 3, dtype=jnp.float32).reshape(2, 4, 3)
   token = jnp.full((1, 1, 3), -7.0)
   c = mpp.Corruption(
-      corrupted=jnp.array([[1, 1, 1, 0], [0, 1, 0, 1]], bool),
-      masked=jnp.array([[1, 0, 0, 0], [0, 0, 0, 1]], bool),
-      replaced=jnp.array([[0, 1, 0, 0], [0, 1, 0, 0]], bool),
-      source=jnp.array([[1, 3, 0, 0], [1, 2, 3, 0]], jnp.int32))
+    corrupted=jnp.array([[1, 1, 1, 0], [0, 1, 0, 1]], bool),
+    masked=jnp.array([[1, 0, 0, 0], [0, 0, 0, 1]], bool),
+    replaced=jnp.array([[0, 1, 0, 0], [0, 1, 0, 0]], bool),
+    source=jnp.array([[1, 3, 0, 0], [1, 2, 3, 0]], jnp.int32),
+  )
   out = np.asarray(mpp.apply_corruption(x, c, token))
   expected = np.asarray(x).copy()
   expected[0, 0] = -7.0
@@ -108,8 +108,7 @@ def test_loss_counts_corrupted_positions_only():
   log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
   nll = -np.take_along_axis(log_probs, targets[..., None], -1)[..., 0]
   assert float(loss) == pytest.approx(nll[weights].mean(), rel=1e-5)
-  assert float(metrics['accuracy']) == pytest.approx(
-      (logits.argmax(-1) == targets)[weights].mean())
+  assert float(metrics['accuracy']) == pytest.approx((logits.argmax(-1) == targets)[weights].mean())
   assert int(metrics['num_corrupted']) == weights.sum()
   # Uniform logits: log(512).
   uniform = mpp.masked_cross_entropy(np.zeros_like(logits), targets, weights)[0]
@@ -137,7 +136,8 @@ def test_mpp_learns_to_fill_in_patches_from_their_context():
   @jax.jit
   def step(params, opt_state, rng):
     grads, metrics = jax.grad(mpp.loss_fn, has_aux=True)(
-        params, images, rng, model=model, train=True)
+      params, images, rng, model=model, train=True
+    )
     updates, opt_state = tx.update(grads, opt_state)
     return optax.apply_updates(params, updates), opt_state, metrics
 
@@ -169,8 +169,9 @@ def test_mpp_checkpoint_fine_tunes_as_a_classifier(tmp_path, capsys):
   assert 're-initialised  head/kernel (32, 10)' in table
 
   # The classifier's encoder computes what the MPP encoder computed, uncorrupted.
-  _, mpp_state = mpp_model.apply({'params': mpp_params}, images, train=False,
-                                 mutable=['intermediates'])
+  _, mpp_state = mpp_model.apply(
+    {'params': mpp_params}, images, train=False, mutable=['intermediates']
+  )
   _, vit_state = model.apply({'params': params}, images, train=False, mutable=['intermediates'])
   last = lambda s: s['intermediates']['Transformer']['encoderblock_1']['tokens'][0]  # noqa: E731
   np.testing.assert_allclose(last(vit_state), last(mpp_state), rtol=1e-6, atol=1e-6)

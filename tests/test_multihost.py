@@ -8,11 +8,12 @@ import sys
 import textwrap
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from vit_jax.data import pipeline
 
-_WORKER = textwrap.dedent('''
+_WORKER = textwrap.dedent("""
     import json, sys
     import jax
     jax.config.update('jax_cpu_collectives_implementation', 'gloo')
@@ -51,7 +52,7 @@ _WORKER = textwrap.dedent('''
     print('RESULT' + json.dumps({'read': read, 'shapes': shapes, 'eval_seen': seen,
                                  'eval_batches': len(masks),
                                  'eval_shape': list(masks[0].shape)}))
-''')
+""")
 
 
 def _free_port():
@@ -60,16 +61,29 @@ def _free_port():
     return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_two_processes_read_disjoint_parts_into_one_global_batch(tmp_path):
   script = tmp_path / 'worker.py'
   script.write_text(_WORKER)
   port = str(_free_port())
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  env = {**os.environ, 'PYTHONPATH': repo, 'JAX_PLATFORMS': 'cpu', 'TF_CPP_MIN_LOG_LEVEL': '3',
-         'XLA_FLAGS': ''}
-  procs = [subprocess.Popen([sys.executable, str(script), port, str(i)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-           for i in range(2)]
+  env = {
+    **os.environ,
+    'PYTHONPATH': repo,
+    'JAX_PLATFORMS': 'cpu',
+    'TF_CPP_MIN_LOG_LEVEL': '3',
+    'XLA_FLAGS': '',
+  }
+  procs = [
+    subprocess.Popen(
+      [sys.executable, str(script), port, str(i)],
+      env=env,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+    )
+    for i in range(2)
+  ]
   results = []
   for proc in procs:
     out, err = proc.communicate(timeout=240)
@@ -77,11 +91,20 @@ def test_two_processes_read_disjoint_parts_into_one_global_batch(tmp_path):
     results.append(json.loads(out.split('RESULT', 1)[1]))
 
   # The examples a single process would put in the first three global batches.
-  order_key = pipeline._keys(0)[0]  # pylint: disable=protected-access
-  expected = np.concatenate([
-      pipeline.train_indices(tf.constant(s, tf.int64), global_batch=32, local_batch=32,
-                                   offset=0, num_examples=1438, order_key=order_key)[1].numpy()
-      for s in range(3)]).reshape(3, 2, 16)
+  order_key = pipeline._keys(0)[0]
+  expected = np.concatenate(
+    [
+      pipeline.train_indices(
+        tf.constant(s, tf.int64),
+        global_batch=32,
+        local_batch=32,
+        offset=0,
+        num_examples=1438,
+        order_key=order_key,
+      )[1].numpy()
+      for s in range(3)
+    ]
+  ).reshape(3, 2, 16)
   for p, result in enumerate(results):
     assert result['shapes'] == [[32, 16, 16, 3]] * 3  # global batch = config.batch
     read = np.array(result['read']).reshape(3, 16)  # 16 local examples per step

@@ -21,21 +21,31 @@ def test_there_are_notebooks_and_they_are_committed_without_outputs():
         assert not cell.outputs and cell.execution_count is None, path.name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('path', NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_runs_on_cpu(path, tmp_path, monkeypatch):
   notebook = nbformat.read(path, as_version=4)
   # The kernel inherits the environment: this checkout on the path, a CPU backend,
   # and temporary files under tmp_path.
-  monkeypatch.setenv('PYTHONPATH', os.pathsep.join(
-      [str(ROOT)] + [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p]))
+  monkeypatch.setenv(
+    'PYTHONPATH',
+    os.pathsep.join(
+      [str(ROOT)] + [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p]
+    ),
+  )
   monkeypatch.setenv('JAX_PLATFORMS', 'cpu')
   monkeypatch.setenv('TMPDIR', str(tmp_path))
   monkeypatch.setenv('MPLBACKEND', 'Agg')
-  client = nbclient.NotebookClient(notebook, timeout=300, kernel_name='python3',
-                                   resources={'metadata': {'path': str(tmp_path)}})
+  client = nbclient.NotebookClient(
+    notebook, timeout=300, kernel_name='python3', resources={'metadata': {'path': str(tmp_path)}}
+  )
   client.execute()
-  text = '\n'.join(output.get('text', '') for cell in notebook.cells
-                   for output in cell.get('outputs', []) if output.get('name') == 'stdout')
+  text = '\n'.join(
+    output.get('text', '')
+    for cell in notebook.cells
+    for output in cell.get('outputs', [])
+    if output.get('name') == 'stdout'
+  )
   assert 'demo model on CPU' in text
   assert 'fine-tuned 30 steps on digits' in text
   # The exported transformers model computes the same logits.

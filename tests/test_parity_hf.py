@@ -21,23 +21,28 @@ transformers = pytest.importorskip('transformers')
 def hf_config(config, num_classes, image_size):
   patch = config.patches.size[0]
   return transformers.ViTConfig(
-      hidden_size=config.hidden_size, num_hidden_layers=config.transformer.num_layers,
-      num_attention_heads=config.transformer.num_heads,
-      intermediate_size=config.transformer.mlp_dim, image_size=image_size, patch_size=patch,
-      num_labels=num_classes, layer_norm_eps=1e-6,
-      hidden_act='gelu_pytorch_tanh')  # the original uses the tanh approximation of GELU
+    hidden_size=config.hidden_size,
+    num_hidden_layers=config.transformer.num_layers,
+    num_attention_heads=config.transformer.num_heads,
+    intermediate_size=config.transformer.mlp_dim,
+    image_size=image_size,
+    patch_size=patch,
+    num_labels=num_classes,
+    layer_norm_eps=1e-6,
+    hidden_act='gelu_pytorch_tanh',
+  )  # the original uses the tanh approximation of GELU
 
 
 def hf_state_dict(flat, config, prefix='vit.'):
   """Maps a flat public-layout checkpoint onto transformers' ViT names."""
   d = config.hidden_size
   sd = {
-      'embeddings.cls_token': flat['cls'],
-      'embeddings.position_embeddings': flat['Transformer/posembed_input/pos_embedding'],
-      'embeddings.patch_embeddings.projection.weight': flat['embedding/kernel'].transpose(3, 2, 0, 1),
-      'embeddings.patch_embeddings.projection.bias': flat['embedding/bias'],
-      'layernorm.weight': flat['Transformer/encoder_norm/scale'],
-      'layernorm.bias': flat['Transformer/encoder_norm/bias'],
+    'embeddings.cls_token': flat['cls'],
+    'embeddings.position_embeddings': flat['Transformer/posembed_input/pos_embedding'],
+    'embeddings.patch_embeddings.projection.weight': flat['embedding/kernel'].transpose(3, 2, 0, 1),
+    'embeddings.patch_embeddings.projection.bias': flat['embedding/bias'],
+    'layernorm.weight': flat['Transformer/encoder_norm/scale'],
+    'layernorm.bias': flat['Transformer/encoder_norm/bias'],
   }
   for i in range(config.transformer.num_layers):
     block, hf = f'Transformer/encoderblock_{i}/', f'layers.{i}.'
@@ -63,7 +68,8 @@ def hf_state_dict(flat, config, prefix='vit.'):
 def random_npz(tmp_path, config, num_classes, size, seed=0):
   model = models.VisionTransformer(num_classes=num_classes, **config)
   shapes = jax.eval_shape(
-      lambda: model.init(jax.random.key(0), jnp.zeros((1, size, size, 3)), train=False))['params']
+    lambda: model.init(jax.random.key(0), jnp.zeros((1, size, size, 3)), train=False)
+  )['params']
   rng = np.random.default_rng(seed)
   params = jax.tree.map(lambda s: (0.05 * rng.normal(size=s.shape)).astype(np.float32), shapes)
   # LayerNorm scales near 1 keep activations in a realistic range.

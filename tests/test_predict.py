@@ -8,14 +8,14 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 from PIL import Image
+import pytest
 
 from vit_jax import checkpoint
-from vit_jax.evaluation import inference
 from vit_jax import models
-from vit_jax.configs import models as model_configs
 from vit_jax import predict
+from vit_jax.configs import models as model_configs
+from vit_jax.evaluation import inference
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -40,8 +40,9 @@ def test_names_follow_the_sorted_wordnet_ids_of_independent_sources():
   timm_info = os.path.join(os.path.dirname(pytest.importorskip('timm').__file__), 'data', '_info')
   tfds = pytest.importorskip('tensorflow_datasets')
   read = lambda *parts: pathlib.Path(*parts).read_text(encoding='utf-8')  # noqa: E731
-  lemma = dict(line.split('\t') for line in
-               read(timm_info, 'imagenet_synset_to_lemma.txt').splitlines())
+  lemma = dict(
+    line.split('\t') for line in read(timm_info, 'imagenet_synset_to_lemma.txt').splitlines()
+  )
   tfds_1k = read(os.path.dirname(tfds.__file__), 'datasets', 'imagenet2012', 'labels.txt').split()
   ids_21k = read(timm_info, 'imagenet21k_goog_synsets.txt').split()
   assert tfds_1k == sorted(tfds_1k) and ids_21k == sorted(ids_21k) and len(set(ids_21k)) == 21843
@@ -83,19 +84,26 @@ def test_image_files_expands_directories_and_commas(tmp_path):
     (tmp_path / name).write_bytes(b'')
   one = str(tmp_path / 'b.png')
   assert inference.image_files([str(tmp_path), f'{one},{one}']) == [
-      str(tmp_path / 'a.JPG'), one, one, one]
+    str(tmp_path / 'a.JPG'),
+    one,
+    one,
+    one,
+  ]
 
 
-@pytest.mark.parametrize('name,stride', [('R50+ViT-B_16', 16), ('R26+ViT-B_32', 32),
-                                         ('R50+ViT-L_32', 32), ('ViT-B_8', 8)])
+@pytest.mark.parametrize(
+  'name,stride', [('R50+ViT-B_16', 16), ('R26+ViT-B_32', 32), ('R50+ViT-L_32', 32), ('ViT-B_8', 8)]
+)
 def test_pixels_per_patch_is_the_token_stride(name, stride):
   config = model_configs.MODEL_CONFIGS[name]
   assert inference.pixels_per_patch(config) == stride
   model = models.VisionTransformer(num_classes=None, **config)
-  shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros((1, 128, 128, 3)),
-                                             train=False))['params']
-  assert shapes['Transformer']['posembed_input']['pos_embedding'].shape[1] == \
-      1 + (128 // stride) ** 2
+  shapes = jax.eval_shape(
+    lambda: model.init(jax.random.key(0), jnp.zeros((1, 128, 128, 3)), train=False)
+  )['params']
+  assert (
+    shapes['Transformer']['posembed_input']['pos_embedding'].shape[1] == 1 + (128 // stride) ** 2
+  )
 
 
 def write_checkpoint(path, num_classes, size=48, favourites=(), config_name='testing', **kw):
@@ -103,8 +111,9 @@ def write_checkpoint(path, num_classes, size=48, favourites=(), config_name='tes
   config = model_configs.MODEL_CONFIGS[config_name]
   config.update(kw)
   model = models.VisionTransformer(num_classes=num_classes, **config)
-  shapes = jax.eval_shape(lambda: model.init(
-      jax.random.key(0), jnp.zeros((1, size, size, 3)), train=False))['params']
+  shapes = jax.eval_shape(
+    lambda: model.init(jax.random.key(0), jnp.zeros((1, size, size, 3)), train=False)
+  )['params']
   rng = np.random.default_rng(0)
   params = jax.tree.map(lambda s: rng.normal(0, 0.02, s.shape).astype(np.float32), shapes)
   params['head']['kernel'] = np.zeros_like(params['head']['kernel'])
@@ -125,8 +134,10 @@ def test_load_model_reads_classes_and_resolution(tmp_path):
   loaded = inference.load_model(path, 'testing')
   assert loaded.model.num_classes == 7 and loaded.config.representation_size == 8
   assert (loaded.image_size, loaded.grid_size, loaded.pixels_per_patch) == (48, 3, 16)
-  with pytest.raises(checkpoint.CheckpointError,
-                     match=r'encoder_norm/bias has shape \(16,\), the model expects \(192,\)'):
+  with pytest.raises(
+    checkpoint.CheckpointError,
+    match=r'encoder_norm/bias has shape \(16,\), the model expects \(192,\)',
+  ):
     inference.load_model(path, 'ViT-Ti_16')
   with pytest.raises(checkpoint.CheckpointError, match='not 0 class token.* check --model'):
     inference.load_model(path, 'ViT-Ti_16-gap')
@@ -145,8 +156,10 @@ def test_predict_prints_imagenet_names(tmp_path, capsys):
   assert 'tabby, tabby cat  (class 281)' in lines[2]
   assert 'tench, Tinca tinca' in lines[3]
   assert lines[5].endswith('toilet tissue, toilet paper, bathroom tissue  (class 999)')
-  assert float(lines[1].split()[1].rstrip('%')) == pytest.approx(100 / (1 + np.exp(-1) + np.exp(
-      -2) + np.exp(-3) + np.exp(-4) + np.exp(-5) + 994 * np.exp(-20)), abs=0.01)
+  assert float(lines[1].split()[1].rstrip('%')) == pytest.approx(
+    100 / (1 + np.exp(-1) + np.exp(-2) + np.exp(-3) + np.exp(-4) + np.exp(-5) + 994 * np.exp(-20)),
+    abs=0.01,
+  )
 
 
 def test_predict_21k_names_and_custom_labels(tmp_path, capsys):
@@ -159,8 +172,10 @@ def test_predict_21k_names_and_custom_labels(tmp_path, capsys):
   path = write_checkpoint(tmp_path / 'three.npz', 3, favourites=(2,))
   labels = tmp_path / 'labels.txt'
   labels.write_text('red\ngreen\nblue\n')
-  assert predict.main([f'--checkpoint={path}', '--model=testing', f'--labels={labels}',
-                       image, image]) == 0
+  assert (
+    predict.main([f'--checkpoint={path}', '--model=testing', f'--labels={labels}', image, image])
+    == 0
+  )
   out = capsys.readouterr().out.splitlines()
   assert len(out) == 2 * 4 and out[1].endswith('blue  (class 2)') and 'class_' not in out[2]
 
@@ -171,14 +186,20 @@ def test_cli_errors_are_one_line_without_traceback(tmp_path):
   broken = tmp_path / 'broken.png'
   broken.write_bytes(b'garbage')
   cases = [
-      ([f'--checkpoint={tmp_path / "nope.npz"}', '--model=testing', image], 'no such checkpoint'),
-      ([f'--checkpoint={path}', '--model=ViT-B_16', image], 'the model expects (768,)'),
-      ([f'--checkpoint={path}', '--model=testing', str(broken)], 'not a readable image'),
+    ([f'--checkpoint={tmp_path / "nope.npz"}', '--model=testing', image], 'no such checkpoint'),
+    ([f'--checkpoint={path}', '--model=ViT-B_16', image], 'the model expects (768,)'),
+    ([f'--checkpoint={path}', '--model=testing', str(broken)], 'not a readable image'),
   ]
   env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS='cpu')
   for args, message in cases:
-    run = subprocess.run([sys.executable, '-m', 'vit_jax.predict', *args], capture_output=True,
-                         text=True, env=env, cwd=tmp_path, timeout=120)
+    run = subprocess.run(
+      [sys.executable, '-m', 'vit_jax.predict', *args],
+      capture_output=True,
+      text=True,
+      env=env,
+      cwd=tmp_path,
+      timeout=120,
+    )
     assert run.returncode == 1, run.stderr
     assert 'Traceback' not in run.stderr
     errors = [line for line in run.stderr.splitlines() if 'error:' in line]

@@ -1,9 +1,11 @@
 """Preprocessing and RandAugment against independent implementations (TF resize, PIL)."""
 
 import numpy as np
+from PIL import Image
+from PIL import ImageEnhance
+from PIL import ImageOps
 import pytest
 import tensorflow as tf
-from PIL import Image, ImageEnhance, ImageOps
 
 from vit_jax.data import preprocess
 from vit_jax.data import randaug
@@ -13,11 +15,14 @@ def test_batched_crop_resize_matches_per_image_tf_resize():
   rng = np.random.default_rng(0)
   images = rng.integers(0, 256, (16, 8, 8, 3), dtype=np.uint8)
   y, x, h, w = preprocess.inception_crop_window(
-      preprocess.random_uniforms(tf.constant([1, 2], tf.int64), [16]),
-      tf.fill([16], 8), tf.fill([16], 8), 0.3)
+    preprocess.random_uniforms(tf.constant([1, 2], tf.int64), [16]),
+    tf.fill([16], 8),
+    tf.fill([16], 8),
+    0.3,
+  )
   out = preprocess.crop_and_resize_batch(images, y, x, h, w, 20).numpy()
   for i in range(16):
-    crop = images[i, y[i]:y[i] + h[i], x[i]:x[i] + w[i]]
+    crop = images[i, y[i] : y[i] + h[i], x[i] : x[i] + w[i]]
     ref = preprocess.resize(crop, 20).numpy().astype(int)
     assert np.abs(out[i].astype(int) - ref).max() <= 1  # float rounding at .5 only
     assert np.mean(out[i] != ref) < 0.02
@@ -25,8 +30,10 @@ def test_batched_crop_resize_matches_per_image_tf_resize():
 
 def test_inception_windows_lie_inside_with_paper_area_and_aspect():
   u = preprocess.random_uniforms(tf.constant([3, 4], tf.int64), [4000])
-  y, x, h, w = [t.numpy() for t in preprocess.inception_crop_window(
-      u, tf.fill([4000], 375), tf.fill([4000], 500), 0.05)]
+  y, x, h, w = [
+    t.numpy()
+    for t in preprocess.inception_crop_window(u, tf.fill([4000], 375), tf.fill([4000], 500), 0.05)
+  ]
   assert np.all((y >= 0) & (x >= 0) & (y + h <= 375) & (x + w <= 500) & (h >= 1) & (w >= 1))
   area = h * w / (375 * 500)
   assert area.min() > 0.045 and area.max() <= 1.0
@@ -39,8 +46,9 @@ def test_inception_windows_lie_inside_with_paper_area_and_aspect():
 def test_decode_turns_grey_and_alpha_into_rgb():
   grey = np.arange(48, dtype=np.uint8).reshape(6, 8)
   encoded = tf.io.encode_png(grey[..., None])
-  np.testing.assert_array_equal(preprocess.decode(encoded).numpy(),
-                                np.repeat(grey[..., None], 3, -1))
+  np.testing.assert_array_equal(
+    preprocess.decode(encoded).numpy(), np.repeat(grey[..., None], 3, -1)
+  )
 
 
 def _image(seed=0):
@@ -50,15 +58,15 @@ def _image(seed=0):
 
 
 _PIL = {
-    'invert': lambda im, level: ImageOps.invert(im),
-    'solarize': lambda im, level: ImageOps.solarize(im, 256 - int(level / 10 * 256)),
-    'posterize': lambda im, level: ImageOps.posterize(im, max(1, int(level / 10 * 4))),
-    'autocontrast': lambda im, level: ImageOps.autocontrast(im),
-    'equalize': lambda im, level: ImageOps.equalize(im),
-    'color': lambda im, level: ImageEnhance.Color(im).enhance(level / 10 * 1.8 + 0.1),
-    'contrast': lambda im, level: ImageEnhance.Contrast(im).enhance(level / 10 * 1.8 + 0.1),
-    'brightness': lambda im, level: ImageEnhance.Brightness(im).enhance(level / 10 * 1.8 + 0.1),
-    'sharpness': lambda im, level: ImageEnhance.Sharpness(im).enhance(level / 10 * 1.8 + 0.1),
+  'invert': lambda im, level: ImageOps.invert(im),
+  'solarize': lambda im, level: ImageOps.solarize(im, 256 - int(level / 10 * 256)),
+  'posterize': lambda im, level: ImageOps.posterize(im, max(1, int(level / 10 * 4))),
+  'autocontrast': lambda im, level: ImageOps.autocontrast(im),
+  'equalize': lambda im, level: ImageOps.equalize(im),
+  'color': lambda im, level: ImageEnhance.Color(im).enhance(level / 10 * 1.8 + 0.1),
+  'contrast': lambda im, level: ImageEnhance.Contrast(im).enhance(level / 10 * 1.8 + 0.1),
+  'brightness': lambda im, level: ImageEnhance.Brightness(im).enhance(level / 10 * 1.8 + 0.1),
+  'sharpness': lambda im, level: ImageEnhance.Sharpness(im).enhance(level / 10 * 1.8 + 0.1),
 }
 
 
@@ -85,6 +93,8 @@ def test_randaugment_is_a_pure_function_of_its_seed():
   a = randaug.randaugment(image, tf.constant([5, 6], tf.int64), 2, 15).numpy()
   b = randaug.randaugment(image, tf.constant([5, 6], tf.int64), 2, 15).numpy()
   np.testing.assert_array_equal(a, b)
-  outs = {randaug.randaugment(image, tf.constant([5, s], tf.int64), 2, 15).numpy().tobytes()
-          for s in range(12)}
+  outs = {
+    randaug.randaugment(image, tf.constant([5, s], tf.int64), 2, 15).numpy().tobytes()
+    for s in range(12)
+  }
   assert len(outs) > 4

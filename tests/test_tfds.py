@@ -1,30 +1,19 @@
 """The TFDS path: mocked presets, real TFRecord/ArrayRecord preparations, errors."""
 
-import jax
-import ml_collections
+from conftest import batch_sharding
+from conftest import data_config
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
+from vit_jax import prepare as prepare_cli
 from vit_jax.configs import recipes
 from vit_jax.data import datasets
 from vit_jax.data import pipeline
-from vit_jax import prepare as prepare_cli
 
 
 def _config(dataset, **kw):
-  config = pipeline.add_data_config(ml_collections.ConfigDict())
-  config.dataset = dataset
-  config.pp.crop = 8
-  config.batch = 4
-  config.batch_eval = 3
-  config.update(kw)
-  return config
-
-
-def _sharding():
-  mesh = jax.make_mesh((jax.device_count(),), ('data',))
-  return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('data'))
+  return data_config(dataset, **{'batch': 4, 'batch_eval': 3, 'pp.crop': 8, **kw})
 
 
 def _fresh():
@@ -38,9 +27,9 @@ def test_cifar10_preset_with_mock_data():
     info = pipeline.get_info(config)
     assert (info.num_classes, info.num_test) == (10, 10)
     assert recipes.finetune_steps('cifar10') == 10_000
-    batch = next(pipeline.make_train_iterator(config, _sharding()))
+    batch = next(pipeline.make_train_iterator(config, batch_sharding()))
     assert batch['image'].shape == (4, 8, 8, 3) and batch['label'].dtype == np.int32
-    masks = [np.asarray(b['mask']) for b in pipeline.make_eval_iterator(config, _sharding())]
+    masks = [np.asarray(b['mask']) for b in pipeline.make_eval_iterator(config, batch_sharding())]
     assert len(masks) == 4 and sum(m.sum() for m in masks) == 10  # 10 = 3 + 3 + 3 + 1
   _fresh()
 
@@ -49,7 +38,7 @@ def test_imagenet_real_labels_are_multi_hot_and_empty_sets_masked():
   _fresh()
   with tfds.testing.mock_data(num_examples=5):
     config = _config('imagenet2012_real')
-    batches = list(pipeline.make_eval_iterator(config, _sharding()))
+    batches = list(pipeline.make_eval_iterator(config, batch_sharding()))
     label = np.concatenate([b['label'] for b in batches])
     assert label.shape == (6, 1000) and set(np.unique(label)) <= {0.0, 1.0}
     assert np.concatenate([b['mask'] for b in batches]).sum() == 5
@@ -63,19 +52,28 @@ def test_vtab_task_uses_the_1k_protocol_splits():
     # Mocked splits have 7 examples each: train800 -> 7, val200 -> 7.
     assert (info.num_classes, info.num_train) == (16, 14)
     assert recipes.finetune_steps('vtab/dsprites_orientation') == 2500
-    batch = next(pipeline.make_train_iterator(_config('vtab/dsprites_orientation'), _sharding()))
+    batch = next(
+      pipeline.make_train_iterator(_config('vtab/dsprites_orientation'), batch_sharding())
+    )
     assert np.all((0 <= np.asarray(batch['label'])) & (np.asarray(batch['label']) < 16))
   _fresh()
 
 
 class Tiny(tfds.core.GeneratorBasedBuilder):
   """A real, locally prepared TFDS dataset: solid images whose colour is the label."""
+
   VERSION = tfds.core.Version('1.0.0')
 
   def _info(self):
-    return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({
-        'image': tfds.features.Image(shape=(12, 10, 3)),
-        'label': tfds.features.ClassLabel(num_classes=5)}))
+    return tfds.core.DatasetInfo(
+      builder=self,
+      features=tfds.features.FeaturesDict(
+        {
+          'image': tfds.features.Image(shape=(12, 10, 3)),
+          'label': tfds.features.ClassLabel(num_classes=5),
+        }
+      ),
+    )
 
   def _split_generators(self, dl_manager):
     return {'train': self._generate_examples(23), 'test': self._generate_examples(7)}
@@ -95,7 +93,7 @@ def test_prepared_dataset_reads_every_example(tmp_path, file_format):
   config.pp.train = 'train[:20]'
   info = pipeline.get_info(config)
   assert (info.num_train, info.num_test, info.num_classes) == (20, 7, 5)
-  batches = list(pipeline.make_eval_iterator(config, _sharding(), split='train[:20]'))
+  batches = list(pipeline.make_eval_iterator(config, batch_sharding(), split='train[:20]'))
   images = np.concatenate([b['image'] for b in batches])
   labels = np.concatenate([b['label'] for b in batches])
   mask = np.concatenate([b['mask'] for b in batches])
@@ -105,8 +103,11 @@ def test_prepared_dataset_reads_every_example(tmp_path, file_format):
   np.testing.assert_array_equal(pixel, 40 * labels[mask == 1])
   # Same examples in the same order as TFDS's own reader.
   builder = tfds.builder('tiny', data_dir=str(tmp_path))
-  reference = (builder.as_dataset('train[:20]') if file_format == 'tfrecord'
-               else builder.as_data_source('train[:20]'))
+  reference = (
+    builder.as_dataset('train[:20]')
+    if file_format == 'tfrecord'
+    else builder.as_data_source('train[:20]')
+  )
   np.testing.assert_array_equal(labels[mask == 1], [int(e['label']) for e in reference])
   _fresh()
 
@@ -115,9 +116,13 @@ def test_unprepared_and_unknown_datasets_say_what_to_do(tmp_path):
   _fresh()
   with pytest.raises(pipeline.DataError, match=r"unknown dataset 'cifar11': did you mean cifar10"):
     pipeline.get_info(_config('cifar11'))
-  with pytest.raises(pipeline.DataError, match='cifar10: not prepared in .* run python -m vit_jax.prepare cifar10'):
+  with pytest.raises(
+    pipeline.DataError, match='cifar10: not prepared in .* run python -m vit_jax.prepare cifar10'
+  ):
     pipeline.get_info(_config('cifar10', tfds_data_dir=str(tmp_path)))
-  with pytest.raises(pipeline.DataError, match='imagenet2012: not prepared .*ILSVRC2012_img_train.tar'):
+  with pytest.raises(
+    pipeline.DataError, match='imagenet2012: not prepared .*ILSVRC2012_img_train.tar'
+  ):
     pipeline.get_info(_config('imagenet2012', tfds_data_dir=str(tmp_path)))
   with pytest.raises(pipeline.DataError, match='imagenet21k: no converted shards'):
     pipeline.get_info(_config('imagenet21k', tfds_data_dir=str(tmp_path)))
@@ -125,7 +130,11 @@ def test_unprepared_and_unknown_datasets_say_what_to_do(tmp_path):
 
 
 def test_prepare_names_the_missing_manual_download(tmp_path):
-  with pytest.raises(SystemExit, match=r'imagenet2012: manual download missing in .*ILSVRC2012_img_train.tar'):
+  with pytest.raises(
+    SystemExit, match=r'imagenet2012: manual download missing in .*ILSVRC2012_img_train.tar'
+  ):
     prepare_cli.main(['imagenet2012', '--data_dir', str(tmp_path), '--manual_dir', str(tmp_path)])
   with pytest.raises(SystemExit, match='imagenet21k: manual download missing'):
-    prepare_cli.main(['imagenet21k', '--data_dir', str(tmp_path), '--manual_dir', str(tmp_path / 'x')])
+    prepare_cli.main(
+      ['imagenet21k', '--data_dir', str(tmp_path), '--manual_dir', str(tmp_path / 'x')]
+    )

@@ -8,18 +8,25 @@ import numpy as np
 import optax
 import pytest
 
-from vit_jax.training import optim
 from vit_jax import sharding
-from vit_jax.training import steps
-from vit_jax.evaluation import metrics
 from vit_jax.configs import common
+from vit_jax.evaluation import metrics
+from vit_jax.training import optim
+from vit_jax.training import steps
 
 
 def small_config(**overrides):
   config = common.get_config()
   config.unlock()
-  config.update(model='testing', pp={**config.pp.to_dict(), 'crop': 16}, batch=16,
-                total_steps=100, warmup_steps=10, base_lr=1e-3, weight_decay=0.1)
+  config.update(
+    model='testing',
+    pp={**config.pp.to_dict(), 'crop': 16},
+    batch=16,
+    total_steps=100,
+    warmup_steps=10,
+    base_lr=1e-3,
+    weight_decay=0.1,
+  )
   config.update(overrides)
   return config
 
@@ -27,33 +34,41 @@ def small_config(**overrides):
 def setup(config, num_classes=5):
   task = steps.make_task(config, num_classes, multi_label=False)
   tx, schedule = optim.make_optimizer(config)
-  state = steps.init_state(jax.random.PRNGKey(0), model=task.model, tx=tx, image_size=16,
-                           ema=False)
+  state = steps.init_state(jax.random.PRNGKey(0), model=task.model, tx=tx, image_size=16, ema=False)
   # Non-zero head so the first step moves everything.
-  state = state.replace(params={**state.params, 'head': jax.tree.map(
-      lambda x: 0.1 * jnp.ones_like(x), state.params['head'])})
+  state = state.replace(
+    params={
+      **state.params,
+      'head': jax.tree.map(lambda x: 0.1 * jnp.ones_like(x), state.params['head']),
+    }
+  )
   mesh = sharding.make_mesh()
-  step = jax.jit(functools.partial(steps.train_step, task=task, tx=tx, schedule=schedule,
-                                   config=config))
+  step = jax.jit(
+    functools.partial(steps.train_step, task=task, tx=tx, schedule=schedule, config=config)
+  )
   return state, step, mesh
 
 
 def batch(n=16, seed=0, num_classes=5):
   rng = np.random.default_rng(seed)
-  return {'image': rng.uniform(-1, 1, (n, 16, 16, 3)).astype(np.float32),
-          'label': rng.integers(0, num_classes, n).astype(np.int32)}
+  return {
+    'image': rng.uniform(-1, 1, (n, 16, 16, 3)).astype(np.float32),
+    'label': rng.integers(0, num_classes, n).astype(np.int32),
+  }
 
 
 def test_softmax_cross_entropy_and_label_smoothing():
   logits = jnp.array([[2.0, 0.0, -1.0], [0.5, 0.5, 3.0]])
   labels = jnp.array([0, 2])
   expected = -np.mean([jax.nn.log_softmax(logits[0])[0], jax.nn.log_softmax(logits[1])[2]])
-  np.testing.assert_allclose(steps.cross_entropy(logits, labels, loss='softmax'), expected,
-                             rtol=1e-6)
+  np.testing.assert_allclose(
+    steps.cross_entropy(logits, labels, loss='softmax'), expected, rtol=1e-6
+  )
   smooth = steps.cross_entropy(logits, labels, loss='softmax', label_smoothing=0.3)
   targets = np.array([[0.8, 0.1, 0.1], [0.1, 0.1, 0.8]])
   np.testing.assert_allclose(
-      smooth, -np.mean(np.sum(targets * jax.nn.log_softmax(logits), -1)), rtol=1e-6)
+    smooth, -np.mean(np.sum(targets * jax.nn.log_softmax(logits), -1)), rtol=1e-6
+  )
 
 
 def test_sigmoid_cross_entropy_sums_classes():
@@ -61,8 +76,9 @@ def test_sigmoid_cross_entropy_sums_classes():
   multi_hot = jnp.array([[1.0, 0.0, 1.0]])
   p = 1 / (1 + np.exp(-np.array([2.0, -1.0, 0.0])))
   expected = -(np.log(p[0]) + np.log(1 - p[1]) + np.log(p[2]))
-  np.testing.assert_allclose(steps.cross_entropy(logits, multi_hot, loss='sigmoid'), expected,
-                             rtol=1e-6)
+  np.testing.assert_allclose(
+    steps.cross_entropy(logits, multi_hot, loss='sigmoid'), expected, rtol=1e-6
+  )
 
 
 @pytest.mark.parametrize('decay_type, end', [('linear', 0.0), ('cosine', 0.0)])
@@ -80,8 +96,11 @@ def test_schedule(decay_type, end):
 def test_weight_decay_applies_to_kernels_only():
   config = small_config(grad_norm_clip=0.0)
   tx, schedule = optim.make_optimizer(config)
-  params = {'dense': {'kernel': jnp.ones((2, 2)), 'bias': jnp.ones(2)},
-            'LayerNorm_0': {'scale': jnp.ones(2)}, 'cls': jnp.ones((1, 1, 2))}
+  params = {
+    'dense': {'kernel': jnp.ones((2, 2)), 'bias': jnp.ones(2)},
+    'LayerNorm_0': {'scale': jnp.ones(2)},
+    'cls': jnp.ones((1, 1, 2)),
+  }
   zero_grads = jax.tree.map(jnp.zeros_like, params)
   state = tx.init(params)
   for _ in range(11):  # to the end of warm-up: lr = 1e-3
@@ -93,8 +112,7 @@ def test_weight_decay_applies_to_kernels_only():
 
 
 def test_sgd_momentum_matches_optax_reference():
-  config = small_config(optimizer='sgd', weight_decay=0.0, grad_norm_clip=0.0,
-                        decay_type='cosine')
+  config = small_config(optimizer='sgd', weight_decay=0.0, grad_norm_clip=0.0, decay_type='cosine')
   tx, schedule = optim.make_optimizer(config)
   reference = optax.sgd(schedule, momentum=0.9)
   params = {'w': jnp.array([1.0, -2.0])}
@@ -107,8 +125,15 @@ def test_sgd_momentum_matches_optax_reference():
 
 
 def test_gradient_clipping_at_global_norm():
-  config = small_config(optimizer='sgd', momentum=0.0, weight_decay=0.0, grad_norm_clip=1.0,
-                        warmup_steps=0, decay_type='linear', base_lr=1.0)
+  config = small_config(
+    optimizer='sgd',
+    momentum=0.0,
+    weight_decay=0.0,
+    grad_norm_clip=1.0,
+    warmup_steps=0,
+    decay_type='linear',
+    base_lr=1.0,
+  )
   tx, _ = optim.make_optimizer(config)
   params = {'w': jnp.zeros(2)}
   updates, _ = tx.update({'w': jnp.array([30.0, 40.0])}, tx.init(params), params)
@@ -121,8 +146,9 @@ def test_accumulation_matches_one_big_batch():
   for accum in (1, 4):
     # Plain SGD: parameter differences are gradient differences (Adam's
     # normalisation would magnify rounding in near-zero gradients).
-    state, step, mesh = setup(small_config(accum_steps=accum, optimizer='sgd', momentum=0.0,
-                                           base_lr=0.1))
+    state, step, mesh = setup(
+      small_config(accum_steps=accum, optimizer='sgd', momentum=0.0, base_lr=0.1)
+    )
     with jax.set_mesh(mesh):
       for _ in range(3):
         state, metrics = step(state, data)
@@ -158,37 +184,53 @@ def test_ema_tracks_params():
   config = small_config(ema_decay=0.5)
   task = steps.make_task(config, 5, multi_label=False)
   tx, schedule = optim.make_optimizer(config)
-  state = steps.init_state(jax.random.PRNGKey(0), model=task.model, tx=tx, image_size=16,
-                           ema=True)
-  step = jax.jit(functools.partial(steps.train_step, task=task, tx=tx, schedule=schedule,
-                                   config=config))
+  state = steps.init_state(jax.random.PRNGKey(0), model=task.model, tx=tx, image_size=16, ema=True)
+  step = jax.jit(
+    functools.partial(steps.train_step, task=task, tx=tx, schedule=schedule, config=config)
+  )
   with jax.set_mesh(sharding.make_mesh()):
     new_state, _ = step(state, batch(16))
-  for e, p0, p1 in zip(*(jax.tree.leaves(t) for t in
-                         (new_state.ema_params, state.params, new_state.params))):
+  for e, p0, p1 in zip(
+    *(jax.tree.leaves(t) for t in (new_state.ema_params, state.params, new_state.params))
+  ):
     np.testing.assert_allclose(e, 0.5 * p0 + 0.5 * p1, rtol=1e-6, atol=1e-7)
 
 
 def test_fsdp_rule():
   assert sharding.fsdp_spec((768, 3072), 4, 1024) == jax.sharding.PartitionSpec(None, 'fsdp')
   assert sharding.fsdp_spec((768,), 4, 1024) == jax.sharding.PartitionSpec()  # too small
-  assert sharding.fsdp_spec((1, 197, 768), 4, 1024) == jax.sharding.PartitionSpec(None, None, 'fsdp')
+  assert sharding.fsdp_spec((1, 197, 768), 4, 1024) == jax.sharding.PartitionSpec(
+    None, None, 'fsdp'
+  )
   assert sharding.fsdp_spec((7, 5), 2, 1) == jax.sharding.PartitionSpec()  # nothing divides
   assert sharding.fsdp_spec((768, 3072), 1, 1) == jax.sharding.PartitionSpec()
 
 
 def test_classification_counts_top1_top5_and_masks():
-  logits = jnp.array([[5., 4., 3., 2., 1., 0.],    # label 0: top-1
-                      [5., 4., 3., 2., 1., 0.],    # label 4: top-5 only
-                      [5., 4., 3., 2., 1., 0.],    # label 5: neither
-                      [0., 0., 0., 0., 0., 9.]])   # padding (mask 0), "correct"
+  logits = jnp.array(
+    [
+      [5.0, 4.0, 3.0, 2.0, 1.0, 0.0],  # label 0: top-1
+      [5.0, 4.0, 3.0, 2.0, 1.0, 0.0],  # label 4: top-5 only
+      [5.0, 4.0, 3.0, 2.0, 1.0, 0.0],  # label 5: neither
+      [0.0, 0.0, 0.0, 0.0, 0.0, 9.0],
+    ]
+  )  # padding (mask 0), "correct"
   labels = jnp.array([0, 4, 5, 5])
-  mask = jnp.array([1., 1., 1., 0.])
+  mask = jnp.array([1.0, 1.0, 1.0, 0.0])
   counts = metrics.classification_counts(logits, labels, mask, multi_label=False)
   assert {k: float(v) for k, v in counts.items()} == {
-      'correct': 1.0, 'count': 3.0, 'correct_top5': 2.0}
-  multi_hot = jnp.array([[0., 1., 0., 0., 0., 0.], [1., 0., 0., 0., 0., 1.],
-                         [0., 0., 0., 0., 0., 0.], [0., 0., 0., 0., 0., 1.]])
+    'correct': 1.0,
+    'count': 3.0,
+    'correct_top5': 2.0,
+  }
+  multi_hot = jnp.array(
+    [
+      [0.0, 1.0, 0.0, 0.0, 0.0, 0.0],
+      [1.0, 0.0, 0.0, 0.0, 0.0, 1.0],
+      [0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
+      [0.0, 0.0, 0.0, 0.0, 0.0, 1.0],
+    ]
+  )
   counts = metrics.classification_counts(logits, multi_hot, mask, multi_label=True)
   assert {k: float(v) for k, v in counts.items()} == {'correct': 1.0, 'count': 3.0}
 
@@ -197,15 +239,15 @@ def test_mpp_task_trains_and_counts_corrupted_patches():
   config = small_config(task='mpp', model='ViT-Demo_4', optimizer='adam', base_lr=1e-3)
   task = steps.make_task(config, num_classes=10, multi_label=False)
   tx, schedule = optim.make_optimizer(config)
-  state = steps.init_state(jax.random.PRNGKey(0), model=task.model, tx=tx, image_size=16,
-                           ema=False)
+  state = steps.init_state(jax.random.PRNGKey(0), model=task.model, tx=tx, image_size=16, ema=False)
   assert 'mask_token' in state.params and 'mpp_head' in state.params
   data = {**batch(8), 'mask': np.array([1.0] * 6 + [0.0] * 2, np.float32)}
   counts = jax.jit(task.eval_fn)(state.params, data)
   # Half of the 16 patches of each of the 6 real images are corrupted.
   assert float(counts['count']) == 6 * 8
-  step = jax.jit(functools.partial(steps.train_step, task=task, tx=tx, schedule=schedule,
-                                   config=config))
+  step = jax.jit(
+    functools.partial(steps.train_step, task=task, tx=tx, schedule=schedule, config=config)
+  )
   with jax.set_mesh(sharding.make_mesh()):
     new_state, metrics = step(state, data)
     new_state, metrics = step(new_state, data)  # the first step has learning rate 0

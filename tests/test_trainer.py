@@ -12,40 +12,51 @@ import subprocess
 import sys
 import time
 
+from conftest import batch_sharding
+from conftest import data_config
+from conftest import subprocess_env
 import jax
 import numpy as np
 import pytest
 
 from vit_jax import checkpoint
-from vit_jax.training import loop
 from vit_jax.configs import common
+from vit_jax.data import pipeline
+from vit_jax.evaluation import inference
+from vit_jax.training import loop
 
 # A short run of the demo model at 8 px: a few seconds of training.
-TINY = ['--config.model=testing', '--config.pp.crop=16', '--config.batch=32',
-        '--config.batch_eval=64', '--config.total_steps=24', '--config.warmup_steps=4',
-        # SGD: Adam turns the rounding noise of zero-gradient parameters (the key
-        # bias) into full-size steps, which would hide real differences between runs.
-        '--config.optimizer=sgd', '--config.base_lr=0.1',
-        '--config.progress_every=4', '--config.eval_every=12',
-        '--config.checkpoint_every=8', '--config.tensorboard=False', '--config.dropout_rate=0.1']
+TINY = [
+  '--config.model=testing',
+  '--config.pp.crop=16',
+  '--config.batch=32',
+  '--config.batch_eval=64',
+  '--config.total_steps=24',
+  '--config.warmup_steps=4',
+  # SGD: Adam turns the rounding noise of zero-gradient parameters (the key
+  # bias) into full-size steps, which would hide real differences between runs.
+  '--config.optimizer=sgd',
+  '--config.base_lr=0.1',
+  '--config.progress_every=4',
+  '--config.eval_every=12',
+  '--config.checkpoint_every=8',
+  '--config.tensorboard=False',
+  '--config.dropout_rate=0.1',
+]
 
 
 def command(workdir, *overrides, extra=()):
-  return [sys.executable, '-m', 'vit_jax.main', f'--workdir={workdir}', *TINY, *overrides,
-          *extra]
-
-
-def environment(devices=1):
-  env = dict(os.environ, JAX_PLATFORMS='cpu',
-             XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}')
-  env['PYTHONPATH'] = os.pathsep.join(
-      [os.path.dirname(os.path.dirname(os.path.abspath(__file__))), env.get('PYTHONPATH', '')])
-  return env
+  return [sys.executable, '-m', 'vit_jax.main', f'--workdir={workdir}', *TINY, *overrides, *extra]
 
 
 def run(workdir, *overrides, devices=1, check=True, timeout=600):
-  result = subprocess.run(command(workdir, *overrides), env=environment(devices),
-                          capture_output=True, text=True, timeout=timeout)
+  result = subprocess.run(
+    command(workdir, *overrides),
+    env=subprocess_env(devices),
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+  )
   if check and result.returncode:
     raise AssertionError(f'run failed ({result.returncode}):\n{result.stderr[-3000:]}')
   return result
@@ -66,8 +77,13 @@ def reference_run(tmp_path_factory):
   """One uninterrupted run that other tests compare against."""
   workdir = str(tmp_path_factory.mktemp('reference'))
   # Few-shot probes at step 12 and at the end (they do not change training).
-  result = run(workdir, "--config.fewshot.datasets=('digits',)", '--config.fewshot.every=12',
-               '--config.fewshot.shots=(1,5)', '--config.fewshot.seeds=(0,)')
+  result = run(
+    workdir,
+    "--config.fewshot.datasets=('digits',)",
+    '--config.fewshot.every=12',
+    '--config.fewshot.shots=(1,5)',
+    '--config.fewshot.seeds=(0,)',
+  )
   return workdir, result
 
 
@@ -78,8 +94,14 @@ def test_outputs_of_a_run(reference_run):
     assert key in summary
   assert summary['step'] == 24
   # Every test example, exactly once.
-  assert summary['test_examples'] == loop.input_pipeline.get_info(common.get_config()).num_test
-  assert 0.0 <= summary['test_accuracy'] <= 1.0 and summary['img_per_sec'] > 0
+  assert summary['test_examples'] == pipeline.get_info(common.get_config()).num_test
+  assert summary['img_per_sec'] > 0
+  # The same accuracy from params.npz alone, through `python -m vit_jax.evaluate`'s code.
+  loaded = inference.load_model(workdir, 'testing')
+  recomputed = inference.evaluate(
+    loaded, data_config('digits', batch_eval=100, **{'pp.crop': 16}), 'test', batch_sharding()
+  )
+  assert recomputed['top1'] == summary['test_accuracy'] > 0.2
   lines = [json.loads(l) for l in open(os.path.join(workdir, 'metrics.jsonl'))]
   logged = [l for l in lines if 'train_loss' in l]
   assert [l['step'] for l in logged] == [4, 8, 12, 16, 20, 24]
@@ -121,8 +143,9 @@ def _wait_for(predicate, process, timeout=300):
 
 def test_sigkill_and_resume_is_bitwise(reference_run, tmp_path):
   workdir = str(tmp_path / 'killed')
-  process = subprocess.Popen(command(workdir), env=environment(), stderr=subprocess.PIPE,
-                             text=True)
+  process = subprocess.Popen(
+    command(workdir), env=subprocess_env(), stderr=subprocess.PIPE, text=True
+  )
   checkpoints = os.path.join(workdir, 'checkpoints')
   _wait_for(lambda: os.path.isdir(os.path.join(checkpoints, '8')), process)
   process.send_signal(signal.SIGKILL)
@@ -138,8 +161,9 @@ def test_sigkill_and_resume_is_bitwise(reference_run, tmp_path):
 def test_sigterm_writes_a_checkpoint_and_resumes(reference_run, tmp_path):
   workdir = str(tmp_path / 'preempted')
   slow = ['--config.total_steps=24', '--config.checkpoint_every=1000']
-  process = subprocess.Popen(command(workdir, *slow), env=environment(),
-                             stderr=subprocess.PIPE, text=True)
+  process = subprocess.Popen(
+    command(workdir, *slow), env=subprocess_env(), stderr=subprocess.PIPE, text=True
+  )
   metrics = os.path.join(workdir, 'metrics.jsonl')
   _wait_for(lambda: os.path.exists(metrics) and os.path.getsize(metrics) > 0, process)
   process.send_signal(signal.SIGTERM)
@@ -157,10 +181,19 @@ def test_sigterm_writes_a_checkpoint_and_resumes(reference_run, tmp_path):
 
 def test_nan_loss_stops_and_keeps_the_last_checkpoint(tmp_path, monkeypatch):
   config = common.get_config()
-  config.update(model='testing', total_steps=12, warmup_steps=2, checkpoint_every=4,
-                progress_every=4, eval_every=100, batch=32, batch_eval=64, tensorboard=False)
+  config.update(
+    model='testing',
+    total_steps=12,
+    warmup_steps=2,
+    checkpoint_every=4,
+    progress_every=4,
+    eval_every=100,
+    batch=32,
+    batch_eval=64,
+    tensorboard=False,
+  )
   config.pp.crop = 16
-  make = loop.input_pipeline.make_train_iterator
+  make = loop.pipeline.make_train_iterator
 
   class Poisoned:
     """The training batches, with a NaN pixel in the 7th."""
@@ -175,14 +208,15 @@ def test_nan_loss_stops_and_keeps_the_last_checkpoint(tmp_path, monkeypatch):
       if self._count == 7:
         image = np.array(batch['image'])
         image[0, 0, 0, 0] = np.nan
-        import jax  # pylint: disable=g-import-not-at-top
+        import jax
+
         batch = {**batch, 'image': jax.device_put(image, batch['image'].sharding)}
       return batch
 
     def get_state(self):
       return self._it.get_state()
 
-  monkeypatch.setattr(loop.input_pipeline, 'make_train_iterator', Poisoned)
+  monkeypatch.setattr(loop.pipeline, 'make_train_iterator', Poisoned)
   with pytest.raises(loop.TrainingError, match='NaN/Inf at step 7; stopped') as e:
     loop.train_and_evaluate(config, str(tmp_path))
   assert '\n' not in str(e.value)
@@ -193,6 +227,7 @@ def test_nan_loss_stops_and_keeps_the_last_checkpoint(tmp_path, monkeypatch):
   assert summary['skipped_steps'] == 1 and summary['step'] == 12
 
 
+@pytest.mark.slow
 def test_eight_devices_and_fsdp_match_one_device(reference_run, tmp_path):
   reference = params(reference_run[0])
   for name, overrides in [('dp8', []), ('fsdp', ['--config.mesh.fsdp=4'])]:
@@ -209,15 +244,23 @@ def _free_port():
     return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_two_processes_match_one(reference_run, tmp_path):
   workdir = str(tmp_path / 'two')
   address = f'127.0.0.1:{_free_port()}'
   processes = [
-      subprocess.Popen(
-          command(workdir, extra=[f'--coordinator_address={address}', '--num_processes=2',
-                                  f'--process_id={i}']),
-          env=environment(devices=2), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-      for i in range(2)]
+    subprocess.Popen(
+      command(
+        workdir,
+        extra=[f'--coordinator_address={address}', '--num_processes=2', f'--process_id={i}'],
+      ),
+      env=subprocess_env(devices=2),
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+    )
+    for i in range(2)
+  ]
   outputs = [p.communicate(timeout=600) for p in processes]
   for p, (_, err) in zip(processes, outputs):
     assert p.returncode == 0, err[-3000:]
@@ -231,16 +274,20 @@ def test_two_processes_match_one(reference_run, tmp_path):
 
 def test_cli_errors_are_one_line(tmp_path):
   cases = [
-      (['--config.bach=3'], "unknown config field 'bach'; did you mean batch?"),
-      (['--config=configs/nope.py'], 'config file configs/nope.py not found'),
-      (['--config.model=ViT-B16'], "unknown model 'ViT-B16': did you mean ViT-B_16"),
-      (['--config.accum_steps=4', '--config.batch=30'],
-       'batch=30 must be a multiple of accum_steps (4)'),
-      (['--config.dataset=cifar11'], "cifar11"),
-      (['--config.warmup_steps=20', '--config.total_steps=20'],
-       'warmup_steps=20 must be in [0, total_steps=20)'),
-      (['--config.attention=flash'], "attention='flash': use one of auto, xla"),
-      (['--config.attention=cudnn'], "attention='cudnn' needs a CUDA GPU"),
+    (['--config.bach=3'], "unknown config field 'bach'; did you mean batch?"),
+    (['--config=configs/nope.py'], 'config file configs/nope.py not found'),
+    (['--config.model=ViT-B16'], "unknown model 'ViT-B16': did you mean ViT-B_16"),
+    (
+      ['--config.accum_steps=4', '--config.batch=30'],
+      'batch=30 must be a multiple of accum_steps (4)',
+    ),
+    (['--config.dataset=cifar11'], 'cifar11'),
+    (
+      ['--config.warmup_steps=20', '--config.total_steps=20'],
+      'warmup_steps=20 must be in [0, total_steps=20)',
+    ),
+    (['--config.attention=flash'], "attention='flash': use one of auto, xla"),
+    (['--config.attention=cudnn'], "attention='cudnn' needs a CUDA GPU"),
   ]
   for overrides, message in cases:
     result = run(str(tmp_path / 'w'), *overrides, check=False)
@@ -252,23 +299,54 @@ def test_cli_errors_are_one_line(tmp_path):
 def test_mpp_pretraining_then_finetuning_from_its_workdir(tmp_path):
   """Paper B.1.2: self-supervised pre-training, then the normal fine-tune config."""
   mpp_dir, ft_dir = str(tmp_path / 'mpp'), str(tmp_path / 'finetune')
-  demo_scale = ['--config.pp.crop=16', '--config.batch=32', '--config.batch_eval=64',
-                '--config.total_steps=6', '--config.warmup_steps=2', '--config.progress_every=3',
-                '--config.eval_every=100', '--config.checkpoint_every=100',
-                '--config.tensorboard=False']
-  subprocess.run([sys.executable, '-m', 'vit_jax.main', '--config=configs/mpp_demo.py',
-                  f'--workdir={mpp_dir}', *demo_scale], env=environment(), check=True,
-                 capture_output=True, text=True, timeout=600)
+  demo_scale = [
+    '--config.pp.crop=16',
+    '--config.batch=32',
+    '--config.batch_eval=64',
+    '--config.total_steps=6',
+    '--config.warmup_steps=2',
+    '--config.progress_every=3',
+    '--config.eval_every=100',
+    '--config.checkpoint_every=100',
+    '--config.tensorboard=False',
+  ]
+  subprocess.run(
+    [
+      sys.executable,
+      '-m',
+      'vit_jax.main',
+      '--config=configs/mpp_demo.py',
+      f'--workdir={mpp_dir}',
+      *demo_scale,
+    ],
+    env=subprocess_env(),
+    check=True,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
   summary = json.load(open(os.path.join(mpp_dir, 'summary.json')))
   # Accuracy of the 3-bit colour of the corrupted patches of every test image.
   assert 0.0 < summary['test_accuracy'] <= 1.0
   assert 'mask_token' in checkpoint.load(mpp_dir)
 
   result = subprocess.run(
-      [sys.executable, '-m', 'vit_jax.main', '--config=configs/finetune.py:ViT-Demo_4,digits',
-       f'--workdir={ft_dir}', f'--config.pretrained_path={mpp_dir}', '--config.dtype=float32',
-       '--config.pp.train=train[:50%]',  # a None default, set from the command line
-       *demo_scale], env=environment(), capture_output=True, text=True, timeout=600)
+    [
+      sys.executable,
+      '-m',
+      'vit_jax.main',
+      '--config=configs/finetune.py:ViT-Demo_4,digits',
+      f'--workdir={ft_dir}',
+      f'--config.pretrained_path={mpp_dir}',
+      '--config.dtype=float32',
+      '--config.pp.train=train[:50%]',  # a None default, set from the command line
+      *demo_scale,
+    ],
+    env=subprocess_env(),
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
   assert result.returncode == 0, result.stderr[-3000:]
   assert 'dropped         mask_token (1, 1, 128)' in result.stdout
   finetuned = checkpoint.load(ft_dir)
@@ -277,8 +355,15 @@ def test_mpp_pretraining_then_finetuning_from_its_workdir(tmp_path):
 
 def test_out_of_memory_suggests_accumulation(tmp_path, monkeypatch):
   config = common.get_config()
-  config.update(model='testing', total_steps=4, warmup_steps=1, batch=32, batch_eval=64,
-                tensorboard=False, accum_steps=2)
+  config.update(
+    model='testing',
+    total_steps=4,
+    warmup_steps=1,
+    batch=32,
+    batch_eval=64,
+    tensorboard=False,
+    accum_steps=2,
+  )
   config.pp.crop = 16
 
   def compile_that_fails(fn, *args):
@@ -286,7 +371,9 @@ def test_out_of_memory_suggests_accumulation(tmp_path, monkeypatch):
 
     def step(state, batch):
       raise jax.errors.JaxRuntimeError(
-          'RESOURCE_EXHAUSTED: Out of memory while trying to allocate 80.00GiB')
+        'RESOURCE_EXHAUSTED: Out of memory while trying to allocate 80.00GiB'
+      )
+
     return step, 0.0
 
   monkeypatch.setattr(loop, '_compile', compile_that_fails)

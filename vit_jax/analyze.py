@@ -27,16 +27,27 @@ from vit_jax.evaluation import inference
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-  parser = argparse.ArgumentParser(prog='python -m vit_jax.analyze', description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = argparse.ArgumentParser(
+    prog='python -m vit_jax.analyze',
+    description=__doc__,
+    formatter_class=argparse.RawDescriptionHelpFormatter,
+  )
   parser.add_argument('--checkpoint', required=True, help='.npz file or a workdir with params.npz')
   parser.add_argument('--model', required=True, help='model name, e.g. ViT-B_16')
-  parser.add_argument('--images', nargs='*', default=[],
-                      help='image files and/or directories (comma-separated or repeated), or '
-                      '"digits": test images of the built-in digits (the demo model)')
+  parser.add_argument(
+    '--images',
+    nargs='*',
+    default=[],
+    help='image files and/or directories (comma-separated or repeated), or '
+    '"digits": test images of the built-in digits (the demo model)',
+  )
   parser.add_argument('--output', required=True, help='directory for the PNGs and analysis.json')
-  parser.add_argument('--num_components', type=int, default=28,
-                      help='principal components of the embedding filters to show')
+  parser.add_argument(
+    '--num_components',
+    type=int,
+    default=28,
+    help='principal components of the embedding filters to show',
+  )
   args = parser.parse_args(argv)
   try:
     digits = args.images == ['digits']

@@ -33,8 +33,11 @@ from vit_jax.models import vit
 
 
 def _parser():
-  p = argparse.ArgumentParser(prog='python -m vit_jax.benchmark', description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p = argparse.ArgumentParser(
+    prog='python -m vit_jax.benchmark',
+    description=__doc__,
+    formatter_class=argparse.RawDescriptionHelpFormatter,
+  )
   d = speed.Options()
   p.add_argument('--model', default=d.model, help='a MODEL_CONFIGS name, e.g. ViT-B_16')
   p.add_argument('--mode', default=d.mode, choices=('infer', 'train'))
@@ -50,15 +53,25 @@ def _parser():
   p.add_argument('--steps', type=int, default=d.steps, help='timed steps per repeat and side')
   p.add_argument('--repeats', type=int, default=d.repeats)
   p.add_argument('--compare', choices=('timm',))
-  p.add_argument('--timm_compile', type=lambda s: s.lower() in ('1', 'true', 'yes'),
-                 help='torch.compile the timm model (default: on CUDA only)')
+  p.add_argument(
+    '--timm_compile',
+    type=lambda s: s.lower() in ('1', 'true', 'yes'),
+    help='torch.compile the timm model (default: on CUDA only)',
+  )
   p.add_argument('--threads', type=int, help='torch threads (default: the cores XLA uses)')
   p.add_argument('--xla_flags', default='', help='appended to XLA_FLAGS before JAX starts')
-  p.add_argument('--find_max_batch', action='store_true',
-                 help='search the largest batch that fits instead of timing')
-  p.add_argument('--memory_budget_gib', type=float, default=78.0,
-                 help='on CPU, --find_max_batch compares XLA\'s estimate with this budget '
-                 '(default: the usable memory of an 80 GB H100)')
+  p.add_argument(
+    '--find_max_batch',
+    action='store_true',
+    help='search the largest batch that fits instead of timing',
+  )
+  p.add_argument(
+    '--memory_budget_gib',
+    type=float,
+    default=78.0,
+    help="on CPU, --find_max_batch compares XLA's estimate with this budget "
+    '(default: the usable memory of an 80 GB H100)',
+  )
   p.add_argument('--json', help='write the record here (default: benchmarks/<time>_....json)')
   p.add_argument('--no_record', action='store_true', help='write no JSON record')
   return p
@@ -72,7 +85,7 @@ def main(argv=None) -> int:
   os.environ.setdefault('XLA_PYTHON_CLIENT_PREALLOCATE', 'false' if args.compare else 'true')
   os.environ.setdefault('XLA_PYTHON_CLIENT_MEM_FRACTION', '0.95')
   if args.xla_flags:
-    if jax._src.xla_bridge.backends_are_initialized():  # pylint: disable=protected-access
+    if jax._src.xla_bridge.backends_are_initialized():
       print(f'{parser.prog}: error: --xla_flags must be set before JAX starts', file=sys.stderr)
       return 2
     os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') + ' ' + args.xla_flags).strip()
@@ -81,8 +94,9 @@ def main(argv=None) -> int:
   try:
     if args.find_max_batch:
       speed.validate(opts)
-      record = memory.find_max_batch(opts, speed.build_step, speed.JaxRunner,
-                                     budget_bytes=args.memory_budget_gib * 2**30)
+      record = memory.find_max_batch(
+        opts, speed.build_step, speed.JaxRunner, budget_bytes=args.memory_budget_gib * 2**30
+      )
       print(memory.describe(record))
     else:
       record = speed.run(opts)

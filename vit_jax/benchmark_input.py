@@ -35,15 +35,20 @@ def main():
   check = time.perf_counter() - t0
   if not os.path.isdir(shards):
     examples, names = shard_files.examples_from_folder(os.path.join(folder, 'train'))
-    shard_files.write_shards(examples, shards, 'train', num_classes=len(names),
-                             class_names=names, num_shards=8)
+    shard_files.write_shards(
+      examples, shards, 'train', num_classes=len(names), class_names=names, num_shards=8
+    )
   size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(folder) for f in fs)
-  print(f'{args.images} JPEGs, {size / args.images / 1024:.0f} kB each; '
-        f'opening the folder (checks every file): {args.images / check:.0f} files/s')
+  print(
+    f'{args.images} JPEGs, {size / args.images / 1024:.0f} kB each; '
+    f'opening the folder (checks every file): {args.images / check:.0f} files/s'
+  )
   for name, path in (('image folder', folder), ('TFRecord shards', shards)):
     first, rate = input_speed.time_pipeline(path, args.batch, args.steps)
-    print(f'{name}: {rate:.0f} img/s at 224 px (batch {args.batch}, {os.cpu_count()} cores); '
-          f'first batch {first:.2f} s')
+    print(
+      f'{name}: {rate:.0f} img/s at 224 px (batch {args.batch}, {os.cpu_count()} cores); '
+      f'first batch {first:.2f} s'
+    )
   first, _ = input_speed.time_pipeline(shards, args.batch, 1, start_step=10**6)
   print(f'restore at step 1,000,000: first batch {first:.2f} s (no replay)')
 

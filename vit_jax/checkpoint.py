@@ -11,10 +11,11 @@ import io
 import math
 import os
 import re
-import zipfile
 from typing import Any, Mapping, Optional
+import zipfile
 
 import numpy as np
+
 from vit_jax import files
 
 Params = Mapping[str, Any]
@@ -22,9 +23,9 @@ Params = Mapping[str, Any]
 _PREFIXES = ('opt/target/', 'params/')
 # Newer Flax numbering inside an encoder block -> the original release's.
 _NEW_BLOCK_NAMES = {
-    'LayerNorm_1': 'LayerNorm_2',
-    'MultiHeadDotProductAttention_0': 'MultiHeadDotProductAttention_1',
-    'MlpBlock_0': 'MlpBlock_3',
+  'LayerNorm_1': 'LayerNorm_2',
+  'MultiHeadDotProductAttention_0': 'MultiHeadDotProductAttention_1',
+  'MlpBlock_0': 'MlpBlock_3',
 }
 _POSEMB = 'Transformer/posembed_input/pos_embedding'
 # Layers only pre-training uses (paper 3.1 pre-logits; B.1.2 masked patch
@@ -45,8 +46,10 @@ def resolve(path: str) -> str:
       raise CheckpointError(f'{path}: a directory without params.npz; pass the .npz file itself')
     return candidate
   if not files.exists(path):
-    raise CheckpointError(f'{path}: no such checkpoint; check the path (released files: '
-                          'gs://vit_models/imagenet21k/ViT-B_16.npz and friends)')
+    raise CheckpointError(
+      f'{path}: no such checkpoint; check the path (released files: '
+      'gs://vit_models/imagenet21k/ViT-B_16.npz and friends)'
+    )
   return path
 
 
@@ -82,14 +85,14 @@ def _canonical(flat: dict) -> dict:
   """Maps the key variants of released files onto this model's names."""
   for prefix in _PREFIXES:
     if any(k.startswith(prefix) for k in flat):
-      flat = {k[len(prefix):]: v for k, v in flat.items() if k.startswith(prefix)}
+      flat = {k[len(prefix) :]: v for k, v in flat.items() if k.startswith(prefix)}
       break
 
   out = {}
   for key, value in flat.items():
     # big_vision with `scan=True`: one block whose leaves carry a layer axis.
     if key.startswith('Transformer/encoderblock/'):
-      rest = key[len('Transformer/encoderblock/'):]
+      rest = key[len('Transformer/encoderblock/') :]
       for i, layer_value in enumerate(value):
         out[f'Transformer/encoderblock_{i}/{rest}'] = layer_value
       continue
@@ -128,15 +131,21 @@ def check_tree(params: Params, expected: Params, what: str = 'checkpoint') -> No
   got, want = flatten(params), flatten(expected)
   for key in sorted(set(got) | set(want)):
     if key not in got:
-      raise CheckpointError(f'{what} lacks {key} {_shape(want[key])} that the model has; '
-                            'is it a checkpoint of another model?')
+      raise CheckpointError(
+        f'{what} lacks {key} {_shape(want[key])} that the model has; '
+        'is it a checkpoint of another model?'
+      )
     if key not in want:
-      raise CheckpointError(f'{what} has {key} {_shape(got[key])} that the model lacks; '
-                            'is it a checkpoint of another model?')
+      raise CheckpointError(
+        f'{what} has {key} {_shape(got[key])} that the model lacks; '
+        'is it a checkpoint of another model?'
+      )
     if _shape(got[key]) != _shape(want[key]):
-      raise CheckpointError(f'{what}: {key} has shape {_shape(got[key])}, the model expects '
-                            f'{_shape(want[key])}; check --model (or use load_pretrained to '
-                            'change resolution or classes)')
+      raise CheckpointError(
+        f'{what}: {key} has shape {_shape(got[key])}, the model expects '
+        f'{_shape(want[key])}; check --model (or use load_pretrained to '
+        'change resolution or classes)'
+      )
 
 
 # ---------------------------------------------------------------------------
@@ -156,8 +165,9 @@ def load_flat(path: str) -> dict:
       return {key: npz[key] for key in npz.files}
   except (zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError) as e:
     raise CheckpointError(
-        f'{path}: not a readable .npz checkpoint ({type(e).__name__}: {e}); '
-        'the file may be truncated, download it again') from None
+      f'{path}: not a readable .npz checkpoint ({type(e).__name__}: {e}); '
+      'the file may be truncated, download it again'
+    ) from None
 
 
 def load(path: str, like: Optional[Params] = None) -> dict:
@@ -219,15 +229,16 @@ def resize_posemb(posemb: np.ndarray, num_tokens: int, num_prefix_tokens: int) -
   Returns:
     [1, num_tokens, D] float32.
   """
-  import jax  # pylint: disable=g-import-not-at-top
+  import jax
 
   prefix, grid = posemb[:, :num_prefix_tokens], posemb[0, num_prefix_tokens:]
   old, new = len(grid), num_tokens - num_prefix_tokens
   g_old, g_new = math.isqrt(old), math.isqrt(new)
   if g_old * g_old != old or g_new * g_new != new:
     raise CheckpointError(
-        f'position embeddings: cannot resize {old} to {new} patch positions; '
-        'only square grids (square images) can be interpolated')
+      f'position embeddings: cannot resize {old} to {new} patch positions; '
+      'only square grids (square images) can be interpolated'
+    )
   grid = grid.reshape(g_old, g_old, -1).astype(np.float32)
   # Half-pixel-centred bilinear (as torch's align_corners=False); no antialias,
   # so shrinking samples the grid rather than blurring it.
@@ -236,8 +247,9 @@ def resize_posemb(posemb: np.ndarray, num_tokens: int, num_prefix_tokens: int) -
   return np.concatenate([prefix.astype(np.float32), grid], axis=1)
 
 
-def load_pretrained(*, pretrained_path: str, init_params: Params, model_config: Mapping,
-                    verbose: bool = True) -> dict:
+def load_pretrained(
+  *, pretrained_path: str, init_params: Params, model_config: Mapping, verbose: bool = True
+) -> dict:
   """Loads a pre-trained checkpoint for fine-tuning a model (paper 3.2).
 
   The backbone is kept. The head is replaced by `init_params`' head (zeros:
@@ -264,21 +276,27 @@ def load_pretrained(*, pretrained_path: str, init_params: Params, model_config: 
       out[key] = value
       reinit.append(f'{key} {_shape(value)}')
     elif key not in restored:
-      raise CheckpointError(f'{pretrained_path} lacks {key} {_shape(value)} that the model '
-                            'has; is it a checkpoint of another model?')
+      raise CheckpointError(
+        f'{pretrained_path} lacks {key} {_shape(value)} that the model '
+        'has; is it a checkpoint of another model?'
+      )
     elif key == _POSEMB and _shape(restored[key]) != _shape(value):
       out[key] = resize_posemb(restored[key], value.shape[1], num_prefix)
       resized.append(f'{key} {_shape(restored[key])} -> {_shape(value)}')
     elif _shape(restored[key]) != _shape(value):
-      raise CheckpointError(f'{pretrained_path}: {key} has shape {_shape(restored[key])}, the '
-                            f'model expects {_shape(value)}; check the model name')
+      raise CheckpointError(
+        f'{pretrained_path}: {key} has shape {_shape(restored[key])}, the '
+        f'model expects {_shape(value)}; check the model name'
+      )
     else:
       out[key] = restored[key]
       kept.append(key)
   for key in sorted(set(restored) - set(init)):
     if not key.startswith(('head/',) + _PRETRAINING_ONLY):
-      raise CheckpointError(f'{pretrained_path} has {key} {_shape(restored[key])} that the '
-                            'model lacks; is it a checkpoint of another model?')
+      raise CheckpointError(
+        f'{pretrained_path} has {key} {_shape(restored[key])} that the '
+        'model lacks; is it a checkpoint of another model?'
+      )
     if key.startswith(_PRETRAINING_ONLY):
       dropped.append(f'{key} {_shape(restored[key])}')
 

@@ -21,32 +21,44 @@ from vit_jax.evaluation import inference
 
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(
-      prog='python -m vit_jax.evaluate', description=__doc__.split('\n', 1)[0])
+    prog='python -m vit_jax.evaluate', description=__doc__.split('\n', 1)[0]
+  )
   parser.add_argument('--checkpoint', required=True, help='.npz file or a workdir')
   parser.add_argument('--model', required=True, help='MODEL_CONFIGS name, e.g. ViT-B_16')
   parser.add_argument('--dataset', required=True, help='a dataset the input pipeline reads')
   parser.add_argument('--split', default='test', help="'test', 'train' or a split expression")
-  parser.add_argument('--crop', type=int, default=None,
-                      help='resolution (default: the checkpoint\'s)')
-  parser.add_argument('--resize', type=int, default=None,
-                      help='resize to this, then centre-crop to --crop')
+  parser.add_argument(
+    '--crop', type=int, default=None, help="resolution (default: the checkpoint's)"
+  )
+  parser.add_argument(
+    '--resize', type=int, default=None, help='resize to this, then centre-crop to --crop'
+  )
   parser.add_argument('--batch', type=int, default=256)
   parser.add_argument('--tfds_data_dir', default=None)
   parser.add_argument('--tfds_manual_dir', default=None)
   parser.add_argument('--output', default=None, help='also write the JSON here')
   args = parser.parse_args(argv)
 
-  from vit_jax.data import pipeline  # pylint: disable=g-import-not-at-top  (TensorFlow)
+  from vit_jax.data import pipeline
+
   try:
     loaded = inference.load_model(args.checkpoint, args.model)
     data = pipeline.data_config()
-    data.update(dataset=args.dataset, batch_eval=args.batch, tfds_data_dir=args.tfds_data_dir,
-                tfds_manual_dir=args.tfds_manual_dir)
+    data.update(
+      dataset=args.dataset,
+      batch_eval=args.batch,
+      tfds_data_dir=args.tfds_data_dir,
+      tfds_manual_dir=args.tfds_manual_dir,
+    )
     data.pp.crop = args.crop or loaded.image_size
     data.pp.resize = args.resize
     batch_sharding = sharding.batch_sharding(sharding.make_mesh())
-    result = {'checkpoint': args.checkpoint, 'dataset': args.dataset, 'split': args.split,
-              **inference.evaluate(loaded, data, args.split, batch_sharding)}
+    result = {
+      'checkpoint': args.checkpoint,
+      'dataset': args.dataset,
+      'split': args.split,
+      **inference.evaluate(loaded, data, args.split, batch_sharding),
+    }
     if args.dataset == 'imagenet2012':
       real = pipeline.data_config()
       real.update(data.to_dict())

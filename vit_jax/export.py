@@ -31,22 +31,32 @@ from vit_jax.interop import torch_layout
 
 
 class _Parser(argparse.ArgumentParser):
-
   def error(self, message):
     # One line, without the usage block.
     self.exit(2, f'{self.prog}: error: {message}\n')
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-  parser = _Parser(prog='python -m vit_jax.export', description=__doc__,
-                   formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument('--checkpoint', required=True,
-                      help='.npz, workdir, timm .safetensors/.pth, or transformers folder')
+  parser = _Parser(
+    prog='python -m vit_jax.export',
+    description=__doc__,
+    formatter_class=argparse.RawDescriptionHelpFormatter,
+  )
+  parser.add_argument(
+    '--checkpoint',
+    required=True,
+    help='.npz, workdir, timm .safetensors/.pth, or transformers folder',
+  )
   parser.add_argument('--model', help='MODEL_CONFIGS name, e.g. ViT-B_16')
-  parser.add_argument('--format', required=True, choices=export.FORMATS, metavar='FORMAT',
-                      help=f'one of {", ".join(export.FORMATS)}')
+  parser.add_argument(
+    '--format',
+    required=True,
+    choices=export.FORMATS,
+    metavar='FORMAT',
+    help=f'one of {", ".join(export.FORMATS)}',
+  )
   parser.add_argument('--output', required=True, help='file (timm, npz, onnx) or folder')
-  parser.add_argument('--labels', help='class names for hf, one per line, in the head\'s order')
+  parser.add_argument('--labels', help="class names for hf, one per line, in the head's order")
   args = parser.parse_args(argv)
   try:
     notes = export.export(args.checkpoint, args.format, args.output, args.model, args.labels)

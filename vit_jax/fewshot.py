@@ -25,12 +25,14 @@ from vit_jax.evaluation import inference
 def main(argv=None) -> int:
   ints = lambda text: tuple(int(x) for x in text.split(','))  # noqa: E731
   parser = argparse.ArgumentParser(
-      prog='python -m vit_jax.fewshot',
-      description='Few-shot linear evaluation (paper 4.1) of a checkpoint.')
+    prog='python -m vit_jax.fewshot',
+    description='Few-shot linear evaluation (paper 4.1) of a checkpoint.',
+  )
   parser.add_argument('--checkpoint', required=True, help='.npz file or a workdir')
   parser.add_argument('--model', required=True, help='MODEL_CONFIGS name, e.g. ViT-B_16')
-  parser.add_argument('--datasets', required=True,
-                      help='comma-separated datasets the input pipeline reads')
+  parser.add_argument(
+    '--datasets', required=True, help='comma-separated datasets the input pipeline reads'
+  )
   parser.add_argument('--shots', type=ints, default=fewshot.DEFAULT_SHOTS)
   parser.add_argument('--seeds', type=ints, default=fewshot.DEFAULT_SEEDS)
   parser.add_argument('--l2_reg', type=float, default=fewshot.DEFAULT_L2_REG)
@@ -40,24 +42,36 @@ def main(argv=None) -> int:
   parser.add_argument('--batch', type=int, default=256)
   parser.add_argument('--tfds_data_dir', default=None)
   parser.add_argument('--tfds_manual_dir', default=None)
-  parser.add_argument('--workdir', default=None,
-                      help='write TensorBoard scalars and summary.json entries here '
-                           '(default: the checkpoint, when it is a workdir)')
+  parser.add_argument(
+    '--workdir',
+    default=None,
+    help='write TensorBoard scalars and summary.json entries here '
+    '(default: the checkpoint, when it is a workdir)',
+  )
   args = parser.parse_args(argv)
 
   try:
     loaded = inference.load_model(args.checkpoint, args.model)
-    config = ml_collections.ConfigDict({
-        'pp': {'crop': args.crop or loaded.image_size}, 'batch_eval': args.batch,
-        'tfds_data_dir': args.tfds_data_dir, 'tfds_manual_dir': args.tfds_manual_dir,
-        'fewshot': {'datasets': tuple(args.datasets.split(',')), 'shots': args.shots,
-                    'seeds': args.seeds, 'l2_reg': args.l2_reg,
-                    'train_split': args.train_split, 'test_split': args.test_split}})
+    config = ml_collections.ConfigDict(
+      {
+        'pp': {'crop': args.crop or loaded.image_size},
+        'batch_eval': args.batch,
+        'tfds_data_dir': args.tfds_data_dir,
+        'tfds_manual_dir': args.tfds_manual_dir,
+        'fewshot': {
+          'datasets': tuple(args.datasets.split(',')),
+          'shots': args.shots,
+          'seeds': args.seeds,
+          'l2_reg': args.l2_reg,
+          'train_split': args.train_split,
+          'test_split': args.test_split,
+        },
+      }
+    )
     batch_sharding = sharding.batch_sharding(sharding.make_mesh())
     params = jax.device_put(loaded.params, sharding.replicated(batch_sharding.mesh))
     scalars = fewshot.evaluate_datasets(config, loaded.model, params, batch_sharding)
-  except (checkpoint.CheckpointError, inference.InputError, sources.DataError,
-          ValueError) as e:
+  except (checkpoint.CheckpointError, inference.InputError, sources.DataError, ValueError) as e:
     print(f'error: {e}', file=sys.stderr)
     return 1
 

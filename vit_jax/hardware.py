@@ -10,15 +10,15 @@ import jax.numpy as jnp
 
 # Dense bfloat16 peak FLOP/s per device (vendor figures, no sparsity).
 _PEAK_BF16 = {
-    'TPU v3': 123e12,
-    'TPU v4': 275e12,
-    'TPU v5 lite': 197e12,
-    'TPU v5e': 197e12,
-    'TPU v5p': 459e12,
-    'TPU v6 lite': 918e12,
-    'NVIDIA H100': 989e12,
-    'NVIDIA H200': 989e12,
-    'NVIDIA A100': 312e12,
+  'TPU v3': 123e12,
+  'TPU v4': 275e12,
+  'TPU v5 lite': 197e12,
+  'TPU v5e': 197e12,
+  'TPU v5p': 459e12,
+  'TPU v6 lite': 918e12,
+  'NVIDIA H100': 989e12,
+  'NVIDIA H200': 989e12,
+  'NVIDIA A100': 312e12,
 }
 
 
@@ -54,8 +54,10 @@ def _cpu_model_and_flags():
       text = f.read()
   except OSError:
     return platform.processor() or 'unknown', []
-  model = next((line.split(':', 1)[1].strip() for line in text.splitlines()
-                if line.startswith('model name')), 'unknown')
+  model = next(
+    (line.split(':', 1)[1].strip() for line in text.splitlines() if line.startswith('model name')),
+    'unknown',
+  )
   flags_line = next((line for line in text.splitlines() if line.startswith('flags')), '')
   present = set(flags_line.split(':', 1)[-1].split())
   return model, [f for f in _CPU_FLAGS if f in present]
@@ -77,18 +79,19 @@ def machine_info() -> dict:
   cpu, cpu_flags = _cpu_model_and_flags()
   device = jax.devices()[0]
   return {
-      'cpu': cpu,
-      'cpu_flags': cpu_flags,
-      'cpu_cores': len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity')
-                   else os.cpu_count(),
-      'platform': device.platform,
-      'device_kind': device.device_kind,
-      'device_count': jax.device_count(),
-      'python': platform.python_version(),
-      'versions': library_versions(),
-      'xla_flags': os.environ.get('XLA_FLAGS', ''),
-      # Other work on the machine skews timings: record how busy it was.
-      'load_average_1min': os.getloadavg()[0] if hasattr(os, 'getloadavg') else None,
+    'cpu': cpu,
+    'cpu_flags': cpu_flags,
+    'cpu_cores': len(os.sched_getaffinity(0))
+    if hasattr(os, 'sched_getaffinity')
+    else os.cpu_count(),
+    'platform': device.platform,
+    'device_kind': device.device_kind,
+    'device_count': jax.device_count(),
+    'python': platform.python_version(),
+    'versions': library_versions(),
+    'xla_flags': os.environ.get('XLA_FLAGS', ''),
+    # Other work on the machine skews timings: record how busy it was.
+    'load_average_1min': os.getloadavg()[0] if hasattr(os, 'getloadavg') else None,
   }
 
 

@@ -58,11 +58,20 @@ def main(argv=None):
       if args.class_names:
         with open(args.class_names) as f:
           names = [line.strip() for line in f if line.strip()]
-      num_classes = args.num_classes or (len(names) if names else
-                                         1 + max(max(l) for _, l in examples))
-    shards.write_shards(examples, args.out, args.split, num_classes=num_classes, class_names=names,
-                 num_shards=args.shards, file_format=args.format,
-                 corrupt_images=args.corrupt_images, seed=args.seed)
+      num_classes = args.num_classes or (
+        len(names) if names else 1 + max(max(l) for _, l in examples)
+      )
+    shards.write_shards(
+      examples,
+      args.out,
+      args.split,
+      num_classes=num_classes,
+      class_names=names,
+      num_shards=args.shards,
+      file_format=args.format,
+      corrupt_images=args.corrupt_images,
+      seed=args.seed,
+    )
   except DataError as e:
     sys.exit(f'error: {e}')
 

@@ -26,13 +26,19 @@ _DEMO_CONFIG = os.path.join(os.path.dirname(__file__), 'configs', 'demo.py')
 # No default here: ml_collections would parse it, and any --config.FIELD, at
 # import. `_parse_flags` substitutes the demo config when --config is absent.
 _CONFIG = config_flags.DEFINE_config_file(
-    'config', None, 'Experiment config file, optionally with `:ARGS` (default: the demo).',
-    lock_config=True)
+  'config',
+  None,
+  'Experiment config file, optionally with `:ARGS` (default: the demo).',
+  lock_config=True,
+)
 _WORKDIR = flags.DEFINE_string(
-    'workdir', None, 'Directory (local or gs://) for checkpoints, logs and results; '
-    'default: workdirs/<config name>.')
+  'workdir',
+  None,
+  'Directory (local or gs://) for checkpoints, logs and results; default: workdirs/<config name>.',
+)
 _COORDINATOR = flags.DEFINE_string(
-    'coordinator_address', None, 'host:port of process 0, for jax.distributed.initialize.')
+  'coordinator_address', None, 'host:port of process 0, for jax.distributed.initialize.'
+)
 _NUM_PROCESSES = flags.DEFINE_integer('num_processes', None, 'Number of processes.')
 _PROCESS_ID = flags.DEFINE_integer('process_id', None, 'This process index.')
 
@@ -43,8 +49,10 @@ def _parse_flags(argv):
   if config_arg is None:
     argv = argv[:1] + [f'--config={_DEMO_CONFIG}'] + argv[1:]
   elif not os.path.exists(config_arg.split(':', 1)[0]):
-    _exit(f'config file {config_arg.split(":", 1)[0]} not found; configs live in configs/ '
-          '(e.g. --config=configs/vit_b16.py:imagenet21k)')
+    _exit(
+      f'config file {config_arg.split(":", 1)[0]} not found; configs live in configs/ '
+      '(e.g. --config=configs/vit_b16.py:imagenet21k)'
+    )
   try:
     argv = flags.FLAGS(argv)
     # ml_collections applies --config.FIELD overrides when the value is first read.
@@ -56,7 +64,7 @@ def _parse_flags(argv):
     match = re.search(r'Did you mean "([\w.]+)" instead of "([\w.]+)"', text)
     if match:
       _exit(f'unknown config field {match.group(2)!r}; did you mean {match.group(1)}?')
-    field = re.search(r"(\w+)", text)
+    field = re.search(r'(\w+)', text)
     _exit(f'unknown config field {field.group(1) if field else text!r}; see the config file')
   except flags.Error as e:
     _exit(str(e))
@@ -69,15 +77,20 @@ def _exit(message):
 
 def _initialize_distributed():
   """jax.distributed for multi-host runs; single process when nothing says otherwise."""
-  import jax  # pylint: disable=g-import-not-at-top
+  import jax
+
   # CPU processes talk through gloo; accelerators ignore this setting.
   jax.config.update('jax_cpu_collectives_implementation', 'gloo')
   if _COORDINATOR.value or _NUM_PROCESSES.value:
-    jax.distributed.initialize(coordinator_address=_COORDINATOR.value,
-                               num_processes=_NUM_PROCESSES.value,
-                               process_id=_PROCESS_ID.value)
-  elif (int(os.environ.get('SLURM_NTASKS', '1')) > 1
-        or len(os.environ.get('TPU_WORKER_HOSTNAMES', '').split(',')) > 1):
+    jax.distributed.initialize(
+      coordinator_address=_COORDINATOR.value,
+      num_processes=_NUM_PROCESSES.value,
+      process_id=_PROCESS_ID.value,
+    )
+  elif (
+    int(os.environ.get('SLURM_NTASKS', '1')) > 1
+    or len(os.environ.get('TPU_WORKER_HOSTNAMES', '').split(',')) > 1
+  ):
     jax.distributed.initialize()  # detects SLURM and TPU pod slices itself
 
 
@@ -95,20 +108,26 @@ def main(argv):
   logging.set_verbosity(logging.INFO)
   # Orbax logs every checkpoint operation at INFO; keep the run's own lines readable.
   logging.get_absl_handler().addFilter(
-      lambda record: record.levelno >= py_logging.WARNING or 'orbax' not in record.pathname)
+    lambda record: record.levelno >= py_logging.WARNING or 'orbax' not in record.pathname
+  )
   _initialize_distributed()
 
   # Imported here: these pull in TensorFlow for the input pipeline.
-  from vit_jax import checkpoint  # pylint: disable=g-import-not-at-top
-  from vit_jax.data import pipeline  # pylint: disable=g-import-not-at-top
-  from vit_jax.training import loop  # pylint: disable=g-import-not-at-top
+  from vit_jax import checkpoint
+  from vit_jax.data import pipeline
+  from vit_jax.training import loop
 
   config = _CONFIG.value
   workdir = _WORKDIR.value or _default_workdir(sys.argv)
   try:
     loop.train_and_evaluate(config, workdir)
-  except (loop.TrainingError, loop.ConfigError, checkpoint.CheckpointError,
-          pipeline.DataError, KeyError) as e:
+  except (
+    loop.TrainingError,
+    loop.ConfigError,
+    checkpoint.CheckpointError,
+    pipeline.DataError,
+    KeyError,
+  ) as e:
     message = e.args[0] if isinstance(e, KeyError) and e.args else e
     _exit(str(message))
 

@@ -18,11 +18,14 @@ from vit_jax.evaluation import inference
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-  parser = argparse.ArgumentParser(prog='python -m vit_jax.predict', description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = argparse.ArgumentParser(
+    prog='python -m vit_jax.predict',
+    description=__doc__,
+    formatter_class=argparse.RawDescriptionHelpFormatter,
+  )
   parser.add_argument('--checkpoint', required=True, help='.npz file or a workdir with params.npz')
   parser.add_argument('--model', required=True, help='model name, e.g. ViT-B_16')
-  parser.add_argument('--labels', help='class names, one per line, in the head\'s order')
+  parser.add_argument('--labels', help="class names, one per line, in the head's order")
   parser.add_argument('--top_k', type=int, default=5)
   parser.add_argument('images', nargs='+', help='image files or directories')
   args = parser.parse_args(argv)
@@ -30,8 +33,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     files = inference.image_files(args.images)
     loaded = inference.load_model(args.checkpoint, args.model)
     if loaded.model.num_classes is None:
-      raise checkpoint.CheckpointError(f'{args.checkpoint}: no head/kernel, so it cannot classify; '
-                                       'pass a checkpoint with a classification head')
+      raise checkpoint.CheckpointError(
+        f'{args.checkpoint}: no head/kernel, so it cannot classify; '
+        'pass a checkpoint with a classification head'
+      )
     names = inference.class_names(loaded.model.num_classes, args.labels)
     indices, probs = inference.predict(loaded, files, max(1, args.top_k))
   except (checkpoint.CheckpointError, inference.InputError) as e:

@@ -6,9 +6,10 @@ Only process 0 writes; on other processes every method is a no-op.
 import json
 import os
 import time
-from vit_jax import files
 
 from absl import logging
+
+from vit_jax import files
 
 
 def _format_duration(seconds: float) -> str:
@@ -33,10 +34,12 @@ class RunLog:
       return
     files.makedirs(workdir)
     if tensorboard:
-      import tensorflow as tf  # pylint: disable=g-import-not-at-top
+      import tensorflow as tf
+
       self._tb = tf.summary.create_file_writer(os.path.join(workdir, 'tensorboard'))
-    self._jsonl = None if files.is_remote(workdir) else open(
-        os.path.join(workdir, 'metrics.jsonl'), 'a')
+    self._jsonl = (
+      None if files.is_remote(workdir) else open(os.path.join(workdir, 'metrics.jsonl'), 'a')
+    )
 
   def scalars(self, step: int, values: dict) -> None:
     if not self._active:
@@ -46,7 +49,8 @@ class RunLog:
       self._jsonl.write(json.dumps({'step': int(step), **values}) + '\n')
       self._jsonl.flush()
     if self._tb is not None:
-      import tensorflow as tf  # pylint: disable=g-import-not-at-top
+      import tensorflow as tf
+
       with self._tb.as_default(step=int(step)):
         for name, value in values.items():
           tf.summary.scalar(name, value)
@@ -100,5 +104,7 @@ class Progress:
 
   def line(self, step: int, loss: float, lr: float) -> str:
     eta = (self.total_steps - step) * self.step_time
-    return (f'step {step}/{self.total_steps}  loss {loss:.4f}  lr {lr:.3g}  '
-            f'{self.img_per_sec:,.0f} img/s  ETA {_format_duration(eta)}')
+    return (
+      f'step {step}/{self.total_steps}  loss {loss:.4f}  lr {lr:.3g}  '
+      f'{self.img_per_sec:,.0f} img/s  ETA {_format_duration(eta)}'
+    )

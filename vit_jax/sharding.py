@@ -13,11 +13,11 @@ divides; everything else is replicated.
 import math
 
 import jax
-import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+import numpy as np
 
 BATCH_AXES = ('data', 'fsdp')
 
@@ -58,5 +58,4 @@ def fsdp_spec(shape, fsdp: int, min_size: int) -> P:
 def tree_shardings(tree, mesh: Mesh, min_size: int = 2**18):
   """NamedShardings for every leaf of `tree` (arrays or ShapeDtypeStructs)."""
   fsdp = mesh.shape['fsdp']
-  return jax.tree.map(
-      lambda x: NamedSharding(mesh, fsdp_spec(np.shape(x), fsdp, min_size)), tree)
+  return jax.tree.map(lambda x: NamedSharding(mesh, fsdp_spec(np.shape(x), fsdp, min_size)), tree)

@@ -23,12 +23,18 @@ def write_jpegs(root, n, classes=10, seed=0):
   for i in range(n):
     h, w = ((375, 500), (300, 400))[i % 2]
     # Smooth colour fields plus noise: JPEG sizes like photos (~50-100 kB).
-    base = np.stack([np.sin(xx[:h, :w] / rng.uniform(5, 40) + rng.uniform(0, 6)),
-                     np.cos(yy[:h, :w] / rng.uniform(5, 40)),
-                     np.sin((xx[:h, :w] + yy[:h, :w]) / rng.uniform(5, 40))], -1)
+    base = np.stack(
+      [
+        np.sin(xx[:h, :w] / rng.uniform(5, 40) + rng.uniform(0, 6)),
+        np.cos(yy[:h, :w] / rng.uniform(5, 40)),
+        np.sin((xx[:h, :w] + yy[:h, :w]) / rng.uniform(5, 40)),
+      ],
+      -1,
+    )
     pixels = np.clip(127 + 100 * base + rng.normal(0, 20, (h, w, 3)), 0, 255).astype(np.uint8)
-    Image.fromarray(pixels).save(os.path.join(root, 'train', f'class{i % classes}', f'{i}.jpg'),
-                                 quality=90)
+    Image.fromarray(pixels).save(
+      os.path.join(root, 'train', f'class{i % classes}', f'{i}.jpg'), quality=90
+    )
 
 
 def time_pipeline(dataset, batch, steps, start_step=0):

@@ -22,8 +22,9 @@ from vit_jax import hardware
 def estimate_bytes(compiled) -> int:
   """XLA's peak estimate for one call of `compiled`."""
   m = compiled.memory_analysis()
-  return int(m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
-             - m.alias_size_in_bytes)
+  return int(
+    m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes
+  )
 
 
 def compiled_memory(compiled) -> dict:
@@ -75,8 +76,9 @@ def _largest(fits, guess: int, limit: int) -> int:
   return lo
 
 
-def find_max_batch(opts, build_step, make_runner, budget_bytes: float,
-                   limit: int = 1 << 14) -> dict:
+def find_max_batch(
+  opts, build_step, make_runner, budget_bytes: float, limit: int = 1 << 14
+) -> dict:
   """The largest micro-batch per device of `opts` (global batch = it x accum_steps).
 
   `build_step(opts, abstract=...)` -> (jitted fn, args) and `make_runner(compiled,
@@ -121,16 +123,16 @@ def find_max_batch(opts, build_step, make_runner, budget_bytes: float,
   guess = 4 + int((available - small) / per_image)
   micro = _largest(fits, guess, limit)
   return {
-      'benchmark': 'vit_jax.benchmark --find_max_batch',
-      'time_utc': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
-      'options': dataclasses.asdict(opts),
-      'machine': hardware.machine_info(),
-      'method': 'compiled and run on the device' if real else 'XLA CPU-compiled estimate',
-      'budget_bytes': None if real else budget_bytes,
-      'max_micro_batch': micro,
-      'max_batch': micro * opts.accum_steps,
-      'estimate_bytes_per_image': per_image,
-      'probes': probes,
+    'benchmark': 'vit_jax.benchmark --find_max_batch',
+    'time_utc': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
+    'options': dataclasses.asdict(opts),
+    'machine': hardware.machine_info(),
+    'method': 'compiled and run on the device' if real else 'XLA CPU-compiled estimate',
+    'budget_bytes': None if real else budget_bytes,
+    'max_micro_batch': micro,
+    'max_batch': micro * opts.accum_steps,
+    'estimate_bytes_per_image': per_image,
+    'probes': probes,
   }
 
 
@@ -141,8 +143,10 @@ def _device_bytes(default: float) -> float:
 
 def describe(record: dict) -> str:
   o = record['options']
-  line = (f'{o["model"]} {o["mode"]} at {o["resolution"]} px, {o["dtype"]}, remat={o["remat"]}, '
-          f'{o["optimizer"]}: largest batch per device {record["max_micro_batch"]}')
+  line = (
+    f'{o["model"]} {o["mode"]} at {o["resolution"]} px, {o["dtype"]}, remat={o["remat"]}, '
+    f'{o["optimizer"]}: largest batch per device {record["max_micro_batch"]}'
+  )
   if o['accum_steps'] > 1:
     line += f' (x {o["accum_steps"]} accumulation steps = {record["max_batch"]})'
   if record['budget_bytes']:

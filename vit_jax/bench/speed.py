@@ -20,34 +20,34 @@ import jax.numpy as jnp
 import numpy as np
 
 from vit_jax import hardware
-from vit_jax.models import vit
+from vit_jax import sharding
 from vit_jax.bench import memory as memory
 from vit_jax.bench import timm_peer
-from vit_jax.training import optim
-from vit_jax import sharding
-from vit_jax.training import steps
 from vit_jax.configs import common
 from vit_jax.configs import models as model_configs
+from vit_jax.models import vit
+from vit_jax.training import optim
+from vit_jax.training import steps
 
 
 @dataclasses.dataclass(frozen=True)
 class Options:
   model: str = 'ViT-B_16'
-  mode: str = 'infer'             # 'infer' or 'train'
+  mode: str = 'infer'  # 'infer' or 'train'
   batch: int = 8
   resolution: int = 224
-  dtype: str = 'float32'          # compute dtype: 'float32' or 'bfloat16'
+  dtype: str = 'float32'  # compute dtype: 'float32' or 'bfloat16'
   accum_steps: int = 1
   remat: bool = False
-  optimizer: str = 'adam'         # 'adam' (pre-training) or 'sgd' (fine-tuning)
-  attention: str = 'auto'         # see vit.ATTENTION
+  optimizer: str = 'adam'  # 'adam' (pre-training) or 'sgd' (fine-tuning)
+  attention: str = 'auto'  # see vit.ATTENTION
   num_classes: int = 1000
-  warmup: int = 2                 # untimed steps per side
-  steps: int = 3                  # timed steps per side and repeat
-  repeats: int = 3                # ours, timm, ours, timm, ...
-  compare: Optional[str] = None   # 'timm'
+  warmup: int = 2  # untimed steps per side
+  steps: int = 3  # timed steps per side and repeat
+  repeats: int = 3  # ours, timm, ours, timm, ...
+  compare: Optional[str] = None  # 'timm'
   timm_compile: Optional[bool] = None  # default: on CUDA only
-  threads: Optional[int] = None   # torch threads; default: the cores XLA uses
+  threads: Optional[int] = None  # torch threads; default: the cores XLA uses
 
 
 class BenchmarkError(ValueError):
@@ -60,8 +60,9 @@ def validate(opts: Options) -> None:
   if opts.dtype not in ('float32', 'bfloat16'):
     raise BenchmarkError(f"--dtype={opts.dtype}: use 'float32' or 'bfloat16'")
   if opts.batch < 1 or opts.batch % opts.accum_steps:
-    raise BenchmarkError(f'--batch={opts.batch} must be a positive multiple of '
-                         f'--accum_steps={opts.accum_steps}')
+    raise BenchmarkError(
+      f'--batch={opts.batch} must be a positive multiple of --accum_steps={opts.accum_steps}'
+    )
   if opts.accum_steps > 1 and opts.mode != 'train':
     raise BenchmarkError('--accum_steps applies to --mode=train only')
   if min(opts.steps, opts.repeats) < 1 or opts.warmup < 0:
@@ -75,24 +76,36 @@ def validate(opts: Options) -> None:
   if opts.compare == 'timm' and opts.optimizer != 'adam':
     # timm's step is Adam on the whole batch; accumulation and remat change only
     # how ours does the same work (remat: more of it), so those stay comparable.
-    raise BenchmarkError('--compare=timm times Adam in timm: drop --optimizer=sgd to compare '
-                         'like with like')
+    raise BenchmarkError(
+      '--compare=timm times Adam in timm: drop --optimizer=sgd to compare like with like'
+    )
   try:
     arch = model_configs.MODEL_CONFIGS[opts.model]
   except KeyError as e:  # its message names close matches
     raise BenchmarkError(e.args[0]) from None
   patch = arch.patches.size[0]
   if arch.get('resnet') is None and opts.resolution % patch:
-    raise BenchmarkError(f'--resolution={opts.resolution} must be a multiple of the patch '
-                         f'size {patch} of {opts.model}')
+    raise BenchmarkError(
+      f'--resolution={opts.resolution} must be a multiple of the patch size {patch} of {opts.model}'
+    )
 
 
 def train_config(opts: Options):
   """The experiment config of a train step: common defaults, no dropout, fp32 moments."""
   config = common.get_config()
-  config.update(model=opts.model, dtype=opts.dtype, remat=opts.remat, attention=opts.attention,
-                batch=opts.batch, accum_steps=opts.accum_steps, optimizer=opts.optimizer,
-                total_steps=10**6, warmup_steps=1, dropout_rate=0.0, attention_dropout_rate=0.0)
+  config.update(
+    model=opts.model,
+    dtype=opts.dtype,
+    remat=opts.remat,
+    attention=opts.attention,
+    batch=opts.batch,
+    accum_steps=opts.accum_steps,
+    optimizer=opts.optimizer,
+    total_steps=10**6,
+    warmup_steps=1,
+    dropout_rate=0.0,
+    attention_dropout_rate=0.0,
+  )
   config.pp.crop = opts.resolution
   return config
 
@@ -109,27 +122,39 @@ def build_step(opts: Options, abstract: bool = False):
   model = task.model
   shape = (opts.batch, opts.resolution, opts.resolution, 3)
   if abstract:
-    data = {'image': jax.ShapeDtypeStruct(shape, jnp.float32),
-            'label': jax.ShapeDtypeStruct((opts.batch,), jnp.int32)}
+    data = {
+      'image': jax.ShapeDtypeStruct(shape, jnp.float32),
+      'label': jax.ShapeDtypeStruct((opts.batch,), jnp.int32),
+    }
   else:
     rng = np.random.default_rng(0)
-    data = {'image': rng.uniform(-1, 1, shape).astype(np.float32),
-            'label': rng.integers(0, opts.num_classes, opts.batch).astype(np.int32)}
+    data = {
+      'image': rng.uniform(-1, 1, shape).astype(np.float32),
+      'label': rng.integers(0, opts.num_classes, opts.batch).astype(np.int32),
+    }
   if opts.mode == 'infer':
-    init = jax.jit(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1,) + shape[1:]),
-                                      train=False)['params'])
+    init = jax.jit(
+      lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1,) + shape[1:]), train=False)['params']
+    )
     params = jax.eval_shape(init) if abstract else init()
     fn = jax.jit(lambda p, x: model.apply({'params': p}, x, train=False))
     return fn, (params, data['image'] if abstract else jax.device_put(data['image'], device))
   mesh = sharding.make_mesh(devices=[device])
   tx, schedule = optim.make_optimizer(config)
-  init = functools.partial(steps.init_state, model=model, tx=tx, image_size=opts.resolution,
-                           ema=False)
+  init = functools.partial(
+    steps.init_state, model=model, tx=tx, image_size=opts.resolution, ema=False
+  )
   rng = jax.random.PRNGKey(0)
   state_shardings = sharding.tree_shardings(jax.eval_shape(init, rng), mesh)
   batch_sharding = sharding.batch_sharding(mesh)
-  fn = steps.jit_train_step(task=task, tx=tx, schedule=schedule, config=config,
-                            state_shardings=state_shardings, batch_sharding=batch_sharding)
+  fn = steps.jit_train_step(
+    task=task,
+    tx=tx,
+    schedule=schedule,
+    config=config,
+    state_shardings=state_shardings,
+    batch_sharding=batch_sharding,
+  )
   if abstract:
     return fn, (jax.eval_shape(init, rng), data)
   state = jax.jit(init, out_shardings=state_shardings)(rng)
@@ -142,8 +167,9 @@ def xla_flops_per_image(opts: Options) -> float:
   Counted on a one-micro-batch step without remat: XLA counts a loop body
   once, and recomputation is not model work.
   """
-  micro = dataclasses.replace(opts, batch=opts.batch // opts.accum_steps, accum_steps=1,
-                              remat=False)
+  micro = dataclasses.replace(
+    opts, batch=opts.batch // opts.accum_steps, accum_steps=1, remat=False
+  )
   fn, args = build_step(micro, abstract=True)
   analysis = fn.lower(*args).cost_analysis()
   if isinstance(analysis, (list, tuple)):
@@ -198,8 +224,11 @@ def interleave(runners: dict, opts: Options) -> dict:
 def measure_peaks(opts: Options, compare: bool) -> dict:
   on_cpu = jax.default_backend() == 'cpu'
   n = 2048 if on_cpu else 8192
-  peaks = {'matmul_size': n, 'dtype': opts.dtype,
-           'jax_matmul_flops': hardware.measure_matmul_flops(n, jnp.dtype(opts.dtype))}
+  peaks = {
+    'matmul_size': n,
+    'dtype': opts.dtype,
+    'jax_matmul_flops': hardware.measure_matmul_flops(n, jnp.dtype(opts.dtype)),
+  }
   if compare:
     peaks['torch_matmul_flops'] = timm_peer.matmul_flops(n, opts.dtype)
   peaks['vendor_bf16_flops'] = hardware.peak_flops()
@@ -226,10 +255,15 @@ def run(opts: Options) -> dict:
   timm_step = timm_setup = None
   if compare:
     timm_step, timm_setup = timm_peer.make_step(
-        steps.model_config(train_config(opts)), mode=opts.mode, batch=opts.batch,
-        resolution=opts.resolution, dtype=opts.dtype, num_classes=opts.num_classes,
-        compile_model=opts.timm_compile,
-        threads=opts.threads or (cores if jax.default_backend() == 'cpu' else None))
+      steps.model_config(train_config(opts)),
+      mode=opts.mode,
+      batch=opts.batch,
+      resolution=opts.resolution,
+      dtype=opts.dtype,
+      num_classes=opts.num_classes,
+      compile_model=opts.timm_compile,
+      threads=opts.threads or (cores if jax.default_backend() == 'cpu' else None),
+    )
   peaks = measure_peaks(opts, compare)
 
   fn, args = build_step(opts)
@@ -255,19 +289,24 @@ def run(opts: Options) -> dict:
   flops = {'xla': xla_flops_per_image(opts), 'analytic': analytic_flops_per_image(opts)}
   vendor = peaks['vendor_bf16_flops'] if opts.dtype == 'bfloat16' else None
   record = {
-      'benchmark': 'vit_jax.benchmark',
-      'time_utc': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
-      'command': 'python -m vit_jax.benchmark ' + ' '.join(sys.argv[1:]),
-      'options': dataclasses.asdict(opts),
-      'machine': hardware.machine_info(),
-      'peak': peaks,
-      'flops_per_image': flops,
-      'vit_jax': {**_side(times['vit_jax'], flops['xla'], peak, vendor, opts.batch),
-                  'compile_s': compile_s, **memory.compiled_memory(compiled)},
+    'benchmark': 'vit_jax.benchmark',
+    'time_utc': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
+    'command': 'python -m vit_jax.benchmark ' + ' '.join(sys.argv[1:]),
+    'options': dataclasses.asdict(opts),
+    'machine': hardware.machine_info(),
+    'peak': peaks,
+    'flops_per_image': flops,
+    'vit_jax': {
+      **_side(times['vit_jax'], flops['xla'], peak, vendor, opts.batch),
+      'compile_s': compile_s,
+      **memory.compiled_memory(compiled),
+    },
   }
   if compare:
-    record['timm'] = {**_side(times['timm'], flops['xla'], peak, vendor, opts.batch),
-                      'setup': timm_setup}
+    record['timm'] = {
+      **_side(times['timm'], flops['xla'], peak, vendor, opts.batch),
+      'setup': timm_setup,
+    }
     record['ratio_vs_timm'] = record['vit_jax']['img_per_sec'] / record['timm']['img_per_sec']
   return record
 
@@ -292,23 +331,39 @@ def record_path(record: dict, directory: str = 'benchmarks') -> str:
 def summary(record: dict) -> str:
   o, ours = record['options'], record['vit_jax']
   m = record['machine']
-  lines = [f'{o["model"]} {o["mode"]} batch {o["batch"]} at {o["resolution"]} px, {o["dtype"]}, '
-           f'{m["device_kind"]} ({m["cpu"]}, {m["cpu_cores"]} cores, load '
-           f'{m["load_average_1min"] or 0:.1f})']
+  lines = [
+    f'{o["model"]} {o["mode"]} batch {o["batch"]} at {o["resolution"]} px, {o["dtype"]}, '
+    f'{m["device_kind"]} ({m["cpu"]}, {m["cpu_cores"]} cores, load '
+    f'{m["load_average_1min"] or 0:.1f})'
+  ]
   peak = record['peak']
-  lines.append('peak (matmul %d): jnp %.1f GFLOP/s%s' % (
-      peak['matmul_size'], peak['jax_matmul_flops'] / 1e9,
-      f', torch {peak["torch_matmul_flops"] / 1e9:.1f}' if 'torch_matmul_flops' in peak else ''))
+  lines.append(
+    'peak (matmul %d): jnp %.1f GFLOP/s%s'
+    % (
+      peak['matmul_size'],
+      peak['jax_matmul_flops'] / 1e9,
+      f', torch {peak["torch_matmul_flops"] / 1e9:.1f}' if 'torch_matmul_flops' in peak else '',
+    )
+  )
   flops = record['flops_per_image']
-  lines.append('FLOPs/image: XLA %.4g G%s' % (
-      flops['xla'] / 1e9, f', analytic {flops["analytic"] / 1e9:.4g} G' if flops['analytic'] else ''))
+  lines.append(
+    'FLOPs/image: XLA %.4g G%s'
+    % (
+      flops['xla'] / 1e9,
+      f', analytic {flops["analytic"] / 1e9:.4g} G' if flops['analytic'] else '',
+    )
+  )
   for name in ('vit_jax', 'timm'):
     if name in record:
       side = record[name]
-      lines.append(f'{name:8s} {side["img_per_sec"]:8.2f} img/s  step {side["step_time_s"]:.4f} s'
-                   f'  MFU {side.get("mfu", 0.0):.3f}')
-  lines.append(f'compile {ours["compile_s"]:.1f} s, memory {ours["memory_bytes"] / 2**30:.2f} GiB '
-               f'({ours["memory_source"]})')
+      lines.append(
+        f'{name:8s} {side["img_per_sec"]:8.2f} img/s  step {side["step_time_s"]:.4f} s'
+        f'  MFU {side.get("mfu", 0.0):.3f}'
+      )
+  lines.append(
+    f'compile {ours["compile_s"]:.1f} s, memory {ours["memory_bytes"] / 2**30:.2f} GiB '
+    f'({ours["memory_source"]})'
+  )
   if 'ratio_vs_timm' in record:
     lines.append(f'vit_jax / timm = {record["ratio_vs_timm"]:.3f}')
   return '\n'.join(lines)

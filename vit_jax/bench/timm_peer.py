@@ -21,10 +21,12 @@ class CompareError(ValueError):
 
 def import_torch():
   try:
-    import timm  # pylint: disable=g-import-not-at-top
-    import torch  # pylint: disable=g-import-not-at-top
+    import timm
+    import torch
   except ImportError as e:
-    raise CompareError(f'--compare=timm needs torch and timm ({e}); pip install torch timm') from None
+    raise CompareError(
+      f'--compare=timm needs torch and timm ({e}); pip install torch timm'
+    ) from None
   return torch, timm
 
 
@@ -57,20 +59,39 @@ def _timm_model(timm, torch, arch, resolution: int, num_classes: int):
   if arch.get('representation_size') is not None:
     raise CompareError('the timm comparison has no pre-logits layer; use a model without one')
   if arch.classifier not in ('token', 'gap'):
-    raise CompareError(f"classifier={arch.classifier!r}: the timm comparison needs 'token' or 'gap'")
-  from timm.models import vision_transformer  # pylint: disable=g-import-not-at-top
+    raise CompareError(
+      f"classifier={arch.classifier!r}: the timm comparison needs 'token' or 'gap'"
+    )
+  from timm.models import vision_transformer
+
   t = arch.transformer
   return vision_transformer.VisionTransformer(
-      img_size=resolution, patch_size=arch.patches.size[0], in_chans=3,
-      num_classes=num_classes, embed_dim=arch.hidden_size, depth=t.num_layers,
-      num_heads=t.num_heads, mlp_ratio=t.mlp_dim / arch.hidden_size, qkv_bias=True,
-      class_token=arch.classifier == 'token',
-      global_pool='token' if arch.classifier == 'token' else 'avg',
-      act_layer=functools.partial(torch.nn.GELU, approximate='tanh'))
+    img_size=resolution,
+    patch_size=arch.patches.size[0],
+    in_chans=3,
+    num_classes=num_classes,
+    embed_dim=arch.hidden_size,
+    depth=t.num_layers,
+    num_heads=t.num_heads,
+    mlp_ratio=t.mlp_dim / arch.hidden_size,
+    qkv_bias=True,
+    class_token=arch.classifier == 'token',
+    global_pool='token' if arch.classifier == 'token' else 'avg',
+    act_layer=functools.partial(torch.nn.GELU, approximate='tanh'),
+  )
 
 
-def make_step(arch, *, mode: str, batch: int, resolution: int, dtype: str,
-              num_classes: int = 1000, compile_model=None, threads=None):
+def make_step(
+  arch,
+  *,
+  mode: str,
+  batch: int,
+  resolution: int,
+  dtype: str,
+  num_classes: int = 1000,
+  compile_model=None,
+  threads=None,
+):
   """A zero-argument function running one synchronised timm step, and a description."""
   torch, timm = import_torch()
   if threads:
@@ -82,11 +103,18 @@ def make_step(arch, *, mode: str, batch: int, resolution: int, dtype: str,
     model = torch.compile(model)
   images = torch.rand((batch, 3, resolution, resolution), device=device) * 2 - 1
   labels = torch.randint(0, num_classes, (batch,), device=device)
-  amp = (torch.autocast(device.type, dtype=torch.bfloat16) if dtype == 'bfloat16'
-         else contextlib.nullcontext())
-  described = {'device': str(device), 'threads': torch.get_num_threads(),
-               'torch_compile': bool(compile_model), 'autocast': dtype == 'bfloat16',
-               'attention': 'torch.nn.functional.scaled_dot_product_attention'}
+  amp = (
+    torch.autocast(device.type, dtype=torch.bfloat16)
+    if dtype == 'bfloat16'
+    else contextlib.nullcontext()
+  )
+  described = {
+    'device': str(device),
+    'threads': torch.get_num_threads(),
+    'torch_compile': bool(compile_model),
+    'autocast': dtype == 'bfloat16',
+    'attention': 'torch.nn.functional.scaled_dot_product_attention',
+  }
 
   if mode == 'infer':
     model.eval()
@@ -95,6 +123,7 @@ def make_step(arch, *, mode: str, batch: int, resolution: int, dtype: str,
       with torch.inference_mode(), amp:
         model(images)
       sync()
+
     return step, described
 
   model.train()
@@ -114,4 +143,5 @@ def make_step(arch, *, mode: str, batch: int, resolution: int, dtype: str,
     torch.nn.utils.clip_grad_norm_(params, 1.0)
     opt.step()
     sync()
+
   return step, described

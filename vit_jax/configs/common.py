@@ -21,47 +21,49 @@ def get_config():
 
   # Model: a `vit_jax.configs.models.MODEL_CONFIGS` name plus run-time choices.
   config.model = 'ViT-B_16'
-  config.dtype = 'float32'                 # compute dtype: 'float32' or 'bfloat16'
-  config.remat = False                     # recompute blocks in the backward pass
-  config.attention = 'auto'                # 'auto', 'xla', 'cudnn' or 'explicit' (models_vit)
+  config.dtype = 'float32'  # compute dtype: 'float32' or 'bfloat16'
+  config.remat = False  # recompute blocks in the backward pass
+  config.attention = 'auto'  # 'auto', 'xla', 'cudnn' or 'explicit' (models_vit)
   config.dropout_rate = 0.0
   config.attention_dropout_rate = 0.0
   config.representation_size = ml_collections.config_dict.placeholder(int)  # pre-logits
-  config.head_bias_init = 0.0              # -10 with the sigmoid loss (paper B.1)
+  config.head_bias_init = 0.0  # -10 with the sigmoid loss (paper B.1)
   config.pretrained_path = ml_collections.config_dict.placeholder(str)
 
   # Data: dataset, splits, preprocessing (vit_jax/configs/data.py).
   data.add_data_config(config)
 
   # Optimisation (paper Appendix B.1).
-  config.optimizer = 'adam'                # 'adam' (pre-training) or 'sgd' (fine-tuning)
+  config.optimizer = 'adam'  # 'adam' (pre-training) or 'sgd' (fine-tuning)
   config.b1 = 0.9
   config.b2 = 0.999
   config.momentum = 0.9
-  config.optim_dtype = 'float32'           # dtype of Adam's first moment / SGD's momentum
+  config.optim_dtype = 'float32'  # dtype of Adam's first moment / SGD's momentum
   config.base_lr = 1e-3
   config.warmup_steps = 10_000
-  config.decay_type = 'linear'             # 'linear' or 'cosine'
-  config.weight_decay = 0.0                # decoupled, kernels only
+  config.decay_type = 'linear'  # 'linear' or 'cosine'
+  config.weight_decay = 0.0  # decoupled, kernels only
   config.grad_norm_clip = 1.0
   config.label_smoothing = 0.0
-  config.loss = 'softmax'                  # 'softmax' or 'sigmoid' (multi-label data)
-  config.ema_decay = 0.0                   # Polyak averaging factor; 0 = off
+  config.loss = 'softmax'  # 'softmax' or 'sigmoid' (multi-label data)
+  config.ema_decay = 0.0  # Polyak averaging factor; 0 = off
   config.total_steps = 10_000
-  config.accum_steps = 1                   # micro-batches per step (same math, less memory)
-  config.skip_nonfinite = False            # skip NaN/Inf steps instead of stopping
+  config.accum_steps = 1  # micro-batches per step (same math, less memory)
+  config.skip_nonfinite = False  # skip NaN/Inf steps instead of stopping
 
   # Few-shot linear evaluation of the frozen pre-logits (paper 4.1), on the
   # train/test splits of other datasets, every `every` steps and at the end.
-  config.fewshot = ml_collections.ConfigDict({
-      'datasets': (),          # e.g. ('cifar10', 'vtab/dtd'); empty = off
-      'every': 0,              # steps between evaluations; 0 = only at the end
+  config.fewshot = ml_collections.ConfigDict(
+    {
+      'datasets': (),  # e.g. ('cifar10', 'vtab/dtd'); empty = off
+      'every': 0,  # steps between evaluations; 0 = only at the end
       'shots': (1, 5, 10, 25),
       'seeds': (0, 1, 2),
-      'l2_reg': 2.0 ** 10,
+      'l2_reg': 2.0**10,
       'train_split': 'train',  # 'train' / 'test' = the dataset's own; or a split expression
       'test_split': 'test',
-  })
+    }
+  )
 
   # Devices: a (data, fsdp) mesh over all devices; fsdp > 1 shards params.
   config.mesh = ml_collections.ConfigDict({'fsdp': 1})

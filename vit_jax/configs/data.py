@@ -17,33 +17,41 @@ def data_config() -> ml_collections.ConfigDict:
   Fields that default to None are typed placeholders, so they can still be
   set from the command line (`--config.pp.train=train[:10%]`).
   """
-  return ml_collections.ConfigDict({
-      # What to read (README "Input pipelines"): a TFDS name or preset
+  return ml_collections.ConfigDict(
+    {
+      # What to read (docs/data.md): a TFDS name or preset
       # ('cifar10', 'imagenet2012', 'vtab/dtd'), the built-in 'digits', a
       # folder DIR/{train,test}/<class>/*, or a shard directory with info.json.
       'dataset': 'digits',
-      'tfds_data_dir': placeholder(str),    # TFDS data_dir; None = TFDS default (~/tensorflow_datasets)
+      'tfds_data_dir': placeholder(
+        str
+      ),  # TFDS data_dir; None = TFDS default (~/tensorflow_datasets)
       'tfds_manual_dir': placeholder(str),  # manual downloads (ImageNet tars, ImageNet-21k folders)
       'pp': {
-          'train': placeholder(str),   # train split, e.g. 'train[:98%]'; None = the dataset's preset
-          'test': placeholder(str),    # test split; None = the dataset's preset
-          'crop': 224,     # train and eval resolution (paper B.1.1: 224 pre-train, 384 fine-tune)
-          'resize': placeholder(int),  # eval: resize to this, then centre crop to `crop`; None = resize to crop
-          # None below = the dataset's choice (vit_jax.presets; digits: no flip, area_min 0.5).
-          'inception_crop': placeholder(bool),  # train: random area/aspect crop; False = resize like eval
-          'area_min': placeholder(float),        # inception crop: smallest crop area (default 0.05)
-          'flip': placeholder(bool),            # train: random horizontal flip (default True)
-          'randaug_layers': 0,     # RandAugment ops per image (AugReg: 2); 0 = off
-          'randaug_magnitude': 10,  # RandAugment magnitude, 10 = the ops' full range
-          'mixup': 0.0,            # Mixup Beta(alpha, alpha) alpha; 0 = off
+        'train': placeholder(str),  # train split, e.g. 'train[:98%]'; None = the dataset's preset
+        'test': placeholder(str),  # test split; None = the dataset's preset
+        'crop': 224,  # train and eval resolution (paper B.1.1: 224 pre-train, 384 fine-tune)
+        'resize': placeholder(
+          int
+        ),  # eval: resize to this, then centre crop to `crop`; None = resize to crop
+        # None below = the dataset's choice (vit_jax.presets; digits: no flip, area_min 0.5).
+        'inception_crop': placeholder(
+          bool
+        ),  # train: random area/aspect crop; False = resize like eval
+        'area_min': placeholder(float),  # inception crop: smallest crop area (default 0.05)
+        'flip': placeholder(bool),  # train: random horizontal flip (default True)
+        'randaug_layers': 0,  # RandAugment ops per image (AugReg: 2); 0 = off
+        'randaug_magnitude': 10,  # RandAugment magnitude, 10 = the ops' full range
+        'mixup': 0.0,  # Mixup Beta(alpha, alpha) alpha; 0 = off
       },
-      'batch': 512,         # global train batch, split evenly over processes
-      'batch_eval': 512,    # global eval batch
-      'prefetch': 2,        # batches transferred to the devices ahead of use
-      'seed': 0,            # data order and augmentation are a pure function of (seed, step)
+      'batch': 512,  # global train batch, split evenly over processes
+      'batch_eval': 512,  # global eval batch
+      'prefetch': 2,  # batches transferred to the devices ahead of use
+      'seed': 0,  # data order and augmentation are a pure function of (seed, step)
       'corrupt_images': 'skip',  # image folders: 'skip' (log and count) or 'fail'
-      'eval_cache_mb': 1024,     # keep preprocessed eval data in host memory when below this
-  })
+      'eval_cache_mb': 1024,  # keep preprocessed eval data in host memory when below this
+    }
+  )
 
 
 def add_data_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:

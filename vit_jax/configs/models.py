@@ -12,43 +12,54 @@ import ml_collections
 
 # name: (hidden_size, mlp_dim, num_heads, num_layers)
 _SIZES = {
-    'Ti': (192, 768, 3, 12),
-    'S': (384, 1536, 6, 12),
-    'B': (768, 3072, 12, 12),
-    'L': (1024, 4096, 16, 24),
-    'H': (1280, 5120, 16, 32),
+  'Ti': (192, 768, 3, 12),
+  'S': (384, 1536, 6, 12),
+  'B': (768, 3072, 12, 12),
+  'L': (1024, 4096, 16, 24),
+  'H': (1280, 5120, 16, 32),
 }
 
 # The public ViT checkpoints: (size, patch).
-_VIT_NAMES = [('Ti', 16), ('S', 16), ('S', 32), ('B', 8), ('B', 16), ('B', 32),
-              ('L', 16), ('L', 32), ('H', 14)]
+_VIT_NAMES = [
+  ('Ti', 16),
+  ('S', 16),
+  ('S', 32),
+  ('B', 8),
+  ('B', 16),
+  ('B', 32),
+  ('L', 16),
+  ('L', 32),
+  ('H', 14),
+]
 
 # Hybrids: ViT on a BiT ResNet feature map with 1x1 patches. The name's patch
 # number is the backbone's total stride: three stages give 16, four give 32.
 _HYBRIDS = {
-    'R50+ViT-B_16': ('B', (3, 4, 9)),
-    'R26+ViT-B_32': ('B', (2, 2, 2, 2)),
-    'R50+ViT-L_32': ('L', (3, 4, 6, 3)),
+  'R50+ViT-B_16': ('B', (3, 4, 9)),
+  'R26+ViT-B_32': ('B', (2, 2, 2, 2)),
+  'R50+ViT-L_32': ('L', (3, 4, 6, 3)),
 }
 
 
 def vit_config(size, patch, *, classifier='token', representation_size=None, name=None):
   """A ViT of a named size (`'Ti'` ... `'H'`) and square patch size."""
   hidden, mlp, heads, layers = _SIZES[size]
-  return ml_collections.ConfigDict({
+  return ml_collections.ConfigDict(
+    {
       'model_name': name or f'ViT-{size}_{patch}',
       'patches': {'size': (patch, patch)},
       'hidden_size': hidden,
       'transformer': {
-          'mlp_dim': mlp,
-          'num_heads': heads,
-          'num_layers': layers,
-          'attention_dropout_rate': 0.0,
-          'dropout_rate': 0.0,
+        'mlp_dim': mlp,
+        'num_heads': heads,
+        'num_layers': layers,
+        'attention_dropout_rate': 0.0,
+        'dropout_rate': 0.0,
       },
       'classifier': classifier,
       'representation_size': representation_size,
-  })
+    }
+  )
 
 
 def hybrid_config(name):
@@ -81,7 +92,8 @@ def _factories():
     name = f'ViT-{size}_{patch}'
     factories[name] = lambda s=size, p=patch: vit_config(s, p)
     factories[f'{name}-gap'] = lambda s=size, p=patch, n=name: vit_config(
-        s, p, classifier='gap', name=f'{n}-gap')
+      s, p, classifier='gap', name=f'{n}-gap'
+    )
   for name in _HYBRIDS:
     factories[name] = lambda n=name: hybrid_config(n)
   factories['ViT-Demo_4'] = demo_config
@@ -98,7 +110,9 @@ class _Registry(collections.abc.Mapping):
   def __getitem__(self, name):
     if name not in self._factories:
       close = difflib.get_close_matches(name, self._factories, n=3, cutoff=0.5)
-      hint = f'did you mean {", ".join(close)}?' if close else 'see vit_jax.configs.models.MODEL_CONFIGS'
+      hint = (
+        f'did you mean {", ".join(close)}?' if close else 'see vit_jax.configs.models.MODEL_CONFIGS'
+      )
       raise KeyError(f'unknown model {name!r}: {hint}')
     return self._factories[name]()
 

@@ -1,7 +1,7 @@
 """Masked patch prediction at demo scale: the demo ViT on the built-in digits.
 
 Self-supervised (paper B.1.2): the labels of the digits are not read. Its
-workdir fine-tunes with configs/finetune.py (README: masked patch prediction).
+workdir fine-tunes with configs/finetune.py (docs/evaluation.md: masked patch prediction).
 """
 
 from vit_jax.configs import demo

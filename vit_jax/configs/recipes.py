@@ -15,17 +15,20 @@ from vit_jax.configs import models as model_configs
 
 # Training-set sizes the epochs of Table 3 refer to.
 _DATASET_SIZES = {
-    'imagenet21k': 14_197_122,
-    'jft': 303_000_000,
-    'imagenet2012': 1_281_167,
+  'imagenet21k': 14_197_122,
+  'jft': 303_000_000,
+  'imagenet2012': 1_281_167,
 }
 
 # Paper Table 3: (epochs, base LR, LR decay, weight decay, dropout).
 _JFT = {
-    'ViT-B_16': (7, 8e-4), 'ViT-B_32': (7, 8e-4), 'ViT-L_32': (7, 6e-4),
-    'ViT-L_16': (7, 4e-4),  # 7 or 14 epochs in the paper: pass `:jft,14`
-    'ViT-H_14': (14, 3e-4),
-    'R50+ViT-B_16': (7, 8e-4), 'R50+ViT-L_32': (7, 2e-4),
+  'ViT-B_16': (7, 8e-4),
+  'ViT-B_32': (7, 8e-4),
+  'ViT-L_32': (7, 6e-4),
+  'ViT-L_16': (7, 4e-4),  # 7 or 14 epochs in the paper: pass `:jft,14`
+  'ViT-H_14': (14, 3e-4),
+  'R50+ViT-B_16': (7, 8e-4),
+  'R50+ViT-L_32': (7, 2e-4),
 }
 
 
@@ -73,7 +76,7 @@ def pretrain(model: str, arg: str = 'imagenet21k') -> ml_collections.ConfigDict:
   config.checkpoint_every = 2000
   if dataset == 'jft':
     # JFT is multi-label: sigmoid cross-entropy, head bias -10 (B.1). The data
-    # is the user's own shards: a directory with info.json (README).
+    # is the user's own shards: a directory with info.json (docs/data.md).
     config.dataset = ml_collections.config_dict.placeholder(str)
     config.loss = 'sigmoid'
     config.head_bias_init = -10.0
@@ -83,8 +86,13 @@ def pretrain(model: str, arg: str = 'imagenet21k') -> ml_collections.ConfigDict:
 
 
 # Fine-tuning steps per dataset (paper Table 4; VTAB-1k: 2,500, Appendix B.1.1).
-_FINETUNE_STEPS = {'imagenet2012': 20_000, 'cifar10': 10_000, 'cifar100': 10_000,
-                   'oxford_iiit_pet': 500, 'oxford_flowers102': 500}
+_FINETUNE_STEPS = {
+  'imagenet2012': 20_000,
+  'cifar10': 10_000,
+  'cifar100': 10_000,
+  'oxford_iiit_pet': 500,
+  'oxford_flowers102': 500,
+}
 
 
 def finetune_steps(dataset: str) -> int:
@@ -98,8 +106,10 @@ def finetune(arg: str) -> ml_collections.ConfigDict:
   """Fine-tuning (paper B.1.1, Table 4). `arg`: MODEL,DATASET."""
   model, _, dataset = arg.partition(',')
   if not model or not dataset:
-    raise ValueError(f'finetune config argument {arg!r}: use MODEL,DATASET '
-                     '(e.g. configs/finetune.py:ViT-B_16,cifar10)')
+    raise ValueError(
+      f'finetune config argument {arg!r}: use MODEL,DATASET '
+      '(e.g. configs/finetune.py:ViT-B_16,cifar10)'
+    )
   config = common.get_config()
   config.model = model
   config.dataset = dataset

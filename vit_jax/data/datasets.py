@@ -16,9 +16,9 @@ import numpy as np
 
 from vit_jax import files
 from vit_jax.data import folder
-from vit_jax.data import shards
 from vit_jax.data import presets
 from vit_jax.data import records
+from vit_jax.data import shards
 from vit_jax.data import sources
 from vit_jax.data.sources import DataError
 
@@ -28,6 +28,7 @@ BUILTIN = ('digits',)
 @dataclasses.dataclass(frozen=True)
 class Defaults:
   """What a dataset brings when the config leaves a field at None."""
+
   train: str = 'train'
   test: str = 'test'
   flip: bool = True
@@ -49,8 +50,10 @@ def kind(dataset: str) -> str:
     if shards.is_shard_dir(path):
       return 'shards'
     if not os.path.isdir(path):
-      raise DataError(f'{dataset}: no such folder; pass an existing image folder or shard '
-                      'directory, or a dataset name (digits, cifar10, imagenet2012, ...)')
+      raise DataError(
+        f'{dataset}: no such folder; pass an existing image folder or shard '
+        'directory, or a dataset name (digits, cifar10, imagenet2012, ...)'
+      )
     return 'folder'
   if dataset == 'imagenet21k':
     return 'shards'
@@ -63,18 +66,19 @@ def defaults(dataset: str) -> Defaults:
   preset = presets.PRESETS.get(dataset)
   if preset is None:
     return Defaults()
-  return Defaults(preset.train, preset.test, preset.flip, preset.inception_crop,
-                  preset.area_min)
+  return Defaults(preset.train, preset.test, preset.flip, preset.inception_crop, preset.area_min)
 
 
 def data_dir(tfds_data_dir):
-  return os.path.expanduser(tfds_data_dir or os.environ.get('TFDS_DATA_DIR')
-                            or '~/tensorflow_datasets')
+  return os.path.expanduser(
+    tfds_data_dir or os.environ.get('TFDS_DATA_DIR') or '~/tensorflow_datasets'
+  )
 
 
 @functools.lru_cache(maxsize=32)
-def open_split(dataset: str, split: str, tfds_data_dir=None, tfds_manual_dir=None,
-               corrupt_images='skip') -> sources.Source:
+def open_split(
+  dataset: str, split: str, tfds_data_dir=None, tfds_manual_dir=None, corrupt_images='skip'
+) -> sources.Source:
   """The Source of `split` of `dataset`. Cached: folders are checked once per process."""
   which = kind(dataset)
   if which == 'builtin':
@@ -87,9 +91,11 @@ def open_split(dataset: str, split: str, tfds_data_dir=None, tfds_manual_dir=Non
       root = os.path.join(data_dir(tfds_data_dir), 'imagenet21k')
       if not shards.is_shard_dir(root):
         manual = tfds_manual_dir or '<tfds_manual_dir>'
-        raise DataError(f'imagenet21k: no converted shards in {root}; convert the extracted '
-                        f'release with python -m vit_jax.jft --folder {manual} --out {root} '
-                        '(README: ImageNet-21k)')
+        raise DataError(
+          f'imagenet21k: no converted shards in {root}; convert the extracted '
+          f'release with python -m vit_jax.jft --folder {manual} --out {root} '
+          '(docs/data.md: ImageNet-21k)'
+        )
     return shards.open_split(root, split)
   return _tfds(dataset, split, tfds_data_dir, tfds_manual_dir)
 
@@ -100,7 +106,8 @@ def open_split(dataset: str, split: str, tfds_data_dir=None, tfds_manual_dir=Non
 
 def load_digits():
   """(images uint8 [1797, 8, 8, 3], labels [1797]) from scikit-learn's copy of UCI digits."""
-  from sklearn import datasets as sk_datasets  # pylint: disable=g-import-not-at-top
+  from sklearn import datasets as sk_datasets
+
   digits = sk_datasets.load_digits()
   # Pixels are counts 0..16 of set bits in 4x4 blocks of the 32x32 scans.
   grey = np.round(digits.images * (255.0 / 16.0)).astype(np.uint8)
@@ -126,8 +133,9 @@ def _digits(split):
     raise DataError(f'digits: no split {name!r}; use train or test (e.g. train[:90%])')
   images, labels = load_digits()
   index = digits_split_indices()[0 if name == 'train' else 1]
-  source = sources.array_source(f'digits {name}', images[index], labels[index], 10,
-                                [str(d) for d in range(10)])
+  source = sources.array_source(
+    f'digits {name}', images[index], labels[index], 10, [str(d) for d in range(10)]
+  )
   lo, hi = sources.slice_bounds(start, stop, source.num_examples)
   return sources.sliced(source, lo, hi, f'[{start or ""}:{stop or ""}]')
 
@@ -152,13 +160,17 @@ def _folder(root, split, corrupt_images):
 def _unknown(dataset, tfds_names):
   known = list(BUILTIN) + ['imagenet21k'] + list(presets.PRESETS) + list(tfds_names)
   close = difflib.get_close_matches(dataset, known, n=3, cutoff=0.6)
-  hint = f'did you mean {" or ".join(close)}?' if close else (
-      'use a TFDS name, a preset (README "Input pipelines"), digits, or a folder path')
+  hint = (
+    f'did you mean {" or ".join(close)}?'
+    if close
+    else ('use a TFDS name, a preset (docs/data.md), digits, or a folder path')
+  )
   return DataError(f'unknown dataset {dataset!r}: {hint}')
 
 
 def _tfds(dataset, split, tfds_data_dir, tfds_manual_dir):
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  import tensorflow_datasets as tfds
+
   preset = presets.PRESETS.get(dataset)
   if preset is None and dataset.startswith('vtab/'):
     raise _unknown(dataset, [])
@@ -167,10 +179,12 @@ def _tfds(dataset, split, tfds_data_dir, tfds_manual_dir):
     builder = tfds.builder(tfds_name, data_dir=tfds_data_dir)
   except tfds.core.registered.DatasetNotFoundError:
     raise _unknown(dataset, tfds.list_builders()) from None
-  except Exception as e:  # pylint: disable=broad-except
+  except Exception as e:
     # A bad config name ('eurosat/nope') or an unreadable data_dir.
-    raise DataError(f'{dataset}: cannot open TFDS builder {tfds_name!r} '
-                    f'({_first_line(e)}); check the name and tfds_data_dir') from None
+    raise DataError(
+      f'{dataset}: cannot open TFDS builder {tfds_name!r} '
+      f'({_first_line(e)}); check the name and tfds_data_dir'
+    ) from None
 
   parts = (preset.named_splits.get(split) if preset else None) or ((split, None),)
   features = builder.info.features
@@ -180,15 +194,17 @@ def _tfds(dataset, split, tfds_data_dir, tfds_manual_dir):
   elif label_key in features and hasattr(features[label_key], 'num_classes'):
     num_classes = features[label_key].num_classes
   else:
-    raise DataError(f'{dataset}: no ClassLabel feature {label_key!r}; '
-                    'only image classification datasets are supported')
+    raise DataError(
+      f'{dataset}: no ClassLabel feature {label_key!r}; '
+      'only image classification datasets are supported'
+    )
   names = getattr(features[label_key], 'names', None) if label_key in features else None
   multi_label = bool(preset and preset.multi_label)
 
   def parse(record):
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    example = features.deserialize_example(
-        record, decoders={'image': tfds.decode.SkipDecoding()})
+    import tensorflow as tf
+
+    example = features.deserialize_example(record, decoders={'image': tfds.decode.SkipDecoding()})
     label = preset.label_fn(example) if preset and preset.label_fn else example[label_key]
     label = tf.cast(label, tf.float32 if multi_label else tf.int32)
     return {'image': example['image'], 'label': label}
@@ -196,9 +212,15 @@ def _tfds(dataset, split, tfds_data_dir, tfds_manual_dir):
   pieces = []
   for expr, take in parts:
     reader = _tfds_reader(builder, dataset, expr, tfds_data_dir, tfds_manual_dir, preset)
-    source = sources.record_source(f'{dataset} {expr}', reader, parse, num_classes,
-                                   class_names=names, multi_label=multi_label,
-                                   mask_empty_labels=bool(preset and preset.mask_empty_labels))
+    source = sources.record_source(
+      f'{dataset} {expr}',
+      reader,
+      parse,
+      num_classes,
+      class_names=names,
+      multi_label=multi_label,
+      mask_empty_labels=bool(preset and preset.mask_empty_labels),
+    )
     if take is not None:
       source = sources.sliced(source, 0, min(take, source.num_examples), f'[:{take}]')
     pieces.append(source)
@@ -206,40 +228,51 @@ def _tfds(dataset, split, tfds_data_dir, tfds_manual_dir):
 
 
 def _tfds_reader(builder, dataset, expr, tfds_data_dir, tfds_manual_dir, preset):
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  import tensorflow_datasets as tfds
+
   try:
     data_source = builder.as_data_source(
-        expr, deserialize_method=tfds.decode.DeserializeMethod.RAW_BYTES)
+      expr, deserialize_method=tfds.decode.DeserializeMethod.RAW_BYTES
+    )
     return records.DataSourceReader(data_source, f'{dataset} {expr}')
-  except Exception as e:  # pylint: disable=broad-except
+  except Exception as e:
     error = e
   if not builder.is_prepared():
     where = builder.data_dir
     if preset and preset.manual:
       manual = tfds_manual_dir or '<tfds_manual_dir>'
-      raise DataError(f'{dataset}: not prepared in {where}; put {", ".join(preset.manual_files)} '
-                      f'in {manual} and run python -m vit_jax.prepare {dataset} '
-                      f'--manual_dir {manual} (README: ImageNet)') from None
-    raise DataError(f'{dataset}: not prepared in {where}; run python -m vit_jax.prepare '
-                    f'{dataset} where it can download (README: TFDS datasets)') from None
+      raise DataError(
+        f'{dataset}: not prepared in {where}; put {", ".join(preset.manual_files)} '
+        f'in {manual} and run python -m vit_jax.prepare {dataset} '
+        f'--manual_dir {manual} (docs/data.md: ImageNet)'
+      ) from None
+    raise DataError(
+      f'{dataset}: not prepared in {where}; run python -m vit_jax.prepare '
+      f'{dataset} where it can download (docs/data.md: TFDS datasets)'
+    ) from None
   if isinstance(error, NotImplementedError):
     # Prepared as TFRecord: our own random access over TFDS's files.
     try:
       instructions = builder.info.splits[expr].file_instructions
-    except Exception as e:  # pylint: disable=broad-except
+    except Exception as e:
       raise _bad_split(dataset, expr, builder, e) from None
-    files = [(fi.filename if os.path.isabs(fi.filename) or '://' in fi.filename
-              else os.path.join(builder.data_dir, fi.filename), fi.skip,
-              fi.take if fi.take >= 0 else fi.examples_in_shard - fi.skip)
-             for fi in instructions]
+    files = [
+      (
+        fi.filename
+        if os.path.isabs(fi.filename) or '://' in fi.filename
+        else os.path.join(builder.data_dir, fi.filename),
+        fi.skip,
+        fi.take if fi.take >= 0 else fi.examples_in_shard - fi.skip,
+      )
+      for fi in instructions
+    ]
     return records.TFRecordReader(files)
   raise _bad_split(dataset, expr, builder, error) from None
 
 
 def _bad_split(dataset, expr, builder, error):
   have = ', '.join(sorted(builder.info.splits)) or 'none'
-  return DataError(f'{dataset}: cannot read split {expr!r} ({_first_line(error)}); '
-                   f'splits: {have}')
+  return DataError(f'{dataset}: cannot read split {expr!r} ({_first_line(error)}); splits: {have}')
 
 
 def _first_line(error):

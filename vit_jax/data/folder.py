@@ -30,8 +30,7 @@ def class_names(root: str) -> List[str]:
   for split in sorted(os.listdir(root)):
     split_dir = os.path.join(root, split)
     if os.path.isdir(split_dir):
-      names.update(d for d in os.listdir(split_dir)
-                   if os.path.isdir(os.path.join(split_dir, d)))
+      names.update(d for d in os.listdir(split_dir) if os.path.isdir(os.path.join(split_dir, d)))
   return sorted(names)
 
 
@@ -41,30 +40,35 @@ def check_image(path: str) -> Optional[str]:
     with open(path, 'rb') as f:
       head = f.read(4)
     if head[:3] == b'\xff\xd8\xff':
-      from PIL import Image  # pylint: disable=g-import-not-at-top
+      from PIL import Image
+
       with Image.open(path) as image:
         image.draft('RGB', (max(1, image.width // 8), max(1, image.height // 8)))
         image.load()
     else:
-      import tensorflow as tf  # pylint: disable=g-import-not-at-top
+      import tensorflow as tf
+
       with open(path, 'rb') as f:
         tf.io.decode_image(f.read(), channels=3, expand_animations=False)
-  except Exception as e:  # pylint: disable=broad-except
+  except Exception as e:
     # Any failure means "not an image TensorFlow can decode"; keep its first line.
     return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
   return None
 
 
-def list_split(root: str, split: str, classes: Sequence[str], corrupt_images: str,
-               threads: int = 8) -> Tuple[List[str], List[int]]:
+def list_split(
+  root: str, split: str, classes: Sequence[str], corrupt_images: str, threads: int = 8
+) -> Tuple[List[str], List[int]]:
   """(paths, labels) of the valid images of DIR/split, sorted by class then file name."""
   if corrupt_images not in ('skip', 'fail'):
     raise DataError(f"corrupt_images={corrupt_images!r}: use 'skip' or 'fail'")
   split_dir = os.path.join(root, split)
   if not os.path.isdir(split_dir):
     have = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
-    raise DataError(f'{root}: no split folder {split!r} (has {", ".join(have) or "none"}); '
-                    f'expected {root}/{split}/<class>/<image>')
+    raise DataError(
+      f'{root}: no split folder {split!r} (has {", ".join(have) or "none"}); '
+      f'expected {root}/{split}/<class>/<image>'
+    )
   paths, labels = [], []
   for label, name in enumerate(classes):
     class_dir = os.path.join(split_dir, name)
@@ -72,29 +76,37 @@ def list_split(root: str, split: str, classes: Sequence[str], corrupt_images: st
       continue  # a class may be absent from a split (e.g. no test images)
     files = sorted(f for f in os.listdir(class_dir) if f.lower().endswith(EXTENSIONS))
     if not files:
-      raise DataError(f'{class_dir}: empty class folder (no {", ".join(EXTENSIONS)} files); '
-                      'add images or remove the folder')
+      raise DataError(
+        f'{class_dir}: empty class folder (no {", ".join(EXTENSIONS)} files); '
+        'add images or remove the folder'
+      )
     paths += [os.path.join(class_dir, f) for f in files]
     labels += [label] * len(files)
   if not paths:
-    raise DataError(f'{split_dir}: no class folders with images; '
-                    f'expected {split_dir}/<class>/<image>')
+    raise DataError(
+      f'{split_dir}: no class folders with images; expected {split_dir}/<class>/<image>'
+    )
 
   with concurrent.futures.ThreadPoolExecutor(threads) as pool:
     problems = list(pool.map(check_image, paths))
   bad = [(p, why) for p, why in zip(paths, problems) if why]
   if bad and corrupt_images == 'fail':
     path, why = bad[0]
-    raise DataError(f'{path}: corrupt or truncated image ({why}); replace or delete it, '
-                    "or set corrupt_images='skip' to leave such files out")
+    raise DataError(
+      f'{path}: corrupt or truncated image ({why}); replace or delete it, '
+      "or set corrupt_images='skip' to leave such files out"
+    )
   if bad:
     names = ', '.join(p for p, _ in bad[:_MAX_NAMED]) + (' ...' if len(bad) > _MAX_NAMED else '')
-    logging.warning('%s: skipped %d corrupt image(s) of %d: %s', split_dir, len(bad),
-                    len(paths), names)
+    logging.warning(
+      '%s: skipped %d corrupt image(s) of %d: %s', split_dir, len(bad), len(paths), names
+    )
     before = set(labels)
     keep = [i for i, why in enumerate(problems) if not why]
     paths, labels = [paths[i] for i in keep], [labels[i] for i in keep]
     for label in sorted(before - set(labels)):
-      raise DataError(f'{os.path.join(split_dir, classes[label])}: every image is corrupt; '
-                      'replace them or remove the folder')
+      raise DataError(
+        f'{os.path.join(split_dir, classes[label])}: every image is corrupt; '
+        'replace them or remove the folder'
+      )
   return paths, labels

@@ -30,11 +30,11 @@ import jax
 import numpy as np
 import tensorflow as tf
 
+from vit_jax.configs.data import add_data_config  # noqa: F401  (public API)
+from vit_jax.configs.data import data_config  # noqa: F401  (public API)
 from vit_jax.data import datasets
 from vit_jax.data import preprocess
 from vit_jax.data import sources
-from vit_jax.configs.data import add_data_config  # noqa: F401  (public API)
-from vit_jax.configs.data import data_config  # noqa: F401  (public API)
 from vit_jax.data.sources import DataError  # noqa: F401  (public API)
 
 _FOREVER = 2**62
@@ -44,16 +44,22 @@ _FOREVER = 2**62
 class DatasetInfo:
   name: str
   num_classes: int
-  num_train: int          # examples in the train split as configured (after slicing)
-  num_test: int           # examples in the test split
-  multi_label: bool       # True for JFT-style data (sigmoid loss, multi-hot labels)
+  num_train: int  # examples in the train split as configured (after slicing)
+  num_test: int  # examples in the test split
+  multi_label: bool  # True for JFT-style data (sigmoid loss, multi-hot labels)
   class_names: Optional[Sequence[str]]
 
 
 def get_info(config) -> DatasetInfo:
   train, test = _open(config, 'train'), _open(config, 'test')
-  return DatasetInfo(config.dataset, train.num_classes, train.num_examples, test.num_examples,
-                     train.multi_label, train.class_names)
+  return DatasetInfo(
+    config.dataset,
+    train.num_classes,
+    train.num_examples,
+    test.num_examples,
+    train.multi_label,
+    train.class_names,
+  )
 
 
 # ---------------------------------------------------------------------------
@@ -80,9 +86,16 @@ def _pp(config) -> _PP:
     raise DataError(f'pp.area_min={area_min}: use a fraction in (0, 1]')
   if pp.resize and pp.resize < pp.crop:
     raise DataError(f'pp.resize={pp.resize} < pp.crop={pp.crop}: resize to at least the crop')
-  return _PP(int(pp.crop), pp.resize, bool(pick(pp.flip, base.flip)),
-             bool(pick(pp.inception_crop, base.inception_crop)), area_min,
-             int(pp.randaug_layers), float(pp.randaug_magnitude), float(pp.mixup))
+  return _PP(
+    int(pp.crop),
+    pp.resize,
+    bool(pick(pp.flip, base.flip)),
+    bool(pick(pp.inception_crop, base.inception_crop)),
+    area_min,
+    int(pp.randaug_layers),
+    float(pp.randaug_magnitude),
+    float(pp.mixup),
+  )
 
 
 def split_expression(config, split: str) -> str:
@@ -97,11 +110,17 @@ def split_expression(config, split: str) -> str:
 
 def _open(config, split) -> sources.Source:
   if config.get('dataset') is None:
-    raise DataError('config.dataset is not set: pass --config.dataset=NAME_OR_DIR (a TFDS name '
-                    'such as imagenet2012, an image folder, or a directory of JFT-style shards)')
-  return datasets.open_split(config.dataset, split_expression(config, split),
-                             config.tfds_data_dir, config.tfds_manual_dir,
-                             config.corrupt_images)
+    raise DataError(
+      'config.dataset is not set: pass --config.dataset=NAME_OR_DIR (a TFDS name '
+      'such as imagenet2012, an image folder, or a directory of JFT-style shards)'
+    )
+  return datasets.open_split(
+    config.dataset,
+    split_expression(config, split),
+    config.tfds_data_dir,
+    config.tfds_manual_dir,
+    config.corrupt_images,
+  )
 
 
 def _keys(seed: int):
@@ -118,15 +137,19 @@ def process_part(n: int, process_index: int, process_count: int):
 
 def _local_batch(batch: int, what: str, sharding, process_count: int) -> int:
   if batch % process_count:
-    raise DataError(f'{what}={batch} is not divisible by the {process_count} processes; '
-                    f'use a multiple of {process_count}')
+    raise DataError(
+      f'{what}={batch} is not divisible by the {process_count} processes; '
+      f'use a multiple of {process_count}'
+    )
   if sharding is not None:
     try:
       sharding.shard_shape((batch,))
     except ValueError:
-      raise DataError(f'{what}={batch} does not split evenly over the devices of the batch '
-                      f'axes of mesh {dict(sharding.mesh.shape)}; use a multiple of their '
-                      'product') from None
+      raise DataError(
+        f'{what}={batch} does not split evenly over the devices of the batch '
+        f'axes of mesh {dict(sharding.mesh.shape)}; use a multiple of their '
+        'product'
+      ) from None
   return batch // process_count
 
 
@@ -142,15 +165,19 @@ def train_indices(step, *, global_batch, local_batch, offset, num_examples, orde
   key = tf.fill([local_batch], tf.constant(order_key, tf.int64))
   seeds = tf.stack([key, epoch, tf.zeros_like(epoch)], axis=1)
   shuffled = tf.raw_ops.RandomIndexShuffle(
-      index=within, seed=seeds,
-      max_index=tf.fill([local_batch], tf.constant(num_examples - 1, tf.int64)), rounds=4)
+    index=within,
+    seed=seeds,
+    max_index=tf.fill([local_batch], tf.constant(num_examples - 1, tf.int64)),
+    rounds=4,
+  )
   return positions, shuffled
 
 
 def _randaugment(image, seed, pp):
   if not pp.randaug_layers:
     return image
-  from vit_jax.data import randaug  # pylint: disable=g-import-not-at-top
+  from vit_jax.data import randaug
+
   return randaug.randaugment(image, seed, pp.randaug_layers, pp.randaug_magnitude)
 
 
@@ -188,8 +215,9 @@ def _mixup(batch, step, source, alpha, mix_key):
   return {**batch, 'image': mix(batch['image']), 'label': mix(labels)}
 
 
-def train_dataset(source, pp, *, local_batch, start_step, seed, process_index=0,
-                  process_count=1) -> tf.data.Dataset:
+def train_dataset(
+  source, pp, *, local_batch, start_step, seed, process_index=0, process_count=1
+) -> tf.data.Dataset:
   """Process-local train batches from `start_step` on (float images, labels)."""
   if source.num_examples < 1:
     raise DataError(f'{source.name}: the train split is empty; check pp.train')
@@ -197,40 +225,51 @@ def train_dataset(source, pp, *, local_batch, start_step, seed, process_index=0,
     raise DataError(f'mixup pairs examples: the per-process batch ({local_batch}) must be even')
   order_key, aug_key, mix_key = _keys(seed)
   global_batch, offset = local_batch * process_count, local_batch * process_index
-  indices = functools.partial(train_indices, global_batch=global_batch, local_batch=local_batch,
-                              offset=offset, num_examples=source.num_examples,
-                              order_key=order_key)
+  indices = functools.partial(
+    train_indices,
+    global_batch=global_batch,
+    local_batch=local_batch,
+    offset=offset,
+    num_examples=source.num_examples,
+    order_key=order_key,
+  )
   steps = tf.data.Dataset.range(start_step, _FOREVER)
-  aug = dict(crop=pp.crop, inception_crop=pp.inception_crop, area_min=pp.area_min,
-             flip=pp.flip)
+  aug = dict(crop=pp.crop, inception_crop=pp.inception_crop, area_min=pp.area_min, flip=pp.flip)
 
   if source.decoded:
+
     def make_batch(step):
       _, idx = indices(step)
       example = source.read(idx)
       seed_ = tf.stack([tf.constant(aug_key, tf.int64), step])
-      images = preprocess.train_batch(example['image'], seed_, offset=offset,
-                                      global_batch=global_batch, **aug)
+      images = preprocess.train_batch(
+        example['image'], seed_, offset=offset, global_batch=global_batch, **aug
+      )
       if pp.randaug_layers:
         seeds = tf.random.experimental.stateless_split(seed_, global_batch)[offset:][:local_batch]
-        images = tf.map_fn(lambda a: _randaugment(a[0], a[1], pp), (images, seeds),
-                           fn_output_signature=tf.uint8)
+        images = tf.map_fn(
+          lambda a: _randaugment(a[0], a[1], pp), (images, seeds), fn_output_signature=tf.uint8
+        )
       batch = {'image': images, 'label': example['label'], 'step': step}
       return _finish(batch, source, pp, mix_key, train=True)
+
     ds = steps.map(make_batch, num_parallel_calls=2, deterministic=True)
   else:
+
     def read(step):
       positions, idx = indices(step)
-      return {**source.read(idx), 'position': positions,
-              'step': tf.fill([local_batch], step)}
+      return {**source.read(idx), 'position': positions, 'step': tf.fill([local_batch], step)}
 
     def one(example):
       parsed = source.parse(example)
       seed_ = tf.stack([tf.constant(aug_key, tf.int64), example['position']])
       aug_seed, ra_seed = tf.unstack(tf.random.experimental.stateless_split(seed_, 2))
       image = preprocess.train_image(parsed['image'], aug_seed, **aug)
-      return {'image': _randaugment(image, ra_seed, pp), 'label': parsed['label'],
-              'step': example['step']}
+      return {
+        'image': _randaugment(image, ra_seed, pp),
+        'label': parsed['label'],
+        'step': example['step'],
+      }
 
     def finish(batch):
       return _finish({**batch, 'step': batch['step'][0]}, source, pp, mix_key, train=True)
@@ -247,8 +286,7 @@ def eval_steps(n: int, local_batch: int, process_count: int) -> int:
 
 
 @functools.lru_cache(maxsize=8)
-def _cached_eval_dataset(key, source, pp, local_batch, process_index, process_count,
-                         cache_bytes):
+def _cached_eval_dataset(key, source, pp, local_batch, process_index, process_count, cache_bytes):
   """Process-local eval batches; memoised so a later pass reuses the in-memory cache."""
   del key  # only part of the memo key
   n = source.num_examples
@@ -261,13 +299,16 @@ def _cached_eval_dataset(key, source, pp, local_batch, process_index, process_co
     return idx, tf.cast(pos < part_size, tf.float32)
 
   if source.decoded:
+
     def make(pos):
       idx, mask = select(pos)
       example = source.read(idx)
       images = preprocess.eval_image(example['image'], pp.crop, pp.resize)  # batched
       return {'image': images, 'label': example['label'], 'mask': mask}
+
     ds = positions.batch(local_batch).map(make)
   else:
+
     def read(pos):
       idx, mask = select(pos)
       return {**source.read(idx), 'mask': mask}
@@ -285,10 +326,12 @@ def _cached_eval_dataset(key, source, pp, local_batch, process_index, process_co
   return ds.map(lambda b: _finish(b, source, pp, train=False)).prefetch(2)
 
 
-def eval_dataset(source, pp, *, local_batch, process_index=0, process_count=1,
-                 cache_bytes=0) -> tf.data.Dataset:
-  return _cached_eval_dataset((source.name,), source, pp, local_batch, process_index,
-                              process_count, int(cache_bytes))
+def eval_dataset(
+  source, pp, *, local_batch, process_index=0, process_count=1, cache_bytes=0
+) -> tf.data.Dataset:
+  return _cached_eval_dataset(
+    (source.name,), source, pp, local_batch, process_index, process_count, int(cache_bytes)
+  )
 
 
 # ---------------------------------------------------------------------------
@@ -306,9 +349,11 @@ def _tf_error(source, what, error):
     if 'DataError: ' in line:  # raised by a reader inside tf.numpy_function
       return DataError(line.split('DataError: ', 1)[1].strip())
   first = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
-  return DataError(f'{source.name}: {what} failed ({first}); if an image is corrupt, '
-                   "replace it (image folders: corrupt_images='skip' leaves out what PIL "
-                   'cannot decode)')
+  return DataError(
+    f'{source.name}: {what} failed ({first}); if an image is corrupt, '
+    "replace it (image folders: corrupt_images='skip' leaves out what PIL "
+    'cannot decode)'
+  )
 
 
 class TrainIterator:
@@ -321,7 +366,7 @@ class TrainIterator:
   def __init__(self, dataset, sharding, step, prefetch, source, fingerprint):
     self._tf_it = iter(dataset)
     self._sharding = sharding
-    self._step = step            # batches handed to the caller
+    self._step = step  # batches handed to the caller
     self._prefetch = max(0, int(prefetch))
     self._queue = collections.deque()
     self._source = source
@@ -354,19 +399,30 @@ def make_train_iterator(config, sharding, *, state=None) -> TrainIterator:
   source = _open(config, 'train')
   pp = _pp(config)
   local_batch = _local_batch(config.batch, 'batch', sharding, jax.process_count())
-  fingerprint = {'seed': int(config.seed), 'batch': int(config.batch),
-                 'dataset': str(config.dataset)}
+  fingerprint = {
+    'seed': int(config.seed),
+    'batch': int(config.batch),
+    'dataset': str(config.dataset),
+  }
   step = 0
   if state:
     for key, value in fingerprint.items():
       if key in state and state[key] != value:
-        raise DataError(f'iterator state has {key}={state[key]!r} but the config gives '
-                        f'{value!r}; restore with the same config or pass '
-                        f"state={{'step': {state.get('step', 0)}}} to start there anyway")
+        raise DataError(
+          f'iterator state has {key}={state[key]!r} but the config gives '
+          f'{value!r}; restore with the same config or pass '
+          f"state={{'step': {state.get('step', 0)}}} to start there anyway"
+        )
     step = int(state['step'])
-  dataset = train_dataset(source, pp, local_batch=local_batch, start_step=step,
-                          seed=int(config.seed), process_index=jax.process_index(),
-                          process_count=jax.process_count())
+  dataset = train_dataset(
+    source,
+    pp,
+    local_batch=local_batch,
+    start_step=step,
+    seed=int(config.seed),
+    process_index=jax.process_index(),
+    process_count=jax.process_count(),
+  )
   return TrainIterator(dataset, sharding, step, config.prefetch, source, fingerprint)
 
 
@@ -375,9 +431,14 @@ def make_eval_iterator(config, sharding, split='test') -> Iterator[dict]:
   source = _open(config, split)
   pp = _pp(config)
   local_batch = _local_batch(config.batch_eval, 'batch_eval', sharding, jax.process_count())
-  dataset = eval_dataset(source, pp, local_batch=local_batch,
-                         process_index=jax.process_index(), process_count=jax.process_count(),
-                         cache_bytes=config.eval_cache_mb * 2**20)
+  dataset = eval_dataset(
+    source,
+    pp,
+    local_batch=local_batch,
+    process_index=jax.process_index(),
+    process_count=jax.process_count(),
+    cache_bytes=config.eval_cache_mb * 2**20,
+  )
   return _eval_batches(dataset, sharding, source, config.prefetch)
 
 

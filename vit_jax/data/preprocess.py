@@ -68,6 +68,7 @@ def resize(image, size):
 
 def decode_inception_crop(encoded, uniforms, area_min, crop):
   """Decodes only the crop window of JPEGs (DCT-domain crop), any format otherwise."""
+
   def crop_jpeg():
     shape = tf.io.extract_jpeg_shape(encoded)
     y, x, h, w = inception_crop_window(uniforms, shape[0], shape[1], area_min)
@@ -77,7 +78,7 @@ def decode_inception_crop(encoded, uniforms, area_min, crop):
     image = decode(encoded)
     shape = tf.shape(image)
     y, x, h, w = inception_crop_window(uniforms, shape[0], shape[1], area_min)
-    return image[y:y + h, x:x + w]
+    return image[y : y + h, x : x + w]
 
   image = tf.cond(tf.io.is_jpeg(encoded), crop_jpeg, crop_other)
   image.set_shape([None, None, 3])
@@ -90,7 +91,7 @@ def eval_image(image, crop, resize_to=None):
     return resize(image, crop)
   image = resize(image, resize_to)
   start = (resize_to - crop) // 2
-  return image[..., start:start + crop, start:start + crop, :]
+  return image[..., start : start + crop, start : start + crop, :]
 
 
 def train_image(encoded, seed, *, crop, inception_crop, area_min, flip):
@@ -141,8 +142,7 @@ def crop_and_resize_batch(images, y, x, h, w, crop):
   return to_uint8(tf.transpose(x, [0, 2, 1, 3]))
 
 
-def train_batch(images, seed, *, crop, inception_crop, area_min, flip, offset=0,
-                global_batch=None):
+def train_batch(images, seed, *, crop, inception_crop, area_min, flip, offset=0, global_batch=None):
   """Batched `train_image` for decoded images of one size; seed [2] for the batch.
 
   The random draws are made for `global_batch` examples and rows
@@ -155,13 +155,13 @@ def train_batch(images, seed, *, crop, inception_crop, area_min, flip, offset=0,
   crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
   full = tf.ones([b], tf.int32)
   if inception_crop:
-    uniforms = random_uniforms(crop_seed, [total])[offset:offset + b]
+    uniforms = random_uniforms(crop_seed, [total])[offset : offset + b]
     y, x, h, w = inception_crop_window(uniforms, full * size_h, full * size_w, area_min)
     images = crop_and_resize_batch(images, y, x, h, w, crop)
   else:
     images = resize(images, crop)  # exactly the eval resize
   if flip:
-    mirror = tf.random.stateless_uniform([total], flip_seed)[offset:offset + b] < 0.5
+    mirror = tf.random.stateless_uniform([total], flip_seed)[offset : offset + b] < 0.5
     images = tf.where(mirror[:, None, None, None], images[:, :, ::-1], images)
   return images
 

@@ -26,7 +26,7 @@ class Preset:
   tfds_name: str
   train: str
   test: str
-  num_classes: Optional[int] = None      # None = from the TFDS label feature
+  num_classes: Optional[int] = None  # None = from the TFDS label feature
   label_key: str = 'label'
   # Builds the label from the deserialised example (TF graph); None = label_key.
   label_fn: Optional[Callable] = None
@@ -37,48 +37,54 @@ class Preset:
   flip: bool = True
   inception_crop: bool = True
   area_min: float = 0.05
-  manual: bool = False                    # needs files in tfds_manual_dir
+  manual: bool = False  # needs files in tfds_manual_dir
   manual_files: Sequence[str] = ()
 
 
 def _real_labels(example, num_classes=1000):
   """ImageNet ReaL (Beyer et al. 2020): the set of correct labels, multi-hot."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf
+
   hot = tf.one_hot(example['real_label'], num_classes, dtype=tf.float32)
   return tf.minimum(tf.reduce_sum(hot, axis=0), 1.0)
 
 
 def _vtab_splits(train, val, test):
   return {
-      'train800': ((train, 800),),
-      'val200': ((val, 200),),
-      'train800val200': ((train, 800), (val, 200)),
-      'test': ((test, None),),
-      'train': ((train, None),),
-      'val': ((val, None),),
+    'train800': ((train, 800),),
+    'val200': ((val, 200),),
+    'train800val200': ((train, 800), (val, 200)),
+    'test': ((test, None),),
+    'train': ((train, None),),
+    'val': ((val, None),),
   }
 
 
 def _bucket(values, thresholds):
   """Index of the last threshold below `values` (VTAB's distance bins)."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf
+
   below = tf.cast(tf.constant(thresholds, tf.float32) < tf.cast(values, tf.float32), tf.int64)
   return tf.reduce_sum(below) - 1
 
 
 def _clevr_count(ex):
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf
+
   return tf.cast(tf.size(ex['objects']['size']), tf.int64) - 3
 
 
 def _clevr_distance(ex):
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  return _bucket(tf.reduce_min(ex['objects']['pixel_coords'][:, 2]),
-                 [0.0, 8.0, 8.5, 9.0, 9.5, 10.0, 100.0])
+  import tensorflow as tf
+
+  return _bucket(
+    tf.reduce_min(ex['objects']['pixel_coords'][:, 2]), [0.0, 8.0, 8.5, 9.0, 9.5, 10.0, 100.0]
+  )
 
 
 def _kitti_vehicle_distance(ex):
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf
+
   # Car, Van, Truck are types 0-2; "no vehicle" lands in the last bin.
   is_vehicle = ex['objects']['type'] < 3
   z = tf.boolean_mask(ex['objects']['location'][:, 2], is_vehicle)
@@ -88,52 +94,79 @@ def _kitti_vehicle_distance(ex):
 
 def _binned(key, original, classes):
   def fn(ex):
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    import tensorflow as tf
+
     value = tf.cast(ex[key], tf.float32)
     return tf.cast(tf.math.floordiv(value, original / classes), tf.int64)
+
   return fn
 
 
 def _vtab(tfds_name, train, val, test, num_classes=None, label_key='label', label_fn=None):
-  return Preset(tfds_name=tfds_name, train='train800val200', test='test',
-                num_classes=num_classes, label_key=label_key,
-                label_fn=label_fn, named_splits=_vtab_splits(train, val, test),
-                # Crops and flips change the answer of the structured tasks
-                # (counts, distances, positions, orientations): resize only.
-                flip=False, inception_crop=False)
+  return Preset(
+    tfds_name=tfds_name,
+    train='train800val200',
+    test='test',
+    num_classes=num_classes,
+    label_key=label_key,
+    label_fn=label_fn,
+    named_splits=_vtab_splits(train, val, test),
+    # Crops and flips change the answer of the structured tasks
+    # (counts, distances, positions, orientations): resize only.
+    flip=False,
+    inception_crop=False,
+  )
 
 
 _VTAB = {
-    # Natural.
-    'caltech101': _vtab('caltech101', 'train[:90%]', 'train[90%:]', 'test'),
-    'cifar100': _vtab('cifar100', 'train[:90%]', 'train[90%:]', 'test'),
-    'dtd': _vtab('dtd', 'train', 'validation', 'test'),
-    'oxford_flowers102': _vtab('oxford_flowers102', 'train', 'validation', 'test'),
-    'oxford_iiit_pet': _vtab('oxford_iiit_pet', 'train[:80%]', 'train[80%:]', 'test'),
-    'sun397': _vtab('sun397/tfds', 'train', 'validation', 'test'),
-    'svhn': _vtab('svhn_cropped', 'train[:90%]', 'train[90%:]', 'test'),
-    # Specialized.
-    'patch_camelyon': _vtab('patch_camelyon', 'train', 'validation', 'test'),
-    'eurosat': _vtab('eurosat/rgb', 'train[:60%]', 'train[60%:80%]', 'train[80%:]'),
-    'resisc45': _vtab('resisc45', 'train[:60%]', 'train[60%:80%]', 'train[80%:]'),
-    'diabetic_retinopathy': _vtab('diabetic_retinopathy_detection/btgraham-300',
-                                  'train', 'validation', 'test'),
-    # Structured.
-    'clevr_count': _vtab('clevr', 'train[:90%]', 'train[90%:]', 'validation', 8,
-                         label_fn=_clevr_count),
-    'clevr_distance': _vtab('clevr', 'train[:90%]', 'train[90%:]', 'validation', 6,
-                            label_fn=_clevr_distance),
-    'dmlab': _vtab('dmlab', 'train', 'validation', 'test'),
-    'dsprites_location': _vtab('dsprites', 'train[:80%]', 'train[80%:90%]', 'train[90%:]', 16,
-                               label_fn=_binned('label_x_position', 32, 16)),
-    'dsprites_orientation': _vtab('dsprites', 'train[:80%]', 'train[80%:90%]', 'train[90%:]',
-                                  16, label_fn=_binned('label_orientation', 40, 16)),
-    'kitti_distance': _vtab('kitti', 'train', 'validation', 'test', 4,
-                            label_fn=_kitti_vehicle_distance),
-    'smallnorb_azimuth': _vtab('smallnorb', 'train', 'test[:50%]', 'test[50%:]', 18,
-                               label_key='label_azimuth'),
-    'smallnorb_elevation': _vtab('smallnorb', 'train', 'test[:50%]', 'test[50%:]', 9,
-                                 label_key='label_elevation'),
+  # Natural.
+  'caltech101': _vtab('caltech101', 'train[:90%]', 'train[90%:]', 'test'),
+  'cifar100': _vtab('cifar100', 'train[:90%]', 'train[90%:]', 'test'),
+  'dtd': _vtab('dtd', 'train', 'validation', 'test'),
+  'oxford_flowers102': _vtab('oxford_flowers102', 'train', 'validation', 'test'),
+  'oxford_iiit_pet': _vtab('oxford_iiit_pet', 'train[:80%]', 'train[80%:]', 'test'),
+  'sun397': _vtab('sun397/tfds', 'train', 'validation', 'test'),
+  'svhn': _vtab('svhn_cropped', 'train[:90%]', 'train[90%:]', 'test'),
+  # Specialized.
+  'patch_camelyon': _vtab('patch_camelyon', 'train', 'validation', 'test'),
+  'eurosat': _vtab('eurosat/rgb', 'train[:60%]', 'train[60%:80%]', 'train[80%:]'),
+  'resisc45': _vtab('resisc45', 'train[:60%]', 'train[60%:80%]', 'train[80%:]'),
+  'diabetic_retinopathy': _vtab(
+    'diabetic_retinopathy_detection/btgraham-300', 'train', 'validation', 'test'
+  ),
+  # Structured.
+  'clevr_count': _vtab(
+    'clevr', 'train[:90%]', 'train[90%:]', 'validation', 8, label_fn=_clevr_count
+  ),
+  'clevr_distance': _vtab(
+    'clevr', 'train[:90%]', 'train[90%:]', 'validation', 6, label_fn=_clevr_distance
+  ),
+  'dmlab': _vtab('dmlab', 'train', 'validation', 'test'),
+  'dsprites_location': _vtab(
+    'dsprites',
+    'train[:80%]',
+    'train[80%:90%]',
+    'train[90%:]',
+    16,
+    label_fn=_binned('label_x_position', 32, 16),
+  ),
+  'dsprites_orientation': _vtab(
+    'dsprites',
+    'train[:80%]',
+    'train[80%:90%]',
+    'train[90%:]',
+    16,
+    label_fn=_binned('label_orientation', 40, 16),
+  ),
+  'kitti_distance': _vtab(
+    'kitti', 'train', 'validation', 'test', 4, label_fn=_kitti_vehicle_distance
+  ),
+  'smallnorb_azimuth': _vtab(
+    'smallnorb', 'train', 'test[:50%]', 'test[50%:]', 18, label_key='label_azimuth'
+  ),
+  'smallnorb_elevation': _vtab(
+    'smallnorb', 'train', 'test[:50%]', 'test[50%:]', 9, label_key='label_elevation'
+  ),
 }
 
 VTAB_TASKS = tuple(_VTAB)
@@ -141,16 +174,24 @@ VTAB_TASKS = tuple(_VTAB)
 _IMAGENET_TARS = ('ILSVRC2012_img_train.tar', 'ILSVRC2012_img_val.tar')
 
 PRESETS = {
-    'imagenet2012': Preset('imagenet2012', 'train[:99%]', 'validation', 1000,
-                           manual=True, manual_files=_IMAGENET_TARS),
-    # ReaL labels of the ImageNet validation images; evaluation only.
-    'imagenet2012_real': Preset('imagenet2012_real', 'validation', 'validation', 1000,
-                                label_fn=_real_labels, multi_label=True, mask_empty_labels=True,
-                                manual=True,
-                                manual_files=_IMAGENET_TARS[1:]),
-    'cifar10': Preset('cifar10', 'train[:98%]', 'test', 10),
-    'cifar100': Preset('cifar100', 'train[:98%]', 'test', 100),
-    'oxford_iiit_pet': Preset('oxford_iiit_pet', 'train', 'test', 37),
-    'oxford_flowers102': Preset('oxford_flowers102', 'train+validation', 'test', 102),
-    **{f'vtab/{name}': preset for name, preset in _VTAB.items()},
+  'imagenet2012': Preset(
+    'imagenet2012', 'train[:99%]', 'validation', 1000, manual=True, manual_files=_IMAGENET_TARS
+  ),
+  # ReaL labels of the ImageNet validation images; evaluation only.
+  'imagenet2012_real': Preset(
+    'imagenet2012_real',
+    'validation',
+    'validation',
+    1000,
+    label_fn=_real_labels,
+    multi_label=True,
+    mask_empty_labels=True,
+    manual=True,
+    manual_files=_IMAGENET_TARS[1:],
+  ),
+  'cifar10': Preset('cifar10', 'train[:98%]', 'test', 10),
+  'cifar100': Preset('cifar100', 'train[:98%]', 'test', 100),
+  'oxford_iiit_pet': Preset('oxford_iiit_pet', 'train', 'test', 37),
+  'oxford_flowers102': Preset('oxford_flowers102', 'train+validation', 'test', 102),
+  **{f'vtab/{name}': preset for name, preset in _VTAB.items()},
 }

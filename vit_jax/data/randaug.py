@@ -26,7 +26,9 @@ def _grey(image):
   """PIL's 'L' conversion: (R*299 + G*587 + B*114) / 1000, rounded half up."""
   rgb = tf.cast(image, tf.int32)
   weights = tf.constant([19595, 38470, 7471], tf.int32)  # the same ratios in 16-bit fixed point
-  return tf.cast(tf.bitwise.right_shift(tf.reduce_sum(rgb * weights, axis=-1) + 32768, 16), tf.uint8)
+  return tf.cast(
+    tf.bitwise.right_shift(tf.reduce_sum(rgb * weights, axis=-1) + 32768, 16), tf.uint8
+  )
 
 
 def invert(image, _):
@@ -47,17 +49,20 @@ def posterize(image, level):
 
 def autocontrast(image, _):
   """Per channel, stretch [min, max] to [0, 255] (PIL ImageOps.autocontrast, cutoff 0)."""
+
   def channel(c):
     lo = tf.cast(tf.reduce_min(c), tf.float32)
     hi = tf.cast(tf.reduce_max(c), tf.float32)
     scale = 255.0 / tf.maximum(hi - lo, 1.0)
     stretched = tf.clip_by_value(tf.floor(tf.cast(c, tf.float32) * scale - lo * scale), 0, 255)
     return tf.where(hi > lo, tf.cast(stretched, tf.uint8), c)
+
   return tf.stack([channel(image[..., i]) for i in range(3)], axis=-1)
 
 
 def equalize(image, _):
   """Per channel histogram equalisation (PIL ImageOps.equalize)."""
+
   def channel(c):
     hist = tf.math.bincount(tf.cast(c, tf.int32), minlength=256, maxlength=256)
     nonzero = tf.boolean_mask(hist, hist > 0)
@@ -65,6 +70,7 @@ def equalize(image, _):
     lut = (tf.cumsum(hist, exclusive=True) + step // 2) // tf.maximum(step, 1)
     lut = tf.cast(tf.clip_by_value(lut, 0, 255), tf.uint8)
     return tf.where(step > 0, tf.gather(lut, tf.cast(c, tf.int32)), c)
+
   return tf.stack([channel(image[..., i]) for i in range(3)], axis=-1)
 
 
@@ -94,8 +100,7 @@ def sharpness(image, level):
   smooth = tf.nn.depthwise_conv2d(x, kernel, [1, 1, 1, 1], 'VALID')[0]
   smooth = tf.cast(tf.clip_by_value(tf.floor(smooth + 0.5), 0, 255), tf.uint8)
   degenerate = tf.pad(smooth, [[1, 1], [1, 1], [0, 0]])
-  border = tf.pad(tf.zeros_like(smooth, tf.bool), [[1, 1], [1, 1], [0, 0]],
-                  constant_values=True)
+  border = tf.pad(tf.zeros_like(smooth, tf.bool), [[1, 1], [1, 1], [0, 0]], constant_values=True)
   degenerate = tf.where(border, image, degenerate)
   return _blend(degenerate, image, _factor(level))
 
@@ -105,8 +110,13 @@ def _affine(image, matrix):
   transform = tf.concat([tf.reshape(matrix, [6]), [0.0, 0.0]], axis=0)[None]
   shape = tf.shape(image)[:2]
   out = tf.raw_ops.ImageProjectiveTransformV3(
-      images=image[None], transforms=transform, output_shape=shape,
-      fill_value=tf.constant(_FILL, tf.float32), interpolation='NEAREST', fill_mode='CONSTANT')
+    images=image[None],
+    transforms=transform,
+    output_shape=shape,
+    fill_value=tf.constant(_FILL, tf.float32),
+    interpolation='NEAREST',
+    fill_mode='CONSTANT',
+  )
   return out[0]
 
 
@@ -120,8 +130,9 @@ def rotate(image, level, sign):
   h, w = tf.cast(tf.shape(image)[0], tf.float32), tf.cast(tf.shape(image)[1], tf.float32)
   cy, cx = (h - 1) / 2, (w - 1) / 2
   cos, sin = tf.cos(angle), tf.sin(angle)
-  return _affine(image, tf.stack([cos, -sin, cx - cos * cx + sin * cy,
-                                  sin, cos, cy - sin * cx - cos * cy]))
+  return _affine(
+    image, tf.stack([cos, -sin, cx - cos * cx + sin * cy, sin, cos, cy - sin * cx - cos * cy])
+  )
 
 
 def shear_x(image, level, sign):
@@ -145,8 +156,17 @@ def translate_y(image, level, sign):
   return _affine(image, tf.stack([1.0, 0.0, 0.0, 0.0, 1.0, pixels]))
 
 
-_PLAIN = (autocontrast, equalize, invert, posterize, solarize, color, contrast, brightness,
-          sharpness)
+_PLAIN = (
+  autocontrast,
+  equalize,
+  invert,
+  posterize,
+  solarize,
+  color,
+  contrast,
+  brightness,
+  sharpness,
+)
 _SIGNED = (rotate, shear_x, shear_y, translate_x, translate_y)
 NUM_OPS = len(_PLAIN) + len(_SIGNED)
 

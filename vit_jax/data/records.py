@@ -19,8 +19,8 @@ from typing import List, Sequence, Tuple
 
 import numpy as np
 
-from vit_jax.data.sources import DataError
 from vit_jax import files
+from vit_jax.data.sources import DataError
 
 _HEADER = 12
 _FOOTER = 4
@@ -33,10 +33,10 @@ def scan_tfrecord(path: str) -> Tuple[np.ndarray, np.ndarray]:
     # Remote files are read sequentially once: one request instead of one per record.
     with files.open_file(path, 'rb') as f:
       data = f.read()
-    size, read_at = len(data), lambda pos, n: data[pos:pos + n]
+    size, read_at = len(data), lambda pos, n: data[pos : pos + n]
   else:
     size = os.path.getsize(path)
-    f = open(path, 'rb')  # pylint: disable=consider-using-with
+    f = open(path, 'rb')
     read_at = lambda pos, n: os.pread(f.fileno(), n, pos)
   try:
     pos = 0
@@ -44,8 +44,10 @@ def scan_tfrecord(path: str) -> Tuple[np.ndarray, np.ndarray]:
       header = read_at(pos, _HEADER)
       length = struct.unpack('<Q', header[:8])[0] if len(header) == _HEADER else -1
       if length < 0 or pos + _HEADER + length + _FOOTER > size:
-        raise DataError(f'{path}: truncated or not a TFRecord file (record {len(offsets)} at '
-                        f'byte {pos} runs past the end, {size} bytes); re-create the file')
+        raise DataError(
+          f'{path}: truncated or not a TFRecord file (record {len(offsets)} at '
+          f'byte {pos} runs past the end, {size} bytes); re-create the file'
+        )
       offsets.append(pos + _HEADER)
       lengths.append(length)
       pos += _HEADER + length + _FOOTER
@@ -85,8 +87,10 @@ class _FileReader:
         path, skip, take = self._files[k]
         handle, count = self._open(path)
         if count < skip + take:
-          raise DataError(f'{path}: has {count} records, expected at least {skip + take}; '
-                          'the file is truncated or its metadata is stale')
+          raise DataError(
+            f'{path}: has {count} records, expected at least {skip + take}; '
+            'the file is truncated or its metadata is stale'
+          )
         self._opened[k] = handle
       return self._opened[k]
 
@@ -132,12 +136,14 @@ class ArrayRecordReader(_FileReader):
   """ArrayRecord files: they carry their own index."""
 
   def _open(self, path):
-    from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
+    from array_record.python import array_record_module
+
     try:
       reader = array_record_module.ArrayRecordReader(path)
     except (OSError, RuntimeError, ValueError) as e:
-      raise DataError(f'{path}: not a readable ArrayRecord file ({str(e).splitlines()[0]}); '
-                      're-create the file') from None
+      raise DataError(
+        f'{path}: not a readable ArrayRecord file ({str(e).splitlines()[0]}); re-create the file'
+      ) from None
     return (reader, threading.Lock()), reader.num_records()
 
   def _read_file(self, k, rows):

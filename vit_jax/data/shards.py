@@ -35,18 +35,23 @@ def read_info(root: str) -> dict:
   except (OSError, ValueError) as e:
     raise DataError(f'{path}: unreadable shard info ({e}); re-run python -m vit_jax.jft') from None
   if info.get('format') != FORMAT:
-    raise DataError(f'{path}: format {info.get("format")!r} is not {FORMAT!r}; '
-                    're-run python -m vit_jax.jft')
+    raise DataError(
+      f'{path}: format {info.get("format")!r} is not {FORMAT!r}; re-run python -m vit_jax.jft'
+    )
   return info
 
 
 def parse_example(serialized, num_classes):
   """Serialized tf.train.Example -> {'image': encoded bytes, 'label': multi-hot [K]}."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  features = tf.io.parse_single_example(serialized, {
+  import tensorflow as tf
+
+  features = tf.io.parse_single_example(
+    serialized,
+    {
       'image/encoded': tf.io.FixedLenFeature([], tf.string),
       'image/labels': tf.io.VarLenFeature(tf.int64),
-  })
+    },
+  )
   ids = tf.sparse.to_dense(features['image/labels'])
   hot = tf.reduce_sum(tf.one_hot(ids, num_classes, dtype=tf.float32), axis=0)
   return {'image': features['image/encoded'], 'label': tf.minimum(hot, 1.0)}
@@ -57,8 +62,10 @@ def open_split(root: str, split: str) -> sources.Source:
   info = read_info(root)
   name, start, stop = sources.parse_split(split)
   if name not in info['splits']:
-    raise DataError(f'{root}: no split {name!r} in info.json (has '
-                    f'{", ".join(sorted(info["splits"]))}); pass one of those')
+    raise DataError(
+      f'{root}: no split {name!r} in info.json (has '
+      f'{", ".join(sorted(info["splits"]))}); pass one of those'
+    )
   files = [(os.path.join(root, f['file']), 0, f['num_examples']) for f in info['splits'][name]]
   for path, _, _ in files:
     if not os.path.exists(path) and '://' not in path:
@@ -66,8 +73,13 @@ def open_split(root: str, split: str) -> sources.Source:
   reader = records.open_records(files, info.get('file_format', 'tfrecord'))
   k = int(info['num_classes'])
   source = sources.record_source(
-      f'{root} {name}', reader, lambda r: parse_example(r, k), k,
-      class_names=info.get('class_names'), multi_label=True)
+    f'{root} {name}',
+    reader,
+    lambda r: parse_example(r, k),
+    k,
+    class_names=info.get('class_names'),
+    multi_label=True,
+  )
   lo, hi = sources.slice_bounds(start, stop, source.num_examples)
   return sources.sliced(source, lo, hi, f'[{start or ""}:{stop or ""}]')
 
@@ -86,8 +98,10 @@ def examples_from_folder(root: str) -> Tuple[List[Tuple[str, List[int]]], List[s
     class_dir = os.path.join(root, name)
     files = sorted(f for f in os.listdir(class_dir) if f.lower().endswith(folder.EXTENSIONS))
     if not files:
-      raise DataError(f'{class_dir}: empty class folder (no {", ".join(folder.EXTENSIONS)} '
-                      'files); add images or remove the folder')
+      raise DataError(
+        f'{class_dir}: empty class folder (no {", ".join(folder.EXTENSIONS)} '
+        'files); add images or remove the folder'
+      )
     examples += [(os.path.join(class_dir, f), [label]) for f in files]
   return examples, names
 
@@ -107,8 +121,9 @@ def examples_from_csv(path: str) -> List[Tuple[str, List[int]]]:
       except ValueError:
         ids = []
       if not image or not ids or min(ids) < 0:
-        raise DataError(f'{path}:{number}: expected "path,label_id;label_id;..." with ids >= 0, '
-                        f'got {line[:80]!r}')
+        raise DataError(
+          f'{path}:{number}: expected "path,label_id;label_id;..." with ids >= 0, got {line[:80]!r}'
+        )
       examples.append((os.path.join(base, image), ids))
   if not examples:
     raise DataError(f'{path}: no examples; expected lines "path,label_id;label_id;..."')
@@ -116,27 +131,38 @@ def examples_from_csv(path: str) -> List[Tuple[str, List[int]]]:
 
 
 def _serialize(data: bytes, labels: Sequence[int], key: str) -> bytes:
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf
+
   feature = {
-      'image/encoded': tf.train.Feature(bytes_list=tf.train.BytesList(value=[data])),
-      'image/labels': tf.train.Feature(int64_list=tf.train.Int64List(value=list(labels))),
-      'image/id': tf.train.Feature(bytes_list=tf.train.BytesList(value=[key.encode()])),
+    'image/encoded': tf.train.Feature(bytes_list=tf.train.BytesList(value=[data])),
+    'image/labels': tf.train.Feature(int64_list=tf.train.Int64List(value=list(labels))),
+    'image/id': tf.train.Feature(bytes_list=tf.train.BytesList(value=[key.encode()])),
   }
   return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
 
 
 def _writer(path: str, file_format: str):
   if file_format == 'array_record':
-    from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
+    from array_record.python import array_record_module
+
     return array_record_module.ArrayRecordWriter(path, 'group_size:1')
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf
+
   return tf.io.TFRecordWriter(path)
 
 
-def write_shards(examples, out: str, split: str, *, num_classes: int,
-                 class_names: Optional[Sequence[str]] = None, num_shards: int = 1,
-                 file_format: str = 'tfrecord', corrupt_images: str = 'skip',
-                 seed: int = 0) -> dict:
+def write_shards(
+  examples,
+  out: str,
+  split: str,
+  *,
+  num_classes: int,
+  class_names: Optional[Sequence[str]] = None,
+  num_shards: int = 1,
+  file_format: str = 'tfrecord',
+  corrupt_images: str = 'skip',
+  seed: int = 0,
+) -> dict:
   """Writes `examples` [(path, [label ids])] as split `split` of shard dir `out`.
 
   Examples are shuffled (seeded) so each shard and each host's share mixes
@@ -148,22 +174,37 @@ def write_shards(examples, out: str, split: str, *, num_classes: int,
     raise DataError(f"corrupt_images={corrupt_images!r}: use 'skip' or 'fail'")
   too_big = [(p, l) for p, l in examples if max(l) >= num_classes]
   if too_big:
-    raise DataError(f'{too_big[0][0]}: label {max(too_big[0][1])} >= num_classes={num_classes}; '
-                    'raise --num_classes')
+    raise DataError(
+      f'{too_big[0][0]}: label {max(too_big[0][1])} >= num_classes={num_classes}; '
+      'raise --num_classes'
+    )
   os.makedirs(out, exist_ok=True)
-  info = read_info(out) if is_shard_dir(out) else {
-      'format': FORMAT, 'file_format': file_format, 'num_classes': num_classes,
-      'class_names': list(class_names) if class_names else None, 'splits': {}}
-  if info['num_classes'] != num_classes or info['file_format'] != file_format or (
-      class_names and info['class_names'] and list(class_names) != info['class_names']):
+  info = (
+    read_info(out)
+    if is_shard_dir(out)
+    else {
+      'format': FORMAT,
+      'file_format': file_format,
+      'num_classes': num_classes,
+      'class_names': list(class_names) if class_names else None,
+      'splits': {},
+    }
+  )
+  if (
+    info['num_classes'] != num_classes
+    or info['file_format'] != file_format
+    or (class_names and info['class_names'] and list(class_names) != info['class_names'])
+  ):
     raise DataError(f'{out}: holds shards with other classes or format; write to a new folder')
 
   with concurrent.futures.ThreadPoolExecutor(8) as pool:
     problems = list(pool.map(folder.check_image, [p for p, _ in examples]))
   bad = [(p, why) for (p, _), why in zip(examples, problems) if why]
   if bad and corrupt_images == 'fail':
-    raise DataError(f'{bad[0][0]}: corrupt or truncated image ({bad[0][1]}); replace or delete '
-                    "it, or pass --corrupt_images=skip")
+    raise DataError(
+      f'{bad[0][0]}: corrupt or truncated image ({bad[0][1]}); replace or delete '
+      'it, or pass --corrupt_images=skip'
+    )
   if bad:
     logging.warning('skipped %d corrupt image(s): %s', len(bad), ', '.join(p for p, _ in bad[:20]))
   good = [e for e, why in zip(examples, problems) if not why]
@@ -182,6 +223,12 @@ def write_shards(examples, out: str, split: str, *, num_classes: int,
   info['splits'][split] = files
   with open(os.path.join(out, 'info.json'), 'w') as f:
     json.dump(info, f, indent=1)
-  logging.info('%s: wrote %d examples of split %s in %d shards (%d corrupt skipped)',
-               out, len(good), split, num_shards, len(bad))
+  logging.info(
+    '%s: wrote %d examples of split %s in %d shards (%d corrupt skipped)',
+    out,
+    len(good),
+    split,
+    num_shards,
+    len(bad),
+  )
   return info

@@ -24,7 +24,8 @@ class DataError(ValueError):
 @dataclasses.dataclass(frozen=True, eq=False)  # hashed by identity: memo keys
 class Source:
   """One split; examples are addressed by index in [0, num_examples)."""
-  name: str                   # for messages, e.g. 'cifar10 train[:98%]' or a folder path
+
+  name: str  # for messages, e.g. 'cifar10 train[:98%]' or a folder path
   num_examples: int
   num_classes: int
   multi_label: bool
@@ -42,24 +43,36 @@ class Source:
 
 def array_source(name, images, labels, num_classes, class_names=None):
   """Decoded uint8 images [N, h, w, 3] and int labels [N] held in memory."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf
+
   images = np.asarray(images, np.uint8)
   labels = np.asarray(labels, np.int32)
   if images.ndim != 4 or images.shape[-1] != 3 or len(images) != len(labels):
-    raise DataError(f'{name}: in-memory images must be [N, h, w, 3] with N labels, '
-                    f'got {images.shape} and {labels.shape}')
+    raise DataError(
+      f'{name}: in-memory images must be [N, h, w, 3] with N labels, '
+      f'got {images.shape} and {labels.shape}'
+    )
   images_t, labels_t = tf.constant(images), tf.constant(labels)
 
   def read(idx):
     return {'image': tf.gather(images_t, idx), 'label': tf.gather(labels_t, idx)}
 
-  return Source(name, len(images), num_classes, False, class_names, read, decoded=True,
-                describe=lambda i: f'{name}[{i}]')
+  return Source(
+    name,
+    len(images),
+    num_classes,
+    False,
+    class_names,
+    read,
+    decoded=True,
+    describe=lambda i: f'{name}[{i}]',
+  )
 
 
 def file_source(name, paths, labels, num_classes, class_names):
   """Encoded image files on disk (any path `tf.io.read_file` reads) with int labels."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf
+
   paths_t = tf.constant(np.asarray(paths, dtype=object).astype(bytes))
   labels_t = tf.constant(np.asarray(labels, np.int32))
 
@@ -69,14 +82,22 @@ def file_source(name, paths, labels, num_classes, class_names):
   def parse(example):
     return {'image': tf.io.read_file(example['path']), 'label': example['label']}
 
-  return Source(name, len(paths), num_classes, False, class_names, read, parse,
-                describe=lambda i: str(paths[i]))
+  return Source(
+    name, len(paths), num_classes, False, class_names, read, parse, describe=lambda i: str(paths[i])
+  )
 
 
-def record_source(name, reader, parse_record, num_classes, class_names=None,
-                  multi_label=False, mask_empty_labels=False):
+def record_source(
+  name,
+  reader,
+  parse_record,
+  num_classes,
+  class_names=None,
+  multi_label=False,
+  mask_empty_labels=False,
+):
   """Serialized records read by index from `reader` (see `vit_jax.records`)."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf
 
   def fetch(idx):
     return np.array(reader.read(idx.tolist()), dtype=object)
@@ -88,8 +109,17 @@ def record_source(name, reader, parse_record, num_classes, class_names=None,
   def parse(example):
     return parse_record(example['record'])
 
-  return Source(name, len(reader), num_classes, multi_label, class_names, read, parse,
-                describe=reader.describe, mask_empty_labels=mask_empty_labels)
+  return Source(
+    name,
+    len(reader),
+    num_classes,
+    multi_label,
+    class_names,
+    read,
+    parse,
+    describe=reader.describe,
+    mask_empty_labels=mask_empty_labels,
+  )
 
 
 # ---------------------------------------------------------------------------
@@ -108,29 +138,36 @@ def parse_split(split: str):
 
 def slice_bounds(start, stop, n):
   """Bounds of a `parse_split` slice over n examples; percents round to nearest (as TFDS)."""
+
   def bound(value, default):
     if value is None:
       return default
     index = round(float(value[:-1]) * n / 100) if value.endswith('%') else int(value)
     return min(max(index + n if index < 0 else index, 0), n)
+
   return bound(start, 0), bound(stop, n)
 
 
 def sliced(source: Source, start: int, stop: int, suffix: str) -> Source:
   """The examples [start, stop) of `source`."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf
+
   if (start, stop) == (0, source.num_examples):
     return source
   offset = tf.constant(start, tf.int64)
   return dataclasses.replace(
-      source, name=f'{source.name}{suffix}', num_examples=stop - start,
-      read=lambda idx: source.read(idx + offset),
-      describe=lambda i: source.describe(i + start))
+    source,
+    name=f'{source.name}{suffix}',
+    num_examples=stop - start,
+    read=lambda idx: source.read(idx + offset),
+    describe=lambda i: source.describe(i + start),
+  )
 
 
 def concatenated(sources: Sequence[Source], name: str) -> Source:
   """Sources of the same kind one after another (VTAB's train800 + val200)."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf
+
   if len(sources) == 1:
     return dataclasses.replace(sources[0], name=name)
   first = sources[0]
@@ -141,21 +178,24 @@ def concatenated(sources: Sequence[Source], name: str) -> Source:
 
   def read(idx):
     which = tf.searchsorted(ends_t, idx, side='right')
-    outputs = [s.read(tf.clip_by_value(idx - starts_t[k], 0, s.num_examples - 1))
-               for k, s in enumerate(sources)]
-    return tf.nest.map_structure(
-        lambda *parts: _select(which, parts), *outputs)
+    outputs = [
+      s.read(tf.clip_by_value(idx - starts_t[k], 0, s.num_examples - 1))
+      for k, s in enumerate(sources)
+    ]
+    return tf.nest.map_structure(lambda *parts: _select(which, parts), *outputs)
 
   def describe(i):
     k = int(np.searchsorted(ends, i, side='right'))
     return sources[k].describe(i - int(starts[k]))
 
-  return dataclasses.replace(first, name=name, num_examples=int(ends[-1]), read=read,
-                             describe=describe)
+  return dataclasses.replace(
+    first, name=name, num_examples=int(ends[-1]), read=read, describe=describe
+  )
 
 
 def _select(which, parts):
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf
+
   result = parts[0]
   for k, part in enumerate(parts[1:], start=1):
     mask = tf.reshape(tf.equal(which, k), [-1] + [1] * (len(part.shape) - 1))

@@ -30,15 +30,23 @@ def patch_distances(grid_shape: Sequence[int], pixels_per_patch: float) -> np.nd
 def _patch_block(attention: np.ndarray, grid_shape, num_prefix_tokens: int) -> np.ndarray:
   attention = np.asarray(attention, np.float64)
   num_patches = int(np.prod(grid_shape))
-  if attention.shape[-1] != num_prefix_tokens + num_patches or attention.shape[-2] != \
-      attention.shape[-1]:
-    raise ValueError(f'attention of shape {attention.shape} does not fit {num_prefix_tokens} '
-                     f'prefix tokens + a {grid_shape[0]}x{grid_shape[1]} patch grid')
+  if (
+    attention.shape[-1] != num_prefix_tokens + num_patches
+    or attention.shape[-2] != attention.shape[-1]
+  ):
+    raise ValueError(
+      f'attention of shape {attention.shape} does not fit {num_prefix_tokens} '
+      f'prefix tokens + a {grid_shape[0]}x{grid_shape[1]} patch grid'
+    )
   return attention[..., num_prefix_tokens:, num_prefix_tokens:]
 
 
-def mean_attention_distance(attention: np.ndarray, grid_shape: Sequence[int],
-                            pixels_per_patch: float, num_prefix_tokens: int = 1) -> np.ndarray:
+def mean_attention_distance(
+  attention: np.ndarray,
+  grid_shape: Sequence[int],
+  pixels_per_patch: float,
+  num_prefix_tokens: int = 1,
+) -> np.ndarray:
   """Per head, the attention-weighted pixel distance between patches (paper D.7).
 
   For each query patch: sum over key patches of attention weight x distance
@@ -93,8 +101,9 @@ def attention_rollout(attentions: Sequence[np.ndarray]) -> np.ndarray:
   return rollout
 
 
-def rollout_maps(rollout: np.ndarray, grid_shape: Sequence[int],
-                 num_prefix_tokens: int = 1) -> np.ndarray:
+def rollout_maps(
+  rollout: np.ndarray, grid_shape: Sequence[int], num_prefix_tokens: int = 1
+) -> np.ndarray:
   """[B, rows, cols]: the rollout onto the patches of what the classifier reads.
 
   With a class token that is the class token's row; without one (`gap`) the
@@ -108,8 +117,9 @@ def rollout_maps(rollout: np.ndarray, grid_shape: Sequence[int],
   return row.reshape(*row.shape[:-1], *grid_shape)
 
 
-def posemb_similarity(posemb: np.ndarray, grid_shape: Sequence[int],
-                      num_prefix_tokens: int = 1) -> np.ndarray:
+def posemb_similarity(
+  posemb: np.ndarray, grid_shape: Sequence[int], num_prefix_tokens: int = 1
+) -> np.ndarray:
   """Cosine similarity between patch position embeddings (Figure 7 centre).
 
   Args:
@@ -122,8 +132,10 @@ def posemb_similarity(posemb: np.ndarray, grid_shape: Sequence[int],
   posemb = np.asarray(posemb, np.float64).reshape(-1, np.shape(posemb)[-1])
   patches = posemb[num_prefix_tokens:]
   if len(patches) != int(np.prod(grid_shape)):
-    raise ValueError(f'{len(posemb)} position embeddings do not fit {num_prefix_tokens} prefix '
-                     f'tokens + a {grid_shape[0]}x{grid_shape[1]} patch grid')
+    raise ValueError(
+      f'{len(posemb)} position embeddings do not fit {num_prefix_tokens} prefix '
+      f'tokens + a {grid_shape[0]}x{grid_shape[1]} patch grid'
+    )
   unit = patches / np.maximum(np.linalg.norm(patches, axis=-1, keepdims=True), 1e-12)
   return (unit @ unit.T).reshape(*grid_shape, *grid_shape)
 
@@ -155,5 +167,5 @@ def embedding_filter_components(kernel: np.ndarray, num_components: int = 28) ->
     raise ValueError(f'{d} embedding filter(s): principal components need at least 2')
   vt = vt[:k]
   signs = np.sign(vt[np.arange(k), np.abs(vt).argmax(axis=1)])
-  variance = singular ** 2
+  variance = singular**2
   return (vt * signs[:, None]).reshape(k, ph, pw, c), variance[:k] / variance.sum()

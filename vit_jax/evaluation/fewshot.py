@@ -30,13 +30,14 @@ import numpy as np
 
 DEFAULT_SHOTS = (1, 5, 10, 25)
 DEFAULT_SEEDS = (0, 1, 2)
-DEFAULT_L2_REG = 2.0 ** 10
-DEFAULT_L2_GRID = tuple(2.0 ** i for i in range(-10, 21, 2))
+DEFAULT_L2_REG = 2.0**10
+DEFAULT_L2_GRID = tuple(2.0**i for i in range(-10, 21, 2))
 _STD_EPS = 1e-5  # keeps constant feature dimensions finite (they get zero weight)
 
 
 class LinearClassifier(NamedTuple):
   """Scores = ((x - mean) / std) @ kernel + bias; the prediction is the argmax."""
+
   mean: np.ndarray  # [D]
   std: np.ndarray  # [D]
   kernel: np.ndarray  # [D, K]
@@ -55,16 +56,21 @@ def signed_one_hot(labels: np.ndarray, num_classes: int) -> np.ndarray:
 def _check_labels(labels: np.ndarray, num_classes: int, what: str) -> np.ndarray:
   labels = np.asarray(labels)
   if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
-    raise ValueError(f'{what}: expected a 1-D integer array of class ids, got '
-                     f'{labels.dtype} with shape {labels.shape}; pass integer labels, not one-hot')
+    raise ValueError(
+      f'{what}: expected a 1-D integer array of class ids, got '
+      f'{labels.dtype} with shape {labels.shape}; pass integer labels, not one-hot'
+    )
   if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
-    raise ValueError(f'{what}: class ids span [{labels.min()}, {labels.max()}] but '
-                     f'num_classes={num_classes}; pass the dataset\'s number of classes')
+    raise ValueError(
+      f'{what}: class ids span [{labels.min()}, {labels.max()}] but '
+      f"num_classes={num_classes}; pass the dataset's number of classes"
+    )
   return labels
 
 
-def fit_path(features: np.ndarray, labels: np.ndarray, num_classes: int,
-             l2_regs: Sequence[float]) -> list:
+def fit_path(
+  features: np.ndarray, labels: np.ndarray, num_classes: int, l2_regs: Sequence[float]
+) -> list:
   """Ridge classifiers for several regularisation strengths from one eigendecomposition.
 
   Args:
@@ -79,8 +85,9 @@ def fit_path(features: np.ndarray, labels: np.ndarray, num_classes: int,
   features = np.asarray(features, np.float64)
   labels = _check_labels(labels, num_classes, 'fit labels')
   if features.ndim != 2 or len(features) != len(labels) or not len(labels):
-    raise ValueError(f'fit: features {features.shape} and labels {labels.shape} must be '
-                     '[N, D] and [N] with N > 0')
+    raise ValueError(
+      f'fit: features {features.shape} and labels {labels.shape} must be [N, D] and [N] with N > 0'
+    )
   if any(l2 <= 0 for l2 in l2_regs):
     raise ValueError(f'l2_regs={list(l2_regs)}: every strength must be > 0')
   mean = features.mean(axis=0)
@@ -103,8 +110,9 @@ def fit_path(features: np.ndarray, labels: np.ndarray, num_classes: int,
   return [LinearClassifier(mean, std, (left / (eigs + l2)) @ right, bias) for l2 in l2_regs]
 
 
-def fit(features: np.ndarray, labels: np.ndarray, num_classes: int,
-        l2_reg: float = DEFAULT_L2_REG) -> LinearClassifier:
+def fit(
+  features: np.ndarray, labels: np.ndarray, num_classes: int, l2_reg: float = DEFAULT_L2_REG
+) -> LinearClassifier:
   """The regularised least-squares classifier of paper 4.1 (see the module docstring)."""
   return fit_path(features, labels, num_classes, [l2_reg])[0]
 
@@ -129,17 +137,25 @@ def sample_shots(labels: np.ndarray, num_classes: int, shots: int, seed: int) ->
   for c in range(num_classes):
     members = np.flatnonzero(labels == c)
     if len(members) < shots:
-      raise ValueError(f'class {c} has {len(members)} training examples, fewer than '
-                       f'{shots} shots; use fewer shots or a larger training split')
+      raise ValueError(
+        f'class {c} has {len(members)} training examples, fewer than '
+        f'{shots} shots; use fewer shots or a larger training split'
+      )
     picked.append(rng.permutation(members)[:shots])
   return np.concatenate(picked)
 
 
-def fewshot_accuracy(train_features: np.ndarray, train_labels: np.ndarray,
-                     test_features: np.ndarray, test_labels: np.ndarray, *,
-                     num_classes: int, shots: Sequence[int] = DEFAULT_SHOTS,
-                     seeds: Sequence[int] = DEFAULT_SEEDS,
-                     l2_reg: float = DEFAULT_L2_REG) -> dict:
+def fewshot_accuracy(
+  train_features: np.ndarray,
+  train_labels: np.ndarray,
+  test_features: np.ndarray,
+  test_labels: np.ndarray,
+  *,
+  num_classes: int,
+  shots: Sequence[int] = DEFAULT_SHOTS,
+  seeds: Sequence[int] = DEFAULT_SEEDS,
+  l2_reg: float = DEFAULT_L2_REG,
+) -> dict:
   """Few-shot linear accuracy on the test set, per shot count and seed.
 
   Args:
@@ -167,9 +183,15 @@ def fewshot_accuracy(train_features: np.ndarray, train_labels: np.ndarray,
   return results
 
 
-def select_l2_reg(train_features: np.ndarray, train_labels: np.ndarray, *, num_classes: int,
-                  shots: int, l2_grid: Sequence[float] = DEFAULT_L2_GRID,
-                  seed: int = 0) -> tuple:
+def select_l2_reg(
+  train_features: np.ndarray,
+  train_labels: np.ndarray,
+  *,
+  num_classes: int,
+  shots: int,
+  l2_grid: Sequence[float] = DEFAULT_L2_GRID,
+  seed: int = 0,
+) -> tuple:
   """Picks the ridge strength on training examples held out from the few-shot draw.
 
   Fits on `shots` examples per class (drawn with `seed`) and scores every
@@ -184,12 +206,15 @@ def select_l2_reg(train_features: np.ndarray, train_labels: np.ndarray, *, num_c
   held_out = np.ones(len(train_labels), bool)
   held_out[idx] = False
   if not held_out.any():
-    raise ValueError(f'{shots} shots use every training example; nothing is left to '
-                     'select l2 on: use fewer shots or a larger training split')
+    raise ValueError(
+      f'{shots} shots use every training example; nothing is left to '
+      'select l2 on: use fewer shots or a larger training split'
+    )
   classifiers = fit_path(train_features[idx], train_labels[idx], num_classes, l2_grid)
-  scores = {float(l2): float(np.mean(predict(c, train_features[held_out]) ==
-                                     train_labels[held_out]))
-            for l2, c in zip(l2_grid, classifiers)}
+  scores = {
+    float(l2): float(np.mean(predict(c, train_features[held_out]) == train_labels[held_out]))
+    for l2, c in zip(l2_grid, classifiers)
+  }
   best = max(sorted(scores, reverse=True), key=lambda l2: scores[l2])
   return best, scores
 
@@ -225,13 +250,15 @@ def representation_fn(model):
     # The head, and the masked-patch-prediction parts of an MPP model, are unused.
     params = {k: v for k, v in params.items() if k not in ('head', 'mask_token', 'mpp_head')}
     return feature_model.apply({'params': params}, images, train=False)
+
   return fn
 
 
 def _host(x) -> np.ndarray:
   """A (possibly multi-process) array as a host numpy array."""
   if isinstance(x, jax.Array) and not x.is_fully_addressable:
-    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    from jax.experimental import multihost_utils
+
     return np.asarray(multihost_utils.process_allgather(x, tiled=True))
   return np.asarray(x)
 
@@ -287,21 +314,39 @@ def evaluate_datasets(config, model, params, sharding, *, features_fn=None) -> d
   Returns:
     {'fewshot/<dataset>_<n>shot': mean accuracy, ...-seed<i>: per seed}.
   """
-  from vit_jax.data import pipeline  # pylint: disable=g-import-not-at-top  (TensorFlow)
+  from vit_jax.data import pipeline
+
   features_fn = features_fn or representation_fn(model)
   scalars = {}
   for name in config.fewshot.datasets:
     data = pipeline.data_config()
-    data.update(dataset=name, batch_eval=config.batch_eval, tfds_data_dir=config.tfds_data_dir,
-                tfds_manual_dir=config.tfds_manual_dir)
+    data.update(
+      dataset=name,
+      batch_eval=config.batch_eval,
+      tfds_data_dir=config.tfds_data_dir,
+      tfds_manual_dir=config.tfds_manual_dir,
+    )
     data.pp.crop = config.pp.crop
     info = pipeline.get_info(data)
-    train = extract_features(model, params, pipeline.make_eval_iterator(
-        data, sharding, split=config.fewshot.train_split), features_fn=features_fn)
-    test = extract_features(model, params, pipeline.make_eval_iterator(
-        data, sharding, split=config.fewshot.test_split), features_fn=features_fn)
-    results = fewshot_accuracy(*train, *test, num_classes=info.num_classes,
-                               shots=tuple(config.fewshot.shots),
-                               seeds=tuple(config.fewshot.seeds), l2_reg=config.fewshot.l2_reg)
+    train = extract_features(
+      model,
+      params,
+      pipeline.make_eval_iterator(data, sharding, split=config.fewshot.train_split),
+      features_fn=features_fn,
+    )
+    test = extract_features(
+      model,
+      params,
+      pipeline.make_eval_iterator(data, sharding, split=config.fewshot.test_split),
+      features_fn=features_fn,
+    )
+    results = fewshot_accuracy(
+      *train,
+      *test,
+      num_classes=info.num_classes,
+      shots=tuple(config.fewshot.shots),
+      seeds=tuple(config.fewshot.seeds),
+      l2_reg=config.fewshot.l2_reg,
+    )
     scalars.update(summary_scalars(results, f'fewshot/{name}'))
   return scalars

@@ -27,33 +27,42 @@ def attention_weights(loaded: inference.LoadedModel, images: np.ndarray) -> List
   def sow(params, x):
     _, state = model.apply({'params': params}, x, train=False, mutable=['intermediates'])
     blocks = state['intermediates']['Transformer']
-    return [blocks[f'encoderblock_{i}']['MultiHeadDotProductAttention_1']['attention_weights'][0]
-            for i in range(len(blocks))]
+    return [
+      blocks[f'encoderblock_{i}']['MultiHeadDotProductAttention_1']['attention_weights'][0]
+      for i in range(len(blocks))
+    ]
 
-  per_batch = [sow(params, images[i:i + _BATCH]) for i in range(0, len(images), _BATCH)]
-  return [np.concatenate([np.asarray(b[layer], np.float32) for b in per_batch])
-          for layer in range(len(per_batch[0]))]
+  per_batch = [sow(params, images[i : i + _BATCH]) for i in range(0, len(images), _BATCH)]
+  return [
+    np.concatenate([np.asarray(b[layer], np.float32) for b in per_batch])
+    for layer in range(len(per_batch[0]))
+  ]
 
 
 def compute(loaded: inference.LoadedModel, images: np.ndarray, num_components: int) -> dict:
   """Every analysis as numpy arrays (None where it does not apply)."""
   g = loaded.grid_size
   attentions = attention_weights(loaded, images)
-  distances = np.stack([analysis.mean_attention_distance(
-      a, (g, g), loaded.pixels_per_patch, loaded.num_prefix_tokens) for a in attentions])
-  rollout = analysis.rollout_maps(analysis.attention_rollout(attentions), (g, g),
-                                  loaded.num_prefix_tokens)
+  distances = np.stack(
+    [
+      analysis.mean_attention_distance(a, (g, g), loaded.pixels_per_patch, loaded.num_prefix_tokens)
+      for a in attentions
+    ]
+  )
+  rollout = analysis.rollout_maps(
+    analysis.attention_rollout(attentions), (g, g), loaded.num_prefix_tokens
+  )
   posemb = loaded.params['Transformer']['posembed_input']['pos_embedding']
   kernel = np.asarray(loaded.params['embedding']['kernel'])
   components = ratio = None
   if kernel.shape[2] == 3:  # hybrids embed ResNet features, not RGB pixels
     components, ratio = analysis.embedding_filter_components(kernel, num_components)
   return {
-      'attention_distance': distances,
-      'rollout': rollout,
-      'posemb_similarity': analysis.posemb_similarity(posemb, (g, g), loaded.num_prefix_tokens),
-      'filter_components': components,
-      'filter_explained_variance': ratio,
+    'attention_distance': distances,
+    'rollout': rollout,
+    'posemb_similarity': analysis.posemb_similarity(posemb, (g, g), loaded.num_prefix_tokens),
+    'filter_components': components,
+    'filter_explained_variance': ratio,
   }
 
 
@@ -62,9 +71,11 @@ def compute(loaded: inference.LoadedModel, images: np.ndarray, num_components: i
 
 
 def _pyplot():
-  import matplotlib  # pylint: disable=g-import-not-at-top
+  import matplotlib
+
   matplotlib.use('Agg')
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  import matplotlib.pyplot as plt
+
   return plt
 
 
@@ -95,7 +106,7 @@ def _mosaic(tiles: np.ndarray, columns: int, gap: int = 1) -> np.ndarray:
   out = np.full((rows * (h + gap) - gap, columns * (w + gap) - gap, *tiles.shape[3:]), np.nan)
   for i, tile in enumerate(tiles):
     r, c = divmod(i, columns)
-    out[r * (h + gap):r * (h + gap) + h, c * (w + gap):c * (w + gap) + w] = tile
+    out[r * (h + gap) : r * (h + gap) + h, c * (w + gap) : c * (w + gap) + w] = tile
   return out
 
 
@@ -105,8 +116,7 @@ def plot_posemb_similarity(similarity: np.ndarray, title: str, path: str) -> Non
   mosaic = _mosaic(similarity.reshape(g * g, g, g), columns=g)
   cmap = plt.get_cmap('viridis').with_extremes(bad='white')
   fig, ax = plt.subplots(figsize=(6.0, 5.2))
-  im = ax.imshow(np.ma.masked_invalid(mosaic), cmap=cmap, vmin=-1, vmax=1,
-                 interpolation='nearest')
+  im = ax.imshow(np.ma.masked_invalid(mosaic), cmap=cmap, vmin=-1, vmax=1, interpolation='nearest')
   centres = np.arange(g) * (g + 1) + (g - 1) / 2
   step = 1 if g <= 16 else 2
   ax.set_xticks(centres[::step], [str(i + 1) for i in range(0, g, step)], fontsize=7)
@@ -133,20 +143,25 @@ def plot_filters(components: np.ndarray, ratio: np.ndarray, title: str, path: st
   fig, ax = plt.subplots(figsize=(1.0 * columns + 0.5, 1.0 * -(-len(tiles) // columns) + 0.8))
   ax.imshow(np.nan_to_num(mosaic, nan=1.0), interpolation='nearest')
   ax.set_axis_off()
-  ax.set_title(f'{title}\nRGB embedding filters (first {len(tiles)} principal components, '
-               f'{100 * ratio.sum():.0f}% of variance)', fontsize=9)
+  ax.set_title(
+    f'{title}\nRGB embedding filters (first {len(tiles)} principal components, '
+    f'{100 * ratio.sum():.0f}% of variance)',
+    fontsize=9,
+  )
   fig.savefig(path, dpi=150, bbox_inches='tight')
   plt.close(fig)
 
 
 def _upsample(grid_map: np.ndarray, size: int) -> np.ndarray:
-  from PIL import Image  # pylint: disable=g-import-not-at-top
+  from PIL import Image
+
   image = Image.fromarray(grid_map.astype(np.float32))  # mode F
   return np.asarray(image.resize((size, size), Image.BILINEAR))
 
 
-def plot_rollout(images: np.ndarray, maps: np.ndarray, names: List[str], title: str,
-                 path: str) -> None:
+def plot_rollout(
+  images: np.ndarray, maps: np.ndarray, names: List[str], title: str, path: str
+) -> None:
   plt = _pyplot()
   n, size = len(images), images.shape[1]
   fig, axes = plt.subplots(n, 3, figsize=(8.4, 2.45 * n + 0.7), squeeze=False)
@@ -164,8 +179,13 @@ def plot_rollout(images: np.ndarray, maps: np.ndarray, names: List[str], title: 
   for ax, heading in zip(axes[0], ('Input', 'Attention rollout', 'Input x attention')):
     ax.set_title(heading, fontsize=10)
   colours = plt.cm.ScalarMappable(plt.Normalize(0, 1), 'inferno')
-  fig.colorbar(colours, ax=axes.ravel().tolist(), shrink=min(0.8, 1.6 / n), pad=0.02,
-               label='Attention rollout (fraction of the image maximum)')
+  fig.colorbar(
+    colours,
+    ax=axes.ravel().tolist(),
+    shrink=min(0.8, 1.6 / n),
+    pad=0.02,
+    label='Attention rollout (fraction of the image maximum)',
+  )
   fig.suptitle(title)
   fig.savefig(path, dpi=120, bbox_inches='tight')
   plt.close(fig)
@@ -181,58 +201,73 @@ def _rounded(x) -> Optional[list]:
 
 def test_digits(size: int, count: int = 4):
   """(names, [count, size, size, 3] in [-1, 1]): the first test digits of the demo's dataset."""
-  from PIL import Image  # pylint: disable=g-import-not-at-top
-  from vit_jax.data import datasets  # pylint: disable=g-import-not-at-top
+  from PIL import Image
+
+  from vit_jax.data import datasets
+
   pixels, labels = datasets.load_digits()
   index = datasets.digits_split_indices()[1][:count]
-  images = [np.asarray(Image.fromarray(pixels[i]).resize((size, size), Image.BILINEAR),
-                       np.float32) / 127.5 - 1.0 for i in index]
+  images = [
+    np.asarray(Image.fromarray(pixels[i]).resize((size, size), Image.BILINEAR), np.float32) / 127.5
+    - 1.0
+    for i in index
+  ]
   return [f'test digit #{i} (a {labels[i]})' for i in index], np.stack(images)
 
 
-def write_outputs(result: dict, loaded: inference.LoadedModel, images: np.ndarray,
-                  names: List[str], args) -> List[str]:
+def write_outputs(
+  result: dict, loaded: inference.LoadedModel, images: np.ndarray, names: List[str], args
+) -> List[str]:
   os.makedirs(args.output, exist_ok=True)
   out = lambda name: os.path.join(args.output, name)  # noqa: E731
   title = f'{args.model} ({loaded.image_size}x{loaded.image_size})'
   written = []
   plot_attention_distance(result['attention_distance'], title, out('attention_distance.png'))
   plot_rollout(images, result['rollout'], names, title, out('attention_rollout.png'))
-  plot_posemb_similarity(result['posemb_similarity'], f'{title}\nPosition embedding similarity',
-                         out('posemb_similarity.png'))
+  plot_posemb_similarity(
+    result['posemb_similarity'],
+    f'{title}\nPosition embedding similarity',
+    out('posemb_similarity.png'),
+  )
   written += ['attention_distance.png', 'attention_rollout.png', 'posemb_similarity.png']
   if result['filter_components'] is not None:
-    plot_filters(result['filter_components'], result['filter_explained_variance'], title,
-                 out('embedding_filters.png'))
+    plot_filters(
+      result['filter_components'],
+      result['filter_explained_variance'],
+      title,
+      out('embedding_filters.png'),
+    )
     written.append('embedding_filters.png')
 
   distances = result['attention_distance']
   summary = {
-      'checkpoint': os.fspath(args.checkpoint),
-      'model': args.model,
-      'image_size': loaded.image_size,
-      'patch_grid': [loaded.grid_size, loaded.grid_size],
-      'pixels_per_patch': loaded.pixels_per_patch,
-      'images': names,
-      'mean_attention_distance': {
-          'about': 'pixels; [layer][head], mean over images and query patches; class token '
-                   'excluded, each query\'s attention over patches renormalised',
-          'per_layer_head': _rounded(distances),
-          'per_layer_mean': _rounded(distances.mean(axis=1)),
-      },
-      'attention_rollout': {
-          'about': '[image][row][col]: rollout of the token the classifier reads onto the patches',
-          'maps': _rounded(result['rollout']),
-      },
-      'posemb_similarity': {
-          'about': '[row][col][row][col] cosine similarity of patch position embeddings',
-          'values': _rounded(result['posemb_similarity']),
-      },
-      'embedding_filters': None if result['filter_components'] is None else {
-          'about': '[component][y][x][rgb], centred PCA of the embedding filters',
-          'explained_variance_ratio': _rounded(result['filter_explained_variance']),
-          'components': _rounded(result['filter_components']),
-      },
+    'checkpoint': os.fspath(args.checkpoint),
+    'model': args.model,
+    'image_size': loaded.image_size,
+    'patch_grid': [loaded.grid_size, loaded.grid_size],
+    'pixels_per_patch': loaded.pixels_per_patch,
+    'images': names,
+    'mean_attention_distance': {
+      'about': 'pixels; [layer][head], mean over images and query patches; class token '
+      "excluded, each query's attention over patches renormalised",
+      'per_layer_head': _rounded(distances),
+      'per_layer_mean': _rounded(distances.mean(axis=1)),
+    },
+    'attention_rollout': {
+      'about': '[image][row][col]: rollout of the token the classifier reads onto the patches',
+      'maps': _rounded(result['rollout']),
+    },
+    'posemb_similarity': {
+      'about': '[row][col][row][col] cosine similarity of patch position embeddings',
+      'values': _rounded(result['posemb_similarity']),
+    },
+    'embedding_filters': None
+    if result['filter_components'] is None
+    else {
+      'about': '[component][y][x][rgb], centred PCA of the embedding filters',
+      'explained_variance_ratio': _rounded(result['filter_explained_variance']),
+      'components': _rounded(result['filter_components']),
+    },
   }
   with open(out('analysis.json'), 'w') as f:
     json.dump(summary, f)

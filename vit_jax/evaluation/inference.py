@@ -18,8 +18,8 @@ import numpy as np
 from vit_jax import checkpoint
 from vit_jax import models
 from vit_jax import sharding
-from vit_jax.evaluation import metrics
 from vit_jax.configs import models as model_configs
+from vit_jax.evaluation import metrics
 
 IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.bmp', '.gif', '.webp', '.tif', '.tiff')
 # Layers of masked patch prediction (vit_jax.mpp); the backbone is analysed without them.
@@ -84,20 +84,24 @@ def model_from_flat(flat: dict, model_name: str, what: str) -> LoadedModel:
 
   posemb = flat.get('Transformer/posembed_input/pos_embedding')
   if posemb is None or posemb.ndim != 3:
-    raise checkpoint.CheckpointError(f'{what}: no Transformer/posembed_input/pos_embedding of '
-                                     'shape [1, tokens, width]; is it a ViT checkpoint?')
+    raise checkpoint.CheckpointError(
+      f'{what}: no Transformer/posembed_input/pos_embedding of '
+      'shape [1, tokens, width]; is it a ViT checkpoint?'
+    )
   num_patches = posemb.shape[1] - num_prefix
   grid = math.isqrt(max(num_patches, 0))
   if num_patches < 1 or grid * grid != num_patches:
     raise checkpoint.CheckpointError(
-        f'{what}: {posemb.shape[1]} position embeddings are not {num_prefix} class token(s) + a '
-        f'square patch grid, as {model_name} (classifier={config.classifier}) needs; check --model')
+      f'{what}: {posemb.shape[1]} position embeddings are not {num_prefix} class token(s) + a '
+      f'square patch grid, as {model_name} (classifier={config.classifier}) needs; check --model'
+    )
   stride = pixels_per_patch(config)
   image_size = grid * stride
 
   model = models.VisionTransformer(num_classes=num_classes, **config)
-  expected = jax.eval_shape(lambda: model.init(
-      jax.random.key(0), jnp.zeros((1, image_size, image_size, 3)), train=False))['params']
+  expected = jax.eval_shape(
+    lambda: model.init(jax.random.key(0), jnp.zeros((1, image_size, image_size, 3)), train=False)
+  )['params']
   params = checkpoint.unflatten(flat)
   checkpoint.check_tree(params, expected, what=what)
   return LoadedModel(model, params, config, image_size, grid, stride, num_prefix)
@@ -113,8 +117,9 @@ def image_files(specs: Sequence[str]) -> List[str]:
   for spec in specs:
     for item in filter(None, spec.split(',')):
       if os.path.isdir(item):
-        found = sorted(os.path.join(item, f) for f in os.listdir(item)
-                       if f.lower().endswith(IMAGE_EXTENSIONS))
+        found = sorted(
+          os.path.join(item, f) for f in os.listdir(item) if f.lower().endswith(IMAGE_EXTENSIONS)
+        )
         if not found:
           raise InputError(f'{item}: a directory without images ({", ".join(IMAGE_EXTENSIONS)})')
         files.extend(found)
@@ -127,7 +132,8 @@ def image_files(specs: Sequence[str]) -> List[str]:
 
 def read_image(path: str, size: int) -> np.ndarray:
   """[size, size, 3] float32 in [-1, 1]: RGB, resized (bilinear) like the eval pipeline."""
-  from PIL import Image  # pylint: disable=g-import-not-at-top
+  from PIL import Image
+
   try:
     with Image.open(path) as image:
       image = image.convert('RGB').resize((size, size), Image.BILINEAR)
@@ -143,10 +149,12 @@ def builtin_images() -> List[str]:
   matplotlib's `grace_hopper.jpg`, and scikit-learn's `china.jpg` and
   `flower.jpg` when scikit-learn is installed.
   """
-  import matplotlib  # pylint: disable=g-import-not-at-top
+  import matplotlib
+
   files = [os.path.join(matplotlib.get_data_path(), 'sample_data', 'grace_hopper.jpg')]
   try:
-    import sklearn.datasets  # pylint: disable=g-import-not-at-top
+    import sklearn.datasets
+
     folder = os.path.join(os.path.dirname(sklearn.datasets.__file__), 'images')
     files += [os.path.join(folder, name) for name in ('china.jpg', 'flower.jpg')]
   except ImportError:
@@ -169,15 +177,22 @@ def class_names(num_classes: int, labels_file: Optional[str] = None) -> List[str
       with open(labels_file, encoding='utf-8') as f:
         names = [line.rstrip('\n') for line in f if line.strip()]
     except (OSError, UnicodeDecodeError) as e:
-      raise InputError(f'{labels_file}: cannot read the labels file ({e}); '
-                       'pass a UTF-8 text file with one class name per line') from None
+      raise InputError(
+        f'{labels_file}: cannot read the labels file ({e}); '
+        'pass a UTF-8 text file with one class name per line'
+      ) from None
     if len(names) != num_classes:
-      raise InputError(f'{labels_file}: {len(names)} names for a head of {num_classes} classes; '
-                       'pass one name per class, in the head\'s order')
+      raise InputError(
+        f'{labels_file}: {len(names)} names for a head of {num_classes} classes; '
+        "pass one name per class, in the head's order"
+      )
     return names
   if num_classes in LABEL_FILES:
-    text = importlib.resources.files('vit_jax').joinpath(
-        'data', LABEL_FILES[num_classes]).read_text(encoding='utf-8')
+    text = (
+      importlib.resources.files('vit_jax')
+      .joinpath('data', LABEL_FILES[num_classes])
+      .read_text(encoding='utf-8')
+    )
     return text.splitlines()
   return [f'class_{i}' for i in range(num_classes)]
 
@@ -190,8 +205,9 @@ def predict(loaded: LoadedModel, files: Sequence[str], k: int = 5) -> tuple:
   apply = jax.jit(lambda p, x: loaded.model.apply({'params': p}, x, train=False))
   indices, probs = [], []
   for start in range(0, len(files), _PREDICT_BATCH):
-    images = np.stack([read_image(f, loaded.image_size)
-                       for f in files[start:start + _PREDICT_BATCH]])
+    images = np.stack(
+      [read_image(f, loaded.image_size) for f in files[start : start + _PREDICT_BATCH]]
+    )
     i, p = metrics.top_k(apply(loaded.params, images), k)
     indices.append(i)
     probs.append(p)
@@ -201,11 +217,13 @@ def predict(loaded: LoadedModel, files: Sequence[str], k: int = 5) -> tuple:
 def evaluate(loaded: LoadedModel, data_config, split: str, batch_sharding) -> dict:
   """{'top1', 'top5' (single-label), 'examples'} of `loaded` on a whole dataset split."""
   from vit_jax.data import pipeline  # TensorFlow: imported when a dataset is read
+
   info = pipeline.get_info(data_config)
   if loaded.model.num_classes != info.num_classes:
     raise InputError(
-        f'{data_config.dataset} has {info.num_classes} classes, the checkpoint\'s head '
-        f'{loaded.model.num_classes}; evaluate a checkpoint fine-tuned on it')
+      f"{data_config.dataset} has {info.num_classes} classes, the checkpoint's head "
+      f'{loaded.model.num_classes}; evaluate a checkpoint fine-tuned on it'
+    )
   model, multi_label = loaded.model, info.multi_label
 
   @jax.jit
@@ -214,8 +232,12 @@ def evaluate(loaded: LoadedModel, data_config, split: str, batch_sharding) -> di
     return metrics.classification_counts(logits, batch['label'], batch['mask'], multi_label)
 
   params = jax.device_put(loaded.params, sharding.replicated(batch_sharding.mesh))
-  result = metrics.accuracy(counts_fn, params, pipeline.make_eval_iterator(
-      data_config, batch_sharding, split=split))
+  result = metrics.accuracy(
+    counts_fn, params, pipeline.make_eval_iterator(data_config, batch_sharding, split=split)
+  )
   top5 = result.pop('accuracy_top5', None)
-  return {'top1': result['accuracy'], 'examples': result['examples'],
-          **({'top5': top5} if top5 is not None else {})}
+  return {
+    'top1': result['accuracy'],
+    'examples': result['examples'],
+    **({'top5': top5} if top5 is not None else {}),
+  }

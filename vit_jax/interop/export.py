@@ -9,12 +9,12 @@ import json
 import os
 from typing import List, NamedTuple, Optional
 
-from vit_jax import files
 from vit_jax import checkpoint
+from vit_jax import files
 from vit_jax.evaluation import inference
-from vit_jax.interop import torch_layout
 from vit_jax.interop import hf
 from vit_jax.interop import timm
+from vit_jax.interop import torch_layout
 
 FORMATS = ('timm', 'hf', 'npz', 'savedmodel', 'onnx')
 _TORCH_SUFFIXES = ('.safetensors', '.pth', '.pt', '.bin')
@@ -39,11 +39,16 @@ def _summary(path: str) -> dict:
 
 
 def _model_name(model_name: Optional[str], path: str, metadata: dict) -> str:
-  name = model_name or metadata.get('vit_jax_model') or (
-      _summary(path).get('model') if os.path.isdir(path) else None)
+  name = (
+    model_name
+    or metadata.get('vit_jax_model')
+    or (_summary(path).get('model') if os.path.isdir(path) else None)
+  )
   if not name:
-    raise inference.InputError(f'{path}: pass --model (a vit_jax.configs.models.MODEL_CONFIGS '
-                               'name such as ViT-B_16) for this checkpoint')
+    raise inference.InputError(
+      f'{path}: pass --model (a vit_jax.configs.models.MODEL_CONFIGS '
+      'name such as ViT-B_16) for this checkpoint'
+    )
   return name
 
 
@@ -70,19 +75,21 @@ def load(path: str, model_name: Optional[str] = None) -> Source:
       return Source(inference.model_from_flat(flat, model_name, path), None, [])
     if any(k.startswith(('vit.', 'embeddings.')) for k in state):
       folder = os.path.dirname(os.path.abspath(path))
-      hf_config = hf.read_config(folder) if os.path.exists(
-          os.path.join(folder, 'config.json')) else {}
+      hf_config = (
+        hf.read_config(folder) if os.path.exists(os.path.join(folder, 'config.json')) else {}
+      )
       return _from_hf(hf.canonical_names(state), hf_config, model_name, path)
-    raise checkpoint.CheckpointError(f'{path}: neither timm (patch_embed.proj.weight) nor '
-                                     'transformers (vit.embeddings...) ViT weights')
+    raise checkpoint.CheckpointError(
+      f'{path}: neither timm (patch_embed.proj.weight) nor '
+      'transformers (vit.embeddings...) ViT weights'
+    )
   return Source(inference.load_model(path, _model_name(model_name, path, {})), None, [])
 
 
 def _from_hf(state, hf_config, model_name, what) -> Source:
   config = inference.model_config(model_name)
   flat, notes = hf.from_hf(state, hf_config, config, what)
-  return Source(inference.model_from_flat(flat, model_name, what), hf.class_names(hf_config),
-                notes)
+  return Source(inference.model_from_flat(flat, model_name, what), hf.class_names(hf_config), notes)
 
 
 def _dataset_class_names(path: str) -> Optional[List[str]]:
@@ -91,8 +98,10 @@ def _dataset_class_names(path: str) -> Optional[List[str]]:
   dataset = _summary(path).get('dataset') if os.path.isdir(path) else None
   if not dataset:
     return None
-  import ml_collections  # pylint: disable=g-import-not-at-top
-  from vit_jax.data import pipeline  # pylint: disable=g-import-not-at-top  (TensorFlow)
+  import ml_collections
+
+  from vit_jax.data import pipeline
+
   config = pipeline.add_data_config(ml_collections.ConfigDict())
   config.dataset = dataset
   try:
@@ -112,24 +121,34 @@ def _save_timm(loaded: inference.LoadedModel, output: str) -> List[str]:
   if 'pre_logits/kernel' in flat:
     flat = {k: v for k, v in flat.items() if not k.startswith(('pre_logits/', 'head/'))}
     num_classes = None
-    notes.append('pre_logits and head dropped: timm\'s ViT has no pre-logits layer; the file is '
-                 'a features-only model (num_classes=0), as timm\'s *.orig_in21k weights')
+    notes.append(
+      "pre_logits and head dropped: timm's ViT has no pre-logits layer; the file is "
+      "a features-only model (num_classes=0), as timm's *.orig_in21k weights"
+    )
   name = timm.registered_name(loaded.config, loaded.image_size)
   kwargs = timm.create_model_kwargs(loaded.config, num_classes, loaded.image_size)
-  metadata = {'vit_jax_model': loaded.config.model_name or '', 'timm_model': name or '',
-              'timm_kwargs': json.dumps(kwargs)}
+  metadata = {
+    'vit_jax_model': loaded.config.model_name or '',
+    'timm_model': name or '',
+    'timm_kwargs': json.dumps(kwargs),
+  }
   os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
   torch_layout.save_safetensors(timm.to_timm(flat), output, metadata)
   if name:
     call = ', '.join([repr(name)] + [f'{k}={v!r}' for k, v in kwargs.items()])
-    notes.append(f'load: timm.create_model({call}).load_state_dict('
-                 f'safetensors.torch.load_file({output!r}))')
+    notes.append(
+      f'load: timm.create_model({call}).load_state_dict(safetensors.torch.load_file({output!r}))'
+    )
   else:
-    notes.append('no timm name for this architecture: build it with '
-                 'vit_jax.interop.timm.build_model(config, num_classes, image_size)')
+    notes.append(
+      'no timm name for this architecture: build it with '
+      'vit_jax.interop.timm.build_model(config, num_classes, image_size)'
+    )
   if loaded.config.get('resnet') is not None:
-    notes.append('timm.create_model\'s hybrids use StdConv eps 1e-8 and GroupNorm eps 1e-5 (ours: '
-                 '1e-5, 1e-6); timm.build_model matches ours exactly')
+    notes.append(
+      "timm.create_model's hybrids use StdConv eps 1e-8 and GroupNorm eps 1e-5 (ours: "
+      '1e-5, 1e-6); timm.build_model matches ours exactly'
+    )
   return notes
 
 
@@ -146,8 +165,13 @@ def _class_names(source: Source, path: str, labels: Optional[str]) -> Optional[L
   return inference.class_names(num_classes) if num_classes in inference.LABEL_FILES else None
 
 
-def export(checkpoint_path: str, fmt: str, output: str, model_name: Optional[str] = None,
-           labels: Optional[str] = None) -> List[str]:
+def export(
+  checkpoint_path: str,
+  fmt: str,
+  output: str,
+  model_name: Optional[str] = None,
+  labels: Optional[str] = None,
+) -> List[str]:
   """Converts `checkpoint_path` to `fmt` at `output`; returns notes for the user."""
   if fmt not in FORMATS:
     raise inference.InputError(f'--format={fmt!r}: use one of {", ".join(FORMATS)}')
@@ -159,12 +183,15 @@ def export(checkpoint_path: str, fmt: str, output: str, model_name: Optional[str
     notes += _save_timm(loaded, output)
   elif fmt == 'hf':
     names = _class_names(source, checkpoint_path, labels)
-    notes += hf.save(checkpoint.flatten(loaded.params), loaded.config,
-                             loaded.image_size, output, names)
+    notes += hf.save(
+      checkpoint.flatten(loaded.params), loaded.config, loaded.image_size, output, names
+    )
   elif fmt == 'savedmodel':
-    from vit_jax.interop import savedmodel  # pylint: disable=g-import-not-at-top
+    from vit_jax.interop import savedmodel
+
     savedmodel.save(loaded, output)
   else:
-    from vit_jax.interop import onnx  # pylint: disable=g-import-not-at-top
+    from vit_jax.interop import onnx
+
     onnx.save(loaded, output)
   return notes

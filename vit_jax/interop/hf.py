@@ -34,30 +34,34 @@ _TANH_GELUS = ('gelu_new', 'gelu_pytorch_tanh', 'gelu_python_tanh', 'gelu_fast')
 
 _LAYER = r'^Transformer/encoderblock_(\d+)/'
 _RULES = (
-    (r'^cls$', 'vit.embeddings.cls_token'),
-    (r'^Transformer/posembed_input/pos_embedding$', 'vit.embeddings.position_embeddings'),
-    (r'^embedding/', 'vit.embeddings.patch_embeddings.projection.'),
-    (r'^Transformer/encoder_norm/', 'vit.layernorm.'),
-    (_LAYER + r'LayerNorm_0/', r'vit.encoder.layer.\1.layernorm_before.'),
-    (_LAYER + r'LayerNorm_2/', r'vit.encoder.layer.\1.layernorm_after.'),
-    (_LAYER + r'MultiHeadDotProductAttention_1/(query|key|value)/',
-     r'vit.encoder.layer.\1.attention.attention.\2.'),
-    (_LAYER + r'MultiHeadDotProductAttention_1/out/',
-     r'vit.encoder.layer.\1.attention.output.dense.'),
-    (_LAYER + r'MlpBlock_3/Dense_0/', r'vit.encoder.layer.\1.intermediate.dense.'),
-    (_LAYER + r'MlpBlock_3/Dense_1/', r'vit.encoder.layer.\1.output.dense.'),
-    (r'^pre_logits/', 'vit.pooler.dense.'),
-    (r'^head/', 'classifier.'),
+  (r'^cls$', 'vit.embeddings.cls_token'),
+  (r'^Transformer/posembed_input/pos_embedding$', 'vit.embeddings.position_embeddings'),
+  (r'^embedding/', 'vit.embeddings.patch_embeddings.projection.'),
+  (r'^Transformer/encoder_norm/', 'vit.layernorm.'),
+  (_LAYER + r'LayerNorm_0/', r'vit.encoder.layer.\1.layernorm_before.'),
+  (_LAYER + r'LayerNorm_2/', r'vit.encoder.layer.\1.layernorm_after.'),
+  (
+    _LAYER + r'MultiHeadDotProductAttention_1/(query|key|value)/',
+    r'vit.encoder.layer.\1.attention.attention.\2.',
+  ),
+  (
+    _LAYER + r'MultiHeadDotProductAttention_1/out/',
+    r'vit.encoder.layer.\1.attention.output.dense.',
+  ),
+  (_LAYER + r'MlpBlock_3/Dense_0/', r'vit.encoder.layer.\1.intermediate.dense.'),
+  (_LAYER + r'MlpBlock_3/Dense_1/', r'vit.encoder.layer.\1.output.dense.'),
+  (r'^pre_logits/', 'vit.pooler.dense.'),
+  (r'^head/', 'classifier.'),
 )
 # transformers 5.x names -> the Hub's (4.x) names.
 _FROM_V5 = (
-    (r'^vit\.layers\.', 'vit.encoder.layer.'),
-    (r'\.attention\.q_proj\.', '.attention.attention.query.'),
-    (r'\.attention\.k_proj\.', '.attention.attention.key.'),
-    (r'\.attention\.v_proj\.', '.attention.attention.value.'),
-    (r'\.attention\.o_proj\.', '.attention.output.dense.'),
-    (r'\.mlp\.fc1\.', '.intermediate.dense.'),
-    (r'\.mlp\.fc2\.', '.output.dense.'),
+  (r'^vit\.layers\.', 'vit.encoder.layer.'),
+  (r'\.attention\.q_proj\.', '.attention.attention.query.'),
+  (r'\.attention\.k_proj\.', '.attention.attention.key.'),
+  (r'\.attention\.v_proj\.', '.attention.attention.value.'),
+  (r'\.attention\.o_proj\.', '.attention.output.dense.'),
+  (r'\.mlp\.fc1\.', '.intermediate.dense.'),
+  (r'\.mlp\.fc2\.', '.output.dense.'),
 )
 
 
@@ -67,34 +71,43 @@ def hf_name(key: str) -> Tuple[Optional[str], None]:
 
 def check_exportable(config) -> None:
   if config.get('resnet') is not None:
-    raise torch_layout.ExportError(f'{config.model_name}: transformers has no R+ViT hybrid (ViTHybrid '
-                              'was removed in 5.0); use --format=timm or --format=onnx')
+    raise torch_layout.ExportError(
+      f'{config.model_name}: transformers has no R+ViT hybrid (ViTHybrid '
+      'was removed in 5.0); use --format=timm or --format=onnx'
+    )
   if config.classifier != 'token':
-    raise torch_layout.ExportError(f'{config.model_name}: transformers\' ViT pools with a class token '
-                              f'only, not classifier={config.classifier}; use --format=timm')
+    raise torch_layout.ExportError(
+      f"{config.model_name}: transformers' ViT pools with a class token "
+      f'only, not classifier={config.classifier}; use --format=timm'
+    )
 
 
-def hf_config(config, num_classes: Optional[int], image_size: int,
-              class_names: Optional[Sequence[str]], representation_size: Optional[int]) -> dict:
+def hf_config(
+  config,
+  num_classes: Optional[int],
+  image_size: int,
+  class_names: Optional[Sequence[str]],
+  representation_size: Optional[int],
+) -> dict:
   """config.json of the Hub's ViT checkpoints, with our numerics."""
   patch = config.patches.size[0]
   out = {
-      'architectures': ['ViTModel' if num_classes is None else 'ViTForImageClassification'],
-      'model_type': 'vit',
-      'hidden_size': config.hidden_size,
-      'num_hidden_layers': config.transformer.num_layers,
-      'num_attention_heads': config.transformer.num_heads,
-      'intermediate_size': config.transformer.mlp_dim,
-      'hidden_act': HIDDEN_ACT,
-      'layer_norm_eps': 1e-6,
-      'image_size': image_size,
-      'patch_size': patch,
-      'num_channels': 3,
-      'qkv_bias': True,
-      'hidden_dropout_prob': 0.0,
-      'attention_probs_dropout_prob': 0.0,
-      'initializer_range': 0.02,
-      'encoder_stride': patch,
+    'architectures': ['ViTModel' if num_classes is None else 'ViTForImageClassification'],
+    'model_type': 'vit',
+    'hidden_size': config.hidden_size,
+    'num_hidden_layers': config.transformer.num_layers,
+    'num_attention_heads': config.transformer.num_heads,
+    'intermediate_size': config.transformer.mlp_dim,
+    'hidden_act': HIDDEN_ACT,
+    'layer_norm_eps': 1e-6,
+    'image_size': image_size,
+    'patch_size': patch,
+    'num_channels': 3,
+    'qkv_bias': True,
+    'hidden_dropout_prob': 0.0,
+    'attention_probs_dropout_prob': 0.0,
+    'initializer_range': 0.02,
+    'encoder_stride': patch,
   }
   if representation_size is not None:
     out.update(pooler_output_size=representation_size, pooler_act='tanh')
@@ -109,15 +122,25 @@ def hf_config(config, num_classes: Optional[int], image_size: int,
 def preprocessor_config(image_size: int) -> dict:
   """ViTImageProcessor doing our eval preprocessing: bilinear resize, x / 127.5 - 1."""
   return {
-      'image_processor_type': 'ViTImageProcessor',
-      'do_resize': True, 'size': {'height': image_size, 'width': image_size}, 'resample': 2,
-      'do_rescale': True, 'rescale_factor': 1 / 255,
-      'do_normalize': True, 'image_mean': [0.5, 0.5, 0.5], 'image_std': [0.5, 0.5, 0.5],
+    'image_processor_type': 'ViTImageProcessor',
+    'do_resize': True,
+    'size': {'height': image_size, 'width': image_size},
+    'resample': 2,
+    'do_rescale': True,
+    'rescale_factor': 1 / 255,
+    'do_normalize': True,
+    'image_mean': [0.5, 0.5, 0.5],
+    'image_std': [0.5, 0.5, 0.5],
   }
 
 
-def save(flat: Dict[str, np.ndarray], config, image_size: int, output: str,
-         class_names: Optional[Sequence[str]] = None) -> List[str]:
+def save(
+  flat: Dict[str, np.ndarray],
+  config,
+  image_size: int,
+  output: str,
+  class_names: Optional[Sequence[str]] = None,
+) -> List[str]:
   """Writes the folder; returns notes on what did not carry over (a dropped head)."""
   check_exportable(config)
   notes = []
@@ -127,8 +150,10 @@ def save(flat: Dict[str, np.ndarray], config, image_size: int, output: str,
     representation_size = int(flat['pre_logits/kernel'].shape[-1])
     if 'head/kernel' in flat:
       flat.pop('head/kernel'), flat.pop('head/bias')
-      notes.append('head dropped: ViTForImageClassification has no pre-logits layer; the folder is '
-                   'a ViTModel whose pooler_output is the pre-logits')
+      notes.append(
+        'head dropped: ViTForImageClassification has no pre-logits layer; the folder is '
+        'a ViTModel whose pooler_output is the pre-logits'
+      )
   num_classes = int(flat['head/kernel'].shape[-1]) if 'head/kernel' in flat else None
   if num_classes is None and representation_size is None:
     notes.append('no head: the folder is a ViTModel without a pooler')
@@ -137,14 +162,17 @@ def save(flat: Dict[str, np.ndarray], config, image_size: int, output: str,
     # A ViTModel's weights live at the root, as in the Hub's feature-extractor checkpoints.
     state = {k.removeprefix('vit.'): v for k, v in state.items()}
   if class_names is not None and num_classes is not None and len(class_names) != num_classes:
-    raise torch_layout.ExportError(f'{len(class_names)} class names for a head of {num_classes}; '
-                              'pass one name per class')
+    raise torch_layout.ExportError(
+      f'{len(class_names)} class names for a head of {num_classes}; pass one name per class'
+    )
   os.makedirs(output, exist_ok=True)
-  torch_layout.save_safetensors(state, os.path.join(output, 'model.safetensors'),
-                           {'vit_jax_model': config.model_name or ''})
-  files = {'config.json': hf_config(config, num_classes, image_size, class_names,
-                                    representation_size),
-           'preprocessor_config.json': preprocessor_config(image_size)}
+  torch_layout.save_safetensors(
+    state, os.path.join(output, 'model.safetensors'), {'vit_jax_model': config.model_name or ''}
+  )
+  files = {
+    'config.json': hf_config(config, num_classes, image_size, class_names, representation_size),
+    'preprocessor_config.json': preprocessor_config(image_size),
+  }
   for name, content in files.items():
     with open(os.path.join(output, name), 'w', encoding='utf-8') as f:
       json.dump(content, f, indent=2, ensure_ascii=False)
@@ -173,8 +201,10 @@ def read_config(folder: str) -> dict:
   except (OSError, ValueError) as e:
     raise checkpoint.CheckpointError(f'{path}: not a readable config.json ({e})') from None
   if hf.get('model_type') != 'vit':
-    raise checkpoint.CheckpointError(f'{path}: model_type is {hf.get("model_type")!r}, not '
-                                     '\'vit\'; only transformers ViT folders convert')
+    raise checkpoint.CheckpointError(
+      f'{path}: model_type is {hf.get("model_type")!r}, not '
+      "'vit'; only transformers ViT folders convert"
+    )
   return hf
 
 
@@ -187,28 +217,37 @@ def read_folder(path: str) -> Tuple[Dict[str, np.ndarray], dict, dict]:
   elif os.path.exists(os.path.join(path, 'pytorch_model.bin')):
     state = torch_layout.load_torch_file(os.path.join(path, 'pytorch_model.bin'))
   else:
-    raise checkpoint.CheckpointError(f'{path}: neither model.safetensors nor pytorch_model.bin; '
-                                     'sharded folders: load and save_pretrained them as one file')
+    raise checkpoint.CheckpointError(
+      f'{path}: neither model.safetensors nor pytorch_model.bin; '
+      'sharded folders: load and save_pretrained them as one file'
+    )
   return canonical_names(state), hf, metadata
 
 
 def from_hf(state: Dict[str, np.ndarray], hf: dict, config, what: str) -> Tuple[dict, List[str]]:
   """(our flat parameters, notes) from a transformers ViT state_dict and its config.json."""
   check_exportable(config)
-  mismatches = [f'{theirs}={hf.get(theirs)} vs {ours}'
-                for theirs, ours in (('hidden_size', config.hidden_size),
-                                     ('num_hidden_layers', config.transformer.num_layers),
-                                     ('num_attention_heads', config.transformer.num_heads),
-                                     ('intermediate_size', config.transformer.mlp_dim),
-                                     ('patch_size', config.patches.size[0]))
-                if theirs in hf and hf[theirs] != ours]
+  mismatches = [
+    f'{theirs}={hf.get(theirs)} vs {ours}'
+    for theirs, ours in (
+      ('hidden_size', config.hidden_size),
+      ('num_hidden_layers', config.transformer.num_layers),
+      ('num_attention_heads', config.transformer.num_heads),
+      ('intermediate_size', config.transformer.mlp_dim),
+      ('patch_size', config.patches.size[0]),
+    )
+    if theirs in hf and hf[theirs] != ours
+  ]
   if mismatches:
-    raise checkpoint.CheckpointError(f'{what}: config.json has {mismatches[0]} of '
-                                     f'{config.model_name}; check --model')
+    raise checkpoint.CheckpointError(
+      f'{what}: config.json has {mismatches[0]} of {config.model_name}; check --model'
+    )
   notes = []
   if hf.get('hidden_act', 'gelu') not in _TANH_GELUS:
-    notes.append(f'its hidden_act is {hf.get("hidden_act", "gelu")!r}; this model computes the '
-                 'tanh approximation of GELU (logits differ slightly)')
+    notes.append(
+      f'its hidden_act is {hf.get("hidden_act", "gelu")!r}; this model computes the '
+      'tanh approximation of GELU (logits differ slightly)'
+    )
   if hf.get('layer_norm_eps', 1e-12) != 1e-6:
     notes.append(f'its layer_norm_eps is {hf.get("layer_norm_eps", 1e-12)}; this model uses 1e-6')
   if 'vit.embeddings.position_embeddings' not in state:

@@ -21,8 +21,8 @@ import numpy as np
 
 from vit_jax import checkpoint
 from vit_jax.evaluation import inference
-from vit_jax.interop import torch_layout
 from vit_jax.interop import timm
+from vit_jax.interop import torch_layout
 
 OPSET = 18
 _ONNX_FILE_LIMIT = 2 * 1024**3  # protobuf's limit; larger weights go to OUTPUT.data
@@ -35,7 +35,8 @@ def torch_module(loaded: inference.LoadedModel):
   head = {k: flat.pop(k) for k in list(flat) if k.startswith(('head/', 'pre_logits/'))}
   backbone = timm.build_model(loaded.config, None, loaded.image_size)
   backbone.load_state_dict(
-      {k: torch.from_numpy(v) for k, v in timm.to_timm(flat).items()}, strict=True)
+    {k: torch.from_numpy(v) for k, v in timm.to_timm(flat).items()}, strict=True
+  )
 
   def linear(prefix):
     if f'{prefix}/kernel' not in head:
@@ -74,9 +75,14 @@ def save(loaded: inference.LoadedModel, output: str) -> str:
   num_bytes = 4 * sum(p.numel() for p in module.parameters())
   os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
   program = torch.onnx.export(
-      module, (example,), input_names=['images'],
-      output_names=['features' if loaded.model.num_classes is None else 'logits'],
-      dynamic_shapes={'images': {0: torch.export.Dim('batch')}}, opset_version=OPSET,
-      dynamo=True, verbose=False)
+    module,
+    (example,),
+    input_names=['images'],
+    output_names=['features' if loaded.model.num_classes is None else 'logits'],
+    dynamic_shapes={'images': {0: torch.export.Dim('batch')}},
+    opset_version=OPSET,
+    dynamo=True,
+    verbose=False,
+  )
   program.save(output, external_data=num_bytes >= _ONNX_FILE_LIMIT)
   return output

@@ -27,42 +27,50 @@ from vit_jax.interop import torch_layout
 
 # Released architectures -> timm's names (without the `_<resolution>` suffix).
 TIMM_NAMES = {
-    'ViT-Ti_16': 'vit_tiny_patch16',
-    'ViT-S_16': 'vit_small_patch16',
-    'ViT-S_32': 'vit_small_patch32',
-    'ViT-B_8': 'vit_base_patch8',
-    'ViT-B_16': 'vit_base_patch16',
-    'ViT-B_32': 'vit_base_patch32',
-    'ViT-L_16': 'vit_large_patch16',
-    'ViT-L_32': 'vit_large_patch32',
-    'ViT-H_14': 'vit_huge_patch14',
-    'R50+ViT-B_16': 'vit_base_r50_s16',
-    'R26+ViT-B_32': 'vit_base_r26_s32',
-    'R50+ViT-L_32': 'vit_large_r50_s32',
+  'ViT-Ti_16': 'vit_tiny_patch16',
+  'ViT-S_16': 'vit_small_patch16',
+  'ViT-S_32': 'vit_small_patch32',
+  'ViT-B_8': 'vit_base_patch8',
+  'ViT-B_16': 'vit_base_patch16',
+  'ViT-B_32': 'vit_base_patch32',
+  'ViT-L_16': 'vit_large_patch16',
+  'ViT-L_32': 'vit_large_patch32',
+  'ViT-H_14': 'vit_huge_patch14',
+  'R50+ViT-B_16': 'vit_base_r50_s16',
+  'R26+ViT-B_32': 'vit_base_r26_s32',
+  'R50+ViT-L_32': 'vit_large_r50_s32',
 }
 # Of those, the ones timm also registers at 384 px.
-TIMM_384 = ('vit_tiny_patch16', 'vit_small_patch16', 'vit_small_patch32', 'vit_base_patch16',
-             'vit_base_patch32', 'vit_large_patch16', 'vit_large_patch32', 'vit_base_r50_s16',
-             'vit_large_r50_s32')
+TIMM_384 = (
+  'vit_tiny_patch16',
+  'vit_small_patch16',
+  'vit_small_patch32',
+  'vit_base_patch16',
+  'vit_base_patch32',
+  'vit_large_patch16',
+  'vit_large_patch32',
+  'vit_base_r50_s16',
+  'vit_large_r50_s32',
+)
 
 STD_CONV_EPS = 1e-5  # models_resnet.StdConv
 GROUP_NORM_EPS = 1e-6  # flax.linen.GroupNorm's default, as the original code
 
 _BLOCK = r'^Transformer/encoderblock_(\d+)/'
 _RULES = (
-    (r'^cls$', 'cls_token'),
-    (r'^Transformer/posembed_input/pos_embedding$', 'pos_embed'),
-    (r'^embedding/', 'patch_embed.proj.'),
-    (r'^Transformer/encoder_norm/', 'norm.'),
-    (_BLOCK + r'LayerNorm_0/', r'blocks.\1.norm1.'),
-    (_BLOCK + r'LayerNorm_2/', r'blocks.\1.norm2.'),
-    (_BLOCK + r'MultiHeadDotProductAttention_1/(query|key|value)/', r'blocks.\1.attn.qkv.'),
-    (_BLOCK + r'MultiHeadDotProductAttention_1/out/', r'blocks.\1.attn.proj.'),
-    (_BLOCK + r'MlpBlock_3/Dense_0/', r'blocks.\1.mlp.fc1.'),
-    (_BLOCK + r'MlpBlock_3/Dense_1/', r'blocks.\1.mlp.fc2.'),
-    (r'^head/', 'head.'),
-    (r'^conv_root/', 'patch_embed.backbone.stem.conv.'),
-    (r'^gn_root/', 'patch_embed.backbone.stem.norm.'),
+  (r'^cls$', 'cls_token'),
+  (r'^Transformer/posembed_input/pos_embedding$', 'pos_embed'),
+  (r'^embedding/', 'patch_embed.proj.'),
+  (r'^Transformer/encoder_norm/', 'norm.'),
+  (_BLOCK + r'LayerNorm_0/', r'blocks.\1.norm1.'),
+  (_BLOCK + r'LayerNorm_2/', r'blocks.\1.norm2.'),
+  (_BLOCK + r'MultiHeadDotProductAttention_1/(query|key|value)/', r'blocks.\1.attn.qkv.'),
+  (_BLOCK + r'MultiHeadDotProductAttention_1/out/', r'blocks.\1.attn.proj.'),
+  (_BLOCK + r'MlpBlock_3/Dense_0/', r'blocks.\1.mlp.fc1.'),
+  (_BLOCK + r'MlpBlock_3/Dense_1/', r'blocks.\1.mlp.fc2.'),
+  (r'^head/', 'head.'),
+  (r'^conv_root/', 'patch_embed.backbone.stem.conv.'),
+  (r'^gn_root/', 'patch_embed.backbone.stem.norm.'),
 )
 _QKV = {'query': 0, 'key': 1, 'value': 2}
 
@@ -75,8 +83,10 @@ def timm_name(key: str) -> Tuple[Optional[str], Optional[int]]:
     module = 'conv' if kind == 'conv' else 'norm'
     sub = f'downsample.{module}' if which == '_proj' else f'{module}{which}'
     leaf = 'bias' if leaf == 'bias' else 'weight'
-    return (f'patch_embed.backbone.stages.{int(stage) - 1}.blocks.{int(index) - 1}.{sub}.{leaf}',
-            None)
+    return (
+      f'patch_embed.backbone.stages.{int(stage) - 1}.blocks.{int(index) - 1}.{sub}.{leaf}',
+      None,
+    )
   qkv = re.match(_BLOCK + r'MultiHeadDotProductAttention_1/(query|key|value)/', key)
   return torch_layout.rename(key, _RULES), _QKV[qkv.group(2)] if qkv else None
 
@@ -84,16 +94,17 @@ def timm_name(key: str) -> Tuple[Optional[str], Optional[int]]:
 def _pooling_kwargs(classifier: str) -> dict:
   # fc_norm=False: the final LayerNorm acts on every token before pooling, as ours.
   return {
-      'token': {},
-      'gap': {'class_token': False, 'global_pool': 'avg', 'fc_norm': False},
-      'unpooled': {'class_token': False, 'global_pool': ''},
-      'token_unpooled': {'global_pool': ''},
+    'token': {},
+    'gap': {'class_token': False, 'global_pool': 'avg', 'fc_norm': False},
+    'unpooled': {'class_token': False, 'global_pool': ''},
+    'token_unpooled': {'global_pool': ''},
   }[classifier]
 
 
 def registered_name(config, image_size: int) -> Optional[str]:
   """timm's registered name for a released architecture at `image_size`, else None."""
-  from vit_jax.configs import models as model_configs  # pylint: disable=g-import-not-at-top
+  from vit_jax.configs import models as model_configs
+
   name = (config.model_name or '').removesuffix('-gap')
   if name not in TIMM_NAMES:
     return None
@@ -107,34 +118,50 @@ def registered_name(config, image_size: int) -> Optional[str]:
 
 def create_model_kwargs(config, num_classes: Optional[int], image_size: int) -> dict:
   """Keyword arguments of `timm.create_model(registered_name(...), **kwargs)`."""
-  return {'num_classes': num_classes or 0, 'img_size': image_size, 'act_layer': 'gelu_tanh',
-          **_pooling_kwargs(config.classifier)}
+  return {
+    'num_classes': num_classes or 0,
+    'img_size': image_size,
+    'act_layer': 'gelu_tanh',
+    **_pooling_kwargs(config.classifier),
+  }
 
 
 def build_model(config, num_classes: Optional[int], image_size: int):
   """timm's `VisionTransformer` of `config`, numerically ours (tanh GELU, our eps)."""
   timm = torch_layout.require('timm')
-  from timm.layers import GroupNormAct  # pylint: disable=g-import-not-at-top
-  from timm.layers import HybridEmbed  # pylint: disable=g-import-not-at-top
-  from timm.layers import StdConv2dSame  # pylint: disable=g-import-not-at-top
-  from timm.models import resnetv2  # pylint: disable=g-import-not-at-top
+  from timm.layers import GroupNormAct
+  from timm.layers import HybridEmbed
+  from timm.layers import StdConv2dSame
+  from timm.models import resnetv2
 
   hidden, mlp_dim = config.hidden_size, config.transformer.mlp_dim
   if int(hidden * (mlp_dim / hidden)) != mlp_dim:
-    raise torch_layout.ExportError(f'timm sizes the MLP as a ratio of the width; {mlp_dim}/{hidden} '
-                              'does not round-trip')
+    raise torch_layout.ExportError(
+      f'timm sizes the MLP as a ratio of the width; {mlp_dim}/{hidden} does not round-trip'
+    )
   kwargs = dict(
-      img_size=image_size, patch_size=tuple(config.patches.size), embed_dim=hidden,
-      depth=config.transformer.num_layers, num_heads=config.transformer.num_heads,
-      mlp_ratio=mlp_dim / hidden, num_classes=num_classes or 0, act_layer='gelu_tanh',
-      **_pooling_kwargs(config.classifier))
+    img_size=image_size,
+    patch_size=tuple(config.patches.size),
+    embed_dim=hidden,
+    depth=config.transformer.num_layers,
+    num_heads=config.transformer.num_heads,
+    mlp_ratio=mlp_dim / hidden,
+    num_classes=num_classes or 0,
+    act_layer='gelu_tanh',
+    **_pooling_kwargs(config.classifier),
+  )
   if config.get('resnet') is not None:
     # timm's own hybrids: ResNetV2(preact=False, stem_type='same', StdConv2dSame).
     backbone = resnetv2.ResNetV2(
-        layers=tuple(config.resnet.num_layers), num_classes=0, global_pool='', preact=False,
-        stem_type='same', width_factor=config.resnet.width_factor,
-        conv_layer=functools.partial(StdConv2dSame, eps=STD_CONV_EPS),
-        norm_layer=functools.partial(GroupNormAct, num_groups=32, eps=GROUP_NORM_EPS))
+      layers=tuple(config.resnet.num_layers),
+      num_classes=0,
+      global_pool='',
+      preact=False,
+      stem_type='same',
+      width_factor=config.resnet.width_factor,
+      conv_layer=functools.partial(StdConv2dSame, eps=STD_CONV_EPS),
+      norm_layer=functools.partial(GroupNormAct, num_groups=32, eps=GROUP_NORM_EPS),
+    )
     kwargs['embed_layer'] = functools.partial(HybridEmbed, backbone=backbone)
   return timm.models.vision_transformer.VisionTransformer(**kwargs).eval()
 
@@ -142,8 +169,9 @@ def build_model(config, num_classes: Optional[int], image_size: int):
 def to_timm(flat: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
   """Our flat parameters (no `pre_logits`) -> timm's state_dict as numpy arrays."""
   if 'pre_logits/kernel' in flat:
-    raise torch_layout.ExportError('timm\'s ViT has no pre-logits layer; drop pre_logits and the head '
-                              'first (export does this)')
+    raise torch_layout.ExportError(
+      "timm's ViT has no pre-logits layer; drop pre_logits and the head first (export does this)"
+    )
   return torch_layout.to_torch_state(flat, timm_name)
 
 
@@ -151,11 +179,14 @@ def from_timm(state: Dict[str, np.ndarray], config, what: str) -> Dict[str, np.n
   """timm's state_dict -> our flat parameters for `config` (checked key by key)."""
   if 'pos_embed' not in state or np.ndim(state['pos_embed']) != 3:
     raise checkpoint.CheckpointError(
-        f'{what}: no pos_embed [1, tokens, width]; is it a timm ViT state_dict?')
+      f'{what}: no pos_embed [1, tokens, width]; is it a timm ViT state_dict?'
+    )
   if 'fc_norm.weight' in state:
     raise checkpoint.CheckpointError(
-        f'{what}: normalises after pooling (fc_norm), unlike the paper\'s ViT; it cannot be '
-        'converted')
+      f"{what}: normalises after pooling (fc_norm), unlike the paper's ViT; it cannot be converted"
+    )
   num_classes = int(state['head.weight'].shape[0]) if 'head.weight' in state else None
-  expected = torch_layout.expected_shapes(config, num_classes, int(state['pos_embed'].shape[1]), what)
+  expected = torch_layout.expected_shapes(
+    config, num_classes, int(state['pos_embed'].shape[1]), what
+  )
   return torch_layout.from_torch_state(state, expected, timm_name, what)

@@ -26,8 +26,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from vit_jax import checkpoint
-from vit_jax.evaluation import inference
 from vit_jax import models
+from vit_jax.evaluation import inference
 
 NameFn = Callable[[str], Tuple[Optional[str], Optional[int]]]
 
@@ -124,8 +124,9 @@ def to_torch_state(flat: Mapping[str, np.ndarray], name_fn: NameFn) -> Dict[str,
   return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in out.items()}
 
 
-def from_torch_state(state: Mapping[str, np.ndarray], expected: Mapping[str, tuple],
-                     name_fn: NameFn, what: str) -> Dict[str, np.ndarray]:
+def from_torch_state(
+  state: Mapping[str, np.ndarray], expected: Mapping[str, tuple], name_fn: NameFn, what: str
+) -> Dict[str, np.ndarray]:
   """A state_dict -> our flat parameters of the `expected` {key: shape}.
 
   Raises CheckpointError naming the first tensor that is missing, left over,
@@ -136,7 +137,8 @@ def from_torch_state(state: Mapping[str, np.ndarray], expected: Mapping[str, tup
     name, index = name_fn(key)
     if name not in state:
       raise checkpoint.CheckpointError(
-          f'{what} lacks {name}, which {key} {tuple(shape)} needs; check --model')
+        f'{what} lacks {name}, which {key} {tuple(shape)} needs; check --model'
+      )
     x = np.asarray(state[name])
     used.add(name)
     if index is not None:
@@ -146,14 +148,16 @@ def from_torch_state(state: Mapping[str, np.ndarray], expected: Mapping[str, tup
     converted = from_torch_layout(key, x, tuple(shape))
     if converted is None:
       raise checkpoint.CheckpointError(
-          f'{what}: {name} has shape {tuple(np.shape(state[name]))}, {key} needs {tuple(shape)}; '
-          'check --model')
+        f'{what}: {name} has shape {tuple(np.shape(state[name]))}, {key} needs {tuple(shape)}; '
+        'check --model'
+      )
     out[key] = np.ascontiguousarray(converted)
   extra = sorted(set(state) - used)
   if extra:
     raise checkpoint.CheckpointError(
-        f'{what} has {extra[0]} {tuple(np.shape(state[extra[0]]))} that the model lacks; '
-        'is it a checkpoint of another architecture? check --model')
+      f'{what} has {extra[0]} {tuple(np.shape(state[extra[0]]))} that the model lacks; '
+      'is it a checkpoint of another architecture? check --model'
+    )
   return out
 
 
@@ -167,12 +171,14 @@ def expected_shapes(config, num_classes: Optional[int], num_tokens: int, what: s
   grid = math.isqrt(max(num_tokens - num_prefix, 0))
   if num_tokens <= num_prefix or grid * grid != num_tokens - num_prefix:
     raise checkpoint.CheckpointError(
-        f'{what}: {num_tokens} position embeddings are not {num_prefix} class token(s) + a square '
-        f'patch grid, as {config.model_name} (classifier={config.classifier}) needs; check --model')
+      f'{what}: {num_tokens} position embeddings are not {num_prefix} class token(s) + a square '
+      f'patch grid, as {config.model_name} (classifier={config.classifier}) needs; check --model'
+    )
   size = grid * inference.pixels_per_patch(config)
   model = models.VisionTransformer(num_classes=num_classes, **config)
-  shapes = jax.eval_shape(lambda: model.init(
-      jax.random.key(0), jnp.zeros((1, size, size, 3)), train=False))['params']
+  shapes = jax.eval_shape(
+    lambda: model.init(jax.random.key(0), jnp.zeros((1, size, size, 3)), train=False)
+  )['params']
   return {k: tuple(v.shape) for k, v in checkpoint.flatten(shapes).items()}
 
 
@@ -203,10 +209,11 @@ def load_safetensors(path: str) -> Tuple[Dict[str, np.ndarray], Dict[str, str]]:
         tensors = {k: f.get_tensor(k).to(torch.float32).numpy() for k in f.keys()}
   except ExportError:
     raise
-  except Exception as e:  # pylint: disable=broad-except
+  except Exception as e:
     # SafetensorError is not importable under a stable name.
     raise checkpoint.CheckpointError(
-        f'{path}: not a readable .safetensors file ({str(e).splitlines()[0]})') from None
+      f'{path}: not a readable .safetensors file ({str(e).splitlines()[0]})'
+    ) from None
   return {k: _float32(v) for k, v in tensors.items()}, metadata
 
 
@@ -215,14 +222,14 @@ def load_torch_file(path: str) -> Dict[str, np.ndarray]:
   torch = require('torch')
   try:
     state = torch.load(path, map_location='cpu', weights_only=True)
-  except Exception as e:  # pylint: disable=broad-except
-    raise checkpoint.CheckpointError(f'{path}: not a readable PyTorch state_dict '
-                                     f'({type(e).__name__}); save it as .safetensors') from None
+  except Exception as e:
+    raise checkpoint.CheckpointError(
+      f'{path}: not a readable PyTorch state_dict ({type(e).__name__}); save it as .safetensors'
+    ) from None
   for key in ('state_dict', 'model'):
     if isinstance(state, dict) and isinstance(state.get(key), dict):
       state = state[key]
-  return {k: _float32(v.to(torch.float32).numpy()) for k, v in state.items()
-          if hasattr(v, 'numpy')}
+  return {k: _float32(v.to(torch.float32).numpy()) for k, v in state.items() if hasattr(v, 'numpy')}
 
 
 def _float32(x: np.ndarray) -> np.ndarray:

@@ -47,10 +47,12 @@ def colour_targets(images: jnp.ndarray, patch_size) -> jnp.ndarray:
   b, h, w, c = images.shape
   ph, pw = patch_size
   if h % ph or w % pw or c != 3:
-    raise ValueError(f'images of shape {images.shape} do not tile into {ph}x{pw} RGB patches; '
-                     'resize them to a multiple of the patch size')
+    raise ValueError(
+      f'images of shape {images.shape} do not tile into {ph}x{pw} RGB patches; '
+      'resize them to a multiple of the patch size'
+    )
   means = images.astype(jnp.float32).reshape(b, h // ph, ph, w // pw, pw, c).mean(axis=(2, 4))
-  levels = 2 ** NUM_COLOUR_BITS
+  levels = 2**NUM_COLOUR_BITS
   q = jnp.clip(jnp.floor((means + 1.0) / 2.0 * levels), 0, levels - 1).astype(jnp.int32)
   ids = (q[..., 0] * levels + q[..., 1]) * levels + q[..., 2]
   return ids.reshape(b, -1)
@@ -58,15 +60,22 @@ def colour_targets(images: jnp.ndarray, patch_size) -> jnp.ndarray:
 
 class Corruption(NamedTuple):
   """Which patch embeddings to corrupt, and how; all [B, N]."""
+
   corrupted: jnp.ndarray  # bool: the positions the loss counts
   masked: jnp.ndarray  # bool: replaced by the mask token
   replaced: jnp.ndarray  # bool: replaced by the embedding at `source`
   source: jnp.ndarray  # int32: another position of the same image
 
 
-def sample_corruption(rng, batch_size: int, num_patches: int, *,
-                      corrupt_ratio: float = CORRUPT_RATIO, mask_prob: float = MASK_PROB,
-                      random_prob: float = RANDOM_PROB) -> Corruption:
+def sample_corruption(
+  rng,
+  batch_size: int,
+  num_patches: int,
+  *,
+  corrupt_ratio: float = CORRUPT_RATIO,
+  mask_prob: float = MASK_PROB,
+  random_prob: float = RANDOM_PROB,
+) -> Corruption:
   """Draws the corruption of paper B.1.2.
 
   Exactly round(corrupt_ratio * N) positions per image are corrupted (every
@@ -79,8 +88,9 @@ def sample_corruption(rng, batch_size: int, num_patches: int, *,
   if num_patches < 2:
     raise ValueError(f'masked patch prediction needs at least 2 patches, got {num_patches}')
   if not 0.0 <= mask_prob + random_prob <= 1.0 or min(mask_prob, random_prob) < 0:
-    raise ValueError(f'mask_prob={mask_prob} and random_prob={random_prob} must be >= 0 '
-                     'and sum to at most 1')
+    raise ValueError(
+      f'mask_prob={mask_prob} and random_prob={random_prob} must be >= 0 and sum to at most 1'
+    )
   num_corrupt = round(corrupt_ratio * num_patches)
   select_rng, kind_rng, source_rng = jax.random.split(rng, 3)
   shape = (batch_size, num_patches)
@@ -95,8 +105,9 @@ def sample_corruption(rng, batch_size: int, num_patches: int, *,
   return Corruption(corrupted, masked, replaced, source.astype(jnp.int32))
 
 
-def apply_corruption(embeddings: jnp.ndarray, corruption: Corruption,
-                     mask_token: jnp.ndarray) -> jnp.ndarray:
+def apply_corruption(
+  embeddings: jnp.ndarray, corruption: Corruption, mask_token: jnp.ndarray
+) -> jnp.ndarray:
   """[B, N, D] patch embeddings with the corruption applied."""
   others = jnp.take_along_axis(embeddings, corruption.source[..., None], axis=1)
   x = jnp.where(corruption.replaced[..., None], others, embeddings)
@@ -111,6 +122,7 @@ class MppViT(nn.Module):
   layers are refused (the targets are pixel patches, the head reads patch
   tokens). Returns logits [B, N, 512] for every patch position.
   """
+
   patches: Mapping[str, Any]
   transformer: Mapping[str, Any]
   hidden_size: int
@@ -125,17 +137,21 @@ class MppViT(nn.Module):
   @nn.compact
   def __call__(self, images, corruption: Optional[Corruption] = None, *, train: bool):
     if self.resnet is not None or self.representation_size is not None:
-      raise ValueError(f'{self.model_name or "this model"}: masked patch prediction works on '
-                       'plain ViTs without pre-logits; pick a ViT-* model')
+      raise ValueError(
+        f'{self.model_name or "this model"}: masked patch prediction works on '
+        'plain ViTs without pre-logits; pick a ViT-* model'
+      )
     if self.classifier not in ('token', 'gap'):
       raise ValueError(f'classifier={self.classifier!r}; MPP models use token or gap')
     patch = tuple(self.patches['size'])
-    x = nn.Conv(self.hidden_size, patch, strides=patch, padding='VALID',
-                dtype=self.dtype, name='embedding')(images.astype(self.dtype))
+    x = nn.Conv(
+      self.hidden_size, patch, strides=patch, padding='VALID', dtype=self.dtype, name='embedding'
+    )(images.astype(self.dtype))
     n, h, w, c = x.shape
     x = x.reshape(n, h * w, c)
-    mask_token = self.param('mask_token', nn.initializers.normal(stddev=0.02), (1, 1, c),
-                            jnp.float32)
+    mask_token = self.param(
+      'mask_token', nn.initializers.normal(stddev=0.02), (1, 1, c), jnp.float32
+    )
     if corruption is not None:
       x = apply_corruption(x, corruption, mask_token)
 
@@ -146,14 +162,18 @@ class MppViT(nn.Module):
       cls = self.param('cls', nn.initializers.zeros, (1, 1, c), jnp.float32)
       x = jnp.concatenate([jnp.tile(cls.astype(self.dtype), (n, 1, 1)), x], axis=1)
       num_prefix = 1
-    x = vit.Encoder(dtype=self.dtype, remat=self.remat, attention=self.attention,
-                           name='Transformer', **self.transformer)(x, train=train)
+    x = vit.Encoder(
+      dtype=self.dtype,
+      remat=self.remat,
+      attention=self.attention,
+      name='Transformer',
+      **self.transformer,
+    )(x, train=train)
     logits = nn.Dense(NUM_COLOURS, dtype=self.dtype, name='mpp_head')(x[:, num_prefix:])
     return logits.astype(jnp.float32)
 
 
-def masked_cross_entropy(logits: jnp.ndarray, targets: jnp.ndarray,
-                         weights: jnp.ndarray) -> tuple:
+def masked_cross_entropy(logits: jnp.ndarray, targets: jnp.ndarray, weights: jnp.ndarray) -> tuple:
   """Mean softmax cross-entropy over the positions where `weights` is true.
 
   Args:
@@ -172,9 +192,17 @@ def masked_cross_entropy(logits: jnp.ndarray, targets: jnp.ndarray,
   return loss, {'loss': loss, 'accuracy': accuracy, 'num_corrupted': weights.sum()}
 
 
-def loss_fn(params, images, rng, *, model: MppViT, train: bool,
-            corrupt_ratio: float = CORRUPT_RATIO, mask_prob: float = MASK_PROB,
-            random_prob: float = RANDOM_PROB) -> tuple:
+def loss_fn(
+  params,
+  images,
+  rng,
+  *,
+  model: MppViT,
+  train: bool,
+  corrupt_ratio: float = CORRUPT_RATIO,
+  mask_prob: float = MASK_PROB,
+  random_prob: float = RANDOM_PROB,
+) -> tuple:
   """The MPP loss of a batch: (loss, metrics), pure in (params, images, rng).
 
   `rng` draws the corruption and, when `train`, the dropout masks.
@@ -182,8 +210,13 @@ def loss_fn(params, images, rng, *, model: MppViT, train: bool,
   corruption_rng, dropout_rng = jax.random.split(rng)
   targets = colour_targets(images, tuple(model.patches['size']))
   corruption = sample_corruption(
-      corruption_rng, *targets.shape, corrupt_ratio=corrupt_ratio, mask_prob=mask_prob,
-      random_prob=random_prob)
-  logits = model.apply({'params': params}, images, corruption, train=train,
-                       rngs={'dropout': dropout_rng})
+    corruption_rng,
+    *targets.shape,
+    corrupt_ratio=corrupt_ratio,
+    mask_prob=mask_prob,
+    random_prob=random_prob,
+  )
+  logits = model.apply(
+    {'params': params}, images, corruption, train=train, rngs={'dropout': dropout_rng}
+  )
   return masked_cross_entropy(logits, targets, corruption.corrupted)

@@ -31,6 +31,7 @@ class StdConv(nn.Conv):
 
 class ResidualUnit(nn.Module):
   """Bottleneck unit: 1x1 -> 3x3 (strided) -> 1x1, with a projected shortcut."""
+
   features: int
   strides: Sequence[int] = (1, 1)
   dtype: Dtype = jnp.float32
@@ -38,7 +39,8 @@ class ResidualUnit(nn.Module):
   @nn.compact
   def __call__(self, x):
     conv = lambda f, k, s, name: StdConv(  # noqa: E731
-        f, k, strides=s, use_bias=False, dtype=self.dtype, name=name)
+      f, k, strides=s, use_bias=False, dtype=self.dtype, name=name
+    )
     gn = lambda name, **kw: nn.GroupNorm(dtype=self.dtype, name=name, **kw)  # noqa: E731
 
     residual = x
@@ -50,12 +52,14 @@ class ResidualUnit(nn.Module):
     y = nn.relu(gn('gn2')(conv(self.features, (3, 3), self.strides, 'conv2')(y)))
     # Zero-initialised last GroupNorm scale: each unit starts as the identity.
     y = gn('gn3', scale_init=nn.initializers.zeros)(
-        conv(self.features * 4, (1, 1), (1, 1), 'conv3')(y))
+      conv(self.features * 4, (1, 1), (1, 1), 'conv3')(y)
+    )
     return nn.relu(residual + y)
 
 
 class ResNetStage(nn.Module):
   """`block_size` residual units; the first one may downsample."""
+
   block_size: int
   features: int
   first_stride: Sequence[int]
@@ -82,6 +86,7 @@ def resnet_stem(x, num_layers: Sequence[int], width_factor: float, dtype: Dtype)
   x = nn.relu(nn.GroupNorm(dtype=dtype, name='gn_root')(x))
   x = nn.max_pool(x, (3, 3), strides=(2, 2), padding='SAME')
   for i, block_size in enumerate(num_layers):
-    x = ResNetStage(block_size, width * 2**i, (1, 1) if i == 0 else (2, 2), dtype,
-                    name=f'block{i + 1}')(x)
+    x = ResNetStage(
+      block_size, width * 2**i, (1, 1) if i == 0 else (2, 2), dtype, name=f'block{i + 1}'
+    )(x)
   return x

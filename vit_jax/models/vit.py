@@ -33,7 +33,7 @@ CLASSIFIERS = ('token', 'gap', 'unpooled', 'token_unpooled')
 # `jax.nn.dot_product_attention`. 'auto' takes cuDNN's fused (flash) attention
 # where it applies (CUDA GPUs of compute capability >= 8.0, half precision,
 # head_dim a multiple of 8 up to 128) and 'explicit' elsewhere; on CPU the
-# attention itself runs 3x faster than with 'xla' (README "Speed").
+# attention itself runs 3x faster than with 'xla' (docs/speed_and_scale.md).
 ATTENTION = ('auto', 'xla', 'cudnn', 'explicit')
 
 
@@ -58,14 +58,17 @@ def _layer_norm(name, dtype):
 
 def _flat_init(init, num_in_dims):
   """Initialises a multi-axis kernel as the 2D matrix it multiplies as."""
+
   def init_fn(key, shape, dtype=jnp.float32):
     fan_in = math.prod(shape[:num_in_dims])
     return init(key, (fan_in, math.prod(shape[num_in_dims:])), dtype).reshape(shape)
+
   return init_fn
 
 
 class AddPositionEmbs(nn.Module):
   """Learned 1D position embeddings (paper 3.1), added to the token sequence."""
+
   posemb_init: Callable = nn.initializers.normal(stddev=0.02)
   dtype: Dtype = jnp.float32
 
@@ -78,6 +81,7 @@ class AddPositionEmbs(nn.Module):
 
 class _Projection(nn.Module):
   """One attention projection's parameters, under the checkpoint's names."""
+
   kernel_shape: tuple
   bias_shape: tuple
   num_in_dims: int
@@ -96,6 +100,7 @@ class MultiHeadDotProductAttention(nn.Module):
   Parameters: `{query,key,value}/kernel` [D, heads, head_dim] and `/bias`
   [heads, head_dim]; `out/kernel` [heads, head_dim, D] and `out/bias` [D].
   """
+
   num_heads: int
   dropout_rate: float = 0.0
   dtype: Dtype = jnp.float32
@@ -110,24 +115,25 @@ class MultiHeadDotProductAttention(nn.Module):
       raise ValueError(f'hidden size {d} is not divisible by num_heads={self.num_heads}')
     head_dim = d // self.num_heads
     qkv_params = [
-        _Projection((d, self.num_heads, head_dim), (self.num_heads, head_dim), 1, name=n)()
-        for n in ('query', 'key', 'value')]
-    out_kernel, out_bias = _Projection(
-        (self.num_heads, head_dim, d), (d,), 2, name='out')()
+      _Projection((d, self.num_heads, head_dim), (self.num_heads, head_dim), 1, name=n)()
+      for n in ('query', 'key', 'value')
+    ]
+    out_kernel, out_bias = _Projection((self.num_heads, head_dim, d), (d,), 2, name='out')()
 
     def project(layout):
       # q, k and v straight into the layout the attention reads; XLA needs no
-      # transposes between the projections and the attention (README "Speed").
-      return [jnp.einsum(f'bnd,dhk->{layout}', x, kernel.astype(self.dtype))
-              + (bias if layout == 'bnhk' else bias[:, None]).astype(self.dtype)
-              for kernel, bias in qkv_params]
+      # transposes between the projections and the attention (docs/speed_and_scale.md).
+      return [
+        jnp.einsum(f'bnd,dhk->{layout}', x, kernel.astype(self.dtype))
+        + (bias if layout == 'bnhk' else bias[:, None]).astype(self.dtype)
+        for kernel, bias in qkv_params
+      ]
 
     need_weights = self.is_mutable_collection('intermediates')
     use_dropout = not deterministic and self.dropout_rate > 0.0
     implementation = self.attention
     if implementation == 'auto':
-      implementation = ('cudnn' if cudnn_attention_applies(self.dtype, head_dim)
-                        else 'explicit')
+      implementation = 'cudnn' if cudnn_attention_applies(self.dtype, head_dim) else 'explicit'
     out_kernel = out_kernel.astype(self.dtype)
     out_bias = out_bias.astype(self.dtype)
 
@@ -137,7 +143,7 @@ class MultiHeadDotProductAttention(nn.Module):
       return jnp.einsum('bnhk,hkd->bnd', y, out_kernel) + out_bias
 
     q, k, v = project('bhnk')
-    q = q * jnp.asarray(head_dim ** -0.5, self.dtype)
+    q = q * jnp.asarray(head_dim**-0.5, self.dtype)
     # Logits and softmax in float32 for range.
     logits = jnp.einsum('bhqk,bhsk->bhqs', q, k, preferred_element_type=jnp.float32)
     if need_weights or use_dropout:
@@ -148,14 +154,14 @@ class MultiHeadDotProductAttention(nn.Module):
     else:
       # softmax(l) @ v == (exp(l - max) @ v) / sum(exp(l - max)).
       e = jnp.exp(logits - jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True)))
-      y = jnp.einsum('bhqs,bhsk->bhqk', e.astype(self.dtype), v,
-                     preferred_element_type=jnp.float32)
+      y = jnp.einsum('bhqs,bhsk->bhqk', e.astype(self.dtype), v, preferred_element_type=jnp.float32)
       y = (y / jnp.sum(e, axis=-1, keepdims=True)).astype(self.dtype)
     return jnp.einsum('bhnk,hkd->bnd', y, out_kernel) + out_bias
 
 
 class MlpBlock(nn.Module):
   """Transformer MLP: Dense, GELU (tanh approximation, as the original), Dense."""
+
   mlp_dim: int
   dropout_rate: float = 0.0
   dtype: Dtype = jnp.float32
@@ -163,8 +169,12 @@ class MlpBlock(nn.Module):
   @nn.compact
   def __call__(self, x, *, deterministic: bool):
     dense = lambda n, name: nn.Dense(  # noqa: E731
-        n, dtype=self.dtype, kernel_init=nn.initializers.xavier_uniform(),
-        bias_init=nn.initializers.normal(stddev=1e-6), name=name)
+      n,
+      dtype=self.dtype,
+      kernel_init=nn.initializers.xavier_uniform(),
+      bias_init=nn.initializers.normal(stddev=1e-6),
+      name=name,
+    )
     y = nn.gelu(dense(self.mlp_dim, 'Dense_0')(x))
     y = nn.Dropout(self.dropout_rate)(y, deterministic=deterministic)
     y = dense(x.shape[-1], 'Dense_1')(y)
@@ -173,6 +183,7 @@ class MlpBlock(nn.Module):
 
 class Encoder1DBlock(nn.Module):
   """Pre-LN encoder block (paper eq. 2-3): x + MSA(LN(x)), then x + MLP(LN(x))."""
+
   mlp_dim: int
   num_heads: int
   dropout_rate: float = 0.1
@@ -184,13 +195,17 @@ class Encoder1DBlock(nn.Module):
   def __call__(self, x, deterministic: bool):
     y = _layer_norm('LayerNorm_0', self.dtype)(x)
     y = MultiHeadDotProductAttention(
-        num_heads=self.num_heads, dropout_rate=self.attention_dropout_rate,
-        dtype=self.dtype, attention=self.attention,
-        name='MultiHeadDotProductAttention_1')(y, deterministic=deterministic)
+      num_heads=self.num_heads,
+      dropout_rate=self.attention_dropout_rate,
+      dtype=self.dtype,
+      attention=self.attention,
+      name='MultiHeadDotProductAttention_1',
+    )(y, deterministic=deterministic)
     x = x + nn.Dropout(self.dropout_rate)(y, deterministic=deterministic)
     y = _layer_norm('LayerNorm_2', self.dtype)(x)
     y = MlpBlock(self.mlp_dim, self.dropout_rate, self.dtype, name='MlpBlock_3')(
-        y, deterministic=deterministic)
+      y, deterministic=deterministic
+    )
     x = x + y
     self.sow('intermediates', 'tokens', x)
     return x
@@ -198,6 +213,7 @@ class Encoder1DBlock(nn.Module):
 
 class Encoder(nn.Module):
   """Position embeddings, the stack of encoder blocks, and the final LayerNorm."""
+
   num_layers: int
   mlp_dim: int
   num_heads: int
@@ -215,9 +231,14 @@ class Encoder(nn.Module):
     block_cls = nn.remat(Encoder1DBlock, static_argnums=(2,)) if self.remat else Encoder1DBlock
     for i in range(self.num_layers):
       x = block_cls(
-          mlp_dim=self.mlp_dim, num_heads=self.num_heads, dropout_rate=self.dropout_rate,
-          attention_dropout_rate=self.attention_dropout_rate, dtype=self.dtype,
-          attention=self.attention, name=f'encoderblock_{i}')(x, not train)
+        mlp_dim=self.mlp_dim,
+        num_heads=self.num_heads,
+        dropout_rate=self.dropout_rate,
+        attention_dropout_rate=self.attention_dropout_rate,
+        dtype=self.dtype,
+        attention=self.attention,
+        name=f'encoderblock_{i}',
+      )(x, not train)
     return _layer_norm('encoder_norm', self.dtype)(x)
 
 
@@ -231,6 +252,7 @@ class VisionTransformer(nn.Module):
   Attributes mirror the entries of `vit_jax.configs.models.MODEL_CONFIGS`, so
   `VisionTransformer(num_classes=1000, **MODEL_CONFIGS['ViT-B_16'])` works.
   """
+
   num_classes: Optional[int]
   patches: Mapping[str, Any]
   transformer: Mapping[str, Any]
@@ -250,12 +272,12 @@ class VisionTransformer(nn.Module):
       raise ValueError(f'classifier={self.classifier!r}; use one of {CLASSIFIERS}')
     x = inputs.astype(self.dtype)
     if self.resnet is not None:
-      x = resnet.resnet_stem(
-          x, self.resnet['num_layers'], self.resnet['width_factor'], self.dtype)
+      x = resnet.resnet_stem(x, self.resnet['num_layers'], self.resnet['width_factor'], self.dtype)
 
     patch = tuple(self.patches['size'])
-    x = nn.Conv(self.hidden_size, patch, strides=patch, padding='VALID',
-                dtype=self.dtype, name='embedding')(x)
+    x = nn.Conv(
+      self.hidden_size, patch, strides=patch, padding='VALID', dtype=self.dtype, name='embedding'
+    )(x)
     n, h, w, c = x.shape
     x = x.reshape(n, h * w, c)
 
@@ -263,8 +285,13 @@ class VisionTransformer(nn.Module):
       cls = self.param('cls', nn.initializers.zeros, (1, 1, c), jnp.float32)
       x = jnp.concatenate([jnp.tile(cls.astype(self.dtype), (n, 1, 1)), x], axis=1)
 
-    x = Encoder(dtype=self.dtype, remat=self.remat, attention=self.attention,
-                name='Transformer', **self.transformer)(x, train=train)
+    x = Encoder(
+      dtype=self.dtype,
+      remat=self.remat,
+      attention=self.attention,
+      name='Transformer',
+      **self.transformer,
+    )(x, train=train)
 
     if self.classifier == 'token':
       x = x[:, 0]
@@ -278,6 +305,11 @@ class VisionTransformer(nn.Module):
     if self.num_classes is None:
       return x.astype(jnp.float32)
     # Paper 3.2: a zero-initialised head; bias -10 for sigmoid pre-training.
-    x = nn.Dense(self.num_classes, dtype=self.dtype, kernel_init=nn.initializers.zeros,
-                 bias_init=nn.initializers.constant(self.head_bias_init), name='head')(x)
+    x = nn.Dense(
+      self.num_classes,
+      dtype=self.dtype,
+      kernel_init=nn.initializers.zeros,
+      bias_init=nn.initializers.constant(self.head_bias_init),
+      name='head',
+    )(x)
     return x.astype(jnp.float32)

@@ -23,6 +23,7 @@ class Hook:
   `at_end` also runs it after the last step; `evaluation` time is left out of
   the loop's img/s.
   """
+
   name: str
   every: int
   fn: Callable
@@ -39,11 +40,15 @@ def hooks(run) -> list:
   """The periodic work of a run, in the order it runs at a step where several are due."""
   config = run.config
   return [
-      Hook('progress', config.progress_every, log_progress, at_end=True),
-      Hook('evaluate', config.eval_every, evaluate, evaluation=True),
-      Hook('fewshot', config.fewshot.every if config.fewshot.datasets else 0, fewshot_probe,
-           evaluation=True),
-      Hook('checkpoint', config.checkpoint_every, save_checkpoint, at_end=True),
+    Hook('progress', config.progress_every, log_progress, at_end=True),
+    Hook('evaluate', config.eval_every, evaluate, evaluation=True),
+    Hook(
+      'fewshot',
+      config.fewshot.every if config.fewshot.datasets else 0,
+      fewshot_probe,
+      evaluation=True,
+    ),
+    Hook('checkpoint', config.checkpoint_every, save_checkpoint, at_end=True),
   ]
 
 
@@ -52,10 +57,13 @@ def log_progress(run, loop, step: int) -> None:
   loop.train_loss = float(np.mean([x for x in loop.losses if np.isfinite(x)] or [np.nan]))
   loop.losses = []
   rates = loop.progress.update(step)
-  scalars = {'train_loss': loop.train_loss,
-             'learning_rate': float(loop.metrics['learning_rate']),
-             'grad_norm': float(loop.metrics['grad_norm']), **rates,
-             'skipped_steps': float(loop.state.num_skipped)}
+  scalars = {
+    'train_loss': loop.train_loss,
+    'learning_rate': float(loop.metrics['learning_rate']),
+    'grad_norm': float(loop.metrics['grad_norm']),
+    **rates,
+    'skipped_steps': float(loop.state.num_skipped),
+  }
   if run.peak_flops and loop.flops and loop.progress.step_time:
     scalars['mfu'] = loop.flops / (loop.progress.step_time * run.peak_flops)
   run.log.scalars(step, scalars)
@@ -64,31 +72,40 @@ def log_progress(run, loop, step: int) -> None:
 
 def accuracy(run, params) -> dict:
   """Exact top-1 (and top-5) accuracy over the whole test split."""
-  return metrics.accuracy(run.eval_fn, params,
-                          pipeline.make_eval_iterator(run.config, run.batch_sharding))
+  return metrics.accuracy(
+    run.eval_fn, params, pipeline.make_eval_iterator(run.config, run.batch_sharding)
+  )
 
 
 def evaluate(run, loop, step: int) -> None:
   result = accuracy(run, loop.state.params)
   run.log.scalars(step, {'test_accuracy': result['accuracy']})
-  run.log.info('step %d: test accuracy %.4f (%d examples)', step, result['accuracy'],
-               result['examples'])
+  run.log.info(
+    'step %d: test accuracy %.4f (%d examples)', step, result['accuracy'], result['examples']
+  )
 
 
-def fewshot_scalars(run, params) -> dict:
-  return fewshot.evaluate_datasets(run.config, run.fewshot_model, params, run.batch_sharding,
-                                   features_fn=run.fewshot_features)
-
-
-def fewshot_probe(run, loop, step: int) -> None:
-  scalars = fewshot_scalars(run, loop.state.params)
+def fewshot_probe(run, loop, step: int) -> dict:
+  """Few-shot accuracies of the current parameters, logged; returns them."""
+  scalars = fewshot.evaluate_datasets(
+    run.config,
+    run.fewshot_model,
+    loop.state.params,
+    run.batch_sharding,
+    features_fn=run.fewshot_features,
+  )
   run.log.scalars(step, scalars)
-  run.log.info('step %d: %s', step, ', '.join(
-      f'{k} {v:.4f}' for k, v in scalars.items() if '-seed' not in k))
+  run.log.info(
+    'step %d: %s', step, ', '.join(f'{k} {v:.4f}' for k, v in scalars.items() if '-seed' not in k)
+  )
+  return scalars
 
 
 def save_checkpoint(run, loop, step: int) -> None:
   """State and the data iterator's position; orbax writes in the background."""
-  run.manager.save(step, args=ocp.args.Composite(
-      state=ocp.args.StandardSave(loop.state),
-      data=ocp.args.JsonSave(loop.train_iter.get_state())))
+  run.manager.save(
+    step,
+    args=ocp.args.Composite(
+      state=ocp.args.StandardSave(loop.state), data=ocp.args.JsonSave(loop.train_iter.get_state())
+    ),
+  )

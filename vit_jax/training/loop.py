@@ -16,20 +16,20 @@ import time
 from typing import Any, Callable, Optional
 
 import jax
+from jax.experimental import multihost_utils
 import numpy as np
 import orbax.checkpoint as ocp
-from jax.experimental import multihost_utils
 
-from vit_jax import files
 from vit_jax import checkpoint
-from vit_jax.evaluation import fewshot
+from vit_jax import files
 from vit_jax import hardware
+from vit_jax import run_log
+from vit_jax import sharding
 from vit_jax.data import pipeline
+from vit_jax.evaluation import fewshot
 from vit_jax.models import vit
 from vit_jax.training import hooks
 from vit_jax.training import optim
-from vit_jax import run_log
-from vit_jax import sharding
 from vit_jax.training import steps
 
 
@@ -45,25 +45,36 @@ def validate(config, num_devices: int) -> None:
   per_step = config.accum_steps * num_devices
   if config.batch % per_step:
     raise ConfigError(
-        f'batch={config.batch} must be a multiple of accum_steps ({config.accum_steps}) x '
-        f'devices ({num_devices}) = {per_step}')
+      f'batch={config.batch} must be a multiple of accum_steps ({config.accum_steps}) x '
+      f'devices ({num_devices}) = {per_step}'
+    )
   if config.batch_eval % num_devices:
-    raise ConfigError(f'batch_eval={config.batch_eval} must be a multiple of the number of '
-                      f'devices ({num_devices})')
+    raise ConfigError(
+      f'batch_eval={config.batch_eval} must be a multiple of the number of devices ({num_devices})'
+    )
   if config.total_steps < 1:
     raise ConfigError(f'total_steps={config.total_steps} must be positive')
   if not 0 <= config.warmup_steps < config.total_steps:
-    raise ConfigError(f'warmup_steps={config.warmup_steps} must be in [0, total_steps='
-                      f'{config.total_steps})')
-  choices = {'task': steps.TASKS, 'loss': steps.LOSSES, 'optimizer': optim.OPTIMIZERS,
-             'decay_type': optim.DECAY_TYPES, 'attention': vit.ATTENTION}
+    raise ConfigError(
+      f'warmup_steps={config.warmup_steps} must be in [0, total_steps={config.total_steps})'
+    )
+  choices = {
+    'task': steps.TASKS,
+    'loss': steps.LOSSES,
+    'optimizer': optim.OPTIMIZERS,
+    'decay_type': optim.DECAY_TYPES,
+    'attention': vit.ATTENTION,
+  }
   for field, allowed in choices.items():
     if config[field] not in allowed:
       raise ConfigError(f'{field}={config[field]!r}: use one of {", ".join(allowed)}')
-  if config.attention == 'cudnn' and (config.dtype not in ('bfloat16', 'float16')
-                                      or jax.default_backend() != 'gpu'):
-    raise ConfigError("attention='cudnn' needs a CUDA GPU and --config.dtype=bfloat16; "
-                      "use attention='auto', which takes cuDNN where it applies")
+  if config.attention == 'cudnn' and (
+    config.dtype not in ('bfloat16', 'float16') or jax.default_backend() != 'gpu'
+  ):
+    raise ConfigError(
+      "attention='cudnn' needs a CUDA GPU and --config.dtype=bfloat16; "
+      "use attention='auto', which takes cuDNN where it applies"
+    )
 
 
 class _Preemption:
@@ -120,12 +131,14 @@ def _compile(fn, *args):
 
 def _abstract_with_shardings(abstract, shardings):
   return jax.tree.map(
-      lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
+    lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings
+  )
 
 
 @dataclasses.dataclass(frozen=True)
 class Run:
   """What every part of a run reads; built once by `set_up`."""
+
   config: Any
   workdir: str
   mesh: Any
@@ -134,12 +147,12 @@ class Run:
   task: steps.Task
   tx: Any
   schedule: Any
-  init: Callable            # rng -> TrainState
+  init: Callable  # rng -> TrainState
   state_shardings: Any
   batch_sharding: Any
   manager: ocp.CheckpointManager
-  eval_fn: Callable         # (params, batch) -> counts, jitted over the mesh
-  fewshot_model: Any        # the backbone as a plain ViT (also for MPP runs)
+  eval_fn: Callable  # (params, batch) -> counts, jitted over the mesh
+  fewshot_model: Any  # the backbone as a plain ViT (also for MPP runs)
   fewshot_features: Callable  # its jitted pre-logits features
   peak_flops: Optional[float]
 
@@ -147,13 +160,14 @@ class Run:
 @dataclasses.dataclass
 class Loop:
   """What changes as the loop runs."""
+
   state: steps.TrainState
   train_iter: pipeline.TrainIterator
   progress: run_log.Progress
-  metrics: Optional[dict] = None   # the latest step's, still on the devices
+  metrics: Optional[dict] = None  # the latest step's, still on the devices
   losses: list = dataclasses.field(default_factory=list)  # since the last progress line
   train_loss: float = float('nan')
-  flops: float = 0.0               # per device and step, from the compiled step
+  flops: float = 0.0  # per device and step, from the compiled step
 
 
 def train_and_evaluate(config, workdir: str) -> dict:
@@ -164,13 +178,13 @@ def train_and_evaluate(config, workdir: str) -> dict:
     run = set_up(config, workdir, mesh)
     state, data_state = restore_or_initialize(run)
     first_step = int(state.step)
-    loop = Loop(state=state,
-                train_iter=pipeline.make_train_iterator(config, run.batch_sharding,
-                                                        state=data_state),
-                progress=run_log.Progress(config.total_steps, first_step, config.batch))
+    loop = Loop(
+      state=state,
+      train_iter=pipeline.make_train_iterator(config, run.batch_sharding, state=data_state),
+      progress=run_log.Progress(config.total_steps, first_step, config.batch),
+    )
     img_per_sec = train(run, loop, hooks.hooks(run))
-    return finish(run, loop, first_step=first_step, img_per_sec=img_per_sec,
-                  wall_start=wall_start)
+    return finish(run, loop, first_step=first_step, img_per_sec=img_per_sec, wall_start=wall_start)
 
 
 def set_up(config, workdir: str, mesh) -> Run:
@@ -183,24 +197,41 @@ def set_up(config, workdir: str, mesh) -> Run:
   batch_sharding = sharding.batch_sharding(mesh)
   task = steps.make_task(config, info.num_classes, info.multi_label)
   tx, schedule = optim.make_optimizer(config)
-  init = functools.partial(steps.init_state, model=task.model, tx=tx, image_size=config.pp.crop,
-                           ema=bool(config.ema_decay))
+  init = functools.partial(
+    steps.init_state, model=task.model, tx=tx, image_size=config.pp.crop, ema=bool(config.ema_decay)
+  )
   state_shardings = sharding.tree_shardings(jax.eval_shape(init, jax.random.PRNGKey(0)), mesh)
   manager = ocp.CheckpointManager(
-      os.path.join(files.absolute(workdir), 'checkpoints'),
-      options=ocp.CheckpointManagerOptions(
-          max_to_keep=config.keep_checkpoints, create=True, cleanup_tmp_directories=True))
-  eval_fn = steps.jit_eval_step(task=task, params_shardings=state_shardings.params,
-                                batch_sharding=batch_sharding)
+    os.path.join(files.absolute(workdir), 'checkpoints'),
+    options=ocp.CheckpointManagerOptions(
+      max_to_keep=config.keep_checkpoints, create=True, cleanup_tmp_directories=True
+    ),
+  )
+  eval_fn = steps.jit_eval_step(
+    task=task, params_shardings=state_shardings.params, batch_sharding=batch_sharding
+  )
   fewshot_model = steps.make_model(config, num_classes=None)
   peak = config.peak_flops or hardware.peak_flops()
   if peak is None and jax.default_backend() == 'cpu':
     peak = hardware.measure_matmul_flops() / max(1, jax.local_device_count())
-  return Run(config=config, workdir=workdir, mesh=mesh, info=info, log=log, task=task, tx=tx,
-             schedule=schedule, init=init, state_shardings=state_shardings,
-             batch_sharding=batch_sharding, manager=manager, eval_fn=eval_fn,
-             fewshot_model=fewshot_model, fewshot_features=fewshot.representation_fn(fewshot_model),
-             peak_flops=peak)
+  return Run(
+    config=config,
+    workdir=workdir,
+    mesh=mesh,
+    info=info,
+    log=log,
+    task=task,
+    tx=tx,
+    schedule=schedule,
+    init=init,
+    state_shardings=state_shardings,
+    batch_sharding=batch_sharding,
+    manager=manager,
+    eval_fn=eval_fn,
+    fewshot_model=fewshot_model,
+    fewshot_features=fewshot.representation_fn(fewshot_model),
+    peak_flops=peak,
+  )
 
 
 def restore_or_initialize(run: Run):
@@ -208,17 +239,25 @@ def restore_or_initialize(run: Run):
   config = run.config
   latest = run.manager.latest_step()
   if latest is not None:
-    abstract = _abstract_with_shardings(jax.eval_shape(run.init, jax.random.PRNGKey(0)),
-                                        run.state_shardings)
-    restored = run.manager.restore(latest, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract), data=ocp.args.JsonRestore()))
+    abstract = _abstract_with_shardings(
+      jax.eval_shape(run.init, jax.random.PRNGKey(0)), run.state_shardings
+    )
+    restored = run.manager.restore(
+      latest,
+      args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(abstract), data=ocp.args.JsonRestore()
+      ),
+    )
     run.log.info('Resuming from the checkpoint at step %d in %s', latest, run.workdir)
     return restored['state'], restored['data']
   state = jax.jit(run.init, out_shardings=run.state_shardings)(jax.random.PRNGKey(config.seed))
   if config.pretrained_path:
     params = checkpoint.load_pretrained(
-        pretrained_path=config.pretrained_path, init_params=_host_tree(state.params),
-        model_config=steps.model_config(config), verbose=jax.process_index() == 0)
+      pretrained_path=config.pretrained_path,
+      init_params=_host_tree(state.params),
+      model_config=steps.model_config(config),
+      verbose=jax.process_index() == 0,
+    )
     params = jax.device_put(params, run.state_shardings.params)
     state = state.replace(params=params, ema_params=params if config.ema_decay else None)
   return state, None
@@ -242,9 +281,17 @@ def train(run: Run, loop: Loop, periodic: list) -> float:
       batch = next(loop.train_iter)
       if step_fn is None:
         step_fn, loop.flops = _compile(
-            steps.jit_train_step(task=run.task, tx=run.tx, schedule=run.schedule, config=config,
-                                 state_shardings=run.state_shardings,
-                                 batch_sharding=run.batch_sharding), loop.state, batch)
+          steps.jit_train_step(
+            task=run.task,
+            tx=run.tx,
+            schedule=run.schedule,
+            config=config,
+            state_shardings=run.state_shardings,
+            batch_sharding=run.batch_sharding,
+          ),
+          loop.state,
+          batch,
+        )
         loop.progress.restart_clock(step - 1)
       loop.state, loop.metrics = step_fn(loop.state, batch)
       if loop_start is None:
@@ -269,15 +316,18 @@ def train(run: Run, loop: Loop, periodic: list) -> float:
       if preemption.reached(step):
         hooks.save_checkpoint(run, loop, step)
         run.manager.wait_until_finished()
-        raise TrainingError(f'preempted (SIGTERM) at step {step}; checkpoint written to '
-                            f'{run.workdir}; run the same command again to resume')
+        raise TrainingError(
+          f'preempted (SIGTERM) at step {step}; checkpoint written to '
+          f'{run.workdir}; run the same command again to resume'
+        )
       loop.progress.restart_clock(step)
   except jax.errors.JaxRuntimeError as e:
     if hardware.is_out_of_memory(e):
       raise TrainingError(
-          f'out of device memory at batch {config.batch // config.accum_steps} per step: raise '
-          f'--config.accum_steps (now {config.accum_steps}; same math, smaller micro-batches), '
-          'set --config.remat=True, or lower --config.batch') from None
+        f'out of device memory at batch {config.batch // config.accum_steps} per step: raise '
+        f'--config.accum_steps (now {config.accum_steps}; same math, smaller micro-batches), '
+        'set --config.remat=True, or lower --config.batch'
+      ) from None
     raise
   finally:
     preemption.restore()
@@ -286,29 +336,28 @@ def train(run: Run, loop: Loop, periodic: list) -> float:
   return config.batch * timed_steps / loop_time if loop_time else 0.0
 
 
-def finish(run: Run, loop: Loop, *, first_step: int, img_per_sec: float,
-           wall_start: float) -> dict:
+def finish(run: Run, loop: Loop, *, first_step: int, img_per_sec: float, wall_start: float) -> dict:
   """Final evaluation, `summary.json` and `params.npz`; returns the summary."""
   config, workdir, state = run.config, run.workdir, loop.state
   final = hooks.accuracy(run, state.params)
   summary = {
-      'step': int(state.step),
-      # None: no step ran (a finished run started again).
-      'train_loss': loop.train_loss if np.isfinite(loop.train_loss) else None,
-      'test_accuracy': final['accuracy'],
-      'test_examples': final['examples'],
-      **({'test_accuracy_top5': final['accuracy_top5']} if 'accuracy_top5' in final else {}),
-      'wall_time_s': time.time() - wall_start,
-      'img_per_sec': img_per_sec,
-      'skipped_steps': int(state.num_skipped),
-      'resumed_from_step': first_step,
-      'model': config.model,
-      'dataset': run.info.name,
+    'step': int(state.step),
+    # None: no step ran (a finished run started again).
+    'train_loss': loop.train_loss if np.isfinite(loop.train_loss) else None,
+    'test_accuracy': final['accuracy'],
+    'test_examples': final['examples'],
+    **({'test_accuracy_top5': final['accuracy_top5']} if 'accuracy_top5' in final else {}),
+    'wall_time_s': time.time() - wall_start,
+    'img_per_sec': img_per_sec,
+    'skipped_steps': int(state.num_skipped),
+    'resumed_from_step': first_step,
+    'model': config.model,
+    'dataset': run.info.name,
   }
   if config.ema_decay:
     summary['test_accuracy_ema'] = hooks.accuracy(run, state.ema_params)['accuracy']
   if config.fewshot.datasets:
-    summary.update(hooks.fewshot_scalars(run, state.params))
+    summary.update(hooks.fewshot_probe(run, loop, summary['step']))
   run.log.scalars(summary['step'], {'test_accuracy': summary['test_accuracy']})
   params = _host_tree(state.params)
   if jax.process_index() == 0:
@@ -316,9 +365,14 @@ def finish(run: Run, loop: Loop, *, first_step: int, img_per_sec: float,
     if config.ema_decay:
       checkpoint.save_npz(_host_tree(state.ema_params), os.path.join(workdir, 'params_ema.npz'))
   run.log.write_json('summary.json', summary)
-  run.log.info('Done: step %d, test accuracy %.4f, %.0f img/s, %.0f s; wrote %s',
-               summary['step'], summary['test_accuracy'], summary['img_per_sec'],
-               summary['wall_time_s'], os.path.join(workdir, 'summary.json'))
+  run.log.info(
+    'Done: step %d, test accuracy %.4f, %.0f img/s, %.0f s; wrote %s',
+    summary['step'],
+    summary['test_accuracy'],
+    summary['img_per_sec'],
+    summary['wall_time_s'],
+    os.path.join(workdir, 'summary.json'),
+  )
   run.log.close()
   run.manager.close()
   return summary
@@ -329,7 +383,8 @@ def _check_finite(config, step, metrics_) -> float:
   loss = float(metrics_['loss'])
   if not bool(metrics_['finite']) and not config.skip_nonfinite:
     raise TrainingError(
-        f'loss or gradient is NaN/Inf at step {step}; stopped without applying it, the last '
-        'checkpoint is kept. Lower --config.base_lr, check the data, or set '
-        '--config.skip_nonfinite=True to skip such steps')
+      f'loss or gradient is NaN/Inf at step {step}; stopped without applying it, the last '
+      'checkpoint is kept. Lower --config.base_lr, check the data, or set '
+      '--config.skip_nonfinite=True to skip such steps'
+    )
   return loss

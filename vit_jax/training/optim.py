@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-OPTIMIZERS = ('adam', 'sgd')        # pre-training, fine-tuning (paper B.1)
+OPTIMIZERS = ('adam', 'sgd')  # pre-training, fine-tuning (paper B.1)
 DECAY_TYPES = ('linear', 'cosine')
 
 
@@ -23,7 +23,7 @@ def learning_rate_schedule(config):
   elif config.decay_type == 'cosine':
     decay = optax.cosine_decay_schedule(config.base_lr, total - warmup)
   else:
-    raise ValueError(f"decay_type={config.decay_type!r}: use one of {', '.join(DECAY_TYPES)}")
+    raise ValueError(f'decay_type={config.decay_type!r}: use one of {", ".join(DECAY_TYPES)}')
   warm = optax.linear_schedule(0.0, config.base_lr, warmup)
   return optax.join_schedules([warm, decay], [warmup])
 
@@ -31,7 +31,8 @@ def learning_rate_schedule(config):
 def decay_mask(params):
   """Weight decay applies to kernels only, not to biases, norms or embeddings."""
   return jax.tree_util.tree_map_with_path(
-      lambda path, _: getattr(path[-1], 'key', None) == 'kernel', params)
+    lambda path, _: getattr(path[-1], 'key', None) == 'kernel', params
+  )
 
 
 def make_optimizer(config):
@@ -47,7 +48,7 @@ def make_optimizer(config):
   elif config.optimizer == 'sgd':
     direction = optax.trace(decay=config.momentum, accumulator_dtype=moment_dtype)
   else:
-    raise ValueError(f"optimizer={config.optimizer!r}: use one of {', '.join(OPTIMIZERS)}")
+    raise ValueError(f'optimizer={config.optimizer!r}: use one of {", ".join(OPTIMIZERS)}')
   parts = []
   if config.grad_norm_clip:
     parts.append(optax.clip_by_global_norm(config.grad_norm_clip))

@@ -17,31 +17,31 @@ import jax.numpy as jnp
 import optax
 
 from vit_jax import models
-from vit_jax.models import mpp
 from vit_jax import sharding
-from vit_jax.evaluation import metrics
 from vit_jax.configs import models as model_configs
+from vit_jax.evaluation import metrics
+from vit_jax.models import mpp
 
-
-TASKS = ('classification', 'mpp')   # supervised, or masked patch prediction (paper B.1.2)
-LOSSES = ('softmax', 'sigmoid')      # sigmoid for multi-label data such as JFT (paper B.1)
+TASKS = ('classification', 'mpp')  # supervised, or masked patch prediction (paper B.1.2)
+LOSSES = ('softmax', 'sigmoid')  # sigmoid for multi-label data such as JFT (paper B.1)
 
 
 @flax.struct.dataclass
 class TrainState:
-  step: jax.Array            # int32 scalar: optimizer steps taken
+  step: jax.Array  # int32 scalar: optimizer steps taken
   params: Any
   opt_state: Any
-  ema_params: Any            # Polyak average of params, or None
-  rng: jax.Array             # base PRNG key (raw uint32); step keys are folded from it
-  num_skipped: jax.Array     # steps whose loss or gradient was not finite
+  ema_params: Any  # Polyak average of params, or None
+  rng: jax.Array  # base PRNG key (raw uint32); step keys are folded from it
+  num_skipped: jax.Array  # steps whose loss or gradient was not finite
 
 
 def model_config(config):
   """The architecture of `config.model`, with the run's dropout and pre-logits."""
   arch = model_configs.MODEL_CONFIGS[config.model]
-  arch.transformer.update(dropout_rate=config.dropout_rate,
-                          attention_dropout_rate=config.attention_dropout_rate)
+  arch.transformer.update(
+    dropout_rate=config.dropout_rate, attention_dropout_rate=config.attention_dropout_rate
+  )
   if config.representation_size is not None:
     arch.representation_size = config.representation_size
   return arch
@@ -49,16 +49,21 @@ def model_config(config):
 
 def make_model(config, num_classes):
   return models.VisionTransformer(
-      num_classes=num_classes, head_bias_init=config.head_bias_init,
-      dtype=jnp.dtype(config.dtype), remat=config.remat, attention=config.attention,
-      **model_config(config))
+    num_classes=num_classes,
+    head_bias_init=config.head_bias_init,
+    dtype=jnp.dtype(config.dtype),
+    remat=config.remat,
+    attention=config.attention,
+    **model_config(config),
+  )
 
 
 class Task(NamedTuple):
   """What is trained: the model, its loss on a batch, its evaluation counts."""
+
   model: nn.Module
-  loss_fn: Callable   # (params, batch, rng, train) -> scalar loss
-  eval_fn: Callable   # (params, batch) -> {'correct', 'count', ...}: sums over real examples
+  loss_fn: Callable  # (params, batch, rng, train) -> scalar loss
+  eval_fn: Callable  # (params, batch) -> {'correct', 'count', ...}: sums over real examples
 
 
 def make_task(config, num_classes: int, multi_label: bool) -> Task:
@@ -67,18 +72,22 @@ def make_task(config, num_classes: int, multi_label: bool) -> Task:
     model = make_model(config, num_classes)
 
     def loss_fn(params, batch, rng, train):
-      logits = model.apply({'params': params}, batch['image'], train=train,
-                           rngs={'dropout': rng})
-      return cross_entropy(logits, batch['label'], loss=config.loss,
-                           label_smoothing=config.label_smoothing)
+      logits = model.apply({'params': params}, batch['image'], train=train, rngs={'dropout': rng})
+      return cross_entropy(
+        logits, batch['label'], loss=config.loss, label_smoothing=config.label_smoothing
+      )
 
     def eval_fn(params, batch):
       logits = model.apply({'params': params}, batch['image'], train=False)
       return metrics.classification_counts(logits, batch['label'], batch['mask'], multi_label)
 
   elif config.task == 'mpp':
-    model = mpp.MppViT(dtype=jnp.dtype(config.dtype), remat=config.remat,
-                       attention=config.attention, **model_config(config))
+    model = mpp.MppViT(
+      dtype=jnp.dtype(config.dtype),
+      remat=config.remat,
+      attention=config.attention,
+      **model_config(config),
+    )
 
     def loss_fn(params, batch, rng, train):
       return mpp.loss_fn(params, batch['image'], rng, model=model, train=train)[0]
@@ -93,7 +102,7 @@ def make_task(config, num_classes: int, multi_label: bool) -> Task:
       return {'correct': jnp.sum(correct), 'count': jnp.sum(counted)}
 
   else:
-    raise ValueError(f"task={config.task!r}: use one of {', '.join(TASKS)}")
+    raise ValueError(f'task={config.task!r}: use one of {", ".join(TASKS)}')
   return Task(model, loss_fn, eval_fn)
 
 
@@ -102,9 +111,13 @@ def init_state(rng, *, model, tx, image_size, ema: bool) -> TrainState:
   images = jnp.zeros((1, image_size, image_size, 3), jnp.float32)
   params = model.init(init_rng, images, train=False)['params']
   return TrainState(
-      step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
-      ema_params=params if ema else None, rng=state_rng,
-      num_skipped=jnp.zeros((), jnp.int32))
+    step=jnp.zeros((), jnp.int32),
+    params=params,
+    opt_state=tx.init(params),
+    ema_params=params if ema else None,
+    rng=state_rng,
+    num_skipped=jnp.zeros((), jnp.int32),
+  )
 
 
 def cross_entropy(logits, labels, *, loss: str, label_smoothing: float = 0.0):
@@ -118,7 +131,7 @@ def cross_entropy(logits, labels, *, loss: str, label_smoothing: float = 0.0):
   if loss == 'sigmoid':
     # Paper B.1: sigmoid cross-entropy for multi-label JFT, summed over classes.
     return jnp.mean(jnp.sum(optax.sigmoid_binary_cross_entropy(logits, targets), axis=-1))
-  raise ValueError(f"loss={loss!r}: use one of {', '.join(LOSSES)}")
+  raise ValueError(f'loss={loss!r}: use one of {", ".join(LOSSES)}')
 
 
 def _micro_batches(x, accum_steps):
@@ -132,8 +145,7 @@ def _micro_batches(x, accum_steps):
   x = jnp.moveaxis(x, 1, 0)
   if jax.sharding.get_abstract_mesh().empty:  # called outside `jax.set_mesh`
     return x
-  return jax.lax.with_sharding_constraint(
-      x, jax.sharding.PartitionSpec(None, sharding.BATCH_AXES))
+  return jax.lax.with_sharding_constraint(x, jax.sharding.PartitionSpec(None, sharding.BATCH_AXES))
 
 
 def train_step(state: TrainState, batch, *, task: Task, tx, schedule, config):
@@ -148,8 +160,9 @@ def train_step(state: TrainState, batch, *, task: Task, tx, schedule, config):
 
     def accumulate(carry, i):
       loss_sum, grad_sum = carry
-      loss, grads = grad_fn(state.params, jax.tree.map(lambda x: x[i], micro),
-                            jax.random.fold_in(step_rng, i))
+      loss, grads = grad_fn(
+        state.params, jax.tree.map(lambda x: x[i], micro), jax.random.fold_in(step_rng, i)
+      )
       return (loss_sum + loss, jax.tree.map(jnp.add, grad_sum, grads)), None
 
     zeros = jax.tree.map(jnp.zeros_like, state.params)
@@ -166,23 +179,39 @@ def train_step(state: TrainState, batch, *, task: Task, tx, schedule, config):
   ema_params = state.ema_params
   if ema_params is not None:
     decay = config.ema_decay
-    ema_params = keep(jax.tree.map(lambda e, p: decay * e + (1 - decay) * p, ema_params, params),
-                      ema_params)
+    ema_params = keep(
+      jax.tree.map(lambda e, p: decay * e + (1 - decay) * p, ema_params, params), ema_params
+    )
   new_state = state.replace(
-      step=state.step + 1, params=params, opt_state=opt_state, ema_params=ema_params,
-      num_skipped=state.num_skipped + jnp.where(finite, 0, 1))
-  metrics = {'loss': loss, 'grad_norm': grad_norm, 'learning_rate': schedule(state.step),
-             'finite': finite}
+    step=state.step + 1,
+    params=params,
+    opt_state=opt_state,
+    ema_params=ema_params,
+    num_skipped=state.num_skipped + jnp.where(finite, 0, 1),
+  )
+  metrics = {
+    'loss': loss,
+    'grad_norm': grad_norm,
+    'learning_rate': schedule(state.step),
+    'finite': finite,
+  }
   return new_state, metrics
 
 
 def jit_train_step(*, task, tx, schedule, config, state_shardings, batch_sharding):
   step = functools.partial(train_step, task=task, tx=tx, schedule=schedule, config=config)
   metric_sharding = sharding.replicated(batch_sharding.mesh)
-  return jax.jit(step, in_shardings=(state_shardings, batch_sharding),
-                 out_shardings=(state_shardings, metric_sharding), donate_argnums=0)
+  return jax.jit(
+    step,
+    in_shardings=(state_shardings, batch_sharding),
+    out_shardings=(state_shardings, metric_sharding),
+    donate_argnums=0,
+  )
 
 
 def jit_eval_step(*, task, params_shardings, batch_sharding):
-  return jax.jit(task.eval_fn, in_shardings=(params_shardings, batch_sharding),
-                 out_shardings=sharding.replicated(batch_sharding.mesh))
+  return jax.jit(
+    task.eval_fn,
+    in_shardings=(params_shardings, batch_sharding),
+    out_shardings=sharding.replicated(batch_sharding.mesh),
+  )

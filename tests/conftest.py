@@ -1,0 +1,81 @@
+"""What the tests share: the repository root, configs, meshes, random weights, subprocess setup.
+
+Tests run JAX on the CPU (`JAX_PLATFORMS=cpu`, set before JAX starts) so that
+an installed libtpu or CUDA plugin neither slows nor changes them; the TPU
+compile tests choose their platform themselves.
+"""
+
+import os
+import pathlib
+
+os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import ml_collections  # noqa: E402
+import numpy as np  # noqa: E402
+
+from vit_jax import models  # noqa: E402
+from vit_jax import sharding  # noqa: E402
+from vit_jax.configs import models as model_configs  # noqa: E402
+from vit_jax.data import pipeline  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def batch_sharding():
+  """Batches laid out over all devices, on the trainer's own mesh."""
+  return sharding.batch_sharding(sharding.make_mesh())
+
+
+def data_config(dataset=None, **overrides):
+  """The data fields of a run; keys may be dotted (`**{'pp.crop': 8}`)."""
+  config = pipeline.add_data_config(ml_collections.ConfigDict())
+  if dataset is not None:
+    config.dataset = str(dataset)
+  for key, value in overrides.items():
+    *parents, last = key.split('.')
+    target = config
+    for part in parents:
+      target = target[part]
+    target[last] = value
+  return config
+
+
+def small_vit_config(name='ViT-Ti_16', hybrid_units=None, **overrides):
+  """A released architecture shrunk in depth and width; hybrids get `hybrid_units` per stage."""
+  config = model_configs.MODEL_CONFIGS[name]
+  config.hidden_size = 24
+  config.transformer.update(num_layers=2, num_heads=3, mlp_dim=48)
+  if hybrid_units:
+    config.resnet = ml_collections.ConfigDict({'num_layers': hybrid_units, 'width_factor': 0.5})
+  config.update(overrides)
+  return config
+
+
+def param_shapes(config, num_classes, size, module=None):
+  """The parameter tree of a ViT (or `module`) at `size` px, as shape structs."""
+  module = module or models.VisionTransformer(num_classes=num_classes, **config)
+  return jax.eval_shape(
+    lambda: module.init(jax.random.key(0), jnp.zeros((1, size, size, 3)), train=False)
+  )['params']
+
+
+def random_like(shapes, seed=0, scale=1.0):
+  """Normal(0, scale) float32 arrays shaped like `shapes`."""
+  rng = np.random.default_rng(seed)
+  return jax.tree.map(lambda s: (scale * rng.normal(size=s.shape)).astype(np.float32), shapes)
+
+
+def subprocess_env(devices=1, **extra):
+  """Environment for a child `python`: this checkout first, the CPU with `devices` devices."""
+  env = dict(
+    os.environ,
+    JAX_PLATFORMS='cpu',
+    XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}',
+    **extra,
+  )
+  env['PYTHONPATH'] = os.pathsep.join(
+    [str(ROOT)] + [p for p in env.get('PYTHONPATH', '').split(os.pathsep) if p]
+  )
+  return env
