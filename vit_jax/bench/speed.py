@@ -21,7 +21,8 @@ import numpy as np
 
 from vit_jax import hardware
 from vit_jax import sharding
-from vit_jax.bench import memory as memory
+from vit_jax.bench import flops
+from vit_jax.bench import memory
 from vit_jax.bench import timm_peer
 from vit_jax.configs import common
 from vit_jax.configs import models as model_configs
@@ -178,17 +179,10 @@ def xla_flops_per_image(opts: Options) -> float:
 
 
 def analytic_flops_per_image(opts: Options) -> Optional[float]:
-  """2 x multiply-accumulates of the matmuls (x3 for a train step); None for hybrids."""
+  """The closed form (`bench.flops`) for the benchmarked step; None for hybrids."""
   arch = steps.model_config(train_config(opts))
-  if arch.get('resnet') is not None:
-    return None
-  d, t = arch.hidden_size, arch.transformer
-  patches = (opts.resolution // arch.patches.size[0]) ** 2
-  n = patches + (arch.classifier in ('token', 'token_unpooled'))
-  per_block = n * d * 3 * d + 2 * n * n * d + n * d * d + 2 * n * d * t.mlp_dim
-  macs = patches * arch.patches.size[0] ** 2 * 3 * d + t.num_layers * per_block
-  macs += d * opts.num_classes
-  return 2.0 * macs * (3 if opts.mode == 'train' else 1)
+  forward = flops.forward_flops_per_image(arch, opts.resolution, opts.num_classes)
+  return None if forward is None else forward * (3 if opts.mode == 'train' else 1)
 
 
 class JaxRunner:

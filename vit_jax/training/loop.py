@@ -9,7 +9,6 @@ uninterrupted run.
 """
 
 import dataclasses
-import functools
 import os
 import signal
 import time
@@ -30,6 +29,7 @@ from vit_jax.evaluation import fewshot
 from vit_jax.models import vit
 from vit_jax.training import hooks
 from vit_jax.training import optim
+from vit_jax.training import program
 from vit_jax.training import steps
 
 
@@ -129,12 +129,6 @@ def _compile(fn, *args):
   return compiled, float((analysis or {}).get('flops', 0.0))
 
 
-def _abstract_with_shardings(abstract, shardings):
-  return jax.tree.map(
-    lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings
-  )
-
-
 @dataclasses.dataclass(frozen=True)
 class Run:
   """What every part of a run reads; built once by `set_up`."""
@@ -144,9 +138,7 @@ class Run:
   mesh: Any
   info: pipeline.DatasetInfo
   log: run_log.RunLog
-  task: steps.Task
-  tx: Any
-  schedule: Any
+  program: program.Program  # the jitted train and eval steps
   init: Callable  # rng -> TrainState
   state_shardings: Any
   batch_sharding: Any
@@ -194,21 +186,12 @@ def set_up(config, workdir: str, mesh) -> Run:
   if info.multi_label and config.loss != 'sigmoid' and config.task == 'classification':
     raise ConfigError(f'{info.name} is multi-label: set --config.loss=sigmoid')
   log = run_log.RunLog(workdir, is_main=jax.process_index() == 0, tensorboard=config.tensorboard)
-  batch_sharding = sharding.batch_sharding(mesh)
-  task = steps.make_task(config, info.num_classes, info.multi_label)
-  tx, schedule = optim.make_optimizer(config)
-  init = functools.partial(
-    steps.init_state, model=task.model, tx=tx, image_size=config.pp.crop, ema=bool(config.ema_decay)
-  )
-  state_shardings = sharding.tree_shardings(jax.eval_shape(init, jax.random.PRNGKey(0)), mesh)
+  compiled = program.build(config, mesh, info.num_classes, info.multi_label)
   manager = ocp.CheckpointManager(
     os.path.join(files.absolute(workdir), 'checkpoints'),
     options=ocp.CheckpointManagerOptions(
       max_to_keep=config.keep_checkpoints, create=True, cleanup_tmp_directories=True
     ),
-  )
-  eval_fn = steps.jit_eval_step(
-    task=task, params_shardings=state_shardings.params, batch_sharding=batch_sharding
   )
   fewshot_model = steps.make_model(config, num_classes=None)
   peak = config.peak_flops or hardware.peak_flops()
@@ -220,14 +203,12 @@ def set_up(config, workdir: str, mesh) -> Run:
     mesh=mesh,
     info=info,
     log=log,
-    task=task,
-    tx=tx,
-    schedule=schedule,
-    init=init,
-    state_shardings=state_shardings,
-    batch_sharding=batch_sharding,
+    program=compiled,
+    init=compiled.init,
+    state_shardings=compiled.state_shardings,
+    batch_sharding=compiled.batch_sharding,
     manager=manager,
-    eval_fn=eval_fn,
+    eval_fn=compiled.eval_step,
     fewshot_model=fewshot_model,
     fewshot_features=fewshot.representation_fn(fewshot_model),
     peak_flops=peak,
@@ -239,13 +220,10 @@ def restore_or_initialize(run: Run):
   config = run.config
   latest = run.manager.latest_step()
   if latest is not None:
-    abstract = _abstract_with_shardings(
-      jax.eval_shape(run.init, jax.random.PRNGKey(0)), run.state_shardings
-    )
     restored = run.manager.restore(
       latest,
       args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract), data=ocp.args.JsonRestore()
+        state=ocp.args.StandardRestore(run.program.abstract_state()), data=ocp.args.JsonRestore()
       ),
     )
     run.log.info('Resuming from the checkpoint at step %d in %s', latest, run.workdir)
@@ -280,18 +258,7 @@ def train(run: Run, loop: Loop, periodic: list) -> float:
     for step in range(int(loop.state.step) + 1, config.total_steps + 1):
       batch = next(loop.train_iter)
       if step_fn is None:
-        step_fn, loop.flops = _compile(
-          steps.jit_train_step(
-            task=run.task,
-            tx=run.tx,
-            schedule=run.schedule,
-            config=config,
-            state_shardings=run.state_shardings,
-            batch_sharding=run.batch_sharding,
-          ),
-          loop.state,
-          batch,
-        )
+        step_fn, loop.flops = _compile(run.program.train_step, loop.state, batch)
         loop.progress.restart_clock(step - 1)
       loop.state, loop.metrics = step_fn(loop.state, batch)
       if loop_start is None:

@@ -1,0 +1,229 @@
+"""`python -m vit_jax.compile`: the trainer's program, compiled by the real TPU compiler on this CPU.
+
+Needs libtpu (`pip install -e ".[tpu]"`, part of `[test]`); without it the
+TPU tests skip and only the refusal message is checked.
+"""
+
+import importlib.util
+import json
+import subprocess
+import sys
+import textwrap
+
+from conftest import ROOT
+from conftest import param_shapes
+from conftest import subprocess_env
+import jax
+import pytest
+
+from vit_jax.bench import aot
+from vit_jax.bench import flops
+from vit_jax.bench import hlo
+from vit_jax.bench import topology
+from vit_jax.configs import demo
+from vit_jax.configs import models as model_configs
+from vit_jax.training import loop
+
+needs_libtpu = pytest.mark.skipif(
+  importlib.util.find_spec('libtpu') is None, reason='libtpu is not installed'
+)
+# A small ViT (width 128, 4 layers, 4x4 patches) at 32 px: seconds to compile.
+SMALL = ['--config=configs/demo.py', '--config.pp.crop=32', '--config.batch=64']
+
+
+def compile_cli(tmp_path, *args):
+  return subprocess.run(
+    [sys.executable, '-m', 'vit_jax.compile', *args],
+    capture_output=True,
+    text=True,
+    cwd=ROOT,
+    env=subprocess_env(),
+    timeout=300,
+  )
+
+
+@pytest.mark.parametrize(
+  'name, generation, shape',
+  [
+    ('v3-8', 'v3', (2, 2)),
+    ('v3-256', 'v3', (8, 16)),
+    ('v2-8', 'v2', (2, 2)),
+    ('v4-8', 'v4', (2, 2, 1)),
+    ('v4-128', 'v4', (4, 4, 4)),
+    ('v5p-512', 'v5p', (4, 8, 8)),
+    ('v5e-1', 'v5e', (1, 1)),
+    ('v5e-8', 'v5e', (2, 4)),
+    ('v5e-256', 'v5e', (16, 16)),
+    ('v6e-64', 'v6e', (8, 8)),
+    ('v3:4x4', 'v3', (4, 4)),
+    ('v4:4x4x8', 'v4', (4, 4, 8)),
+  ],
+)
+def test_slice_names_map_to_chip_grids(name, generation, shape):
+  assert topology.parse(name) == (generation, shape)
+
+
+def test_bad_slice_names_are_one_line():
+  for name, words in [
+    ('v3-6', 'N must be 2 x a power of two'),
+    ('v9-8', 'unknown TPU generation'),
+    ('v4:4x4', '3 dimensions'),
+    ('tpu', 'use a slice name'),
+  ]:
+    with pytest.raises(topology.TopologyError, match=words):
+      topology.parse(name)
+
+
+def test_hlo_reading_counts_loop_bodies_and_collective_bytes():
+  text = textwrap.dedent("""\
+    %cond (p: (s32[], f32[8])) -> pred[] {
+      %p = (s32[], f32[8]) parameter(0)
+      %i = s32[] get-tuple-element(%p), index=0
+      %n = s32[] constant(4)
+      ROOT %lt = pred[] compare(%i, %n), direction=LT
+    }
+
+    %body (p: (s32[], f32[8])) -> (s32[], f32[8]) {
+      %p = (s32[], f32[8]) parameter(0)
+      %x = f32[8]{0} get-tuple-element(%p), index=1
+      %ar = f32[8]{0} all-reduce(%x), replica_groups={{0,1},{2,3}}, to_apply=%add
+      %a = bf16[8,16]{1,0} parameter(1)
+      %b = bf16[16,4]{1,0} parameter(2)
+      %d = f32[8,4]{1,0} dot(%a, %b), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+      ROOT %t = (s32[], f32[8]) tuple(%i, %ar)
+    }
+
+    ENTRY %main (x: f32[8]) -> f32[8] {
+      %w = (s32[], f32[8]) while(%init), condition=%cond, body=%body
+      %g = f32[4,8]{1,0} all-gather(%y), replica_groups=[2,4]<=[8], dimensions={0}
+      ROOT %r = f32[8] reduce-scatter(%z), replica_groups=mesh['a'=2,'b'=4] {'b'}, dimensions={0}
+    }
+    """)
+  assert hlo.loop_trip_counts(text) == [4]
+  rows = {r['op']: r for r in hlo.collectives(text)}
+  # The all-reduce runs once per loop iteration: 4 x 32 bytes over pairs.
+  assert rows['all-reduce'] == {
+    'op': 'all-reduce',
+    'group_size': 2,
+    'count': 4,
+    'bytes': 128,
+    'moved_bytes': 128.0,
+  }
+  assert (rows['all-gather']['bytes'], rows['all-gather']['group_size']) == (128, 4)
+  # A reduce-scatter's input is its output times the group: 32 x 4.
+  assert (rows['reduce-scatter']['bytes'], rows['reduce-scatter']['moved_bytes']) == (128, 96.0)
+  assert hlo.matmul_dtypes(text) == {'bf16 x bf16 -> f32': 4}
+
+
+def test_closed_form_flops_of_vit_b16():
+  # 2 x 17.6 G multiply-accumulates forward at 224 px (REFERENCE.md section 7).
+  arch = model_configs.MODEL_CONFIGS['ViT-B_16']
+  assert flops.forward_flops_per_image(arch, 224, 1000) == pytest.approx(2 * 17.6e9, rel=0.01)
+
+
+_SAME_PROGRAM = textwrap.dedent("""
+  import json, sys, tempfile
+  import jax
+  from vit_jax import sharding
+  from vit_jax.bench import aot
+  from vit_jax.configs import demo
+  from vit_jax.data import pipeline
+  from vit_jax.training import loop, program
+
+  config = demo.get_config()
+  # A tiny model; peak_flops given, so the set-up measures no matmul rate.
+  config.update(model='testing', batch=64, accum_steps=2, tensorboard=False, peak_flops=1.0)
+  config.mesh.fsdp = 2
+  mesh = sharding.make_mesh(config.mesh.fsdp)
+  with jax.set_mesh(mesh):
+    # As the trainer does: real state, a real batch from the input pipeline.
+    run = loop.set_up(config, tempfile.mkdtemp(), mesh)
+    state, _ = loop.restore_or_initialize(run)
+    batch = next(pipeline.make_train_iterator(config, run.batch_sharding))
+    eval_batch = next(pipeline.make_eval_iterator(config, run.batch_sharding))
+    trainer_train = run.program.train_step.lower(state, batch)
+    trainer_eval = run.program.eval_step.lower(state.params, eval_batch)
+    # As the compile command does: abstract inputs only.
+    built = program.build(config, mesh, *aot.dataset_classes(config))
+    aot_train = built.train_step.lower(built.abstract_state(), built.abstract_batch())
+    aot_eval = built.eval_step.lower(built.abstract_state().params, built.abstract_batch(False))
+    memory = trainer_train.compile().memory_analysis()
+  params = sum(x.size for x in jax.tree.leaves(state.params))
+  scalars = sum(x.nbytes for x in jax.tree.leaves(state) if x.size <= 2)
+  print(json.dumps({
+    'train_same': trainer_train.as_text() == aot_train.as_text(),
+    'eval_same': trainer_eval.as_text() == aot_eval.as_text(),
+    'argument_bytes': int(memory.argument_size_in_bytes),
+    'params': int(params), 'scalars': int(scalars),
+    'batch_bytes': int(sum(x.nbytes for x in batch.values())),
+  }))
+""")
+
+
+def test_trainer_and_compile_command_lower_identical_programs():
+  """Same config both ways on 8 CPU devices: identical HLO text, train and eval steps."""
+  result = subprocess.run(
+    [sys.executable, '-c', _SAME_PROGRAM],
+    capture_output=True,
+    text=True,
+    env=subprocess_env(devices=8),
+    timeout=300,
+  )
+  assert result.returncode == 0, result.stderr[-3000:]
+  out = json.loads(result.stdout.strip().splitlines()[-1])
+  assert out['train_same'] and out['eval_same']
+  # Per device, exactly: fp32 parameters and Adam's two moments (no leaf of this
+  # small model reaches FSDP's size threshold), the scalars of the state, and
+  # this device's eighth of the batch.
+  assert out['argument_bytes'] == 3 * 4 * out['params'] + out['scalars'] + out['batch_bytes'] // 8
+
+
+@needs_libtpu
+def test_compile_command_reports_flops_memory_and_collectives(tmp_path):
+  path = tmp_path / 'record.json'
+  result = compile_cli(tmp_path, *SMALL, '--topology=v5e:2x2', f'--json={path}')
+  assert result.returncode == 0, result.stderr[-3000:]
+  record = json.loads(path.read_text())
+  assert record['fits'] and record['devices'] == 4
+  assert 0.95 <= record['flops_vs_closed_form'] <= 1.25
+  # Arguments: at least fp32 parameters + two Adam moments + a quarter of the
+  # batch; TPU tiling pads some small dimensions (measured: 10% here).
+  arch = model_configs.MODEL_CONFIGS['ViT-Demo_4']
+  logical = 12 * _param_count(arch, 32, 10) + 64 // 4 * (32 * 32 * 3 * 4 + 4)
+  assert logical <= record['train_memory']['argument_bytes'] <= 1.2 * logical
+  # Data parallel: one gradient all-reduce over the 4 chips, sized like the gradients.
+  (reduce,) = [c for c in record['collectives'] if c['group_size'] == 4]
+  assert reduce['op'] == 'all-reduce' and reduce['bytes'] >= 2 * _param_count(arch, 32, 10)
+  assert record['step_seconds_estimate'] > 0 and 0 < record['mfu_upper_bound'] < 1
+  assert record['chip_days'] == pytest.approx(
+    record['total_steps'] * record['step_seconds_estimate'] * 4 / 86400, rel=1e-3
+  )
+  assert 'v5e:2x2' in result.stdout and 'not measurements' in result.stdout
+
+
+@needs_libtpu
+def test_a_config_that_does_not_fit_is_one_line(tmp_path):
+  result = compile_cli(tmp_path, *SMALL, '--topology=v5e-1', '--config.batch=262144')
+  assert result.returncode == 2
+  (line,) = result.stderr.strip().splitlines()[-1:]
+  assert line.startswith('error: ViT-Demo_4 at batch 262144 does not fit v5e-1 (needs ')
+  assert '--fit' in line and '--config.accum_steps=2' in line
+  assert 'Traceback' not in result.stderr
+
+
+@needs_libtpu
+def test_a_batch_that_does_not_split_over_the_slice_is_one_line():
+  config = demo.get_config()
+  config.update(batch=64)
+  with pytest.raises(loop.ConfigError, match=r'batch=64 must be a multiple of .* = 128'):
+    aot.compile_run(config, topology.describe('v3-128'))
+
+
+def test_without_libtpu_the_command_says_how_to_install_it(monkeypatch):
+  monkeypatch.setattr(importlib.util, 'find_spec', lambda name, *a: None)
+  with pytest.raises(topology.TopologyError, match=r'pip install -e "\.\[tpu\]"'):
+    topology.describe('v3-8')
+
+
+def _param_count(arch, size, num_classes):
+  return sum(int(x.size) for x in jax.tree.leaves(param_shapes(arch, num_classes, size)))

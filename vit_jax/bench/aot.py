@@ -1,0 +1,280 @@
+"""A run's train step compiled ahead of time for a TPU slice: memory, FLOPs, time, collectives, cost.
+
+`compile_run` builds the program the trainer runs (`training.program.build`:
+the same steps, mesh, shardings, batch shapes and donation) on the devices of
+a TPU slice described by libtpu, and has the real TPU compiler compile it on
+this machine. `analyse` reads what the compiler reports. Everything here is
+the compiler's estimate, not a measurement: `optimal_seconds` is its lower
+bound on a step's time, so img/s and MFU derived from it are upper bounds.
+"""
+
+import dataclasses
+import math
+import re
+import time
+from typing import Optional
+
+import jax
+
+from vit_jax import hardware
+from vit_jax import sharding
+from vit_jax.bench import flops as flops_lib
+from vit_jax.bench import hlo
+from vit_jax.bench import topology
+from vit_jax.data import datasets
+from vit_jax.data import pipeline
+from vit_jax.data import presets
+from vit_jax.training import loop
+from vit_jax.training import program
+from vit_jax.training import steps
+
+GiB = 2**30
+# Classes of datasets the compile command knows without reading them.
+_KNOWN_CLASSES = {'imagenet21k': (21_843, False), 'jft': (18_291, True)}
+
+
+class DoesNotFit(Exception):
+  """The compiler ran out of device memory; `needed` and `available` in bytes when it said."""
+
+  def __init__(self, message: str, needed: Optional[float], available: Optional[float]):
+    super().__init__(message)
+    self.needed, self.available = needed, available
+
+
+@dataclasses.dataclass
+class Compiled:
+  config: object
+  tpu: topology.Slice
+  program: program.Program
+  train: object  # the compiled train step
+  eval: object  # the compiled eval step
+  compile_seconds: float
+  # The step's time estimate when the compiler gives none for the accumulation
+  # loop: a one-micro-batch step's estimate times the number of micro-batches.
+  micro_step_seconds: Optional[float] = None
+
+
+def dataset_classes(config) -> tuple:
+  """(num_classes, multi_label) of `config.dataset`, read from data only as a last resort.
+
+  The paper's JFT recipe leaves the dataset to the user (a placeholder): it is
+  taken as JFT-300M, 18,291 classes, multi-label.
+  """
+  name = config.dataset
+  if name is None or name == 'jft':
+    return _KNOWN_CLASSES['jft']
+  if name in _KNOWN_CLASSES:
+    return _KNOWN_CLASSES[name]
+  if name in datasets.BUILTIN:
+    return 10, False
+  preset = presets.PRESETS.get(name)
+  if preset is not None and preset.num_classes:
+    return preset.num_classes, preset.multi_label
+  info = pipeline.get_info(config)
+  return info.num_classes, info.multi_label
+
+
+def _memory_numbers(text: str):
+  """(needed, available) bytes from the compiler's out-of-memory message, when it gives them."""
+  units = {'K': 2**10, 'M': 2**20, 'G': 2**30, 'T': 2**40}
+
+  def value(number, unit):
+    return float(number) * units.get(unit, 1)
+
+  used = re.search(r'Used ([\d.]+)([KMGT])? of ([\d.]+)([KMGT])? hbm', text)
+  if used:
+    return value(*used.group(1, 2)), value(*used.group(3, 4))
+  temps = re.search(r'\(([\d.]+)([KMGT])\) exceeds? available HBM \(([\d.]+)([KMGT])\)', text)
+  if temps:
+    return value(*temps.group(1, 2)), value(*temps.group(3, 4))
+  return None, None
+
+
+def compile_run(config, tpu: topology.Slice) -> Compiled:
+  """The trainer's train and eval steps for `config`, compiled for `tpu`; DoesNotFit if too big."""
+  mesh = sharding.make_mesh(config.mesh.fsdp, devices=tpu.devices)
+  loop.validate(config, mesh.size)
+  num_classes, multi_label = dataset_classes(config)
+  start = time.perf_counter()
+  with jax.set_mesh(mesh):
+    built = program.build(config, mesh, num_classes, multi_label)
+    try:
+      train = built.train_step.lower(built.abstract_state(), built.abstract_batch()).compile()
+      params = built.abstract_state().params
+      evaluate = built.eval_step.lower(params, built.abstract_batch(train=False)).compile()
+    except jax.errors.JaxRuntimeError as e:
+      if not hardware.is_out_of_memory(e):
+        raise
+      needed, available = _memory_numbers(str(e))
+      raise DoesNotFit(str(e).strip().splitlines()[0], needed, available) from None
+  micro_seconds = None
+  if config.accum_steps > 1 and _cost(train).get('optimal_seconds', -1.0) <= 0:
+    micro = with_overrides(config, {'batch': config.batch // config.accum_steps, 'accum_steps': 1})
+    with jax.set_mesh(mesh):
+      one = program.build(micro, mesh, num_classes, multi_label)
+      step = one.train_step.lower(one.abstract_state(), one.abstract_batch()).compile()
+    micro_seconds = _cost(step).get('optimal_seconds', -1.0)
+  return Compiled(
+    config,
+    tpu,
+    built,
+    train,
+    evaluate,
+    time.perf_counter() - start,
+    micro_seconds if micro_seconds and micro_seconds > 0 else None,
+  )
+
+
+def _cost(compiled_step) -> dict:
+  cost = compiled_step.cost_analysis()
+  if isinstance(cost, (list, tuple)):
+    cost = cost[0] if cost else {}
+  return cost or {}
+
+
+def _memory(compiled_step) -> dict:
+  m = compiled_step.memory_analysis()
+  out = {
+    'argument_bytes': int(m.argument_size_in_bytes),
+    'output_bytes': int(m.output_size_in_bytes),
+    'alias_bytes': int(m.alias_size_in_bytes),
+    'temp_bytes': int(m.temp_size_in_bytes),
+    'code_bytes': int(m.generated_code_size_in_bytes),
+  }
+  # Donated state: outputs that alias arguments take no memory of their own.
+  out['total_bytes'] = (
+    out['argument_bytes']
+    + out['output_bytes']
+    - out['alias_bytes']
+    + out['temp_bytes']
+    + out['code_bytes']
+  )
+  return out
+
+
+def analyse(c: Compiled) -> dict:
+  """The record of one compiled config: memory, FLOPs, time, collectives, cost."""
+  config, tpu, chip = c.config, c.tpu, c.tpu.chip
+  devices = len(tpu.devices)
+  text = c.train.as_text()
+  # The accumulation loop (`lax.scan` over micro-batches) is the step's only loop.
+  trips = max(hlo.loop_trip_counts(text) or [1]) if config.accum_steps > 1 else 1
+  cost = _cost(c.train)
+  # XLA counts a loop body once: scale by the accumulation loop's trip count
+  # (the optimizer update outside the loop is then counted `trips` times, a
+  # fraction of a percent of a ViT step).
+  step_flops = float(cost.get('flops', 0.0)) * trips
+  seconds = float(cost.get('optimal_seconds', -1.0))
+  if seconds <= 0 and c.micro_step_seconds:
+    seconds = c.micro_step_seconds
+  seconds = seconds * trips if seconds > 0 else None
+  arch = steps.model_config(config)
+  per_image = flops_lib.train_flops_per_image(arch, config.pp.crop, c.program.num_classes)
+  model_flops = per_image * config.batch / devices if per_image else None
+  train_memory, eval_memory = _memory(c.train), _memory(c.eval)
+  hbm = max(train_memory['total_bytes'], eval_memory['total_bytes'])
+  peak = chip.peak_flops_per_device
+  collectives = hlo.collectives(text)
+  moved = sum(r['moved_bytes'] for r in collectives)
+  bandwidth = (
+    chip.allreduce_bytes_per_s / chip.devices_per_chip if chip.allreduce_bytes_per_s else None
+  )
+  comm_seconds = moved / bandwidth if bandwidth else None
+  bound = max([s for s in (seconds, comm_seconds) if s] or [0.0]) or None
+  record = {
+    'topology': tpu.name,
+    'topology_shape': tpu.topology,
+    'num_slices': tpu.num_slices,
+    'chips': tpu.num_chips,
+    'devices': devices,
+    'mesh': {'data': devices // config.mesh.fsdp, 'fsdp': config.mesh.fsdp},
+    'model': config.model,
+    'batch': config.batch,
+    'accum_steps': config.accum_steps,
+    'remat': bool(config.remat),
+    'dtype': config.dtype,
+    'image_size': config.pp.crop,
+    'num_classes': c.program.num_classes,
+    'fits': hbm <= chip.hbm_per_device,
+    'hbm_bytes_per_device': hbm,
+    'hbm_capacity_bytes': chip.hbm_per_device,
+    'train_memory': train_memory,
+    'eval_memory': eval_memory,
+    'flops_per_step_per_device': step_flops,
+    'closed_form_flops_per_step_per_device': model_flops,
+    'flops_vs_closed_form': step_flops / model_flops if model_flops else None,
+    'accumulation_loop_trips': trips,
+    'step_seconds_estimate': seconds,
+    'img_per_sec_estimate': config.batch / seconds if seconds else None,
+    'mfu_upper_bound': model_flops / (seconds * peak) if seconds and model_flops else None,
+    'peak_flops_per_device': peak,
+    'collectives': collectives,
+    'collective_bytes_per_step_per_device': moved,
+    'comm_seconds_lower_bound': comm_seconds,
+    'matmul_dtypes': hlo.matmul_dtypes(text),
+    'total_steps': config.total_steps,
+    'compile_seconds': c.compile_seconds,
+    'estimate': 'TPU compiler estimates on a CPU machine (libtpu), not measurements; '
+    'step time is a lower bound, img/s and MFU upper bounds',
+  }
+  if bound:
+    days = config.total_steps * bound / 86400
+    record['chip_days'] = days * tpu.num_chips
+    record['core_days'] = days * tpu.cores
+  return record
+
+
+def fit_message(error: DoesNotFit, config, tpu: topology.Slice) -> str:
+  """One line: by how much it does not fit, and what to try."""
+  amount = ''
+  if error.needed and error.available:
+    amount = (
+      f' (needs {error.needed / GiB:.2f} GiB per device, has {error.available / GiB:.2f} GiB)'
+    )
+  return (
+    f'{config.model} at batch {config.batch} does not fit {tpu.name}{amount}; run with --fit, '
+    f'or try --config.accum_steps={2 * config.accum_steps}, --config.remat=True or '
+    f'--config.mesh.fsdp={2 * config.mesh.fsdp}'
+  )
+
+
+def candidates(config, devices: int, error: Optional[DoesNotFit] = None):
+  """Overrides to try, smallest change first: accumulation, remat, FSDP, then combinations.
+
+  With the compiler's figures, accumulation starts at the factor that would
+  bring the temporaries under the capacity.
+  """
+  micro_limit = config.batch // devices  # examples per device and micro-batch
+  first = 2
+  if error and error.needed and error.available:
+    first = 2 ** max(1, math.ceil(math.log2(error.needed / error.available)))
+  accums = [a for a in (2**k for k in range(1, 12)) if a >= first and a <= micro_limit]
+  accums = [
+    a * config.accum_steps for a in accums if config.batch % (a * config.accum_steps * devices) == 0
+  ]
+  fsdps = [
+    f
+    for f in (2**k for k in range(1, 12))
+    if f * config.mesh.fsdp <= devices and devices % (f * config.mesh.fsdp) == 0
+  ]
+  out = [{'accum_steps': a} for a in accums[:2]]
+  if not config.remat:
+    out.append({'remat': True})
+  out += [{'mesh.fsdp': f * config.mesh.fsdp} for f in fsdps[:2]]
+  if not config.remat:
+    out += [{'remat': True, 'accum_steps': a} for a in accums[:3]]
+  out += [
+    {'accum_steps': a, 'mesh.fsdp': fsdps[-1] * config.mesh.fsdp} for a in accums[:2] if fsdps
+  ]
+  return out
+
+
+def with_overrides(config, overrides: dict):
+  config = config.copy_and_resolve_references()
+  for key, value in overrides.items():
+    target = config
+    *parents, last = key.split('.')
+    for part in parents:
+      target = target[part]
+    target[last] = value
+  return config

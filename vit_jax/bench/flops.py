@@ -1,0 +1,36 @@
+"""Closed-form FLOPs of a ViT: what a compiler's count is checked against.
+
+2 x the multiply-accumulates of the matmuls (patch embedding, attention
+projections and products, MLP, pre-logits, head); a training step costs 3x
+the forward pass (paper appendix D.5's convention). Normalisations, softmax,
+GELU and the optimizer are left out: they are a few percent of a ViT.
+"""
+
+from typing import Optional
+
+
+def forward_flops_per_image(arch, image_size: int, num_classes: int) -> Optional[float]:
+  """Forward FLOPs of one image through `arch` (a MODEL_CONFIGS entry); None for hybrids."""
+  if arch.get('resnet') is not None:
+    return None
+  d, t, patch = arch.hidden_size, arch.transformer, arch.patches.size[0]
+  patches = (image_size // patch) ** 2
+  tokens = patches + (arch.classifier in ('token', 'token_unpooled'))
+  per_block = (
+    tokens * d * 3 * d  # q, k, v
+    + 2 * tokens * tokens * d  # q k^T and the weighted sum of v
+    + tokens * d * d  # output projection
+    + 2 * tokens * d * t.mlp_dim  # MLP
+  )
+  macs = patches * patch * patch * 3 * d + t.num_layers * per_block
+  width = d
+  if arch.get('representation_size'):
+    macs += d * arch.representation_size
+    width = arch.representation_size
+  macs += width * num_classes
+  return 2.0 * macs
+
+
+def train_flops_per_image(arch, image_size: int, num_classes: int) -> Optional[float]:
+  forward = forward_flops_per_image(arch, image_size, num_classes)
+  return None if forward is None else 3.0 * forward

@@ -1,0 +1,199 @@
+"""Reading a compiled XLA program's text: collectives, matmul dtypes, loop trip counts.
+
+`cost_analysis()` lists neither the collectives nor their sizes, and counts a
+loop's body once; the compiled HLO text has both. Each collective is counted
+as many times as it runs per call: computations called from a `while` body run
+its trip count times (read from the loop condition's bound, as JAX's `scan`
+and `fori_loop` write it).
+"""
+
+import collections
+import math
+import re
+
+_DTYPE_BYTES = {
+  'pred': 1,
+  's8': 1,
+  'u8': 1,
+  's16': 2,
+  'u16': 2,
+  'bf16': 2,
+  'f16': 2,
+  's32': 4,
+  'u32': 4,
+  'f32': 4,
+  's64': 8,
+  'u64': 8,
+  'f64': 8,
+}
+COLLECTIVES = ('all-reduce', 'all-gather', 'reduce-scatter', 'all-to-all', 'collective-permute')
+_COMPUTATION = re.compile(r'^(ENTRY\s+)?%([\w.\-]+)\s.*\{\s*$')
+_INSTRUCTION = re.compile(r'^\s*(?:ROOT\s+)?%([\w.\-]+)\s*=\s*(.*)$')
+_OP = re.compile(r'\s([a-z][\w\-]*)\(')
+_ARRAY = re.compile(r'\b(pred|[suf]\d+|bf16)\[([\d,]*)\]')
+_CALLS = re.compile(
+  r'(?:calls|to_apply|condition|body|branch_computations|called_computations)=\{?([^}]*?)(?:\}|,\s*\w+=|$)'
+)
+
+
+def array_bytes(type_text: str) -> int:
+  """Bytes of every array in a (possibly tuple) HLO type, layouts ignored."""
+  total = 0
+  for dtype, dims in _ARRAY.findall(re.sub(r'\{[^{}]*\}', '', type_text)):
+    total += _DTYPE_BYTES.get(dtype, 4) * math.prod(int(d) for d in dims.split(',') if d)
+  return total
+
+
+def _computations(text: str) -> dict:
+  """{name: [instruction lines]}, and the entry's name under key None."""
+  computations, current = {}, None
+  for line in text.splitlines():
+    match = _COMPUTATION.match(line)
+    if match:
+      current = match.group(2)
+      computations[current] = []
+      if match.group(1):
+        computations[None] = current
+    elif current is not None and line.strip() == '}':
+      current = None
+    elif current is not None:
+      computations[current].append(line)
+  return computations
+
+
+def _trip_count(condition_lines) -> int:
+  """The bound N of `i < N` in a loop condition; 1 when it cannot be read."""
+  constants = {}
+  for line in condition_lines:
+    match = _INSTRUCTION.match(line)
+    if match:
+      constant = re.search(r'\bs32\[\][^ ]*\s+constant\((\d+)\)', match.group(2))
+      if constant:
+        constants[match.group(1)] = int(constant.group(1))
+  for line in condition_lines:
+    if 'compare(' in line and 'direction=LT' in line:
+      for name in re.findall(r'%([\w.\-]+)', line.split('compare(', 1)[1]):
+        if name in constants:
+          return constants[name]
+  return 1
+
+
+def loop_trip_counts(text: str) -> list:
+  """Trip counts of the `while` loops of a program, in text order."""
+  computations = _computations(text)
+  trips = []
+  for name, lines in computations.items():
+    if name is None:
+      continue
+    for line in lines:
+      condition = re.search(r' while\(.*condition=%([\w.\-]+)', line)
+      if condition:
+        trips.append(_trip_count(computations.get(condition.group(1), [])))
+  return trips
+
+
+def multiplicities(text: str) -> dict:
+  """How many times each computation runs per call of the entry computation."""
+  computations = _computations(text)
+  entry = computations.pop(None, None)
+  callees = collections.defaultdict(list)  # caller -> [(callee, times)]
+  for name, lines in computations.items():
+    for line in lines:
+      if ' while(' in line:
+        body = re.search(r'body=%([\w.\-]+)', line)
+        condition = re.search(r'condition=%([\w.\-]+)', line)
+        trips = _trip_count(computations.get(condition.group(1), [])) if condition else 1
+        if body:
+          callees[name].append((body.group(1), trips))
+        if condition:
+          callees[name].append((condition.group(1), trips + 1))
+        continue
+      for group in _CALLS.findall(line):
+        for callee in re.findall(r'%([\w.\-]+)', group):
+          callees[name].append((callee, 1))
+  counts = collections.Counter()
+
+  def visit(name, times):
+    counts[name] += times
+    for callee, factor in callees.get(name, ()):
+      visit(callee, times * factor)
+
+  if entry:
+    visit(entry, 1)
+  return counts
+
+
+def _group_size(line: str) -> int:
+  """Devices taking part in each group of a collective."""
+  groups = re.search(r'replica_groups=\{\{([\d,]*)\}', line)
+  if groups:
+    return len(groups.group(1).split(','))
+  iota = re.search(r'replica_groups=\[(\d+),(\d+)\]<=', line)
+  if iota:
+    return int(iota.group(2))
+  mesh = re.search(r'replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}', line)
+  if mesh:
+    sizes = dict(re.findall(r"'(\w+)'=(\d+)", mesh.group(1)))
+    return math.prod(int(sizes[a]) for a in re.findall(r"'(\w+)'", mesh.group(2)))
+  return 1
+
+
+def collectives(text: str) -> list:
+  """[{op, count, bytes, group_size, moved_bytes}] per kind and group size, per call.
+
+  `bytes` is the full array a collective works on (an all-gather's output, a
+  reduce-scatter's input, an all-reduce's operand); `moved_bytes` what each
+  device sends with a ring algorithm: 2 (n-1)/n of it for an all-reduce,
+  (n-1)/n for the others.
+  """
+  counts = multiplicities(text)
+  rows = {}
+  for name, lines in _computations(text).items():
+    if name is None or not counts.get(name):
+      continue
+    for line in lines:
+      match = _INSTRUCTION.match(line)
+      if not match:
+        continue
+      rest = match.group(2)
+      op = _OP.search(rest)
+      if not op or op.group(1).removesuffix('-start') not in COLLECTIVES:
+        continue
+      kind = op.group(1).removesuffix('-start')
+      result_type = rest[: op.start()]
+      n = _group_size(line)
+      size = array_bytes(result_type)
+      if op.group(1).endswith('-start') and kind == 'all-gather':
+        size = max(array_bytes(t) for t in re.findall(r'\w+\[[\d,]*\]', result_type))
+      if kind == 'reduce-scatter':
+        size *= n
+      factor = (2.0 if kind == 'all-reduce' else 1.0) * (n - 1) / n if n > 1 else 0.0
+      row = rows.setdefault((kind, n), {'op': kind, 'group_size': n, 'count': 0, 'bytes': 0})
+      row['count'] += counts[name]
+      row['bytes'] += counts[name] * size
+      row['moved_bytes'] = row.get('moved_bytes', 0.0) + counts[name] * size * factor
+  return sorted(rows.values(), key=lambda r: (r['op'], r['group_size']))
+
+
+def matmul_dtypes(text: str) -> dict:
+  """{'bf16 x bf16 -> f32': count, ...} of the dots and convolutions, per call."""
+  counts = multiplicities(text)
+  out = collections.Counter()
+  for name, lines in _computations(text).items():
+    if name is None or not counts.get(name):
+      continue
+    types = {}
+    for line in lines:
+      match = _INSTRUCTION.match(line)
+      if not match:
+        continue
+      rest = match.group(2)
+      op = _OP.search(rest)
+      result = _ARRAY.search(rest[: op.start()] if op else rest)
+      if result:
+        types[match.group(1)] = result.group(1)
+      if op and op.group(1) in ('dot', 'convolution'):
+        args = rest[op.end() :].split(')', 1)[0]
+        operands = [types.get(a, '?') for a in re.findall(r'%([\w.\-]+)', args)]
+        out[f'{" x ".join(operands)} -> {result.group(1) if result else "?"}'] += counts[name]
+  return dict(out)

@@ -1,0 +1,170 @@
+r"""Compile a run's train step for a TPU slice on this machine: does it fit, how fast, what cost.
+
+  python -m vit_jax.compile --config=configs/vit_l16.py:jft --topology=v3-256 [--fit] \
+      [--json=PATH] [--config.FIELD=VALUE ...]
+
+The real TPU compiler (libtpu: `pip install -e ".[tpu]"`) compiles the very
+train and eval steps the trainer runs, for the devices of the named slice
+(v3-8, v4-128, v5e-256, v6e-64, ... or v3:4x4), on any CPU machine. It prints
+HBM per device against the chip's, FLOPs per step against the closed form,
+the compiler's step-time estimate (a lower bound) with the img/s and MFU it
+implies (upper bounds), the collectives and their bytes, the matmul dtypes,
+and the whole run's cost in chip-days. Estimates, not measurements.
+`--fit` searches the smallest change that fits (accumulation, remat, FSDP).
+"""
+
+import json
+import os
+import sys
+
+# The compiler runs on the host; JAX itself needs no accelerator here (and on a
+# CPU machine with libtpu installed would otherwise probe for a TPU).
+os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+
+from absl import app  # noqa: E402
+from absl import flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file(
+  'config', None, 'Experiment config file, optionally with `:ARGS`.', lock_config=True
+)
+_TOPOLOGY = flags.DEFINE_string('topology', 'v3-8', 'TPU slice: v3-8, v4-128, v5e-256, v3:4x4, ...')
+_NUM_SLICES = flags.DEFINE_integer('num_slices', 1, 'Slices joined over the data-centre network.')
+_FIT = flags.DEFINE_bool('fit', False, 'If it does not fit, search overrides that do.')
+_MAX_COMPILES = flags.DEFINE_integer('max_compiles', 6, 'Compiles --fit may try.')
+_JSON = flags.DEFINE_string('json', None, 'Write the record here as JSON.')
+
+GiB = 2**30
+
+
+def _exit(message: str) -> None:
+  print(f'error: {message}', file=sys.stderr)
+  sys.exit(2)
+
+
+def _parse_flags(argv):
+  config_arg = next((a.split('=', 1)[1] for a in argv if a.startswith('--config=')), None)
+  if config_arg is None:
+    _exit('--config is required, e.g. --config=configs/vit_b16.py:imagenet21k')
+  if not os.path.exists(config_arg.split(':', 1)[0]):
+    _exit(f'config file {config_arg.split(":", 1)[0]} not found; configs live in configs/')
+  try:
+    argv = flags.FLAGS(argv)
+    _ = _CONFIG.value
+    return argv
+  except AttributeError as e:
+    _exit(f'{e}'.replace('\\', '').splitlines()[0])
+  except flags.Error as e:
+    _exit(str(e))
+
+
+def _command_line(overrides: dict) -> str:
+  given = [a for a in sys.argv[1:] if a.startswith('--config')]
+  keys = {f'--config.{k}' for k in overrides}
+  given = [a for a in given if a.split('=', 1)[0] not in keys]
+  extra = [f'--config.{k}={v}' for k, v in overrides.items()]
+  return ' '.join(['python -m vit_jax.main', *given, *extra, '--workdir=DIR'])
+
+
+def _describe(record: dict) -> str:
+  r = record
+  gib = lambda b: f'{b / GiB:.2f} GiB'  # noqa: E731
+  tm = r['train_memory']
+  lines = [
+    f'{r["model"]} on {r["topology"]} ({r["topology_shape"]}, {r["chips"]} chips, '
+    f'{r["devices"]} devices; mesh data={r["mesh"]["data"]} fsdp={r["mesh"]["fsdp"]}): batch '
+    f'{r["batch"]} (accum {r["accum_steps"]}{", remat" if r["remat"] else ""}), {r["dtype"]}, '
+    f'{r["image_size"]} px',
+    f'  HBM per device   {gib(r["hbm_bytes_per_device"])} of {gib(r["hbm_capacity_bytes"])}: '
+    f'arguments {gib(tm["argument_bytes"])}, temporaries {gib(tm["temp_bytes"])}, code '
+    f'{gib(tm["code_bytes"])}, aliased (donated) {gib(tm["alias_bytes"])}',
+    f'  FLOPs per device {r["flops_per_step_per_device"]:.4g} per step'
+    + (
+      f' (closed form {r["closed_form_flops_per_step_per_device"]:.4g}: '
+      f'{r["flops_vs_closed_form"]:.3f}x)'
+      if r['flops_vs_closed_form']
+      else ''
+    ),
+  ]
+  if r['step_seconds_estimate']:
+    lines.append(
+      f'  step time        >= {r["step_seconds_estimate"]:.4g} s (compiler estimate); '
+      f'<= {r["img_per_sec_estimate"]:,.0f} img/s'
+      + (f', MFU <= {r["mfu_upper_bound"]:.3f}' if r['mfu_upper_bound'] else '')
+    )
+  else:
+    lines.append('  step time        the compiler gave no estimate')
+  for c in r['collectives']:
+    lines.append(
+      f'  {c["op"]:16s} x{c["count"]} over {c["group_size"]} devices: {c["bytes"] / 2**20:,.1f} MiB'
+      f' per step, {c["moved_bytes"] / 2**20:,.1f} MiB sent per device'
+    )
+  if r['comm_seconds_lower_bound']:
+    lines.append(f'  communication    >= {r["comm_seconds_lower_bound"]:.4g} s per step (ICI)')
+  dtypes = ', '.join(f'{k}: {v}' for k, v in sorted(r['matmul_dtypes'].items()))
+  lines.append(f'  matmuls          {dtypes}')
+  if 'chip_days' in r:
+    lines.append(
+      f'  whole run        {r["total_steps"]:,} steps: >= {r["chip_days"]:,.1f} chip-days '
+      f'({r["core_days"]:,.1f} TPU-core-days)'
+    )
+  lines.append('  (estimates of the TPU compiler, not measurements)')
+  return '\n'.join(lines)
+
+
+def main(argv):
+  if len(argv) > 1:
+    _exit(f'unexpected arguments {argv[1:]}')
+  from vit_jax.bench import aot
+  from vit_jax.bench import topology
+  from vit_jax.data.sources import DataError
+  from vit_jax.training import loop
+
+  config = _CONFIG.value
+  try:
+    tpu = topology.describe(_TOPOLOGY.value, _NUM_SLICES.value)
+    overrides = {}
+    try:
+      compiled = aot.compile_run(config, tpu)
+    except aot.DoesNotFit as error:
+      if not _FIT.value:
+        _exit(aot.fit_message(error, config, tpu))
+      compiled, overrides = _fit(config, tpu, error)
+  except (topology.TopologyError, loop.ConfigError, DataError) as e:
+    _exit(str(e))
+  record = aot.analyse(compiled)
+  if overrides:
+    record['overrides'] = [f'--config.{k}={v}' for k, v in overrides.items()]
+  print(_describe(record))
+  if overrides:
+    print(f'fits with: {_command_line(overrides)}')
+  if _JSON.value:
+    os.makedirs(os.path.dirname(os.path.abspath(_JSON.value)), exist_ok=True)
+    with open(_JSON.value, 'w', encoding='utf-8') as f:
+      json.dump(record, f, indent=1)
+    print(f'wrote {_JSON.value}')
+
+
+def _fit(config, tpu, error):
+  """The first candidate override set that compiles within memory, at most --max_compiles tries."""
+  from vit_jax.bench import aot
+
+  devices = len(tpu.devices)
+  tried = []
+  for overrides in aot.candidates(config, devices, error):
+    if len(tried) >= _MAX_COMPILES.value:
+      break
+    tried.append(overrides)
+    print(f'trying {overrides} ...', flush=True)
+    try:
+      return aot.compile_run(aot.with_overrides(config, overrides), tpu), overrides
+    except aot.DoesNotFit:
+      continue
+  _exit(
+    f'{config.model} at batch {config.batch} does not fit {tpu.name} with any of '
+    f'{len(tried)} tried overrides ({tried}); use a larger slice or raise --max_compiles'
+  )
+
+
+if __name__ == '__main__':
+  app.run(main, flags_parser=_parse_flags)
