@@ -38,6 +38,9 @@ setuptools.setup(
     'test': [
       'pytest',
       'ruff',
+      # libtpu: the TPU compiler that `python -m vit_jax.compile` runs on any Linux
+      # x86-64 machine (no TPU needed).
+      'jax[tpu]',
       'torch==2.13.0',
       'transformers',
       'safetensors',

@@ -1,0 +1,65 @@
+r"""Compiles the paper's pre-training configs for TPU v3 slices: the README's TPU table.
+
+  python benchmarks/tpu_table.py [--only=NAME] [--max_compiles=2]
+
+Runs `python -m vit_jax.compile --fit` for each entry below, in order, and
+writes `benchmarks/tpu/<name>.json` as each finishes (an entry whose record
+exists is skipped, so the script resumes). A full-size compile takes minutes
+on a 2-core machine. The figures are the TPU compiler's estimates, not
+measurements.
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# (record name, config, topology, extra overrides), in priority order: the two
+# models of paper Table 2 first.
+ENTRIES = [
+  ('vit_l16_jft_v3-128', 'configs/vit_l16.py:jft', 'v3-128', []),
+  ('vit_h14_jft_v3-256', 'configs/vit_h14.py:jft', 'v3-256', []),
+  ('vit_b16_jft_v3-32', 'configs/vit_b16.py:jft', 'v3-32', []),
+  ('vit_b32_jft_v3-32', 'configs/vit_b32.py:jft', 'v3-32', []),
+  ('vit_l32_jft_v3-64', 'configs/vit_l32.py:jft', 'v3-64', []),
+  ('r50_vit_b16_jft_v3-64', 'configs/r50_vit_b16.py:jft', 'v3-64', []),
+  ('vit_b16_i21k_v3-32', 'configs/vit_b16.py:imagenet21k', 'v3-32', []),
+  ('finetune_b16_384_v3-8', 'configs/finetune.py:ViT-B_16,cifar10', 'v3-8', []),
+]
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--only', help='run this entry only')
+  parser.add_argument('--max_compiles', type=int, default=2)
+  args = parser.parse_args()
+  for name, config, topology, extra in ENTRIES:
+    if args.only and name != args.only:
+      continue
+    path = os.path.join(ROOT, 'benchmarks', 'tpu', f'{name}.json')
+    if os.path.exists(path):
+      continue
+    command = [
+      sys.executable,
+      '-m',
+      'vit_jax.compile',
+      f'--config={config}',
+      f'--topology={topology}',
+      '--fit',
+      f'--max_compiles={args.max_compiles}',
+      f'--json={path}',
+      *extra,
+    ]
+    print(' '.join(command[1:]), flush=True)
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    lines = [
+      l
+      for l in (result.stdout + result.stderr).splitlines()
+      if l.strip() and not l.startswith(('E0000', 'WARNING: Logging', '=== ', 'learning/'))
+    ]
+    print('\n'.join(lines[-14:]), flush=True)
+
+
+if __name__ == '__main__':
+  main()
