@@ -10,6 +10,7 @@ measurements.
 """
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -29,11 +30,41 @@ ENTRIES = [
 ]
 
 
+# Paper Table 2, TPUv3-core-days to pre-train (REFERENCE.md section 6).
+PAPER_CORE_DAYS = {'vit_l16_jft_v3-128': 680, 'vit_h14_jft_v3-256': 2500}
+
+
+def markdown() -> str:
+  """The docs' table, from the records written so far."""
+  rows = [
+    '| run | slice | HBM per core | fitting overrides | step time (lower bound) | img/s (upper bound) '
+    '| MFU (upper bound) | TPUv3-core-days (lower bound) | paper Table 2 |',
+    '|---|---|---:|---|---:|---:|---:|---:|---:|',
+  ]
+  for name, config, topology, _ in ENTRIES:
+    path = os.path.join(ROOT, 'benchmarks', 'tpu', f'{name}.json')
+    if not os.path.exists(path):
+      continue
+    with open(path, encoding='utf-8') as f:
+      r = json.load(f)
+    rows.append(
+      f'| `{config}` | {topology} | {r["hbm_bytes_per_device"] / 2**30:.2f} GiB '
+      f'| {" ".join(r.get("overrides", [])) or "none"} | {r["step_seconds_estimate"]:.3f} s '
+      f'| {r["img_per_sec_estimate"]:,.0f} | {r["mfu_upper_bound"]:.2f} '
+      f'| {r.get("core_days", 0):,.0f} | {PAPER_CORE_DAYS.get(name, "")} |'
+    )
+  return '\n'.join(rows)
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--only', help='run this entry only')
   parser.add_argument('--max_compiles', type=int, default=2)
+  parser.add_argument('--markdown', action='store_true', help='print the table of the records')
   args = parser.parse_args()
+  if args.markdown:
+    print(markdown())
+    return
   for name, config, topology, extra in ENTRIES:
     if args.only and name != args.only:
       continue
