@@ -7,7 +7,6 @@ print the record. `python -m vit_jax.benchmark` is the command line.
 
 import dataclasses
 import datetime
-import functools
 import os
 import re
 import statistics
@@ -27,7 +26,7 @@ from vit_jax.bench import timm_peer
 from vit_jax.configs import common
 from vit_jax.configs import models as model_configs
 from vit_jax.models import vit
-from vit_jax.training import optim
+from vit_jax.training import program
 from vit_jax.training import steps
 
 
@@ -141,25 +140,11 @@ def build_step(opts: Options, abstract: bool = False):
     fn = jax.jit(lambda p, x: model.apply({'params': p}, x, train=False))
     return fn, (params, data['image'] if abstract else jax.device_put(data['image'], device))
   mesh = sharding.make_mesh(devices=[device])
-  tx, schedule = optim.make_optimizer(config)
-  init = functools.partial(
-    steps.init_state, model=model, tx=tx, image_size=opts.resolution, ema=False
-  )
-  rng = jax.random.PRNGKey(0)
-  state_shardings = sharding.tree_shardings(jax.eval_shape(init, rng), mesh)
-  batch_sharding = sharding.batch_sharding(mesh)
-  fn = steps.jit_train_step(
-    task=task,
-    tx=tx,
-    schedule=schedule,
-    config=config,
-    state_shardings=state_shardings,
-    batch_sharding=batch_sharding,
-  )
+  built = program.build(config, mesh, opts.num_classes, multi_label=False)
   if abstract:
-    return fn, (jax.eval_shape(init, rng), data)
-  state = jax.jit(init, out_shardings=state_shardings)(rng)
-  return fn, (state, jax.device_put(data, batch_sharding))
+    return built.train_step, (built.abstract_state(), data)
+  state = jax.jit(built.init, out_shardings=built.state_shardings)(jax.random.PRNGKey(0))
+  return built.train_step, (state, jax.device_put(data, built.batch_sharding))
 
 
 def xla_flops_per_image(opts: Options) -> float:

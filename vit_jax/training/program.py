@@ -15,7 +15,7 @@ import jax
 import numpy as np
 
 from vit_jax import sharding
-from vit_jax.data import pipeline
+from vit_jax.data import spec
 from vit_jax.training import optim
 from vit_jax.training import steps
 
@@ -44,8 +44,8 @@ class Program:
 
   def abstract_batch(self, train: bool = True) -> dict:
     """A global batch as the input pipeline delivers it, laid out over the mesh."""
-    spec = pipeline.batch_spec(self.config, self.num_classes, self.multi_label, train=train)
-    return _with_shardings(spec, {key: self.batch_sharding for key in spec})
+    batch = spec.batch_spec(self.config, self.num_classes, self.multi_label, train=train)
+    return _with_shardings(batch, {key: self.batch_sharding for key in batch})
 
 
 def build(config, mesh, num_classes: int, multi_label: bool) -> Program:

@@ -1,0 +1,29 @@
+"""What a global batch looks like, without reading data or importing TensorFlow.
+
+`python -m vit_jax.compile` and the benchmarks describe the trainer's inputs
+with it; tests/test_compile.py lowers the trainer's real batches and these to one program.
+"""
+
+import jax
+import numpy as np
+
+
+def batch_spec(config, num_classes: int, multi_label: bool, *, train: bool) -> dict:
+  """Shapes and dtypes of the global batches the iterators below deliver, without reading data.
+
+  Images are float32 [B, crop, crop, 3]; labels int32 [B], or float32 [B, K]
+  for multi-label data and for mixup (soft labels); eval batches add a float32
+  mask [B].
+  """
+  batch = config.batch if train else config.batch_eval
+  crop = config.pp.crop
+  soft = multi_label or (train and float(config.pp.mixup) > 0)
+  spec = {
+    'image': jax.ShapeDtypeStruct((batch, crop, crop, 3), np.float32),
+    'label': jax.ShapeDtypeStruct(
+      (batch, num_classes) if soft else (batch,), np.float32 if soft else np.int32
+    ),
+  }
+  if not train:
+    spec['mask'] = jax.ShapeDtypeStruct((batch,), np.float32)
+  return spec
