@@ -7,7 +7,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
 
 from vit_jax import checkpoint
 from vit_jax import models
@@ -146,6 +145,7 @@ def test_pickled_npz_is_refused(tmp_path):
 
 def _torch_bilinear(grid, size):
   """Independent reference: torch's bilinear, half-pixel centres, no antialias."""
+  torch = pytest.importorskip('torch')  # installed apart on CPU machines (README: Set-up)
   t = torch.from_numpy(grid).permute(2, 0, 1)[None]
   out = torch.nn.functional.interpolate(
     t, size=(size, size), mode='bilinear', align_corners=False, antialias=False

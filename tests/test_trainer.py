@@ -113,7 +113,7 @@ def test_outputs_of_a_run(reference_run):
   assert [l['step'] for l in fewshot_lines] == [12, 24]
   assert summary['fewshot/digits_5shot'] == fewshot_lines[-1]['fewshot/digits_5shot'] > 0.2
   assert logged[-1]['train_loss'] < logged[0]['train_loss'] - 0.1  # it learns
-  assert 'step 24/24' in result.stderr and 'ETA' in result.stderr
+  assert 'step 24/24' in result.stdout and 'ETA' in result.stdout
   # params.npz is the public layout of the configured model.
   flat = params(workdir)
   assert flat['Transformer/posembed_input/pos_embedding'].shape == (1, 2, 16)
@@ -126,7 +126,7 @@ def test_rerun_of_a_finished_run_changes_nothing(reference_run, tmp_path):
   workdir, _ = reference_run
   before = params(workdir)
   result = run(workdir)
-  assert 'Resuming from the checkpoint at step 24' in result.stderr
+  assert 'Resuming from the checkpoint at step 24' in result.stdout
   assert_bitwise_equal(params(workdir), before)
 
 
@@ -154,7 +154,7 @@ def test_sigkill_and_resume_is_bitwise(reference_run, tmp_path):
   # A write cut off mid-way leaves a temporary directory; it must not be used.
   os.makedirs(os.path.join(checkpoints, '16.orbax-checkpoint-tmp-1234', 'state'))
   result = run(workdir)
-  assert 'Resuming from the checkpoint at step' in result.stderr
+  assert 'Resuming from the checkpoint at step' in result.stdout
   assert_bitwise_equal(params(workdir), params(reference_run[0]))
 
 
@@ -175,7 +175,7 @@ def test_sigterm_writes_a_checkpoint_and_resumes(reference_run, tmp_path):
   assert 'preempted (SIGTERM) at step' in stderr and 'Traceback' not in stderr
   assert len(steps) == 1 and 0 < int(steps[0]) < 24
   result = run(workdir, *slow)
-  assert f'Resuming from the checkpoint at step {steps[0]}' in result.stderr
+  assert f'Resuming from the checkpoint at step {steps[0]}' in result.stdout
   assert_bitwise_equal(params(workdir), params(reference_run[0]))
 
 
@@ -284,7 +284,7 @@ def test_cli_errors_are_one_line(tmp_path):
     (['--config.dataset=cifar11'], 'cifar11'),
     (
       ['--config.warmup_steps=20', '--config.total_steps=20'],
-      'warmup_steps=20 must be in [0, total_steps=20)',
+      'warmup_steps=20 must be in [0, total_steps=20): add --config.warmup_steps=2',
     ),
     (['--config.attention=flash'], "attention='flash': use one of auto, xla"),
     (['--config.attention=cudnn'], "attention='cudnn' needs a CUDA GPU"),
