@@ -221,6 +221,12 @@ def _digits(split):
 def _folder(root, split, corrupt_images):
   name, start, stop = sources.parse_split(split)
   classes = folder.class_names(root)
+  if len(classes) == 1:
+    # One class: every prediction is right, and training "reaches 100%".
+    raise DataError(
+      f'{root}: only one class folder ({classes[0]}); classification needs at least two: '
+      f'add {root}/train/<another class>/ with images'
+    )
   paths, labels = folder.list_split(root, name, classes, corrupt_images)
   source = sources.file_source(os.path.join(root, name), paths, labels, len(classes), classes)
   lo, hi = sources.slice_bounds(start, stop, source.num_examples)
