@@ -238,7 +238,7 @@ def _folder(root, split, corrupt_images):
 
 
 def unknown_dataset(dataset, tfds_names):
-  known = list(BUILTIN) + ['imagenet21k'] + list(presets.PRESETS) + list(tfds_names)
+  known = list(dict.fromkeys([*BUILTIN, 'imagenet21k', *presets.PRESETS, *tfds_names]))
   close = difflib.get_close_matches(dataset, known, n=3, cutoff=0.6)
   hint = (
     f'did you mean {" or ".join(close)}?'
