@@ -113,11 +113,15 @@ def _fit_warmup(config, argv) -> None:
   if any(a.startswith('--config.warmup_steps') for a in argv):
     return
   if config.total_steps >= 1 and config.warmup_steps >= config.total_steps:
+    import jax
+
     warmup = config.total_steps // 10
-    print(
-      f"warmup_steps {config.warmup_steps} -> {warmup}: the config's warm-up is longer than "
-      f'total_steps={config.total_steps} (set --config.warmup_steps to choose)'
-    )
+    if jax.process_index() == 0:
+      print(
+        f"warmup_steps {config.warmup_steps} -> {warmup}: the config's warm-up is longer than "
+        f'total_steps={config.total_steps} (set --config.warmup_steps to choose)',
+        flush=True,
+      )
     config.warmup_steps = warmup
 
 
