@@ -1,6 +1,7 @@
 """The benchmark tool on a tiny model: fields, positive numbers, MFU in (0, 1), FLOP counts."""
 
 import dataclasses
+import glob
 import json
 import os
 
@@ -8,8 +9,15 @@ import jax
 import pytest
 
 from vit_jax import benchmark
+from vit_jax import hardware
 from vit_jax.bench import memory
 from vit_jax.bench import speed
+
+
+@pytest.fixture(autouse=True)
+def peak_record(tmp_path, monkeypatch):
+  """Recorded CPU peaks go to a fresh cache, not the user's ~/.cache."""
+  monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path / 'cache'))
 
 
 def tiny(**overrides):
@@ -34,7 +42,8 @@ def test_infer_record_fields_and_numbers():
   assert ours['compile_s'] > 0 and ours['memory_bytes'] > 0
   assert ours['memory_source'] == 'XLA estimate'  # CPU: no device allocator statistics
   assert record['peak']['jax_matmul_flops'] > 1e9
-  assert record['peak']['peak_flops'] == record['peak']['jax_matmul_flops']
+  assert record['peak']['peak_flops'] == record['peak']['jax_matmul_flops']  # a fresh record
+  assert record['peak']['peak_source'].startswith('recorded: fastest float32 matmul')
   machine = record['machine']
   assert machine['cpu_cores'] >= 1 and machine['versions']['jax'] == jax.__version__
   assert 'xla_flags' in machine and machine['platform'] == 'cpu'
@@ -57,6 +66,20 @@ def test_train_with_accumulation_against_timm():
   # Accumulation does not change the work per image: the count is the micro-step's.
   single = speed.xla_flops_per_image(tiny(mode='train', batch=2))
   assert record['flops_per_image']['xla'] == pytest.approx(single, rel=1e-6)
+
+
+def test_mfu_divides_by_a_peak_that_a_busy_machine_cannot_lower(monkeypatch):
+  recorded, source = hardware.stable_peak()  # measured on a machine as it is now, and recorded
+  assert source.startswith('recorded') and os.path.exists(hardware.peak_record_path())
+  # A busy machine: the matmul now runs at a millionth of its speed.
+  monkeypatch.setattr(hardware, 'measure_matmul_flops', lambda *args, **kwargs: 1e5)
+  busy = speed.run(tiny(mode='infer'))
+  assert busy['peak']['jax_matmul_flops'] == 1e5
+  assert busy['peak']['peak_flops'] == recorded
+  assert 0 < busy['vit_jax']['mfu'] <= 1
+  assert 'MFU 0.' in speed.summary(busy) and 'recorded' in speed.summary(busy)
+  # The trainer's MFU uses the same record.
+  assert hardware.stable_peak()[0] == recorded
 
 
 @pytest.mark.parametrize('mode,factor', [('infer', 1), ('train', 3)])
@@ -98,7 +121,7 @@ def test_find_max_batch_on_cpu_meets_the_budget():
   assert 'largest batch per device' in memory.describe(record)
 
 
-def test_cli_writes_a_record_and_rejects_bad_options(tmp_path, capsys):
+def test_cli_writes_a_record_and_rejects_bad_options(tmp_path, capsys, monkeypatch):
   path = tmp_path / 'run.json'
   assert (
     benchmark.main(
@@ -116,8 +139,18 @@ def test_cli_writes_a_record_and_rejects_bad_options(tmp_path, capsys):
   record = json.loads(path.read_text())
   assert record['options']['batch'] == 2 and record['vit_jax']['img_per_sec'] > 0
   assert record['command'].startswith('python -m vit_jax.benchmark')
-  name = os.path.basename(speed.record_path(record))
+  name = os.path.basename(speed.record_path(record, 'anywhere'))
   assert name.endswith('_cpu_testing_infer_b2_r32.json')
+  # Without --json the record goes to the workdir, never into the repository.
+  monkeypatch.chdir(tmp_path)
+  args = ['--model=testing', '--batch=2', '--resolution=32', '--steps=1', '--repeats=1']
+  assert benchmark.main(args) == 0
+  assert (
+    len(glob.glob(str(tmp_path / 'workdirs' / 'benchmark' / '*_cpu_testing_infer_b2_r32.json')))
+    == 1
+  )
+  assert benchmark.main(args + [f'--workdir={tmp_path / "mine"}']) == 0
+  assert len(glob.glob(str(tmp_path / 'mine' / '*.json'))) == 1
   assert benchmark.main(['--model=testing', '--resolution=30', '--no_record']) == 2
   err = capsys.readouterr().err.strip()
   assert 'multiple of the patch size 16' in err and '\n' not in err

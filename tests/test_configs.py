@@ -6,6 +6,8 @@ import os
 
 import pytest
 
+from vit_jax.configs import ConfigError
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Config files with the arguments they take.
@@ -119,7 +121,9 @@ def test_finetuning_recipes_are_paper_table_4(dataset, steps, lr):
 
 def test_epochs_argument_and_bad_arguments():
   assert load('vit_l16.py', 'jft,14').total_steps == 14 * 303_000_000 // 4096 + 1
-  with pytest.raises(ValueError, match='use MODEL,DATASET'):
+  with pytest.raises(ConfigError, match='use MODEL,DATASET'):
     load('finetune.py', 'ViT-B_16')
-  with pytest.raises(ValueError, match="use 'imagenet21k', 'jft' or 'imagenet2012'"):
+  with pytest.raises(ConfigError, match='use imagenet21k, jft or imagenet2012'):
     load('vit_b16.py', 'imagenet')
+  with pytest.raises(ConfigError, match='EPOCHS after the comma must be a positive integer'):
+    load('vit_b16.py', 'imagenet21k,ten')

@@ -24,6 +24,7 @@ from vit_jax import checkpoint
 from vit_jax import export as export_cli
 from vit_jax import models
 from vit_jax.configs import models as model_configs
+from vit_jax.evaluation import inference
 from vit_jax.interop import export
 from vit_jax.interop import timm as interop_timm
 from vit_jax.interop import torch_layout
@@ -283,8 +284,6 @@ def test_hf_folder_loads_with_from_pretrained_and_matches(tmp_path, capsys):
 def test_hf_preprocessor_reproduces_our_eval_preprocessing(tmp_path):
   from PIL import Image
 
-  from vit_jax.evaluation import inference
-
   config = model_configs.MODEL_CONFIGS['testing']
   _, npz = write_npz(tmp_path, config, 2, 64)
   assert (
@@ -373,14 +372,31 @@ def test_savedmodel_matches_in_tensorflow(tmp_path):
   assert relative_error(expected, logits) <= BOUND
 
 
-@needs_timm
-def test_onnx_with_pre_logits_matches_in_onnxruntime(tmp_path):
-  # A ViT: the hybrid exports through the same timm module (tested above
-  # against timm) at 4x the export time (4.5e-7 measured, see docs/checkpoints_and_export.md).
+@pytest.mark.parametrize(
+  'name,units,classifier', [('ViT-Ti_16', None, 'gap'), ('R26+ViT-B_32', (1, 1, 1, 1), 'token')]
+)
+def test_torch_forward_matches_ours(name, units, classifier):
+  """The module ONNX export traces, against our JAX model (the ViT with a class token: below)."""
+  from vit_jax.interop import torch_vit
+
+  config = small_vit_config(name, hybrid_units=units, classifier=classifier, representation_size=12)
+  flat = random_flat(config, 7, 32)
+  model = models.VisionTransformer(num_classes=7, **config)
+  loaded = inference.LoadedModel(model, checkpoint.unflatten(flat), config, 32, 0, 0, 0)
+  x = images(32)
+  with torch.no_grad():
+    theirs = torch_vit.build(loaded)(torch.from_numpy(x)).numpy()
+  assert relative_error(ours(config, flat, x), theirs) <= BOUND
+
+
+def test_onnx_with_pre_logits_matches_in_onnxruntime(tmp_path, monkeypatch):
+  # A ViT; the hybrid exports through the same torch module (tested above) at
+  # 4x the export time. timm is not needed: import it and fail.
   ort = pytest.importorskip('onnxruntime')
   pytest.importorskip('onnxscript')
-  from vit_jax.evaluation import inference
   from vit_jax.interop import onnx
+
+  monkeypatch.setitem(sys.modules, 'timm', None)
 
   config = small_vit_config(representation_size=16)
   flat = random_flat(config, 5, 32)

@@ -137,6 +137,42 @@ def test_folder_errors_name_the_folder(tmp_path):
     pipeline.get_info(_config(tmp_path / 'missing'))
 
 
+def test_a_single_class_folder_is_refused(tmp_path):
+  root = tmp_path / 'one'
+  for split in ('train', 'test'):
+    os.makedirs(root / split / 'cat')
+    _image(_COLOURS['cat'], 'RGB', np.random.default_rng(0)).save(root / split / 'cat' / '0.png')
+  with pytest.raises(pipeline.DataError, match='only one class folder .cat.; .* at least two') as e:
+    pipeline.get_info(_config(root))
+  assert '\n' not in str(e.value)
+
+
+def _sized_folder(root, size):
+  rng = np.random.default_rng(0)
+  for name in ('a', 'b'):
+    for split in ('train', 'test'):
+      os.makedirs(root / split / name)
+      for i in range(3):
+        _image(_COLOURS['cat'], 'RGB', rng, size).save(root / split / name / f'{i}.png')
+  return root
+
+
+def test_small_images_get_gentle_augmentation_and_the_run_says_so(tmp_path):
+  # Digits-sized images: crops keep half the image and nothing is mirrored;
+  # photo-sized ones keep ImageNet's augmentation (paper B.1.1).
+  small = _config(_sized_folder(tmp_path / 'small', (8, 8)))
+  text = pipeline.describe_preprocessing(small)
+  assert 'inception crop (area 0.5-1)' in text and 'no flip' in text
+  assert 'small images (shorter side 8 px < 64)' in text
+  large = _config(_sized_folder(tmp_path / 'large', (96, 80)))
+  text = pipeline.describe_preprocessing(large)
+  assert 'inception crop (area 0.05-1)' in text and 'horizontal flip' in text
+  chosen = _config(tmp_path / 'small', flip=True)
+  text = pipeline.describe_preprocessing(chosen)
+  assert 'horizontal flip' in text and 'except flip' in text
+  assert '--config.pp.flip' in text and 'docs/data.md' in text
+
+
 # ---------------------------------------------------------------------------
 # JFT-style shards.
 

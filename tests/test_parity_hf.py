@@ -9,12 +9,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
 
 from vit_jax import checkpoint
 from vit_jax import models
 from vit_jax.configs import models as model_configs
 
+torch = pytest.importorskip('torch')  # installed apart on CPU machines (README: Set-up)
 transformers = pytest.importorskip('transformers')
 
 

@@ -1,5 +1,6 @@
 """Prediction CLI, class-name files, image reading, checkpoint -> model inference."""
 
+import json
 import os
 import pathlib
 import subprocess
@@ -204,3 +205,45 @@ def test_cli_errors_are_one_line_without_traceback(tmp_path):
     assert 'Traceback' not in run.stderr
     errors = [line for line in run.stderr.splitlines() if 'error:' in line]
     assert len(errors) == 1 and message in errors[0], run.stderr
+
+
+def test_commands_read_the_model_from_a_workdir_and_predict_skips_bad_images(tmp_path, capsys):
+  from vit_jax import analyze
+  from vit_jax import evaluate
+  from vit_jax import export
+  from vit_jax import fewshot
+
+  workdir = tmp_path / 'run'
+  workdir.mkdir()
+  write_checkpoint(workdir / 'params.npz', 10, size=32, favourites=(3,))
+  (workdir / 'summary.json').write_text(json.dumps({'model': 'testing', 'dataset': 'digits'}))
+  folder = tmp_path / 'images'
+  folder.mkdir()
+  good = [solid_png(folder / 'a.png'), solid_png(folder / 'c.png')]
+  (folder / 'b.png').write_bytes(b'not a png')
+
+  assert predict.main([f'--checkpoint={workdir}', str(folder)]) == 1
+  out, err = capsys.readouterr()
+  assert [line for line in out.splitlines() if not line.startswith(' ')] == good
+  firsts = [line for line in out.splitlines() if line.startswith('  1. ')]
+  assert len(firsts) == 2 and all(line.endswith('(class 3)') for line in firsts)  # its favourite
+  assert 'b.png: not a readable image' in err
+  assert '1 of 3 image(s) unreadable, 2 predicted' in err and 'Traceback' not in err
+
+  # No --model for the other commands either: summary.json names it.
+  assert evaluate.main([f'--checkpoint={workdir}', '--dataset=digits', '--batch=120']) == 0
+  assert json.loads(capsys.readouterr().out)['examples'] == 359
+  args = [f'--checkpoint={workdir}', '--datasets=digits', '--shots=2', '--seeds=0']
+  assert fewshot.main(args + ['--batch=120', f'--workdir={tmp_path / "fs"}']) == 0
+  assert 'digits_2shot' in capsys.readouterr().out
+  assert analyze.main([f'--checkpoint={workdir}', '--images=digits', f'--output={tmp_path}']) == 0
+  assert (
+    export.main([f'--checkpoint={workdir}', '--format=npz', f'--output={tmp_path / "x.npz"}']) == 0
+  )
+  assert (
+    checkpoint.flatten(checkpoint.load(tmp_path / 'x.npz')).keys()
+    == checkpoint.flatten(checkpoint.load(workdir)).keys()
+  )
+  # A bare .npz does not say which model it holds.
+  assert predict.main([f'--checkpoint={workdir / "params.npz"}', good[0]]) == 1
+  assert 'pass --model' in capsys.readouterr().err

@@ -1,4 +1,6 @@
-"""The TFDS path: mocked presets, real TFRecord/ArrayRecord preparations, errors."""
+"""The TFDS path: mocked presets, real TFRecord/ArrayRecord preparations, real builders, errors."""
+
+import socket
 
 from conftest import batch_sharding
 from conftest import data_config
@@ -10,6 +12,7 @@ from vit_jax import prepare as prepare_cli
 from vit_jax.configs import recipes
 from vit_jax.data import datasets
 from vit_jax.data import pipeline
+from vit_jax.data import presets
 
 
 def _config(dataset, **kw):
@@ -138,3 +141,35 @@ def test_prepare_names_the_missing_manual_download(tmp_path):
     prepare_cli.main(
       ['imagenet21k', '--data_dir', str(tmp_path), '--manual_dir', str(tmp_path / 'x')]
     )
+
+
+# The TFDS datasets docs/data.md names (the manual ImageNet ones are tested above).
+DOCUMENTED = ['cifar10', 'cifar100', 'oxford_iiit_pet', 'oxford_flowers102'] + [
+  f'vtab/{task}' for task in presets.VTAB_TASKS
+]
+# Tasks whose TFDS builder has no download: its files are fetched by hand.
+_MANUAL = ('vtab/resisc45', 'vtab/diabetic_retinopathy')
+
+
+@pytest.mark.parametrize('name', DOCUMENTED)
+def test_prepare_runs_the_real_builder_and_stops_offline_in_one_line(name, tmp_path, monkeypatch):
+  """Real `tfds.builder` code up to the download; offline, that is one line at once.
+
+  No mock of TFDS: only name resolution fails, as on a machine without internet access.
+  """
+
+  def offline(*args, **kwargs):
+    raise socket.gaierror(socket.EAI_NONAME, 'Name or service not known')
+
+  monkeypatch.setattr(socket, 'getaddrinfo', offline)
+  with pytest.raises(SystemExit) as exit_info:
+    prepare_cli.main([name, '--data_dir', str(tmp_path)])
+  message = str(exit_info.value.code)
+  assert message.startswith(f'python -m vit_jax.prepare: error: {name}: ') and '\n' not in message
+  if name in _MANUAL:
+    assert 'download it by hand' in message and '--manual_dir' in message
+  else:
+    assert 'cannot reach ' in message and 'Name or service not known' in message
+    assert 'internet access' in message
+  if name == 'cifar10':
+    assert 'cannot reach www.cs.toronto.edu' in message

@@ -6,6 +6,7 @@ test sees exactly what a user sees: files in the workdir, exit codes, stderr.
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -113,7 +114,7 @@ def test_outputs_of_a_run(reference_run):
   assert [l['step'] for l in fewshot_lines] == [12, 24]
   assert summary['fewshot/digits_5shot'] == fewshot_lines[-1]['fewshot/digits_5shot'] > 0.2
   assert logged[-1]['train_loss'] < logged[0]['train_loss'] - 0.1  # it learns
-  assert 'step 24/24' in result.stderr and 'ETA' in result.stderr
+  assert 'step 24/24' in result.stdout and 'ETA' in result.stdout
   # params.npz is the public layout of the configured model.
   flat = params(workdir)
   assert flat['Transformer/posembed_input/pos_embedding'].shape == (1, 2, 16)
@@ -126,7 +127,7 @@ def test_rerun_of_a_finished_run_changes_nothing(reference_run, tmp_path):
   workdir, _ = reference_run
   before = params(workdir)
   result = run(workdir)
-  assert 'Resuming from the checkpoint at step 24' in result.stderr
+  assert 'Resuming from the checkpoint at step 24' in result.stdout
   assert_bitwise_equal(params(workdir), before)
 
 
@@ -154,7 +155,7 @@ def test_sigkill_and_resume_is_bitwise(reference_run, tmp_path):
   # A write cut off mid-way leaves a temporary directory; it must not be used.
   os.makedirs(os.path.join(checkpoints, '16.orbax-checkpoint-tmp-1234', 'state'))
   result = run(workdir)
-  assert 'Resuming from the checkpoint at step' in result.stderr
+  assert 'Resuming from the checkpoint at step' in result.stdout
   assert_bitwise_equal(params(workdir), params(reference_run[0]))
 
 
@@ -175,7 +176,7 @@ def test_sigterm_writes_a_checkpoint_and_resumes(reference_run, tmp_path):
   assert 'preempted (SIGTERM) at step' in stderr and 'Traceback' not in stderr
   assert len(steps) == 1 and 0 < int(steps[0]) < 24
   result = run(workdir, *slow)
-  assert f'Resuming from the checkpoint at step {steps[0]}' in result.stderr
+  assert f'Resuming from the checkpoint at step {steps[0]}' in result.stdout
   assert_bitwise_equal(params(workdir), params(reference_run[0]))
 
 
@@ -284,7 +285,12 @@ def test_cli_errors_are_one_line(tmp_path):
     (['--config.dataset=cifar11'], 'cifar11'),
     (
       ['--config.warmup_steps=20', '--config.total_steps=20'],
-      'warmup_steps=20 must be in [0, total_steps=20)',
+      'warmup_steps=20 must be in [0, total_steps=20): add --config.warmup_steps=2',
+    ),
+    (['--config.batch=0'], 'batch=0 must be at least 1'),
+    (
+      ['--config=configs/vit_b16.py:imagenet22k'],
+      "config argument 'imagenet22k': use imagenet21k, jft or imagenet2012",
     ),
     (['--config.attention=flash'], "attention='flash': use one of auto, xla"),
     (['--config.attention=cudnn'], "attention='cudnn' needs a CUDA GPU"),
@@ -294,6 +300,70 @@ def test_cli_errors_are_one_line(tmp_path):
     assert result.returncode == 2, result.stderr[-2000:]
     assert message in result.stderr, result.stderr[-2000:]
     assert 'Traceback' not in result.stderr
+
+
+def test_bugs_keep_their_tracebacks(tmp_path):
+  """Only errors raised on purpose become one line; a bug in a config file or the run does not."""
+  cases = {
+    # A bug inside the config file, not an unknown --config.FIELD.
+    'attribute.py': ('return os.no_such_function()', "module 'os' has no attribute"),
+    # A KeyError deep inside the run, not a config error.
+    'key.py': ("del config['attention']", "KeyError: \"'attention'"),
+  }
+  for name, (line, message) in cases.items():
+    (tmp_path / name).write_text(
+      'import os\nfrom vit_jax.configs import demo\n\n\ndef get_config():\n'
+      f'  config = demo.get_config()\n  {line}\n  return config\n'
+    )
+    result = subprocess.run(
+      [
+        sys.executable,
+        '-m',
+        'vit_jax.main',
+        f'--config={tmp_path / name}',
+        f'--workdir={tmp_path}',
+      ],
+      env=subprocess_env(),
+      capture_output=True,
+      text=True,
+      timeout=300,
+    )
+    assert result.returncode != 0
+    assert 'Traceback' in result.stderr and message in result.stderr, result.stderr[-2000:]
+    assert 'unknown config field' not in result.stderr
+
+
+def test_a_short_demo_run_reads_cleanly(tmp_path):
+  """The demo config for 2 steps: its warm-up is fitted, and the output is plain lines on stdout."""
+  result = subprocess.run(
+    [
+      sys.executable,
+      '-m',
+      'vit_jax.main',
+      f'--workdir={tmp_path}',
+      '--config.model=testing',
+      '--config.total_steps=2',
+      '--config.batch=32',
+      '--config.tensorboard=False',
+    ],
+    env=subprocess_env(),
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert result.returncode == 0, result.stderr[-3000:]
+  lines = result.stdout.splitlines()
+  assert lines[0].startswith('warmup_steps 200 -> 0: ') and 'total_steps=2' in lines[0]
+  assert lines[1].startswith('preprocessing: train inception crop (area 0.5-1) to 16 px, no flip;')
+  assert 'the built-in digits' in lines[1] and '--config.pp.flip' in lines[1]
+  assert lines[2].startswith('step 2/2  loss ')
+  assert lines[-1].startswith('Done: step 2, test accuracy ') and lines[-1].endswith('summary.json')
+  summary = json.load(open(tmp_path / 'summary.json'))
+  assert f'test accuracy {summary["test_accuracy"]:.4f}' in lines[-1]
+  # No log prefixes (`I1123 05:40:37.529582 139918316010368 run_log.py:56]`), no library noise.
+  log_prefix = re.compile(r'^[IWEF]\d{4} \d\d:\d\d:\d\d')
+  assert not [l for l in lines + result.stderr.splitlines() if log_prefix.match(l)]
+  assert result.stderr == '', result.stderr[-3000:]
 
 
 def test_mpp_pretraining_then_finetuning_from_its_workdir(tmp_path):

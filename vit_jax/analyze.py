@@ -19,11 +19,7 @@ import argparse
 import sys
 from typing import List, Optional
 
-import numpy as np
-
-from vit_jax import checkpoint
-from vit_jax.evaluation import figures
-from vit_jax.evaluation import inference
+from vit_jax import run_log
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -33,7 +29,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     formatter_class=argparse.RawDescriptionHelpFormatter,
   )
   parser.add_argument('--checkpoint', required=True, help='.npz file or a workdir with params.npz')
-  parser.add_argument('--model', required=True, help='model name, e.g. ViT-B_16')
+  parser.add_argument(
+    '--model', help='model name, e.g. ViT-B_16 (default: the one a workdir records)'
+  )
   parser.add_argument(
     '--images',
     nargs='*',
@@ -48,7 +46,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     default=28,
     help='principal components of the embedding filters to show',
   )
+  run_log.add_verbosity_flag(parser)
   args = parser.parse_args(argv)
+  run_log.quiet_libraries(args.verbosity)
+
+  import numpy as np
+
+  from vit_jax import checkpoint
+  from vit_jax.evaluation import figures
+  from vit_jax.evaluation import inference
+
   try:
     digits = args.images == ['digits']
     if not digits:

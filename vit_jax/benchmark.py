@@ -12,10 +12,13 @@ backward, clipping, optimizer, NaN guard) on one device; `infer` times the
 forward pass. Steps are synchronised; the rate is the median over timed steps
 after warm-up. With `--compare=timm` the same network runs in timm in the same
 process, ours and timm's steps interleaved (A B A B ...), so both see the same
-machine load. MFU = model FLOPs per second / peak, the peak being the faster of
-a large jnp and torch matmul measured in the same run (vendor bf16 peaks are
-reported too on known accelerators). Every run writes a JSON record into
-`benchmarks/` (or `--json`), so each change is compared with the last.
+machine load. MFU = model FLOPs per second / a stable peak, so it is at most
+1: the vendor's dense bf16 figure on known accelerators, and on CPUs the
+fastest large matmul ever measured on this machine (recorded in
+~/.cache/vit_jax/peak_flops.json; a busy machine does not lower it); the
+record names which (`peak.peak_source`). Every run writes a JSON record into
+--workdir (default workdirs/benchmark/) or to --json; the project's reference
+records are written with --workdir=benchmarks.
 """
 
 import argparse
@@ -24,15 +27,13 @@ import json
 import os
 import sys
 
-import jax
-
-from vit_jax.bench import memory
-from vit_jax.bench import speed
-from vit_jax.bench import timm_peer
-from vit_jax.models import vit
+from vit_jax import run_log
 
 
 def _parser():
+  from vit_jax.bench import speed
+  from vit_jax.models import vit
+
   p = argparse.ArgumentParser(
     prog='python -m vit_jax.benchmark',
     description=__doc__,
@@ -72,12 +73,27 @@ def _parser():
     help="on CPU, --find_max_batch compares XLA's estimate with this budget "
     '(default: the usable memory of an 80 GB H100)',
   )
-  p.add_argument('--json', help='write the record here (default: benchmarks/<time>_....json)')
+  p.add_argument(
+    '--workdir',
+    default=os.path.join('workdirs', 'benchmark'),
+    help='directory for the record, named <time>_<platform>_<model>_... (default: %(default)s)',
+  )
+  p.add_argument('--json', help='write the record to this file instead')
   p.add_argument('--no_record', action='store_true', help='write no JSON record')
+  run_log.add_verbosity_flag(p)
   return p
 
 
 def main(argv=None) -> int:
+  argv = sys.argv[1:] if argv is None else argv
+  # Before TensorFlow and JAX start: their start-up logs stay hidden.
+  run_log.quiet_libraries(run_log.verbosity_in(argv))
+  import jax
+
+  from vit_jax.bench import memory
+  from vit_jax.bench import speed
+  from vit_jax.bench import timm_peer
+
   parser = _parser()
   args = parser.parse_args(argv)
   # On GPUs JAX reserves 75% of the memory when it starts: leave torch its share
@@ -104,7 +120,7 @@ def main(argv=None) -> int:
   except (speed.BenchmarkError, timm_peer.CompareError) as e:
     print(f'{parser.prog}: error: {e.args[0] if e.args else e}', file=sys.stderr)
     return 2
-  path = args.json or (None if args.no_record else speed.record_path(record))
+  path = args.json or (None if args.no_record else speed.record_path(record, args.workdir))
   if path:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, 'w', encoding='utf-8') as f:

@@ -13,18 +13,25 @@ import os
 import tempfile
 import time
 
-from vit_jax.bench import input_speed
-from vit_jax.data import datasets
-from vit_jax.data import shards as shard_files
+from vit_jax import run_log
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+  parser = argparse.ArgumentParser(
+    prog='python -m vit_jax.benchmark_input', description=__doc__.split('\n\n')[0]
+  )
   parser.add_argument('--images', type=int, default=2000)
   parser.add_argument('--batch', type=int, default=128)
   parser.add_argument('--steps', type=int, default=30)
   parser.add_argument('--dir', help='work dir (default: a new temp dir)')
+  run_log.add_verbosity_flag(parser)
   args = parser.parse_args()
+  run_log.quiet_libraries(args.verbosity)
+
+  from vit_jax.bench import input_speed
+  from vit_jax.data import datasets
+  from vit_jax.data import shards as shard_files
+
   root = args.dir or tempfile.mkdtemp(prefix='vit_jax_bench_')
   folder = os.path.join(root, 'folder')
   shards = os.path.join(root, 'shards')

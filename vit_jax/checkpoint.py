@@ -28,6 +28,7 @@ _NEW_BLOCK_NAMES = {
   'MlpBlock_0': 'MlpBlock_3',
 }
 _POSEMB = 'Transformer/posembed_input/pos_embedding'
+_ZIP_MAGIC = b'PK\x03\x04'  # every .npz (numpy.savez) starts with it
 # Layers only pre-training uses (paper 3.1 pre-logits; B.1.2 masked patch
 # prediction); fine-tuning drops them when the new model has none.
 _PRETRAINING_ONLY = ('pre_logits/', 'mask_token', 'mpp_head/')
@@ -159,8 +160,18 @@ def load_flat(path: str) -> dict:
     if files.is_remote(path):
       with files.open_file(path, 'rb') as f:
         data = io.BytesIO(f.read())
+      head = data.getvalue()[:4]
     else:
       data = path
+      with open(path, 'rb') as f:
+        head = f.read(4)
+    if head != _ZIP_MAGIC:
+      # np.load would read other files as pickles and suggest allow_pickle=True.
+      raise CheckpointError(
+        f'{path}: not an .npz checkpoint (an .npz is a zip archive; this file starts with '
+        f'{head!r}); pass a file written by numpy.savez, such as a released ViT .npz or a '
+        "workdir's params.npz"
+      )
     with np.load(data, allow_pickle=False) as npz:
       return {key: npz[key] for key in npz.files}
   except (zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError) as e:

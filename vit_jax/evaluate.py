@@ -14,9 +14,7 @@ import argparse
 import json
 import sys
 
-from vit_jax import checkpoint
-from vit_jax import sharding
-from vit_jax.evaluation import inference
+from vit_jax import run_log
 
 
 def main(argv=None) -> int:
@@ -24,7 +22,9 @@ def main(argv=None) -> int:
     prog='python -m vit_jax.evaluate', description=__doc__.split('\n', 1)[0]
   )
   parser.add_argument('--checkpoint', required=True, help='.npz file or a workdir')
-  parser.add_argument('--model', required=True, help='MODEL_CONFIGS name, e.g. ViT-B_16')
+  parser.add_argument(
+    '--model', help='MODEL_CONFIGS name, e.g. ViT-B_16 (default: the one a workdir records)'
+  )
   parser.add_argument('--dataset', required=True, help='a dataset the input pipeline reads')
   parser.add_argument('--split', default='test', help="'test', 'train' or a split expression")
   parser.add_argument(
@@ -37,9 +37,14 @@ def main(argv=None) -> int:
   parser.add_argument('--tfds_data_dir', default=None)
   parser.add_argument('--tfds_manual_dir', default=None)
   parser.add_argument('--output', default=None, help='also write the JSON here')
+  run_log.add_verbosity_flag(parser)
   args = parser.parse_args(argv)
+  run_log.quiet_libraries(args.verbosity)
 
+  from vit_jax import checkpoint
+  from vit_jax import sharding
   from vit_jax.data import pipeline
+  from vit_jax.evaluation import inference
 
   try:
     loaded = inference.load_model(args.checkpoint, args.model)

@@ -24,10 +24,7 @@ import argparse
 import sys
 from typing import List, Optional
 
-from vit_jax import checkpoint
-from vit_jax.evaluation import inference
-from vit_jax.interop import export
-from vit_jax.interop import torch_layout
+from vit_jax import run_log
 
 
 class _Parser(argparse.ArgumentParser):
@@ -37,6 +34,15 @@ class _Parser(argparse.ArgumentParser):
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+  argv = sys.argv[1:] if argv is None else argv
+  # Before TensorFlow and JAX start (the formats' modules import them).
+  run_log.quiet_libraries(run_log.verbosity_in(argv))
+
+  from vit_jax import checkpoint
+  from vit_jax.evaluation import inference
+  from vit_jax.interop import export
+  from vit_jax.interop import torch_layout
+
   parser = _Parser(
     prog='python -m vit_jax.export',
     description=__doc__,
@@ -47,7 +53,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     required=True,
     help='.npz, workdir, timm .safetensors/.pth, or transformers folder',
   )
-  parser.add_argument('--model', help='MODEL_CONFIGS name, e.g. ViT-B_16')
+  parser.add_argument(
+    '--model', help='MODEL_CONFIGS name, e.g. ViT-B_16 (default: the one a workdir records)'
+  )
   parser.add_argument(
     '--format',
     required=True,
@@ -57,6 +65,7 @@ def main(argv: Optional[List[str]] = None) -> int:
   )
   parser.add_argument('--output', required=True, help='file (timm, npz, onnx) or folder')
   parser.add_argument('--labels', help="class names for hf, one per line, in the head's order")
+  run_log.add_verbosity_flag(parser)
   args = parser.parse_args(argv)
   try:
     notes = export.export(args.checkpoint, args.format, args.output, args.model, args.labels)

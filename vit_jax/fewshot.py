@@ -11,15 +11,7 @@ import json
 import os
 import sys
 
-import jax
-import ml_collections
-
-from vit_jax import checkpoint
 from vit_jax import run_log
-from vit_jax import sharding
-from vit_jax.data import sources
-from vit_jax.evaluation import fewshot
-from vit_jax.evaluation import inference
 
 
 def main(argv=None) -> int:
@@ -29,13 +21,16 @@ def main(argv=None) -> int:
     description='Few-shot linear evaluation (paper 4.1) of a checkpoint.',
   )
   parser.add_argument('--checkpoint', required=True, help='.npz file or a workdir')
-  parser.add_argument('--model', required=True, help='MODEL_CONFIGS name, e.g. ViT-B_16')
+  parser.add_argument(
+    '--model', help='MODEL_CONFIGS name, e.g. ViT-B_16 (default: the one a workdir records)'
+  )
   parser.add_argument(
     '--datasets', required=True, help='comma-separated datasets the input pipeline reads'
   )
-  parser.add_argument('--shots', type=ints, default=fewshot.DEFAULT_SHOTS)
-  parser.add_argument('--seeds', type=ints, default=fewshot.DEFAULT_SEEDS)
-  parser.add_argument('--l2_reg', type=float, default=fewshot.DEFAULT_L2_REG)
+  # None: the method's defaults (vit_jax.evaluation.fewshot), read after JAX starts.
+  parser.add_argument('--shots', type=ints, help='default: 1,5,10,25')
+  parser.add_argument('--seeds', type=ints, help='default: 0,1,2')
+  parser.add_argument('--l2_reg', type=float, help='default: 1024')
   parser.add_argument('--train_split', default='train')
   parser.add_argument('--test_split', default='test')
   parser.add_argument('--crop', type=int, default=None, help="default: the checkpoint's")
@@ -48,8 +43,22 @@ def main(argv=None) -> int:
     help='write TensorBoard scalars and summary.json entries here '
     '(default: the checkpoint, when it is a workdir)',
   )
+  run_log.add_verbosity_flag(parser)
   args = parser.parse_args(argv)
+  run_log.quiet_libraries(args.verbosity)
 
+  import jax
+  import ml_collections
+
+  from vit_jax import checkpoint
+  from vit_jax import sharding
+  from vit_jax.data import sources
+  from vit_jax.evaluation import fewshot
+  from vit_jax.evaluation import inference
+
+  args.shots = args.shots or fewshot.DEFAULT_SHOTS
+  args.seeds = args.seeds or fewshot.DEFAULT_SEEDS
+  args.l2_reg = args.l2_reg or fewshot.DEFAULT_L2_REG
   try:
     loaded = inference.load_model(args.checkpoint, args.model)
     config = ml_collections.ConfigDict(

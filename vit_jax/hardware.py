@@ -1,9 +1,18 @@
-"""The machine: peak arithmetic rates (for MFU), out-of-memory errors, versions."""
+"""The machine: peak arithmetic rates (for MFU), out-of-memory errors, versions.
+
+MFU divides by a peak that does not move with the machine's load, so it
+stays at most 1: for accelerators the vendor's dense bf16 figure (spec sheet);
+for CPUs, which have no such figure we can read, the fastest large matmul
+ever measured on this machine, recorded in a small file and only ever raised
+(`stable_peak`). A CPU peak re-measured on a busy machine would be too low.
+"""
 
 import importlib.metadata
+import json
 import os
 import platform
 import time
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -42,6 +51,60 @@ def measure_matmul_flops(n: int = 2048, dtype=jnp.float32, repeats: int = 5) -> 
     f(a).block_until_ready()
     best = min(best, time.perf_counter() - start)
   return 2 * n**3 / best
+
+
+def peak_record_path() -> str:
+  """Where measured CPU peaks are recorded: $XDG_CACHE_HOME (or ~/.cache)/vit_jax/."""
+  base = os.environ.get('XDG_CACHE_HOME') or os.path.join(os.path.expanduser('~'), '.cache')
+  return os.path.join(base, 'vit_jax', 'peak_flops.json')
+
+
+def _peak_key(dtype) -> str:
+  cpu, flags = _cpu_model_and_flags()
+  cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()
+  devices = jax.local_device_count()  # forced host devices split the cores
+  return f'{cpu} | {cores} cores / {devices} devices | {" ".join(flags)} | {jnp.dtype(dtype).name}'
+
+
+def recorded_cpu_peak(measured: float, dtype=jnp.float32) -> float:
+  """The largest of `measured` and the peak recorded for this CPU; records the larger."""
+  path, key = peak_record_path(), _peak_key(dtype)
+  try:
+    with open(path, encoding='utf-8') as f:
+      records = json.load(f)
+  except (OSError, ValueError):
+    records = {}
+  best = max(float(measured), float(records.get(key, 0.0)))
+  if best > float(records.get(key, 0.0)):
+    records[key] = best
+    try:
+      os.makedirs(os.path.dirname(path), exist_ok=True)
+      with open(f'{path}.tmp-{os.getpid()}', 'w', encoding='utf-8') as f:
+        json.dump(records, f, indent=1, sort_keys=True)
+      os.replace(f'{path}.tmp-{os.getpid()}', path)
+    except OSError:
+      pass  # a read-only home: this run still uses the best value it knows
+  return best
+
+
+def stable_peak(dtype=jnp.float32, measured: Optional[float] = None):
+  """(peak FLOP/s per device, where it comes from), or (None, why) for unknown accelerators.
+
+  `measured`: a matmul rate just measured on this CPU (default: measure one).
+  """
+  device = jax.devices()[0]
+  vendor = peak_flops(device)
+  if vendor:
+    return vendor, f'spec sheet: {device.device_kind} dense bfloat16'
+  if device.platform != 'cpu':
+    return None, f'no spec-sheet peak for {device.device_kind}; set --config.peak_flops'
+  if measured is None:
+    measured = measure_matmul_flops(dtype=dtype) / max(1, jax.local_device_count())
+  peak = recorded_cpu_peak(measured, dtype)
+  return (
+    peak,
+    f'recorded: fastest {jnp.dtype(dtype).name} matmul measured on this CPU ({peak_record_path()})',
+  )
 
 
 # CPU features that decide which matmul kernels can run (AVX-512 and AMX for bf16).

@@ -29,11 +29,17 @@ import argparse
 import logging
 import sys
 
-from vit_jax.data import shards
-from vit_jax.data.sources import DataError
+from vit_jax import run_log
 
 
 def main(argv=None):
+  argv = sys.argv[1:] if argv is None else argv
+  # Before TensorFlow starts (the shard writer imports it).
+  run_log.quiet_libraries(run_log.verbosity_in(argv))
+
+  from vit_jax.data import shards
+  from vit_jax.data.sources import DataError
+
   parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
   group = parser.add_mutually_exclusive_group(required=True)
   group.add_argument('--folder', help='DIR/<class>/<image>: one label per image')
@@ -46,6 +52,7 @@ def main(argv=None):
   parser.add_argument('--format', default='tfrecord', choices=sorted(shards.FORMATS))
   parser.add_argument('--corrupt_images', default='skip', choices=['skip', 'fail'])
   parser.add_argument('--seed', type=int, default=0, help='seed of the example order')
+  run_log.add_verbosity_flag(parser)
   args = parser.parse_args(argv)
   logging.basicConfig(level=logging.INFO, format='%(message)s')
   try:

@@ -21,6 +21,9 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
+from vit_jax import run_log
+from vit_jax.configs import ConfigError
+
 _DEMO_CONFIG = os.path.join(os.path.dirname(__file__), 'configs', 'demo.py')
 
 # No default here: ml_collections would parse it, and any --config.FIELD, at
@@ -43,8 +46,19 @@ _NUM_PROCESSES = flags.DEFINE_integer('num_processes', None, 'Number of processe
 _PROCESS_ID = flags.DEFINE_integer('process_id', None, 'This process index.')
 
 
+def _override_names(argv) -> set:
+  """Field names of the --config.A.B=... overrides in `argv`."""
+  names = set()
+  for arg in argv:
+    if arg.startswith('--config.'):
+      names.update(arg[len('--config.') :].split('=', 1)[0].split('.'))
+  return names
+
+
 def _parse_flags(argv):
-  """absl flag parsing, with one-line errors instead of tracebacks."""
+  """absl flag parsing, with one-line errors for the user's mistakes (not for bugs)."""
+  # Before anything imports TensorFlow or JAX: their start-up logs stay hidden.
+  run_log.quiet_libraries(run_log.verbosity_in(argv))
   config_arg = next((a.split('=', 1)[1] for a in argv if a.startswith('--config=')), None)
   if config_arg is None:
     argv = argv[:1] + [f'--config={_DEMO_CONFIG}'] + argv[1:]
@@ -58,21 +72,57 @@ def _parse_flags(argv):
     # ml_collections applies --config.FIELD overrides when the value is first read.
     _ = _CONFIG.value
     return argv
+  except ConfigError as e:  # raised on purpose by the config file (vit_jax.configs.recipes)
+    _exit(e.args[0] if e.args else str(e))
   except AttributeError as e:
-    # A --config.FIELD that the locked config does not have.
+    # A --config.FIELD that the locked config does not have; any other
+    # AttributeError is a bug in the config file and keeps its traceback.
     text = str(e).replace('\\', '')
+    quoted = re.search(r"'(\w+)'", text)
+    if not quoted or quoted.group(1) not in _override_names(argv):
+      raise
     match = re.search(r'Did you mean "([\w.]+)" instead of "([\w.]+)"', text)
     if match:
       _exit(f'unknown config field {match.group(2)!r}; did you mean {match.group(1)}?')
-    field = re.search(r'(\w+)', text)
-    _exit(f'unknown config field {field.group(1) if field else text!r}; see the config file')
+    _exit(f'unknown config field {quoted.group(1)!r}; see the config file')
   except flags.Error as e:
+    # absl wraps what the config file raised; a ConfigError there is the user's
+    # argument, anything else a bug whose traceback absl's message carries.
+    # (ml_collections re-raises the file's exception as its own type with the
+    # traceback as message: the innermost ConfigError holds the real message.)
+    cause, original = e.__cause__ or e.__context__, None
+    while cause is not None:
+      original = cause if isinstance(cause, ConfigError) else original
+      cause = cause.__cause__ or cause.__context__
+    if original is not None:
+      _exit(original.args[0] if original.args else str(original))
     _exit(str(e))
 
 
 def _exit(message):
   print(f'error: {message}', file=sys.stderr)
   sys.exit(2)
+
+
+def _fit_warmup(config, argv) -> None:
+  """A warm-up the config file chose but the run is too short for: a tenth of the run.
+
+  Only when --config.warmup_steps is not on the command line: a value the
+  user chose is checked, not changed (training.loop.validate).
+  """
+  if any(a.startswith('--config.warmup_steps') for a in argv):
+    return
+  if config.total_steps >= 1 and config.warmup_steps >= config.total_steps:
+    import jax
+
+    warmup = config.total_steps // 10
+    if jax.process_index() == 0:
+      print(
+        f"warmup_steps {config.warmup_steps} -> {warmup}: the config's warm-up is longer than "
+        f'total_steps={config.total_steps} (set --config.warmup_steps to choose)',
+        flush=True,
+      )
+    config.warmup_steps = warmup
 
 
 def _initialize_distributed():
@@ -105,11 +155,16 @@ def _default_workdir(argv):
 def main(argv):
   if len(argv) > 1:
     _exit(f'unexpected arguments {argv[1:]}; flags are --config, --workdir, --config.FIELD=...')
-  logging.set_verbosity(logging.INFO)
-  # Orbax logs every checkpoint operation at INFO; keep the run's own lines readable.
-  logging.get_absl_handler().addFilter(
-    lambda record: record.levelno >= py_logging.WARNING or 'orbax' not in record.pathname
+  # absl attached its log handler after parsing: apply --verbosity to it too.
+  verbosity = (
+    flags.FLAGS.verbosity if flags.FLAGS['verbosity'].present else run_log.verbosity_in(sys.argv)
   )
+  run_log.quiet_libraries(verbosity)
+  if verbosity < 1:
+    # Orbax logs every checkpoint operation at INFO; keep the run's own lines readable.
+    logging.get_absl_handler().addFilter(
+      lambda record: record.levelno >= py_logging.WARNING or 'orbax' not in record.pathname
+    )
   _initialize_distributed()
 
   # Imported here: these pull in TensorFlow for the input pipeline.
@@ -118,18 +173,17 @@ def main(argv):
   from vit_jax.training import loop
 
   config = _CONFIG.value
+  _fit_warmup(config, sys.argv)
   workdir = _WORKDIR.value or _default_workdir(sys.argv)
   try:
     loop.train_and_evaluate(config, workdir)
   except (
     loop.TrainingError,
-    loop.ConfigError,
+    ConfigError,  # also an unknown model name (a KeyError of MODEL_CONFIGS)
     checkpoint.CheckpointError,
     pipeline.DataError,
-    KeyError,
   ) as e:
-    message = e.args[0] if isinstance(e, KeyError) and e.args else e
-    _exit(str(message))
+    _exit(e.args[0] if e.args else str(e))
 
 
 if __name__ == '__main__':

@@ -1,20 +1,21 @@
 """Top-5 classes of images under a checkpoint.
 
   python -m vit_jax.predict --checkpoint=ViT-B_16.npz --model=ViT-B_16 cat.jpg dog.png
+  python -m vit_jax.predict --checkpoint=workdirs/demo photos/     # the workdir names its model
 
 Images are resized to the checkpoint's resolution (read from its position
 embeddings) and scaled to [-1, 1]. Class names: ImageNet-1k for 1000-way
 heads, ImageNet-21k for 21843-way heads (both ship in `vit_jax/data/`),
 `--labels=FILE` for others, else `class_<i>`. Probabilities are the softmax
-of the logits.
+of the logits. Unreadable images are named on stderr and left out; the exit
+status is then 1.
 """
 
 import argparse
 import sys
 from typing import List, Optional
 
-from vit_jax import checkpoint
-from vit_jax.evaluation import inference
+from vit_jax import run_log
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -24,11 +25,20 @@ def main(argv: Optional[List[str]] = None) -> int:
     formatter_class=argparse.RawDescriptionHelpFormatter,
   )
   parser.add_argument('--checkpoint', required=True, help='.npz file or a workdir with params.npz')
-  parser.add_argument('--model', required=True, help='model name, e.g. ViT-B_16')
+  parser.add_argument(
+    '--model', help='model name, e.g. ViT-B_16 (default: the one a workdir records)'
+  )
   parser.add_argument('--labels', help="class names, one per line, in the head's order")
   parser.add_argument('--top_k', type=int, default=5)
   parser.add_argument('images', nargs='+', help='image files or directories')
+  run_log.add_verbosity_flag(parser)
   args = parser.parse_args(argv)
+  run_log.quiet_libraries(args.verbosity)
+
+  from vit_jax import checkpoint
+  from vit_jax.evaluation import inference
+
+  unreadable = []
   try:
     files = inference.image_files(args.images)
     loaded = inference.load_model(args.checkpoint, args.model)
@@ -38,14 +48,27 @@ def main(argv: Optional[List[str]] = None) -> int:
         'pass a checkpoint with a classification head'
       )
     names = inference.class_names(loaded.model.num_classes, args.labels)
-    indices, probs = inference.predict(loaded, files, max(1, args.top_k))
+    indices, probs = inference.predict(loaded, files, max(1, args.top_k), unreadable=unreadable)
+    if len(unreadable) == len(files):
+      more = f' (and {len(files) - 1} more unreadable images)' if len(files) > 1 else ''
+      raise inference.InputError(unreadable[0][1] + more)
   except (checkpoint.CheckpointError, inference.InputError) as e:
     print(f'{parser.prog}: error: {e}', file=sys.stderr)
     return 1
-  for f, idx, prob in zip(files, indices, probs):
+  bad = {path for path, _ in unreadable}
+  for f, idx, prob in zip([f for f in files if f not in bad], indices, probs):
     print(f)
     for rank, (i, p) in enumerate(zip(idx, prob), 1):
       print(f'  {rank}. {100 * p:6.2f}%  {names[i]}  (class {i})')
+  for _, reason in unreadable:
+    print(f'{parser.prog}: skipped {reason}', file=sys.stderr)
+  if unreadable:
+    print(
+      f'{parser.prog}: {len(unreadable)} of {len(files)} image(s) unreadable, '
+      f'{len(files) - len(unreadable)} predicted',
+      file=sys.stderr,
+    )
+    return 1
   return 0
 
 

@@ -13,21 +13,29 @@ shards in DIR/imagenet21k.
 import argparse
 import sys
 
-from vit_jax.data.prepare import prepare
-from vit_jax.data.sources import DataError
+from vit_jax import run_log
 
 
 def main(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+  parser = argparse.ArgumentParser(
+    prog='python -m vit_jax.prepare', description=__doc__.split('\n\n')[0]
+  )
   parser.add_argument('name', help='TFDS name or preset (imagenet2012, cifar10, vtab/dtd, ...)')
   parser.add_argument('--data_dir', help='TFDS data_dir (config.tfds_data_dir)')
   parser.add_argument('--manual_dir', help='manual downloads (config.tfds_manual_dir)')
   parser.add_argument('--file_format', default='array_record', choices=['array_record', 'tfrecord'])
+  run_log.add_verbosity_flag(parser)
   args = parser.parse_args(argv)
+  run_log.quiet_libraries(args.verbosity)
+
+  from vit_jax.data.prepare import prepare
+  from vit_jax.data.sources import DataError
+
   try:
-    prepare(args.name, args.data_dir, args.manual_dir, args.file_format)
+    where = prepare(args.name, args.data_dir, args.manual_dir, args.file_format)
   except DataError as e:
-    sys.exit(f'error: {e}')
+    sys.exit(f'{parser.prog}: error: {e}')
+  print(f'{args.name} is prepared in {where}')
 
 
 if __name__ == '__main__':

@@ -1,9 +1,17 @@
 """What a run writes as it goes: TensorBoard events, metrics.jsonl, progress lines.
 
-Only process 0 writes; on other processes every method is a no-op.
+Only process 0 writes; on other processes every method is a no-op. Progress,
+evaluation and the final `Done:` line are plain lines on stdout, where a
+person reads them and a script can parse them. The libraries' own start-up
+logs (TensorFlow, XLA, absl INFO) are hidden unless asked for with
+`--verbosity=0` (or higher) or the environment variable VIT_JAX_VERBOSITY:
+`quiet_libraries` sets that up before TensorFlow or JAX starts.
 """
 
+import glob
+import importlib.util
 import json
+import logging as py_logging
 import os
 import time
 
@@ -58,7 +66,7 @@ class RunLog:
 
   def info(self, message: str, *args) -> None:
     if self._active:
-      logging.info(message, *args)
+      print(message % args if args else message, flush=True)
 
   def write_json(self, name: str, data: dict) -> None:
     if not self._active:
@@ -108,3 +116,79 @@ class Progress:
       f'step {step}/{self.total_steps}  loss {loss:.4f}  lr {lr:.3g}  '
       f'{self.img_per_sec:,.0f} img/s  ETA {_format_duration(eta)}'
     )
+
+
+# ---------------------------------------------------------------------------
+# What the commands show of the libraries' logs.
+
+VERBOSITY_ENV = 'VIT_JAX_VERBOSITY'
+
+
+def default_verbosity() -> int:
+  """absl's scale: -1 (default) warnings only, 0 INFO (full logs), 1 debug."""
+  try:
+    return int(os.environ.get(VERBOSITY_ENV, '-1'))
+  except ValueError:
+    return -1
+
+
+def verbosity_in(argv) -> int:
+  """--verbosity=N (or -v N) in `argv`, else $VIT_JAX_VERBOSITY: read before any parser runs."""
+  for i, arg in enumerate(argv):
+    for name in ('--verbosity', '-verbosity', '--v', '-v'):
+      value = arg[len(name) + 1 :] if arg.startswith(name + '=') else None
+      if arg == name and i + 1 < len(argv):
+        value = argv[i + 1]
+      if value is not None and value.lstrip('-').isdigit():
+        return int(value)
+  return default_verbosity()
+
+
+def _libtpu_without_tpu() -> bool:
+  """libtpu is installed but no PCI device has Google's vendor id (0x1ae0: TPU chips)."""
+  if importlib.util.find_spec('libtpu') is None:
+    return False
+  for path in glob.glob('/sys/bus/pci/devices/*/vendor'):
+    try:
+      with open(path, encoding='ascii') as f:
+        if f.read().strip() == '0x1ae0':
+          return False
+    except OSError:
+      continue
+  return True
+
+
+def add_verbosity_flag(parser) -> None:
+  """`--verbosity` for an argparse command, with the same scale as absl's."""
+  parser.add_argument(
+    '--verbosity',
+    type=int,
+    default=default_verbosity(),
+    help=f'-1 (default, or ${VERBOSITY_ENV}): warnings only; 0: full library logs '
+    '(TensorFlow, XLA, absl INFO); 1: debug',
+  )
+
+
+def quiet_libraries(verbosity: int) -> None:
+  """Below 0, hides the C++ start-up logs of TensorFlow and XLA and absl's INFO lines.
+
+  Takes effect for TensorFlow and XLA only when called before they are
+  imported; variables the user set are kept.
+  """
+  if verbosity >= 0:
+    logging.set_verbosity(logging.DEBUG if verbosity > 0 else logging.INFO)
+    return
+  os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # TensorFlow/XLA C++: errors only
+  os.environ.setdefault('GRPC_VERBOSITY', 'ERROR')
+  os.environ.setdefault('GLOG_minloglevel', '2')
+  if 'JAX_PLATFORMS' not in os.environ and _libtpu_without_tpu():
+    # libtpu (the [tpu] extra) on a machine without TPUs prints a screen of
+    # errors when JAX tries it; leave it out of the platforms JAX starts.
+    gpu = os.path.exists('/dev/nvidia0') and any(
+      importlib.util.find_spec(name) for name in ('jax_cuda12_plugin', 'jax_cuda13_plugin')
+    )
+    os.environ['JAX_PLATFORMS'] = 'cuda,cpu' if gpu else 'cpu'
+  logging.set_verbosity(logging.WARNING)
+  # Warnings that remain are read by people: `warning: ...`, not absl's prefix.
+  logging.get_absl_handler().setFormatter(py_logging.Formatter('%(levelname)s: %(message)s'))
+  py_logging.getLogger().setLevel(py_logging.WARNING)

@@ -3,3 +3,11 @@
 The experiment files users pass to `--config` live in the repository's
 `configs/` folder; they call `recipes` and `common` here.
 """
+
+
+class ConfigError(ValueError):
+  """A config that cannot run: a bad recipe argument, an unknown model, values that clash; one line."""
+
+
+class UnknownModelError(ConfigError, KeyError):
+  """A model name that `configs.models.MODEL_CONFIGS` does not have (a KeyError, as for a dict)."""

@@ -10,6 +10,8 @@ import difflib
 
 import ml_collections
 
+from vit_jax.configs import UnknownModelError
+
 # name: (hidden_size, mlp_dim, num_heads, num_layers)
 _SIZES = {
   'Ti': (192, 768, 3, 12),
@@ -113,7 +115,7 @@ class _Registry(collections.abc.Mapping):
       hint = (
         f'did you mean {", ".join(close)}?' if close else 'see vit_jax.configs.models.MODEL_CONFIGS'
       )
-      raise KeyError(f'unknown model {name!r}: {hint}')
+      raise UnknownModelError(f'unknown model {name!r}: {hint}')
     return self._factories[name]()
 
   def __iter__(self):

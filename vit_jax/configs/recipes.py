@@ -10,6 +10,7 @@ import math
 
 import ml_collections
 
+from vit_jax.configs import ConfigError
 from vit_jax.configs import common
 from vit_jax.configs import models as model_configs
 
@@ -35,7 +36,7 @@ _JFT = {
 def _table3(model: str, dataset: str):
   if dataset == 'jft':
     if model not in _JFT:
-      raise ValueError(f'paper Table 3 has no JFT recipe for {model}; have: {sorted(_JFT)}')
+      raise ConfigError(f'paper Table 3 has no JFT recipe for {model}; have: {sorted(_JFT)}')
     epochs, lr = _JFT[model]
     return epochs, lr, 'linear', 0.1, 0.0
   if dataset == 'imagenet21k':
@@ -44,7 +45,10 @@ def _table3(model: str, dataset: str):
     return 90, 1e-3, 'linear', 0.03, 0.1
   if dataset == 'imagenet2012':
     return 300, 3e-3, 'cosine', 0.3, 0.1
-  raise ValueError(f"dataset {dataset!r}: use 'imagenet21k', 'jft' or 'imagenet2012'")
+  raise ConfigError(
+    f'config argument {dataset!r}: use imagenet21k, jft or imagenet2012 '
+    '(e.g. configs/vit_b16.py:imagenet21k, or :imagenet21k,30 for 30 epochs)'
+  )
 
 
 def pretrain(model: str, arg: str = 'imagenet21k') -> ml_collections.ConfigDict:
@@ -52,6 +56,10 @@ def pretrain(model: str, arg: str = 'imagenet21k') -> ml_collections.ConfigDict:
   dataset, _, epochs_arg = arg.partition(',')
   epochs, base_lr, decay_type, weight_decay, dropout = _table3(model, dataset)
   if epochs_arg:
+    if not epochs_arg.isdigit() or int(epochs_arg) < 1:
+      raise ConfigError(
+        f'config argument {arg!r}: EPOCHS after the comma must be a positive integer'
+      )
     epochs = int(epochs_arg)
   hidden = model_configs.MODEL_CONFIGS[model].hidden_size
 
@@ -106,7 +114,7 @@ def finetune(arg: str) -> ml_collections.ConfigDict:
   """Fine-tuning (paper B.1.1, Table 4). `arg`: MODEL,DATASET."""
   model, _, dataset = arg.partition(',')
   if not model or not dataset:
-    raise ValueError(
+    raise ConfigError(
       f'finetune config argument {arg!r}: use MODEL,DATASET '
       '(e.g. configs/finetune.py:ViT-B_16,cifar10)'
     )

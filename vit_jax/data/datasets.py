@@ -34,11 +34,30 @@ class Defaults:
   flip: bool = True
   inception_crop: bool = True
   area_min: float = 0.05
+  why: str = "images of ImageNet's size (paper B.1.1)"  # where the choice comes from, for people
+
+
+# Images whose shorter side is below this many pixels are "small" (digits,
+# characters, icons, CIFAR-sized crops): an inception crop down to 5% of their
+# area keeps a few pixels, blown up to the model's resolution.
+SMALL_IMAGE_SIDE = 64
+_SIZE_SAMPLE = 32  # image files whose size is read to decide
 
 
 # Digits are 8x8: a crop keeping most of the digit, and no flip (it changes
 # their meaning: 2 vs 5 mirrored).
-_DIGITS = Defaults(flip=False, area_min=0.5)
+_DIGITS = Defaults(flip=False, area_min=0.5, why='the built-in digits')
+
+
+def _small_images(side: int) -> Defaults:
+  # Small images are mostly symbols (digits, letters, signs) or tiny crops: keep
+  # at least half of each image and do not mirror it. Measured in docs/data.md
+  # on the digits as an image folder and on tiles of scikit-learn's photos.
+  return Defaults(
+    flip=False,
+    area_min=0.5,
+    why=f'small images (shorter side {side} px < {SMALL_IMAGE_SIDE})',
+  )
 
 
 def kind(dataset: str) -> str:
@@ -60,13 +79,68 @@ def kind(dataset: str) -> str:
   return 'tfds'
 
 
-def defaults(dataset: str) -> Defaults:
+@functools.lru_cache(maxsize=32)
+def defaults(dataset: str, tfds_data_dir=None) -> Defaults:
+  """The dataset's splits and augmentation: its preset's, or chosen from its image size."""
   if dataset in BUILTIN:
     return _DIGITS
   preset = presets.PRESETS.get(dataset)
-  if preset is None:
-    return Defaults()
-  return Defaults(preset.train, preset.test, preset.flip, preset.inception_crop, preset.area_min)
+  if preset is not None:
+    return Defaults(
+      preset.train,
+      preset.test,
+      preset.flip,
+      preset.inception_crop,
+      preset.area_min,
+      why=f'the {dataset} preset',
+    )
+  which = kind(dataset)
+  side = None
+  if which == 'folder':
+    side = _folder_image_side(os.path.expanduser(dataset))
+  elif which == 'tfds':
+    side = _tfds_image_side(dataset, tfds_data_dir)
+  if side is not None and side < SMALL_IMAGE_SIDE:
+    return _small_images(side)
+  return Defaults()
+
+
+def _folder_image_side(root: str):
+  """Median shorter side (px) of up to _SIZE_SAMPLE train images, from their headers."""
+  from PIL import Image
+
+  split = os.path.join(root, 'train')
+  if not os.path.isdir(split):
+    return None
+  paths = []
+  for name in sorted(os.listdir(split)):
+    class_dir = os.path.join(split, name)
+    if os.path.isdir(class_dir):
+      paths += [
+        os.path.join(class_dir, f)
+        for f in sorted(os.listdir(class_dir))
+        if f.lower().endswith(folder.EXTENSIONS)
+      ]
+  step = max(1, len(paths) // _SIZE_SAMPLE)
+  sides = []
+  for path in paths[::step][:_SIZE_SAMPLE]:
+    try:
+      with Image.open(path) as image:
+        sides.append(min(image.size))
+    except (OSError, ValueError):
+      continue  # corrupt files are reported when the split is opened
+  return int(np.median(sides)) if sides else None
+
+
+def _tfds_image_side(dataset: str, tfds_data_dir):
+  """The shorter side of a TFDS dataset's fixed image shape (mnist: 28), else None."""
+  import tensorflow_datasets as tfds
+
+  try:
+    shape = tfds.builder(dataset, data_dir=tfds_data_dir).info.features['image'].shape
+  except (tfds.core.registered.DatasetNotFoundError, KeyError, AttributeError, ValueError):
+    return None  # unknown names and datasets without an 'image' are reported when opened
+  return min(shape[:2]) if None not in shape[:2] else None
 
 
 def data_dir(tfds_data_dir):
@@ -147,6 +221,12 @@ def _digits(split):
 def _folder(root, split, corrupt_images):
   name, start, stop = sources.parse_split(split)
   classes = folder.class_names(root)
+  if len(classes) == 1:
+    # One class: every prediction is right, and training "reaches 100%".
+    raise DataError(
+      f'{root}: only one class folder ({classes[0]}); classification needs at least two: '
+      f'add {root}/train/<another class>/ with images'
+    )
   paths, labels = folder.list_split(root, name, classes, corrupt_images)
   source = sources.file_source(os.path.join(root, name), paths, labels, len(classes), classes)
   lo, hi = sources.slice_bounds(start, stop, source.num_examples)
@@ -157,8 +237,8 @@ def _folder(root, split, corrupt_images):
 # TFDS.
 
 
-def _unknown(dataset, tfds_names):
-  known = list(BUILTIN) + ['imagenet21k'] + list(presets.PRESETS) + list(tfds_names)
+def unknown_dataset(dataset, tfds_names):
+  known = list(dict.fromkeys([*BUILTIN, 'imagenet21k', *presets.PRESETS, *tfds_names]))
   close = difflib.get_close_matches(dataset, known, n=3, cutoff=0.6)
   hint = (
     f'did you mean {" or ".join(close)}?'
@@ -173,17 +253,17 @@ def _tfds(dataset, split, tfds_data_dir, tfds_manual_dir):
 
   preset = presets.PRESETS.get(dataset)
   if preset is None and dataset.startswith('vtab/'):
-    raise _unknown(dataset, [])
+    raise unknown_dataset(dataset, [])
   tfds_name = preset.tfds_name if preset else dataset
   try:
     builder = tfds.builder(tfds_name, data_dir=tfds_data_dir)
   except tfds.core.registered.DatasetNotFoundError:
-    raise _unknown(dataset, tfds.list_builders()) from None
+    raise unknown_dataset(dataset, tfds.list_builders()) from None
   except Exception as e:
     # A bad config name ('eurosat/nope') or an unreadable data_dir.
     raise DataError(
       f'{dataset}: cannot open TFDS builder {tfds_name!r} '
-      f'({_first_line(e)}); check the name and tfds_data_dir'
+      f'({first_line(e)}); check the name and tfds_data_dir'
     ) from None
 
   parts = (preset.named_splits.get(split) if preset else None) or ((split, None),)
@@ -272,8 +352,8 @@ def _tfds_reader(builder, dataset, expr, tfds_data_dir, tfds_manual_dir, preset)
 
 def _bad_split(dataset, expr, builder, error):
   have = ', '.join(sorted(builder.info.splits)) or 'none'
-  return DataError(f'{dataset}: cannot read split {expr!r} ({_first_line(error)}); splits: {have}')
+  return DataError(f'{dataset}: cannot read split {expr!r} ({first_line(error)}); splits: {have}')
 
 
-def _first_line(error):
+def first_line(error):
   return (str(error).strip().splitlines() or [type(error).__name__])[0][:200]

@@ -79,7 +79,7 @@ class _PP:
 
 
 def _pp(config) -> _PP:
-  pp, base = config.pp, datasets.defaults(config.dataset)
+  pp, base = config.pp, datasets.defaults(config.dataset, config.tfds_data_dir)
   pick = lambda value, default: default if value is None else value
   area_min = float(pick(pp.area_min, base.area_min))
   if not 0 < area_min <= 1:
@@ -98,9 +98,41 @@ def _pp(config) -> _PP:
   )
 
 
+def describe_preprocessing(config) -> str:
+  """The preprocessing a run uses, in one line, with where its defaults come from."""
+  pp = _pp(config)
+  base = datasets.defaults(config.dataset, config.tfds_data_dir)
+  if pp.inception_crop:
+    crop = f'inception crop (area {pp.area_min:g}-1) to {pp.crop} px'
+  else:
+    crop = f'resize to {pp.crop} px'
+  train = [crop, 'horizontal flip' if pp.flip else 'no flip']
+  if pp.randaug_layers:
+    train.append(f'RandAugment {pp.randaug_layers}x{pp.randaug_magnitude:g}')
+  if pp.mixup:
+    train.append(f'Mixup {pp.mixup:g}')
+  evaluation = (
+    f'resize to {pp.resize}, centre crop {pp.crop} px' if pp.resize else f'resize to {pp.crop} px'
+  )
+  chosen = [
+    name
+    for name, value in (
+      ('flip', config.pp.flip),
+      ('inception_crop', config.pp.inception_crop),
+      ('area_min', config.pp.area_min),
+    )
+    if value is not None
+  ]
+  source = f'defaults for {base.why}' + (f', except {", ".join(chosen)}' if chosen else '')
+  return (
+    f'preprocessing: train {", ".join(train)}; eval {evaluation}. From: {source}; '
+    'change with --config.pp.flip, .area_min, .inception_crop (docs/data.md)'
+  )
+
+
 def split_expression(config, split: str) -> str:
   """'train' / 'test' -> pp.train / pp.test or the dataset's default; others as given."""
-  base = datasets.defaults(config.dataset)
+  base = datasets.defaults(config.dataset, config.tfds_data_dir)
   if split == 'train':
     return config.pp.train or base.train
   if split == 'test':

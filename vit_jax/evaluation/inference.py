@@ -7,6 +7,7 @@ embeddings. Errors a user can cause raise `checkpoint.CheckpointError` or
 """
 
 import importlib.resources
+import json
 import math
 import os
 from typing import Any, List, NamedTuple, Optional, Sequence
@@ -59,13 +60,40 @@ def model_config(model_name: str):
     raise InputError(f'--model: {e.args[0]}') from None
 
 
-def load_model(path: str, model_name: str) -> LoadedModel:
+def workdir_summary(path: str) -> dict:
+  """A training workdir's `summary.json` ({} for files and unfinished runs)."""
+  try:
+    with open(os.path.join(path, 'summary.json'), encoding='utf-8') as f:
+      return json.load(f)
+  except (OSError, ValueError):
+    return {}
+
+
+def resolve_model_name(name: Optional[str], path: str, metadata: Optional[dict] = None) -> str:
+  """`name`, else the one the checkpoint records (a workdir's summary.json, file metadata)."""
+  path = os.fspath(path)
+  name = (
+    name
+    or (metadata or {}).get('vit_jax_model')
+    or (workdir_summary(path).get('model') if os.path.isdir(path) else None)
+  )
+  if not name:
+    raise InputError(
+      f'{path}: pass --model (a vit_jax.configs.models.MODEL_CONFIGS name such as '
+      'ViT-B_16); only a finished training workdir records its model'
+    )
+  return name
+
+
+def load_model(path: str, model_name: Optional[str] = None) -> LoadedModel:
   """The model a checkpoint holds, checked key by key and shape by shape.
 
   Args:
     path: a `.npz`, or a workdir holding `params.npz`.
-    model_name: a `MODEL_CONFIGS` name (`ViT-B_16`, `testing`, ...).
+    model_name: a `MODEL_CONFIGS` name (`ViT-B_16`, `testing`, ...); None
+      for a workdir, whose summary.json names it.
   """
+  model_name = resolve_model_name(model_name, path)
   _ = model_config(model_name)  # a wrong name fails before the file is read
   return model_from_flat(checkpoint.flatten(checkpoint.load(path)), model_name, os.fspath(path))
 
@@ -200,17 +228,29 @@ def class_names(num_classes: int, labels_file: Optional[str] = None) -> List[str
 _PREDICT_BATCH = 16
 
 
-def predict(loaded: LoadedModel, files: Sequence[str], k: int = 5) -> tuple:
-  """(indices [B, k], probabilities [B, k]) for image files: softmax of the logits."""
+def predict(loaded: LoadedModel, files: Sequence[str], k: int = 5, *, unreadable=None) -> tuple:
+  """(indices [B, k], probabilities [B, k]) for image files: softmax of the logits.
+
+  An unreadable file raises InputError; with a list as `unreadable`, it is
+  appended there as (path, reason) instead and left out of the results.
+  """
   apply = jax.jit(lambda p, x: loaded.model.apply({'params': p}, x, train=False))
   indices, probs = [], []
   for start in range(0, len(files), _PREDICT_BATCH):
-    images = np.stack(
-      [read_image(f, loaded.image_size) for f in files[start : start + _PREDICT_BATCH]]
-    )
-    i, p = metrics.top_k(apply(loaded.params, images), k)
-    indices.append(i)
-    probs.append(p)
+    images = []
+    for f in files[start : start + _PREDICT_BATCH]:
+      try:
+        images.append(read_image(f, loaded.image_size))
+      except InputError as e:
+        if unreadable is None:
+          raise
+        unreadable.append((f, str(e)))
+    if images:
+      i, p = metrics.top_k(apply(loaded.params, np.stack(images)), k)
+      indices.append(i)
+      probs.append(p)
+  if not indices:
+    return np.zeros((0, k), np.int32), np.zeros((0, k), np.float32)
   return np.concatenate(indices), np.concatenate(probs)
 
 

@@ -30,26 +30,8 @@ class Source(NamedTuple):
 # Reading any source.
 
 
-def _summary(path: str) -> dict:
-  try:
-    with open(os.path.join(path, 'summary.json'), encoding='utf-8') as f:
-      return json.load(f)
-  except (OSError, ValueError):
-    return {}
-
-
 def _model_name(model_name: Optional[str], path: str, metadata: dict) -> str:
-  name = (
-    model_name
-    or metadata.get('vit_jax_model')
-    or (_summary(path).get('model') if os.path.isdir(path) else None)
-  )
-  if not name:
-    raise inference.InputError(
-      f'{path}: pass --model (a vit_jax.configs.models.MODEL_CONFIGS '
-      'name such as ViT-B_16) for this checkpoint'
-    )
-  return name
+  return inference.resolve_model_name(model_name, path, metadata)
 
 
 def _read_torch_file(path: str):
@@ -95,7 +77,7 @@ def _from_hf(state, hf_config, model_name, what) -> Source:
 def _dataset_class_names(path: str) -> Optional[List[str]]:
   """Class names of the dataset a workdir was trained on, if it can be opened here."""
   path = os.fspath(path)
-  dataset = _summary(path).get('dataset') if os.path.isdir(path) else None
+  dataset = inference.workdir_summary(path).get('dataset') if os.path.isdir(path) else None
   if not dataset:
     return None
   import ml_collections

@@ -36,13 +36,24 @@ class ExportError(ValueError):
   """A model that a format cannot hold, or a missing optional package; one line."""
 
 
+# How to install what PyPI serves badly to CPU-only machines (README: Set-up):
+# its Linux torch is a multi-GB CUDA build, and its torchvision, which timm
+# imports, pins such a torch.
+_INSTALL = {
+  'torch': 'pip install torch --index-url https://download.pytorch.org/whl/cpu '
+  '(CPU build; plain `pip install torch` is the multi-GB CUDA build on Linux)',
+  'timm': 'pip install --no-deps torchvision==0.15.2 timm (README: Set-up)',
+}
+
+
 def require(module: str, pip_name: Optional[str] = None):
   """Imports an optional dependency, or says how to install it."""
   try:
     return importlib.import_module(module)
   except ImportError:
     name = pip_name or module
-    raise ExportError(f'this needs {name}: pip install {name}') from None
+    how = _INSTALL.get(name, f'pip install {name}, or pip install -e ".[export]"')
+    raise ExportError(f'this needs {name}: {how}') from None
 
 
 def rename(key: str, rules) -> Optional[str]:

@@ -24,6 +24,7 @@ from vit_jax import files
 from vit_jax import hardware
 from vit_jax import run_log
 from vit_jax import sharding
+from vit_jax.configs import ConfigError
 from vit_jax.data import pipeline
 from vit_jax.evaluation import fewshot
 from vit_jax.models import vit
@@ -37,11 +38,11 @@ class TrainingError(RuntimeError):
   """A run that cannot go on; the message is one line saying what to do."""
 
 
-class ConfigError(ValueError):
-  """A config whose values do not fit together; one line."""
-
-
 def validate(config, num_devices: int) -> None:
+  """Raises ConfigError (one line) for values that cannot run together."""
+  for field in ('batch', 'batch_eval', 'accum_steps'):
+    if config[field] < 1:
+      raise ConfigError(f'{field}={config[field]} must be at least 1')
   per_step = config.accum_steps * num_devices
   if config.batch % per_step:
     raise ConfigError(
@@ -56,7 +57,8 @@ def validate(config, num_devices: int) -> None:
     raise ConfigError(f'total_steps={config.total_steps} must be positive')
   if not 0 <= config.warmup_steps < config.total_steps:
     raise ConfigError(
-      f'warmup_steps={config.warmup_steps} must be in [0, total_steps={config.total_steps})'
+      f'warmup_steps={config.warmup_steps} must be in [0, total_steps={config.total_steps}): '
+      f'add --config.warmup_steps={config.total_steps // 10}'
     )
   choices = {
     'task': steps.TASKS,
@@ -186,6 +188,7 @@ def set_up(config, workdir: str, mesh) -> Run:
   if info.multi_label and config.loss != 'sigmoid' and config.task == 'classification':
     raise ConfigError(f'{info.name} is multi-label: set --config.loss=sigmoid')
   log = run_log.RunLog(workdir, is_main=jax.process_index() == 0, tensorboard=config.tensorboard)
+  log.info(pipeline.describe_preprocessing(config))
   compiled = program.build(config, mesh, info.num_classes, info.multi_label)
   manager = ocp.CheckpointManager(
     os.path.join(files.absolute(workdir), 'checkpoints'),
@@ -194,9 +197,8 @@ def set_up(config, workdir: str, mesh) -> Run:
     ),
   )
   fewshot_model = steps.make_model(config, num_classes=None)
-  peak = config.peak_flops or hardware.peak_flops()
-  if peak is None and jax.default_backend() == 'cpu':
-    peak = hardware.measure_matmul_flops() / max(1, jax.local_device_count())
+  # A peak that does not drop on a busy machine: MFU stays at most 1 (vit_jax.hardware).
+  peak = config.peak_flops or hardware.stable_peak()[0]
   return Run(
     config=config,
     workdir=workdir,
