@@ -15,6 +15,10 @@ def test_what_a_resumed_run_may_change_and_what_it_may_not(tmp_path):
   workdir = str(tmp_path)
   config = demo.get_config()
   resume.record_config(workdir, config)
+  changed = demo.get_config()
+  changed.model = 'ViT-B_16'
+  resume.check_config(workdir, changed)  # nothing saved yet: nothing to lose
+  os.makedirs(tmp_path / 'checkpoints' / '500')
   # Length, cadence, memory and evaluation may change.
   changed = demo.get_config()
   changed.update(total_steps=4000, accum_steps=4, eval_every=50, batch_eval=64)

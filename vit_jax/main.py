@@ -114,6 +114,7 @@ def main(argv):
 
   # Imported here: these pull in TensorFlow for the input pipeline.
   from vit_jax import checkpoint
+  from vit_jax import workdir as workdir_lib
   from vit_jax.data import pipeline
   from vit_jax.training import loop
 
@@ -126,6 +127,7 @@ def main(argv):
     loop.ConfigError,
     checkpoint.CheckpointError,
     pipeline.DataError,
+    workdir_lib.WorkdirError,
     KeyError,
   ) as e:
     message = e.args[0] if isinstance(e, KeyError) and e.args else e

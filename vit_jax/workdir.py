@@ -44,7 +44,7 @@ REMOTE_SETTLE_S = 2.0
 
 
 class WorkdirError(RuntimeError):
-  """The workdir is in use by another run; one line."""
+  """The workdir cannot be used as asked (in use, full, read-only, ...); one line."""
 
 
 def _boot_id() -> str:

@@ -22,6 +22,7 @@ from jax.experimental import multihost_utils
 import numpy as np
 
 from vit_jax import files
+from vit_jax import workdir as workdir_lib
 
 CONFIG_FILE = 'config.json'
 SUMMARY_FILE = 'summary.json'
@@ -57,7 +58,7 @@ MAY_CHANGE = (
 )
 
 
-class ResumeError(RuntimeError):
+class ResumeError(workdir_lib.WorkdirError):
   """The workdir holds a run this command cannot continue; one line with what to do."""
 
 
@@ -97,9 +98,15 @@ def _read_json(path: str) -> Optional[dict]:
 
 
 def check_config(workdir: str, config) -> None:
-  """Raises ResumeError when `workdir` holds a run whose config differs in what it learns."""
+  """Raises ResumeError when `workdir` holds a run whose config differs in what it learns.
+
+  A run that stopped before its first checkpoint leaves nothing to lose; any
+  config may start over there.
+  """
   recorded = _read_json(os.path.join(workdir, CONFIG_FILE))
   if recorded is None:
+    return
+  if not saved_steps(workdir) and not files.exists(os.path.join(workdir, SUMMARY_FILE)):
     return
   before, now = _flat(recorded), _flat(_as_json(config))
   # Fields only one side knows (another version of the code) are not compared.
