@@ -64,8 +64,12 @@ def test_evaluate_errors_are_one_line(workdir, capsys):
   assert "unknown dataset 'cifar11'" in err[1]
 
 
-def test_fewshot_command_line_writes_scalars_and_summary(workdir, capsys):
+def test_fewshot_command_line_writes_its_own_files(workdir, capsys):
   path, model, params = workdir
+  # A training run's record, which the few-shot command must leave as it is.
+  summary_bytes = b'{"step": 24, "test_accuracy": 0.5}\n'
+  with open(os.path.join(path, 'summary.json'), 'wb') as f:
+    f.write(summary_bytes)
   assert (
     fewshot_cli.main(
       [f'--checkpoint={path}', '--model=testing', '--datasets=digits', '--shots=1,5', '--seeds=0,1']
@@ -74,8 +78,11 @@ def test_fewshot_command_line_writes_scalars_and_summary(workdir, capsys):
   )
   out = capsys.readouterr().out
   assert 'fewshot/digits_5shot' in out
-  summary = json.load(open(os.path.join(path, 'summary.json')))
-  assert set(summary) == {
+  with open(os.path.join(path, 'summary.json'), 'rb') as f:
+    assert f.read() == summary_bytes
+  assert not os.path.exists(os.path.join(path, 'metrics.jsonl'))
+  results = json.load(open(os.path.join(path, 'fewshot.json')))
+  assert set(results) == {
     'fewshot/digits_1shot',
     'fewshot/digits_1shot-seed0',
     'fewshot/digits_1shot-seed1',
@@ -83,9 +90,9 @@ def test_fewshot_command_line_writes_scalars_and_summary(workdir, capsys):
     'fewshot/digits_5shot-seed0',
     'fewshot/digits_5shot-seed1',
   }
-  assert summary['fewshot/digits_5shot'] == pytest.approx(
-    (summary['fewshot/digits_5shot-seed0'] + summary['fewshot/digits_5shot-seed1']) / 2
+  assert results['fewshot/digits_5shot'] == pytest.approx(
+    (results['fewshot/digits_5shot-seed0'] + results['fewshot/digits_5shot-seed1']) / 2
   )
   # Random features still carry the digits' pixels: far above chance (0.1) at 5 shots.
-  assert summary['fewshot/digits_5shot'] > 0.3
-  assert os.listdir(os.path.join(path, 'tensorboard'))
+  assert results['fewshot/digits_5shot'] > 0.3
+  assert os.listdir(os.path.join(path, 'tensorboard', 'fewshot'))

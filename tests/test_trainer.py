@@ -7,6 +7,7 @@ test sees exactly what a user sees: files in the workdir, exit codes, stderr.
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -73,6 +74,34 @@ def assert_bitwise_equal(a, b):
     np.testing.assert_array_equal(a[key], b[key], err_msg=key)
 
 
+def snapshot(workdir):
+  """Every file under `workdir` with its bytes."""
+  files = {}
+  for root, _, names in os.walk(workdir):
+    for name in names:
+      path = os.path.join(root, name)
+      with open(path, 'rb') as f:
+        files[os.path.relpath(path, workdir)] = f.read()
+  return files
+
+
+def copy_run(workdir, target, leave_out=()):
+  shutil.copytree(
+    workdir, target, ignore=lambda folder, names: [n for n in names if n in leave_out]
+  )
+  return str(target)
+
+
+def one_line_error(result):
+  """The error line of a refused run, after checking it is the only thing said besides progress."""
+  assert result.returncode == 2, result.stderr[-3000:]
+  assert 'Traceback' not in result.stderr, result.stderr[-3000:]
+  # absl INFO lines (progress) start with I; W/E lines or anything else would be noise.
+  said = [line for line in result.stderr.splitlines() if not line.startswith('I')]
+  assert len(said) == 1 and said[0].startswith('error: '), result.stderr[-3000:]
+  return said[0]
+
+
 @pytest.fixture(scope='module')
 def reference_run(tmp_path_factory):
   """One uninterrupted run that other tests compare against."""
@@ -123,12 +152,151 @@ def test_outputs_of_a_run(reference_run):
   assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == ['16', '24', '8']
 
 
-def test_rerun_of_a_finished_run_changes_nothing(reference_run, tmp_path):
-  workdir, _ = reference_run
-  before = params(workdir)
+def test_rerun_of_a_finished_run_reports_it_and_changes_nothing(reference_run, tmp_path):
+  workdir = copy_run(reference_run[0], tmp_path / 'done')
+  before = snapshot(workdir)
+  result = run(workdir)
+  assert f'{workdir} has finished: step 24, test accuracy' in result.stdout
+  # The same bytes: summary.json (few-shot entries included), params, metrics, checkpoints.
+  assert snapshot(workdir) == before
+
+
+def test_a_run_stopped_after_its_last_checkpoint_sums_up_the_whole_run(reference_run, tmp_path):
+  workdir = copy_run(reference_run[0], tmp_path / 'cut', leave_out=('summary.json', 'params.npz'))
   result = run(workdir)
   assert 'Resuming from the checkpoint at step 24' in result.stdout
-  assert_bitwise_equal(params(workdir), before)
+  summary = json.load(open(os.path.join(workdir, 'summary.json')))
+  reference = json.load(open(os.path.join(reference_run[0], 'summary.json')))
+  # The loss of the last progress line and the loop's speed come from the earlier session.
+  assert summary['train_loss'] == reference['train_loss']
+  totals = json.load(open(os.path.join(workdir, 'checkpoints', '24', 'run', 'metadata')))
+  assert summary['img_per_sec'] == pytest.approx(
+    32 * totals['timed_steps'] / totals['train_time_s']
+  )
+  assert totals['timed_steps'] == 23 and summary['wall_time_s'] > totals['wall_time_s'] > 0
+  assert_bitwise_equal(params(workdir), params(reference_run[0]))
+
+
+def test_a_truncated_latest_checkpoint_is_set_aside_and_the_one_before_resumed(
+  reference_run, tmp_path
+):
+  workdir = copy_run(reference_run[0], tmp_path / 'bad', leave_out=('summary.json', 'params.npz'))
+  latest = os.path.join(workdir, 'checkpoints', '24')
+  for root, _, names in os.walk(latest):
+    for name in names:
+      path = os.path.join(root, name)
+      os.truncate(path, os.path.getsize(path) // 2)
+  truncated = snapshot(latest)
+  result = run(workdir)
+  # Nothing but INFO lines: no traceback, no orbax errors.
+  assert [line for line in result.stderr.splitlines() if not line.startswith('I')] == []
+  assert (
+    'checkpoint at step 24 does not restore (JSONDecodeError: ' in result.stdout
+    and f'moved to {workdir}/corrupt_checkpoints; resuming from step 16' in result.stdout
+  )
+  assert 'Resuming from the checkpoint at step 16' in result.stdout
+  # Kept aside as it was, not deleted; the run finished as if nothing had happened.
+  assert snapshot(os.path.join(workdir, 'corrupt_checkpoints', '24')) == truncated
+  assert_bitwise_equal(params(workdir), params(reference_run[0]))
+  summary = json.load(open(os.path.join(workdir, 'summary.json')))
+  reference = json.load(open(os.path.join(reference_run[0], 'summary.json')))
+  assert summary['step'] == 24 and summary['train_loss'] == reference['train_loss']
+
+
+def test_resuming_with_another_model_or_batch_is_one_line(reference_run, tmp_path):
+  workdir = copy_run(reference_run[0], tmp_path / 'run', leave_out=('summary.json',))
+  before = snapshot(workdir)
+  result = run(workdir, '--config.model=ViT-Demo_4', '--config.batch=64', check=False)
+  assert one_line_error(result) == (
+    f"error: {workdir} holds a run with batch=32, model='testing' where this command has "
+    "batch=64, model='ViT-Demo_4'. To resume it, run with --config.batch=32 "
+    '--config.model=testing; to start afresh, use another --workdir '
+    f'(--config.pretrained_path={workdir} starts from its weights)'
+  )
+  assert snapshot(workdir) == before
+
+
+def test_a_second_run_on_a_workdir_is_refused_and_the_first_loses_nothing(reference_run, tmp_path):
+  workdir = str(tmp_path / 'shared')
+  first = subprocess.Popen(
+    command(workdir), env=subprocess_env(), stderr=subprocess.PIPE, text=True
+  )
+  _wait_for(lambda: os.path.exists(os.path.join(workdir, 'lock.json')), first)
+  # Paused, so that it is surely still running when the second one starts.
+  first.send_signal(signal.SIGSTOP)
+  try:
+    second = run(workdir, check=False)
+  finally:
+    first.send_signal(signal.SIGCONT)
+  assert one_line_error(second).startswith(
+    f'error: {workdir} is in use by another run (pid {first.pid} on '
+  )
+  first_stderr = first.communicate(timeout=600)[1]
+  assert first.returncode == 0, first_stderr[-3000:]
+  assert not os.path.exists(os.path.join(workdir, 'lock.json'))  # released
+  assert_bitwise_equal(params(workdir), params(reference_run[0]))
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+  """A 4 MiB file system of its own (tmpfs), so that it can fill up or turn read-only."""
+  mount = tmp_path / 'disk'
+  mount.mkdir()
+  if (
+    os.geteuid() != 0
+    or subprocess.run(
+      ['mount', '-t', 'tmpfs', '-o', 'size=4m', 'tmpfs', str(mount)], capture_output=True
+    ).returncode
+  ):
+    pytest.skip('mounting a small tmpfs needs root')
+  try:
+    yield mount
+  finally:
+    subprocess.run(['umount', '-l', str(mount)], check=True)
+
+
+def _remount(mount, mode):
+  subprocess.run(['mount', '-o', f'remount,{mode}', str(mount)], check=True)
+
+
+def test_a_full_disk_or_read_only_workdir_is_one_line_and_the_run_resumes(
+  reference_run, small_disk
+):
+  # A run that has checkpointed step 8; the disk then holds 100 kB more, less than a checkpoint.
+  workdir = str(small_disk / 'run')
+  os.makedirs(os.path.join(workdir, 'checkpoints'))
+  shutil.copytree(
+    os.path.join(reference_run[0], 'checkpoints', '8'), os.path.join(workdir, 'checkpoints', '8')
+  )
+  filler = small_disk / 'filler'
+  free = os.statvfs(small_disk).f_bavail * os.statvfs(small_disk).f_frsize
+  filler.write_bytes(b'\0' * (free - 100 * 1024))
+
+  full = run(workdir, check=False)
+  assert one_line_error(full) == (
+    f'error: {workdir}: no space left on device (writing checkpoints/16.orbax-checkpoint-tmp); '
+    'the checkpoint at step 8 is intact. Free space there and run the same command again to '
+    'resume'
+  )
+  names = os.listdir(os.path.join(workdir, 'checkpoints'))
+  assert '8' in names and any('orbax-checkpoint-tmp' in n for n in names)
+
+  _remount(small_disk, 'ro')
+  try:
+    read_only = run(workdir, check=False)
+  finally:
+    _remount(small_disk, 'rw')
+  assert one_line_error(read_only) == (
+    f'error: {workdir}: read-only file system (writing lock.json); make it writable or use '
+    'another --workdir'
+  )
+
+  filler.unlink()
+  resumed = run(workdir)
+  assert 'Resuming from the checkpoint at step 8' in resumed.stdout
+  # The unfinished temporary checkpoint was cleaned up; the result is the uninterrupted run's.
+  assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == ['16', '24', '8']
+  assert_bitwise_equal(params(workdir), params(reference_run[0]))
 
 
 def _wait_for(predicate, process, timeout=300):
@@ -152,9 +320,12 @@ def test_sigkill_and_resume_is_bitwise(reference_run, tmp_path):
   process.send_signal(signal.SIGKILL)
   process.wait()
   assert not os.path.exists(os.path.join(workdir, 'params.npz'))
+  # The killed run's lock stays behind; its process is gone, so the next run takes it over.
+  assert json.load(open(os.path.join(workdir, 'lock.json')))['pid'] == process.pid
   # A write cut off mid-way leaves a temporary directory; it must not be used.
   os.makedirs(os.path.join(checkpoints, '16.orbax-checkpoint-tmp-1234', 'state'))
   result = run(workdir)
+  assert f'from a run that is gone (pid {process.pid} on ' in result.stdout
   assert 'Resuming from the checkpoint at step' in result.stdout
   assert_bitwise_equal(params(workdir), params(reference_run[0]))
 

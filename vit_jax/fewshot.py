@@ -3,7 +3,10 @@
   python -m vit_jax.fewshot --checkpoint=ViT-B_16.npz --model=ViT-B_16 --datasets=cifar10,pets
 
 Prints the accuracies per dataset and shot count (mean over seeds); with a
-workdir, also writes them there. The method: `vit_jax.evaluation.fewshot`.
+workdir, also writes them there, into files of its own (`fewshot.json`,
+TensorBoard under `tensorboard/fewshot`): a training run's `summary.json`
+and `metrics.jsonl` stay as the run wrote them. The method:
+`vit_jax.evaluation.fewshot`.
 """
 
 import argparse
@@ -11,7 +14,10 @@ import json
 import os
 import sys
 
+from vit_jax import files
 from vit_jax import run_log
+
+RESULTS_FILE = 'fewshot.json'
 
 
 def main(argv=None) -> int:
@@ -40,7 +46,7 @@ def main(argv=None) -> int:
   parser.add_argument(
     '--workdir',
     default=None,
-    help='write TensorBoard scalars and summary.json entries here '
+    help='write fewshot.json and TensorBoard scalars here '
     '(default: the checkpoint, when it is a workdir)',
   )
   run_log.add_verbosity_flag(parser)
@@ -89,17 +95,28 @@ def main(argv=None) -> int:
       print(f'{name:40s} {value:.4f}')
   workdir = args.workdir or (args.checkpoint if os.path.isdir(args.checkpoint) else None)
   if workdir and jax.process_index() == 0:
-    path = os.path.join(workdir, 'summary.json')
-    summary = {}
-    if os.path.exists(path):
-      with open(path, encoding='utf-8') as f:
-        summary = json.load(f)
-    log = run_log.RunLog(workdir, is_main=True)
-    log.scalars(0, scalars)
-    log.write_json('summary.json', {**summary, **scalars})
-    log.close()
-    print(f'wrote {path}')
+    print(f'wrote {_write(workdir, scalars)}')
   return 0
+
+
+def _write(workdir: str, scalars: dict) -> str:
+  """Adds `scalars` to `WORKDIR/fewshot.json` (results of other datasets kept); its path."""
+  path = os.path.join(workdir, RESULTS_FILE)
+  results = {}
+  if files.exists(path):
+    with files.open_file(path) as f:
+      results = json.load(f)
+  results.update(scalars)
+  files.makedirs(workdir)
+  files.write_text(path, json.dumps(results, indent=2, sort_keys=True) + '\n')
+  import tensorflow as tf
+
+  writer = tf.summary.create_file_writer(os.path.join(workdir, 'tensorboard', 'fewshot'))
+  with writer.as_default(step=0):
+    for name, value in scalars.items():
+      tf.summary.scalar(name, value)
+  writer.close()
+  return path
 
 
 if __name__ == '__main__':

@@ -55,6 +55,42 @@ def rename(src, dst) -> None:
     os.replace(src, dst)
 
 
+def write_text(path, text: str) -> None:
+  """Writes `path` whole: a reader sees the old contents or the new, never a part.
+
+  Local files go through a temporary file and a rename; an object store
+  publishes an object only when it is closed.
+  """
+  if is_remote(path):
+    with gfile().GFile(path, 'w') as f:
+      f.write(text)
+    return
+  with open(path + '.tmp', 'w', encoding='utf-8') as f:
+    f.write(text)
+  os.replace(path + '.tmp', path)
+
+
+def remove(path) -> None:
+  """Deletes a file; one that is already gone is fine."""
+  if is_remote(path):
+    if gfile().exists(path):
+      gfile().remove(path)
+  else:
+    try:
+      os.remove(path)
+    except FileNotFoundError:
+      pass
+
+
+def listdir(path) -> list:
+  """Names in a directory ([] when it does not exist)."""
+  if not isdir(path):
+    return []
+  if is_remote(path):
+    return [name.rstrip('/') for name in gfile().listdir(path)]
+  return os.listdir(path)
+
+
 def absolute(path) -> str:
   """An absolute local path; remote paths unchanged."""
   return os.fspath(path) if is_remote(path) else os.path.abspath(path)

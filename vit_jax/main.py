@@ -169,6 +169,7 @@ def main(argv):
 
   # Imported here: these pull in TensorFlow for the input pipeline.
   from vit_jax import checkpoint
+  from vit_jax import workdir as workdir_lib
   from vit_jax.data import pipeline
   from vit_jax.training import loop
 
@@ -182,6 +183,7 @@ def main(argv):
     ConfigError,  # also an unknown model name (a KeyError of MODEL_CONFIGS)
     checkpoint.CheckpointError,
     pipeline.DataError,
+    workdir_lib.WorkdirError,
   ) as e:
     _exit(e.args[0] if e.args else str(e))
 

@@ -102,10 +102,12 @@ def fewshot_probe(run, loop, step: int) -> dict:
 
 
 def save_checkpoint(run, loop, step: int) -> None:
-  """State and the data iterator's position; orbax writes in the background."""
+  """State, the data iterator's position and the run's totals; orbax writes in the background."""
   run.manager.save(
     step,
     args=ocp.args.Composite(
-      state=ocp.args.StandardSave(loop.state), data=ocp.args.JsonSave(loop.train_iter.get_state())
+      state=ocp.args.StandardSave(loop.state),
+      data=ocp.args.JsonSave(loop.train_iter.get_state()),
+      run=ocp.args.JsonSave(loop.totals()),
     ),
   )

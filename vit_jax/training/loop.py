@@ -1,11 +1,13 @@
 """The training loop: set up, train, evaluate, checkpoint, resume.
 
-Every process runs this same function. Process 0 alone writes logs,
-TensorBoard events, `summary.json` and `params.npz`; checkpoints are written
-collectively by orbax. Running it again on the same workdir resumes from the
-latest checkpoint (parameters, optimizer state, step, RNG and the data
-iterator's position) and, on CPU, ends with bitwise the parameters of an
-uninterrupted run.
+Every process runs this same function. Process 0 alone locks the workdir and
+writes logs, TensorBoard events, `config.json`, `summary.json` and
+`params.npz`; checkpoints are written collectively by orbax. Running it again
+on the same workdir resumes from the newest checkpoint that restores
+(parameters, optimizer state, step, RNG, the data iterator's position and the
+run's totals) and, on CPU, ends with bitwise the parameters of an
+uninterrupted run; on a finished run it reports the result and writes nothing
+(`training.resume`).
 """
 
 import dataclasses
@@ -24,13 +26,16 @@ from vit_jax import files
 from vit_jax import hardware
 from vit_jax import run_log
 from vit_jax import sharding
+from vit_jax import workdir as workdir_lib
 from vit_jax.configs import ConfigError
 from vit_jax.data import pipeline
 from vit_jax.evaluation import fewshot
 from vit_jax.models import vit
+from vit_jax.training import guard
 from vit_jax.training import hooks
 from vit_jax.training import optim
 from vit_jax.training import program
+from vit_jax.training import resume
 from vit_jax.training import steps
 
 
@@ -149,11 +154,18 @@ class Run:
   fewshot_model: Any  # the backbone as a plain ViT (also for MPP runs)
   fewshot_features: Callable  # its jitted pre-logits features
   peak_flops: Optional[float]
+  lock: Optional[workdir_lib.Lock] = None  # process 0's hold on the workdir
 
 
 @dataclasses.dataclass
 class Loop:
-  """What changes as the loop runs."""
+  """What changes as the loop runs.
+
+  `prior` holds the totals of the sessions before this one (from the
+  checkpoint resumed), so that `totals()` and the summary cover the whole run:
+  wall time, and the steps timed for img/s with their time, up to the last
+  checkpoint of each earlier session.
+  """
 
   state: steps.TrainState
   train_iter: pipeline.TrainIterator
@@ -162,26 +174,74 @@ class Loop:
   losses: list = dataclasses.field(default_factory=list)  # since the last progress line
   train_loss: float = float('nan')
   flops: float = 0.0  # per device and step, from the compiled step
+  prior: dict = dataclasses.field(default_factory=dict)
+  wall_start: float = dataclasses.field(default_factory=time.time)
+  loop_start: Optional[float] = None  # perf_counter at the end of this session's first step
+  eval_time: float = 0.0  # in evaluation hooks since loop_start
+  timed_steps: int = 0  # steps of this session after the first
+
+  def totals(self) -> dict:
+    """The run's totals so far, over every session (saved with each checkpoint)."""
+    train_time = time.perf_counter() - self.loop_start - self.eval_time if self.loop_start else 0.0
+    loss = self.train_loss if np.isfinite(self.train_loss) else self.prior.get('train_loss')
+    return {
+      'wall_time_s': self.prior.get('wall_time_s', 0.0) + time.time() - self.wall_start,
+      'train_time_s': self.prior.get('train_time_s', 0.0) + train_time,
+      'timed_steps': self.prior.get('timed_steps', 0) + self.timed_steps,
+      'train_loss': loss,
+    }
 
 
 def train_and_evaluate(config, workdir: str) -> dict:
   """Trains and evaluates `config` in `workdir`; returns the summary dict."""
   wall_start = time.time()
   mesh = sharding.make_mesh(config.mesh.fsdp)
-  with jax.set_mesh(mesh):
-    run = set_up(config, workdir, mesh)
-    state, data_state = restore_or_initialize(run)
-    first_step = int(state.step)
-    loop = Loop(
-      state=state,
-      train_iter=pipeline.make_train_iterator(config, run.batch_sharding, state=data_state),
-      progress=run_log.Progress(config.total_steps, first_step, config.batch),
+  validate(config, mesh.size)
+  # Our own one-line errors pass as they are; a failed write becomes one.
+  keep = (TrainingError, ConfigError, checkpoint.CheckpointError, pipeline.DataError)
+  with guard.storage_errors(workdir, keep=keep):
+    resume.check_config(workdir, config)
+    summary = resume.finished(workdir, config)
+    if summary is not None:
+      _report_finished(workdir, summary)
+      return summary
+    lock = guard.lock(workdir)
+    try:
+      with jax.set_mesh(mesh):
+        if jax.process_index() == 0:
+          resume.record_config(workdir, config)
+        # Orbax logs each unreadable checkpoint file it meets; resume says it in one line.
+        with resume.without_orbax_errors():
+          run = set_up(config, workdir, mesh, lock=lock)
+          state, data_state, prior = restore_or_initialize(run)
+        first_step = int(state.step)
+        loop = Loop(
+          state=state,
+          train_iter=pipeline.make_train_iterator(config, run.batch_sharding, state=data_state),
+          progress=run_log.Progress(config.total_steps, first_step, config.batch),
+          prior=prior,
+          wall_start=wall_start,
+        )
+        train(run, loop, hooks.hooks(run))
+        return finish(run, loop, first_step=first_step)
+    finally:
+      if lock is not None:
+        lock.release()
+
+
+def _report_finished(workdir: str, summary: dict) -> None:
+  if jax.process_index() == 0:
+    print(
+      f'{workdir} has finished: step {summary["step"]}, test accuracy '
+      f'{summary.get("test_accuracy", float("nan")):.4f}, {summary.get("img_per_sec", 0.0):.0f} '
+      f'img/s, {summary.get("wall_time_s", 0.0):.0f} s '
+      f'({os.path.join(workdir, resume.SUMMARY_FILE)}). Nothing to do: raise '
+      '--config.total_steps to train on, or use another --workdir',
+      flush=True,
     )
-    img_per_sec = train(run, loop, hooks.hooks(run))
-    return finish(run, loop, first_step=first_step, img_per_sec=img_per_sec, wall_start=wall_start)
 
 
-def set_up(config, workdir: str, mesh) -> Run:
+def set_up(config, workdir: str, mesh, lock: Optional[workdir_lib.Lock] = None) -> Run:
   """Checks the config against the data and devices; builds the task, optimizer and manager."""
   validate(config, mesh.size)
   info = pipeline.get_info(config)
@@ -214,22 +274,29 @@ def set_up(config, workdir: str, mesh) -> Run:
     fewshot_model=fewshot_model,
     fewshot_features=fewshot.representation_fn(fewshot_model),
     peak_flops=peak,
+    lock=lock,
   )
 
 
 def restore_or_initialize(run: Run):
-  """(state, data iterator state): the latest checkpoint's, or fresh (and pre-trained) ones."""
+  """(state, data iterator state, totals): the newest checkpoint's that restores, or fresh ones."""
   config = run.config
-  latest = run.manager.latest_step()
-  if latest is not None:
-    restored = run.manager.restore(
-      latest,
-      args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(run.program.abstract_state()), data=ocp.args.JsonRestore()
-      ),
-    )
-    run.log.info('Resuming from the checkpoint at step %d in %s', latest, run.workdir)
-    return restored['state'], restored['data']
+  abstract = run.program.abstract_state()
+  checkpoints = os.path.join(files.absolute(run.workdir), resume.CHECKPOINTS)
+
+  def args_for(step):
+    items = {'state': ocp.args.StandardRestore(abstract), 'data': ocp.args.JsonRestore()}
+    # Checkpoints written before the run's totals were saved have no 'run' item.
+    if files.exists(os.path.join(checkpoints, str(step), 'run')):
+      items['run'] = ocp.args.JsonRestore()
+    return ocp.args.Composite(**items)
+
+  found = resume.restore_newest(run.manager, run.workdir, args_for, run.log)
+  if found is not None:
+    step, restored = found
+    run.log.info('Resuming from the checkpoint at step %d in %s', step, run.workdir)
+    prior = restored['run'] if 'run' in restored else {}
+    return restored['state'], restored['data'], prior or {}
   state = jax.jit(run.init, out_shardings=run.state_shardings)(jax.random.PRNGKey(config.seed))
   if config.pretrained_path:
     params = checkpoint.load_pretrained(
@@ -240,20 +307,19 @@ def restore_or_initialize(run: Run):
     )
     params = jax.device_put(params, run.state_shardings.params)
     state = state.replace(params=params, ema_params=params if config.ema_decay else None)
-  return state, None
+  return state, None, {}
 
 
-def train(run: Run, loop: Loop, periodic: list) -> float:
-  """Steps until `total_steps`, running `periodic` hooks as due; returns the loop's img/s.
+def train(run: Run, loop: Loop, periodic: list) -> None:
+  """Steps until `total_steps`, running `periodic` hooks as due.
 
-  The rate is wall time from the end of the first step (after compilation) to
-  the last, input pipeline, logging and checkpoint saves included, evaluation
-  hooks excluded. A step's loss is read while the next one runs, except at
-  steps where hooks are due.
+  It times the loop for img/s (`loop.totals()`): wall time from the end of the
+  first step (after compilation) to the last, input pipeline, logging and
+  checkpoint saves included, evaluation hooks excluded. A step's loss is read
+  while the next one runs, except at steps where hooks are due.
   """
   config = run.config
   preemption = _Preemption()
-  loop_start, eval_time, timed_steps = None, 0.0, 0
   step_fn = None
   try:
     pending = None  # (step, metrics) of the previous step
@@ -263,11 +329,11 @@ def train(run: Run, loop: Loop, periodic: list) -> float:
         step_fn, loop.flops = _compile(run.program.train_step, loop.state, batch)
         loop.progress.restart_clock(step - 1)
       loop.state, loop.metrics = step_fn(loop.state, batch)
-      if loop_start is None:
+      if loop.loop_start is None:
         jax.block_until_ready(loop.metrics)
-        loop_start = time.perf_counter()
+        loop.loop_start = time.perf_counter()
       else:
-        timed_steps += 1
+        loop.timed_steps += 1
       if pending is not None:
         loop.losses.append(_check_finite(config, *pending))
       pending = (step, loop.metrics)
@@ -277,11 +343,16 @@ def train(run: Run, loop: Loop, periodic: list) -> float:
         continue
       loop.losses.append(_check_finite(config, *pending))
       pending = None
+      if run.lock is not None and run.lock.lost:
+        raise TrainingError(
+          f"another run took over {run.lock.path} (this run's heartbeat went stale); "
+          'stopped without writing. Run one command per workdir'
+        )
       for hook in due:
         start = time.perf_counter()
         hook.fn(run, loop, step)
         if hook.evaluation:
-          eval_time += time.perf_counter() - start
+          loop.eval_time += time.perf_counter() - start
       if preemption.reached(step):
         hooks.save_checkpoint(run, loop, step)
         run.manager.wait_until_finished()
@@ -301,23 +372,28 @@ def train(run: Run, loop: Loop, periodic: list) -> float:
   finally:
     preemption.restore()
     run.manager.wait_until_finished()
-  loop_time = time.perf_counter() - loop_start - eval_time if timed_steps else 0.0
-  return config.batch * timed_steps / loop_time if loop_time else 0.0
 
 
-def finish(run: Run, loop: Loop, *, first_step: int, img_per_sec: float, wall_start: float) -> dict:
-  """Final evaluation, `summary.json` and `params.npz`; returns the summary."""
+def finish(run: Run, loop: Loop, *, first_step: int) -> dict:
+  """Final evaluation, `summary.json` and `params.npz`; returns the summary.
+
+  The summary covers the whole run, over every session: its wall time, img/s
+  and the train loss of its last progress line.
+  """
   config, workdir, state = run.config, run.workdir, loop.state
+  totals = loop.totals()
   final = hooks.accuracy(run, state.params)
   summary = {
     'step': int(state.step),
-    # None: no step ran (a finished run started again).
-    'train_loss': loop.train_loss if np.isfinite(loop.train_loss) else None,
+    'train_loss': totals['train_loss'],
     'test_accuracy': final['accuracy'],
     'test_examples': final['examples'],
     **({'test_accuracy_top5': final['accuracy_top5']} if 'accuracy_top5' in final else {}),
-    'wall_time_s': time.time() - wall_start,
-    'img_per_sec': img_per_sec,
+    'img_per_sec': (
+      config.batch * totals['timed_steps'] / totals['train_time_s']
+      if totals['train_time_s']
+      else 0.0
+    ),
     'skipped_steps': int(state.num_skipped),
     'resumed_from_step': first_step,
     'model': config.model,
@@ -333,14 +409,15 @@ def finish(run: Run, loop: Loop, *, first_step: int, img_per_sec: float, wall_st
     checkpoint.save_npz(params, os.path.join(workdir, 'params.npz'))
     if config.ema_decay:
       checkpoint.save_npz(_host_tree(state.ema_params), os.path.join(workdir, 'params_ema.npz'))
-  run.log.write_json('summary.json', summary)
+  summary['wall_time_s'] = loop.totals()['wall_time_s']
+  run.log.write_json(resume.SUMMARY_FILE, summary)
   run.log.info(
     'Done: step %d, test accuracy %.4f, %.0f img/s, %.0f s; wrote %s',
     summary['step'],
     summary['test_accuracy'],
     summary['img_per_sec'],
     summary['wall_time_s'],
-    os.path.join(workdir, 'summary.json'),
+    os.path.join(workdir, resume.SUMMARY_FILE),
   )
   run.log.close()
   run.manager.close()

@@ -1,0 +1,142 @@
+"""The workdir lock (one run at a time, stale locks taken over) and failed writes named."""
+
+import errno
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from vit_jax import workdir
+
+
+def write_lock(path, **fields):
+  holder = {'token': 'theirs', 'host': socket.gethostname(), 'pid': os.getpid()}
+  holder.update({'started': time.time(), 'heartbeat': time.time(), **fields})
+  os.makedirs(path, exist_ok=True)
+  with open(os.path.join(path, workdir.LOCK_FILE), 'w') as f:
+    json.dump(holder, f)
+
+
+def read_lock(path):
+  with open(os.path.join(path, workdir.LOCK_FILE)) as f:
+    return json.load(f)
+
+
+def wait_until(predicate, timeout=5.0):
+  deadline = time.time() + timeout
+  while not predicate():
+    assert time.time() < deadline, 'timed out'
+    time.sleep(0.01)
+
+
+def test_a_held_lock_refuses_a_second_run_until_released(tmp_path):
+  first = workdir.Lock(str(tmp_path)).acquire()
+  with pytest.raises(workdir.WorkdirError) as e:
+    workdir.Lock(str(tmp_path)).acquire()
+  message = str(e.value)
+  assert message.startswith(f'{tmp_path} is in use by another run (pid {os.getpid()} on ')
+  assert 'use another --workdir' in message and '\n' not in message
+  first.release()
+  assert not os.path.exists(first.path)
+  workdir.Lock(str(tmp_path)).acquire().release()
+
+
+def test_the_lock_of_a_process_that_is_gone_is_taken_over(tmp_path):
+  gone = subprocess.Popen([sys.executable, '-c', 'pass'])
+  gone.wait()
+  write_lock(tmp_path, pid=gone.pid, boot_id=workdir._boot_id())
+  lock = workdir.Lock(str(tmp_path)).acquire()
+  assert lock.took_over['pid'] == gone.pid
+  assert read_lock(tmp_path)['token'] == lock._token
+  lock.release()
+
+
+def test_staleness_by_process_boot_and_heartbeat():
+  here, boot = socket.gethostname(), 'boot-a'
+  alive = {'host': here, 'pid': os.getpid(), 'boot_id': boot}
+  assert not workdir.is_stale(alive, now=0.0, host=here, boot_id=boot)
+  # The same pid before the machine rebooted is another process.
+  assert workdir.is_stale(alive, now=0.0, host=here, boot_id='boot-b')
+  # Another host: only the heartbeat's age tells.
+  now = 1e9
+  fresh = {'host': 'elsewhere', 'pid': 1, 'heartbeat': now - workdir.STALE_AFTER_S + 5}
+  old = {'host': 'elsewhere', 'pid': 1, 'heartbeat': now - workdir.STALE_AFTER_S - 5}
+  assert not workdir.is_stale(fresh, now=now, host=here, boot_id=boot)
+  assert workdir.is_stale(old, now=now, host=here, boot_id=boot)
+
+
+def test_a_lock_from_another_host_is_refused_until_its_heartbeat_is_old(tmp_path):
+  write_lock(tmp_path, host='tpu-worker-3', heartbeat=time.time() - 60)
+  with pytest.raises(workdir.WorkdirError, match='on tpu-worker-3'):
+    workdir.Lock(str(tmp_path)).acquire()
+  write_lock(tmp_path, host='tpu-worker-3', heartbeat=time.time() - workdir.STALE_AFTER_S - 1)
+  lock = workdir.Lock(str(tmp_path)).acquire()
+  assert lock.took_over['host'] == 'tpu-worker-3'
+  lock.release()
+
+
+def test_the_heartbeat_refreshes_and_notices_a_replaced_lock(tmp_path, monkeypatch):
+  monkeypatch.setattr(workdir, 'HEARTBEAT_S', 0.02)
+  lock = workdir.Lock(str(tmp_path)).acquire()
+  first = read_lock(tmp_path)['heartbeat']
+  wait_until(lambda: read_lock(tmp_path)['heartbeat'] > first)
+  assert read_lock(tmp_path)['started'] == lock._started
+  write_lock(tmp_path, token='someone-else')
+  wait_until(lambda: lock.lost)
+  lock.release()  # leaves the other run's lock alone
+  assert read_lock(tmp_path)['token'] == 'someone-else'
+
+
+def test_object_store_lock_reads_back_what_it_wrote(tmp_path, monkeypatch):
+  """`file://` goes through tf.io.gfile, the path `gs://` workdirs take."""
+  monkeypatch.setattr(workdir, 'REMOTE_SETTLE_S', 0.0)
+  url = f'file://{tmp_path}/run'
+  lock = workdir.Lock(url).acquire()
+  with pytest.raises(workdir.WorkdirError, match='is in use by another run'):
+    workdir.Lock(url).acquire()
+  lock.release()
+  assert not os.path.exists(tmp_path / 'run' / workdir.LOCK_FILE)
+
+  # Two runs write at once: the later write wins, the earlier run sees it on reading back.
+  def other_run_writes(seconds):
+    write_lock(tmp_path / 'run', token='later-writer')
+
+  monkeypatch.setattr(workdir.time, 'sleep', other_run_writes)
+  with pytest.raises(workdir.WorkdirError, match=f'pid {os.getpid()}'):
+    workdir.Lock(url).acquire()
+  assert read_lock(tmp_path / 'run')['token'] == 'later-writer'
+
+
+def test_failed_writes_are_named_through_library_wrappers():
+  enospc = OSError(errno.ENOSPC, 'No space left on device', '/w/metrics.jsonl')
+  assert workdir.storage_failure(enospc) == ('no space left on device', '/w/metrics.jsonl')
+  # TensorStore (orbax's array writer) keeps only the text.
+  tensorstore = ValueError(
+    'RESOURCE_EXHAUSTED: Error writing local file "/w/checkpoints/16.orbax-checkpoint-tmp/'
+    '_sharding": Failed to write 11485 bytes to file 5: No space left on device '
+    "[os_error_code='28']"
+  )
+  assert workdir.storage_failure(tensorstore) == (
+    'no space left on device',
+    '/w/checkpoints/16.orbax-checkpoint-tmp/_sharding',
+  )
+  try:
+    try:
+      raise OSError(errno.EROFS, 'Read-only file system', '/w/lock.json')
+    except OSError as e:
+      raise RuntimeError('save failed') from e
+  except RuntimeError as wrapped:
+    assert workdir.storage_failure(wrapped) == ('read-only file system', '/w/lock.json')
+  # A cause the raiser chose to hide, or an unrelated error, is not a failed write.
+  try:
+    try:
+      raise OSError(errno.EDQUOT, 'Disk quota exceeded')
+    except OSError:
+      raise RuntimeError('handled') from None
+  except RuntimeError as hidden:
+    assert workdir.storage_failure(hidden) is None
+  assert workdir.storage_failure(ValueError('shapes (3,) and (4,) differ')) is None

@@ -1,0 +1,238 @@
+"""Running a command again on its workdir: the recorded config, a finished run, a bad checkpoint.
+
+A run records its config in `WORKDIR/config.json`. Running again resumes only
+when the config agrees on what the run learns (`MAY_CHANGE` lists what may
+differ: length, cadence, devices, evaluation, data location); otherwise one
+line says what differs and what to type. A finished run (`summary.json` at
+`total_steps`) is reported, not run again. A checkpoint that does not restore
+(files truncated or lost) is moved to `WORKDIR/corrupt_checkpoints/` and the
+run resumes from the newest one that does; in a multi-host run a step counts
+only when every host restored it, so all resume from the same step.
+"""
+
+import contextlib
+import json
+import logging
+import os
+import shlex
+from typing import Callable, Optional
+
+import jax
+from jax.experimental import multihost_utils
+import numpy as np
+
+from vit_jax import files
+from vit_jax import workdir as workdir_lib
+
+CONFIG_FILE = 'config.json'
+SUMMARY_FILE = 'summary.json'
+CHECKPOINTS = 'checkpoints'
+CORRUPT_CHECKPOINTS = 'corrupt_checkpoints'
+
+# Config fields a resumed run may change: how long, on what and how fast it
+# runs, what it reports and where the same data lives; not what it learns.
+# Dotted names; a name covers its sub-fields.
+MAY_CHANGE = (
+  'total_steps',  # train longer (or stop sooner); the schedule follows the new length
+  'accum_steps',  # same math in smaller micro-batches (the out-of-memory advice)
+  'remat',
+  'attention',
+  'mesh',  # another device layout; checkpoints reshard on restore
+  'skip_nonfinite',  # the NaN advice
+  'pretrained_path',  # read only when a run starts
+  'batch_eval',
+  'prefetch',
+  'eval_cache_mb',
+  'pp.test',
+  'pp.resize',
+  'tfds_data_dir',
+  'tfds_manual_dir',
+  'corrupt_images',
+  'progress_every',
+  'eval_every',
+  'checkpoint_every',
+  'keep_checkpoints',
+  'tensorboard',
+  'peak_flops',
+  'fewshot',
+)
+
+
+class ResumeError(workdir_lib.WorkdirError):
+  """The workdir holds a run this command cannot continue; one line with what to do."""
+
+
+def _flat(tree: dict, prefix: str = '') -> dict:
+  flat = {}
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      flat.update(_flat(value, f'{prefix}{key}.'))
+    else:
+      flat[f'{prefix}{key}'] = value
+  return flat
+
+
+def _as_json(config) -> dict:
+  return json.loads(config.to_json_best_effort())
+
+
+def _may_change(name: str) -> bool:
+  return any(name == field or name.startswith(field + '.') for field in MAY_CHANGE)
+
+
+def _flag(name: str, value) -> str:
+  if isinstance(value, str):
+    text = value
+  elif isinstance(value, list):
+    text = repr(tuple(value))
+  else:
+    text = repr(value)
+  return shlex.quote(f'--config.{name}={text}')
+
+
+def _read_json(path: str) -> Optional[dict]:
+  if not files.exists(path):
+    return None
+  with files.open_file(path) as f:
+    return json.load(f)
+
+
+def check_config(workdir: str, config) -> None:
+  """Raises ResumeError when `workdir` holds a run whose config differs in what it learns.
+
+  A run that stopped before its first checkpoint leaves nothing to lose; any
+  config may start over there.
+  """
+  recorded = _read_json(os.path.join(workdir, CONFIG_FILE))
+  if recorded is None:
+    return
+  if not saved_steps(workdir) and not files.exists(os.path.join(workdir, SUMMARY_FILE)):
+    return
+  before, now = _flat(recorded), _flat(_as_json(config))
+  # Fields only one side knows (another version of the code) are not compared.
+  differ = sorted(
+    k for k in before.keys() & now.keys() if before[k] != now[k] and not _may_change(k)
+  )
+  if not differ:
+    return
+  weights = (
+    '' if files.exists(os.path.join(workdir, 'params.npz')) else ', once that run has finished'
+  )
+  raise ResumeError(
+    f'{workdir} holds a run with '
+    + ', '.join(f'{k}={before[k]!r}' for k in differ)
+    + ' where this command has '
+    + ', '.join(f'{k}={now[k]!r}' for k in differ)
+    + '. To resume it, run with '
+    + ' '.join(_flag(k, before[k]) for k in differ)
+    + f'; to start afresh, use another --workdir (--config.pretrained_path={workdir} starts '
+    f'from its weights{weights})'
+  )
+
+
+def record_config(workdir: str, config) -> None:
+  """Writes the config into `workdir` (process 0), replacing one it may change (`MAY_CHANGE`)."""
+  text = json.dumps(_as_json(config), indent=2, sort_keys=True) + '\n'
+  path = os.path.join(workdir, CONFIG_FILE)
+  if files.exists(path):
+    with files.open_file(path) as f:
+      if f.read() == text:
+        return
+  files.write_text(path, text)
+
+
+def finished(workdir: str, config) -> Optional[dict]:
+  """The summary of a run in `workdir` that has reached `config.total_steps`, else None."""
+  summary = _read_json(os.path.join(workdir, SUMMARY_FILE))
+  if summary is not None and summary.get('step', -1) >= config.total_steps:
+    return summary
+  return None
+
+
+def saved_steps(workdir: str) -> list:
+  """Steps of the complete checkpoints (unfinished ones carry a suffix), oldest first."""
+  names = files.listdir(os.path.join(workdir, CHECKPOINTS))
+  return sorted(int(name) for name in names if name.isdigit())
+
+
+def _everywhere(ok: bool) -> bool:
+  """True on every host when `ok` is True on every host."""
+  if jax.process_count() == 1:
+    return ok
+  return bool(np.all(multihost_utils.process_allgather(np.array(ok))))
+
+
+@contextlib.contextmanager
+def without_orbax_errors():
+  """Orbax logs each failed read at ERROR; `restore_newest` says what it means in one line."""
+  logger = logging.getLogger('absl')
+  drop = lambda record: 'orbax' not in record.pathname
+  logger.addFilter(drop)
+  try:
+    yield
+  finally:
+    logger.removeFilter(drop)
+
+
+def _first_line(error: BaseException, limit: int = 160) -> str:
+  text = (str(error).strip().splitlines() or [''])[0]
+  text = text if len(text) <= limit else text[: limit - 3] + '...'
+  return f'{type(error).__name__}: {text}'
+
+
+def restore_newest(manager, workdir: str, args_for: Callable, log) -> Optional[tuple]:
+  """(step, restored items) of the newest checkpoint that restores; None when there is none.
+
+  `args_for(step)` gives the orbax restore arguments. Newer checkpoints that do
+  not restore are moved aside (by process 0) and named in one line; when none
+  restores, nothing is moved and ResumeError says so.
+  """
+  failed = []
+  for step in sorted(manager.all_steps(), reverse=True):
+    try:
+      with without_orbax_errors():
+        restored = manager.restore(step, args=args_for(step))
+      error = None
+    except Exception as e:  # noqa: BLE001  unreadable files surface as many error types
+      restored, error = None, e
+    if _everywhere(error is None):
+      break
+    failed.append((step, error))
+  else:
+    if failed:
+      step, error = failed[0]
+      raise ResumeError(
+        f'no checkpoint in {os.path.join(workdir, CHECKPOINTS)} restores (step {step}: '
+        f'{_first_line(error) if error else "another host failed"}); if the config changed '
+        'since the run started, run it with the original one, or use another --workdir'
+      )
+    return None
+  if failed:
+    if jax.process_index() == 0:
+      for bad, _ in failed:
+        _set_aside(workdir, bad)
+    if jax.process_count() > 1:
+      multihost_utils.sync_global_devices('vit_jax.resume: bad checkpoints set aside')
+    manager.reload()
+    bad, error = failed[0]
+    log.info(
+      'checkpoint%s at step %s do%s not restore (%s); moved to %s; resuming from step %d',
+      's' if len(failed) > 1 else '',
+      ', '.join(str(s) for s, _ in failed),
+      '' if len(failed) > 1 else 'es',
+      _first_line(error) if error else 'another host failed',
+      os.path.join(workdir, CORRUPT_CHECKPOINTS),
+      step,
+    )
+  return step, restored
+
+
+def _set_aside(workdir: str, step: int) -> str:
+  """Moves checkpoint `step` into `WORKDIR/corrupt_checkpoints/` (never deleted); its new path."""
+  folder = os.path.join(workdir, CORRUPT_CHECKPOINTS)
+  files.makedirs(folder)
+  target, n = os.path.join(folder, str(step)), 1
+  while files.exists(target):
+    target, n = os.path.join(folder, f'{step}-{n}'), n + 1
+  files.rename(os.path.join(workdir, CHECKPOINTS, str(step)), target)
+  return target
