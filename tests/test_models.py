@@ -1,5 +1,6 @@
 """Model structure and numerics: exact parameter counts, dtype, intermediates."""
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -8,6 +9,7 @@ import pytest
 from vit_jax import checkpoint
 from vit_jax import models
 from vit_jax.configs import models as model_configs
+from vit_jax.models import resnet
 
 # ../shared/REFERENCE.md section 1: 1000 classes, 224 px, no pre-logits.
 REFERENCE_PARAM_COUNTS = {
@@ -288,3 +290,105 @@ def test_hybrid_forward():
   assert params['Transformer']['posembed_input']['pos_embedding'].shape == (1, 5, 32)
   logits = model.apply({'params': params}, images, train=False)
   assert logits.shape == (1, 4) and bool(jnp.all(jnp.isfinite(logits)))
+
+
+# ---------------------------------------------------------------------------
+# The hybrids' BiT stem against a numpy transcription of the official code
+# (models_resnet.py and the root block in models_vit.py), float64.
+
+
+def _np_standardize(w, eps):
+  """Official `weight_standardize`: (w - mean) / (std + eps) over kh, kw, in."""
+  w = w - w.mean(axis=(0, 1, 2))
+  return w / (w.std(axis=(0, 1, 2)) + eps)
+
+
+def _np_standardize_var(w, eps):
+  """The formula this package used before: (w - mean) / sqrt(var + eps)."""
+  w = w - w.mean(axis=(0, 1, 2))
+  return w / np.sqrt(w.var(axis=(0, 1, 2)) + eps)
+
+
+def _np_same_pad(x, k, s, value=0.0):
+  h, w = x.shape[1:3]
+  oh, ow = -(-h // s), -(-w // s)
+  ph, pw = max((oh - 1) * s + k - h, 0), max((ow - 1) * s + k - w, 0)
+  pad = ((0, 0), (ph // 2, ph - ph // 2), (pw // 2, pw - pw // 2), (0, 0))
+  return np.pad(x, pad, constant_values=value), oh, ow
+
+
+def _np_conv(x, w, s):
+  """SAME convolution, NHWC x HWIO, as a sum of strided matrix products."""
+  k = w.shape[0]
+  x, oh, ow = _np_same_pad(x, k, s)
+  return sum(
+    x[:, i : i + s * oh : s, j : j + s * ow : s] @ w[i, j] for i in range(k) for j in range(k)
+  )
+
+
+def _np_group_norm(x, p, groups=32, eps=1e-6):
+  n, h, w, c = x.shape
+  g = x.reshape(n, h, w, groups, c // groups)
+  g = (g - g.mean(axis=(1, 2, 4), keepdims=True)) / np.sqrt(
+    g.var(axis=(1, 2, 4), keepdims=True) + eps
+  )
+  return g.reshape(x.shape) * p['scale'] + p['bias']
+
+
+def _np_max_pool(x, k=3, s=2):
+  x, oh, ow = _np_same_pad(x, k, s, value=-np.inf)
+  return np.max(
+    [x[:, i : i + s * oh : s, j : j + s * ow : s] for i in range(k) for j in range(k)], axis=0
+  )
+
+
+def _np_bit_stem(params, x, standardize):
+  """Root (7x7/2 StdConv, GN, ReLU, 3x3/2 max-pool), then the units of `block1`."""
+  relu = lambda v: np.maximum(v, 0)
+  conv = lambda v, p, s: _np_conv(v, standardize(p['kernel'], 1e-5), s)
+  x = _np_max_pool(relu(_np_group_norm(conv(x, params['conv_root'], 2), params['gn_root'])))
+  for name in sorted(params['block1']):
+    unit = params['block1'][name]
+    residual = x
+    if 'conv_proj' in unit:
+      residual = _np_group_norm(conv(x, unit['conv_proj'], 1), unit['gn_proj'])
+    y = relu(_np_group_norm(conv(x, unit['conv1'], 1), unit['gn1']))
+    y = relu(_np_group_norm(conv(y, unit['conv2'], 1), unit['gn2']))
+    y = _np_group_norm(conv(y, unit['conv3'], 1), unit['gn3'])
+    x = relu(residual + y)
+  return x
+
+
+class _Stem(nn.Module):
+  units: tuple
+
+  @nn.compact
+  def __call__(self, x):
+    return resnet.resnet_stem(x, self.units, 0.5, jnp.float32)
+
+
+def test_bit_stem_matches_the_official_formula_in_numpy():
+  stem = _Stem(units=(2,))
+  images = np.random.default_rng(0).uniform(-1, 1, (2, 24, 24, 3)).astype(np.float32)
+  shapes = jax.eval_shape(lambda: stem.init(jax.random.key(0), images))['params']
+  rng = np.random.default_rng(1)
+
+  def leaf(path, s):
+    name = path[-1].key
+    if name == 'kernel':
+      # Each output channel at its own scale, 1e-3 to 1e-1: where eps = 1e-5
+      # matters (trained kernels are small) and GroupNorm cannot hide it.
+      scale = np.exp(rng.uniform(np.log(1e-3), np.log(1e-1), s.shape[-1]))
+      return (rng.normal(size=s.shape) * scale).astype(np.float32)
+    return (rng.normal(size=s.shape) * 0.5 + (name == 'scale')).astype(np.float32)
+
+  params = jax.tree_util.tree_map_with_path(leaf, shapes)
+  ours = np.asarray(stem.apply({'params': params}, images))
+  params64 = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
+  official = _np_bit_stem(params64, images.astype(np.float64), _np_standardize)
+  assert ours.shape == official.shape == (2, 6, 6, 128)
+  relative = lambda a, b: float(np.linalg.norm(a - b) / np.linalg.norm(b))
+  assert relative(ours, official) < 1e-5
+  # The test tells the formulas apart: sqrt(var + eps) is 10% away here.
+  variance_form = _np_bit_stem(params64, images.astype(np.float64), _np_standardize_var)
+  assert relative(variance_form, official) > 0.05
