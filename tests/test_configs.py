@@ -6,6 +6,8 @@ import os
 
 import pytest
 
+from vit_jax.training import steps
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Config files with the arguments they take.
@@ -123,3 +125,36 @@ def test_epochs_argument_and_bad_arguments():
     load('finetune.py', 'ViT-B_16')
   with pytest.raises(ValueError, match="use 'imagenet21k', 'jft' or 'imagenet2012'"):
     load('vit_b16.py', 'imagenet')
+
+
+# The official model configs' transformer.dropout_rate, which the official
+# fine-tuning (train.py: VisionTransformer(**config.model)) trains with.
+OFFICIAL_FINETUNE_DROPOUT = {
+  'ViT-Ti_16': 0.0,
+  'ViT-S_16': 0.0,
+  'ViT-S_32': 0.0,
+  'ViT-B_8': 0.0,
+  'ViT-B_16': 0.0,
+  'ViT-B_32': 0.0,
+  'ViT-L_16': 0.1,
+  'ViT-L_32': 0.0,
+  'ViT-H_14': 0.1,
+  'ViT-S_16-gap-norep': 0.0,
+  'ViT-B_16-gap-norep': 0.0,
+  'ViT-S_32-gap-norep': 0.0,
+  'ViT-B_32-gap-norep': 0.0,
+  'R+ViT-Ti_16': 0.0,
+  'R50+ViT-B_16': 0.1,
+  'R26+ViT-B_32': 0.0,
+  'R26+ViT-S_32': 0.0,
+  'R50+ViT-L_32': 0.1,
+}
+
+
+@pytest.mark.parametrize('model, dropout', sorted(OFFICIAL_FINETUNE_DROPOUT.items()))
+def test_finetuning_dropout_is_the_official_model_configs(model, dropout):
+  config = load('finetune.py', f'{model},cifar10')
+  assert config.dropout_rate == dropout
+  # What the trainer builds: the model's own dropout, no attention dropout.
+  transformer = steps.model_config(config).transformer
+  assert (transformer.dropout_rate, transformer.attention_dropout_rate) == (dropout, 0.0)

@@ -28,6 +28,30 @@ REFERENCE_PARAM_COUNTS = {
   'ViT-B_16-gap': 86_566_120,
 }
 
+# The official vit_jax's models_test.py MODEL_SIZES for its other ViT and
+# hybrid names (1000 classes, 224 px); its Mixer and LiT names are out of scope.
+OFFICIAL_PARAM_COUNTS = {
+  **{k: v for k, v in REFERENCE_PARAM_COUNTS.items() if not k.endswith('-gap')},
+  'R+ViT-Ti_16': 6_337_704,
+  'R26+ViT-S_32': 36_431_912,
+  'ViT-B_16-gap-norep': 86_566_120,
+  'ViT-B_32-gap-norep': 88_222_696,
+  'ViT-S_16-gap-norep': 22_049_896,
+  'ViT-S_32-gap-norep': 22_878_184,
+  'testing': 21_390,
+  'testing-unpooled': 21_370,
+}
+
+# transformer.dropout_rate of the official model configs (0.0 elsewhere).
+OFFICIAL_DROPOUT = {
+  'ViT-L_16': 0.1,
+  'ViT-H_14': 0.1,
+  'R50+ViT-B_16': 0.1,
+  'R50+ViT-L_32': 0.1,
+  'testing': 0.1,
+  'testing-unpooled': 0.1,
+}
+
 
 def param_shapes(name, num_classes=1000, size=224, **overrides):
   config = model_configs.MODEL_CONFIGS[name]
@@ -41,8 +65,8 @@ def count(tree):
   return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(tree))
 
 
-def test_registry_lists_every_public_name():
-  missing = set(REFERENCE_PARAM_COUNTS) - set(model_configs.MODEL_CONFIGS)
+def test_registry_lists_every_public_and_official_name():
+  missing = {*REFERENCE_PARAM_COUNTS, *OFFICIAL_PARAM_COUNTS} - set(model_configs.MODEL_CONFIGS)
   assert not missing
 
 
@@ -67,9 +91,86 @@ def test_exact_parameter_count(name):
   n = count(param_shapes(name))
   if name in REFERENCE_PARAM_COUNTS:
     assert n == REFERENCE_PARAM_COUNTS[name]
+  if name in OFFICIAL_PARAM_COUNTS:
+    # Built as the official models_test builds it: get_model(name, num_classes=1000).
+    model = models.get_model(name, num_classes=1000)
+    init = lambda: model.init(jax.random.key(0), jnp.zeros((1, 224, 224, 3)), train=False)  # noqa: E731
+    assert count(jax.eval_shape(init)['params']) == n == OFFICIAL_PARAM_COUNTS[name]
   config = model_configs.MODEL_CONFIGS[name]
   if config.get('resnet') is None:
     assert n == closed_form_count(config)
+  assert config.model_name == name
+  base = name.replace('-gap-norep', '').replace('-gap', '')
+  assert config.transformer.dropout_rate == OFFICIAL_DROPOUT.get(base, 0.0)
+  assert config.transformer.attention_dropout_rate == 0.0
+
+
+def test_official_config_functions_are_views_of_the_registry():
+  getters = {
+    'testing': 'testing',
+    'testing_unpooled': 'testing-unpooled',
+    'ti16': 'ViT-Ti_16',
+    's16': 'ViT-S_16',
+    'b16': 'ViT-B_16',
+    'l16': 'ViT-L_16',
+    'h14': 'ViT-H_14',
+    's16_gap_norep': 'ViT-S_16-gap-norep',
+    'b16_gap_norep': 'ViT-B_16-gap-norep',
+    'b8': 'ViT-B_8',
+    's32': 'ViT-S_32',
+    'b32': 'ViT-B_32',
+    'l32': 'ViT-L_32',
+    's32_gap_norep': 'ViT-S_32-gap-norep',
+    'b32_gap_norep': 'ViT-B_32-gap-norep',
+    'r_ti16': 'R+ViT-Ti_16',
+    'r50_b16': 'R50+ViT-B_16',
+    'r26_b32': 'R26+ViT-B_32',
+    'r26_s32': 'R26+ViT-S_32',
+    'r50_l32': 'R50+ViT-L_32',
+  }
+  assert set(getters.values()) == set(OFFICIAL_PARAM_COUNTS)
+  for short, name in getters.items():
+    config = getattr(model_configs, f'get_{short}_config')()
+    assert config.to_dict() == model_configs.MODEL_CONFIGS[name].to_dict(), short
+  # The official AugReg names: file-name prefixes of the AugReg checkpoints.
+  assert set(model_configs.AUGREG_CONFIGS) == {
+    'testing-unpooled',
+    'Ti_16',
+    'S_16',
+    'B_16',
+    'L_16',
+    'S_16-gap-norep',
+    'B_16-gap-norep',
+    'B_8',
+    'S_32',
+    'B_32',
+    'S_32-gap-norep',
+    'B_32-gap-norep',
+    'R_Ti_16',
+    'R26_B_32',
+    'R26_S_32',
+    'R50_L_32',
+  }
+  assert model_configs.AUGREG_CONFIGS['R_Ti_16'].model_name == 'R+ViT-Ti_16'
+
+
+@pytest.mark.parametrize('name', ['Mixer-B_16', 'LiT-B16B'])
+def test_mixer_and_lit_are_refused_in_one_line(name):
+  message = f'{name}: MLP-Mixer and LiT models are not part of this package'
+  assert name not in model_configs.MODEL_CONFIGS
+  with pytest.raises(KeyError, match=message):
+    models.get_model(name, num_classes=1000)
+  getter = {'Mixer-B_16': 'get_mixer_b16_config', 'LiT-B16B': 'get_lit_b16b_config'}[name]
+  with pytest.raises(KeyError, match=message) as error:
+    getattr(model_configs, getter)()
+  assert '\n' not in error.value.args[0]
+
+
+def test_unpooled_outputs_logits_per_patch_as_the_official_model():
+  model = models.get_model('testing-unpooled', num_classes=1000)
+  images = jnp.ones((2, 224, 224, 3))
+  params = model.init(jax.random.key(0), images, train=False)
+  assert model.apply(params, images, train=False).shape == (2, 196, 1000)
 
 
 def test_registry_returns_independent_copies():
