@@ -5,8 +5,9 @@ r"""Measures the logits of every export against ours, at full size: the README's
 For each released architecture (random weights at initialisation scale, a
 1000-way head, 224 px, two random images) it exports with `vit_jax.export`,
 loads the result in the target framework and prints
-max |ours - theirs| / max |theirs|. For hybrids it also measures
-`timm.create_model` as timm ships it (its StdConv and GroupNorm epsilons).
+max |ours - theirs| / max |theirs|. Hybrids are read by `timm.create_model` as
+timm ships it (its own weight standardisation and GroupNorm epsilon) and by
+`vit_jax.interop.timm.build_model` (the original code's).
 """
 
 import argparse
@@ -45,7 +46,8 @@ def relative_error(ours, theirs):
   return float(np.max(np.abs(ours - theirs)) / np.max(np.abs(theirs)))
 
 
-def theirs_timm(out, images, default_eps=False):
+def theirs_timm(out, images, config=None):
+  """timm.create_model as timm ships it; with `config`, interop_timm.build_model's model."""
   import json
 
   import safetensors
@@ -53,16 +55,15 @@ def theirs_timm(out, images, default_eps=False):
   import timm
   import torch
 
-  with safetensors.safe_open(out, 'np') as f:
-    meta = f.metadata()
-  model = timm.create_model(meta['timm_model'], **json.loads(meta['timm_kwargs'])).eval()
+  from vit_jax.interop import timm as interop_timm
+
+  if config is None:
+    with safetensors.safe_open(out, 'np') as f:
+      meta = f.metadata()
+    model = timm.create_model(meta['timm_model'], **json.loads(meta['timm_kwargs'])).eval()
+  else:
+    model = interop_timm.build_model(config, 1000, SIZE)
   model.load_state_dict(safetensors.torch.load_file(out), strict=True)
-  if not default_eps:
-    for module in model.modules():  # what interop_timm.build_model sets
-      if isinstance(module, timm.layers.StdConv2dSame):
-        module.eps = 1e-5
-      elif isinstance(module, torch.nn.GroupNorm):
-        module.eps = 1e-6
   with torch.no_grad():
     return model(torch.from_numpy(images.transpose(0, 3, 1, 2).copy())).numpy()
 
@@ -119,7 +120,7 @@ def main():
         out = os.path.join(tmp, f'out-{fmt}')
         export.export(npz, fmt, out, name)
         reader = {
-          'timm': 'timm.create_model + eps of build_model' if hybrid else 'timm.create_model',
+          'timm': 'timm.create_model' + (' as shipped' if hybrid else ''),
           'hf': 'transformers',
           'savedmodel': 'tensorflow',
           'onnx': 'onnxruntime',
@@ -127,8 +128,9 @@ def main():
         error = relative_error(ours, readers[fmt](out, images))
         print(f'| {name} | {fmt} | {reader} | {error:.1e} |', flush=True)
         if fmt == 'timm' and hybrid:
-          error = relative_error(ours, theirs_timm(out, images, default_eps=True))
-          print(f"| {name} | {fmt} | timm.create_model, timm's eps | {error:.1e} |", flush=True)
+          config = model_configs.MODEL_CONFIGS[name]
+          error = relative_error(ours, theirs_timm(out, images, config))
+          print(f'| {name} | {fmt} | `interop.timm.build_model` | {error:.1e} |', flush=True)
 
 
 if __name__ == '__main__':

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import scipy.ndimage
 
 from vit_jax import checkpoint
 from vit_jax import models
@@ -162,6 +163,44 @@ def _torch_bilinear(grid, size):
   return out[0].permute(1, 2, 0).numpy()
 
 
+def _official_interpolate(posemb, num_tokens, has_class_token):
+  """The official `interpolate_posembed`'s arithmetic: scipy.ndimage.zoom, order 1."""
+  n = int(has_class_token)
+  token, grid = posemb[:, :n], posemb[0, n:]
+  old, new = int(np.sqrt(len(grid))), int(np.sqrt(num_tokens - n))
+  grid = scipy.ndimage.zoom(grid.reshape(old, old, -1), (new / old, new / old, 1), order=1)
+  return np.concatenate([token, grid.reshape(1, new * new, -1)], axis=1)
+
+
+@pytest.mark.parametrize('class_token', [True, False], ids=['token', 'gap'])
+@pytest.mark.parametrize('patch', [16, 14])
+@pytest.mark.parametrize('resolution', [384, 512])
+def test_posemb_resize_equals_scipy_zoom(resolution, patch, class_token):
+  old, new = 224 // patch, resolution // patch  # 14 -> 24, 32; 16 -> 27, 36
+  posemb = np.random.default_rng(patch).normal(size=(1, class_token + old * old, 32))
+  posemb = posemb.astype(np.float32)
+  num_tokens = class_token + new * new
+  expected = _official_interpolate(posemb, num_tokens, class_token)
+  ours = checkpoint.resize_posemb(posemb, num_tokens, int(class_token))
+  assert ours.shape == expected.shape == (1, num_tokens, 32) and ours.dtype == np.float32
+  np.testing.assert_allclose(ours, expected, rtol=1e-6, atol=1e-6)
+  np.testing.assert_array_equal(
+    checkpoint.interpolate_posembed(posemb, num_tokens, class_token), ours
+  )
+  # Half-pixel bilinear is another function: it moves the corner embeddings.
+  other = checkpoint.resize_posemb(posemb, num_tokens, int(class_token), 'bilinear')
+  assert np.abs(other - expected).max() > 0.1
+
+
+def test_posemb_resize_bilinear_option_equals_torch():
+  posemb = np.random.default_rng(0).normal(size=(1, 1 + 14 * 14, 8)).astype(np.float32)
+  ours = checkpoint.resize_posemb(posemb, 1 + 24 * 24, 1, method='bilinear')
+  expected = _torch_bilinear(posemb[0, 1:].reshape(14, 14, 8), 24).reshape(1, 576, 8)
+  np.testing.assert_allclose(ours[:, 1:], expected, rtol=1e-5, atol=1e-6)
+  with pytest.raises(checkpoint.CheckpointError, match="posemb_resize='cubic': use one of zoom"):
+    checkpoint.resize_posemb(posemb, 1 + 24 * 24, 1, method='cubic')
+
+
 def test_load_pretrained_224_to_384(tmp_path, capsys):
   # Pre-trained at 224 with a pre-logits layer and 21843 classes (an i21k file).
   pre_config = model_configs.MODEL_CONFIGS['ViT-B_16']
@@ -185,11 +224,10 @@ def test_load_pretrained_224_to_384(tmp_path, capsys):
   new = params['Transformer']['posembed_input']['pos_embedding']
   assert new.shape == (1, 577, 24)
   np.testing.assert_array_equal(new[:, 0], old[:, 0])  # class-token row kept
-  expected = _torch_bilinear(old[0, 1:].reshape(14, 14, 24), 24).reshape(576, 24)
-  np.testing.assert_allclose(new[0, 1:], expected, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(new, _official_interpolate(old, 577, True), rtol=1e-6, atol=1e-6)
 
   table = capsys.readouterr().out
-  assert 'resized' in table and '(1, 197, 24) -> (1, 577, 24)' in table
+  assert 'resized' in table and '(1, 197, 24) -> (1, 577, 24) (zoom)' in table
   assert 'dropped         pre_logits/kernel (24, 24)' in table
   assert 're-initialised  head/kernel (24, 10)' in table
   # The adapted model runs at the new resolution.
@@ -207,8 +245,16 @@ def test_load_pretrained_gap_model_resizes_whole_grid(tmp_path):
   )
   old = checkpoint.load(path)['Transformer']['posembed_input']['pos_embedding']
   new = params['Transformer']['posembed_input']['pos_embedding']
+  np.testing.assert_allclose(new, _official_interpolate(old, 9, False), rtol=1e-6, atol=1e-6)
+  bilinear = checkpoint.load_pretrained(
+    pretrained_path=path,
+    init_params=init,
+    model_config=config,
+    verbose=False,
+    posemb_resize='bilinear',
+  )['Transformer']['posembed_input']['pos_embedding']
   expected = _torch_bilinear(old[0].reshape(2, 2, 24), 3).reshape(1, 9, 24)
-  np.testing.assert_allclose(new, expected, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(bilinear, expected, rtol=1e-5, atol=1e-6)
 
 
 def test_load_pretrained_keeps_pre_logits_when_the_model_has_them(tmp_path):

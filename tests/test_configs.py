@@ -7,6 +7,7 @@ import os
 import pytest
 
 from vit_jax.configs import ConfigError
+from vit_jax.training import steps
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -127,3 +128,36 @@ def test_epochs_argument_and_bad_arguments():
     load('vit_b16.py', 'imagenet')
   with pytest.raises(ConfigError, match='EPOCHS after the comma must be a positive integer'):
     load('vit_b16.py', 'imagenet21k,ten')
+
+
+# The official model configs' transformer.dropout_rate, which the official
+# fine-tuning (train.py: VisionTransformer(**config.model)) trains with.
+OFFICIAL_FINETUNE_DROPOUT = {
+  'ViT-Ti_16': 0.0,
+  'ViT-S_16': 0.0,
+  'ViT-S_32': 0.0,
+  'ViT-B_8': 0.0,
+  'ViT-B_16': 0.0,
+  'ViT-B_32': 0.0,
+  'ViT-L_16': 0.1,
+  'ViT-L_32': 0.0,
+  'ViT-H_14': 0.1,
+  'ViT-S_16-gap-norep': 0.0,
+  'ViT-B_16-gap-norep': 0.0,
+  'ViT-S_32-gap-norep': 0.0,
+  'ViT-B_32-gap-norep': 0.0,
+  'R+ViT-Ti_16': 0.0,
+  'R50+ViT-B_16': 0.1,
+  'R26+ViT-B_32': 0.0,
+  'R26+ViT-S_32': 0.0,
+  'R50+ViT-L_32': 0.1,
+}
+
+
+@pytest.mark.parametrize('model, dropout', sorted(OFFICIAL_FINETUNE_DROPOUT.items()))
+def test_finetuning_dropout_is_the_official_model_configs(model, dropout):
+  config = load('finetune.py', f'{model},cifar10')
+  assert config.dropout_rate == dropout
+  # What the trainer builds: the model's own dropout, no attention dropout.
+  transformer = steps.model_config(config).transformer
+  assert (transformer.dropout_rate, transformer.attention_dropout_rate) == (dropout, 0.0)

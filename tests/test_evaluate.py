@@ -60,7 +60,7 @@ def test_evaluate_errors_are_one_line(workdir, capsys):
   assert evaluate.main([f'--checkpoint={path}', '--model=testing', '--dataset=cifar11']) == 1
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 2 and all(line.startswith('error: ') for line in err)
-  assert 'has shape (16,), the model expects (768,)' in err[0]
+  assert 'has shape (10,), the model expects (768,)' in err[0]
   assert "unknown dataset 'cifar11'" in err[1]
 
 

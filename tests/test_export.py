@@ -319,10 +319,10 @@ def test_import_a_transformers_model_in_its_own_naming(tmp_path):
   config = model_configs.MODEL_CONFIGS['testing']
   hf = transformers.ViTForImageClassification(
     transformers.ViTConfig(
-      hidden_size=16,
+      hidden_size=10,
       num_hidden_layers=1,
       num_attention_heads=2,
-      intermediate_size=32,
+      intermediate_size=10,
       image_size=32,
       patch_size=16,
       num_labels=4,

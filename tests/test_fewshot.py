@@ -137,7 +137,7 @@ def test_extract_features_are_what_the_head_reads(representation_size):
   ]  # one-hot labels too
   features, labels = fewshot.extract_features(model, params, batches)
   np.testing.assert_array_equal(labels, [0, 2, 4, 5])
-  assert features.shape == (4, representation_size or 16)
+  assert features.shape == (4, representation_size or 10)
   logits = model.apply({'params': params}, images, train=False)
   np.testing.assert_allclose(
     features @ params['head']['kernel'] + params['head']['bias'],

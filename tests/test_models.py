@@ -1,5 +1,6 @@
 """Model structure and numerics: exact parameter counts, dtype, intermediates."""
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -8,6 +9,7 @@ import pytest
 from vit_jax import checkpoint
 from vit_jax import models
 from vit_jax.configs import models as model_configs
+from vit_jax.models import resnet
 
 # ../shared/REFERENCE.md section 1: 1000 classes, 224 px, no pre-logits.
 REFERENCE_PARAM_COUNTS = {
@@ -26,6 +28,30 @@ REFERENCE_PARAM_COUNTS = {
   'ViT-B_16-gap': 86_566_120,
 }
 
+# The official vit_jax's models_test.py MODEL_SIZES for its other ViT and
+# hybrid names (1000 classes, 224 px); its Mixer and LiT names are out of scope.
+OFFICIAL_PARAM_COUNTS = {
+  **{k: v for k, v in REFERENCE_PARAM_COUNTS.items() if not k.endswith('-gap')},
+  'R+ViT-Ti_16': 6_337_704,
+  'R26+ViT-S_32': 36_431_912,
+  'ViT-B_16-gap-norep': 86_566_120,
+  'ViT-B_32-gap-norep': 88_222_696,
+  'ViT-S_16-gap-norep': 22_049_896,
+  'ViT-S_32-gap-norep': 22_878_184,
+  'testing': 21_390,
+  'testing-unpooled': 21_370,
+}
+
+# transformer.dropout_rate of the official model configs (0.0 elsewhere).
+OFFICIAL_DROPOUT = {
+  'ViT-L_16': 0.1,
+  'ViT-H_14': 0.1,
+  'R50+ViT-B_16': 0.1,
+  'R50+ViT-L_32': 0.1,
+  'testing': 0.1,
+  'testing-unpooled': 0.1,
+}
+
 
 def param_shapes(name, num_classes=1000, size=224, **overrides):
   config = model_configs.MODEL_CONFIGS[name]
@@ -39,8 +65,8 @@ def count(tree):
   return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(tree))
 
 
-def test_registry_lists_every_public_name():
-  missing = set(REFERENCE_PARAM_COUNTS) - set(model_configs.MODEL_CONFIGS)
+def test_registry_lists_every_public_and_official_name():
+  missing = {*REFERENCE_PARAM_COUNTS, *OFFICIAL_PARAM_COUNTS} - set(model_configs.MODEL_CONFIGS)
   assert not missing
 
 
@@ -65,9 +91,86 @@ def test_exact_parameter_count(name):
   n = count(param_shapes(name))
   if name in REFERENCE_PARAM_COUNTS:
     assert n == REFERENCE_PARAM_COUNTS[name]
+  if name in OFFICIAL_PARAM_COUNTS:
+    # Built as the official models_test builds it: get_model(name, num_classes=1000).
+    model = models.get_model(name, num_classes=1000)
+    init = lambda: model.init(jax.random.key(0), jnp.zeros((1, 224, 224, 3)), train=False)  # noqa: E731
+    assert count(jax.eval_shape(init)['params']) == n == OFFICIAL_PARAM_COUNTS[name]
   config = model_configs.MODEL_CONFIGS[name]
   if config.get('resnet') is None:
     assert n == closed_form_count(config)
+  assert config.model_name == name
+  base = name.replace('-gap-norep', '').replace('-gap', '')
+  assert config.transformer.dropout_rate == OFFICIAL_DROPOUT.get(base, 0.0)
+  assert config.transformer.attention_dropout_rate == 0.0
+
+
+def test_official_config_functions_are_views_of_the_registry():
+  getters = {
+    'testing': 'testing',
+    'testing_unpooled': 'testing-unpooled',
+    'ti16': 'ViT-Ti_16',
+    's16': 'ViT-S_16',
+    'b16': 'ViT-B_16',
+    'l16': 'ViT-L_16',
+    'h14': 'ViT-H_14',
+    's16_gap_norep': 'ViT-S_16-gap-norep',
+    'b16_gap_norep': 'ViT-B_16-gap-norep',
+    'b8': 'ViT-B_8',
+    's32': 'ViT-S_32',
+    'b32': 'ViT-B_32',
+    'l32': 'ViT-L_32',
+    's32_gap_norep': 'ViT-S_32-gap-norep',
+    'b32_gap_norep': 'ViT-B_32-gap-norep',
+    'r_ti16': 'R+ViT-Ti_16',
+    'r50_b16': 'R50+ViT-B_16',
+    'r26_b32': 'R26+ViT-B_32',
+    'r26_s32': 'R26+ViT-S_32',
+    'r50_l32': 'R50+ViT-L_32',
+  }
+  assert set(getters.values()) == set(OFFICIAL_PARAM_COUNTS)
+  for short, name in getters.items():
+    config = getattr(model_configs, f'get_{short}_config')()
+    assert config.to_dict() == model_configs.MODEL_CONFIGS[name].to_dict(), short
+  # The official AugReg names: file-name prefixes of the AugReg checkpoints.
+  assert set(model_configs.AUGREG_CONFIGS) == {
+    'testing-unpooled',
+    'Ti_16',
+    'S_16',
+    'B_16',
+    'L_16',
+    'S_16-gap-norep',
+    'B_16-gap-norep',
+    'B_8',
+    'S_32',
+    'B_32',
+    'S_32-gap-norep',
+    'B_32-gap-norep',
+    'R_Ti_16',
+    'R26_B_32',
+    'R26_S_32',
+    'R50_L_32',
+  }
+  assert model_configs.AUGREG_CONFIGS['R_Ti_16'].model_name == 'R+ViT-Ti_16'
+
+
+@pytest.mark.parametrize('name', ['Mixer-B_16', 'LiT-B16B'])
+def test_mixer_and_lit_are_refused_in_one_line(name):
+  message = f'{name}: MLP-Mixer and LiT models are not part of this package'
+  assert name not in model_configs.MODEL_CONFIGS
+  with pytest.raises(KeyError, match=message):
+    models.get_model(name, num_classes=1000)
+  getter = {'Mixer-B_16': 'get_mixer_b16_config', 'LiT-B16B': 'get_lit_b16b_config'}[name]
+  with pytest.raises(KeyError, match=message) as error:
+    getattr(model_configs, getter)()
+  assert '\n' not in error.value.args[0]
+
+
+def test_unpooled_outputs_logits_per_patch_as_the_official_model():
+  model = models.get_model('testing-unpooled', num_classes=1000)
+  images = jnp.ones((2, 224, 224, 3))
+  params = model.init(jax.random.key(0), images, train=False)
+  assert model.apply(params, images, train=False).shape == (2, 196, 1000)
 
 
 def test_registry_returns_independent_copies():
@@ -288,3 +391,105 @@ def test_hybrid_forward():
   assert params['Transformer']['posembed_input']['pos_embedding'].shape == (1, 5, 32)
   logits = model.apply({'params': params}, images, train=False)
   assert logits.shape == (1, 4) and bool(jnp.all(jnp.isfinite(logits)))
+
+
+# ---------------------------------------------------------------------------
+# The hybrids' BiT stem against a numpy transcription of the official code
+# (models_resnet.py and the root block in models_vit.py), float64.
+
+
+def _np_standardize(w, eps):
+  """Official `weight_standardize`: (w - mean) / (std + eps) over kh, kw, in."""
+  w = w - w.mean(axis=(0, 1, 2))
+  return w / (w.std(axis=(0, 1, 2)) + eps)
+
+
+def _np_standardize_var(w, eps):
+  """The formula this package used before: (w - mean) / sqrt(var + eps)."""
+  w = w - w.mean(axis=(0, 1, 2))
+  return w / np.sqrt(w.var(axis=(0, 1, 2)) + eps)
+
+
+def _np_same_pad(x, k, s, value=0.0):
+  h, w = x.shape[1:3]
+  oh, ow = -(-h // s), -(-w // s)
+  ph, pw = max((oh - 1) * s + k - h, 0), max((ow - 1) * s + k - w, 0)
+  pad = ((0, 0), (ph // 2, ph - ph // 2), (pw // 2, pw - pw // 2), (0, 0))
+  return np.pad(x, pad, constant_values=value), oh, ow
+
+
+def _np_conv(x, w, s):
+  """SAME convolution, NHWC x HWIO, as a sum of strided matrix products."""
+  k = w.shape[0]
+  x, oh, ow = _np_same_pad(x, k, s)
+  return sum(
+    x[:, i : i + s * oh : s, j : j + s * ow : s] @ w[i, j] for i in range(k) for j in range(k)
+  )
+
+
+def _np_group_norm(x, p, groups=32, eps=1e-6):
+  n, h, w, c = x.shape
+  g = x.reshape(n, h, w, groups, c // groups)
+  g = (g - g.mean(axis=(1, 2, 4), keepdims=True)) / np.sqrt(
+    g.var(axis=(1, 2, 4), keepdims=True) + eps
+  )
+  return g.reshape(x.shape) * p['scale'] + p['bias']
+
+
+def _np_max_pool(x, k=3, s=2):
+  x, oh, ow = _np_same_pad(x, k, s, value=-np.inf)
+  return np.max(
+    [x[:, i : i + s * oh : s, j : j + s * ow : s] for i in range(k) for j in range(k)], axis=0
+  )
+
+
+def _np_bit_stem(params, x, standardize):
+  """Root (7x7/2 StdConv, GN, ReLU, 3x3/2 max-pool), then the units of `block1`."""
+  relu = lambda v: np.maximum(v, 0)
+  conv = lambda v, p, s: _np_conv(v, standardize(p['kernel'], 1e-5), s)
+  x = _np_max_pool(relu(_np_group_norm(conv(x, params['conv_root'], 2), params['gn_root'])))
+  for name in sorted(params['block1']):
+    unit = params['block1'][name]
+    residual = x
+    if 'conv_proj' in unit:
+      residual = _np_group_norm(conv(x, unit['conv_proj'], 1), unit['gn_proj'])
+    y = relu(_np_group_norm(conv(x, unit['conv1'], 1), unit['gn1']))
+    y = relu(_np_group_norm(conv(y, unit['conv2'], 1), unit['gn2']))
+    y = _np_group_norm(conv(y, unit['conv3'], 1), unit['gn3'])
+    x = relu(residual + y)
+  return x
+
+
+class _Stem(nn.Module):
+  units: tuple
+
+  @nn.compact
+  def __call__(self, x):
+    return resnet.resnet_stem(x, self.units, 0.5, jnp.float32)
+
+
+def test_bit_stem_matches_the_official_formula_in_numpy():
+  stem = _Stem(units=(2,))
+  images = np.random.default_rng(0).uniform(-1, 1, (2, 24, 24, 3)).astype(np.float32)
+  shapes = jax.eval_shape(lambda: stem.init(jax.random.key(0), images))['params']
+  rng = np.random.default_rng(1)
+
+  def leaf(path, s):
+    name = path[-1].key
+    if name == 'kernel':
+      # Each output channel at its own scale, 1e-3 to 1e-1: where eps = 1e-5
+      # matters (trained kernels are small) and GroupNorm cannot hide it.
+      scale = np.exp(rng.uniform(np.log(1e-3), np.log(1e-1), s.shape[-1]))
+      return (rng.normal(size=s.shape) * scale).astype(np.float32)
+    return (rng.normal(size=s.shape) * 0.5 + (name == 'scale')).astype(np.float32)
+
+  params = jax.tree_util.tree_map_with_path(leaf, shapes)
+  ours = np.asarray(stem.apply({'params': params}, images))
+  params64 = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
+  official = _np_bit_stem(params64, images.astype(np.float64), _np_standardize)
+  assert ours.shape == official.shape == (2, 6, 6, 128)
+  relative = lambda a, b: float(np.linalg.norm(a - b) / np.linalg.norm(b))
+  assert relative(ours, official) < 1e-5
+  # The test tells the formulas apart: sqrt(var + eps) is 10% away here.
+  variance_form = _np_bit_stem(params64, images.astype(np.float64), _np_standardize_var)
+  assert relative(variance_form, official) > 0.05

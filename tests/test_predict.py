@@ -93,7 +93,14 @@ def test_image_files_expands_directories_and_commas(tmp_path):
 
 
 @pytest.mark.parametrize(
-  'name,stride', [('R50+ViT-B_16', 16), ('R26+ViT-B_32', 32), ('R50+ViT-L_32', 32), ('ViT-B_8', 8)]
+  'name,stride',
+  [
+    ('R50+ViT-B_16', 16),
+    ('R26+ViT-B_32', 32),
+    ('R50+ViT-L_32', 32),
+    ('R+ViT-Ti_16', 32),  # the ResNet root alone (/4), then 8x8 patches
+    ('ViT-B_8', 8),
+  ],
 )
 def test_pixels_per_patch_is_the_token_stride(name, stride):
   config = model_configs.MODEL_CONFIGS[name]
@@ -137,7 +144,7 @@ def test_load_model_reads_classes_and_resolution(tmp_path):
   assert (loaded.image_size, loaded.grid_size, loaded.pixels_per_patch) == (48, 3, 16)
   with pytest.raises(
     checkpoint.CheckpointError,
-    match=r'encoder_norm/bias has shape \(16,\), the model expects \(192,\)',
+    match=r'encoder_norm/bias has shape \(10,\), the model expects \(192,\)',
   ):
     inference.load_model(path, 'ViT-Ti_16')
   with pytest.raises(checkpoint.CheckpointError, match='not 0 class token.* check --model'):

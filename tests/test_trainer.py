@@ -146,8 +146,8 @@ def test_outputs_of_a_run(reference_run):
   assert 'step 24/24' in result.stdout and 'ETA' in result.stdout
   # params.npz is the public layout of the configured model.
   flat = params(workdir)
-  assert flat['Transformer/posembed_input/pos_embedding'].shape == (1, 2, 16)
-  assert flat['head/kernel'].shape == (16, 10)
+  assert flat['Transformer/posembed_input/pos_embedding'].shape == (1, 2, 10)
+  assert flat['head/kernel'].shape == (10, 10)
   # Three most recent checkpoints are kept.
   assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == ['16', '24', '8']
 

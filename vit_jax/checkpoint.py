@@ -229,19 +229,44 @@ def save_npz(params: Params, path: str) -> str:
 # Fine-tuning.
 
 
-def resize_posemb(posemb: np.ndarray, num_tokens: int, num_prefix_tokens: int) -> np.ndarray:
-  """Bilinearly resizes the square grid of position embeddings (paper 3.2).
+# How position embeddings are resized for a new resolution (paper 3.2):
+# 'zoom' is the official `interpolate_posembed`, `scipy.ndimage.zoom(order=1)`
+# on the grid: linear, the corner embeddings stay on the corners. 'bilinear'
+# samples at half-pixel centres, as torch's `interpolate(mode='bilinear',
+# align_corners=False)`; kept for runs that started from it.
+POSEMB_RESIZE = ('zoom', 'bilinear')
+
+
+def _zoom_axis(grid: np.ndarray, axis: int, size: int) -> np.ndarray:
+  """Linear resampling of `axis` to `size` points, first and last on the old first and last."""
+  old = grid.shape[axis]
+  # scipy.ndimage.zoom (grid_mode=False): output point i reads input point
+  # i * (old - 1) / (size - 1); a single output point reads point 0.
+  coords = np.arange(size) * ((old - 1) / (size - 1) if size > 1 else 0.0)
+  lo = np.floor(coords).astype(np.int64)
+  hi = np.minimum(lo + 1, old - 1)
+  shape = [1] * grid.ndim
+  shape[axis] = size
+  frac = (coords - lo).reshape(shape)
+  return np.take(grid, lo, axis=axis) * (1 - frac) + np.take(grid, hi, axis=axis) * frac
+
+
+def resize_posemb(
+  posemb: np.ndarray, num_tokens: int, num_prefix_tokens: int, method: str = 'zoom'
+) -> np.ndarray:
+  """Resizes the square grid of position embeddings (paper 3.2); see POSEMB_RESIZE.
 
   Args:
     posemb: [1, num_prefix_tokens + g*g, D].
     num_tokens: new sequence length, num_prefix_tokens + G*G.
     num_prefix_tokens: leading rows kept as they are (1 for the class token).
+    method: 'zoom' (the official code's) or 'bilinear'.
 
   Returns:
     [1, num_tokens, D] float32.
   """
-  import jax
-
+  if method not in POSEMB_RESIZE:
+    raise CheckpointError(f'posemb_resize={method!r}: use one of {", ".join(POSEMB_RESIZE)}')
   prefix, grid = posemb[:, :num_prefix_tokens], posemb[0, num_prefix_tokens:]
   old, new = len(grid), num_tokens - num_prefix_tokens
   g_old, g_new = math.isqrt(old), math.isqrt(new)
@@ -250,16 +275,33 @@ def resize_posemb(posemb: np.ndarray, num_tokens: int, num_prefix_tokens: int) -
       f'position embeddings: cannot resize {old} to {new} patch positions; '
       'only square grids (square images) can be interpolated'
     )
-  grid = grid.reshape(g_old, g_old, -1).astype(np.float32)
-  # Half-pixel-centred bilinear (as torch's align_corners=False); no antialias,
-  # so shrinking samples the grid rather than blurring it.
-  grid = jax.image.resize(grid, (g_new, g_new, grid.shape[-1]), 'bilinear', antialias=False)
-  grid = np.asarray(grid).reshape(1, new, -1)
+  grid = grid.reshape(g_old, g_old, -1)
+  if method == 'zoom':
+    grid = grid.astype(np.float64)
+    grid = _zoom_axis(_zoom_axis(grid, 0, g_new), 1, g_new)
+  else:
+    import jax
+
+    # No antialias: shrinking samples the grid rather than blurring it.
+    grid = jax.image.resize(
+      grid.astype(np.float32), (g_new, g_new, grid.shape[-1]), 'bilinear', antialias=False
+    )
+  grid = np.asarray(grid, np.float32).reshape(1, new, -1)
   return np.concatenate([prefix.astype(np.float32), grid], axis=1)
 
 
+def interpolate_posembed(posemb, num_tokens: int, has_class_token: bool) -> np.ndarray:
+  """The official `checkpoint.interpolate_posembed`: `resize_posemb` with 'zoom'."""
+  return resize_posemb(np.asarray(posemb), num_tokens, int(has_class_token), 'zoom')
+
+
 def load_pretrained(
-  *, pretrained_path: str, init_params: Params, model_config: Mapping, verbose: bool = True
+  *,
+  pretrained_path: str,
+  init_params: Params,
+  model_config: Mapping,
+  verbose: bool = True,
+  posemb_resize: str = 'zoom',
 ) -> dict:
   """Loads a pre-trained checkpoint for fine-tuning a model (paper 3.2).
 
@@ -273,6 +315,9 @@ def load_pretrained(
     init_params: freshly initialised parameters of the model to fine-tune.
     model_config: its config (a `MODEL_CONFIGS` entry), for the classifier.
     verbose: print a table of what was kept, resized, dropped or re-initialised.
+    posemb_resize: how position embeddings change resolution (POSEMB_RESIZE);
+      'zoom' is the official code's (and big_vision's), whose fine-tuning
+      recipe this package follows.
 
   Returns:
     A parameter tree with the structure and shapes of `init_params`.
@@ -292,8 +337,8 @@ def load_pretrained(
         'has; is it a checkpoint of another model?'
       )
     elif key == _POSEMB and _shape(restored[key]) != _shape(value):
-      out[key] = resize_posemb(restored[key], value.shape[1], num_prefix)
-      resized.append(f'{key} {_shape(restored[key])} -> {_shape(value)}')
+      out[key] = resize_posemb(restored[key], value.shape[1], num_prefix, posemb_resize)
+      resized.append(f'{key} {_shape(restored[key])} -> {_shape(value)} ({posemb_resize})')
     elif _shape(restored[key]) != _shape(value):
       raise CheckpointError(
         f'{pretrained_path}: {key} has shape {_shape(restored[key])}, the '

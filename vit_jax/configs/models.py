@@ -3,6 +3,13 @@
 Sizes from paper Table 1 (B, L, H) and the later Ti and S sizes. Each entry
 unpacks into `vit_jax.models.VisionTransformer(num_classes=..., **config)`.
 Every lookup returns a fresh copy, so editing one does not change the registry.
+
+The names are the official vit_jax's (google-research/vision_transformer,
+`vit_jax/configs/models.py`), with the same architectures and parameter
+counts, plus this package's `-gap` spellings and its demo model. The
+official `get_*_config()` functions and `AUGREG_CONFIGS` are views of this
+one registry. MLP-Mixer and LiT are not part of this package: asking for one
+says so in one line.
 """
 
 import collections.abc
@@ -34,13 +41,34 @@ _VIT_NAMES = [
   ('H', 14),
 ]
 
-# Hybrids: ViT on a BiT ResNet feature map with 1x1 patches. The name's patch
-# number is the backbone's total stride: three stages give 16, four give 32.
+# Global average pooling, no pre-logits: the official names of the AugReg
+# checkpoints trained so. This package spells them `-gap` for every ViT too.
+_GAP_NOREP = ('ViT-S_16', 'ViT-B_16', 'ViT-S_32', 'ViT-B_32')
+
+# Hybrids: ViT on a BiT ResNet feature map, (size, patch, units per stage).
+# The root (conv /2, max-pool /2) and every stage after the first halve the
+# map: three stages and 1x1 patches give /16, four give /32. R+ViT-Ti_16 is
+# the root alone with 8x8 patches (/32 in all, as the official config).
 _HYBRIDS = {
-  'R50+ViT-B_16': ('B', (3, 4, 9)),
-  'R26+ViT-B_32': ('B', (2, 2, 2, 2)),
-  'R50+ViT-L_32': ('L', (3, 4, 6, 3)),
+  'R+ViT-Ti_16': ('Ti', 8, ()),
+  'R50+ViT-B_16': ('B', 1, (3, 4, 9)),
+  'R26+ViT-B_32': ('B', 1, (2, 2, 2, 2)),
+  'R26+ViT-S_32': ('S', 1, (2, 2, 2, 2)),
+  'R50+ViT-L_32': ('L', 1, (3, 4, 6, 3)),
 }
+
+# transformer.dropout_rate of the official model configs; 0.0 for the rest.
+# The official fine-tuning trains with it, so `recipes.finetune` does too.
+_DROPOUT = {
+  'ViT-L_16': 0.1,
+  'ViT-H_14': 0.1,
+  'R50+ViT-B_16': 0.1,
+  'R50+ViT-L_32': 0.1,
+  'testing': 0.1,
+  'testing-unpooled': 0.1,
+}
+
+_OUT_OF_SCOPE = ('Mixer-', 'LiT-')
 
 
 def vit_config(size, patch, *, classifier='token', representation_size=None, name=None):
@@ -66,8 +94,8 @@ def vit_config(size, patch, *, classifier='token', representation_size=None, nam
 
 def hybrid_config(name):
   """An R+ViT hybrid from `_HYBRIDS`."""
-  size, units = _HYBRIDS[name]
-  config = vit_config(size, 1, name=name)
+  size, patch, units = _HYBRIDS[name]
+  config = vit_config(size, patch, name=name)
   config.resnet = {'num_layers': units, 'width_factor': 1}
   return config
 
@@ -80,12 +108,22 @@ def demo_config():
   return config
 
 
-def testing_config():
-  """A tiny ViT for unit tests (not a public checkpoint)."""
-  config = vit_config('Ti', 16, name='testing')
-  config.hidden_size = 16
-  config.transformer.update(mlp_dim=32, num_heads=2, num_layers=1)
+def testing_config(classifier='token'):
+  """The official tiny ViT for unit tests (not a public checkpoint): 21,390 parameters."""
+  name = 'testing' if classifier == 'token' else f'testing-{classifier}'
+  config = vit_config('Ti', 16, classifier=classifier, name=name)
+  config.hidden_size = 10
+  config.transformer.update(mlp_dim=10, num_heads=2, num_layers=1)
   return config
+
+
+def _with_dropout(factory, name):
+  def build():
+    config = factory()
+    config.transformer.dropout_rate = _DROPOUT.get(name, 0.0)
+    return config
+
+  return build
 
 
 def _factories():
@@ -93,28 +131,38 @@ def _factories():
   for size, patch in _VIT_NAMES:
     name = f'ViT-{size}_{patch}'
     factories[name] = lambda s=size, p=patch: vit_config(s, p)
-    factories[f'{name}-gap'] = lambda s=size, p=patch, n=name: vit_config(
-      s, p, classifier='gap', name=f'{n}-gap'
-    )
+    for suffix in ('-gap', '-gap-norep') if name in _GAP_NOREP else ('-gap',):
+      factories[name + suffix] = lambda s=size, p=patch, n=name + suffix: vit_config(
+        s, p, classifier='gap', name=n
+      )
   for name in _HYBRIDS:
     factories[name] = lambda n=name: hybrid_config(n)
   factories['ViT-Demo_4'] = demo_config
   factories['testing'] = testing_config
-  return factories
+  factories['testing-unpooled'] = lambda: testing_config('unpooled')
+  # Dropout by the architecture's name: ViT-L_16-gap trains as ViT-L_16.
+  return {
+    name: _with_dropout(factory, name.replace('-gap-norep', '').replace('-gap', ''))
+    for name, factory in factories.items()
+  }
 
 
 class _Registry(collections.abc.Mapping):
   """Read-only name -> ConfigDict mapping that builds a new config per lookup."""
 
-  def __init__(self, factories):
+  def __init__(self, factories, what):
     self._factories = factories
+    self._what = what
 
   def __getitem__(self, name):
     if name not in self._factories:
-      close = difflib.get_close_matches(name, self._factories, n=3, cutoff=0.5)
-      hint = (
-        f'did you mean {", ".join(close)}?' if close else 'see vit_jax.configs.models.MODEL_CONFIGS'
-      )
+      if isinstance(name, str) and name.startswith(_OUT_OF_SCOPE):
+        raise UnknownModelError(
+          f'{name}: MLP-Mixer and LiT models are not part of this package (ViT and R+ViT '
+          'hybrids only); use google-research/vision_transformer for them'
+        )
+      close = difflib.get_close_matches(str(name), self._factories, n=3, cutoff=0.5)
+      hint = f'did you mean {", ".join(close)}?' if close else f'see {self._what}'
       raise UnknownModelError(f'unknown model {name!r}: {hint}')
     return self._factories[name]()
 
@@ -125,4 +173,63 @@ class _Registry(collections.abc.Mapping):
     return len(self._factories)
 
 
-MODEL_CONFIGS = _Registry(_factories())
+_FACTORIES = _factories()
+MODEL_CONFIGS = _Registry(_FACTORIES, 'vit_jax.configs.models.MODEL_CONFIGS')
+
+
+def _augreg_name(name):
+  return name.replace('ViT-', '').replace('+', '_')
+
+
+# The official AugReg lookup: the first part of an AugReg file name
+# ('R_Ti_16' of 'R_Ti_16-i21k-300ep-lr_0.001-...npz') -> its architecture.
+# The official table leaves out the models AugReg did not train.
+AUGREG_CONFIGS = _Registry(
+  {
+    _augreg_name(name): factory
+    for name, factory in _FACTORIES.items()
+    if name not in ('testing', 'ViT-L_32', 'R50+ViT-B_16', 'ViT-H_14', 'ViT-Demo_4')
+    and not name.endswith('-gap')
+  },
+  'vit_jax.configs.models.AUGREG_CONFIGS',
+)
+
+
+def _getter(name):
+  def get_config():
+    return MODEL_CONFIGS[name]
+
+  get_config.__doc__ = f'The official `get_*_config` spelling of MODEL_CONFIGS[{name!r}].'
+  return get_config
+
+
+# The official vit_jax's config functions, by their names there.
+get_testing_config = _getter('testing')
+get_testing_unpooled_config = _getter('testing-unpooled')
+get_ti16_config = _getter('ViT-Ti_16')
+get_s16_config = _getter('ViT-S_16')
+get_b16_config = _getter('ViT-B_16')
+get_l16_config = _getter('ViT-L_16')
+get_h14_config = _getter('ViT-H_14')
+get_s16_gap_norep_config = _getter('ViT-S_16-gap-norep')
+get_b16_gap_norep_config = _getter('ViT-B_16-gap-norep')
+get_b8_config = _getter('ViT-B_8')
+get_s32_config = _getter('ViT-S_32')
+get_b32_config = _getter('ViT-B_32')
+get_l32_config = _getter('ViT-L_32')
+get_s32_gap_norep_config = _getter('ViT-S_32-gap-norep')
+get_b32_gap_norep_config = _getter('ViT-B_32-gap-norep')
+get_r_ti16_config = _getter('R+ViT-Ti_16')
+get_r50_b16_config = _getter('R50+ViT-B_16')
+get_r26_b32_config = _getter('R26+ViT-B_32')
+get_r26_s32_config = _getter('R26+ViT-S_32')
+get_r50_l32_config = _getter('R50+ViT-L_32')
+# Out of scope: these raise the one-line KeyError above.
+get_mixer_b16_config = _getter('Mixer-B_16')
+get_mixer_b32_config = _getter('Mixer-B_32')
+get_mixer_l16_config = _getter('Mixer-L_16')
+get_lit_b16b_config = _getter('LiT-B16B')
+get_lit_b16b_2_config = _getter('LiT-B16B_2')
+get_lit_l16l_config = _getter('LiT-L16L')
+get_lit_l16s_config = _getter('LiT-L16S')
+get_lit_l16ti_config = _getter('LiT-L16Ti')

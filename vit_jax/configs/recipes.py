@@ -121,6 +121,9 @@ def finetune(arg: str) -> ml_collections.ConfigDict:
   config = common.get_config()
   config.model = model
   config.dataset = dataset
+  # The official fine-tuning trains with its model config's dropout: 0.1 for
+  # ViT-L/16, ViT-H/14, R50+ViT-B/16 and R50+ViT-L/32, 0.0 for the others.
+  config.dropout_rate = model_configs.MODEL_CONFIGS[model].transformer.dropout_rate
   config.dtype = 'bfloat16'
   # Released ImageNet-21k weights; set --config.pretrained_path to another
   # .npz or to one of our workdirs.

@@ -47,8 +47,9 @@ def pixels_per_patch(config) -> int:
   """Input pixels per token step: the patch size, times the ResNet's stride for hybrids."""
   patch = config.patches.size[0]
   if config.get('resnet') is not None:
-    # Root conv /2 and max-pool /2, then /2 in every stage after the first.
-    return patch * 4 * 2 ** (len(config.resnet.num_layers) - 1)
+    # Root conv /2 and max-pool /2, then /2 in every stage after the first
+    # (R+ViT-Ti_16 has the root only).
+    return patch * 4 * 2 ** max(len(config.resnet.num_layers) - 1, 0)
   return patch
 
 

@@ -128,8 +128,9 @@ def _save_timm(loaded: inference.LoadedModel, output: str) -> List[str]:
     )
   if loaded.config.get('resnet') is not None:
     notes.append(
-      "timm.create_model's hybrids use StdConv eps 1e-8 and GroupNorm eps 1e-5 (ours: "
-      '1e-5, 1e-6); timm.build_model matches ours exactly'
+      "timm.create_model's hybrids standardise kernels by sqrt(var + 1e-8) and use GroupNorm "
+      'eps 1e-5 (ours, as the original code: std + 1e-5 and 1e-6); '
+      'vit_jax.interop.timm.build_model matches ours'
     )
   return notes
 

@@ -8,8 +8,10 @@ and `build_model` sets them to ours:
 
 - GELU: the original code (and ours) uses the tanh approximation; timm's
   ViT defaults to the exact GELU. `act_layer='gelu_tanh'` matches.
-- Hybrids: our weight-standardised convs use eps 1e-5 and the GroupNorms
-  eps 1e-6 (as the original code); timm's hybrids use 1e-8 and 1e-5.
+- Hybrids: our convs standardise kernels as the original code,
+  (w - mean) / (std + 1e-5), and the GroupNorms use eps 1e-6; timm's
+  hybrids divide by sqrt(var + 1e-8) and use GroupNorm eps 1e-5.
+  `build_model` gives timm's ResNet the original formula.
 
 timm has no pre-logits layer (it dropped it for the released ImageNet-21k
 files), so a checkpoint with `pre_logits` exports as timm's features-only
@@ -53,7 +55,7 @@ TIMM_384 = (
   'vit_large_r50_s32',
 )
 
-STD_CONV_EPS = 1e-5  # models_resnet.StdConv
+STD_CONV_EPS = 1e-5  # models_resnet.StdConv: (w - mean) / (std + eps)
 GROUP_NORM_EPS = 1e-6  # flax.linen.GroupNorm's default, as the original code
 
 _BLOCK = r'^Transformer/encoderblock_(\d+)/'
@@ -126,12 +128,31 @@ def create_model_kwargs(config, num_classes: Optional[int], image_size: int) -> 
   }
 
 
+def _std_conv_layer():
+  """timm's SAME-padded StdConv2dSame, standardising as the original code (models_resnet)."""
+  torch = torch_layout.require('torch')
+  from timm.layers import StdConv2dSame
+  from timm.layers.padding import pad_same
+
+  class OriginalStdConv2dSame(StdConv2dSame):
+    def forward(self, x):
+      if self.same_pad:
+        x = pad_same(x, self.kernel_size, self.stride, self.dilation)
+      w = self.weight - self.weight.mean(dim=(1, 2, 3), keepdim=True)
+      # (w - mean) / (std + eps), where timm divides by sqrt(var + eps).
+      w = w / (torch.sqrt((w * w).mean(dim=(1, 2, 3), keepdim=True)) + self.eps)
+      return torch.nn.functional.conv2d(
+        x, w, self.bias, self.stride, self.padding, self.dilation, self.groups
+      )
+
+  return functools.partial(OriginalStdConv2dSame, eps=STD_CONV_EPS)
+
+
 def build_model(config, num_classes: Optional[int], image_size: int):
   """timm's `VisionTransformer` of `config`, numerically ours (tanh GELU, our eps)."""
   timm = torch_layout.require('timm')
   from timm.layers import GroupNormAct
   from timm.layers import HybridEmbed
-  from timm.layers import StdConv2dSame
   from timm.models import resnetv2
 
   hidden, mlp_dim = config.hidden_size, config.transformer.mlp_dim
@@ -151,7 +172,8 @@ def build_model(config, num_classes: Optional[int], image_size: int):
     **_pooling_kwargs(config.classifier),
   )
   if config.get('resnet') is not None:
-    # timm's own hybrids: ResNetV2(preact=False, stem_type='same', StdConv2dSame).
+    # timm's own hybrids: ResNetV2(preact=False, stem_type='same', StdConv2dSame),
+    # here with the original standardisation and epsilons.
     backbone = resnetv2.ResNetV2(
       layers=tuple(config.resnet.num_layers),
       num_classes=0,
@@ -159,7 +181,7 @@ def build_model(config, num_classes: Optional[int], image_size: int):
       preact=False,
       stem_type='same',
       width_factor=config.resnet.width_factor,
-      conv_layer=functools.partial(StdConv2dSame, eps=STD_CONV_EPS),
+      conv_layer=_std_conv_layer(),
       norm_layer=functools.partial(GroupNormAct, num_groups=32, eps=GROUP_NORM_EPS),
     )
     kwargs['embed_layer'] = functools.partial(HybridEmbed, backbone=backbone)
