@@ -138,7 +138,7 @@ _SAME_PROGRAM = textwrap.dedent("""
   with jax.set_mesh(mesh):
     # As the trainer does: real state, a real batch from the input pipeline.
     run = loop.set_up(config, tempfile.mkdtemp(), mesh)
-    state, _ = loop.restore_or_initialize(run)
+    state = loop.restore_or_initialize(run)[0]
     batch = next(pipeline.make_train_iterator(config, run.batch_sharding))
     eval_batch = next(pipeline.make_eval_iterator(config, run.batch_sharding))
     trainer_train = run.program.train_step.lower(state, batch)
