@@ -5,7 +5,7 @@ matches torch, which CPU-only machines rarely have) and no renaming. Every op
 mirrors `vit_jax.models.vit` and `vit_jax.models.resnet`: pre-LN blocks with
 LayerNorm eps 1e-6, tanh-approximated GELU, the class token, learned position
 embeddings; for hybrids the BiT ResNet with weight-standardised convolutions
-(eps 1e-5), GroupNorm (32 groups, eps 1e-6) and TensorFlow's 'SAME' padding.
+(divided by std + 1e-5), GroupNorm (32 groups, eps 1e-6) and TensorFlow's 'SAME' padding.
 Input: NHWC float32 in [-1, 1], as our model takes.
 """
 
@@ -57,8 +57,9 @@ def build(loaded):
       kernel = self.p(f'{name}/kernel')  # [kh, kw, in, out]
       if standardize:
         mean = kernel.mean(dim=(0, 1, 2), keepdim=True)
-        var = kernel.var(dim=(0, 1, 2), unbiased=False, keepdim=True)
-        kernel = (kernel - mean) / torch.sqrt(var + _STD_CONV_EPS)
+        std = kernel.std(dim=(0, 1, 2), unbiased=False, keepdim=True)
+        # As models.resnet.weight_standardize (the official formula): eps on the std.
+        kernel = (kernel - mean) / (std + _STD_CONV_EPS)
       if padding == 'SAME':
         x = same_pad(x, kernel.shape[0], stride)
       bias = self.p(f'{name}/bias') if f'{name}/bias' in flat else None
