@@ -50,11 +50,11 @@ _DIGITS = Defaults(flip=False, area_min=0.5, why='the built-in digits')
 
 
 def _small_images(side: int) -> Defaults:
-  # Small images are mostly symbols (digits, letters, signs) or tiny crops: keep
-  # at least half of each image and do not mirror it. Measured in docs/data.md
-  # on the digits as an image folder and on tiles of scikit-learn's photos.
+  # Crops keep at least half of a small image; flips stay (they help photos,
+  # and only the data's meaning says whether a mirror image is the same class:
+  # set pp.flip=False for digits and text). Measured in docs/data.md on the
+  # digits written out as an image folder and on tiles of scikit-learn's photos.
   return Defaults(
-    flip=False,
     area_min=0.5,
     why=f'small images (shorter side {side} px < {SMALL_IMAGE_SIDE})',
   )
