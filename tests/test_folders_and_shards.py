@@ -165,14 +165,14 @@ def test_small_images_get_gentle_crops_and_the_run_says_so(tmp_path):
   assert text.startswith(
     'preprocessing: train inception crop (area 0.5-1) to 8 px, horizontal flip;'
   )
-  assert 'small images (shorter side 8 px < 64)' in text
+  assert 'dataset defaults (small images: shorter side 8 px < 64)' in text
   large = _config(_sized_folder(tmp_path / 'large', (96, 80)))
   text = pipeline.describe_preprocessing(large)
   assert 'inception crop (area 0.05-1)' in text and 'horizontal flip' in text
-  assert "images of ImageNet's size" in text
+  assert "dataset defaults (the paper's, B.1.1)" in text
   chosen = _config(tmp_path / 'small', flip=False)
   text = pipeline.describe_preprocessing(chosen)
-  assert 'no flip' in text and 'except flip' in text
+  assert 'no flip' in text and 'set: flip' in text
   assert '--config.pp.flip' in text and 'docs/data.md' in text
 
 
