@@ -36,8 +36,10 @@ def test_notebook_runs_on_cpu(path, tmp_path, monkeypatch):
   monkeypatch.setenv('JAX_PLATFORMS', 'cpu')
   monkeypatch.setenv('TMPDIR', str(tmp_path))
   monkeypatch.setenv('MPLBACKEND', 'Agg')
+  # A generous per-cell limit: a busy machine stretches wall time; the budget
+  # (CPU time) is checked below.
   client = nbclient.NotebookClient(
-    notebook, timeout=300, kernel_name='python3', resources={'metadata': {'path': str(tmp_path)}}
+    notebook, timeout=1200, kernel_name='python3', resources={'metadata': {'path': str(tmp_path)}}
   )
   client.execute()
   text = '\n'.join(
@@ -47,7 +49,15 @@ def test_notebook_runs_on_cpu(path, tmp_path, monkeypatch):
     if output.get('name') == 'stdout'
   )
   assert 'demo model on CPU' in text
-  assert 'fine-tuned 30 steps on digits' in text
-  # The exported transformers model computes the same logits.
-  ratio = float(text.split('max |ours - transformers| / max |transformers| = ')[1].split()[0])
-  assert ratio <= 1e-5
+  # Fine-tuned, it classifies held-out digits (all 359 of the test split) well.
+  line = next(l for l in text.splitlines() if l.startswith('fine-tuned '))
+  assert 'on digits: test accuracy' in line and 'on 359 held-out images' in line
+  assert float(line.split('test accuracy ')[1].split()[0]) >= 0.90
+  # Within 3 minutes of this 2-core CPU: 360 s of CPU time at most, which a
+  # busy machine stretches in wall time but not in CPU time.
+  cpu = float(text.split('notebook time: ')[1].split(' s wall, ')[1].split()[0])
+  assert cpu <= 360
+  if 'pip install torch transformers' not in text:
+    # The exported transformers model computes the same logits.
+    ratio = float(text.split('max |ours - transformers| / max |transformers| = ')[1].split()[0])
+    assert ratio <= 1e-5

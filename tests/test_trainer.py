@@ -526,7 +526,7 @@ def test_a_short_demo_run_reads_cleanly(tmp_path):
   lines = result.stdout.splitlines()
   assert lines[0].startswith('warmup_steps 200 -> 0: ') and 'total_steps=2' in lines[0]
   assert lines[1].startswith('preprocessing: train inception crop (area 0.5-1) to 16 px, no flip;')
-  assert 'the built-in digits' in lines[1] and '--config.pp.flip' in lines[1]
+  assert 'dataset defaults (built-in digits)' in lines[1] and '--config.pp.flip' in lines[1]
   assert lines[2].startswith('step 2/2  loss ')
   assert lines[-1].startswith('Done: step 2, test accuracy ') and lines[-1].endswith('summary.json')
   summary = json.load(open(tmp_path / 'summary.json'))

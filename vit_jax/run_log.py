@@ -189,6 +189,11 @@ def quiet_libraries(verbosity: int) -> None:
     )
     os.environ['JAX_PLATFORMS'] = 'cuda,cpu' if gpu else 'cpu'
   logging.set_verbosity(logging.WARNING)
-  # Warnings that remain are read by people: `warning: ...`, not absl's prefix.
+  # TFDS warns that an unprepared dataset's folder "has no dataset_info.json"
+  # before our own one-line error says what to do about it.
+  py_logging.getLogger('absl').addFilter(
+    lambda record: 'has no dataset_info.json' not in record.getMessage()
+  )
+  # Warnings that remain are read by people: `WARNING: ...`, without absl's prefix.
   logging.get_absl_handler().setFormatter(py_logging.Formatter('%(levelname)s: %(message)s'))
   py_logging.getLogger().setLevel(py_logging.WARNING)

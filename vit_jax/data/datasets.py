@@ -34,7 +34,7 @@ class Defaults:
   flip: bool = True
   inception_crop: bool = True
   area_min: float = 0.05
-  why: str = "images of ImageNet's size (paper B.1.1)"  # where the choice comes from, for people
+  why: str = "the paper's, B.1.1"  # where the choice comes from, for people
 
 
 # Images whose shorter side is below this many pixels are "small" (digits,
@@ -46,17 +46,17 @@ _SIZE_SAMPLE = 32  # image files whose size is read to decide
 
 # Digits are 8x8: a crop keeping most of the digit, and no flip (it changes
 # their meaning: 2 vs 5 mirrored).
-_DIGITS = Defaults(flip=False, area_min=0.5, why='the built-in digits')
+_DIGITS = Defaults(flip=False, area_min=0.5, why='built-in digits')
 
 
 def _small_images(side: int) -> Defaults:
-  # Small images are mostly symbols (digits, letters, signs) or tiny crops: keep
-  # at least half of each image and do not mirror it. Measured in docs/data.md
-  # on the digits as an image folder and on tiles of scikit-learn's photos.
+  # Crops keep at least half of a small image; flips stay (they help photos,
+  # and only the data's meaning says whether a mirror image is the same class:
+  # set pp.flip=False for digits and text). Measured in docs/data.md on the
+  # digits written out as an image folder and on tiles of scikit-learn's photos.
   return Defaults(
-    flip=False,
     area_min=0.5,
-    why=f'small images (shorter side {side} px < {SMALL_IMAGE_SIDE})',
+    why=f'small images: shorter side {side} px < {SMALL_IMAGE_SIDE}',
   )
 
 
@@ -92,7 +92,7 @@ def defaults(dataset: str, tfds_data_dir=None) -> Defaults:
       preset.flip,
       preset.inception_crop,
       preset.area_min,
-      why=f'the {dataset} preset',
+      why=f'{dataset} preset',
     )
   which = kind(dataset)
   side = None

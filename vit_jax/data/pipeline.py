@@ -123,7 +123,7 @@ def describe_preprocessing(config) -> str:
     )
     if value is not None
   ]
-  source = f'defaults for {base.why}' + (f', except {", ".join(chosen)}' if chosen else '')
+  source = f'dataset defaults ({base.why})' + (f', set: {", ".join(chosen)}' if chosen else '')
   return (
     f'preprocessing: train {", ".join(train)}; eval {evaluation}. From: {source}; '
     'change with --config.pp.flip, .area_min, .inception_crop (docs/data.md)'

@@ -94,6 +94,7 @@ def load_model(path: str, model_name: Optional[str] = None) -> LoadedModel:
     model_name: a `MODEL_CONFIGS` name (`ViT-B_16`, `testing`, ...); None
       for a workdir, whose summary.json names it.
   """
+  checkpoint.resolve(path)  # a missing file is named as such, before a missing --model
   model_name = resolve_model_name(model_name, path)
   _ = model_config(model_name)  # a wrong name fails before the file is read
   return model_from_flat(checkpoint.flatten(checkpoint.load(path)), model_name, os.fspath(path))

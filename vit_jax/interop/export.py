@@ -65,7 +65,7 @@ def load(path: str, model_name: Optional[str] = None) -> Source:
       f'{path}: neither timm (patch_embed.proj.weight) nor '
       'transformers (vit.embeddings...) ViT weights'
     )
-  return Source(inference.load_model(path, _model_name(model_name, path, {})), None, [])
+  return Source(inference.load_model(path, model_name), None, [])
 
 
 def _from_hf(state, hf_config, model_name, what) -> Source:
