@@ -437,7 +437,7 @@ def test_two_processes_match_one(reference_run, tmp_path):
   for p, (_, err) in zip(processes, outputs):
     assert p.returncode == 0, err[-3000:]
   # Only process 0 logs progress and writes results.
-  assert 'step 24/24' in outputs[0][1] and 'step 24/24' not in outputs[1][1]
+  assert 'step 24/24' in outputs[0][0] and 'step 24/24' not in outputs[1][0]
   reference = params(reference_run[0])
   got = params(workdir)
   for key in reference:

@@ -44,7 +44,14 @@ def load(path: str, model_name: Optional[str] = None) -> Source:
   """The model that a checkpoint of any supported kind holds, checked against `model_name`."""
   path = os.fspath(path)
   local = not files.is_remote(path)
-  if local and os.path.isdir(path) and os.path.exists(os.path.join(path, 'config.json')):
+  # A transformers folder: config.json without params.npz (a training workdir has
+  # both: its config.json is the run's config).
+  if (
+    local
+    and os.path.isdir(path)
+    and os.path.exists(os.path.join(path, 'config.json'))
+    and not os.path.exists(os.path.join(path, 'params.npz'))
+  ):
     state, hf_config, metadata = hf.read_folder(path)
     return _from_hf(state, hf_config, _model_name(model_name, path, metadata), path)
   if local and path.endswith(_TORCH_SUFFIXES):
