@@ -14,6 +14,7 @@ import json
 import logging as py_logging
 import os
 import time
+import warnings
 
 from absl import logging
 
@@ -189,6 +190,9 @@ def quiet_libraries(verbosity: int) -> None:
     )
     os.environ['JAX_PLATFORMS'] = 'cuda,cpu' if gpu else 'cpu'
   logging.set_verbosity(logging.WARNING)
+  # Libraries' notes to their own developers (torch.onnx, orbax): not for users.
+  warnings.filterwarnings('ignore', category=FutureWarning)
+  warnings.filterwarnings('ignore', category=DeprecationWarning)
   # TFDS warns that an unprepared dataset's folder "has no dataset_info.json"
   # before our own one-line error says what to do about it.
   py_logging.getLogger('absl').addFilter(
