@@ -4,6 +4,7 @@ Each run is a subprocess on the built-in dataset with a tiny schedule, so a
 test sees exactly what a user sees: files in the workdir, exit codes, stderr.
 """
 
+import ast
 import json
 import os
 import re
@@ -22,7 +23,9 @@ import numpy as np
 import pytest
 
 from vit_jax import checkpoint
+from vit_jax import workdir as workdir_lib
 from vit_jax.configs import common
+from vit_jax.configs import demo
 from vit_jax.data import pipeline
 from vit_jax.evaluation import inference
 from vit_jax.training import loop
@@ -49,6 +52,22 @@ TINY = [
 
 def command(workdir, *overrides, extra=()):
   return [sys.executable, '-m', 'vit_jax.main', f'--workdir={workdir}', *TINY, *overrides, *extra]
+
+
+def tiny_config():
+  """The config `command()` runs (the demo's, with TINY), built in this process."""
+  config = demo.get_config()
+  for flag in TINY:
+    key, text = flag[len('--config.') :].split('=', 1)
+    *parents, last = key.split('.')
+    target = config
+    for part in parents:
+      target = target[part]
+    try:
+      target[last] = ast.literal_eval(text)
+    except (ValueError, SyntaxError):  # a bare string such as testing or sgd
+      target[last] = text
+  return config
 
 
 def run(workdir, *overrides, devices=1, check=True, timeout=600):
@@ -163,9 +182,9 @@ def test_rerun_of_a_finished_run_reports_it_and_changes_nothing(reference_run, t
 
 def test_a_run_stopped_after_its_last_checkpoint_sums_up_the_whole_run(reference_run, tmp_path):
   workdir = copy_run(reference_run[0], tmp_path / 'cut', leave_out=('summary.json', 'params.npz'))
-  result = run(workdir)
-  assert 'Resuming from the checkpoint at step 24' in result.stdout
-  summary = json.load(open(os.path.join(workdir, 'summary.json')))
+  summary = loop.train_and_evaluate(tiny_config(), workdir)
+  assert summary['resumed_from_step'] == 24
+  assert json.load(open(os.path.join(workdir, 'summary.json'))) == summary
   reference = json.load(open(os.path.join(reference_run[0], 'summary.json')))
   # The loss of the last progress line and the loop's speed come from the earlier session.
   assert summary['train_loss'] == reference['train_loss']
@@ -222,15 +241,14 @@ def test_a_second_run_on_a_workdir_is_refused_and_the_first_loses_nothing(refere
     command(workdir), env=subprocess_env(), stderr=subprocess.PIPE, text=True
   )
   _wait_for(lambda: os.path.exists(os.path.join(workdir, 'lock.json')), first)
-  # Paused, so that it is surely still running when the second one starts.
+  # Paused, so that it is surely still running when the second one (this process) starts.
   first.send_signal(signal.SIGSTOP)
   try:
-    second = run(workdir, check=False)
+    with pytest.raises(workdir_lib.WorkdirError) as second:
+      loop.train_and_evaluate(tiny_config(), workdir)
   finally:
     first.send_signal(signal.SIGCONT)
-  assert one_line_error(second).startswith(
-    f'error: {workdir} is in use by another run (pid {first.pid} on '
-  )
+  assert str(second.value).startswith(f'{workdir} is in use by another run (pid {first.pid} on ')
   first_stderr = first.communicate(timeout=600)[1]
   assert first.returncode == 0, first_stderr[-3000:]
   assert not os.path.exists(os.path.join(workdir, 'lock.json'))  # released
@@ -283,17 +301,17 @@ def test_a_full_disk_or_read_only_workdir_is_one_line_and_the_run_resumes(
 
   _remount(small_disk, 'ro')
   try:
-    read_only = run(workdir, check=False)
+    with pytest.raises(workdir_lib.WorkdirError) as read_only:
+      loop.train_and_evaluate(tiny_config(), workdir)
   finally:
     _remount(small_disk, 'rw')
-  assert one_line_error(read_only) == (
-    f'error: {workdir}: read-only file system (writing lock.json); make it writable or use '
+  assert str(read_only.value) == (
+    f'{workdir}: read-only file system (writing lock.json); make it writable or use '
     'another --workdir'
   )
 
   filler.unlink()
-  resumed = run(workdir)
-  assert 'Resuming from the checkpoint at step 8' in resumed.stdout
+  assert loop.train_and_evaluate(tiny_config(), workdir)['resumed_from_step'] == 8
   # The unfinished temporary checkpoint was cleaned up; the result is the uninterrupted run's.
   assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == ['16', '24', '8']
   assert_bitwise_equal(params(workdir), params(reference_run[0]))

@@ -103,6 +103,7 @@ class Lock:
     self._thread: Optional[threading.Thread] = None
 
   def acquire(self) -> 'Lock':
+    """Takes the lock (over a stale one) and starts the heartbeat; WorkdirError when held."""
     files.makedirs(self.workdir)
     host, boot_id = socket.gethostname(), _boot_id()
     # A few rounds: a stale lock removed here may be re-taken by a third run first.

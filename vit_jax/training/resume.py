@@ -187,6 +187,10 @@ def restore_newest(manager, workdir: str, args_for: Callable, log) -> Optional[t
   not restore are moved aside (by process 0) and named in one line; when none
   restores, nothing is moved and ResumeError says so.
   """
+  # Every host reads the files it needs: all of them in data-parallel runs, so
+  # all fail alike on a damaged file. With FSDP a damaged shard may fail on
+  # some hosts only while the others wait in orbax's restore barrier; such a
+  # run fails there (a traceback or the coordination timeout), not falling back.
   failed = []
   for step in sorted(manager.all_steps(), reverse=True):
     try:
