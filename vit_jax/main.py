@@ -21,6 +21,8 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
+from vit_jax.configs import official
+
 _DEMO_CONFIG = os.path.join(os.path.dirname(__file__), 'configs', 'demo.py')
 
 # No default here: ml_collections would parse it, and any --config.FIELD, at
@@ -62,10 +64,13 @@ def _parse_flags(argv):
     # A --config.FIELD that the locked config does not have.
     text = str(e).replace('\\', '')
     match = re.search(r'Did you mean "([\w.]+)" instead of "([\w.]+)"', text)
+    found = re.search(r'(\w+)', text)
+    field = match.group(2) if match else (found.group(1) if found else text)
+    if official.hint(field):
+      _exit(f'unknown config field {field!r}: {official.hint(field)}')
     if match:
-      _exit(f'unknown config field {match.group(2)!r}; did you mean {match.group(1)}?')
-    field = re.search(r'(\w+)', text)
-    _exit(f'unknown config field {field.group(1) if field else text!r}; see the config file')
+      _exit(f'unknown config field {field!r}; did you mean {match.group(1)}?')
+    _exit(f'unknown config field {field!r}; see the config file')
   except flags.Error as e:
     _exit(str(e))
 

@@ -11,6 +11,10 @@ import ml_collections
 from vit_jax.configs import data
 
 
+class ConfigError(ValueError):
+  """A config whose values do not fit together, or an unknown choice; one line."""
+
+
 def get_config():
   config = ml_collections.ConfigDict()
   config.seed = 0
@@ -76,3 +80,10 @@ def get_config():
   config.tensorboard = True
   config.peak_flops = ml_collections.config_dict.placeholder(float)  # per device, for MFU
   return config
+
+
+def with_dataset(config: ml_collections.ConfigDict, dataset: str) -> ml_collections.ConfigDict:
+  """The official `common.with_dataset(common.get_config(), dataset)`: see `recipes.with_dataset`."""
+  from vit_jax.configs import recipes  # recipes builds on this module
+
+  return recipes.with_dataset(config, dataset)

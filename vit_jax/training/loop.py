@@ -25,6 +25,8 @@ from vit_jax import files
 from vit_jax import hardware
 from vit_jax import run_log
 from vit_jax import sharding
+from vit_jax.configs import common
+from vit_jax.configs import official
 from vit_jax.data import pipeline
 from vit_jax.evaluation import fewshot
 from vit_jax.models import vit
@@ -37,11 +39,15 @@ class TrainingError(RuntimeError):
   """A run that cannot go on; the message is one line saying what to do."""
 
 
-class ConfigError(ValueError):
-  """A config whose values do not fit together; one line."""
+ConfigError = common.ConfigError
 
 
 def validate(config, num_devices: int) -> None:
+  if not isinstance(config.accum_steps, int) or config.accum_steps < 1:
+    raise ConfigError(
+      f'accum_steps={config.accum_steps!r} must be a positive number of micro-batches '
+      '(1: no accumulation)'
+    )
   per_step = config.accum_steps * num_devices
   if config.batch % per_step:
     raise ConfigError(
@@ -173,6 +179,7 @@ class Loop:
 def train_and_evaluate(config, workdir: str) -> dict:
   """Trains and evaluates `config` in `workdir`; returns the summary dict."""
   wall_start = time.time()
+  config = official.translate(config)  # configs written for the official vit_jax
   mesh = sharding.make_mesh(config.mesh.fsdp)
   with jax.set_mesh(mesh):
     run = set_up(config, workdir, mesh)
