@@ -7,10 +7,13 @@ fine-tune, evaluate again, predict from a re-loaded file.
 """
 
 import copy
+import subprocess
+import sys
 
 from conftest import batch_sharding
 from conftest import param_shapes
 from conftest import random_like
+from conftest import subprocess_env
 import flax
 from flax.training import checkpoints as flax_checkpoints
 import jax
@@ -258,6 +261,39 @@ def test_official_config_refusals_are_one_line(change, message):
   with pytest.raises(loop.ConfigError, match=message) as e:
     official.translate(config)
   assert '\n' not in str(e.value)
+
+
+_OFFICIAL_STYLE_CONFIG = """
+from vit_jax.configs import common
+from vit_jax.configs import models
+
+
+def get_config(model_dataset):  # as the official configs/vit.py
+  model, dataset = model_dataset.split(',')
+  config = common.with_dataset(common.get_config(), dataset)
+  config.model = getattr(models, f'get_{model}_config')()
+  return config
+"""
+
+
+def test_official_style_config_file_on_the_command_line(tmp_path):
+  path = tmp_path / 'vit.py'
+  path.write_text(_OFFICIAL_STYLE_CONFIG)
+  cases = [
+    ([':mixer_b16,digits'], 'error: Mixer-B_16: MLP-Mixer and LiT models are not part of'),
+    ([':b99,digits'], "error: config file: module 'vit_jax.configs.models' has no attribute"),
+  ]
+  for (arg, *flags), message in cases:
+    result = subprocess.run(
+      [sys.executable, '-m', 'vit_jax.main', f'--config={path}{arg}', *flags],
+      cwd=tmp_path,
+      env=subprocess_env(),
+      capture_output=True,
+      text=True,
+      timeout=300,
+    )
+    assert result.returncode == 2 and 'Traceback' not in result.stderr, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines()[-1].startswith(message), result.stderr[-2000:]
 
 
 def test_accum_steps_zero_is_one_and_negative_is_refused():

@@ -21,6 +21,7 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
+from vit_jax.configs import models as model_configs
 from vit_jax.configs import official
 
 _DEMO_CONFIG = os.path.join(os.path.dirname(__file__), 'configs', 'demo.py')
@@ -63,6 +64,8 @@ def _parse_flags(argv):
   except AttributeError as e:
     # A --config.FIELD that the locked config does not have.
     text = str(e).replace('\\', '')
+    if text.startswith('module '):  # the config file's own, e.g. a get_*_config it lacks
+      _exit(f'config file: {text}')
     match = re.search(r'Did you mean "([\w.]+)" instead of "([\w.]+)"', text)
     found = re.search(r'(\w+)', text)
     field = match.group(2) if match else (found.group(1) if found else text)
@@ -73,6 +76,8 @@ def _parse_flags(argv):
     _exit(f'unknown config field {field!r}; see the config file')
   except flags.Error as e:
     _exit(str(e))
+  except model_configs.ModelNameError as e:  # a config file asking for an unknown model
+    _exit(e.args[0])
 
 
 def _exit(message):

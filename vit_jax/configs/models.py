@@ -145,6 +145,10 @@ def _factories():
   }
 
 
+class ModelNameError(KeyError):
+  """An unknown or out-of-scope model name; the message is one line."""
+
+
 class _Registry(collections.abc.Mapping):
   """Read-only name -> ConfigDict mapping that builds a new config per lookup."""
 
@@ -155,13 +159,13 @@ class _Registry(collections.abc.Mapping):
   def __getitem__(self, name):
     if name not in self._factories:
       if isinstance(name, str) and name.startswith(_OUT_OF_SCOPE):
-        raise KeyError(
+        raise ModelNameError(
           f'{name}: MLP-Mixer and LiT models are not part of this package (ViT and R+ViT '
           'hybrids only); use google-research/vision_transformer for them'
         )
       close = difflib.get_close_matches(str(name), self._factories, n=3, cutoff=0.5)
       hint = f'did you mean {", ".join(close)}?' if close else f'see {self._what}'
-      raise KeyError(f'unknown model {name!r}: {hint}')
+      raise ModelNameError(f'unknown model {name!r}: {hint}')
     return self._factories[name]()
 
   def __iter__(self):
@@ -222,7 +226,7 @@ get_r50_b16_config = _getter('R50+ViT-B_16')
 get_r26_b32_config = _getter('R26+ViT-B_32')
 get_r26_s32_config = _getter('R26+ViT-S_32')
 get_r50_l32_config = _getter('R50+ViT-L_32')
-# Out of scope: these raise the one-line KeyError above.
+# Out of scope: these raise the one-line ModelNameError above.
 get_mixer_b16_config = _getter('Mixer-B_16')
 get_mixer_b32_config = _getter('Mixer-B_32')
 get_mixer_l16_config = _getter('Mixer-L_16')
