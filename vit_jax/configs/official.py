@@ -122,7 +122,8 @@ def translate(config):
   - `model` as a config dict (`models.get_b16_config()`): its registry name,
     with its `transformer.dropout_rate`, `attention_dropout_rate` and
     `representation_size` as the run's (the official trainer uses the model
-    config's). Mixer and LiT are refused.
+    config's); a name in a config without `dropout_rate` (official style)
+    takes the registry entry's. Mixer and LiT are refused.
   - `pretrained_dir`: fine-tune from `{pretrained_dir}/{model_name}.npz`, as
     the official train.py, unless `pretrained_path` is set;
     `model_or_filename` with a full AugReg file name picks that file.
@@ -143,6 +144,9 @@ def translate(config):
       '(config.model = models.get_b16_config())'
     )
 
+  if isinstance(model, str) and 'dropout_rate' not in config:
+    # An official-style config naming its model: the model config's dropout.
+    model = model_configs.MODEL_CONFIGS[model]
   if isinstance(model, (Mapping, ml_collections.ConfigDict)):
     name = registry_name(model)
     transformer = model.get('transformer') or {}

@@ -4,6 +4,8 @@
 ImageNet-21k, JFT-style data or ImageNet; `finetune(arg)` returns Table 4's
 recipe for `MODEL,DATASET`; `mpp(model, arg)` the masked patch prediction
 recipe of B.1.2. The files in the repository's `configs/` call these.
+`with_dataset(config, dataset)` is the official vit_jax's fine-tuning config
+(`common.with_dataset`), for config files written for that code.
 """
 
 import copy
@@ -147,9 +149,10 @@ def with_dataset(config: ml_collections.ConfigDict, dataset: str) -> ml_collecti
   choices where this package's defaults (pre-training ones) differ, and the
   official dataset preset: the paper's steps, 384 px, the preset's splits.
   Set fields after calling it. As in the official configs, `config.model` is
-  then assigned a registry name or an official model config
-  (`models.get_b16_config()`), and `pretrained_dir` (default '.') is where
-  `{model_name}.npz` is read from; the trainer reads both (`official.translate`).
+  then assigned an official model config (`models.get_b16_config()`) or a
+  registry name, whose dropout the run trains with, and `pretrained_dir`
+  (default '.') is where `{model_name}.npz` is read from; the trainer reads
+  both (`official.translate`).
   """
   config = copy.deepcopy(config)
   config.unlock()
@@ -175,9 +178,13 @@ def with_dataset(config: ml_collections.ConfigDict, dataset: str) -> ml_collecti
     total_steps=finetune_steps(dataset),
   )
   config.pp.update(crop=384, train=None, test=None)  # None: the preset's splits
-  if 'model' in config:
-    del config['model']
-  config.model = None  # assigned by the config file, as in the official ones
+  # The official trainer takes dropout from the model config, which the config
+  # file assigns to `model` (the official configs have no other dropout field).
+  for field in ('model', 'dropout_rate', 'attention_dropout_rate'):
+    if field in config:
+      del config[field]
+  config.model = None
+  # Where {model_name}.npz is read from, as the official train.py ('.' there too).
   config.pretrained_dir = '.'
   return config
 
