@@ -3,7 +3,8 @@
 The files are plain `numpy.savez` archives whose keys are `/`-joined
 parameter paths (`Transformer/encoderblock_0/MlpBlock_3/Dense_0/kernel`).
 `load` accepts the original release, the newer Flax numbering and the
-`params/` / `opt/target/` prefixes of big_vision-era files, and returns the
+`params/` / `opt/target/` prefixes of big_vision-era files, and the Flax
+`checkpoint_<step>` files of the official train.py, and returns the
 parameter tree of `vit_jax.models.VisionTransformer` as numpy arrays.
 """
 
@@ -38,20 +39,86 @@ class CheckpointError(ValueError):
   """A checkpoint that cannot be read or does not fit the model; one line."""
 
 
+# What flax.training.checkpoints.save_checkpoint writes, as the official
+# train.py does: a msgpack file (flax < 0.7) or an orbax directory.
+_FLAX_CHECKPOINT = re.compile(r'checkpoint_(\d+)$')
+
+
+def _is_flax_checkpoint(path: str) -> bool:
+  return bool(_FLAX_CHECKPOINT.match(os.path.basename(path.rstrip('/'))))
+
+
 def resolve(path: str) -> str:
-  """A `.npz` path, or a directory holding `params.npz` (a training workdir)."""
+  """A `.npz` path, a directory holding `params.npz` (a training workdir), or a
+  Flax `checkpoint_<step>` of the official train.py (its workdir: the latest)."""
   path = os.fspath(path)
-  if files.isdir(path):
+  if files.isdir(path) and not _is_flax_checkpoint(path):
     candidate = path.rstrip('/') + '/params.npz'
-    if not files.exists(candidate):
-      raise CheckpointError(f'{path}: a directory without params.npz; pass the .npz file itself')
-    return candidate
+    if files.exists(candidate):
+      return candidate
+    steps = [
+      (int(match.group(1)), name)
+      for name in files.listdir(path)
+      for match in [_FLAX_CHECKPOINT.match(name)]
+      if match
+    ]
+    if not steps:
+      raise CheckpointError(
+        f'{path}: a directory without params.npz or checkpoint_<step>; pass the .npz file itself'
+      )
+    return path.rstrip('/') + '/' + max(steps)[1]
   if not files.exists(path):
     raise CheckpointError(
       f'{path}: no such checkpoint; check the path (released files: '
       'gs://vit_models/imagenet21k/ViT-B_16.npz and friends)'
     )
   return path
+
+
+def _find_params(tree, depth: int = 3):
+  """The shallowest mapping holding `Transformer`: the parameters inside a saved train state.
+
+  The official train.py saves (params, opt_state, step); its flax.optim-era
+  versions saved (optimizer, step), parameters under `target`. Optimizer
+  moments mirror the parameters deeper down, so the shallowest match wins.
+  """
+  level = [tree]
+  for _ in range(depth + 1):
+    below = []
+    for node in level:
+      if isinstance(node, Mapping):
+        if 'Transformer' in node:
+          return node
+        below.extend(node.values())
+      elif isinstance(node, (list, tuple)):
+        below.extend(node)
+    level = below
+  return None
+
+
+def _load_flax_checkpoint(path: str) -> dict:
+  try:
+    if files.isdir(path):
+      import orbax.checkpoint as ocp
+
+      tree = ocp.PyTreeCheckpointer().restore(files.absolute(path))
+    else:
+      from flax import serialization
+
+      with files.open_file(path, 'rb') as f:
+        tree = serialization.msgpack_restore(f.read())
+  except (OSError, ValueError, KeyError, TypeError) as e:
+    raise CheckpointError(
+      f'{path}: not a readable Flax checkpoint ({type(e).__name__}: {e}); '
+      'it may be truncated or still being written'
+    ) from None
+  params = _find_params(tree)
+  if params is None:
+    raise CheckpointError(
+      f'{path}: a Flax checkpoint without ViT parameters (no Transformer/ inside); '
+      'is it from the official vit_jax train.py?'
+    )
+  return {key: np.asarray(value) for key, value in flatten(params).items()}
 
 
 # ---------------------------------------------------------------------------
@@ -80,6 +147,11 @@ def unflatten(flat: Mapping[str, Any]) -> dict:
       node = node.setdefault(p, {})
     node[leaf] = value
   return tree
+
+
+def recover_tree(keys, values) -> dict:
+  """The official `checkpoint.recover_tree`: '/'-joined keys and values -> nested dicts."""
+  return unflatten(dict(zip(keys, values)))
 
 
 def _canonical(flat: dict) -> dict:
@@ -154,8 +226,10 @@ def check_tree(params: Params, expected: Params, what: str = 'checkpoint') -> No
 
 
 def load_flat(path: str) -> dict:
-  """Reads a `.npz` into {'key': np.ndarray} exactly as stored (no renaming)."""
+  """Reads a `.npz` (or Flax checkpoint) into {'key': np.ndarray} as stored (no renaming)."""
   path = resolve(path)
+  if _is_flax_checkpoint(path):
+    return _load_flax_checkpoint(path)
   try:
     if files.is_remote(path):
       with files.open_file(path, 'rb') as f:
@@ -185,7 +259,9 @@ def load(path: str, like: Optional[Params] = None) -> dict:
   """Reads a public `.npz` (or a workdir's `params.npz`) into a parameter tree.
 
   Args:
-    path: local path or `gs://...`; a directory means its `params.npz`.
+    path: local path or `gs://...`; a directory means its `params.npz`; a
+      Flax `checkpoint_<step>` (file or directory) of the official train.py,
+      or its workdir (the latest), gives the parameters inside.
     like: optional parameter tree (arrays or `jax.eval_shape` structs) the
       result must match key for key and shape for shape.
 

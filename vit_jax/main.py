@@ -23,6 +23,7 @@ from ml_collections import config_flags
 
 from vit_jax import run_log
 from vit_jax.configs import ConfigError
+from vit_jax.configs import official
 
 _DEMO_CONFIG = os.path.join(os.path.dirname(__file__), 'configs', 'demo.py')
 
@@ -75,16 +76,22 @@ def _parse_flags(argv):
   except ConfigError as e:  # raised on purpose by the config file (vit_jax.configs.recipes)
     _exit(e.args[0] if e.args else str(e))
   except AttributeError as e:
-    # A --config.FIELD that the locked config does not have; any other
-    # AttributeError is a bug in the config file and keeps its traceback.
+    # A --config.FIELD that the locked config does not have, or a config file
+    # without its get_*config function: one line. Any other AttributeError is a
+    # bug in the config file and keeps its traceback.
     text = str(e).replace('\\', '')
+    if re.search(r"module '[\w.]+' has no attribute 'get_\w*config'", text):
+      _exit(f'config file: {text.splitlines()[0]}')
     quoted = re.search(r"'(\w+)'", text)
     if not quoted or quoted.group(1) not in _override_names(argv):
       raise
     match = re.search(r'Did you mean "([\w.]+)" instead of "([\w.]+)"', text)
+    field = match.group(2) if match else quoted.group(1)
+    if official.hint(field):
+      _exit(f'unknown config field {field!r}: {official.hint(field)}')
     if match:
-      _exit(f'unknown config field {match.group(2)!r}; did you mean {match.group(1)}?')
-    _exit(f'unknown config field {quoted.group(1)!r}; see the config file')
+      _exit(f'unknown config field {field!r}; did you mean {match.group(1)}?')
+    _exit(f'unknown config field {field!r}; see the config file')
   except flags.Error as e:
     # absl wraps what the config file raised; a ConfigError there is the user's
     # argument, anything else a bug whose traceback absl's message carries.

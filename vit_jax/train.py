@@ -2,7 +2,8 @@
 
 The loop lives in `vit_jax.training.loop`, the step functions in
 `vit_jax.training.steps`; this module only names them where users of the
-original code look.
+original code look. `make_update_fn` is the official one's contract on a jit
+over whole batches (no pmap, no per-device batch axis).
 """
 
 from vit_jax.training.loop import train_and_evaluate  # noqa: F401
@@ -11,4 +12,5 @@ from vit_jax.training.steps import init_state  # noqa: F401
 from vit_jax.training.steps import jit_eval_step  # noqa: F401
 from vit_jax.training.steps import jit_train_step  # noqa: F401
 from vit_jax.training.steps import make_task  # noqa: F401
+from vit_jax.training.steps import make_update_fn  # noqa: F401
 from vit_jax.training.steps import train_step  # noqa: F401

@@ -8,7 +8,11 @@ Field names follow the original vit_jax where it had one (`dataset`, `batch`,
 
 import ml_collections
 
+from vit_jax import configs
 from vit_jax.configs import data
+
+# The config errors of this package, named here too for the official-style helpers.
+ConfigError = configs.ConfigError
 
 
 def get_config():
@@ -76,3 +80,10 @@ def get_config():
   config.tensorboard = True
   config.peak_flops = ml_collections.config_dict.placeholder(float)  # per device, for MFU
   return config
+
+
+def with_dataset(config: ml_collections.ConfigDict, dataset: str) -> ml_collections.ConfigDict:
+  """The official `common.with_dataset(common.get_config(), dataset)`: see `recipes.with_dataset`."""
+  from vit_jax.configs import recipes  # recipes builds on this module
+
+  return recipes.with_dataset(config, dataset)

@@ -147,6 +147,10 @@ def _factories():
   }
 
 
+class UnknownModelError(KeyError):
+  """An unknown or out-of-scope model name; the message is one line."""
+
+
 class _Registry(collections.abc.Mapping):
   """Read-only name -> ConfigDict mapping that builds a new config per lookup."""
 
@@ -224,7 +228,7 @@ get_r50_b16_config = _getter('R50+ViT-B_16')
 get_r26_b32_config = _getter('R26+ViT-B_32')
 get_r26_s32_config = _getter('R26+ViT-S_32')
 get_r50_l32_config = _getter('R50+ViT-L_32')
-# Out of scope: these raise the one-line KeyError above.
+# Out of scope: these raise the one-line UnknownModelError above.
 get_mixer_b16_config = _getter('Mixer-B_16')
 get_mixer_b32_config = _getter('Mixer-B_32')
 get_mixer_l16_config = _getter('Mixer-L_16')

@@ -4,8 +4,11 @@
 ImageNet-21k, JFT-style data or ImageNet; `finetune(arg)` returns Table 4's
 recipe for `MODEL,DATASET`; `mpp(model, arg)` the masked patch prediction
 recipe of B.1.2. The files in the repository's `configs/` call these.
+`with_dataset(config, dataset)` is the official vit_jax's fine-tuning config
+(`common.with_dataset`), for config files written for that code.
 """
 
+import copy
 import math
 
 import ml_collections
@@ -144,6 +147,53 @@ def finetune(arg: str) -> ml_collections.ConfigDict:
   config.progress_every = 50
   config.eval_every = 1000
   config.checkpoint_every = 1000
+  return config
+
+
+def with_dataset(config: ml_collections.ConfigDict, dataset: str) -> ml_collections.ConfigDict:
+  """The official fine-tuning config for `dataset` (official `common.with_dataset`).
+
+  A copy of `config` with the official `common.get_config()` fine-tuning
+  choices where this package's defaults (pre-training ones) differ, and the
+  official dataset preset: the paper's steps, 384 px, the preset's splits.
+  Set fields after calling it. As in the official configs, `config.model` is
+  then assigned an official model config (`models.get_b16_config()`) or a
+  registry name, whose dropout the run trains with, and `pretrained_dir`
+  (default '.') is where `{model_name}.npz` is read from; the trainer reads
+  both (`official.translate`).
+  """
+  config = copy.deepcopy(config)
+  config.unlock()
+  # Official defaults: SGD with momentum 0.9 kept in bfloat16 (train.py),
+  # float32 compute, no weight decay, cosine decay after 500 warm-up steps.
+  config.update(
+    optimizer='sgd',
+    momentum=0.9,
+    optim_dtype='bfloat16',
+    dtype='float32',
+    weight_decay=0.0,
+    base_lr=0.03,
+    decay_type='cosine',
+    warmup_steps=500,
+    grad_norm_clip=1.0,
+    batch=512,
+    batch_eval=512,
+    eval_every=100,
+    progress_every=10,
+    checkpoint_every=1000,
+    representation_size=None,
+    dataset=dataset,
+    total_steps=finetune_steps(dataset),
+  )
+  config.pp.update(crop=384, train=None, test=None)  # None: the preset's splits
+  # The official trainer takes dropout from the model config, which the config
+  # file assigns to `model` (the official configs have no other dropout field).
+  for field in ('model', 'dropout_rate', 'attention_dropout_rate'):
+    if field in config:
+      del config[field]
+  config.model = None
+  # Where {model_name}.npz is read from, as the official train.py ('.' there too).
+  config.pretrained_dir = '.'
   return config
 
 

@@ -28,6 +28,7 @@ from vit_jax import run_log
 from vit_jax import sharding
 from vit_jax import workdir as workdir_lib
 from vit_jax.configs import ConfigError
+from vit_jax.configs import official
 from vit_jax.data import pipeline
 from vit_jax.evaluation import fewshot
 from vit_jax.models import vit
@@ -45,9 +46,14 @@ class TrainingError(RuntimeError):
 
 def validate(config, num_devices: int) -> None:
   """Raises ConfigError (one line) for values that cannot run together."""
-  for field in ('batch', 'batch_eval', 'accum_steps'):
+  for field in ('batch', 'batch_eval'):
     if config[field] < 1:
       raise ConfigError(f'{field}={config[field]} must be at least 1')
+  if not isinstance(config.accum_steps, int) or config.accum_steps < 1:
+    raise ConfigError(
+      f'accum_steps={config.accum_steps!r} must be a positive number of micro-batches '
+      '(1: no accumulation)'
+    )
   per_step = config.accum_steps * num_devices
   if config.batch % per_step:
     raise ConfigError(
@@ -195,6 +201,7 @@ class Loop:
 def train_and_evaluate(config, workdir: str) -> dict:
   """Trains and evaluates `config` in `workdir`; returns the summary dict."""
   wall_start = time.time()
+  config = official.translate(config)  # configs written for the official vit_jax
   mesh = sharding.make_mesh(config.mesh.fsdp)
   validate(config, mesh.size)
   # Our own one-line errors pass as they are; a failed write becomes one.

@@ -148,26 +148,32 @@ def _micro_batches(x, accum_steps):
   return jax.lax.with_sharding_constraint(x, jax.sharding.PartitionSpec(None, sharding.BATCH_AXES))
 
 
+def accumulated_value_and_grad(grad_fn, params, batch, rng, accum_steps: int):
+  """`grad_fn(params, batch, rng)` of the whole batch, as the mean over micro-batches.
+
+  Micro-batch i gets the key fold_in(rng, i); one micro-batch uses `rng` itself.
+  """
+  if accum_steps == 1:
+    return grad_fn(params, batch, rng)
+  micro = jax.tree.map(lambda x: _micro_batches(x, accum_steps), batch)
+
+  def accumulate(carry, i):
+    loss_sum, grad_sum = carry
+    loss, grads = grad_fn(params, jax.tree.map(lambda x: x[i], micro), jax.random.fold_in(rng, i))
+    return (loss_sum + loss, jax.tree.map(jnp.add, grad_sum, grads)), None
+
+  zeros = jax.tree.map(jnp.zeros_like, params)
+  (loss, grads), _ = jax.lax.scan(accumulate, (0.0, zeros), jnp.arange(accum_steps))
+  return loss / accum_steps, jax.tree.map(lambda g: g / accum_steps, grads)
+
+
 def train_step(state: TrainState, batch, *, task: Task, tx, schedule, config):
   """One optimizer step over the global batch (accumulated over micro-batches)."""
   step_rng = jax.random.fold_in(state.rng, state.step)
   grad_fn = jax.value_and_grad(functools.partial(task.loss_fn, train=True))
-  accum = config.accum_steps
-  if accum == 1:
-    loss, grads = grad_fn(state.params, batch, step_rng)
-  else:
-    micro = jax.tree.map(lambda x: _micro_batches(x, accum), batch)
-
-    def accumulate(carry, i):
-      loss_sum, grad_sum = carry
-      loss, grads = grad_fn(
-        state.params, jax.tree.map(lambda x: x[i], micro), jax.random.fold_in(step_rng, i)
-      )
-      return (loss_sum + loss, jax.tree.map(jnp.add, grad_sum, grads)), None
-
-    zeros = jax.tree.map(jnp.zeros_like, state.params)
-    (loss, grads), _ = jax.lax.scan(accumulate, (0.0, zeros), jnp.arange(accum))
-    loss, grads = loss / accum, jax.tree.map(lambda g: g / accum, grads)
+  loss, grads = accumulated_value_and_grad(
+    grad_fn, state.params, batch, step_rng, config.accum_steps
+  )
 
   grad_norm = optax.global_norm(grads)
   finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
@@ -215,3 +221,28 @@ def jit_eval_step(*, task, params_shardings, batch_sharding):
     in_shardings=(params_shardings, batch_sharding),
     out_shardings=sharding.replicated(batch_sharding.mesh),
   )
+
+
+def make_update_fn(*, apply_fn, accum_steps, tx):
+  """The official `train.make_update_fn`, as one jit over global batches instead of pmap.
+
+  `update_fn(params, opt_state, batch, rng) -> (params, opt_state, loss, rng)`
+  with `batch = {'image': [B, H, W, 3], 'label': int [B] or one-hot [B, K]}`
+  (whole batches, e.g. from `pipeline.make_train_iterator`, not per-device
+  ones), softmax cross-entropy, dropout keys from `rng`, and `accum_steps`
+  micro-batches (0 or None: none, as the official code). `params` is donated.
+  """
+
+  def loss_fn(params, batch, rng):
+    logits = apply_fn({'params': params}, batch['image'], train=True, rngs={'dropout': rng})
+    return cross_entropy(logits, batch['label'], loss='softmax')
+
+  def update_fn(params, opt_state, batch, rng):
+    rng, step_rng = jax.random.split(rng)
+    loss, grads = accumulated_value_and_grad(
+      jax.value_and_grad(loss_fn), params, batch, step_rng, accum_steps or 1
+    )
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss, rng
+
+  return jax.jit(update_fn, donate_argnums=0)
