@@ -33,13 +33,6 @@ def isdir(path) -> bool:
   return gfile().isdir(path) if is_remote(path) else os.path.isdir(path)
 
 
-def listdir(path) -> list:
-  """Names in a directory (sub-directories without a trailing slash)."""
-  if is_remote(path):
-    return [name.rstrip('/') for name in gfile().listdir(path)]
-  return os.listdir(path)
-
-
 def makedirs(path) -> None:
   if is_remote(path):
     gfile().makedirs(path)

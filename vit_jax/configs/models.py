@@ -147,10 +147,6 @@ def _factories():
   }
 
 
-class UnknownModelError(KeyError):
-  """An unknown or out-of-scope model name; the message is one line."""
-
-
 class _Registry(collections.abc.Mapping):
   """Read-only name -> ConfigDict mapping that builds a new config per lookup."""
 
