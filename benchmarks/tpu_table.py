@@ -25,8 +25,30 @@ ENTRIES = [
   ('vit_b32_jft_v3-32', 'configs/vit_b32.py:jft', 'v3-32', []),
   ('vit_l32_jft_v3-64', 'configs/vit_l32.py:jft', 'v3-64', []),
   ('r50_vit_b16_jft_v3-64', 'configs/r50_vit_b16.py:jft', 'v3-64', []),
-  ('vit_b16_i21k_v3-32', 'configs/vit_b16.py:imagenet21k', 'v3-32', []),
+  # Fine-tuning (384 px, batch 512) on the small slices users rent and the
+  # TPUs a Colab notebook gets (v2-8: 8 GiB per core; v5e-1, v6e-1).
   ('finetune_b16_384_v3-8', 'configs/finetune.py:ViT-B_16,cifar10', 'v3-8', []),
+  ('finetune_b16_384_v5e-1', 'configs/finetune.py:ViT-B_16,cifar10', 'v5e-1', []),
+  ('finetune_b16_384_v2-8', 'configs/finetune.py:ViT-B_16,cifar10', 'v2-8', []),
+  ('finetune_b16_384_v6e-1', 'configs/finetune.py:ViT-B_16,cifar10', 'v6e-1', []),
+  ('finetune_b16_384_v4-8', 'configs/finetune.py:ViT-B_16,cifar10', 'v4-8', []),
+  ('finetune_l16_384_v3-8', 'configs/finetune.py:ViT-L_16,cifar10', 'v3-8', []),
+  # The same pre-training steps on 256-chip slices of the newer generations.
+  ('vit_b16_jft_v5p-512', 'configs/vit_b16.py:jft', 'v5p-512', []),
+  ('vit_b16_jft_v6e-256', 'configs/vit_b16.py:jft', 'v6e-256', []),
+  ('vit_b16_jft_v5e-256', 'configs/vit_b16.py:jft', 'v5e-256', []),
+  ('vit_b16_jft_v4-512', 'configs/vit_b16.py:jft', 'v4-512', []),
+  ('vit_l16_jft_v5p-512', 'configs/vit_l16.py:jft', 'v5p-512', []),
+  ('vit_l16_jft_v6e-256', 'configs/vit_l16.py:jft', 'v6e-256', []),
+  ('vit_l16_jft_v5e-256', 'configs/vit_l16.py:jft', 'v5e-256', []),
+  ('vit_l16_jft_v4-512', 'configs/vit_l16.py:jft', 'v4-512', []),
+  # ImageNet-21k pre-training: the JFT step with 21,843 classes.
+  ('vit_b16_i21k_v3-32', 'configs/vit_b16.py:imagenet21k', 'v3-32', []),
+  ('vit_l16_i21k_v3-128', 'configs/vit_l16.py:imagenet21k', 'v3-128', []),
+  ('vit_h14_i21k_v3-256', 'configs/vit_h14.py:imagenet21k', 'v3-256', []),
+  ('vit_b32_i21k_v3-32', 'configs/vit_b32.py:imagenet21k', 'v3-32', []),
+  ('vit_l32_i21k_v3-64', 'configs/vit_l32.py:imagenet21k', 'v3-64', []),
+  ('r50_vit_b16_i21k_v3-64', 'configs/r50_vit_b16.py:imagenet21k', 'v3-64', []),
 ]
 
 

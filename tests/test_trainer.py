@@ -5,6 +5,7 @@ test sees exactly what a user sees: files in the workdir, exit codes, stderr.
 """
 
 import ast
+import concurrent.futures
 import json
 import os
 import re
@@ -484,8 +485,12 @@ def test_cli_errors_are_one_line(tmp_path):
     (['--config.attention=flash'], "attention='flash': use one of auto, xla"),
     (['--config.attention=cudnn'], "attention='cudnn' needs a CUDA GPU"),
   ]
-  for overrides, message in cases:
-    result = run(str(tmp_path / 'w'), *overrides, check=False)
+  # Each case is a separate process start (most of its time): two at a time.
+  with concurrent.futures.ThreadPoolExecutor(2) as pool:
+    results = list(
+      pool.map(lambda i: run(str(tmp_path / f'w{i}'), *cases[i][0], check=False), range(len(cases)))
+    )
+  for (_, message), result in zip(cases, results):
     assert result.returncode == 2, result.stderr[-2000:]
     assert message in result.stderr, result.stderr[-2000:]
     assert 'Traceback' not in result.stderr
