@@ -53,29 +53,72 @@ ENTRIES = [
 
 
 # Paper Table 2, TPUv3-core-days to pre-train (REFERENCE.md section 6).
-PAPER_CORE_DAYS = {'vit_l16_jft_v3-128': 680, 'vit_h14_jft_v3-256': 2500}
+# ViT-L/16 on ImageNet-21k: the paper's Table 2, third column (0.23k).
+PAPER_CORE_DAYS = {
+  'vit_l16_jft_v3-128': 680,
+  'vit_h14_jft_v3-256': 2500,
+  'vit_l16_i21k_v3-128': 230,
+}
+
+
+def _record(name):
+  path = os.path.join(ROOT, 'benchmarks', 'tpu', f'{name}.json')
+  if not os.path.exists(path):
+    return None
+  with open(path, encoding='utf-8') as f:
+    return json.load(f)
+
+
+def _mfu(record) -> str:
+  # No closed-form FLOPs for the hybrids' ResNet stem, hence no MFU for them.
+  mfu = record['mfu_upper_bound']
+  return '-' if mfu is None else f'{mfu:.2f}'
 
 
 def markdown() -> str:
-  """The docs' table, from the records written so far."""
-  rows = [
-    '| run | slice | HBM per core | fitting overrides | step time (lower bound) | img/s (upper bound) '
-    '| MFU (upper bound) | TPUv3-core-days (lower bound) | paper Table 2 |',
-    '|---|---|---:|---|---:|---:|---:|---:|---:|',
-  ]
+  """The docs' tables, from the records written so far: pre-training on v3, fine-tuning, newer chips."""
+  columns = (
+    '| run | slice | HBM per device | fitting overrides | step time (lower bound) '
+    '| img/s (upper bound) | MFU (upper bound) | {cost} |{extra}'
+  )
+  tables = {
+    'v3': [
+      columns.format(cost='TPUv3-core-days (lower bound)', extra=' paper Table 2 |'),
+      '|---|---|---:|---|---:|---:|---:|---:|---:|',
+    ],
+    'finetune': [
+      columns.format(cost='chip-hours for the run (lower bound)', extra=''),
+      '|---|---|---:|---|---:|---:|---:|---:|',
+    ],
+    'newer': [
+      columns.format(cost='img/s per chip (upper bound)', extra=''),
+      '|---|---|---:|---|---:|---:|---:|---:|',
+    ],
+  }
   for name, config, topology, _ in ENTRIES:
-    path = os.path.join(ROOT, 'benchmarks', 'tpu', f'{name}.json')
-    if not os.path.exists(path):
+    r = _record(name)
+    if r is None:
       continue
-    with open(path, encoding='utf-8') as f:
-      r = json.load(f)
-    rows.append(
+    table = (
+      'finetune' if name.startswith('finetune') else 'v3' if topology.startswith('v3') else 'newer'
+    )
+    if not r['fits']:
+      tables[table].append(
+        f'| `{config}` | {topology} | does not fit: {r["hbm_bytes_per_device"] / 2**30:.2f} GiB needed '
+        f'| none found | | | | |' + (' |' if table == 'v3' else '')
+      )
+      continue
+    cost = {
+      'v3': f'{r.get("core_days", 0):,.0f} | {f"{PAPER_CORE_DAYS[name]:,}" if name in PAPER_CORE_DAYS else ""}',
+      'finetune': f'{r.get("chip_days", 0) * 24:,.1f}',
+      'newer': f'{r["img_per_sec_estimate"] / r["chips"]:,.0f}',
+    }[table]
+    tables[table].append(
       f'| `{config}` | {topology} | {r["hbm_bytes_per_device"] / 2**30:.2f} GiB '
       f'| {" ".join(r.get("overrides", [])) or "none"} | {r["step_seconds_estimate"]:.3f} s '
-      f'| {r["img_per_sec_estimate"]:,.0f} | {r["mfu_upper_bound"]:.2f} '
-      f'| {r.get("core_days", 0):,.0f} | {PAPER_CORE_DAYS.get(name, "")} |'
+      f'| {r["img_per_sec_estimate"]:,.0f} | {_mfu(r)} | {cost} |'
     )
-  return '\n'.join(rows)
+  return '\n\n'.join('\n'.join(rows) for rows in tables.values() if len(rows) > 2)
 
 
 def main():
