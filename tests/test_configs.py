@@ -2,11 +2,14 @@
 
 import glob
 import importlib.util
+import json
 import os
+import re
 
 import pytest
 
 from vit_jax.configs import ConfigError
+from vit_jax.configs import recipes
 from vit_jax.training import steps
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -161,3 +164,24 @@ def test_finetuning_dropout_is_the_official_model_configs(model, dropout):
   # What the trainer builds: the model's own dropout, no attention dropout.
   transformer = steps.model_config(config).transformer
   assert (transformer.dropout_rate, transformer.attention_dropout_rate) == (dropout, 0.0)
+
+
+def test_finetuning_accumulation_per_tpu_is_what_the_compiler_found():
+  """The notebook's accum_steps per TPU equal the committed `--fit` records, slice by slice."""
+  kinds = {
+    'v2': 'TPU v2',
+    'v3': 'TPU v3',
+    'v4': 'TPU v4',
+    'v5e': 'TPU v5 lite',
+    'v6e': 'TPU v6 lite',
+  }
+  paths = sorted(glob.glob(os.path.join(REPO, 'benchmarks', 'tpu', 'finetune_b16_384_*.json')))
+  assert len(paths) >= 4
+  for path in paths:
+    with open(path, encoding='utf-8') as f:
+      record = json.load(f)
+    assert record['fits'] and record['model'] == 'ViT-B_16' and record['image_size'] == 384
+    kind = kinds[re.split('[-:]', record['topology'])[0]]
+    steps = recipes.finetune_accum_steps(kind, record['devices'], record['batch'])
+    assert steps == record['accum_steps'], path
+  assert recipes.finetune_accum_steps('cpu', 1) is None

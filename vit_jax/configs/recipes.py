@@ -10,6 +10,7 @@ recipe of B.1.2. The files in the repository's `configs/` call these.
 
 import copy
 import math
+from typing import Optional
 
 import ml_collections
 
@@ -111,6 +112,30 @@ def finetune_steps(dataset: str) -> int:
   if dataset.startswith('vtab/'):
     return 2_500
   return _FINETUNE_STEPS.get(dataset, 10_000)
+
+
+# A micro-batch per device at which ViT-B/16 fine-tuning (384 px, bf16, SGD)
+# fits, per TPU generation as JAX names its devices: the answer of the TPU
+# compiler's --fit search (`python benchmarks/tpu_table.py`, records
+# benchmarks/tpu/finetune_b16_384_*.json; estimates, not runs on the chips).
+B16_384_MICRO_BATCH_PER_DEVICE = {
+  'TPU v2': 16,  # v2-8, the Colab TPU: 8 GiB per core
+  'TPU v3': 32,
+  'TPU v4': 64,
+  'TPU v5 lite': 32,  # v5e
+  'TPU v6 lite': 64,  # v6e
+}
+
+
+def finetune_accum_steps(device_kind: str, num_devices: int, batch: int = 512) -> Optional[int]:
+  """accum_steps that fits ViT-B/16 fine-tuning at 384 px on these TPUs (None: not known)."""
+  micro = B16_384_MICRO_BATCH_PER_DEVICE.get(device_kind)
+  if micro is None:
+    return None
+  accum = 1
+  while batch // accum > micro * num_devices and batch % (2 * accum) == 0:
+    accum *= 2
+  return accum
 
 
 def finetune(arg: str) -> ml_collections.ConfigDict:
