@@ -108,6 +108,15 @@ def markdown() -> str:
         f'| none found | | | | |' + (' |' if table == 'v3' else '')
       )
       continue
+    roofline = r['step_seconds_estimate'] is None
+    if roofline:
+      # libtpu gave no time estimate for this program: the roofline bound instead
+      # (FLOPs at the chip's peak, or the collectives at its bandwidth).
+      seconds = max(
+        r['flops_per_step_per_device'] / r['peak_flops_per_device'], r['comm_seconds_lower_bound']
+      )
+      r = dict(r, step_seconds_estimate=seconds, img_per_sec_estimate=r['batch'] / seconds)
+      r['chip_days'] = seconds * r['total_steps'] * r['chips'] / 86400
     cost = {
       'v3': f'{r.get("core_days", 0):,.0f} | {f"{PAPER_CORE_DAYS[name]:,}" if name in PAPER_CORE_DAYS else ""}',
       'finetune': f'{r.get("chip_days", 0) * 24:,.1f}',
@@ -115,7 +124,8 @@ def markdown() -> str:
     }[table]
     tables[table].append(
       f'| `{config}` | {topology} | {r["hbm_bytes_per_device"] / 2**30:.2f} GiB '
-      f'| {" ".join(r.get("overrides", [])) or "none"} | {r["step_seconds_estimate"]:.3f} s '
+      f'| {" ".join(r.get("overrides") or []) or "none"} | {r["step_seconds_estimate"]:.3f} s'
+      f'{" (roofline)" if roofline else ""} '
       f'| {r["img_per_sec_estimate"]:,.0f} | {_mfu(r)} | {cost} |'
     )
   return '\n\n'.join('\n'.join(rows) for rows in tables.values() if len(rows) > 2)
