@@ -17,7 +17,6 @@ from typing import Optional
 import jax
 
 from vit_jax import hardware
-from vit_jax import sharding
 from vit_jax.bench import flops as flops_lib
 from vit_jax.bench import hlo
 from vit_jax.bench import topology
@@ -92,7 +91,7 @@ def _memory_numbers(text: str):
 
 def compile_run(config, tpu: topology.Slice) -> Compiled:
   """The trainer's train and eval steps for `config`, compiled for `tpu`; DoesNotFit if too big."""
-  mesh = sharding.make_mesh(config.mesh.fsdp, devices=tpu.devices)
+  mesh = loop.make_mesh(config, devices=tpu.devices)
   loop.validate(config, mesh.size)
   num_classes, multi_label = dataset_classes(config)
   start = time.perf_counter()

@@ -11,6 +11,8 @@ import collections
 import math
 import re
 
+import numpy as np
+
 _DTYPE_BYTES = {
   'pred': 1,
   's8': 1,
@@ -136,6 +138,51 @@ def _group_size(line: str) -> int:
     sizes = dict(re.findall(r"'(\w+)'=(\d+)", mesh.group(1)))
     return math.prod(int(sizes[a]) for a in re.findall(r"'(\w+)'", mesh.group(2)))
   return 1
+
+
+def replica_groups(line: str) -> list:
+  """The device groups of one collective instruction, as lists of partition ids.
+
+  Reads the explicit `{{0,1},{2,3}}` form, the iota form `[G,S]<=[d0,d1,...]`
+  with an optional transpose `T(p0,p1,...)`, and the named form
+  `mesh['a'=2,'b'=4] {'a'}`; [] when the line names none.
+  """
+  explicit = re.search(r'replica_groups=\{((?:\{[\d,]*\},?)*)\}', line)
+  if explicit:
+    return [[int(i) for i in g.split(',') if i] for g in re.findall(r'\{([\d,]*)\}', explicit.group(1))]
+  iota = re.search(r'replica_groups=\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?', line)
+  if iota:
+    shape = [int(d) for d in iota.group(1).split(',')]
+    dims = [int(d) for d in iota.group(2).split(',')]
+    ids = np.arange(math.prod(dims)).reshape(dims)
+    if iota.group(3):
+      ids = ids.transpose([int(p) for p in iota.group(3).split(',')])
+    return ids.reshape(shape[0], -1).tolist()
+  mesh = re.search(r'replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}', line)
+  if mesh:
+    sizes = [(a, int(n)) for a, n in re.findall(r"'(\w+)'=(\d+)", mesh.group(1))]
+    grouped = re.findall(r"'(\w+)'", mesh.group(2))
+    names = [a for a, _ in sizes]
+    ids = np.arange(math.prod(n for _, n in sizes)).reshape([n for _, n in sizes])
+    order = [names.index(a) for a in names if a not in grouped] + [names.index(a) for a in grouped]
+    size = math.prod(n for a, n in sizes if a in grouped)
+    return ids.transpose(order).reshape(-1, size).tolist()
+  return []
+
+
+def collective_lines(text: str) -> list:
+  """[(op, instruction line, runs per call)] of every collective of the program."""
+  counts = multiplicities(text)
+  out = []
+  for name, lines in _computations(text).items():
+    if name is None or not counts.get(name):
+      continue
+    for line in lines:
+      match = _INSTRUCTION.match(line)
+      op = _OP.search(match.group(2)) if match else None
+      if op and op.group(1).removesuffix('-start') in COLLECTIVES:
+        out.append((op.group(1).removesuffix('-start'), line, counts[name]))
+  return out
 
 
 def collectives(text: str) -> list:
