@@ -149,7 +149,9 @@ def replica_groups(line: str) -> list:
   """
   explicit = re.search(r'replica_groups=\{((?:\{[\d,]*\},?)*)\}', line)
   if explicit:
-    return [[int(i) for i in g.split(',') if i] for g in re.findall(r'\{([\d,]*)\}', explicit.group(1))]
+    return [
+      [int(i) for i in g.split(',') if i] for g in re.findall(r'\{([\d,]*)\}', explicit.group(1))
+    ]
   iota = re.search(r'replica_groups=\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?', line)
   if iota:
     shape = [int(d) for d in iota.group(1).split(',')]
