@@ -24,6 +24,7 @@ from vit_jax import models
 from vit_jax import sharding
 from vit_jax.configs import ConfigError
 from vit_jax.configs import common
+from vit_jax.configs import models as model_configs
 from vit_jax.training import loop
 
 # ---------------------------------------------------------------------------
@@ -292,3 +293,53 @@ def test_mesh_and_model_misfits_are_one_line():
     sharding.MeshError, match=r'dimension 1 \(6\) is not divisible by mesh.model=4'
   ):
     sharding.param_spec('encoderblock_0/MlpBlock_3/Dense_0/kernel', (8, 6), 1, 4, 0)
+
+
+# ---------------------------------------------------------------------------
+# The giant ViTs.
+
+# Parameters without a head, counted from the shapes (jax.eval_shape), and the
+# published figures (backbones, rounded): Zhai et al. 2022 Table 2 (g, G),
+# Chen et al. 2022 (PaLI) Table 1 (e), Dehghani et al. 2023 Table 1 (22B).
+GIANT_COUNTS = {
+  'ViT-g_14': (1_011_199_616, 1_011e6),
+  'ViT-G_14': (1_842_772_352, 1_843e6),
+  'ViT-e_14': (3_805_417_728, 3.9e9),
+  'ViT-22B_14': (21_750_546_432, 21.7e9),
+}
+
+
+def _giant_closed_form(config, size=224):
+  d, m = config.hidden_size, config.transformer.mlp_dim
+  p, t = config.patches.size[0], config.transformer
+  k = d // t.num_heads
+  bias = t.get('qkv_and_norm_biases', True)
+  norm = d * (1 + bias)
+  block = (
+    norm * (1 if t.get('parallel_block') else 2)  # LayerNorm_0 (and LayerNorm_2)
+    + 3 * d * d
+    + 3 * d * bias  # q, k, v
+    + 2 * k * (1 + bias) * t.get('qk_norm', False)  # query_norm, key_norm
+    + d * d
+    + d  # out
+    + d * m
+    + m
+    + m * d
+    + d  # MLP
+  )
+  return p * p * 3 * d + d + (size // p) ** 2 * d + t.num_layers * block + norm
+
+
+@pytest.mark.parametrize('name', sorted(GIANT_COUNTS))
+def test_giant_parameter_counts_are_exact_and_match_the_papers(name):
+  config = model_configs.MODEL_CONFIGS[name]
+  scanned = models.VisionTransformer(num_classes=None, scan=True, **config)
+  n = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(param_shapes(config, None, 224, scanned)))
+  exact, published = GIANT_COUNTS[name]
+  assert n == exact == _giant_closed_form(config)
+  if name == 'ViT-e_14':
+    # PaLI's 3.9B includes its MAP head (one more attention + MLP, 68M), which
+    # this package lacks: 3.87B with it, 2.4% short without.
+    assert abs(n / published - 1) < 0.025
+  else:
+    assert abs(n / published - 1) < 0.005
