@@ -4,6 +4,7 @@ The multi-device tests run on 8 forced CPU host devices in a subprocess; the
 TPU ones compile tiny models for small topologies with libtpu.
 """
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -22,8 +23,12 @@ import pytest
 from vit_jax import checkpoint
 from vit_jax import models
 from vit_jax import sharding
+from vit_jax.bench import aot
+from vit_jax.bench import hlo
+from vit_jax.bench import topology
 from vit_jax.configs import ConfigError
 from vit_jax.configs import common
+from vit_jax.configs import demo
 from vit_jax.configs import models as model_configs
 from vit_jax.training import loop
 
@@ -343,3 +348,47 @@ def test_giant_parameter_counts_are_exact_and_match_the_papers(name):
     assert abs(n / published - 1) < 0.025
   else:
     assert abs(n / published - 1) < 0.005
+
+
+# ---------------------------------------------------------------------------
+# Multi-slice, compiled by the TPU compiler for two v5e 2x2 slices.
+
+needs_libtpu = pytest.mark.skipif(
+  importlib.util.find_spec('libtpu') is None, reason='libtpu is not installed'
+)
+
+
+@needs_libtpu
+def test_two_slices_exchange_only_gradients():
+  config = demo.get_config()
+  config.update(model='testing', batch=64, batch_eval=64)
+  config.pp.crop = 32
+  config.mesh.model = 2  # heads 2, MLP 10
+  tpu = topology.describe('v5e:2x2', num_slices=2)
+  compiled = aot.compile_run(config, tpu)
+  mesh = compiled.program.batch_sharding.mesh
+  assert dict(mesh.shape) == {'slice': 2, 'data': 2, 'fsdp': 1, 'model': 2}
+  # Each slice's devices are one block of the mesh: slice is the outer axis.
+  assert [d.slice_index for d in mesh.devices.flat] == [0] * 4 + [1] * 4
+  record = aot.analyse(compiled)
+  text = compiled.train.as_text()
+  # libtpu compiles one slice's program: every collective's replica groups
+  # stay within the slice's 4 devices (data and tensor parallelism alike) ...
+  groups = [g for _, line, _ in hlo.collective_lines(text) for g in hlo.replica_groups(line)]
+  assert groups and all(max(g) < 4 for g in groups)
+  # ... and what crosses slices is sent once per step, outside the layers and
+  # the backward pass: sums (all-reduces) of the gradients, packed by XLA into
+  # TPU tiles, at least the gradient's bytes and at most its tiles' padding more.
+  transfers = record['cross_slice']['transfers']
+  assert transfers and record['cross_slice']['kinds'] == ['ALL_REDUCE SUM']
+  assert all(r['count'] == 1 for r in transfers)
+  shards = [
+    p.sharding.shard_shape(p.shape)
+    for p in jax.tree.leaves(compiled.program.abstract_state().params)
+  ]
+  grad_bytes = sum(4 * np.prod(s) for s in shards)
+  # A TPU tile holds 8 x 128 floats of an array's last two dimensions.
+  tiled = sum(
+    4 * np.prod((1, *s)[:-2]) * -(-(1, *s)[-2] // 8) * 8 * -(-s[-1] // 128) * 128 for s in shards
+  )
+  assert grad_bytes <= record['cross_slice']['bytes_per_step'] <= tiled

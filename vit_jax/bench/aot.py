@@ -186,11 +186,13 @@ def analyse(c: Compiled) -> dict:
     'num_slices': tpu.num_slices,
     'chips': tpu.num_chips,
     'devices': devices,
-    'mesh': {'data': devices // config.mesh.fsdp, 'fsdp': config.mesh.fsdp},
+    'mesh': dict(c.program.batch_sharding.mesh.shape),
     'model': config.model,
     'batch': config.batch,
     'accum_steps': config.accum_steps,
     'remat': bool(config.remat),
+    'remat_policy': config.remat_policy if config.remat else None,
+    'scan_layers': bool(config.scan_layers),
     'dtype': config.dtype,
     'image_size': config.pp.crop,
     'num_classes': c.program.num_classes,
@@ -216,6 +218,14 @@ def analyse(c: Compiled) -> dict:
     'estimate': 'TPU compiler estimates on a CPU machine (libtpu), not measurements; '
     'step time is a lower bound, img/s and MFU upper bounds',
   }
+  if tpu.num_slices > 1:
+    # Multi-slice: what crosses the data-centre network (DCN) between slices.
+    transfers = hlo.cross_slice_transfers(text)
+    record['cross_slice'] = {
+      'transfers': transfers,
+      'bytes_per_step': sum(r['bytes'] for r in transfers),
+      'kinds': sorted({f'{r["kind"]} {r["reduction"] or ""}'.strip() for r in transfers}),
+    }
   if bound:
     days = config.total_steps * bound / 86400
     record['chip_days'] = days * tpu.num_chips

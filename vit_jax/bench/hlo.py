@@ -246,3 +246,38 @@ def matmul_dtypes(text: str) -> dict:
         operands = [types.get(a, '?') for a in re.findall(r'%([\w.\-]+)', args)]
         out[f'{" x ".join(operands)} -> {result.group(1) if result else "?"}'] += counts[name]
   return dict(out)
+
+
+def cross_slice_transfers(text: str) -> list:
+  """What a multi-slice TPU program sends over the data-centre network, per call.
+
+  libtpu compiles one slice's program: collectives within the slice keep their
+  replica groups, and those across slices become host-transfer `send`s
+  (megascale) marked with their kind (`ALL_REDUCE`, ...) and reduction.
+  Returns [{kind, reduction, count, bytes, arrays}] per send instruction;
+  `bytes` as laid out on the TPU (tiles padded), times `count`.
+  """
+  counts = multiplicities(text)
+  rows = []
+  for name, lines in _computations(text).items():
+    if name is None or not counts.get(name):
+      continue
+    for line in lines:
+      kind = re.search(r'_xla_megascale_transfer_type="(\w+)"', line)
+      match = _INSTRUCTION.match(line)
+      if not kind or not match or ' send(' not in match.group(2):
+        continue
+      result_type = match.group(2).split(' send(', 1)[0]
+      data = [f'{t}[{d}]' for t, d in _ARRAY.findall(re.sub(r'\{[^{}]*\}', '', result_type))]
+      data = [a for a in data if not a.startswith('u32[]')]
+      reduction = re.search(r'_xla_megascale_reduce_operation="(\w+)"', line)
+      rows.append(
+        {
+          'kind': kind.group(1),
+          'reduction': reduction.group(1) if reduction else None,
+          'count': counts[name],
+          'bytes': counts[name] * sum(array_bytes(a) for a in data),
+          'arrays': data,
+        }
+      )
+  return rows
