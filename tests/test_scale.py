@@ -40,46 +40,40 @@ def _images(n=2, size=32, seed=1):
   return np.random.default_rng(seed).normal(size=(n, size, size, 3)).astype(np.float32)
 
 
-@pytest.mark.parametrize(
-  'flags', [{}, {'parallel_block': True, 'qk_norm': True, 'qkv_and_norm_biases': False}]
-)
-def test_scanned_blocks_compute_what_unrolled_blocks_do(flags):
-  config = small_vit_config()
-  config.transformer.update(num_layers=3, **flags)
-  unrolled = models.VisionTransformer(num_classes=5, **config)
-  scanned = models.VisionTransformer(num_classes=5, scan=True, **config)
-  params = random_like(param_shapes(config, 5, 32), scale=0.1)
-  stacked = checkpoint.stack_blocks(params)
-  # The scanned model's own tree is the stacked one: a layer axis in front.
-  assert jax.tree.map(np.shape, stacked) == jax.tree.map(
-    lambda s: s.shape, param_shapes(config, 5, 32, scanned)
-  )
-  assert stacked['Transformer']['encoderblock']['MlpBlock_3']['Dense_0']['kernel'].shape == (
-    3,
-    24,
-    48,
-  )
-  # Converting back gives the very arrays.
-  jax.tree.map(np.testing.assert_array_equal, checkpoint.unstack_blocks(stacked), params)
+def test_scanned_blocks_compute_what_unrolled_blocks_do():
   images = _images()
-  np.testing.assert_allclose(
-    scanned.apply({'params': stacked}, images, train=False),
-    unrolled.apply({'params': params}, images, train=False),
-    rtol=1e-5,
-    atol=1e-6,
-  )
+  for flags in ({}, {'parallel_block': True, 'qk_norm': True, 'qkv_and_norm_biases': False}):
+    config = small_vit_config()
+    config.transformer.update(num_layers=3, **flags)
+    unrolled = models.VisionTransformer(num_classes=5, **config)
+    scanned = models.VisionTransformer(num_classes=5, scan=True, **config)
+    params = random_like(param_shapes(config, 5, 32), scale=0.1)
+    stacked = checkpoint.stack_blocks(params)
+    # The scanned model's own tree is the stacked one: a layer axis in front.
+    assert jax.tree.map(np.shape, stacked) == jax.tree.map(
+      lambda s: s.shape, param_shapes(config, 5, 32, scanned)
+    )
+    mlp = stacked['Transformer']['encoderblock']['MlpBlock_3']['Dense_0']['kernel']
+    assert mlp.shape == (3, 24, 48)
+    # Converting back gives the very arrays.
+    jax.tree.map(np.testing.assert_array_equal, checkpoint.unstack_blocks(stacked), params)
+    np.testing.assert_allclose(
+      scanned.apply({'params': stacked}, images, train=False),
+      unrolled.apply({'params': params}, images, train=False),
+      rtol=1e-5,
+      atol=1e-6,
+    )
 
   # Gradients too, rematerialised (the policy only changes what is recomputed).
   def loss(model, p):
     return jnp.sum(model.apply({'params': p}, images, train=False) ** 2)
 
+  remat = models.VisionTransformer(
+    num_classes=5, scan=True, remat=True, remat_policy='dots_with_no_batch_dims_saveable', **config
+  )
   want = checkpoint.stack_blocks(jax.grad(lambda p: loss(unrolled, p))(params))
-  for policy in ('dots_with_no_batch_dims_saveable',):
-    remat = models.VisionTransformer(
-      num_classes=5, scan=True, remat=True, remat_policy=policy, **config
-    )
-    got = jax.grad(lambda p: loss(remat, p))(stacked)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), got, want)
+  got = jax.grad(lambda p: loss(remat, p))(stacked)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), got, want)
 
 
 def test_stacked_params_are_saved_and_loaded_as_encoderblocks(tmp_path):
@@ -109,12 +103,12 @@ def test_stacked_params_are_saved_and_loaded_as_encoderblocks(tmp_path):
 
 def _tiny_run_config(**overrides):
   config = common.get_config()
-  config.update(total_steps=6)
+  config.update(total_steps=2)
   config.update(
     model='testing',
     warmup_steps=1,
-    checkpoint_every=3,
-    progress_every=3,
+    checkpoint_every=2,
+    progress_every=2,
     eval_every=100,
     batch=16,
     batch_eval=64,
@@ -130,22 +124,22 @@ def _tiny_run_config(**overrides):
 def test_a_scanned_run_checkpoints_encoderblocks_and_resumes_either_way(tmp_path):
   workdir = str(tmp_path)
   loop.train_and_evaluate(_tiny_run_config(scan_layers=True), workdir)
-  meta = ocp.StandardCheckpointer().metadata(tmp_path / 'checkpoints' / '6' / 'state')
+  meta = ocp.StandardCheckpointer().metadata(tmp_path / 'checkpoints' / '2' / 'state')
   meta = dict(getattr(meta, 'item_metadata', meta))
   assert 'params/Transformer/encoderblock_0/MlpBlock_3/Dense_0/kernel' in checkpoint.flatten(meta)
   # Optimizer state included: no stacked block anywhere in the file.
   assert "'encoderblock_0'" in str(meta['opt_state']) and "'encoderblock'" not in str(meta)
-  # The final params.npz holds the step-6 parameters, as encoderblock_{i}.
+  # The final params.npz holds the step-2 parameters, as encoderblock_{i}.
   final = checkpoint.load(str(tmp_path / 'params.npz'))
   restored = {}
   for scan in (False, True):
-    config = _tiny_run_config(scan_layers=scan, total_steps=7)
+    config = _tiny_run_config(scan_layers=scan, total_steps=3)
     mesh = loop.make_mesh(config)
     with jax.set_mesh(mesh):
       run = loop.set_up(config, workdir, mesh)
       state = loop.restore_or_initialize(run)[0]
       run.manager.close()
-    assert int(state.step) == 6
+    assert int(state.step) == 2
     restored[scan] = jax.tree.map(np.asarray, state)
   # Unrolled, the checkpoint is the run's parameters; scanned, the same stacked.
   jax.tree.map(np.testing.assert_array_equal, restored[False].params, final)
@@ -159,8 +153,8 @@ def test_a_scanned_run_checkpoints_encoderblocks_and_resumes_either_way(tmp_path
     restored[True].opt_state,
     checkpoint.stack_blocks(restored[False].opt_state),
   )
-  # SGD's momentum is in it (not zeros).
-  assert sum(np.count_nonzero(x) for x in jax.tree.leaves(restored[True].opt_state)) > 1000
+  # SGD's momentum is in it (not zeros; two steps from a zero head move the head first).
+  assert sum(np.count_nonzero(x) for x in jax.tree.leaves(restored[True].opt_state)) > 100
 
 
 # ---------------------------------------------------------------------------
@@ -191,8 +185,10 @@ _TENSOR_PARALLEL = textwrap.dedent("""
 
     one = jax.jit(jax.value_and_grad(loss), device=jax.devices()[0])(params, images, labels)
     out = {}
-    for fsdp, tp, data in ((1, 2, None), (1, 4, None), (2, 2, None), (2, 4, 1), (1, 2, 2)):
-      if parallel_block and (fsdp, tp) != (1, 4):
+    for fsdp, tp, data in ((1, 2, None), (2, 4, 1), (1, 4, None), (1, 2, 2)):
+      # The serial block with model=2 (and data=4) and model=4 with fsdp=2; the
+      # parallel block with model=4 (and data=2).
+      if parallel_block != ((fsdp, tp) == (1, 4)) or (parallel_block and data):
         continue
       try:
         mesh = sharding.make_mesh(fsdp, model=tp, data=data)
@@ -211,8 +207,9 @@ _TENSOR_PARALLEL = textwrap.dedent("""
       shard = lambda a: list(a.addressable_shards[0].data.shape)
       # Reductions over the model axis: groups of devices that differ only in
       # their model coordinate.
-      model_groups = sorted(sorted(int(d) for d in g) for g in np.asarray(
-        [[d.id for d in row] for row in mesh.devices.reshape(-1, tp)]))
+      # Groups name partitions, in the order of the mesh's devices; `model` is
+      # the innermost axis, so its groups are runs of `tp` neighbours.
+      model_groups = np.arange(8).reshape(-1, tp).tolist()
       reductions = []
       for op, line, n in hlo.collective_lines(compiled.as_text()):
         groups = sorted(sorted(g) for g in hlo.replica_groups(line))
@@ -247,12 +244,7 @@ def test_tensor_parallel_matches_one_device_with_one_reduction_per_sublayer():
   assert result.returncode == 0, result.stderr[-3000:]
   out = json.loads(result.stdout.strip().splitlines()[-1])
   serial = out['serial']
-  for key, (fsdp, tp) in {
-    '1,2,None': (1, 2),
-    '1,4,None': (1, 4),
-    '2,2,None': (2, 2),
-    '2,4,1': (2, 4),
-  }.items():
+  for key, (fsdp, tp) in {'1,2,None': (1, 2), '2,4,1': (2, 4)}.items():
     r = serial[key]
     assert r['mesh'] == {'slice': 1, 'data': 8 // (fsdp * tp), 'fsdp': fsdp, 'model': tp}
     assert r['loss_error'] < 1e-6 and r['grad_error'] < 1e-5, (key, r)
