@@ -1,4 +1,4 @@
-r"""Compiles the paper's pre-training configs for TPU v3 slices: the README's TPU table.
+r"""Compiles the paper's pre-training configs for TPU v3 slices, and the giant ViTs: the docs' TPU tables.
 
   python benchmarks/tpu_table.py [--only=NAME] [--max_compiles=2]
 
@@ -30,6 +30,28 @@ ENTRIES = [
 ]
 
 
+# Beyond the paper (docs/speed_and_scale.md): the giant ViTs, scanned and
+# rematerialised (configs/giant.py), with FSDP and tensor parallelism. The
+# ViT-22B entry keeps the paper's 64 images per chip (65,536 on 1,024 chips)
+# at 256 chips, in 4 micro-batches.
+GIANT_ENTRIES = [
+  (
+    'vit_22b_jft_v4-512',
+    'configs/giant.py:ViT-22B_14',
+    'v4-512',
+    [
+      '--config.batch=16384',
+      '--config.batch_eval=4096',
+      '--config.accum_steps=4',
+      '--config.mesh.fsdp=64',
+      '--config.mesh.model=4',
+    ],
+  ),
+  ('vit_g14_jft_v5e-256', 'configs/giant.py:ViT-g_14', 'v5e-256', ['--config.mesh.fsdp=16']),
+  ('vit_G14_jft_v4-256', 'configs/giant.py:ViT-G_14', 'v4-256', ['--config.mesh.fsdp=16']),
+]
+
+
 # Paper Table 2, TPUv3-core-days to pre-train (REFERENCE.md section 6).
 PAPER_CORE_DAYS = {'vit_l16_jft_v3-128': 680, 'vit_h14_jft_v3-256': 2500}
 
@@ -56,6 +78,30 @@ def markdown() -> str:
   return '\n'.join(rows)
 
 
+def giant_markdown() -> str:
+  """The giant ViTs' table, from the records written so far."""
+  rows = [
+    '| run | slice | mesh (data x fsdp x model) | batch (micro-batches) | HBM per chip | step time '
+    '(lower bound) | img/s (upper bound) | MFU (upper bound) | compile |',
+    '|---|---|---|---:|---:|---:|---:|---:|---:|',
+  ]
+  for name, config, topology, _ in GIANT_ENTRIES:
+    path = os.path.join(ROOT, 'benchmarks', 'tpu', f'{name}.json')
+    if not os.path.exists(path):
+      continue
+    with open(path, encoding='utf-8') as f:
+      r = json.load(f)
+    m = r['mesh']
+    rows.append(
+      f'| `{config}` | {topology} ({r["chips"]} chips) | {m["slice"] * m["data"]} x {m["fsdp"]} x '
+      f'{m["model"]} | {r["batch"]:,} ({r["accum_steps"]}) '
+      f'| {r["hbm_bytes_per_device"] / 2**30:.2f} of {r["hbm_capacity_bytes"] / 2**30:.0f} GiB '
+      f'| {r["step_seconds_estimate"]:.3f} s | {r["img_per_sec_estimate"]:,.0f} '
+      f'| {r["mfu_upper_bound"]:.2f} | {r["compile_seconds"] / 60:.0f} min |'
+    )
+  return '\n'.join(rows)
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--only', help='run this entry only')
@@ -63,9 +109,9 @@ def main():
   parser.add_argument('--markdown', action='store_true', help='print the table of the records')
   args = parser.parse_args()
   if args.markdown:
-    print(markdown())
+    print(markdown() + '\n\n' + giant_markdown())
     return
-  for name, config, topology, extra in ENTRIES:
+  for name, config, topology, extra in ENTRIES + GIANT_ENTRIES:
     if args.only and name != args.only:
       continue
     path = os.path.join(ROOT, 'benchmarks', 'tpu', f'{name}.json')

@@ -33,6 +33,9 @@ def get_config():
   # The encoder blocks as one nn.scan: compile time and program size flat in
   # depth; checkpoints and exports still name encoderblock_{i}.
   config.scan_layers = False
+  # Encoder blocks, overriding the model's (None: the model's own), e.g. a
+  # shallower copy of a giant model; the compile command's depth extrapolation.
+  config.depth = ml_collections.config_dict.placeholder(int)
   # Block variants beyond the paper (ViT-22B), for any size; None keeps the
   # model's own (vit_jax.models.vit): attention and MLP in parallel, LayerNorm
   # of queries and keys, biases in the q/k/v projections and LayerNorms.

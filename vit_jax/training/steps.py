@@ -44,6 +44,8 @@ def model_config(config):
   )
   if config.representation_size is not None:
     arch.representation_size = config.representation_size
+  if config.depth is not None:
+    arch.transformer.num_layers = config.depth
   for flag, value in config.block.items():
     if value is not None:
       arch.transformer[flag] = value
