@@ -16,6 +16,14 @@ Actions (positional, default `create install run fetch`):
 
 The workdir must be on Cloud Storage: a pod's workers share no disk, and a
 rerun of `run` resumes from the checkpoints there.
+
+Multi-slice (`--num_slices=N`, N > 1): N slices of `--accelerator_type` joined
+over the data-centre network, created as one queued resource (`gcloud compute
+tpus queued-resources create --node-count=N`); every action then addresses all
+workers of all slices (`--node=all --worker=all`). JAX finds the slices itself
+(the runtime sets MEGASCALE_*); the trainer's mesh gets a `slice` axis of N,
+the outer part of data parallelism, so only gradient reductions cross slices
+(docs/speed_and_scale.md). Give the batch for all slices together.
 """
 
 import os
@@ -29,23 +37,44 @@ LOG = 'run.log'
 
 
 def commands(args) -> list:
-  tpu = ['gcloud', 'compute', 'tpus', 'tpu-vm']
   where = [f'--zone={args.zone}'] + ([f'--project={args.project}'] if args.project else [])
-  ssh = tpu + ['ssh', args.name] + where + ['--worker=all']
+  if args.num_slices > 1:
+    tpu = ['gcloud', 'compute', 'tpus', 'queued-resources']
+    nodes = ['--node=all']
+  else:
+    tpu = ['gcloud', 'compute', 'tpus', 'tpu-vm']
+    nodes = []
+  ssh = tpu + ['ssh', args.name] + where + nodes + ['--worker=all']
   out = []
   for action in args.actions:
     if action == 'create':
-      out.append(
-        tpu
-        + ['create', args.name]
-        + where
-        + [f'--accelerator-type={args.accelerator_type}', f'--version={args.version}']
-        + (['--spot'] if args.spot else [])
-      )
+      if args.num_slices > 1:
+        out.append(
+          tpu
+          + ['create', args.name]
+          + where
+          + [
+            f'--node-count={args.num_slices}',
+            f'--node-prefix={args.name}',
+            f'--accelerator-type={args.accelerator_type}',
+            f'--runtime-version={args.version}',
+          ]
+          + (['--spot'] if args.spot else [])
+        )
+      else:
+        out.append(
+          tpu
+          + ['create', args.name]
+          + where
+          + [f'--accelerator-type={args.accelerator_type}', f'--version={args.version}']
+          + (['--spot'] if args.spot else [])
+        )
     elif action == 'install':
       archive, make_archive = common.local_archive(args.name)
       out.append(make_archive)
-      out.append(tpu + ['scp', archive, f'{args.name}:{common.ARCHIVE}'] + where + ['--worker=all'])
+      out.append(
+        tpu + ['scp', archive, f'{args.name}:{common.ARCHIVE}'] + where + nodes + ['--worker=all']
+      )
       out.append(ssh + [f'--command={common.unpack_and_install("tpu")}'])
     elif action == 'run':
       run = common.shell_join(common.main_command('python3', args))
@@ -58,6 +87,7 @@ def commands(args) -> list:
         tpu
         + ['ssh', args.name]
         + where
+        + (['--node=0'] if nodes else [])
         + ['--worker=0', f'--command=tail -n 100 {common.REMOTE_DIR}/{LOG}']
       )
     elif action == 'fetch':
@@ -74,7 +104,8 @@ def commands(args) -> list:
         ]
       )
     elif action == 'delete':
-      out.append(tpu + ['delete', args.name] + where + ['--quiet'])
+      force = ['--force'] if args.num_slices > 1 else []  # the slices with the request
+      out.append(tpu + ['delete', args.name] + where + force + ['--quiet'])
   return out
 
 
@@ -101,6 +132,12 @@ def main(argv=None) -> int:
     help='run in the background (nohup), so the training outlives the ssh session',
   )
   parser.add_argument('--results', default='results', help='local folder for fetched results')
+  parser.add_argument(
+    '--num_slices',
+    type=int,
+    default=1,
+    help='slices of --accelerator_type joined over the data-centre network (multi-slice)',
+  )
   common.add_common_flags(parser, 'gs://BUCKET/PATH for checkpoints, logs and results')
   args = parser.parse(argv)
   # A detached run is not finished when `run` returns: fetch later.
@@ -108,6 +145,8 @@ def main(argv=None) -> int:
   unknown = [a for a in args.actions if a not in ACTIONS]
   if unknown:
     parser.error(f'unknown action {unknown[0]!r}; use any of {", ".join(ACTIONS)}')
+  if args.num_slices < 1:
+    parser.error(f'--num_slices={args.num_slices}: give 1 (one slice) or more')
   if not args.workdir.startswith('gs://'):
     parser.error(f'--workdir={args.workdir}: TPU workers share no disk; pass gs://BUCKET/PATH')
   if not re.fullmatch(r'v\d+[a-z]*-\d+', args.accelerator_type):

@@ -21,6 +21,8 @@ CONFIGS = [
   ('finetune.py', 'ViT-B_16,cifar10'),
   ('finetune.py', 'R50+ViT-B_16,vtab/dtd'),
   ('mpp_b16.py', 'jft'),
+  ('giant.py', 'ViT-22B_14'),
+  ('giant.py', 'ViT-g_14'),
 ] + [
   (os.path.basename(p), arg)
   for p in sorted(glob.glob(os.path.join(REPO, 'configs', '*vit_*.py')))

@@ -248,3 +248,27 @@ def test_gpu_box_dry_runs(tmp_path):
 def test_help_names_every_flag(script):
   text = launch(script, '--help').stdout
   assert '--workdir' in text and '--dry-run' in text and '--config' in text
+
+
+def test_tpu_vm_multi_slice_dry_run():
+  create, archive, scp, install, run, mkdir, fetch = dry_run(
+    'tpu_vm.py', *TPU_ARGS, '--num_slices=2', '--', '--config.batch=8192'
+  )
+  # Two v4-32 slices as one queued resource; every action reaches all of them.
+  assert create[:6] == ['gcloud', 'compute', 'tpus', 'queued-resources', 'create', 'vit-b16']
+  assert flags(create) == {
+    '--zone': 'us-central2-b',
+    '--project': 'my-project',
+    '--node-count': '2',
+    '--node-prefix': 'vit-b16',
+    '--accelerator-type': 'v4-32',
+    '--runtime-version': 'tpu-ubuntu2204-base',
+  }
+  for command in (scp, install, run):
+    assert command[:5] == ['gcloud', 'compute', 'tpus', 'queued-resources', command[4]]
+    assert '--node=all' in command and '--worker=all' in command
+  assert flags(shlex.split(flags(run)['--command'].split(' && ', 1)[1]))['--config.batch'] == '8192'
+  (delete,) = dry_run('tpu_vm.py', 'delete', *TPU_ARGS, '--num_slices=2')
+  assert delete[3:6] == ['queued-resources', 'delete', 'vit-b16'] and '--force' in delete
+  (logs,) = dry_run('tpu_vm.py', 'logs', *TPU_ARGS, '--num_slices=2')
+  assert '--node=0' in logs and '--worker=0' in logs

@@ -15,6 +15,7 @@ import re
 from typing import Any, Mapping, Optional
 import zipfile
 
+import jax
 import numpy as np
 
 from vit_jax import files
@@ -135,6 +136,75 @@ def flatten(tree: Params, prefix: str = '') -> dict:
     else:
       flat[path] = value
   return flat
+
+
+def _is_stacked_encoder(node) -> bool:
+  return isinstance(node, Mapping) and 'encoderblock' in node
+
+
+def _is_unrolled_encoder(node) -> bool:
+  return isinstance(node, Mapping) and 'encoderblock_0' in node
+
+
+def is_stacked(tree) -> bool:
+  """Whether `tree` holds scanned encoder blocks (`Transformer/encoderblock` with a layer axis)."""
+  found = []
+  jax.tree.map(lambda n: found.append(_is_stacked_encoder(n)), tree, is_leaf=_is_stacked_encoder)
+  return any(found)
+
+
+def _layer(x, i):
+  if isinstance(x, jax.ShapeDtypeStruct):
+    sharding = getattr(x, 'sharding', None)
+    if isinstance(sharding, jax.sharding.NamedSharding):
+      spec = tuple(sharding.spec)[1:]
+      sharding = jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec(*spec))
+    return jax.ShapeDtypeStruct(x.shape[1:], x.dtype, sharding=sharding)
+  return x[i]
+
+
+def _stack(layers):
+  first = layers[0]
+  if isinstance(first, jax.ShapeDtypeStruct):
+    return jax.ShapeDtypeStruct((len(layers),) + tuple(first.shape), first.dtype)
+  if isinstance(first, np.ndarray):
+    return np.stack(layers)
+  return jax.numpy.stack(layers)
+
+
+def unstack_blocks(tree):
+  """Scanned blocks -> `encoderblock_{i}`, wherever they occur in `tree` (params, optimizer state).
+
+  The layout of released files, exports and checkpoints; the inverse of
+  `stack_blocks`. Arrays (numpy or jax) are sliced, shape structs reshaped.
+  """
+
+  def unstack(node):
+    if not _is_stacked_encoder(node):
+      return node
+    node = dict(node)
+    stacked = node.pop('encoderblock')
+    num_layers = jax.tree.leaves(stacked)[0].shape[0]
+    for i in range(num_layers):
+      node[f'encoderblock_{i}'] = jax.tree.map(lambda x, i=i: _layer(x, i), stacked)
+    return node
+
+  return jax.tree.map(unstack, tree, is_leaf=_is_stacked_encoder)
+
+
+def stack_blocks(tree):
+  """`encoderblock_{i}` -> one `encoderblock` whose leaves have a leading layer axis (nn.scan)."""
+
+  def stack(node):
+    if not _is_unrolled_encoder(node):
+      return node
+    node = dict(node)
+    num_layers = sum(1 for k in node if re.fullmatch(r'encoderblock_\d+', k))
+    layers = [node.pop(f'encoderblock_{i}') for i in range(num_layers)]
+    node['encoderblock'] = jax.tree.map(lambda *xs: _stack(xs), *layers)
+    return node
+
+  return jax.tree.map(stack, tree, is_leaf=_is_unrolled_encoder)
 
 
 def unflatten(flat: Mapping[str, Any]) -> dict:
@@ -270,7 +340,9 @@ def load(path: str, like: Optional[Params] = None) -> dict:
   """
   params = unflatten(_canonical(load_flat(path)))
   if like is not None:
-    check_tree(params, like, what=os.fspath(path))
+    check_tree(params, unstack_blocks(like), what=os.fspath(path))
+    if is_stacked(like):  # a model with scan_layers=True
+      params = stack_blocks(params)
   return params
 
 
@@ -284,7 +356,7 @@ def save_npz(params: Params, path: str) -> str:
   """
   path = os.fspath(path)
   flat = {}
-  for key, value in flatten(params).items():
+  for key, value in flatten(unstack_blocks(params)).items():
     array = np.asarray(value)
     flat[key] = array.astype(np.float32) if array.dtype.name == 'bfloat16' else array
   if files.is_remote(path):
@@ -399,7 +471,8 @@ def load_pretrained(
     A parameter tree with the structure and shapes of `init_params`.
   """
   restored = flatten(load(pretrained_path))
-  init = flatten(init_params)
+  stacked = is_stacked(init_params)  # a model with scan_layers=True
+  init = flatten(unstack_blocks(init_params))
   num_prefix = 1 if model_config.get('classifier', 'token') in ('token', 'token_unpooled') else 0
 
   out, kept, resized, dropped, reinit = {}, [], [], [], []
@@ -441,4 +514,4 @@ def load_pretrained(
     print(f'load_pretrained {pretrained_path}:')
     for action, what in rows:
       print(f'  {action:<15} {what}')
-  return unflatten(out)
+  return stack_blocks(unflatten(out)) if stacked else unflatten(out)

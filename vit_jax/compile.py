@@ -72,7 +72,7 @@ def _describe(record: dict) -> str:
   tm = r['train_memory']
   lines = [
     f'{r["model"]} on {r["topology"]} ({r["topology_shape"]}, {r["chips"]} chips, '
-    f'{r["devices"]} devices; mesh data={r["mesh"]["data"]} fsdp={r["mesh"]["fsdp"]}): batch '
+    f'{r["devices"]} devices; mesh {" ".join(f"{k}={v}" for k, v in r["mesh"].items())}): batch '
     f'{r["batch"]} (accum {r["accum_steps"]}{", remat" if r["remat"] else ""}), {r["dtype"]}, '
     f'{r["image_size"]} px',
     f'  HBM per device   {gib(r["hbm_bytes_per_device"])} of {gib(r["hbm_capacity_bytes"])}: '
@@ -98,6 +98,12 @@ def _describe(record: dict) -> str:
     lines.append(
       f'  {c["op"]:16s} x{c["count"]} over {c["group_size"]} devices: {c["bytes"] / 2**20:,.1f} MiB'
       f' per step, {c["moved_bytes"] / 2**20:,.1f} MiB sent per device'
+    )
+  if 'cross_slice' in r:
+    x = r['cross_slice']
+    lines.append(
+      f'  across slices    {", ".join(x["kinds"]) or "nothing"}: '
+      f'{x["bytes_per_step"] / 2**20:,.1f} MiB per step and device (data-centre network)'
     )
   if r['comm_seconds_lower_bound']:
     lines.append(f'  communication    >= {r["comm_seconds_lower_bound"]:.4g} s per step (ICI)')

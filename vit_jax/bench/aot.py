@@ -17,7 +17,6 @@ from typing import Optional
 import jax
 
 from vit_jax import hardware
-from vit_jax import sharding
 from vit_jax.bench import flops as flops_lib
 from vit_jax.bench import hlo
 from vit_jax.bench import topology
@@ -50,8 +49,10 @@ class Compiled:
   eval: object  # the compiled eval step
   compile_seconds: float
   # The step's time estimate when the compiler gives none for the accumulation
-  # loop: a one-micro-batch step's estimate times the number of micro-batches.
+  # loop or the scanned blocks: a one-micro-batch step's estimate (scanned:
+  # extrapolated in depth), times the number of micro-batches.
   micro_step_seconds: Optional[float] = None
+  micro_step_flops: Optional[float] = None  # scanned models: extrapolated in depth
 
 
 def dataset_classes(config) -> tuple:
@@ -92,7 +93,7 @@ def _memory_numbers(text: str):
 
 def compile_run(config, tpu: topology.Slice) -> Compiled:
   """The trainer's train and eval steps for `config`, compiled for `tpu`; DoesNotFit if too big."""
-  mesh = sharding.make_mesh(config.mesh.fsdp, devices=tpu.devices)
+  mesh = loop.make_mesh(config, devices=tpu.devices)
   loop.validate(config, mesh.size)
   num_classes, multi_label = dataset_classes(config)
   start = time.perf_counter()
@@ -107,13 +108,14 @@ def compile_run(config, tpu: topology.Slice) -> Compiled:
         raise
       needed, available = _memory_numbers(str(e))
       raise DoesNotFit(str(e).strip().splitlines()[0], needed, available) from None
-  micro_seconds = None
-  if config.accum_steps > 1 and _cost(train).get('optimal_seconds', -1.0) <= 0:
-    micro = with_overrides(config, {'batch': config.batch // config.accum_steps, 'accum_steps': 1})
-    with jax.set_mesh(mesh):
-      one = program.build(micro, mesh, num_classes, multi_label)
-      step = one.train_step.lower(one.abstract_state(), one.abstract_batch()).compile()
-    micro_seconds = _cost(step).get('optimal_seconds', -1.0)
+  micro = None
+  if config.scan_layers:
+    micro = _depth_extrapolation(config, mesh, num_classes, multi_label)
+  elif config.accum_steps > 1 and _cost(train).get('optimal_seconds', -1.0) <= 0:
+    one = with_overrides(config, {'batch': config.batch // config.accum_steps, 'accum_steps': 1})
+    cost = _cost(_compile_train(one, mesh, num_classes, multi_label))
+    if cost.get('optimal_seconds', -1.0) > 0:
+      micro = (cost['optimal_seconds'], None)
   return Compiled(
     config,
     tpu,
@@ -121,8 +123,39 @@ def compile_run(config, tpu: topology.Slice) -> Compiled:
     train,
     evaluate,
     time.perf_counter() - start,
-    micro_seconds if micro_seconds and micro_seconds > 0 else None,
+    micro[0] if micro else None,
+    micro[1] if micro else None,
   )
+
+
+def _compile_train(config, mesh, num_classes, multi_label):
+  with jax.set_mesh(mesh):
+    built = program.build(config, mesh, num_classes, multi_label)
+    return built.train_step.lower(built.abstract_state(), built.abstract_batch()).compile()
+
+
+def _depth_extrapolation(config, mesh, num_classes, multi_label):
+  """(seconds, FLOPs) of one micro-batch step of a scanned model, from unrolled depths 1 and 2.
+
+  The compiler estimates no time for a loop and counts a loop body's FLOPs
+  once, and the blocks of a scanned model are one loop. Its blocks are
+  identical, so the unrolled program's figures grow linearly in depth: the
+  depth-1 step plus (depth - 1) times the second block's increment.
+  """
+  figures = []
+  for depth in (1, 2):
+    overrides = {
+      'batch': config.batch // config.accum_steps,
+      'accum_steps': 1,
+      'scan_layers': False,
+      'depth': depth,
+    }
+    cost = _cost(_compile_train(with_overrides(config, overrides), mesh, num_classes, multi_label))
+    figures.append((float(cost.get('optimal_seconds', -1.0)), float(cost.get('flops', 0.0))))
+  (s1, f1), (s2, f2) = figures
+  layers = steps.model_config(config).transformer.num_layers
+  seconds = s1 + (layers - 1) * (s2 - s1) if s1 > 0 and s2 > 0 else None
+  return seconds, f1 + (layers - 1) * (f2 - f1)
 
 
 def _cost(compiled_step) -> dict:
@@ -157,17 +190,22 @@ def analyse(c: Compiled) -> dict:
   config, tpu, chip = c.config, c.tpu, c.tpu.chip
   devices = len(tpu.devices)
   text = c.train.as_text()
-  # The accumulation loop (`lax.scan` over micro-batches) is the step's only loop.
-  trips = max(hlo.loop_trip_counts(text) or [1]) if config.accum_steps > 1 else 1
   cost = _cost(c.train)
-  # XLA counts a loop body once: scale by the accumulation loop's trip count
-  # (the optimizer update outside the loop is then counted `trips` times, a
-  # fraction of a percent of a ViT step).
-  step_flops = float(cost.get('flops', 0.0)) * trips
+  trips = config.accum_steps
+  if c.micro_step_flops:
+    step_flops = c.micro_step_flops * trips
+  else:
+    # XLA counts a loop body once: scale by the accumulation loop's trip count
+    # (the optimizer update outside the loop is then counted `trips` times, a
+    # fraction of a percent of a ViT step).
+    step_flops = float(cost.get('flops', 0.0)) * trips
   seconds = float(cost.get('optimal_seconds', -1.0))
-  if seconds <= 0 and c.micro_step_seconds:
-    seconds = c.micro_step_seconds
-  seconds = seconds * trips if seconds > 0 else None
+  if c.micro_step_seconds:
+    seconds = c.micro_step_seconds * trips
+  elif seconds <= 0:
+    seconds = None
+  elif trips > 1:
+    seconds = seconds * trips
   arch = steps.model_config(config)
   per_image = flops_lib.train_flops_per_image(arch, config.pp.crop, c.program.num_classes)
   model_flops = per_image * config.batch / devices if per_image else None
@@ -187,11 +225,13 @@ def analyse(c: Compiled) -> dict:
     'num_slices': tpu.num_slices,
     'chips': tpu.num_chips,
     'devices': devices,
-    'mesh': {'data': devices // config.mesh.fsdp, 'fsdp': config.mesh.fsdp},
+    'mesh': dict(c.program.batch_sharding.mesh.shape),
     'model': config.model,
     'batch': config.batch,
     'accum_steps': config.accum_steps,
     'remat': bool(config.remat),
+    'remat_policy': config.remat_policy if config.remat else None,
+    'scan_layers': bool(config.scan_layers),
     'dtype': config.dtype,
     'image_size': config.pp.crop,
     'num_classes': c.program.num_classes,
@@ -217,6 +257,14 @@ def analyse(c: Compiled) -> dict:
     'estimate': 'TPU compiler estimates on a CPU machine (libtpu), not measurements; '
     'step time is a lower bound, img/s and MFU upper bounds',
   }
+  if tpu.num_slices > 1:
+    # Multi-slice: what crosses the data-centre network (DCN) between slices.
+    transfers = hlo.cross_slice_transfers(text)
+    record['cross_slice'] = {
+      'transfers': transfers,
+      'bytes_per_step': sum(r['bytes'] for r in transfers),
+      'kinds': sorted({f'{r["kind"]} {r["reduction"] or ""}'.strip() for r in transfers}),
+    }
   if bound:
     days = config.total_steps * bound / 86400
     record['chip_days'] = days * tpu.num_chips

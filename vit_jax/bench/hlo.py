@@ -11,6 +11,8 @@ import collections
 import math
 import re
 
+import numpy as np
+
 _DTYPE_BYTES = {
   'pred': 1,
   's8': 1,
@@ -138,6 +140,53 @@ def _group_size(line: str) -> int:
   return 1
 
 
+def replica_groups(line: str) -> list:
+  """The device groups of one collective instruction, as lists of partition ids.
+
+  Reads the explicit `{{0,1},{2,3}}` form, the iota form `[G,S]<=[d0,d1,...]`
+  with an optional transpose `T(p0,p1,...)`, and the named form
+  `mesh['a'=2,'b'=4] {'a'}`; [] when the line names none.
+  """
+  explicit = re.search(r'replica_groups=\{((?:\{[\d,]*\},?)*)\}', line)
+  if explicit:
+    return [
+      [int(i) for i in g.split(',') if i] for g in re.findall(r'\{([\d,]*)\}', explicit.group(1))
+    ]
+  iota = re.search(r'replica_groups=\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?', line)
+  if iota:
+    shape = [int(d) for d in iota.group(1).split(',')]
+    dims = [int(d) for d in iota.group(2).split(',')]
+    ids = np.arange(math.prod(dims)).reshape(dims)
+    if iota.group(3):
+      ids = ids.transpose([int(p) for p in iota.group(3).split(',')])
+    return ids.reshape(shape[0], -1).tolist()
+  mesh = re.search(r'replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}', line)
+  if mesh:
+    sizes = [(a, int(n)) for a, n in re.findall(r"'(\w+)'=(\d+)", mesh.group(1))]
+    grouped = re.findall(r"'(\w+)'", mesh.group(2))
+    names = [a for a, _ in sizes]
+    ids = np.arange(math.prod(n for _, n in sizes)).reshape([n for _, n in sizes])
+    order = [names.index(a) for a in names if a not in grouped] + [names.index(a) for a in grouped]
+    size = math.prod(n for a, n in sizes if a in grouped)
+    return ids.transpose(order).reshape(-1, size).tolist()
+  return []
+
+
+def collective_lines(text: str) -> list:
+  """[(op, instruction line, runs per call)] of every collective of the program."""
+  counts = multiplicities(text)
+  out = []
+  for name, lines in _computations(text).items():
+    if name is None or not counts.get(name):
+      continue
+    for line in lines:
+      match = _INSTRUCTION.match(line)
+      op = _OP.search(match.group(2)) if match else None
+      if op and op.group(1).removesuffix('-start') in COLLECTIVES:
+        out.append((op.group(1).removesuffix('-start'), line, counts[name]))
+  return out
+
+
 def collectives(text: str) -> list:
   """[{op, count, bytes, group_size, moved_bytes}] per kind and group size, per call.
 
@@ -197,3 +246,38 @@ def matmul_dtypes(text: str) -> dict:
         operands = [types.get(a, '?') for a in re.findall(r'%([\w.\-]+)', args)]
         out[f'{" x ".join(operands)} -> {result.group(1) if result else "?"}'] += counts[name]
   return dict(out)
+
+
+def cross_slice_transfers(text: str) -> list:
+  """What a multi-slice TPU program sends over the data-centre network, per call.
+
+  libtpu compiles one slice's program: collectives within the slice keep their
+  replica groups, and those across slices become host-transfer `send`s
+  (megascale) marked with their kind (`ALL_REDUCE`, ...) and reduction.
+  Returns [{kind, reduction, count, bytes, arrays}] per send instruction;
+  `bytes` as laid out on the TPU (tiles padded), times `count`.
+  """
+  counts = multiplicities(text)
+  rows = []
+  for name, lines in _computations(text).items():
+    if name is None or not counts.get(name):
+      continue
+    for line in lines:
+      kind = re.search(r'_xla_megascale_transfer_type="(\w+)"', line)
+      match = _INSTRUCTION.match(line)
+      if not kind or not match or ' send(' not in match.group(2):
+        continue
+      result_type = match.group(2).split(' send(', 1)[0]
+      data = [f'{t}[{d}]' for t, d in _ARRAY.findall(re.sub(r'\{[^{}]*\}', '', result_type))]
+      data = [a for a in data if not a.startswith('u32[]')]
+      reduction = re.search(r'_xla_megascale_reduce_operation="(\w+)"', line)
+      rows.append(
+        {
+          'kind': kind.group(1),
+          'reduction': reduction.group(1) if reduction else None,
+          'count': counts[name],
+          'bytes': counts[name] * sum(array_bytes(a) for a in data),
+          'arrays': data,
+        }
+      )
+  return rows

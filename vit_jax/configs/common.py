@@ -27,6 +27,25 @@ def get_config():
   config.model = 'ViT-B_16'
   config.dtype = 'float32'  # compute dtype: 'float32' or 'bfloat16'
   config.remat = False  # recompute blocks in the backward pass
+  # What remat keeps: 'nothing_saveable', 'dots_saveable' or
+  # 'dots_with_no_batch_dims_saveable' (vit_jax.models.vit.REMAT_POLICIES).
+  config.remat_policy = 'nothing_saveable'
+  # The encoder blocks as one nn.scan: compile time and program size flat in
+  # depth; checkpoints and exports still name encoderblock_{i}.
+  config.scan_layers = False
+  # Encoder blocks, overriding the model's (None: the model's own), e.g. a
+  # shallower copy of a giant model; the compile command's depth extrapolation.
+  config.depth = ml_collections.config_dict.placeholder(int)
+  # Block variants beyond the paper (ViT-22B), for any size; None keeps the
+  # model's own (vit_jax.models.vit): attention and MLP in parallel, LayerNorm
+  # of queries and keys, biases in the q/k/v projections and LayerNorms.
+  config.block = ml_collections.ConfigDict(
+    {
+      'parallel_block': ml_collections.config_dict.placeholder(bool),
+      'qk_norm': ml_collections.config_dict.placeholder(bool),
+      'qkv_and_norm_biases': ml_collections.config_dict.placeholder(bool),
+    }
+  )
   config.attention = 'auto'  # 'auto', 'xla', 'cudnn' or 'explicit' (models_vit)
   config.dropout_rate = 0.0
   config.attention_dropout_rate = 0.0
@@ -69,8 +88,16 @@ def get_config():
     }
   )
 
-  # Devices: a (data, fsdp) mesh over all devices; fsdp > 1 shards params.
-  config.mesh = ml_collections.ConfigDict({'fsdp': 1})
+  # Devices: a (slice, data, fsdp, model) mesh over all devices (vit_jax.sharding);
+  # slices come from the devices, fsdp > 1 shards params and optimizer state,
+  # model > 1 splits heads and MLP units (tensor parallelism).
+  config.mesh = ml_collections.ConfigDict(
+    {
+      'fsdp': 1,
+      'model': 1,
+      'data': ml_collections.config_dict.placeholder(int),  # None: the devices left over
+    }
+  )
 
   # Loop.
   config.progress_every = 100

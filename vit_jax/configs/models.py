@@ -1,6 +1,7 @@
 """Architecture registry: `MODEL_CONFIGS['ViT-B_16']` -> a model ConfigDict.
 
-Sizes from paper Table 1 (B, L, H) and the later Ti and S sizes. Each entry
+Sizes from paper Table 1 (B, L, H), the later Ti and S sizes, and the giant
+ViTs that followed (g, G, e, 22B; `GIANTS`). Each entry
 unpacks into `vit_jax.models.VisionTransformer(num_classes=..., **config)`.
 Every lookup returns a fresh copy, so editing one does not change the registry.
 
@@ -70,6 +71,27 @@ _DROPOUT = {
 
 _OUT_OF_SCOPE = ('Mixer-', 'LiT-')
 
+# Beyond the paper: (hidden_size, mlp_dim, num_heads, num_layers, block flags),
+# patch 14, global average pooling and no class token as these papers train
+# them (their MAP head is not part of this package). Published backbone sizes
+# (no head): ViT-g/14 1,011M and ViT-G/14 1,843M (Zhai et al. 2022, Table 2),
+# ViT-e 3.9B (Chen et al. 2022, PaLI, Table 1; with its MAP head), ViT-22B
+# 21.7B (Dehghani et al. 2023, Table 1), whose blocks run attention and MLP in
+# parallel, normalise queries and keys, and have no biases in the q/k/v
+# projections and LayerNorms.
+GIANTS = {
+  'ViT-g_14': (1408, 6144, 16, 40, {}),
+  'ViT-G_14': (1664, 8192, 16, 48, {}),
+  'ViT-e_14': (1792, 15360, 16, 56, {}),
+  'ViT-22B_14': (
+    6144,
+    24576,
+    48,
+    48,
+    {'parallel_block': True, 'qk_norm': True, 'qkv_and_norm_biases': False},
+  ),
+}
+
 
 def vit_config(size, patch, *, classifier='token', representation_size=None, name=None):
   """A ViT of a named size (`'Ti'` ... `'H'`) and square patch size."""
@@ -97,6 +119,15 @@ def hybrid_config(name):
   size, patch, units = _HYBRIDS[name]
   config = vit_config(size, patch, name=name)
   config.resnet = {'num_layers': units, 'width_factor': 1}
+  return config
+
+
+def giant_config(name):
+  """A ViT from `GIANTS`."""
+  hidden, mlp, heads, layers, flags = GIANTS[name]
+  config = vit_config('B', 14, classifier='gap', name=name)
+  config.hidden_size = hidden
+  config.transformer.update(mlp_dim=mlp, num_heads=heads, num_layers=layers, **flags)
   return config
 
 
@@ -137,6 +168,8 @@ def _factories():
       )
   for name in _HYBRIDS:
     factories[name] = lambda n=name: hybrid_config(n)
+  for name in GIANTS:
+    factories[name] = lambda n=name: giant_config(n)
   factories['ViT-Demo_4'] = demo_config
   factories['testing'] = testing_config
   factories['testing-unpooled'] = lambda: testing_config('unpooled')
@@ -189,6 +222,7 @@ AUGREG_CONFIGS = _Registry(
     _augreg_name(name): factory
     for name, factory in _FACTORIES.items()
     if name not in ('testing', 'ViT-L_32', 'R50+ViT-B_16', 'ViT-H_14', 'ViT-Demo_4')
+    and name not in GIANTS
     and not name.endswith('-gap')
   },
   'vit_jax.configs.models.AUGREG_CONFIGS',

@@ -132,6 +132,8 @@ class MppViT(nn.Module):
   model_name: Optional[str] = None
   dtype: Any = jnp.float32
   remat: bool = False
+  remat_policy: str = 'nothing_saveable'
+  scan: bool = False
   attention: str = 'auto'
 
   @nn.compact
@@ -165,6 +167,8 @@ class MppViT(nn.Module):
     x = vit.Encoder(
       dtype=self.dtype,
       remat=self.remat,
+      remat_policy=self.remat_policy,
+      scan=self.scan,
       attention=self.attention,
       name='Transformer',
       **self.transformer,

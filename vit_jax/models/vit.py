@@ -10,6 +10,17 @@ For analysis, call `apply(..., mutable=['intermediates'])`: each encoder block
 then sows its attention weights (`attention_weights`, [B, heads, N, N]) and its
 output tokens (`tokens`, [B, N, D]). Without that collection nothing extra is
 kept; how attention is computed is the `attention` attribute (see ATTENTION).
+
+Beyond the paper (the giant ViTs of Zhai et al. 2022 and Dehghani et al. 2023):
+`transformer.parallel_block` (attention and MLP read one LayerNorm and add to
+the residual together), `transformer.qk_norm` (LayerNorm of queries and keys
+per head) and `transformer.qkv_and_norm_biases=False` (no biases in the q/k/v
+projections and the LayerNorms) work at any size. `scan=True` runs the blocks
+as one `nn.scan`: a single block is compiled whatever the depth, and the
+parameters are stacked under `Transformer/encoderblock` with a leading layer
+axis (`vit_jax.checkpoint.unstack_blocks` turns them into `encoderblock_{i}`).
+With a `model` mesh axis the activations are constrained so that each
+sub-layer needs one reduction (vit_jax.sharding.constrain).
 """
 
 import math
@@ -19,6 +30,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from vit_jax import sharding
 from vit_jax.models import resnet
 
 Dtype = Any
@@ -36,6 +48,12 @@ CLASSIFIERS = ('token', 'gap', 'unpooled', 'token_unpooled')
 # attention itself runs 3x faster than with 'xla' (docs/speed_and_scale.md).
 ATTENTION = ('auto', 'xla', 'cudnn', 'explicit')
 
+# What a rematerialised block keeps for the backward pass (`jax.checkpoint_policies`):
+# 'nothing_saveable' recomputes the whole block, 'dots_with_no_batch_dims_saveable'
+# keeps the matmul outputs that have no batch dimension (big_vision's choice for
+# ViT-22B-sized models), 'dots_saveable' keeps every matmul output.
+REMAT_POLICIES = ('nothing_saveable', 'dots_saveable', 'dots_with_no_batch_dims_saveable')
+
 
 def cudnn_attention_applies(dtype, head_dim: int) -> bool:
   """Whether cuDNN's fused attention can run here: CUDA, sm80+, half precision."""
@@ -51,9 +69,9 @@ def cudnn_attention_applies(dtype, head_dim: int) -> bool:
   return capability >= 8.0 and head_dim % 8 == 0 and head_dim <= 128
 
 
-def _layer_norm(name, dtype):
+def _layer_norm(name, dtype, use_bias=True):
   # Original code: LayerNorm epsilon 1e-6 everywhere.
-  return nn.LayerNorm(epsilon=1e-6, dtype=dtype, name=name)
+  return nn.LayerNorm(epsilon=1e-6, dtype=dtype, use_bias=use_bias, name=name)
 
 
 def _flat_init(init, num_in_dims):
@@ -83,13 +101,15 @@ class _Projection(nn.Module):
   """One attention projection's parameters, under the checkpoint's names."""
 
   kernel_shape: tuple
-  bias_shape: tuple
+  bias_shape: Optional[tuple]  # None: no bias (ViT-22B's q/k/v)
   num_in_dims: int
 
   @nn.compact
   def __call__(self):
     init = _flat_init(nn.initializers.xavier_uniform(), self.num_in_dims)
     kernel = self.param('kernel', init, self.kernel_shape, jnp.float32)
+    if self.bias_shape is None:
+      return kernel, jnp.zeros((), jnp.float32)
     bias = self.param('bias', nn.initializers.zeros, self.bias_shape, jnp.float32)
     return kernel, bias
 
@@ -98,13 +118,17 @@ class MultiHeadDotProductAttention(nn.Module):
   """Multi-head self-attention with the parameter layout of the public files.
 
   Parameters: `{query,key,value}/kernel` [D, heads, head_dim] and `/bias`
-  [heads, head_dim]; `out/kernel` [heads, head_dim, D] and `out/bias` [D].
+  [heads, head_dim]; `out/kernel` [heads, head_dim, D] and `out/bias` [D];
+  with `qk_norm`, `{query,key}_norm/scale` [head_dim] (and `/bias`).
   """
 
   num_heads: int
   dropout_rate: float = 0.0
   dtype: Dtype = jnp.float32
   attention: str = 'auto'
+  qk_norm: bool = False  # ViT-22B: LayerNorm of q and k, for stable logits at scale
+  qkv_bias: bool = True
+  norm_bias: bool = True  # of the q/k LayerNorms
 
   @nn.compact
   def __call__(self, x, *, deterministic: bool):
@@ -114,20 +138,32 @@ class MultiHeadDotProductAttention(nn.Module):
     if d % self.num_heads:
       raise ValueError(f'hidden size {d} is not divisible by num_heads={self.num_heads}')
     head_dim = d // self.num_heads
+    bias_shape = (self.num_heads, head_dim) if self.qkv_bias else None
     qkv_params = [
-      _Projection((d, self.num_heads, head_dim), (self.num_heads, head_dim), 1, name=n)()
+      _Projection((d, self.num_heads, head_dim), bias_shape, 1, name=n)()
       for n in ('query', 'key', 'value')
     ]
     out_kernel, out_bias = _Projection((self.num_heads, head_dim, d), (d,), 2, name='out')()
+    norms = [
+      _layer_norm(f'{n}_norm', self.dtype, self.norm_bias) if self.qk_norm else (lambda y: y)
+      for n in ('query', 'key')
+    ] + [lambda y: y]
 
     def project(layout):
       # q, k and v straight into the layout the attention reads; XLA needs no
       # transposes between the projections and the attention (docs/speed_and_scale.md).
-      return [
-        jnp.einsum(f'bnd,dhk->{layout}', x, kernel.astype(self.dtype))
-        + (bias if layout == 'bnhk' else bias[:, None]).astype(self.dtype)
-        for kernel, bias in qkv_params
-      ]
+      # One einsum over the three kernels: under tensor parallelism the
+      # backward pass then sums the three input gradients before its one
+      # all-reduce instead of reducing each.
+      kernels = jnp.stack([kernel for kernel, _ in qkv_params]).astype(self.dtype)
+      qkv = jnp.einsum(f'bnd,tdhk->t{layout}', x, kernels)
+      heads = ('batch', None, 'model', None) if layout == 'bnhk' else ('batch', 'model', None, None)
+      out = []
+      for y, (_, bias), norm in zip(qkv, qkv_params, norms):
+        if self.qkv_bias:
+          y = y + (bias if layout == 'bnhk' else bias[:, None]).astype(self.dtype)
+        out.append(sharding.constrain(norm(y), heads))
+      return out
 
     need_weights = self.is_mutable_collection('intermediates')
     use_dropout = not deterministic and self.dropout_rate > 0.0
@@ -176,13 +212,18 @@ class MlpBlock(nn.Module):
       name=name,
     )
     y = nn.gelu(dense(self.mlp_dim, 'Dense_0')(x))
+    y = sharding.constrain(y, ('batch', None, 'model'))
     y = nn.Dropout(self.dropout_rate)(y, deterministic=deterministic)
     y = dense(x.shape[-1], 'Dense_1')(y)
     return nn.Dropout(self.dropout_rate)(y, deterministic=deterministic)
 
 
 class Encoder1DBlock(nn.Module):
-  """Pre-LN encoder block (paper eq. 2-3): x + MSA(LN(x)), then x + MLP(LN(x))."""
+  """Pre-LN encoder block (paper eq. 2-3): x + MSA(LN(x)), then x + MLP(LN(x)).
+
+  With `parallel_block` (ViT-22B): x + MSA(LN(x)) + MLP(LN(x)), one LayerNorm,
+  so under tensor parallelism the two sub-layers share one reduction.
+  """
 
   mlp_dim: int
   num_heads: int
@@ -190,25 +231,45 @@ class Encoder1DBlock(nn.Module):
   attention_dropout_rate: float = 0.1
   dtype: Dtype = jnp.float32
   attention: str = 'auto'
+  parallel_block: bool = False
+  qk_norm: bool = False
+  qkv_and_norm_biases: bool = True
 
   @nn.compact
   def __call__(self, x, deterministic: bool):
-    y = _layer_norm('LayerNorm_0', self.dtype)(x)
-    y = MultiHeadDotProductAttention(
+    bias = self.qkv_and_norm_biases
+    x = sharding.constrain(x, ('batch', None, None))
+    y = _layer_norm('LayerNorm_0', self.dtype, bias)(x)
+    attention = MultiHeadDotProductAttention(
       num_heads=self.num_heads,
       dropout_rate=self.attention_dropout_rate,
       dtype=self.dtype,
       attention=self.attention,
+      qk_norm=self.qk_norm,
+      qkv_bias=bias,
+      norm_bias=bias,
       name='MultiHeadDotProductAttention_1',
     )(y, deterministic=deterministic)
-    x = x + nn.Dropout(self.dropout_rate)(y, deterministic=deterministic)
-    y = _layer_norm('LayerNorm_2', self.dtype)(x)
-    y = MlpBlock(self.mlp_dim, self.dropout_rate, self.dtype, name='MlpBlock_3')(
-      y, deterministic=deterministic
-    )
-    x = x + y
+    mlp = MlpBlock(self.mlp_dim, self.dropout_rate, self.dtype, name='MlpBlock_3')
+    if self.parallel_block:
+      x = x + nn.Dropout(self.dropout_rate)(attention, deterministic=deterministic)
+      x = x + mlp(y, deterministic=deterministic)
+    else:
+      x = x + nn.Dropout(self.dropout_rate)(attention, deterministic=deterministic)
+      x = sharding.constrain(x, ('batch', None, None))
+      y = _layer_norm('LayerNorm_2', self.dtype, bias)(x)
+      x = x + mlp(y, deterministic=deterministic)
+    x = sharding.constrain(x, ('batch', None, None))
     self.sow('intermediates', 'tokens', x)
     return x
+
+
+class _ScannedBlock(Encoder1DBlock):
+  """An encoder block as the body of `nn.scan`: (carry, broadcast input) -> (carry, None)."""
+
+  @nn.compact
+  def __call__(self, x, deterministic: bool):
+    return super().__call__(x, deterministic), None
 
 
 class Encoder(nn.Module):
@@ -221,25 +282,51 @@ class Encoder(nn.Module):
   attention_dropout_rate: float = 0.1
   dtype: Dtype = jnp.float32
   remat: bool = False
+  remat_policy: str = 'nothing_saveable'  # see REMAT_POLICIES
+  scan: bool = False
   attention: str = 'auto'
+  parallel_block: bool = False
+  qk_norm: bool = False
+  qkv_and_norm_biases: bool = True
 
   @nn.compact
   def __call__(self, x, *, train: bool):
+    if self.remat_policy not in REMAT_POLICIES:
+      raise ValueError(f'remat_policy={self.remat_policy!r}; use one of {REMAT_POLICIES}')
     x = AddPositionEmbs(dtype=self.dtype, name='posembed_input')(x)
     x = nn.Dropout(self.dropout_rate)(x, deterministic=not train)
-    # static_argnums=(2,): `deterministic` is a Python bool, not traced.
-    block_cls = nn.remat(Encoder1DBlock, static_argnums=(2,)) if self.remat else Encoder1DBlock
-    for i in range(self.num_layers):
-      x = block_cls(
-        mlp_dim=self.mlp_dim,
-        num_heads=self.num_heads,
-        dropout_rate=self.dropout_rate,
-        attention_dropout_rate=self.attention_dropout_rate,
-        dtype=self.dtype,
-        attention=self.attention,
-        name=f'encoderblock_{i}',
-      )(x, not train)
-    return _layer_norm('encoder_norm', self.dtype)(x)
+    block = dict(
+      mlp_dim=self.mlp_dim,
+      num_heads=self.num_heads,
+      dropout_rate=self.dropout_rate,
+      attention_dropout_rate=self.attention_dropout_rate,
+      dtype=self.dtype,
+      attention=self.attention,
+      parallel_block=self.parallel_block,
+      qk_norm=self.qk_norm,
+      qkv_and_norm_biases=self.qkv_and_norm_biases,
+    )
+    block_cls = _ScannedBlock if self.scan else Encoder1DBlock
+    if self.remat:
+      # static_argnums=(2,): `deterministic` is a Python bool, not traced.
+      policy = getattr(jax.checkpoint_policies, self.remat_policy)
+      block_cls = nn.remat(block_cls, static_argnums=(2,), policy=policy)
+    if self.scan:
+      # One block's program, run num_layers times; parameters (and sown
+      # intermediates) get a leading layer axis, each layer its own init and
+      # dropout keys.
+      stack = nn.scan(
+        block_cls,
+        variable_axes={'params': 0, 'intermediates': 0},
+        split_rngs={'params': True, 'dropout': True},
+        in_axes=nn.broadcast,
+        length=self.num_layers,
+      )
+      x, _ = stack(name='encoderblock', **block)(x, not train)
+    else:
+      for i in range(self.num_layers):
+        x = block_cls(name=f'encoderblock_{i}', **block)(x, not train)
+    return _layer_norm('encoder_norm', self.dtype, self.qkv_and_norm_biases)(x)
 
 
 class VisionTransformer(nn.Module):
@@ -264,6 +351,8 @@ class VisionTransformer(nn.Module):
   model_name: Optional[str] = None
   dtype: Dtype = jnp.float32
   remat: bool = False
+  remat_policy: str = 'nothing_saveable'  # see REMAT_POLICIES
+  scan: bool = False  # the blocks as one nn.scan, parameters stacked
   attention: str = 'auto'  # see ATTENTION
 
   @nn.compact
@@ -288,6 +377,8 @@ class VisionTransformer(nn.Module):
     x = Encoder(
       dtype=self.dtype,
       remat=self.remat,
+      remat_policy=self.remat_policy,
+      scan=self.scan,
       attention=self.attention,
       name='Transformer',
       **self.transformer,

@@ -11,6 +11,7 @@ from typing import Callable
 import numpy as np
 import orbax.checkpoint as ocp
 
+from vit_jax import checkpoint
 from vit_jax.data import pipeline
 from vit_jax.evaluation import fewshot
 from vit_jax.evaluation import metrics
@@ -106,7 +107,8 @@ def save_checkpoint(run, loop, step: int) -> None:
   run.manager.save(
     step,
     args=ocp.args.Composite(
-      state=ocp.args.StandardSave(loop.state),
+      # Encoder blocks as `encoderblock_{i}` whether or not the model scans them.
+      state=ocp.args.StandardSave(checkpoint.unstack_blocks(loop.state)),
       data=ocp.args.JsonSave(loop.train_iter.get_state()),
       run=ocp.args.JsonSave(loop.totals()),
     ),

@@ -88,6 +88,28 @@ def validate(config, num_devices: int) -> None:
       "attention='cudnn' needs a CUDA GPU and --config.dtype=bfloat16; "
       "use attention='auto', which takes cuDNN where it applies"
     )
+  if config.remat_policy not in vit.REMAT_POLICIES:
+    raise ConfigError(
+      f'remat_policy={config.remat_policy!r}: use one of {", ".join(vit.REMAT_POLICIES)}'
+    )
+  if config.mesh.model > 1:
+    arch = steps.model_config(config)
+    try:
+      sharding.check_model_fits(
+        arch.transformer.num_heads, arch.transformer.mlp_dim, config.mesh.model
+      )
+    except sharding.MeshError as e:
+      raise ConfigError(f'{config.model}: {e}') from None
+
+
+def make_mesh(config, devices=None):
+  """The run's (slice, data, fsdp, model) mesh; a misfit is a one-line ConfigError."""
+  try:
+    return sharding.make_mesh(
+      config.mesh.fsdp, devices, model=config.mesh.model, data=config.mesh.data
+    )
+  except sharding.MeshError as e:
+    raise ConfigError(str(e)) from None
 
 
 class _Preemption:
@@ -202,7 +224,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
   """Trains and evaluates `config` in `workdir`; returns the summary dict."""
   wall_start = time.time()
   config = official.translate(config)  # configs written for the official vit_jax
-  mesh = sharding.make_mesh(config.mesh.fsdp)
+  mesh = make_mesh(config)
   validate(config, mesh.size)
   # Our own one-line errors pass as they are; a failed write becomes one.
   keep = (TrainingError, ConfigError, checkpoint.CheckpointError, pipeline.DataError)
@@ -288,7 +310,8 @@ def set_up(config, workdir: str, mesh, lock: Optional[workdir_lib.Lock] = None) 
 def restore_or_initialize(run: Run):
   """(state, data iterator state, totals): the newest checkpoint's that restores, or fresh ones."""
   config = run.config
-  abstract = run.program.abstract_state()
+  # Checkpoints name encoderblock_{i}; a scanned model stacks them after restoring.
+  abstract = checkpoint.unstack_blocks(run.program.abstract_state())
   checkpoints = os.path.join(files.absolute(run.workdir), resume.CHECKPOINTS)
 
   def args_for(step):
@@ -303,7 +326,10 @@ def restore_or_initialize(run: Run):
     step, restored = found
     run.log.info('Resuming from the checkpoint at step %d in %s', step, run.workdir)
     prior = restored['run'] if 'run' in restored else {}
-    return restored['state'], restored['data'], prior or {}
+    state = restored['state']
+    if checkpoint.is_stacked(run.program.abstract_state()):
+      state = jax.device_put(checkpoint.stack_blocks(state), run.state_shardings)
+    return state, restored['data'], prior or {}
   state = jax.jit(run.init, out_shardings=run.state_shardings)(jax.random.PRNGKey(config.seed))
   if config.pretrained_path:
     params = checkpoint.load_pretrained(

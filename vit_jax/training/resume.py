@@ -36,6 +36,8 @@ MAY_CHANGE = (
   'total_steps',  # train longer (or stop sooner); the schedule follows the new length
   'accum_steps',  # same math in smaller micro-batches (the out-of-memory advice)
   'remat',
+  'remat_policy',
+  'scan_layers',  # checkpoints name encoderblock_{i} either way
   'attention',
   'mesh',  # another device layout; checkpoints reshard on restore
   'skip_nonfinite',  # the NaN advice

@@ -44,6 +44,11 @@ def model_config(config):
   )
   if config.representation_size is not None:
     arch.representation_size = config.representation_size
+  if config.depth is not None:
+    arch.transformer.num_layers = config.depth
+  for flag, value in config.block.items():
+    if value is not None:
+      arch.transformer[flag] = value
   return arch
 
 
@@ -53,6 +58,8 @@ def make_model(config, num_classes):
     head_bias_init=config.head_bias_init,
     dtype=jnp.dtype(config.dtype),
     remat=config.remat,
+    remat_policy=config.remat_policy,
+    scan=config.scan_layers,
     attention=config.attention,
     **model_config(config),
   )
@@ -85,6 +92,8 @@ def make_task(config, num_classes: int, multi_label: bool) -> Task:
     model = mpp.MppViT(
       dtype=jnp.dtype(config.dtype),
       remat=config.remat,
+      remat_policy=config.remat_policy,
+      scan=config.scan_layers,
       attention=config.attention,
       **model_config(config),
     )

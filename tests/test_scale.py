@@ -1,0 +1,386 @@
+"""Beyond the paper's scale: scan over layers, the `model` mesh axis, giant configs, multi-slice.
+
+The multi-device tests run on 8 forced CPU host devices in a subprocess; the
+TPU ones compile tiny models for small topologies with libtpu.
+"""
+
+import importlib.util
+import json
+import subprocess
+import sys
+import textwrap
+
+from conftest import param_shapes
+from conftest import random_like
+from conftest import small_vit_config
+from conftest import subprocess_env
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from vit_jax import checkpoint
+from vit_jax import models
+from vit_jax import sharding
+from vit_jax.bench import aot
+from vit_jax.bench import hlo
+from vit_jax.bench import topology
+from vit_jax.configs import ConfigError
+from vit_jax.configs import common
+from vit_jax.configs import demo
+from vit_jax.configs import models as model_configs
+from vit_jax.training import loop
+
+# ---------------------------------------------------------------------------
+# Scan over layers.
+
+
+def _images(n=2, size=32, seed=1):
+  return np.random.default_rng(seed).normal(size=(n, size, size, 3)).astype(np.float32)
+
+
+def test_scanned_blocks_compute_what_unrolled_blocks_do():
+  images = _images()
+  for flags in ({}, {'parallel_block': True, 'qk_norm': True, 'qkv_and_norm_biases': False}):
+    config = small_vit_config()
+    config.transformer.update(num_layers=3, **flags)
+    unrolled = models.VisionTransformer(num_classes=5, **config)
+    scanned = models.VisionTransformer(num_classes=5, scan=True, **config)
+    params = random_like(param_shapes(config, 5, 32), scale=0.1)
+    stacked = checkpoint.stack_blocks(params)
+    # The scanned model's own tree is the stacked one: a layer axis in front.
+    assert jax.tree.map(np.shape, stacked) == jax.tree.map(
+      lambda s: s.shape, param_shapes(config, 5, 32, scanned)
+    )
+    mlp = stacked['Transformer']['encoderblock']['MlpBlock_3']['Dense_0']['kernel']
+    assert mlp.shape == (3, 24, 48)
+    # Converting back gives the very arrays.
+    jax.tree.map(np.testing.assert_array_equal, checkpoint.unstack_blocks(stacked), params)
+    np.testing.assert_allclose(
+      scanned.apply({'params': stacked}, images, train=False),
+      unrolled.apply({'params': params}, images, train=False),
+      rtol=1e-5,
+      atol=1e-6,
+    )
+
+  # Gradients too, rematerialised (the policy only changes what is recomputed).
+  def loss(model, p):
+    return jnp.sum(model.apply({'params': p}, images, train=False) ** 2)
+
+  remat = models.VisionTransformer(
+    num_classes=5, scan=True, remat=True, remat_policy='dots_with_no_batch_dims_saveable', **config
+  )
+  want = checkpoint.stack_blocks(jax.grad(lambda p: loss(unrolled, p))(params))
+  got = jax.grad(lambda p: loss(remat, p))(stacked)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), got, want)
+
+
+def test_stacked_params_are_saved_and_loaded_as_encoderblocks(tmp_path):
+  config = small_vit_config()
+  scanned = models.VisionTransformer(num_classes=5, scan=True, **config)
+  like = param_shapes(config, 5, 32, scanned)
+  stacked = random_like(like)
+  path = checkpoint.save_npz(stacked, tmp_path / 'params.npz')
+  with np.load(path) as npz:
+    keys = set(npz.files)
+  assert 'Transformer/encoderblock_1/MlpBlock_3/Dense_0/kernel' in keys
+  assert not any(k.startswith('Transformer/encoderblock/') for k in keys)
+  np.testing.assert_array_equal(
+    np.load(path)['Transformer/encoderblock_1/MultiHeadDotProductAttention_1/query/kernel'],
+    stacked['Transformer']['encoderblock']['MultiHeadDotProductAttention_1']['query']['kernel'][1],
+  )
+  # Loaded for a scanned model: stacked again, the same arrays.
+  jax.tree.map(np.testing.assert_array_equal, checkpoint.load(path, like=like), stacked)
+  # Fine-tuning a scanned model from it: the backbone kept, stacked; the head re-initialised.
+  init = jax.tree.map(np.zeros_like, stacked)
+  tuned = checkpoint.load_pretrained(
+    pretrained_path=str(path), init_params=init, model_config=config, verbose=False
+  )
+  jax.tree.map(np.testing.assert_array_equal, tuned['Transformer'], stacked['Transformer'])
+  assert not np.any(tuned['head']['kernel'])
+
+
+def _tiny_run_config(**overrides):
+  config = common.get_config()
+  config.update(total_steps=2)
+  config.update(
+    model='testing',
+    warmup_steps=1,
+    checkpoint_every=2,
+    progress_every=2,
+    eval_every=100,
+    batch=16,
+    batch_eval=64,
+    tensorboard=False,
+    optimizer='sgd',
+    base_lr=0.1,
+    **overrides,
+  )
+  config.pp.crop = 16
+  return config
+
+
+def test_a_scanned_run_checkpoints_encoderblocks_and_resumes_either_way(tmp_path):
+  workdir = str(tmp_path)
+  loop.train_and_evaluate(_tiny_run_config(scan_layers=True), workdir)
+  meta = ocp.StandardCheckpointer().metadata(tmp_path / 'checkpoints' / '2' / 'state')
+  meta = dict(getattr(meta, 'item_metadata', meta))
+  assert 'params/Transformer/encoderblock_0/MlpBlock_3/Dense_0/kernel' in checkpoint.flatten(meta)
+  # Optimizer state included: no stacked block anywhere in the file.
+  assert "'encoderblock_0'" in str(meta['opt_state']) and "'encoderblock'" not in str(meta)
+  # The final params.npz holds the step-2 parameters, as encoderblock_{i}.
+  final = checkpoint.load(str(tmp_path / 'params.npz'))
+  restored = {}
+  for scan in (False, True):
+    config = _tiny_run_config(scan_layers=scan, total_steps=3)
+    mesh = loop.make_mesh(config)
+    with jax.set_mesh(mesh):
+      run = loop.set_up(config, workdir, mesh)
+      state = loop.restore_or_initialize(run)[0]
+      run.manager.close()
+    assert int(state.step) == 2
+    restored[scan] = jax.tree.map(np.asarray, state)
+  # Unrolled, the checkpoint is the run's parameters; scanned, the same stacked.
+  jax.tree.map(np.testing.assert_array_equal, restored[False].params, final)
+  jax.tree.map(
+    np.testing.assert_array_equal,
+    restored[True].params,
+    checkpoint.stack_blocks(restored[False].params),
+  )
+  jax.tree.map(
+    np.testing.assert_array_equal,
+    restored[True].opt_state,
+    checkpoint.stack_blocks(restored[False].opt_state),
+  )
+  # SGD's momentum is in it (not zeros; two steps from a zero head move the head first).
+  assert sum(np.count_nonzero(x) for x in jax.tree.leaves(restored[True].opt_state)) > 100
+
+
+# ---------------------------------------------------------------------------
+# The `model` mesh axis (tensor parallelism), on 8 CPU devices.
+
+_TENSOR_PARALLEL = textwrap.dedent("""
+  import json
+  import jax, jax.numpy as jnp, numpy as np
+  from vit_jax import models, sharding
+  from vit_jax.bench import hlo
+  from vit_jax.configs import models as model_configs
+
+  def case(parallel_block):
+    config = model_configs.MODEL_CONFIGS['ViT-Ti_16']
+    config.hidden_size = 32
+    config.patches.size = (8, 8)
+    config.transformer.update(num_layers=2, num_heads=4, mlp_dim=64, parallel_block=parallel_block)
+    model = models.VisionTransformer(num_classes=10, attention='explicit', **config)
+    rng = np.random.default_rng(0)
+    images = rng.normal(size=(8, 16, 16, 3)).astype(np.float32)
+    labels = np.arange(8) % 10
+    params = model.init(jax.random.key(0), images[:1], train=False)['params']
+    params = jax.tree.map(lambda p: p + 0.05 * rng.normal(size=p.shape).astype(np.float32), params)
+
+    def loss(p, x, y):
+      logits = model.apply({'params': p}, x, train=False)
+      return -jnp.mean(jnp.sum(jax.nn.one_hot(y, 10) * jax.nn.log_softmax(logits), -1))
+
+    one = jax.jit(jax.value_and_grad(loss), device=jax.devices()[0])(params, images, labels)
+    out = {}
+    for fsdp, tp, data in ((1, 2, None), (2, 4, 1), (1, 4, None), (1, 2, 2)):
+      # The serial block with model=2 (and data=4) and model=4 with fsdp=2; the
+      # parallel block with model=4 (and data=2).
+      if parallel_block != ((fsdp, tp) == (1, 4)) or (parallel_block and data):
+        continue
+      try:
+        mesh = sharding.make_mesh(fsdp, model=tp, data=data)
+      except sharding.MeshError as e:
+        out[f'{fsdp},{tp},{data}'] = str(e)
+        continue
+      with jax.set_mesh(mesh):
+        # Every parameter big enough for FSDP here: min_size=0.
+        shardings = sharding.tree_shardings(params, mesh, min_size=0)
+        batch = sharding.batch_sharding(mesh)
+        step = jax.jit(jax.value_and_grad(loss), in_shardings=(shardings, batch, batch))
+        placed = jax.device_put(params, shardings)
+        compiled = step.lower(placed, images, labels).compile()
+        value, grads = compiled(placed, images, labels)
+      block = placed['Transformer']['encoderblock_0']
+      shard = lambda a: list(a.addressable_shards[0].data.shape)
+      # Reductions over the model axis: groups of devices that differ only in
+      # their model coordinate.
+      # Groups name partitions, in the order of the mesh's devices; `model` is
+      # the innermost axis, so its groups are runs of `tp` neighbours.
+      model_groups = np.arange(8).reshape(-1, tp).tolist()
+      reductions = []
+      for op, line, n in hlo.collective_lines(compiled.as_text()):
+        groups = sorted(sorted(g) for g in hlo.replica_groups(line))
+        # Those of the encoder blocks (the embedding and head may reshard too).
+        if groups == model_groups and 'encoderblock_' in line:
+          reductions.append([op, n, line.split('=', 1)[1].split(op)[0].strip()])
+      out[f'{fsdp},{tp},{data}'] = {
+        'mesh': dict(mesh.shape),
+        'loss_error': abs(float(value) - float(one[0])),
+        'grad_error': max(jax.tree.leaves(jax.tree.map(
+          lambda a, b: float(np.max(np.abs(np.asarray(a) - np.asarray(b)))), grads, one[1]))),
+        'query': shard(block['MultiHeadDotProductAttention_1']['query']['kernel']),
+        'out': shard(block['MultiHeadDotProductAttention_1']['out']['kernel']),
+        'dense_0': shard(block['MlpBlock_3']['Dense_0']['kernel']),
+        'dense_1': shard(block['MlpBlock_3']['Dense_1']['kernel']),
+        'model_reductions': reductions,
+      }
+    return out
+
+  print(json.dumps({'serial': case(False), 'parallel': case(True)}))
+""")
+
+
+def test_tensor_parallel_matches_one_device_with_one_reduction_per_sublayer():
+  result = subprocess.run(
+    [sys.executable, '-c', _TENSOR_PARALLEL],
+    capture_output=True,
+    text=True,
+    env=subprocess_env(devices=8),
+    timeout=600,
+  )
+  assert result.returncode == 0, result.stderr[-3000:]
+  out = json.loads(result.stdout.strip().splitlines()[-1])
+  serial = out['serial']
+  for key, (fsdp, tp) in {'1,2,None': (1, 2), '2,4,1': (2, 4)}.items():
+    r = serial[key]
+    assert r['mesh'] == {'slice': 1, 'data': 8 // (fsdp * tp), 'fsdp': fsdp, 'model': tp}
+    assert r['loss_error'] < 1e-6 and r['grad_error'] < 1e-5, (key, r)
+    # Width 32, 4 heads of 8, MLP 64: heads and MLP units split over `model`,
+    # the width over `fsdp` (every array is FSDP-sized here).
+    assert r['query'] == [32 // fsdp, 4 // tp, 8]
+    assert r['out'] == [4 // tp, 8, 32 // fsdp]
+    assert r['dense_0'] == [32 // fsdp, 64 // tp]
+    assert r['dense_1'] == [64 // tp, 32 // fsdp]
+    # Per block: one all-reduce of the tokens after attention and one after the
+    # MLP going forward, one each for their input gradients going back.
+    ops = [op for op, _, _ in r['model_reductions']]
+    assert ops == ['all-reduce'] * 8, (key, r['model_reductions'])
+    per_device_batch = 8 // (8 // tp)
+    assert all(
+      shape.startswith(f'f32[{per_device_batch},5,32]') for _, _, shape in r['model_reductions']
+    )
+  # data=2 x model=2 on 8 devices is a misfit, said in one line.
+  assert serial['1,2,2'] == (
+    'mesh slice=1 x data=2 x fsdp=1 x model=2 = 4 must equal the number of devices (8); '
+    'leave mesh.data unset to use data=4'
+  )
+  # The ViT-22B block: attention and MLP share one reduction each way.
+  parallel = out['parallel']['1,4,None']
+  assert parallel['loss_error'] < 1e-6 and parallel['grad_error'] < 1e-5
+  assert [op for op, _, _ in parallel['model_reductions']] == ['all-reduce'] * 4
+
+
+def test_mesh_and_model_misfits_are_one_line():
+  with pytest.raises(
+    sharding.MeshError, match=r'^mesh.fsdp=1 x mesh.model=2 = 2 must divide the 1 devices'
+  ):
+    sharding.make_mesh(1, model=2)
+  config = _tiny_run_config()
+  config.mesh.model = 3  # the testing model: 2 heads, MLP 10
+  with pytest.raises(ConfigError) as e:
+    loop.validate(config, 1)
+  assert str(e.value) == (
+    'testing: mesh.model=3 must divide num_heads=2 (tensor parallelism splits attention heads '
+    'and MLP units); use a divisor of 2'
+  )
+  with pytest.raises(
+    sharding.MeshError, match=r'dimension 1 \(6\) is not divisible by mesh.model=4'
+  ):
+    sharding.param_spec('encoderblock_0/MlpBlock_3/Dense_0/kernel', (8, 6), 1, 4, 0)
+
+
+# ---------------------------------------------------------------------------
+# The giant ViTs.
+
+# Parameters without a head, counted from the shapes (jax.eval_shape), and the
+# published figures (backbones, rounded): Zhai et al. 2022 Table 2 (g, G),
+# Chen et al. 2022 (PaLI) Table 1 (e), Dehghani et al. 2023 Table 1 (22B).
+GIANT_COUNTS = {
+  'ViT-g_14': (1_011_199_616, 1_011e6),
+  'ViT-G_14': (1_842_772_352, 1_843e6),
+  'ViT-e_14': (3_805_417_728, 3.9e9),
+  'ViT-22B_14': (21_750_546_432, 21.7e9),
+}
+
+
+def _giant_closed_form(config, size=224):
+  d, m = config.hidden_size, config.transformer.mlp_dim
+  p, t = config.patches.size[0], config.transformer
+  k = d // t.num_heads
+  bias = t.get('qkv_and_norm_biases', True)
+  norm = d * (1 + bias)
+  block = (
+    norm * (1 if t.get('parallel_block') else 2)  # LayerNorm_0 (and LayerNorm_2)
+    + 3 * d * d
+    + 3 * d * bias  # q, k, v
+    + 2 * k * (1 + bias) * t.get('qk_norm', False)  # query_norm, key_norm
+    + d * d
+    + d  # out
+    + d * m
+    + m
+    + m * d
+    + d  # MLP
+  )
+  return p * p * 3 * d + d + (size // p) ** 2 * d + t.num_layers * block + norm
+
+
+@pytest.mark.parametrize('name', sorted(GIANT_COUNTS))
+def test_giant_parameter_counts_are_exact_and_match_the_papers(name):
+  config = model_configs.MODEL_CONFIGS[name]
+  scanned = models.VisionTransformer(num_classes=None, scan=True, **config)
+  n = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(param_shapes(config, None, 224, scanned)))
+  exact, published = GIANT_COUNTS[name]
+  assert n == exact == _giant_closed_form(config)
+  if name == 'ViT-e_14':
+    # PaLI's 3.9B includes its MAP head (one more attention + MLP, 68M), which
+    # this package lacks: 3.87B with it, 2.4% short without.
+    assert abs(n / published - 1) < 0.025
+  else:
+    assert abs(n / published - 1) < 0.005
+
+
+# ---------------------------------------------------------------------------
+# Multi-slice, compiled by the TPU compiler for two v5e 2x2 slices.
+
+needs_libtpu = pytest.mark.skipif(
+  importlib.util.find_spec('libtpu') is None, reason='libtpu is not installed'
+)
+
+
+@needs_libtpu
+def test_two_slices_exchange_only_gradients():
+  config = demo.get_config()
+  config.update(model='testing', batch=64, batch_eval=64)
+  config.pp.crop = 32
+  config.mesh.model = 2  # heads 2, MLP 10
+  tpu = topology.describe('v5e:2x2', num_slices=2)
+  compiled = aot.compile_run(config, tpu)
+  mesh = compiled.program.batch_sharding.mesh
+  assert dict(mesh.shape) == {'slice': 2, 'data': 2, 'fsdp': 1, 'model': 2}
+  # Each slice's devices are one block of the mesh: slice is the outer axis.
+  assert [d.slice_index for d in mesh.devices.flat] == [0] * 4 + [1] * 4
+  record = aot.analyse(compiled)
+  text = compiled.train.as_text()
+  # libtpu compiles one slice's program: every collective's replica groups
+  # stay within the slice's 4 devices (data and tensor parallelism alike) ...
+  groups = [g for _, line, _ in hlo.collective_lines(text) for g in hlo.replica_groups(line)]
+  assert groups and all(max(g) < 4 for g in groups)
+  # ... and what crosses slices is sent once per step, outside the layers and
+  # the backward pass: sums (all-reduces) of the gradients, packed by XLA into
+  # TPU tiles, at least the gradient's bytes and at most its tiles' padding more.
+  transfers = record['cross_slice']['transfers']
+  assert transfers and record['cross_slice']['kinds'] == ['ALL_REDUCE SUM']
+  assert all(r['count'] == 1 for r in transfers)
+  shards = [
+    p.sharding.shard_shape(p.shape)
+    for p in jax.tree.leaves(compiled.program.abstract_state().params)
+  ]
+  grad_bytes = sum(4 * np.prod(s) for s in shards)
+  # A TPU tile holds 8 x 128 floats of an array's last two dimensions.
+  tiled = sum(
+    4 * np.prod((1, *s)[:-2]) * -(-(1, *s)[-2] // 8) * 8 * -(-s[-1] // 128) * 128 for s in shards
+  )
+  assert grad_bytes <= record['cross_slice']['bytes_per_step'] <= tiled
