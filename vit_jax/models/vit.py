@@ -251,11 +251,10 @@ class Encoder1DBlock(nn.Module):
       name='MultiHeadDotProductAttention_1',
     )(y, deterministic=deterministic)
     mlp = MlpBlock(self.mlp_dim, self.dropout_rate, self.dtype, name='MlpBlock_3')
-    if self.parallel_block:
-      x = x + nn.Dropout(self.dropout_rate)(attention, deterministic=deterministic)
+    x = x + nn.Dropout(self.dropout_rate)(attention, deterministic=deterministic)
+    if self.parallel_block:  # the MLP reads the same normalised input as attention
       x = x + mlp(y, deterministic=deterministic)
     else:
-      x = x + nn.Dropout(self.dropout_rate)(attention, deterministic=deterministic)
       x = sharding.constrain(x, ('batch', None, None))
       y = _layer_norm('LayerNorm_2', self.dtype, bias)(x)
       x = x + mlp(y, deterministic=deterministic)
