@@ -95,13 +95,13 @@ def test_two_processes_read_disjoint_parts_into_one_global_batch(tmp_path):
   expected = np.concatenate(
     [
       pipeline.train_indices(
-        tf.constant(s, tf.int64),
+        s,
         global_batch=32,
         local_batch=32,
         offset=0,
         num_examples=1438,
         order_key=order_key,
-      )[1].numpy()
+      )[1]
       for s in range(3)
     ]
   ).reshape(3, 2, 16)

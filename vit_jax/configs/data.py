@@ -47,6 +47,8 @@ def data_config() -> ml_collections.ConfigDict:
       'batch': 512,  # global train batch, split evenly over processes
       'batch_eval': 512,  # global eval batch
       'prefetch': 2,  # batches transferred to the devices ahead of use
+      'input_backend': 'auto',  # 'auto': host pipeline where it reads the data, else tf.data; 'tf'
+      'input_threads': 0,  # host pipeline decode threads; 0 = every core this process may use
       'seed': 0,  # data order and augmentation are a pure function of (seed, step)
       'corrupt_images': 'skip',  # image folders: 'skip' (log and count) or 'fail'
       'eval_cache_mb': 1024,  # keep preprocessed eval data in host memory when below this

@@ -57,6 +57,64 @@ def parse_example(serialized, num_classes):
   return {'image': features['image/encoded'], 'label': tf.minimum(hot, 1.0)}
 
 
+def _varint(buf: bytes, pos: int):
+  value = shift = 0
+  while True:
+    byte = buf[pos]
+    pos += 1
+    value |= (byte & 0x7F) << shift
+    shift += 7
+    if byte < 0x80:
+      return value, pos
+
+
+def _fields(buf: bytes):
+  """(field number, value) of a protobuf message: ints for varints, bytes otherwise."""
+  pos, end = 0, len(buf)
+  while pos < end:
+    tag, pos = _varint(buf, pos)
+    number, wire = tag >> 3, tag & 7
+    if wire == 0:
+      value, pos = _varint(buf, pos)
+    elif wire == 2:
+      size, pos = _varint(buf, pos)
+      value, pos = buf[pos : pos + size], pos + size
+    elif wire in (1, 5):
+      size = 8 if wire == 1 else 4
+      value, pos = buf[pos : pos + size], pos + size
+    else:
+      raise ValueError(f'unsupported protobuf wire type {wire}')
+    yield number, value
+
+
+def _feature_values(feature: bytes):
+  """BytesList values as bytes, Int64List values as ints (packed or not)."""
+  values = []
+  for kind, content in _fields(feature):
+    for _, item in _fields(content):
+      if kind == 3 and isinstance(item, bytes):  # packed int64s
+        pos = 0
+        while pos < len(item):
+          v, pos = _varint(item, pos)
+          values.append(v - (1 << 64) if v >> 63 else v)
+      else:
+        values.append(item)
+  return values
+
+
+def parse_example_host(serialized: bytes, num_classes: int):
+  """`parse_example` without TensorFlow: (encoded bytes, multi-hot float32 [K])."""
+  features = {}
+  for _, features_msg in _fields(serialized):  # Example.features
+    for _, entry in _fields(features_msg):  # Features.feature map entries
+      parts = dict(_fields(entry))
+      features[parts.get(1, b'').decode()] = _feature_values(parts.get(2, b''))
+  hot = np.zeros(num_classes, np.float32)
+  ids = [i for i in features.get('image/labels', []) if 0 <= i < num_classes]
+  hot[ids] = 1.0
+  return features['image/encoded'][0], hot
+
+
 def open_split(root: str, split: str) -> sources.Source:
   """The Source of split NAME or NAME[start:stop] of a shard directory."""
   info = read_info(root)
@@ -79,6 +137,7 @@ def open_split(root: str, split: str) -> sources.Source:
     k,
     class_names=info.get('class_names'),
     multi_label=True,
+    parse_host=lambda r: parse_example_host(r, k),
   )
   lo, hi = sources.slice_bounds(start, stop, source.num_examples)
   return sources.sliced(source, lo, hi, f'[{start or ""}:{stop or ""}]')

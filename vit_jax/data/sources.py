@@ -39,12 +39,14 @@ class Source:
   # index -> a name for error messages (file path, shard and record).
   describe: Callable[[int], str] = str
   mask_empty_labels: bool = False
+  # The same without TensorFlow, for the host pipeline (`vit_jax.data.host`):
+  # int64 [b] indices -> (decoded uint8 [b, h, w, 3] if `decoded`, else a list of
+  # encoded bytes or file paths; labels [b] or multi-hot [b, K]). None: tf.data only.
+  fetch: Optional[Callable] = None
 
 
 def array_source(name, images, labels, num_classes, class_names=None):
   """Decoded uint8 images [N, h, w, 3] and int labels [N] held in memory."""
-  import tensorflow as tf
-
   images = np.asarray(images, np.uint8)
   labels = np.asarray(labels, np.int32)
   if images.ndim != 4 or images.shape[-1] != 3 or len(images) != len(labels):
@@ -52,10 +54,11 @@ def array_source(name, images, labels, num_classes, class_names=None):
       f'{name}: in-memory images must be [N, h, w, 3] with N labels, '
       f'got {images.shape} and {labels.shape}'
     )
-  images_t, labels_t = tf.constant(images), tf.constant(labels)
 
   def read(idx):
-    return {'image': tf.gather(images_t, idx), 'label': tf.gather(labels_t, idx)}
+    import tensorflow as tf
+
+    return {'image': tf.gather(images, idx), 'label': tf.gather(labels, idx)}
 
   return Source(
     name,
@@ -66,24 +69,35 @@ def array_source(name, images, labels, num_classes, class_names=None):
     read,
     decoded=True,
     describe=lambda i: f'{name}[{i}]',
+    fetch=lambda idx: (images[idx], labels[idx]),
   )
 
 
 def file_source(name, paths, labels, num_classes, class_names):
-  """Encoded image files on disk (any path `tf.io.read_file` reads) with int labels."""
-  import tensorflow as tf
-
-  paths_t = tf.constant(np.asarray(paths, dtype=object).astype(bytes))
-  labels_t = tf.constant(np.asarray(labels, np.int32))
+  """Encoded image files on disk (local or gs://) with int labels."""
+  path_bytes = np.asarray(paths, dtype=object).astype(bytes)
+  labels = np.asarray(labels, np.int32)
 
   def read(idx):
-    return {'path': tf.gather(paths_t, idx), 'label': tf.gather(labels_t, idx)}
+    import tensorflow as tf
+
+    return {'path': tf.gather(path_bytes, idx), 'label': tf.gather(labels, idx)}
 
   def parse(example):
+    import tensorflow as tf
+
     return {'image': tf.io.read_file(example['path']), 'label': example['label']}
 
   return Source(
-    name, len(paths), num_classes, False, class_names, read, parse, describe=lambda i: str(paths[i])
+    name,
+    len(paths),
+    num_classes,
+    False,
+    class_names,
+    read,
+    parse,
+    describe=lambda i: str(paths[i]),
+    fetch=lambda idx: ([paths[i] for i in idx], labels[idx]),
   )
 
 
@@ -95,19 +109,29 @@ def record_source(
   class_names=None,
   multi_label=False,
   mask_empty_labels=False,
+  parse_host=None,
 ):
-  """Serialized records read by index from `reader` (see `vit_jax.records`)."""
-  import tensorflow as tf
+  """Serialized records read by index from `reader` (see `vit_jax.records`).
 
-  def fetch(idx):
+  `parse_record` deserialises one record in TensorFlow; `parse_host`, if given,
+  does it in Python (record bytes -> (encoded image, label)) for the host pipeline.
+  """
+
+  def fetch_records(idx):
     return np.array(reader.read(idx.tolist()), dtype=object)
 
   def read(idx):
-    records = tf.numpy_function(fetch, [idx], tf.string, stateful=False)
+    import tensorflow as tf
+
+    records = tf.numpy_function(fetch_records, [idx], tf.string, stateful=False)
     return {'record': tf.ensure_shape(records, idx.shape)}
 
   def parse(example):
     return parse_record(example['record'])
+
+  def fetch(idx):
+    parsed = [parse_host(r) for r in reader.read(np.asarray(idx).tolist())]
+    return [p[0] for p in parsed], np.stack([p[1] for p in parsed])
 
   return Source(
     name,
@@ -119,6 +143,7 @@ def record_source(
     parse,
     describe=reader.describe,
     mask_empty_labels=mask_empty_labels,
+    fetch=fetch if parse_host else None,
   )
 
 
@@ -150,17 +175,16 @@ def slice_bounds(start, stop, n):
 
 def sliced(source: Source, start: int, stop: int, suffix: str) -> Source:
   """The examples [start, stop) of `source`."""
-  import tensorflow as tf
-
   if (start, stop) == (0, source.num_examples):
     return source
-  offset = tf.constant(start, tf.int64)
+  fetch = source.fetch
   return dataclasses.replace(
     source,
     name=f'{source.name}{suffix}',
     num_examples=stop - start,
-    read=lambda idx: source.read(idx + offset),
+    read=lambda idx: source.read(idx + start),
     describe=lambda i: source.describe(i + start),
+    fetch=None if fetch is None else lambda idx: fetch(np.asarray(idx) + start),
   )
 
 
@@ -189,7 +213,7 @@ def concatenated(sources: Sequence[Source], name: str) -> Source:
     return sources[k].describe(i - int(starts[k]))
 
   return dataclasses.replace(
-    first, name=name, num_examples=int(ends[-1]), read=read, describe=describe
+    first, name=name, num_examples=int(ends[-1]), read=read, describe=describe, fetch=None
   )
 
 

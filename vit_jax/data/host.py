@@ -1,0 +1,396 @@
+"""The host pipeline: image folders, shards and the digits with NumPy, PIL and threads.
+
+No TensorFlow: JPEGs are decoded by libjpeg-turbo through `simplejpeg`, other
+formats by PIL, in a thread pool (both release the GIL), straight into the
+batch's float buffer. Per training image: read the JPEG header, draw the
+inception crop, decode at the smallest DCT scale (1, 1/2, 1/4, 1/8) that keeps
+the crop at least `crop` pixels high and wide, resize the crop with PIL's
+bilinear filter, flip. Evaluation decodes at full scale with TensorFlow's
+default JPEG settings (fast integer IDCT, fancy upsampling) and resizes as
+`tf.image.resize` does (bilinear, half-pixel centres, no antialiasing), so its
+pixels are the official preprocessing's, bit for bit (tests compare).
+
+Order and randomness. Step s reads the same examples as the tf.data pipeline
+(`order.train_indices`); each example's crop and flip come from
+`order.example_uniforms(key, position)`, so a batch is a pure function of
+(seed, step) whatever the number of threads or processes. RandAugment runs
+TensorFlow's ops (`randaug.py`) per image, seeded the same way; it is the one
+option here that needs TensorFlow.
+"""
+
+import collections
+import concurrent.futures
+import functools
+import io
+import math
+import os
+from typing import Optional
+
+import numpy as np
+
+from vit_jax.data import order
+from vit_jax.data.sources import DataError
+
+ATTEMPTS = 10  # inception crop candidates per image; the first that fits is taken
+_LOG_RATIO = (math.log(3 / 4), math.log(4 / 3))
+_DRAWS = ATTEMPTS * 4 + 1  # crop uniforms, then the flip
+
+
+def threads(requested: int = 0) -> int:
+  """Worker threads: `requested`, or the cores this process may use."""
+  if requested and requested > 0:
+    return int(requested)
+  try:
+    return len(os.sched_getaffinity(0))
+  except AttributeError:  # not Linux
+    return os.cpu_count() or 1
+
+
+# ---------------------------------------------------------------------------
+# One image.
+
+
+def crop_window(uniforms, height, width, area_min):
+  """(y, x, h, w) int arrays of inception crops; uniforms [..., ATTEMPTS, 4] in [0, 1).
+
+  Each attempt draws an area fraction in [area_min, 1] and a log-uniform aspect
+  ratio in [3/4, 4/3]; the first box that fits is used, else the whole image
+  (Szegedy et al. 2015; torchvision and the tf.data path do the same).
+  """
+  height = np.asarray(height, np.float64)[..., None]
+  width = np.asarray(width, np.float64)[..., None]
+  area = height * width * (area_min + (1.0 - area_min) * uniforms[..., 0])
+  ratio = np.exp(_LOG_RATIO[0] + (_LOG_RATIO[1] - _LOG_RATIO[0]) * uniforms[..., 1])
+  w, h = np.round(np.sqrt(area * ratio)), np.round(np.sqrt(area / ratio))
+  fits = (w <= width) & (h <= height) & (w >= 1) & (h >= 1)
+  first = np.argmax(fits, axis=-1)[..., None]
+  take = lambda t: np.take_along_axis(t, first, axis=-1)[..., 0]
+  found = fits.any(axis=-1)
+  h = np.where(found, take(h), height[..., 0])
+  w = np.where(found, take(w), width[..., 0])
+  y = np.floor(take(uniforms[..., 2]) * (height[..., 0] - h + 1))
+  x = np.floor(take(uniforms[..., 3]) * (width[..., 0] - w + 1))
+  return tuple(v.astype(np.int64) for v in (y, x, h, w))
+
+
+def _is_jpeg(data: bytes) -> bool:
+  return data[:3] == b'\xff\xd8\xff'
+
+
+def decode(data: bytes, min_height: int = 0, min_width: int = 0) -> np.ndarray:
+  """Encoded image -> uint8 [h, w, 3]; JPEGs as tf.io.decode_jpeg, optionally DCT-scaled.
+
+  A JPEG is decoded at the smallest scale whose size is at least
+  (min_height, min_width); 0 means full size. Grey is replicated, alpha
+  dropped, a GIF gives its first frame.
+  """
+  if _is_jpeg(data):
+    import simplejpeg
+
+    try:
+      return simplejpeg.decode_jpeg(
+        data,
+        'RGB',
+        fastdct=True,  # TensorFlow's default IDCT (JDCT_IFAST)
+        fastupsample=False,  # and its fancy upsampling
+        min_height=min_height,
+        min_width=min_width,
+      )
+    except ValueError:
+      pass  # CMYK and other JPEGs libjpeg-turbo will not convert to RGB: PIL below
+  from PIL import Image
+
+  with Image.open(io.BytesIO(data)) as image:
+    image.seek(0)
+    return np.asarray(image.convert('RGB'))
+
+
+def image_size(data: bytes):
+  """(height, width) from the header of a JPEG, else None."""
+  if not _is_jpeg(data):
+    return None
+  import simplejpeg
+
+  try:
+    height, width, _, _ = simplejpeg.decode_jpeg_header(data)
+  except ValueError:
+    return None
+  return height, width
+
+
+def _lerp_weights(n_in: int, n_out: int):
+  """Source rows (lower, upper) and weights of tf.image.resize's bilinear sampling."""
+  scale = np.float32(n_in) / np.float32(n_out)
+  src = (np.arange(n_out, dtype=np.float32) + np.float32(0.5)) * scale - np.float32(0.5)
+  floor = np.floor(src)
+  lower = np.maximum(floor, 0).astype(np.int64)
+  upper = np.minimum(np.ceil(src), n_in - 1).astype(np.int64)
+  return lower, upper, src - floor
+
+
+def resize_exact(image: np.ndarray, height: int, width: int) -> np.ndarray:
+  """uint8 [(b,) h, w, 3] -> uint8 [(b,) height, width, 3], equal to `preprocess.resize`.
+
+  The float32 arithmetic of TensorFlow's ResizeBilinear kernel (half-pixel
+  centres, no antialiasing), step for step, then round half to even.
+  """
+  y0, y1, dy = _lerp_weights(image.shape[-3], height)
+  x0, x1, dx = _lerp_weights(image.shape[-2], width)
+  rows_top = image[..., y0, :, :].astype(np.float32)
+  rows_bottom = image[..., y1, :, :].astype(np.float32)
+  dx = dx[:, None]
+  top = rows_top[..., x0, :] + (rows_top[..., x1, :] - rows_top[..., x0, :]) * dx
+  bottom = rows_bottom[..., x0, :] + (rows_bottom[..., x1, :] - rows_bottom[..., x0, :]) * dx
+  out = top + (bottom - top) * dy[:, None, None]
+  return np.clip(np.round(out), 0, 255).astype(np.uint8)
+
+
+def eval_image(data: bytes, crop: int, resize_to: Optional[int] = None) -> np.ndarray:
+  """Encoded image -> uint8 [crop, crop, 3]: the official evaluation pixels."""
+  return eval_array(decode(data), crop, resize_to)
+
+
+def eval_array(image, crop: int, resize_to: Optional[int] = None) -> np.ndarray:
+  if not resize_to:
+    return resize_exact(image, crop, crop)
+  start = (resize_to - crop) // 2
+  image = resize_exact(image, resize_to, resize_to)
+  return image[..., start : start + crop, start : start + crop, :]
+
+
+def train_image(data: bytes, uniforms, pp) -> np.ndarray:
+  """Encoded image + its `_DRAWS` uniforms -> augmented uint8 [crop, crop, 3]."""
+  from PIL import Image
+
+  size = image_size(data)
+  image = None
+  if size is None:
+    image = decode(data)
+    size = image.shape[:2]
+  height, width = size
+  if pp.inception_crop:
+    crop_u = uniforms[: ATTEMPTS * 4].reshape(ATTEMPTS, 4)
+    y, x, h, w = (int(v) for v in crop_window(crop_u, height, width, pp.area_min))
+  else:
+    y, x, h, w = 0, 0, height, width
+  if image is None:
+    # The smallest DCT scale that keeps the crop at least `crop` px each way.
+    image = decode(
+      data,
+      min(height, math.ceil(height * pp.crop / h)),
+      min(width, math.ceil(width * pp.crop / w)),
+    )
+  sy, sx = image.shape[0] / height, image.shape[1] / width
+  box = (x * sx, y * sy, (x + w) * sx, (y + h) * sy)
+  out = np.asarray(
+    Image.fromarray(image).resize((pp.crop, pp.crop), Image.Resampling.BILINEAR, box=box)
+  )
+  if pp.flip and uniforms[ATTEMPTS * 4] < 0.5:
+    out = out[:, ::-1]
+  return out
+
+
+def to_float(images, out=None):
+  """uint8 -> float32 in [-1, 1], the same float32 operations as the tf.data path."""
+  out = np.divide(images, np.float32(127.5), out=out, dtype=np.float32)
+  return np.subtract(out, np.float32(1.0), out=out)
+
+
+# ---------------------------------------------------------------------------
+# Batches of in-memory decoded images of one size (the digits): vectorised.
+
+
+def _interpolation_matrix(start, length, size, out):
+  """[b, out, size] weights of a bilinear resize of rows [start, start+length) to `out`."""
+  start = start.astype(np.float32)[:, None]
+  length = length.astype(np.float32)[:, None]
+  centres = (np.arange(out, dtype=np.float32)[None] + 0.5) * length / out - 0.5
+  src = start + np.clip(centres, 0.0, length - 1.0)
+  lo = np.floor(src)
+  frac = src - lo
+  hi = np.minimum(lo + 1.0, start + length - 1.0)
+  grid = np.arange(size, dtype=np.float32)
+  one_hot = lambda i: (i[..., None] == grid).astype(np.float32)
+  return one_hot(lo) * (1.0 - frac)[..., None] + one_hot(hi) * frac[..., None]
+
+
+def train_batch(images, uniforms, pp) -> np.ndarray:
+  """uint8 [b, H, W, 3] + uniforms [b, _DRAWS] -> augmented uint8 [b, crop, crop, 3]."""
+  b, size_h, size_w, _ = images.shape
+  if pp.inception_crop:
+    crop_u = uniforms[:, : ATTEMPTS * 4].reshape(b, ATTEMPTS, 4)
+    y, x, h, w = crop_window(crop_u, np.full(b, size_h), np.full(b, size_w), pp.area_min)
+    rows = _interpolation_matrix(y, h, size_h, pp.crop)
+    cols = _interpolation_matrix(x, w, size_w, pp.crop)
+    out = np.einsum('bry,byxc->brxc', rows, images.astype(np.float32))
+    out = np.einsum('bsx,brxc->brsc', cols, out)
+    out = np.clip(np.round(out), 0, 255).astype(np.uint8)
+  else:
+    out = resize_exact(images, pp.crop, pp.crop)
+  if pp.flip:
+    mirror = uniforms[:, ATTEMPTS * 4] < 0.5
+    out[mirror] = out[mirror, :, ::-1]
+  return out
+
+
+# ---------------------------------------------------------------------------
+# RandAugment and mixup.
+
+
+@functools.lru_cache(maxsize=4)
+def _randaugment_fn(layers: int, magnitude: float):
+  try:
+    import tensorflow as tf
+  except ImportError:
+    raise DataError(
+      'RandAugment (pp.randaug_layers > 0) runs TensorFlow ops: pip install '
+      'tensorflow-cpu, or set --config.pp.randaug_layers=0'
+    ) from None
+  from vit_jax.data import randaug
+
+  return tf.function(
+    lambda image, seed: randaug.randaugment(image, seed, layers, magnitude),
+    input_signature=[
+      tf.TensorSpec([None, None, 3], tf.uint8),
+      tf.TensorSpec([2], tf.int64),
+    ],
+  )
+
+
+def randaugment(image: np.ndarray, seed, pp) -> np.ndarray:
+  return _randaugment_fn(pp.randaug_layers, pp.randaug_magnitude)(image, seed).numpy()
+
+
+def mixup(images, labels, step: int, key: int, alpha: float, num_classes: int, multi_label: bool):
+  """Mixup as the tf.data path: pairs (2k, 2k+1), weight max(p, 1-p), p ~ Beta(alpha, alpha)."""
+  p = np.random.default_rng([key, step]).beta(alpha, alpha)
+  p = np.float32(max(p, 1.0 - p))
+  if not multi_label:
+    labels = np.eye(num_classes, dtype=np.float32)[labels]
+
+  def mix(x):
+    partner = x.reshape(-1, 2, *x.shape[1:])[:, ::-1].reshape(x.shape)
+    return p * x + (np.float32(1.0) - p) * partner
+
+  return mix(images), mix(labels)
+
+
+# ---------------------------------------------------------------------------
+# Train and eval batches.
+
+
+def _payload(item) -> bytes:
+  if isinstance(item, bytes):
+    return item
+  from vit_jax import files
+
+  with files.open_file(item, 'rb') as f:
+    return f.read()
+
+
+class TrainBatches:
+  """Process-local host batches {'image': f32, 'label'} of steps start, start+1, ...
+
+  A thread pool prepares the next `ahead` steps while the caller trains.
+  """
+
+  def __init__(self, source, pp, *, local_batch, start_step, seed, process_index=0,
+               process_count=1, num_threads=0, ahead=2):  # fmt: skip
+    if source.num_examples < 1:
+      raise DataError(f'{source.name}: the train split is empty; check pp.train')
+    if pp.mixup > 0 and local_batch % 2:
+      raise DataError(f'mixup pairs examples: the per-process batch ({local_batch}) must be even')
+    if pp.randaug_layers:
+      _randaugment_fn(pp.randaug_layers, pp.randaug_magnitude)  # fail now if TF is missing
+    self._source, self._pp, self._b = source, pp, local_batch
+    self._order_key, self._aug_key, self._mix_key = seed
+    self._global = local_batch * process_count
+    self._offset = local_batch * process_index
+    self._next_step = start_step
+    self._pool = concurrent.futures.ThreadPoolExecutor(threads(num_threads))
+    self._ahead = max(1, ahead)
+    self._queue = collections.deque()
+
+  def __iter__(self):
+    return self
+
+  def _submit(self, step):
+    positions, idx = order.train_indices(
+      step,
+      global_batch=self._global,
+      local_batch=self._b,
+      offset=self._offset,
+      num_examples=self._source.num_examples,
+      order_key=self._order_key,
+    )
+    items, labels = self._source.fetch(idx)
+    uniforms = order.example_uniforms(self._aug_key, positions, _DRAWS)
+    pp, crop = self._pp, self._pp.crop
+    seeds = order.example_seeds(self._aug_key ^ 0x5A5A, positions) if pp.randaug_layers else None
+    if self._source.decoded:  # one job for the batch
+      job = self._pool.submit(self._decoded_batch, items, uniforms, seeds)
+      return step, [job], labels, None
+    out = np.empty((self._b, crop, crop, 3), np.float32)
+    jobs = [
+      self._pool.submit(self._one, items[i], idx[i], uniforms[i], seeds, i, out)
+      for i in range(self._b)
+    ]
+    return step, jobs, labels, out
+
+  def _one(self, item, index, uniforms, seeds, i, out):
+    try:
+      image = train_image(_payload(item), uniforms, self._pp)
+    except (OSError, ValueError, SyntaxError) as e:  # PIL's and simplejpeg's decode errors
+      reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+      raise DataError(
+        f'{self._source.describe(int(index))}: cannot decode the image ({reason}); replace '
+        "it (image folders: corrupt_images='skip' leaves out what cannot be decoded)"
+      ) from None
+    if seeds is not None:
+      image = randaugment(image, seeds[i], self._pp)
+    to_float(image, out[i])
+
+  def _decoded_batch(self, images, uniforms, seeds):
+    images = train_batch(images, uniforms, self._pp)
+    if seeds is not None:
+      images = np.stack([randaugment(a, s, self._pp) for a, s in zip(images, seeds)])
+    return to_float(images)
+
+  def __next__(self):
+    while len(self._queue) < self._ahead:
+      self._queue.append(self._submit(self._next_step))
+      self._next_step += 1
+    step, jobs, labels, out = self._queue.popleft()
+    results = [job.result() for job in jobs]
+    images = results[0] if out is None else out
+    if self._pp.mixup > 0:
+      images, labels = mixup(
+        images,
+        labels,
+        step,
+        self._mix_key,
+        self._pp.mixup,
+        self._source.num_classes,
+        self._source.multi_label,
+      )
+    return {'image': images, 'label': labels}
+
+  def close(self):
+    self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def eval_batches(source, pp, *, local_batch, positions_fn, num_threads=0):
+  """Host eval batches (uint8 images, labels, mask) of one pass; see pipeline for the order."""
+  pool = concurrent.futures.ThreadPoolExecutor(threads(num_threads))
+  try:
+    for idx, mask in positions_fn():
+      items, labels = source.fetch(idx)
+      if source.decoded:
+        images = eval_array(items, pp.crop, pp.resize)
+      else:
+        images = np.stack(
+          list(pool.map(lambda item: eval_image(_payload(item), pp.crop, pp.resize), items))
+        )
+      yield {'image': images, 'label': labels, 'mask': mask}
+  finally:
+    pool.shutdown(wait=False)
