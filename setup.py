@@ -24,10 +24,12 @@ setuptools.setup(
     'matplotlib',  # analysis figures
     'ml-collections',
     'numpy',
+    'opencv-python-headless',  # training crops: SIMD bilinear resize (host pipeline)
     'optax',
     'orbax-checkpoint',
     'pillow',  # image folders, prediction
     'scikit-learn',  # the built-in digits dataset
+    'simplejpeg',  # libjpeg-turbo decoding with DCT scaling (host pipeline)
     'tensorboard',
     'tensorflow-cpu',  # tf.data and gs:// file access
     'tensorflow-datasets',

@@ -1,63 +1,154 @@
-"""Throughput of the train input pipeline alone, at 224 px, on this machine.
+"""Throughput of the input pipeline alone, at 224 px, on this machine.
 
-  python -m vit_jax.benchmark_input --images 2000 --batch 128 --steps 30
+  python -m vit_jax.benchmark_input [--dataset=DIR] [--json=PATH] [--threads=1,2]
 
-Writes a folder of JPEGs (sizes around ImageNet's mean, 500x375 and 400x300)
-and the same images as TFRecord shards into a temp dir, then times host
-batches (no devices) of the train pipeline: inception crop, flip, resize to
-224, [-1, 1] floats. Also times a restore late in training (step 10^6).
+Times host batches (no devices) of the train pipeline (inception crop, flip,
+resize to 224, [-1, 1] floats) with 1, 2, ... threads, next to a bare
+single-thread PIL decode of the same files (the ceiling), and reports their
+ratio; then where one image's time goes, the tf.data pipeline on the same
+files, RandAugment + mixup, evaluation (exact pixels), TFRecord shards and a
+restore at step 10^6. Without --dataset it writes ImageNet-like JPEGs made from
+scikit-learn's sample photos into --dir (a temp dir by default).
 """
 
 import argparse
+import json
 import os
+import platform
 import tempfile
 import time
 
 from vit_jax import run_log
 
 
-def main():
+def _parser():
   parser = argparse.ArgumentParser(
     prog='python -m vit_jax.benchmark_input', description=__doc__.split('\n\n')[0]
   )
-  parser.add_argument('--images', type=int, default=2000)
+  parser.add_argument('--dataset', help='an image folder DIR/train/<class>/<image> to time')
+  parser.add_argument('--images', type=int, default=1000, help='images to write without --dataset')
   parser.add_argument('--batch', type=int, default=128)
-  parser.add_argument('--steps', type=int, default=30)
-  parser.add_argument('--dir', help='work dir (default: a new temp dir)')
+  parser.add_argument('--steps', type=int, default=10, help='timed batches per measurement')
+  parser.add_argument('--threads', default='1,2', help='comma-separated thread counts to time')
+  parser.add_argument('--dir', help='work dir for written files (default: a new temp dir)')
+  parser.add_argument('--json', help='write the results here')
+  parser.add_argument(
+    '--quick', action='store_true', help='only the host train pipeline and the ceiling'
+  )
   run_log.add_verbosity_flag(parser)
-  args = parser.parse_args()
+  return parser
+
+
+def main():
+  args = _parser().parse_args()
   run_log.quiet_libraries(args.verbosity)
 
   from vit_jax.bench import input_speed
   from vit_jax.data import datasets
-  from vit_jax.data import shards as shard_files
 
   root = args.dir or tempfile.mkdtemp(prefix='vit_jax_bench_')
-  folder = os.path.join(root, 'folder')
-  shards = os.path.join(root, 'shards')
-  if not os.path.isdir(folder):
-    input_speed.write_jpegs(folder, args.images)
-  t0 = time.perf_counter()
+  folder = args.dataset or os.path.join(root, 'folder')
+  if not args.dataset and not os.path.isdir(folder):
+    input_speed.write_photos(folder, args.images)
+  train_dir = os.path.join(folder, 'train')
+  if not os.path.isdir(train_dir):
+    raise SystemExit(
+      f'{folder}: no train/ folder; pass a folder laid out as DIR/train/<class>/<image>'
+    )
+  paths = input_speed.image_files(train_dir)
+  size = sum(os.path.getsize(p) for p in paths) / len(paths)
   datasets.open_split(folder, 'train')
-  check = time.perf_counter() - t0
+  out = {
+    'dataset': folder,
+    'files': len(paths),
+    'mean_file_kB': round(size / 1024, 1),
+    'batch': args.batch,
+    'cores': os.cpu_count(),
+    'load_average_before': os.getloadavg()[0],
+    'python': platform.python_version(),
+  }
+  print(f'{len(paths)} JPEGs, {size / 1024:.0f} kB each, {os.cpu_count()} cores')
+
+  ceiling = input_speed.bare_decode_rate(paths)
+  out['decode_only_img_per_sec'] = round(ceiling)
+  print(f'ceiling: bare PIL decode to RGB, 1 thread: {ceiling:.0f} img/s')
+
+  by_threads = {}
+  for n in [int(t) for t in args.threads.split(',')]:
+    _, rate, cpu = input_speed.time_train(folder, args.batch, args.steps, input_threads=n)
+    by_threads[n] = {
+      'img_per_sec': round(rate),
+      'img_per_sec_per_thread': round(rate / n),
+      'img_per_cpu_second': round(1 / cpu),
+    }
+    print(
+      f'host pipeline, {n} thread(s): {rate:.0f} img/s = {rate / n:.0f} per core '
+      f'({1 / cpu:.0f} per CPU-second of the process); {rate / n / ceiling:.2f} x the ceiling per core'
+    )
+  best = max(by_threads)
+  out['threads'] = by_threads
+  out['img_per_sec'] = by_threads[best]['img_per_sec']
+  out['img_per_sec_per_core'] = by_threads[best]['img_per_sec_per_thread']
+  out['ratio_per_core_to_decode_only'] = round(out['img_per_sec_per_core'] / ceiling, 3)
+
+  if not args.quick:
+    _more(args, input_speed, folder, paths, root, out, best)
+  out['load_average_after'] = os.getloadavg()[0]
+  if args.json:
+    with open(args.json, 'w') as f:
+      json.dump(out, f, indent=2)
+      f.write('\n')
+    print(f'wrote {args.json}')
+
+
+def _more(args, input_speed, folder, paths, root, out, threads):
+  stage = input_speed.stages(paths)
+  total = sum(stage.values())
+  out['stage_ms_per_image'] = {k: round(v * 1e3, 3) for k, v in stage.items()}
+  print(
+    'one training image, 1 thread: '
+    + ', '.join(f'{k} {v * 1e3:.2f} ms ({v / total:.0%})' for k, v in stage.items())
+  )
+  put = input_speed.to_device_seconds(args.batch)
+  out['host_to_device_ms_per_batch'] = round(put * 1e3, 2)
+  print(f'host to device (jax.device_put, CPU here): {put * 1e3:.1f} ms per batch')
+
+  _, rate, _ = input_speed.time_train(
+    folder,
+    args.batch,
+    args.steps,
+    input_threads=threads,
+    **{'pp.randaug_layers': 2, 'pp.randaug_magnitude': 15, 'pp.mixup': 0.2},  # fmt: skip
+  )
+  out['randaugment_mixup_img_per_sec'] = round(rate)
+  out['randaugment_mixup_ratio_to_plain'] = round(rate / out['img_per_sec'], 3)
+  print(
+    f'with RandAugment 2x15 and mixup 0.2: {rate:.0f} img/s ({rate / out["img_per_sec"]:.2f} x plain)'
+  )
+
+  _, rate, _ = input_speed.time_train(folder, args.batch, args.steps, input_backend='tf')
+  out['tf_data_img_per_sec'] = round(rate)
+  print(f'tf.data pipeline (input_backend=tf), same files: {rate:.0f} img/s')
+
+  rate = input_speed.time_eval(folder, args.batch, input_threads=threads, **{'pp.resize': 256})
+  out['eval_img_per_sec'] = round(rate)
+  print(f'evaluation (resize 256, centre crop 224, exact pixels): {rate:.0f} img/s')
+
+  from vit_jax.data import shards as shard_files
+
+  shards = os.path.join(root, 'shards')
   if not os.path.isdir(shards):
     examples, names = shard_files.examples_from_folder(os.path.join(folder, 'train'))
     shard_files.write_shards(
       examples, shards, 'train', num_classes=len(names), class_names=names, num_shards=8
     )
-  size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(folder) for f in fs)
-  print(
-    f'{args.images} JPEGs, {size / args.images / 1024:.0f} kB each; '
-    f'opening the folder (checks every file): {args.images / check:.0f} files/s'
-  )
-  for name, path in (('image folder', folder), ('TFRecord shards', shards)):
-    first, rate = input_speed.time_pipeline(path, args.batch, args.steps)
-    print(
-      f'{name}: {rate:.0f} img/s at 224 px (batch {args.batch}, {os.cpu_count()} cores); '
-      f'first batch {first:.2f} s'
-    )
-  first, _ = input_speed.time_pipeline(shards, args.batch, 1, start_step=10**6)
-  print(f'restore at step 1,000,000: first batch {first:.2f} s (no replay)')
+  _, rate, _ = input_speed.time_train(shards, args.batch, args.steps, input_threads=threads)
+  out['tfrecord_shards_img_per_sec'] = round(rate)
+  print(f'TFRecord shards, host pipeline: {rate:.0f} img/s')
+  t0 = time.perf_counter()
+  input_speed.time_train(shards, args.batch, 0, start_step=10**6)
+  out['restore_at_step_1e6_first_batch_s'] = round(time.perf_counter() - t0, 2)
+  print(f'restore at step 1,000,000: first batch {out["restore_at_step_1e6_first_batch_s"]} s')
 
 
 if __name__ == '__main__':

@@ -43,9 +43,16 @@ class RunLog:
       return
     files.makedirs(workdir)
     if tensorboard:
-      import tensorflow as tf
-
-      self._tb = tf.summary.create_file_writer(os.path.join(workdir, 'tensorboard'))
+      try:
+        import tensorflow as tf
+      except ImportError:  # GPU environments often keep TensorFlow out
+        print(
+          'tensorboard: TensorFlow is not installed, so metrics go to metrics.jsonl only '
+          '(pip install tensorflow-cpu for TensorBoard summaries, or set --config.tensorboard=False)',
+          flush=True,
+        )
+      else:
+        self._tb = tf.summary.create_file_writer(os.path.join(workdir, 'tensorboard'))
     self._jsonl = (
       None if files.is_remote(workdir) else open(os.path.join(workdir, 'metrics.jsonl'), 'a')
     )

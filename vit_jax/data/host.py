@@ -13,9 +13,8 @@ pixels are the official preprocessing's, bit for bit (tests compare).
 Order and randomness. Step s reads the same examples as the tf.data pipeline
 (`order.train_indices`); each example's crop and flip come from
 `order.example_uniforms(key, position)`, so a batch is a pure function of
-(seed, step) whatever the number of threads or processes. RandAugment runs
-TensorFlow's ops (`randaug.py`) per image, seeded the same way; it is the one
-option here that needs TensorFlow.
+(seed, step) whatever the number of threads or processes. RandAugment is
+`randaug_host.py` (PIL), seeded the same way.
 """
 
 import collections
@@ -29,11 +28,13 @@ from typing import Optional
 import numpy as np
 
 from vit_jax.data import order
+from vit_jax.data import randaug_host
 from vit_jax.data.sources import DataError
 
 ATTEMPTS = 10  # inception crop candidates per image; the first that fits is taken
 _LOG_RATIO = (math.log(3 / 4), math.log(4 / 3))
 _DRAWS = ATTEMPTS * 4 + 1  # crop uniforms, then the flip
+_RANDAUG_KEY = 0x52414E44  # RandAugment's stream: the augmentation key xor this
 
 
 def threads(requested: int = 0) -> int:
@@ -77,12 +78,13 @@ def _is_jpeg(data: bytes) -> bool:
   return data[:3] == b'\xff\xd8\xff'
 
 
-def decode(data: bytes, min_height: int = 0, min_width: int = 0) -> np.ndarray:
+def decode(data: bytes, min_height: int = 0, min_width: int = 0, fast: bool = False) -> np.ndarray:
   """Encoded image -> uint8 [h, w, 3]; JPEGs as tf.io.decode_jpeg, optionally DCT-scaled.
 
   A JPEG is decoded at the smallest scale whose size is at least
-  (min_height, min_width); 0 means full size. Grey is replicated, alpha
-  dropped, a GIF gives its first frame.
+  (min_height, min_width); 0 means full size. `fast` upsamples the colour
+  planes without smoothing (training only: a few % faster, not TF's pixels).
+  Grey is replicated, alpha dropped, a GIF gives its first frame.
   """
   if _is_jpeg(data):
     import simplejpeg
@@ -92,7 +94,7 @@ def decode(data: bytes, min_height: int = 0, min_width: int = 0) -> np.ndarray:
         data,
         'RGB',
         fastdct=True,  # TensorFlow's default IDCT (JDCT_IFAST)
-        fastupsample=False,  # and its fancy upsampling
+        fastupsample=fast,  # False: TensorFlow's fancy upsampling
         min_height=min_height,
         min_width=min_width,
       )
@@ -128,21 +130,43 @@ def _lerp_weights(n_in: int, n_out: int):
   return lower, upper, src - floor
 
 
+@functools.lru_cache(maxsize=64)
+def _resize_plan(in_h: int, in_w: int, height: int, width: int):
+  """Corner coordinates (as OpenCV remap maps) and weights of a `resize_exact`."""
+  y0, y1, dy = _lerp_weights(in_h, height)
+  x0, x1, dx = _lerp_weights(in_w, width)
+  grid = lambda ys, xs: tuple(a.astype(np.float32) for a in np.meshgrid(xs, ys))
+  maps = [grid(y0, x0), grid(y0, x1), grid(y1, x0), grid(y1, x1)]
+  return (y0, y1, x0, x1), maps, dx[:, None], dy[:, None, None]
+
+
 def resize_exact(image: np.ndarray, height: int, width: int) -> np.ndarray:
   """uint8 [(b,) h, w, 3] -> uint8 [(b,) height, width, 3], equal to `preprocess.resize`.
 
   The float32 arithmetic of TensorFlow's ResizeBilinear kernel (half-pixel
-  centres, no antialiasing), step for step, then round half to even.
+  centres, no antialiasing), step for step, then round half to even. The four
+  corner pixels of every output pixel are gathered by OpenCV (nearest-pixel
+  remap at integer coordinates: exact copies), the arithmetic is NumPy's.
   """
-  y0, y1, dy = _lerp_weights(image.shape[-3], height)
-  x0, x1, dx = _lerp_weights(image.shape[-2], width)
-  rows_top = image[..., y0, :, :].astype(np.float32)
-  rows_bottom = image[..., y1, :, :].astype(np.float32)
-  dx = dx[:, None]
-  top = rows_top[..., x0, :] + (rows_top[..., x1, :] - rows_top[..., x0, :]) * dx
-  bottom = rows_bottom[..., x0, :] + (rows_bottom[..., x1, :] - rows_bottom[..., x0, :]) * dx
-  out = top + (bottom - top) * dy[:, None, None]
-  return np.clip(np.round(out), 0, 255).astype(np.uint8)
+  (y0, y1, x0, x1), maps, dx, dy = _resize_plan(*image.shape[-3:-1], height, width)
+  if image.ndim == 3 and max(image.shape[:2]) < 32767:
+    cv2 = _cv2()
+    corners = [cv2.remap(image, *m, cv2.INTER_NEAREST) for m in maps]
+  else:  # batches of small images (the digits)
+    rows_top, rows_bottom = image[..., y0, :, :], image[..., y1, :, :]
+    corners = [rows_top[..., x0, :], rows_top[..., x1, :]]
+    corners += [rows_bottom[..., x0, :], rows_bottom[..., x1, :]]
+  tl, tr, bl, br = (np.asarray(a, np.float32) for a in corners)
+  # In place: top = tl + (tr - tl) * dx, bottom likewise, out = top + (bottom - top) * dy.
+  for left, right in ((tl, tr), (bl, br)):
+    np.subtract(right, left, out=right)
+    np.multiply(right, dx, out=right)
+    np.add(right, left, out=right)
+  np.subtract(br, tr, out=br)
+  np.multiply(br, dy, out=br)
+  np.add(br, tr, out=br)
+  np.rint(br, out=br)
+  return np.clip(br, 0, 255, out=br).astype(np.uint8)
 
 
 def eval_image(data: bytes, crop: int, resize_to: Optional[int] = None) -> np.ndarray:
@@ -158,10 +182,33 @@ def eval_array(image, crop: int, resize_to: Optional[int] = None) -> np.ndarray:
   return image[..., start : start + crop, start : start + crop, :]
 
 
+def crop_window_one(uniforms, height: int, width: int, area_min: float):
+  """`crop_window` for one image in plain Python (a NumPy call per image costs more)."""
+  for a in range(ATTEMPTS):
+    u_area, u_ratio, u_y, u_x = uniforms[4 * a : 4 * a + 4]
+    area = height * width * (area_min + (1.0 - area_min) * u_area)
+    ratio = math.exp(_LOG_RATIO[0] + (_LOG_RATIO[1] - _LOG_RATIO[0]) * u_ratio)
+    w, h = round(math.sqrt(area * ratio)), round(math.sqrt(area / ratio))
+    if 1 <= w <= width and 1 <= h <= height:
+      return math.floor(u_y * (height - h + 1)), math.floor(u_x * (width - w + 1)), h, w
+  return 0, 0, height, width
+
+
+@functools.lru_cache(maxsize=1)
+def _cv2():
+  try:
+    import cv2
+  except ImportError:
+    raise DataError(
+      'the host input pipeline resizes training crops with OpenCV: pip install '
+      'opencv-python-headless (or set --config.input_backend=tf)'
+    ) from None
+  cv2.setNumThreads(1)  # the pipeline's own threads run one image each
+  return cv2
+
+
 def train_image(data: bytes, uniforms, pp) -> np.ndarray:
   """Encoded image + its `_DRAWS` uniforms -> augmented uint8 [crop, crop, 3]."""
-  from PIL import Image
-
   size = image_size(data)
   image = None
   if size is None:
@@ -169,8 +216,7 @@ def train_image(data: bytes, uniforms, pp) -> np.ndarray:
     size = image.shape[:2]
   height, width = size
   if pp.inception_crop:
-    crop_u = uniforms[: ATTEMPTS * 4].reshape(ATTEMPTS, 4)
-    y, x, h, w = (int(v) for v in crop_window(crop_u, height, width, pp.area_min))
+    y, x, h, w = crop_window_one(uniforms, height, width, pp.area_min)
   else:
     y, x, h, w = 0, 0, height, width
   if image is None:
@@ -179,14 +225,19 @@ def train_image(data: bytes, uniforms, pp) -> np.ndarray:
       data,
       min(height, math.ceil(height * pp.crop / h)),
       min(width, math.ceil(width * pp.crop / w)),
+      fast=True,
     )
   sy, sx = image.shape[0] / height, image.shape[1] / width
-  box = (x * sx, y * sy, (x + w) * sx, (y + h) * sy)
-  out = np.asarray(
-    Image.fromarray(image).resize((pp.crop, pp.crop), Image.Resampling.BILINEAR, box=box)
+  top, left = round(y * sy), round(x * sx)
+  bottom = max(top + 1, min(image.shape[0], round((y + h) * sy)))
+  right = max(left + 1, min(image.shape[1], round((x + w) * sx)))
+  # Bilinear with half-pixel centres and no antialiasing, as tf.image.resize.
+  cv2 = _cv2()
+  out = cv2.resize(
+    image[top:bottom, left:right], (pp.crop, pp.crop), interpolation=cv2.INTER_LINEAR
   )
   if pp.flip and uniforms[ATTEMPTS * 4] < 0.5:
-    out = out[:, ::-1]
+    out = cv2.flip(out, 1)
   return out
 
 
@@ -234,31 +285,7 @@ def train_batch(images, uniforms, pp) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------
-# RandAugment and mixup.
-
-
-@functools.lru_cache(maxsize=4)
-def _randaugment_fn(layers: int, magnitude: float):
-  try:
-    import tensorflow as tf
-  except ImportError:
-    raise DataError(
-      'RandAugment (pp.randaug_layers > 0) runs TensorFlow ops: pip install '
-      'tensorflow-cpu, or set --config.pp.randaug_layers=0'
-    ) from None
-  from vit_jax.data import randaug
-
-  return tf.function(
-    lambda image, seed: randaug.randaugment(image, seed, layers, magnitude),
-    input_signature=[
-      tf.TensorSpec([None, None, 3], tf.uint8),
-      tf.TensorSpec([2], tf.int64),
-    ],
-  )
-
-
-def randaugment(image: np.ndarray, seed, pp) -> np.ndarray:
-  return _randaugment_fn(pp.randaug_layers, pp.randaug_magnitude)(image, seed).numpy()
+# Mixup.
 
 
 def mixup(images, labels, step: int, key: int, alpha: float, num_classes: int, multi_label: bool):
@@ -300,8 +327,6 @@ class TrainBatches:
       raise DataError(f'{source.name}: the train split is empty; check pp.train')
     if pp.mixup > 0 and local_batch % 2:
       raise DataError(f'mixup pairs examples: the per-process batch ({local_batch}) must be even')
-    if pp.randaug_layers:
-      _randaugment_fn(pp.randaug_layers, pp.randaug_magnitude)  # fail now if TF is missing
     self._source, self._pp, self._b = source, pp, local_batch
     self._order_key, self._aug_key, self._mix_key = seed
     self._global = local_batch * process_count
@@ -326,7 +351,10 @@ class TrainBatches:
     items, labels = self._source.fetch(idx)
     uniforms = order.example_uniforms(self._aug_key, positions, _DRAWS)
     pp, crop = self._pp, self._pp.crop
-    seeds = order.example_seeds(self._aug_key ^ 0x5A5A, positions) if pp.randaug_layers else None
+    seeds = None
+    if pp.randaug_layers:  # RandAugment's own draws: 4 per layer
+      n = randaug_host.DRAWS_PER_LAYER * pp.randaug_layers
+      seeds = order.example_uniforms(self._aug_key ^ _RANDAUG_KEY, positions, n)
     if self._source.decoded:  # one job for the batch
       job = self._pool.submit(self._decoded_batch, items, uniforms, seeds)
       return step, [job], labels, None
@@ -347,13 +375,21 @@ class TrainBatches:
         "it (image folders: corrupt_images='skip' leaves out what cannot be decoded)"
       ) from None
     if seeds is not None:
-      image = randaugment(image, seeds[i], self._pp)
+      image = randaug_host.randaugment(
+        image, seeds[i], self._pp.randaug_layers, self._pp.randaug_magnitude
+      )
     to_float(image, out[i])
 
   def _decoded_batch(self, images, uniforms, seeds):
     images = train_batch(images, uniforms, self._pp)
     if seeds is not None:
-      images = np.stack([randaugment(a, s, self._pp) for a, s in zip(images, seeds)])
+      pp = self._pp
+      images = np.stack(
+        [
+          randaug_host.randaugment(a, s, pp.randaug_layers, pp.randaug_magnitude)
+          for a, s in zip(images, seeds)
+        ]
+      )
     return to_float(images)
 
   def __next__(self):

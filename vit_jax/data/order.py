@@ -9,6 +9,7 @@ a hash of (key, position, draw), so an example's augmentation does not depend
 on which process or thread prepares it.
 """
 
+import functools
 import math
 
 import numpy as np
@@ -46,22 +47,49 @@ def _encrypt(value, keys, w, mask):
   return (left << _U64(w)) | right
 
 
+_TABLE_BITS = 20  # blocks up to this size are encrypted once, as a lookup table
+
+
+def _block_bits(max_index: int) -> int:
+  block = math.ceil(math.log2(max_index))
+  return min(64, max(16, block + block % 2))
+
+
+@functools.lru_cache(maxsize=4)
+def _cipher_table(key, block: int, rounds: int) -> np.ndarray:
+  w = block // 2
+  mask = _U64((1 << w) - 1)
+  return _encrypt(
+    np.arange(1 << block, dtype=np.uint64), _round_keys(key, rounds, w, mask), w, mask
+  )
+
+
 def index_shuffle(index, key, max_index: int, rounds: int = 4) -> np.ndarray:
   """Positions of `index` (int [n]) in a permutation of [0, max_index] keyed by 3 uint32s."""
   index = np.asarray(index, np.uint64)
   if max_index == 0:
     return np.zeros_like(index, dtype=np.int64)
-  block = max(16, (lambda b: b + b % 2)(math.ceil(math.log2(max_index))))
-  block = min(block, 64)
+  block = _block_bits(max_index)
   w = block // 2
   mask = _U64((1 << w) - 1)
-  keys = _round_keys(key, rounds, w, mask)
-  out = _encrypt(index, keys, w, mask)
-  pending = out > _U64(max_index)
-  while pending.any():  # cycle walking: re-encrypt until inside [0, max_index]
-    out[pending] = _encrypt(out[pending], keys, w, mask)
-    pending = out > _U64(max_index)
+  if block <= _TABLE_BITS:
+    # Small splits walk long cycles (up to 2^16 / n steps): a table makes each a lookup.
+    table = _cipher_table(tuple(int(k) for k in key), block, rounds)
+    encrypt = lambda v: table[v]
+  else:
+    keys = _round_keys(key, rounds, w, mask)
+    encrypt = lambda v: _encrypt(v, keys, w, mask)
+  out = encrypt(index)
+  pending = np.flatnonzero(out > _U64(max_index))
+  while pending.size:  # cycle walking: re-encrypt until inside [0, max_index]
+    out[pending] = encrypt(out[pending])
+    pending = pending[out[pending] > _U64(max_index)]
   return out.astype(np.int64)
+
+
+@functools.lru_cache(maxsize=2)
+def _epoch_permutation(key, num_examples):
+  return index_shuffle(np.arange(num_examples), key, num_examples - 1)
 
 
 def train_indices(step, *, global_batch, local_batch, offset, num_examples, order_key):
@@ -72,7 +100,10 @@ def train_indices(step, *, global_batch, local_batch, offset, num_examples, orde
   for e in np.unique(epoch):  # a batch spans at most a few epochs
     rows = epoch == e
     key = (int(order_key) & 0xFFFFFFFF, int(e) & 0xFFFFFFFF, 0)
-    indices[rows] = index_shuffle(within[rows], key, num_examples - 1)
+    if num_examples <= 1 << 16:  # small split: one cycle walk for the epoch, then lookups
+      indices[rows] = _epoch_permutation(key, num_examples)[within[rows]]
+    else:
+      indices[rows] = index_shuffle(within[rows], key, num_examples - 1)
   return positions, indices
 
 
@@ -116,11 +147,3 @@ def example_uniforms(key: int, positions, n: int) -> np.ndarray:
     counter = positions * _U64(n) + np.arange(n, dtype=np.uint64)
     z = _mix64(_mix64(counter ^ _mix64(np.full(1, key, np.uint64))))
   return (z >> _U64(11)).astype(np.float64) * 2.0**-53
-
-
-def example_seeds(key: int, positions) -> np.ndarray:
-  """int64 [b, 2] seeds (for TensorFlow's stateless ops), one pair per position."""
-  positions = np.asarray(positions, np.uint64).reshape(-1, 1)
-  with np.errstate(over='ignore'):
-    z = _mix64(positions * _U64(2) + np.arange(2, dtype=np.uint64) ^ _mix64(np.full(1, key, _U64)))
-  return (z >> _U64(1)).astype(np.int64)
