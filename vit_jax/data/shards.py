@@ -189,15 +189,33 @@ def examples_from_csv(path: str) -> List[Tuple[str, List[int]]]:
   return examples
 
 
-def _serialize(data: bytes, labels: Sequence[int], key: str) -> bytes:
-  import tensorflow as tf
+def _encode_varint(value: int) -> bytes:
+  value &= (1 << 64) - 1  # negative int64s as ten-byte two's complement
+  out = bytearray()
+  while True:
+    byte, value = value & 0x7F, value >> 7
+    out.append(byte | (0x80 if value else 0))
+    if not value:
+      return bytes(out)
 
-  feature = {
-    'image/encoded': tf.train.Feature(bytes_list=tf.train.BytesList(value=[data])),
-    'image/labels': tf.train.Feature(int64_list=tf.train.Int64List(value=list(labels))),
-    'image/id': tf.train.Feature(bytes_list=tf.train.BytesList(value=[key.encode()])),
+
+def _message_field(number: int, payload: bytes) -> bytes:
+  return _encode_varint(number << 3 | 2) + _encode_varint(len(payload)) + payload
+
+
+def _serialize(data: bytes, labels: Sequence[int], key: str) -> bytes:
+  """A tf.train.Example (image/encoded, image/labels, image/id), encoded without TensorFlow."""
+  packed = b''.join(_encode_varint(int(i)) for i in labels)
+  features = {
+    'image/encoded': _message_field(1, _message_field(1, data)),  # BytesList
+    'image/labels': _message_field(3, _message_field(1, packed)),  # Int64List, packed
+    'image/id': _message_field(1, _message_field(1, key.encode())),
   }
-  return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+  entries = b''.join(
+    _message_field(1, _message_field(1, name.encode()) + _message_field(2, feature))
+    for name, feature in features.items()
+  )
+  return _message_field(1, entries)
 
 
 def _writer(path: str, file_format: str):
