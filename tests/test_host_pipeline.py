@@ -227,3 +227,48 @@ def test_folders_shards_and_digits_need_no_tensorflow(photos, tmp_path):
     batch = next(pipeline.make_train_iterator(config, None))
     assert float(batch['image'].sum()) == image_sum, dataset
   assert result[photos][1] == 4 and result['digits'][1] == 180  # 1438 / 8
+
+
+def test_benchmark_input_reports_rates_the_ceiling_and_stages(tmp_path):
+  record = tmp_path / 'input.json'
+  proc = subprocess.run(
+    [
+      sys.executable,
+      '-m',
+      'vit_jax.benchmark_input',
+      '--images=24',
+      '--batch=8',
+      '--steps=1',
+      '--rounds=1',
+      '--threads=1,2',
+      f'--dir={tmp_path}',
+      f'--json={record}',
+    ],  # fmt: skip
+    capture_output=True,
+    text=True,
+    cwd=ROOT,
+    env=subprocess_env(),
+    timeout=300,
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  out = json.loads(record.read_text())
+  assert out['files'] == 24 and 60 < out['mean_file_kB'] < 120  # ImageNet-like JPEGs
+  for n in ('1', '2'):
+    t = out['threads'][n]
+    assert t['img_per_sec_per_core'] == round(t['img_per_sec'] / int(n))
+    assert (
+      t['ratio_per_core_to_decode_only']
+      == round(t['img_per_sec'] / int(n) / out['decode_only_img_per_sec'], 3)
+      or abs(
+        t['ratio_per_core_to_decode_only'] * out['decode_only_img_per_sec']
+        - t['img_per_sec'] / int(n)
+      )
+      < 1
+    )
+  assert out['img_per_sec_per_core'] == out['threads']['2']['img_per_sec_per_core']
+  assert set(out['stage_ms_per_image']) == {
+    'read', 'header_and_crop', 'entropy_decode', 'idct_and_colour', 'resize', 'flip_and_float'
+  }  # fmt: skip
+  for key in ('randaugment_mixup_img_per_sec', 'tf_data_img_per_sec', 'eval_img_per_sec',
+              'tfrecord_shards_img_per_sec'):  # fmt: skip
+    assert out[key] > 0, key

@@ -30,6 +30,7 @@ def _parser():
   parser.add_argument('--batch', type=int, default=128)
   parser.add_argument('--steps', type=int, default=10, help='timed batches per measurement')
   parser.add_argument('--threads', default='1,2', help='comma-separated thread counts to time')
+  parser.add_argument('--rounds', type=int, default=3, help='alternating rounds; the best counts')
   parser.add_argument('--dir', help='work dir for written files (default: a new temp dir)')
   parser.add_argument('--json', help='write the results here')
   parser.add_argument(
@@ -69,27 +70,37 @@ def main():
   }
   print(f'{len(paths)} JPEGs, {size / 1024:.0f} kB each, {os.cpu_count()} cores')
 
-  ceiling = input_speed.bare_decode_rate(paths)
+  # The machine may be shared: measure in rounds, alternating, and keep each best.
+  ceiling, by_threads = 0.0, {}
+  threads = [int(t) for t in args.threads.split(',')]
+  for _ in range(args.rounds):
+    ceiling = max(ceiling, input_speed.bare_decode_rate(paths, seconds=2.0))
+    for n in threads:
+      _, rate, cpu = input_speed.time_train(folder, args.batch, args.steps, input_threads=n)
+      if rate > by_threads.get(n, (0, 0))[0]:
+        by_threads[n] = (rate, cpu)
   out['decode_only_img_per_sec'] = round(ceiling)
-  print(f'ceiling: bare PIL decode to RGB, 1 thread: {ceiling:.0f} img/s')
-
-  by_threads = {}
-  for n in [int(t) for t in args.threads.split(',')]:
-    _, rate, cpu = input_speed.time_train(folder, args.batch, args.steps, input_threads=n)
-    by_threads[n] = {
-      'img_per_sec': round(rate),
-      'img_per_sec_per_thread': round(rate / n),
-      'img_per_cpu_second': round(1 / cpu),
-    }
+  out['rounds'] = args.rounds
+  print(f'ceiling: bare PIL decode to RGB, 1 thread: {ceiling:.0f} img/s (best of {args.rounds})')
+  for n, (rate, cpu) in sorted(by_threads.items()):
     print(
       f'host pipeline, {n} thread(s): {rate:.0f} img/s = {rate / n:.0f} per core '
-      f'({1 / cpu:.0f} per CPU-second of the process); {rate / n / ceiling:.2f} x the ceiling per core'
+      f'({1 / cpu:.0f} per CPU-second of the process); {rate / n / ceiling:.2f} x the ceiling '
+      'per core'
     )
+  out['threads'] = {
+    n: {
+      'img_per_sec': round(rate),
+      'img_per_sec_per_core': round(rate / n),
+      'img_per_cpu_second': round(1 / cpu),
+      'ratio_per_core_to_decode_only': round(rate / n / ceiling, 3),
+    }
+    for n, (rate, cpu) in sorted(by_threads.items())
+  }
   best = max(by_threads)
-  out['threads'] = by_threads
-  out['img_per_sec'] = by_threads[best]['img_per_sec']
-  out['img_per_sec_per_core'] = by_threads[best]['img_per_sec_per_thread']
-  out['ratio_per_core_to_decode_only'] = round(out['img_per_sec_per_core'] / ceiling, 3)
+  out['img_per_sec'] = out['threads'][best]['img_per_sec']
+  out['img_per_sec_per_core'] = out['threads'][best]['img_per_sec_per_core']
+  out['ratio_per_core_to_decode_only'] = out['threads'][best]['ratio_per_core_to_decode_only']
 
   if not args.quick:
     _more(args, input_speed, folder, paths, root, out, best)

@@ -24,6 +24,7 @@ import io
 import math
 import os
 from typing import Optional
+import weakref
 
 import numpy as np
 
@@ -306,6 +307,18 @@ def mixup(images, labels, step: int, key: int, alpha: float, num_classes: int, m
 # Train and eval batches.
 
 
+def _decoded(source, index, fn):
+  """fn(), with PIL's and libjpeg's decode errors as a one-line `DataError` naming the file."""
+  try:
+    return fn()
+  except (OSError, ValueError, SyntaxError) as e:
+    reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+    raise DataError(
+      f'{source.describe(int(index))}: cannot decode the image ({reason}); replace '
+      "it (image folders: corrupt_images='skip' leaves out what cannot be decoded)"
+    ) from None
+
+
 def _payload(item) -> bytes:
   if isinstance(item, bytes):
     return item
@@ -333,6 +346,8 @@ class TrainBatches:
     self._offset = local_batch * process_index
     self._next_step = start_step
     self._pool = concurrent.futures.ThreadPoolExecutor(threads(num_threads))
+    # An iterator dropped mid-stream stops its workers.
+    weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=True)
     self._ahead = max(1, ahead)
     self._queue = collections.deque()
 
@@ -351,43 +366,37 @@ class TrainBatches:
     items, labels = self._source.fetch(idx)
     uniforms = order.example_uniforms(self._aug_key, positions, _DRAWS)
     pp, crop = self._pp, self._pp.crop
-    seeds = None
+    ra_uniforms = None
     if pp.randaug_layers:  # RandAugment's own draws: 4 per layer
       n = randaug_host.DRAWS_PER_LAYER * pp.randaug_layers
-      seeds = order.example_uniforms(self._aug_key ^ _RANDAUG_KEY, positions, n)
+      ra_uniforms = order.example_uniforms(self._aug_key ^ _RANDAUG_KEY, positions, n)
     if self._source.decoded:  # one job for the batch
-      job = self._pool.submit(self._decoded_batch, items, uniforms, seeds)
+      job = self._pool.submit(self._decoded_batch, items, uniforms, ra_uniforms)
       return step, [job], labels, None
     out = np.empty((self._b, crop, crop, 3), np.float32)
     jobs = [
-      self._pool.submit(self._one, items[i], idx[i], uniforms[i], seeds, i, out)
+      self._pool.submit(self._one, items[i], idx[i], uniforms[i], ra_uniforms, i, out)
       for i in range(self._b)
     ]
     return step, jobs, labels, out
 
-  def _one(self, item, index, uniforms, seeds, i, out):
-    try:
-      image = train_image(_payload(item), uniforms, self._pp)
-    except (OSError, ValueError, SyntaxError) as e:  # PIL's and simplejpeg's decode errors
-      reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-      raise DataError(
-        f'{self._source.describe(int(index))}: cannot decode the image ({reason}); replace '
-        "it (image folders: corrupt_images='skip' leaves out what cannot be decoded)"
-      ) from None
-    if seeds is not None:
+  def _one(self, item, index, uniforms, ra_uniforms, i, out):
+    pp = self._pp
+    image = _decoded(self._source, index, lambda: train_image(_payload(item), uniforms, pp))
+    if ra_uniforms is not None:
       image = randaug_host.randaugment(
-        image, seeds[i], self._pp.randaug_layers, self._pp.randaug_magnitude
+        image, ra_uniforms[i], pp.randaug_layers, pp.randaug_magnitude
       )
     to_float(image, out[i])
 
-  def _decoded_batch(self, images, uniforms, seeds):
-    images = train_batch(images, uniforms, self._pp)
-    if seeds is not None:
-      pp = self._pp
+  def _decoded_batch(self, images, uniforms, ra_uniforms):
+    pp = self._pp
+    images = train_batch(images, uniforms, pp)
+    if ra_uniforms is not None:
       images = np.stack(
         [
-          randaug_host.randaugment(a, s, pp.randaug_layers, pp.randaug_magnitude)
-          for a, s in zip(images, seeds)
+          randaug_host.randaugment(a, u, pp.randaug_layers, pp.randaug_magnitude)
+          for a, u in zip(images, ra_uniforms)
         ]
       )
     return to_float(images)
@@ -411,12 +420,9 @@ class TrainBatches:
       )
     return {'image': images, 'label': labels}
 
-  def close(self):
-    self._pool.shutdown(wait=False, cancel_futures=True)
 
-
-def eval_batches(source, pp, *, local_batch, positions_fn, num_threads=0):
-  """Host eval batches (uint8 images, labels, mask) of one pass; see pipeline for the order."""
+def eval_batches(source, pp, *, positions_fn, num_threads=0):
+  """Host eval batches (uint8 images, labels, mask) at the (indices, mask) of `positions_fn()`."""
   pool = concurrent.futures.ThreadPoolExecutor(threads(num_threads))
   try:
     for idx, mask in positions_fn():
@@ -424,9 +430,10 @@ def eval_batches(source, pp, *, local_batch, positions_fn, num_threads=0):
       if source.decoded:
         images = eval_array(items, pp.crop, pp.resize)
       else:
-        images = np.stack(
-          list(pool.map(lambda item: eval_image(_payload(item), pp.crop, pp.resize), items))
+        one = lambda item, i: _decoded(
+          source, i, lambda: eval_image(_payload(item), pp.crop, pp.resize)
         )
+        images = np.stack(list(pool.map(one, items, idx)))
       yield {'image': images, 'label': labels, 'mask': mask}
   finally:
     pool.shutdown(wait=False)

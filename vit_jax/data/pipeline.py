@@ -8,15 +8,16 @@
     for batch in pipeline.make_eval_iterator(config, sharding):        # + 'mask'
 
 Two implementations deliver the batches: the host pipeline (`host.py`: NumPy,
-PIL, libjpeg-turbo and threads, no TensorFlow) for image folders, shards and
-the digits, and tf.data (`tf_data.py`) for TFDS datasets. `config.input_backend`
-= 'tf' sends every dataset through tf.data instead.
+libjpeg-turbo, OpenCV, PIL and threads; no TensorFlow) for image folders,
+shards and the digits, and tf.data (`tf_data.py`) for TFDS datasets.
+`config.input_backend='tf'` sends every dataset through tf.data instead.
 
 Order. The example stream is epoch after epoch of the split, each epoch a
 seeded permutation (`order.index_shuffle`, computed per index, no table; the
-same as TensorFlow's `index_shuffle`); global step s takes the stream positions [s*B, (s+1)*B), and process
-p of P reads only its share [s*B + p*b, s*B + (p+1)*b), b = B / P. Each
-example's augmentation is seeded by (seed, its position). So the global batch
+same as TensorFlow's `index_shuffle`, bit for bit); global step s takes the
+stream positions [s*B, (s+1)*B), and process p of P reads only its share
+[s*B + p*b, s*B + (p+1)*b), b = B / P. Each example's augmentation is seeded
+by (seed, its position). So the global batch
 at step s is a pure function of (seed, s), whatever the number of processes:
 the iterator's state is the step number, restoring it costs nothing however
 late in training, and a run may resume on another number of hosts.
@@ -299,9 +300,7 @@ def _host_eval(source, pp, local_batch, process_index, process_count, threads):
   positions = functools.partial(
     order.eval_positions, source.num_examples, local_batch, process_index, process_count
   )
-  return host.eval_batches(
-    source, pp, local_batch=local_batch, positions_fn=positions, num_threads=threads
-  )
+  return host.eval_batches(source, pp, positions_fn=positions, num_threads=threads)
 
 
 def _eval_host_batches(config, source, pp, local_batch):
