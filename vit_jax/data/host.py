@@ -35,6 +35,7 @@ from vit_jax.data.sources import DataError
 ATTEMPTS = 10  # inception crop candidates per image; the first that fits is taken
 _LOG_RATIO = (math.log(3 / 4), math.log(4 / 3))
 _DRAWS = ATTEMPTS * 4 + 1  # crop uniforms, then the flip
+_CHUNK = 8  # images per thread-pool job
 _RANDAUG_KEY = 0x52414E44  # RandAugment's stream: the augmentation key xor this
 
 
@@ -375,19 +376,22 @@ class TrainBatches:
       return step, [job], labels, None
     out = np.empty((self._b, crop, crop, 3), np.float32)
     jobs = [
-      self._pool.submit(self._one, items[i], idx[i], uniforms[i], ra_uniforms, i, out)
-      for i in range(self._b)
+      self._pool.submit(self._images, items, idx, uniforms, ra_uniforms, rows, out)
+      for rows in np.array_split(np.arange(self._b), -(-self._b // _CHUNK))
     ]
     return step, jobs, labels, out
 
-  def _one(self, item, index, uniforms, ra_uniforms, i, out):
+  def _images(self, items, idx, uniforms, ra_uniforms, rows, out):
     pp = self._pp
-    image = _decoded(self._source, index, lambda: train_image(_payload(item), uniforms, pp))
-    if ra_uniforms is not None:
-      image = randaug_host.randaugment(
-        image, ra_uniforms[i], pp.randaug_layers, pp.randaug_magnitude
+    for i in rows:
+      image = _decoded(
+        self._source, idx[i], lambda: train_image(_payload(items[i]), uniforms[i], pp)
       )
-    to_float(image, out[i])
+      if ra_uniforms is not None:
+        image = randaug_host.randaugment(
+          image, ra_uniforms[i], pp.randaug_layers, pp.randaug_magnitude
+        )
+      to_float(image, out[i])
 
   def _decoded_batch(self, images, uniforms, ra_uniforms):
     pp = self._pp
