@@ -255,7 +255,7 @@ def test_benchmark_input_reports_rates_the_ceiling_and_stages(tmp_path):
   assert out['files'] == 24 and 60 < out['mean_file_kB'] < 120  # ImageNet-like JPEGs
   for n in ('1', '2'):
     t = out['threads'][n]
-    assert t['img_per_sec_per_core'] == round(t['img_per_sec'] / int(n))
+    assert abs(t['img_per_sec_per_core'] - t['img_per_sec'] / int(n)) <= 1  # each rounded
     ratio = t['img_per_sec'] / int(n) / out['decode_only_img_per_sec']
     assert t['ratio_per_core_to_decode_only'] == pytest.approx(ratio, rel=0.01)
   assert out['img_per_sec_per_core'] == out['threads']['2']['img_per_sec_per_core']

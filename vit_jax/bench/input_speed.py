@@ -87,7 +87,10 @@ def stages(paths, crop=224, area_min=0.05, limit=200):
     t.append(time.perf_counter())
     host.decode(data, max(1, height // 8), max(1, width // 8))  # 1/8 scale: ~entropy decoding
     t.append(time.perf_counter())
-    image = host.decode(data, -(-height * crop // h), -(-width * crop // w))
+    scale = 1
+    while scale < 8 and min(h, w) >= 2 * scale * crop:
+      scale *= 2
+    image = host.decode(data, -(-height // scale), -(-width // scale), fast=True)
     t.append(time.perf_counter())
     sy, sx = image.shape[0] / height, image.shape[1] / width
     region = image[round(y * sy) : round((y + h) * sy), round(x * sx) : round((x + w) * sx)]
