@@ -109,8 +109,10 @@ def _write(workdir: str, scalars: dict) -> str:
   results.update(scalars)
   files.makedirs(workdir)
   files.write_text(path, json.dumps(results, indent=2, sort_keys=True) + '\n')
-  import tensorflow as tf
-
+  try:
+    import tensorflow as tf
+  except ImportError:  # no TensorBoard summaries without TensorFlow; the JSON is written
+    return path
   writer = tf.summary.create_file_writer(os.path.join(workdir, 'tensorboard', 'fewshot'))
   with writer.as_default(step=0):
     for name, value in scalars.items():
