@@ -10,6 +10,7 @@ import textwrap
 import numpy as np
 import pytest
 
+from vit_jax.data import order
 from vit_jax.data import pipeline
 
 _WORKER = textwrap.dedent("""
@@ -90,7 +91,7 @@ def test_two_processes_read_disjoint_parts_into_one_global_batch(tmp_path):
     results.append(json.loads(out.split('RESULT', 1)[1]))
 
   # The examples a single process would put in the first three global batches.
-  order_key = pipeline._keys(0)[0]
+  order_key = order.keys(0)[0]
   expected = np.concatenate(
     [
       pipeline.train_indices(

@@ -57,6 +57,8 @@ def main():
       f'{folder}: no train/ folder; pass a folder laid out as DIR/train/<class>/<image>'
     )
   paths = input_speed.image_files(train_dir)
+  if not paths:
+    raise SystemExit(f'{train_dir}: no images; pass a folder laid out as DIR/train/<class>/<image>')
   size = sum(os.path.getsize(p) for p in paths) / len(paths)
   datasets.open_split(folder, 'train')
   out = {
@@ -119,7 +121,10 @@ def main():
 
 def _more(args, input_speed, folder, paths, root, out, threads):
   stage = input_speed.stages(paths)
-  total = sum(stage.values())
+  if not stage:
+    print('no JPEGs: no per-stage times')
+    stage = {'no_jpegs': 0.0}
+  total = sum(stage.values()) or 1.0
   out['stage_ms_per_image'] = {k: round(v * 1e3, 3) for k, v in stage.items()}
   print(
     'one training image, 1 thread: '

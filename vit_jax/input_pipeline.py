@@ -7,17 +7,3 @@ from vit_jax.data.pipeline import get_info  # noqa: F401
 from vit_jax.data.pipeline import make_eval_iterator  # noqa: F401
 from vit_jax.data.pipeline import make_train_iterator  # noqa: F401
 from vit_jax.data.sources import DataError  # noqa: F401
-
-
-def train_dataset(*args, **kwargs):
-  """The tf.data train pipeline (`vit_jax.data.tf_data`); imports TensorFlow."""
-  from vit_jax.data import tf_data
-
-  return tf_data.train_dataset(*args, **kwargs)
-
-
-def eval_dataset(*args, **kwargs):
-  """The tf.data eval pipeline (`vit_jax.data.tf_data`); imports TensorFlow."""
-  from vit_jax.data import tf_data
-
-  return tf_data.eval_dataset(*args, **kwargs)

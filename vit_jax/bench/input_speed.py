@@ -46,8 +46,14 @@ def write_photos(root, n, classes=10, seed=0):
 
 
 def image_files(root):
+  """Sorted paths of the images (any extension image folders accept) under `root`."""
+  from vit_jax.data import folder
+
   return sorted(
-    os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs if f.lower().endswith('.jpg')
+    os.path.join(d, f)
+    for d, _, fs in os.walk(root)
+    for f in fs
+    if f.lower().endswith(folder.EXTENSIONS)
   )
 
 
@@ -68,11 +74,13 @@ def bare_decode_rate(paths, seconds=3.0):
 
 
 def stages(paths, crop=224, area_min=0.05, limit=200):
-  """Seconds per image of each step of a training image, one thread."""
+  """Seconds per image of each step of a training JPEG (the first `limit`), one thread."""
   from vit_jax.data import order
 
   cv2 = host._cv2()
-  paths = paths[:limit]
+  paths = [p for p in paths if p.lower().endswith(('.jpg', '.jpeg'))][:limit]
+  if not paths:
+    return {}
   timings = dict.fromkeys(
     ['read', 'header_and_crop', 'entropy_decode', 'idct_and_colour', 'resize', 'flip_and_float'],
     0.0,
@@ -87,9 +95,7 @@ def stages(paths, crop=224, area_min=0.05, limit=200):
     t.append(time.perf_counter())
     host.decode(data, max(1, height // 8), max(1, width // 8))  # 1/8 scale: ~entropy decoding
     t.append(time.perf_counter())
-    scale = 1
-    while scale < 8 and min(h, w) >= 2 * scale * crop:
-      scale *= 2
+    scale = host.dct_scale(h, w, crop)
     image = host.decode(data, -(-height // scale), -(-width // scale), fast=True)
     t.append(time.perf_counter())
     sy, sx = image.shape[0] / height, image.shape[1] / width

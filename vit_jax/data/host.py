@@ -1,11 +1,13 @@
-"""The host pipeline: image folders, shards and the digits with NumPy, PIL and threads.
+"""The host pipeline: image folders, shards and the digits with NumPy, OpenCV, PIL and threads.
 
 No TensorFlow: JPEGs are decoded by libjpeg-turbo through `simplejpeg`, other
-formats by PIL, in a thread pool (both release the GIL), straight into the
+formats by PIL, in a thread pool (they release the GIL), straight into the
 batch's float buffer. Per training image: read the JPEG header, draw the
 inception crop, decode at the smallest DCT scale (1, 1/2, 1/4, 1/8) that keeps
-the crop at least `crop` pixels high and wide, resize the crop with PIL's
-bilinear filter, flip. Evaluation decodes at full scale with TensorFlow's
+the crop at least `crop` pixels high and wide, resize the crop with OpenCV
+(bilinear, half-pixel centres, no antialiasing: the sampling of
+`tf.image.resize`, in fixed point), flip. CMYK JPEGs go through PIL (within 1
+of TensorFlow's pixels). Evaluation decodes at full scale with TensorFlow's
 default JPEG settings (fast integer IDCT, fancy upsampling) and resizes as
 `tf.image.resize` does (bilinear, half-pixel centres, no antialiasing), so its
 pixels are the official preprocessing's, bit for bit (tests compare).
@@ -23,6 +25,7 @@ import functools
 import io
 import math
 import os
+import re
 from typing import Optional
 import weakref
 
@@ -80,13 +83,18 @@ def _is_jpeg(data: bytes) -> bool:
   return data[:3] == b'\xff\xd8\xff'
 
 
+class BadImage(Exception):
+  """Bytes that do not decode as an image; `_decoded` turns it into a `DataError`."""
+
+
 def decode(data: bytes, min_height: int = 0, min_width: int = 0, fast: bool = False) -> np.ndarray:
   """Encoded image -> uint8 [h, w, 3]; JPEGs as tf.io.decode_jpeg, optionally DCT-scaled.
 
   A JPEG is decoded at the smallest scale whose size is at least
   (min_height, min_width); 0 means full size. `fast` upsamples the colour
   planes without smoothing (training only: a few % faster, not TF's pixels).
-  Grey is replicated, alpha dropped, a GIF gives its first frame.
+  Grey is replicated, alpha dropped, 16-bit samples keep their high byte (as
+  tf.io.decode_image), a GIF gives its first frame.
   """
   if _is_jpeg(data):
     import simplejpeg
@@ -101,16 +109,23 @@ def decode(data: bytes, min_height: int = 0, min_width: int = 0, fast: bool = Fa
         min_width=min_width,
       )
     except ValueError:
-      pass  # CMYK and other JPEGs libjpeg-turbo will not convert to RGB: PIL below
+      pass  # CMYK, or corrupt: PIL below converts the one and names the other
   from PIL import Image
 
-  with Image.open(io.BytesIO(data)) as image:
-    image.seek(0)
-    return np.asarray(image.convert('RGB'))
+  try:
+    with Image.open(io.BytesIO(data)) as image:
+      image.seek(0)
+      if image.mode in ('I;16', 'I;16B', 'I;16L', 'I'):  # 16-bit grey
+        grey = (np.asarray(image).astype(np.uint32) >> 8).astype(np.uint8)
+        return np.repeat(grey[..., None], 3, axis=-1)
+      return np.asarray(image.convert('RGB'))
+  except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
+    reason = re.sub(r'<_io\.BytesIO object at 0x[0-9a-f]+>', 'the data', str(e))
+    raise BadImage((reason.strip().splitlines() or [type(e).__name__])[0][:200]) from None
 
 
 def image_size(data: bytes):
-  """(height, width) from the header of a JPEG, else None."""
+  """(height, width) from the header of a JPEG, else None (`decode` then tells)."""
   if not _is_jpeg(data):
     return None
   import simplejpeg
@@ -209,6 +224,18 @@ def _cv2():
   return cv2
 
 
+def dct_scale(crop_height: int, crop_width: int, size: int) -> int:
+  """1, 2, 4 or 8: the largest JPEG downscale that keeps a crop at least `size` px each way.
+
+  Only these: libjpeg-turbo's other n/8 scales have no SIMD code and decode
+  slower than the full image.
+  """
+  scale = 1
+  while scale < 8 and min(crop_height, crop_width) >= 2 * scale * size:
+    scale *= 2
+  return scale
+
+
 def train_image(data: bytes, uniforms, pp) -> np.ndarray:
   """Encoded image + its `_DRAWS` uniforms -> augmented uint8 [crop, crop, 3]."""
   size = image_size(data)
@@ -222,12 +249,7 @@ def train_image(data: bytes, uniforms, pp) -> np.ndarray:
   else:
     y, x, h, w = 0, 0, height, width
   if image is None:
-    # The smallest of the DCT scales 1, 1/2, 1/4, 1/8 that keeps the crop at least
-    # `crop` px each way (libjpeg-turbo's other n/8 scales have no SIMD: slower
-    # than a full decode).
-    scale = 1
-    while scale < 8 and min(h, w) >= 2 * scale * pp.crop:
-      scale *= 2
+    scale = dct_scale(h, w, pp.crop)
     image = decode(data, -(-height // scale), -(-width // scale), fast=True)
   sy, sx = image.shape[0] / height, image.shape[1] / width
   top, left = round(y * sy), round(x * sx)
@@ -308,41 +330,51 @@ def mixup(images, labels, step: int, key: int, alpha: float, num_classes: int, m
 # Train and eval batches.
 
 
-def _decoded(source, index, fn):
-  """fn(), with PIL's and libjpeg's decode errors as a one-line `DataError` naming the file."""
-  try:
-    return fn()
-  except (OSError, ValueError, SyntaxError) as e:
-    reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-    raise DataError(
-      f'{source.describe(int(index))}: cannot decode the image ({reason}); replace '
-      "it (image folders: corrupt_images='skip' leaves out what cannot be decoded)"
-    ) from None
-
-
-def _payload(item) -> bytes:
+def _read(source, index, item) -> bytes:
+  """An item of `source.fetch`: record bytes as they are, a path read from disk or gs://."""
   if isinstance(item, bytes):
     return item
   from vit_jax import files
 
-  with files.open_file(item, 'rb') as f:
-    return f.read()
+  try:
+    with files.open_file(item, 'rb') as f:
+      return f.read()
+  except OSError as e:
+    raise DataError(
+      f'{source.describe(int(index))}: cannot read the file ({e.strerror or e}); '
+      'restore it, or re-open the dataset if it was removed on purpose'
+    ) from None
+
+
+def _decoded(source, index, item, fn):
+  """fn(encoded bytes of `item`), with undecodable data as a one-line `DataError`."""
+  data = _read(source, index, item)
+  try:
+    return fn(data)
+  except BadImage as e:
+    raise DataError(
+      f'{source.describe(int(index))}: cannot decode the image ({e}); replace it '
+      "(image folders: corrupt_images='skip' leaves out what cannot be decoded)"
+    ) from None
+
+
+def _chunks(n: int):
+  """Row ranges of `_CHUNK` images (one thread-pool job each) covering a batch of n."""
+  return np.array_split(np.arange(n), -(-n // _CHUNK))
 
 
 class TrainBatches:
   """Process-local host batches {'image': f32, 'label'} of steps start, start+1, ...
 
-  A thread pool prepares the next `ahead` steps while the caller trains.
+  A thread pool prepares the next `ahead` steps while the caller trains; a
+  job reads, decodes and augments `_CHUNK` images of a batch (records are
+  fetched by the job too), writing them into the batch's float array.
   """
 
-  def __init__(self, source, pp, *, local_batch, start_step, seed, process_index=0,
+  def __init__(self, source, pp, *, local_batch, start_step, keys, process_index=0,
                process_count=1, num_threads=0, ahead=2):  # fmt: skip
-    if source.num_examples < 1:
-      raise DataError(f'{source.name}: the train split is empty; check pp.train')
-    if pp.mixup > 0 and local_batch % 2:
-      raise DataError(f'mixup pairs examples: the per-process batch ({local_batch}) must be even')
     self._source, self._pp, self._b = source, pp, local_batch
-    self._order_key, self._aug_key, self._mix_key = seed
+    self._order_key, self._aug_key, self._mix_key = keys  # order.keys(seed)
     self._global = local_batch * process_count
     self._offset = local_batch * process_index
     self._next_step = start_step
@@ -364,37 +396,37 @@ class TrainBatches:
       num_examples=self._source.num_examples,
       order_key=self._order_key,
     )
-    items, labels = self._source.fetch(idx)
     uniforms = order.example_uniforms(self._aug_key, positions, _DRAWS)
-    pp, crop = self._pp, self._pp.crop
+    pp = self._pp
     ra_uniforms = None
     if pp.randaug_layers:  # RandAugment's own draws: 4 per layer
       n = randaug_host.DRAWS_PER_LAYER * pp.randaug_layers
       ra_uniforms = order.example_uniforms(self._aug_key ^ _RANDAUG_KEY, positions, n)
-    if self._source.decoded:  # one job for the batch
-      job = self._pool.submit(self._decoded_batch, items, uniforms, ra_uniforms)
-      return step, [job], labels, None
-    out = np.empty((self._b, crop, crop, 3), np.float32)
+    if self._source.decoded:  # in memory: one vectorised job for the batch
+      return step, [self._pool.submit(self._decoded_batch, idx, uniforms, ra_uniforms)], None
+    out = np.empty((self._b, pp.crop, pp.crop, 3), np.float32)
     jobs = [
-      self._pool.submit(self._images, items, idx, uniforms, ra_uniforms, rows, out)
-      for rows in np.array_split(np.arange(self._b), -(-self._b // _CHUNK))
+      self._pool.submit(self._images, idx[r], uniforms[r], ra_uniforms, r, out)
+      for r in _chunks(self._b)
     ]
-    return step, jobs, labels, out
+    return step, jobs, out
 
-  def _images(self, items, idx, uniforms, ra_uniforms, rows, out):
+  def _images(self, idx, uniforms, ra_uniforms, rows, out):
+    """Images `rows` of the batch into `out`; returns their labels."""
     pp = self._pp
-    for i in rows:
-      image = _decoded(
-        self._source, idx[i], lambda: train_image(_payload(items[i]), uniforms[i], pp)
-      )
+    items, labels = self._source.fetch(idx)
+    for k, i in enumerate(rows):
+      image = _decoded(self._source, idx[k], items[k], lambda d: train_image(d, uniforms[k], pp))
       if ra_uniforms is not None:
         image = randaug_host.randaugment(
           image, ra_uniforms[i], pp.randaug_layers, pp.randaug_magnitude
         )
       to_float(image, out[i])
+    return labels
 
-  def _decoded_batch(self, images, uniforms, ra_uniforms):
+  def _decoded_batch(self, idx, uniforms, ra_uniforms):
     pp = self._pp
+    images, labels = self._source.fetch(idx)
     images = train_batch(images, uniforms, pp)
     if ra_uniforms is not None:
       images = np.stack(
@@ -403,15 +435,17 @@ class TrainBatches:
           for a, u in zip(images, ra_uniforms)
         ]
       )
-    return to_float(images)
+    return to_float(images), labels
 
   def __next__(self):
     while len(self._queue) < self._ahead:
       self._queue.append(self._submit(self._next_step))
       self._next_step += 1
-    step, jobs, labels, out = self._queue.popleft()
-    results = [job.result() for job in jobs]
-    images = results[0] if out is None else out
+    step, jobs, out = self._queue.popleft()
+    if out is None:
+      images, labels = jobs[0].result()
+    else:
+      images, labels = out, np.concatenate([job.result() for job in jobs])
     if self._pp.mixup > 0:
       images, labels = mixup(
         images,
@@ -425,19 +459,43 @@ class TrainBatches:
     return {'image': images, 'label': labels}
 
 
-def eval_batches(source, pp, *, positions_fn, num_threads=0):
-  """Host eval batches (uint8 images, labels, mask) at the (indices, mask) of `positions_fn()`."""
+def eval_batches(source, pp, *, positions_fn, num_threads=0, ahead=2):
+  """Host eval batches (uint8 images, labels, mask) at the (indices, mask) of `positions_fn()`.
+
+  The next `ahead` batches are read and decoded while the caller evaluates one.
+  """
   pool = concurrent.futures.ThreadPoolExecutor(threads(num_threads))
+
+  def images(idx, rows, out):
+    items, labels = source.fetch(idx)
+    for k, i in enumerate(rows):
+      out[i] = _decoded(source, idx[k], items[k], lambda d: eval_image(d, pp.crop, pp.resize))
+    return labels
+
+  def decoded(idx):
+    items, labels = source.fetch(idx)
+    return eval_array(items, pp.crop, pp.resize), labels
+
+  def submit(idx, mask):
+    if source.decoded:
+      return [pool.submit(decoded, idx)], None, mask
+    out = np.empty((len(idx), pp.crop, pp.crop, 3), np.uint8)
+    return [pool.submit(images, idx[r], r, out) for r in _chunks(len(idx))], out, mask
+
+  def result(jobs, out, mask):
+    if out is None:
+      batch, labels = jobs[0].result()
+    else:
+      batch, labels = out, np.concatenate([job.result() for job in jobs])
+    return {'image': batch, 'label': labels, 'mask': mask}
+
+  queue = collections.deque()
   try:
     for idx, mask in positions_fn():
-      items, labels = source.fetch(idx)
-      if source.decoded:
-        images = eval_array(items, pp.crop, pp.resize)
-      else:
-        one = lambda item, i: _decoded(
-          source, i, lambda: eval_image(_payload(item), pp.crop, pp.resize)
-        )
-        images = np.stack(list(pool.map(one, items, idx)))
-      yield {'image': images, 'label': labels, 'mask': mask}
+      queue.append(submit(idx, mask))
+      if len(queue) > ahead:
+        yield result(*queue.popleft())
+    while queue:
+      yield result(*queue.popleft())
   finally:
-    pool.shutdown(wait=False)
+    pool.shutdown(wait=False, cancel_futures=True)

@@ -1,10 +1,11 @@
 """Which example each step reads, and each example's random numbers: NumPy only.
 
 The example stream is epoch after epoch of the split, each epoch a seeded
-permutation computed per index (no table): `index_shuffle` is the cycle-walking
-Simon cipher of TensorFlow's `RandomIndexShuffle` op, reimplemented here so the
-order is the same with or without TensorFlow (tests compare the two bit for
-bit). `example_uniforms` gives each stream position its own random numbers,
+permutation computed per index (nothing of size N is stored; small splits
+cache a table): `index_shuffle` is the cycle-walking Simon cipher of
+TensorFlow's `RandomIndexShuffle` op, reimplemented here (tests compare the two
+bit for bit) and used by both pipelines, with one fix: TensorFlow's block is a
+bit short when the split has 2^k + 1 examples. `example_uniforms` gives each stream position its own random numbers,
 a hash of (key, position, draw), so an example's augmentation does not depend
 on which process or thread prepares it.
 """
@@ -51,7 +52,10 @@ _TABLE_BITS = 20  # blocks up to this size are encrypted once, as a lookup table
 
 
 def _block_bits(max_index: int) -> int:
-  block = math.ceil(math.log2(max_index))
+  # Bits for the values 0..max_index. TensorFlow takes ceil(log2(max_index)), one
+  # too few when max_index is a power of two (n = 2^k + 1 examples): index n - 1
+  # then lands on index 0's position. Elsewhere the two agree.
+  block = math.ceil(math.log2(max_index + 1))
   return min(64, max(16, block + block % 2))
 
 

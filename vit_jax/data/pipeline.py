@@ -13,8 +13,8 @@ shards and the digits, and tf.data (`tf_data.py`) for TFDS datasets.
 `config.input_backend='tf'` sends every dataset through tf.data instead.
 
 Order. The example stream is epoch after epoch of the split, each epoch a
-seeded permutation (`order.index_shuffle`, computed per index, no table; the
-same as TensorFlow's `index_shuffle`, bit for bit); global step s takes the
+seeded permutation (`order.index_shuffle`, computed per index; TensorFlow's
+`index_shuffle`, bit for bit, fixed for 2^k + 1 examples); global step s takes the
 stream positions [s*B, (s+1)*B), and process p of P reads only its share
 [s*B + p*b, s*B + (p+1)*b), b = B / P. Each example's augmentation is seeded
 by (seed, its position). So the global batch
@@ -161,9 +161,6 @@ def _open(config, split) -> sources.Source:
   )
 
 
-_keys = order.keys
-
-
 def _local_batch(batch: int, what: str, sharding, process_count: int) -> int:
   if batch % process_count:
     raise DataError(
@@ -201,15 +198,15 @@ def _backend(config, source) -> str:
   return 'host'
 
 
-def _host_batches(config, source, pp, local_batch, step):
-  seed = order.keys(int(config.seed))
+def _train_batches(config, source, pp, local_batch, step):
+  """Process-local NumPy train batches from `step` on, from the backend that reads `source`."""
   if _backend(config, source) == 'host':
     return host.TrainBatches(
       source,
       pp,
       local_batch=local_batch,
       start_step=step,
-      seed=seed,
+      keys=order.keys(int(config.seed)),
       process_index=jax.process_index(),
       process_count=jax.process_count(),
       num_threads=config.get('input_threads', 0),
@@ -225,7 +222,7 @@ def _host_batches(config, source, pp, local_batch, step):
     process_index=jax.process_index(),
     process_count=jax.process_count(),
   )
-  return tf_data.host_batches(dataset, source, f'reading train batches from step {step}, batch')
+  return tf_data.numpy_batches(dataset, source, f'reading train batches from step {step}, batch')
 
 
 # ---------------------------------------------------------------------------
@@ -271,10 +268,16 @@ def make_train_iterator(config, sharding, *, state=None) -> TrainIterator:
   source = _open(config, 'train')
   pp = _pp(config)
   local_batch = _local_batch(config.batch, 'batch', sharding, jax.process_count())
+  if source.num_examples < 1:
+    raise DataError(f'{source.name}: the train split is empty; check pp.train')
+  if pp.mixup > 0 and local_batch % 2:
+    raise DataError(f'mixup pairs examples: the per-process batch ({local_batch}) must be even')
   fingerprint = {
     'seed': int(config.seed),
     'batch': int(config.batch),
     'dataset': str(config.dataset),
+    # The backends read the same examples but augment them differently.
+    'input_backend': _backend(config, source),
   }
   step = 0
   if state:
@@ -286,7 +289,7 @@ def make_train_iterator(config, sharding, *, state=None) -> TrainIterator:
           f"state={{'step': {state.get('step', 0)}}} to start there anyway"
         )
     step = int(state['step'])
-  batches = _host_batches(config, source, pp, local_batch, step)
+  batches = _train_batches(config, source, pp, local_batch, step)
   return TrainIterator(batches, sharding, step, config.prefetch, fingerprint)
 
 
@@ -303,7 +306,7 @@ def _host_eval(source, pp, local_batch, process_index, process_count, threads):
   return host.eval_batches(source, pp, positions_fn=positions, num_threads=threads)
 
 
-def _eval_host_batches(config, source, pp, local_batch):
+def _eval_batches(config, source, pp, local_batch):
   """NumPy eval batches {'image' f32, 'label', 'mask'} of one pass."""
   p, n_proc = jax.process_index(), jax.process_count()
   if _backend(config, source) == 'tf':
@@ -317,7 +320,7 @@ def _eval_host_batches(config, source, pp, local_batch):
       process_count=n_proc,
       cache_bytes=config.eval_cache_mb * 2**20,
     )
-    yield from tf_data.host_batches(dataset, source, 'reading eval batch')
+    yield from tf_data.numpy_batches(dataset, source, 'reading eval batch')
     return
   threads = int(config.get('input_threads', 0))
   total = order.eval_steps(source.num_examples, local_batch, n_proc) * local_batch
@@ -338,7 +341,7 @@ def make_eval_iterator(config, sharding, split='test') -> Iterator[dict]:
   pp = _pp(config)
   local_batch = _local_batch(config.batch_eval, 'batch_eval', sharding, jax.process_count())
   queue = collections.deque()
-  batches = _eval_host_batches(config, source, pp, local_batch)
+  batches = _eval_batches(config, source, pp, local_batch)
   done = False
   while True:
     while not done and len(queue) <= config.prefetch:

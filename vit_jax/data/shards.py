@@ -2,7 +2,7 @@
 
 A shard directory holds `info.json` (classes, splits and their files) and
 TFRecord or ArrayRecord files of `tf.train.Example`s (`image/encoded`,
-`image/class/label` as a list of ints). `python -m vit_jax.jft` converts a
+`image/labels` as a list of ints, `image/id`). `python -m vit_jax.jft` converts a
 folder or a CSV into one.
 """
 

@@ -74,7 +74,7 @@ def array_source(name, images, labels, num_classes, class_names=None):
 
 
 def file_source(name, paths, labels, num_classes, class_names):
-  """Encoded image files on disk (local or gs://) with int labels."""
+  """Encoded image files with int labels (paths as `vit_jax.files` opens them)."""
   path_bytes = np.asarray(paths, dtype=object).astype(bytes)
   labels = np.asarray(labels, np.int32)
 
@@ -130,7 +130,16 @@ def record_source(
     return parse_record(example['record'])
 
   def fetch(idx):
-    parsed = [parse_host(r) for r in reader.read(np.asarray(idx).tolist())]
+    idx = np.asarray(idx).tolist()
+    parsed = []
+    for i, record in zip(idx, reader.read(idx)):
+      try:
+        parsed.append(parse_host(record))
+      except (KeyError, IndexError, ValueError) as e:  # not the schema parse_host expects
+        raise DataError(
+          f'{reader.describe(i)}: not a record of this format ({type(e).__name__}: {e}); '
+          're-create the shards (python -m vit_jax.jft)'
+        ) from None
     return [p[0] for p in parsed], np.stack([p[1] for p in parsed])
 
   return Source(

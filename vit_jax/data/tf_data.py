@@ -1,8 +1,7 @@
 """The tf.data pipeline: TFDS datasets (and any source, for comparison).
 
-The same order as the host pipeline (`order.train_indices`, computed here by
-TensorFlow's own `RandomIndexShuffle`), augmentation from TensorFlow's
-stateless RNGs. `pipeline.make_train_iterator` picks this path for sources the
+The same order as the host pipeline (`order.train_indices`), augmentation from
+TensorFlow's stateless RNGs. `pipeline.make_train_iterator` picks this path for sources the
 host pipeline cannot read (TFDS); `config.input_backend='tf'` forces it.
 """
 
@@ -18,19 +17,20 @@ _FOREVER = 2**62
 
 
 def train_indices(step, *, global_batch, local_batch, offset, num_examples, order_key):
-  """(stream positions, example indices) int64 [b] of one process's share of a step."""
-  positions = step * global_batch + offset + tf.range(local_batch, dtype=tf.int64)
-  epoch, within = positions // num_examples, positions % num_examples
-  # The raw op: the public wrapper mis-pads batched [n, 2] seeds (TF 2.21).
-  key = tf.fill([local_batch], tf.constant(order_key, tf.int64))
-  seeds = tf.stack([key, epoch, tf.zeros_like(epoch)], axis=1)
-  shuffled = tf.raw_ops.RandomIndexShuffle(
-    index=within,
-    seed=seeds,
-    max_index=tf.fill([local_batch], tf.constant(num_examples - 1, tf.int64)),
-    rounds=4,
-  )
-  return positions, shuffled
+  """`order.train_indices` in a tf.data graph: both pipelines read the same examples."""
+
+  def indices(s):
+    return order.train_indices(
+      int(s),
+      global_batch=global_batch,
+      local_batch=local_batch,
+      offset=offset,
+      num_examples=num_examples,
+      order_key=order_key,
+    )
+
+  positions, shuffled = tf.numpy_function(indices, [step], (tf.int64, tf.int64), stateful=False)
+  return tf.ensure_shape(positions, [local_batch]), tf.ensure_shape(shuffled, [local_batch])
 
 
 def _randaugment(image, seed, pp):
@@ -79,10 +79,6 @@ def train_dataset(
   source, pp, *, local_batch, start_step, seed, process_index=0, process_count=1
 ) -> tf.data.Dataset:
   """Process-local train batches from `start_step` on (float images, labels)."""
-  if source.num_examples < 1:
-    raise DataError(f'{source.name}: the train split is empty; check pp.train')
-  if pp.mixup > 0 and local_batch % 2:
-    raise DataError(f'mixup pairs examples: the per-process batch ({local_batch}) must be even')
   order_key, aug_key, mix_key = order.keys(seed)
   global_batch, offset = local_batch * process_count, local_batch * process_index
   indices = functools.partial(
@@ -201,7 +197,7 @@ def _tf_error(source, what, error):
   )
 
 
-def host_batches(dataset, source, what):
+def numpy_batches(dataset, source, what):
   """NumPy batches of a tf.data dataset; reader failures become one-line `DataError`s."""
   it = iter(dataset)
   count = 0
