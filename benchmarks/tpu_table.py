@@ -33,6 +33,19 @@ ENTRIES = [
   ('finetune_b16_384_v6e-1', 'configs/finetune.py:ViT-B_16,cifar10', 'v6e-1', []),
   ('finetune_b16_384_v4-8', 'configs/finetune.py:ViT-B_16,cifar10', 'v4-8', []),
   ('finetune_l16_384_v3-8', 'configs/finetune.py:ViT-L_16,cifar10', 'v3-8', []),
+  # The paper's higher-resolution fine-tuning (ViT-L/16 at 512 px, Table 2).
+  (
+    'finetune_l16_512_v4-8',
+    'configs/finetune.py:ViT-L_16,cifar10',
+    'v4-8',
+    ['--config.pp.crop=512'],
+  ),
+  (
+    'finetune_b16_512_v3-8',
+    'configs/finetune.py:ViT-B_16,cifar10',
+    'v3-8',
+    ['--config.pp.crop=512'],
+  ),
   # The same pre-training steps on 256-chip slices of the newer generations.
   ('vit_b16_jft_v5p-512', 'configs/vit_b16.py:jft', 'v5p-512', []),
   ('vit_b16_jft_v6e-256', 'configs/vit_b16.py:jft', 'v6e-256', []),
@@ -129,16 +142,17 @@ def markdown() -> str:
       '|---|---|---:|---|---:|---:|---:|---:|',
     ],
   }
-  for name, config, topology, _ in ENTRIES:
+  for name, config, topology, extra in ENTRIES:
     r = _record(name)
     if r is None:
       continue
+    run = f'`{config}`' + ''.join(f' `{x}`' for x in extra)
     table = (
       'finetune' if name.startswith('finetune') else 'v3' if topology.startswith('v3') else 'newer'
     )
     if not r['fits']:
       tables[table].append(
-        f'| `{config}` | {topology} | does not fit: {r["hbm_bytes_per_device"] / 2**30:.2f} GiB needed '
+        f'| {run} | {topology} | does not fit: {r["hbm_bytes_per_device"] / 2**30:.2f} GiB needed '
         f'| none found | | | | |' + (' |' if table == 'v3' else '')
       )
       continue
@@ -157,7 +171,7 @@ def markdown() -> str:
       'newer': f'{r["img_per_sec_estimate"] / r["chips"]:,.0f}',
     }[table]
     tables[table].append(
-      f'| `{config}` | {topology} | {r["hbm_bytes_per_device"] / 2**30:.2f} GiB '
+      f'| {run} | {topology} | {r["hbm_bytes_per_device"] / 2**30:.2f} GiB '
       f'| {" ".join(r.get("overrides") or []) or "none"} | {r["step_seconds_estimate"]:.3f} s'
       f'{" (roofline)" if roofline else ""} '
       f'| {r["img_per_sec_estimate"]:,.0f} | {_mfu(r)} | {cost} |'
