@@ -6,8 +6,9 @@ r"""The whole GPU measurement of one device lease, in priority order, a record a
 A lease is rare and short (30 minutes of device time a session, 10 a command),
 so this script runs what matters most first and writes each record as soon as
 it exists: (1) ViT-B/16 bf16 training against timm, (2) ViT-B/16 bf16
-inference against timm, (3) the whole loop (`python -m vit_jax.main`, needs
-an input path without TensorFlow on the GPU image), then ViT-L/16 and ViT-H/14
+inference against timm, (3) the whole loop (`python -m vit_jax.main` on the
+digits in memory and on a JPEG folder read by the host's cores, against the
+bare step and the host input pipeline alone; no TensorFlow needed), then ViT-L/16 and ViT-H/14
 at 224 px and the fine-tuning resolutions, with their largest batch. Each
 item is `python -m vit_jax.benchmark` (timm in the same process, interleaved,
 the same warm-up and timed steps) at each of its batches, so each side's best
@@ -81,11 +82,103 @@ def _has(module):
   return importlib.util.find_spec(module) is not None
 
 
+# The whole loop: the model, resolution, batch and steps of `python -m vit_jax.main`
+# against the bare step, on in-memory data and on a JPEG folder.
+LOOP = dict(model='ViT-B_16', crop=224, batch=256, steps=40, dtype='bfloat16', images=4096)
+LOOP_SMOKE = dict(model='testing', crop=32, batch=8, steps=3, dtype='float32', images=16)
+
+
+def _main_rate(flags, workdir) -> float:
+  """img/s of `python -m vit_jax.main` (its summary: wall time after the first step)."""
+  result = subprocess.run(
+    [sys.executable, '-m', 'vit_jax.main', f'--workdir={workdir}', *flags],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+  )
+  if result.returncode:
+    raise RuntimeError((result.stderr.strip().splitlines() or ['(no output)'])[-1])
+  with open(os.path.join(workdir, 'summary.json'), encoding='utf-8') as f:
+    return json.load(f)['img_per_sec']
+
+
+def run_loop(out, smoke) -> dict:
+  """`python -m vit_jax.main` on the digits (in memory) and on a JPEG folder, the bare
+  step at the same model, batch and resolution, and the host pipeline alone on the
+  folder with every core: is the loop within 10% of the step, and if not, is the
+  input the limit? Runs without TensorFlow (the GPU image has none)."""
+  import tempfile
+
+  from vit_jax.bench import input_speed
+
+  c = LOOP_SMOKE if smoke else LOOP
+  work = tempfile.mkdtemp(prefix='vit_jax_loop_')
+  folder = os.path.join(work, 'photos')
+  input_speed.write_photos(folder, c['images'])
+  common = [
+    '--config=configs/demo.py',
+    f'--config.model={c["model"]}',
+    f'--config.pp.crop={c["crop"]}',
+    f'--config.batch={c["batch"]}',
+    f'--config.batch_eval={c["batch"]}',
+    f'--config.total_steps={c["steps"]}',
+    '--config.warmup_steps=2',
+    f'--config.dtype={c["dtype"]}',
+    '--config.optimizer=adam',
+    '--config.eval_every=1000000',
+    '--config.checkpoint_every=1000000',
+    '--config.progress_every=10',
+  ]
+  record = {'item': 'loop', **c}
+  try:
+    record['loop_in_memory_img_per_sec'] = _main_rate(common, os.path.join(work, 'digits'))
+    record['loop_jpeg_folder_img_per_sec'] = _main_rate(
+      [*common, f'--config.dataset={folder}', f'--config.pp.test=train[:{c["batch"]}]'],
+      os.path.join(work, 'folder'),
+    )
+  except RuntimeError as e:
+    return {**record, 'error': f'vit_jax.main: {e}'}
+  step = os.path.join(out, 'loop_bare_step.json')
+  flags = [f'--model={c["model"]}', '--mode=train', f'--dtype={c["dtype"]}', '--optimizer=adam',
+           f'--resolution={c["crop"]}', '--num_classes=10']  # fmt: skip
+  result = _benchmark(flags, c['batch'], step, smoke)
+  if result.returncode:
+    return {**record, 'error': (result.stderr.strip().splitlines() or ['(no output)'])[-1]}
+  with open(step, encoding='utf-8') as f:
+    record['bare_step_img_per_sec'] = json.load(f)['vit_jax']['img_per_sec']
+  pipeline = os.path.join(out, 'loop_host_pipeline.json')
+  result = subprocess.run(
+    [
+      sys.executable,
+      '-m',
+      'vit_jax.benchmark_input',
+      f'--dataset={folder}',
+      '--quick',
+      f'--batch={c["batch"]}',
+      '--steps=8',
+      '--rounds=1',
+      f'--threads={os.cpu_count()}',
+      f'--json={pipeline}',
+    ],  # fmt: skip
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+  )
+  if result.returncode == 0:
+    with open(pipeline, encoding='utf-8') as f:
+      record['host_pipeline_img_per_sec'] = json.load(f)['img_per_sec']
+  bare = record['bare_step_img_per_sec']
+  for case in ('in_memory', 'jpeg_folder'):
+    record[f'loop_over_step_{case}'] = round(record[f'loop_{case}_img_per_sec'] / bare, 3)
+  record['input_is_the_limit'] = record.get('host_pipeline_img_per_sec', float('inf')) < bare
+  with open(os.path.join(out, 'loop.json'), 'w', encoding='utf-8') as f:
+    json.dump(record, f, indent=1)
+  return record
+
+
 def run_item(name, flags, batches, needs_timm, out, smoke) -> dict:
   if flags is None:
-    if not _has('tensorflow'):
-      return {'item': name, 'skipped': 'no TensorFlow here: the loop needs a TF-free input path'}
-    return {'item': name, 'skipped': 'run python -m vit_jax.main with --config=configs/demo.py'}
+    return run_loop(out, smoke)
   if needs_timm and not (_has('timm') and _has('torch')):
     flags = [f for f in flags if f != '--compare=timm']
   results = []
