@@ -188,10 +188,12 @@ class MultiHeadDotProductAttention(nn.Module):
       weights = nn.Dropout(self.dropout_rate)(weights, deterministic=deterministic)
       y = jnp.einsum('bhqs,bhsk->bhqk', weights, v)
     else:
-      # softmax(l) @ v == (exp(l - max) @ v) / sum(exp(l - max)).
+      # softmax(l) @ v == (exp(l - max) @ v) / sum(exp(l - max)). The product is
+      # rounded to `dtype` (accumulated in float32 by the hardware) so that its
+      # gradient, and with it both backward matmuls, are in `dtype` too.
       e = jnp.exp(logits - jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True)))
-      y = jnp.einsum('bhqs,bhsk->bhqk', e.astype(self.dtype), v, preferred_element_type=jnp.float32)
-      y = (y / jnp.sum(e, axis=-1, keepdims=True)).astype(self.dtype)
+      y = jnp.einsum('bhqs,bhsk->bhqk', e.astype(self.dtype), v)
+      y = (y.astype(jnp.float32) / jnp.sum(e, axis=-1, keepdims=True)).astype(self.dtype)
     return jnp.einsum('bhnk,hkd->bnd', y, out_kernel) + out_bias
 
 
