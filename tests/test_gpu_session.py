@@ -5,8 +5,8 @@ import os
 import subprocess
 import sys
 
-from tests.conftest import ROOT
-from tests.conftest import subprocess_env
+from conftest import ROOT
+from conftest import subprocess_env
 
 
 def test_the_loop_item_runs_without_tensorflow(tmp_path):

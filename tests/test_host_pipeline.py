@@ -13,13 +13,13 @@ import os
 import subprocess
 import sys
 
+from conftest import ROOT
+from conftest import subprocess_env
 import numpy as np
 from PIL import Image
 import pytest
 import tensorflow as tf
 
-from tests.conftest import ROOT
-from tests.conftest import subprocess_env
 from vit_jax.bench import input_speed
 from vit_jax.data import host
 from vit_jax.data import order
