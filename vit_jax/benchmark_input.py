@@ -12,6 +12,7 @@ scikit-learn's sample photos into --dir (a temp dir by default).
 """
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -70,10 +71,11 @@ def main():
     'load_average_before': os.getloadavg()[0],
     'python': platform.python_version(),
   }
-  print(f'{len(paths)} JPEGs, {size / 1024:.0f} kB each, {os.cpu_count()} cores')
+  print(f'{len(paths)} images, {size / 1024:.0f} kB each, {os.cpu_count()} cores')
 
   # The machine may be shared: measure in rounds, alternating, and keep each best.
   ceiling, by_threads, tf_rate = 0.0, {}, 0.0
+  has_tf = importlib.util.find_spec('tensorflow') is not None
   threads = [int(t) for t in args.threads.split(',')]
   for _ in range(args.rounds):
     ceiling = max(ceiling, input_speed.bare_decode_rate(paths, seconds=2.0))
@@ -81,7 +83,7 @@ def main():
       _, rate, cpu = input_speed.time_train(folder, args.batch, args.steps, input_threads=n)
       if rate > by_threads.get(n, (0, 0))[0]:
         by_threads[n] = (rate, cpu)
-    if not args.quick:  # the tf.data pipeline on the same files, all cores
+    if not args.quick and has_tf:  # the tf.data pipeline on the same files, all cores
       tf_rate = max(tf_rate, input_speed.time_train(folder, args.batch, args.steps,
                                                     input_backend='tf')[1])  # fmt: skip
   out['decode_only_img_per_sec'] = round(ceiling)
@@ -108,8 +110,11 @@ def main():
   out['ratio_per_core_to_decode_only'] = out['threads'][best]['ratio_per_core_to_decode_only']
 
   if not args.quick:
-    out['tf_data_img_per_sec'] = round(tf_rate)
-    print(f'tf.data pipeline (input_backend=tf), same files, all cores: {tf_rate:.0f} img/s')
+    if has_tf:
+      out['tf_data_img_per_sec'] = round(tf_rate)
+      print(f'tf.data pipeline (input_backend=tf), same files, all cores: {tf_rate:.0f} img/s')
+    else:
+      print('tf.data pipeline: not timed (TensorFlow is not installed)')
     _more(args, input_speed, folder, paths, root, out, best)
   out['load_average_after'] = os.getloadavg()[0]
   if args.json:
@@ -153,15 +158,18 @@ def _more(args, input_speed, folder, paths, root, out, threads):
 
   from vit_jax.data import shards as shard_files
 
-  shards = os.path.join(root, 'shards')
+  # TFRecord files are written with TensorFlow; without it, ArrayRecord.
+  file_format = 'tfrecord' if importlib.util.find_spec('tensorflow') else 'array_record'
+  shards = os.path.join(root, f'shards_{file_format}')
   if not os.path.isdir(shards):
     examples, names = shard_files.examples_from_folder(os.path.join(folder, 'train'))
     shard_files.write_shards(
-      examples, shards, 'train', num_classes=len(names), class_names=names, num_shards=8
-    )
+      examples, shards, 'train', num_classes=len(names), class_names=names, num_shards=8,
+      file_format=file_format,
+    )  # fmt: skip
   _, rate, _ = input_speed.time_train(shards, args.batch, args.steps, input_threads=threads)
-  out['tfrecord_shards_img_per_sec'] = round(rate)
-  print(f'TFRecord shards, host pipeline: {rate:.0f} img/s')
+  out[f'{file_format}_shards_img_per_sec'] = round(rate)
+  print(f'{file_format} shards, host pipeline: {rate:.0f} img/s')
   t0 = time.perf_counter()
   input_speed.time_train(shards, args.batch, 0, start_step=10**6)
   out['restore_at_step_1e6_first_batch_s'] = round(time.perf_counter() - t0, 2)
