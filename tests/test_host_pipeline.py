@@ -369,49 +369,6 @@ def test_benchmark_input_reports_rates_the_ceiling_and_stages(tmp_path):
     assert out[key] > 0, key
 
 
-def test_the_main_command_runs_the_same_without_tensorflow(tmp_path):
-  script = (
-    'import runpy, sys\n'
-    "if sys.argv[1] == 'no-tf':\n"
-    "  sys.modules['tensorflow'] = None  # as if not installed\n"
-    "  sys.modules['tensorflow_datasets'] = None\n"
-    "sys.argv = ['vit_jax.main'] + sys.argv[2:]\n"
-    "runpy.run_module('vit_jax.main', run_name='__main__')\n"
-  )
-  runs = {}
-  for mode in ('no-tf', 'tf'):
-    workdir = tmp_path / mode
-    proc = subprocess.run(
-      [
-        sys.executable,
-        '-c',
-        script,
-        mode,
-        f'--workdir={workdir}',
-        '--config.total_steps=6',
-        '--config.warmup_steps=1',
-        '--config.batch=32',
-        '--config.eval_every=3',
-      ],  # fmt: skip
-      capture_output=True,
-      text=True,
-      cwd=ROOT,
-      env=subprocess_env(),
-      timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    runs[mode] = (proc.stdout, json.loads((workdir / 'summary.json').read_text()), workdir)
-  note = 'TensorFlow is not installed, so metrics go to metrics.jsonl only'
-  assert note in runs['no-tf'][0] and note not in runs['tf'][0]
-  assert runs['no-tf'][1]['step'] == 6
-  # The same batches, so the same training, bit for bit.
-  assert runs['no-tf'][1]['test_accuracy'] == runs['tf'][1]['test_accuracy']
-  with np.load(runs['no-tf'][2] / 'params.npz') as a, np.load(runs['tf'][2] / 'params.npz') as b:
-    assert sorted(a) == sorted(b)
-    for key in a:
-      np.testing.assert_array_equal(a[key], b[key])
-
-
 def test_a_state_from_the_other_backend_is_refused(photos):
   state = pipeline.make_train_iterator(_config(photos, input_backend='tf'), None).get_state()
   assert state['input_backend'] == 'tf'
