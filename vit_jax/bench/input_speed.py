@@ -28,6 +28,7 @@ def write_photos(root, n, classes=10, seed=0):
 
   photos = load_sample_images().images
   rng = np.random.default_rng(seed)
+  classes = min(classes, n)  # no empty class folders
   for c in range(classes):
     os.makedirs(os.path.join(root, 'train', f'class{c}'), exist_ok=True)
   for i in range(n):
