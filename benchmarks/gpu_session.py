@@ -88,20 +88,28 @@ LOOP = dict(model='ViT-B_16', crop=224, batch=256, steps=40, dtype='bfloat16', i
 LOOP_SMOKE = dict(model='testing', crop=32, batch=8, steps=2, dtype='float32', images=8)
 
 
-def _main_rate(flags, workdir) -> float:
-  """img/s of `python -m vit_jax.main` (its summary: wall time after the first step)."""
+def _last_line(result) -> str:
+  return (result.stderr.strip().splitlines() or ['(no output)'])[-1]
+
+
+def _run_module(module, args):
+  """`python -m MODULE ARGS` in the repository; a failure raises its last stderr line."""
   result = subprocess.run(
-    [sys.executable, '-m', 'vit_jax.main', f'--workdir={workdir}', *flags],
-    cwd=ROOT,
-    capture_output=True,
-    text=True,
+    [sys.executable, '-m', module, *args], cwd=ROOT, capture_output=True, text=True
   )
   if result.returncode:
-    raise RuntimeError(
-      'vit_jax.main: ' + (result.stderr.strip().splitlines() or ['(no output)'])[-1]
-    )
-  with open(os.path.join(workdir, 'summary.json'), encoding='utf-8') as f:
-    return json.load(f)['img_per_sec']
+    raise RuntimeError(f'{module}: {_last_line(result)}')
+
+
+def _read_json(path):
+  with open(path, encoding='utf-8') as f:
+    return json.load(f)
+
+
+def _main_rate(flags, workdir) -> float:
+  """img/s of `python -m vit_jax.main` (its summary: wall time after the first step)."""
+  _run_module('vit_jax.main', [f'--workdir={workdir}', *flags])
+  return _read_json(os.path.join(workdir, 'summary.json'))['img_per_sec']
 
 
 def run_loop(out, smoke) -> dict:
@@ -152,17 +160,12 @@ def _measure_loop(record, c, common, folder, work, out, smoke):
            f'--resolution={c["crop"]}', '--num_classes=10']  # fmt: skip
   result = _benchmark(flags, c['batch'], step, smoke)
   if result.returncode:
-    raise RuntimeError(
-      'vit_jax.benchmark: ' + (result.stderr.strip().splitlines() or ['(no output)'])[-1]
-    )
-  with open(step, encoding='utf-8') as f:
-    record['bare_step_img_per_sec'] = json.load(f)['vit_jax']['img_per_sec']
+    raise RuntimeError(f'vit_jax.benchmark: {_last_line(result)}')
+  record['bare_step_img_per_sec'] = _read_json(step)['vit_jax']['img_per_sec']
   pipeline = os.path.join(out, 'loop_host_pipeline.json')
-  result = subprocess.run(
+  _run_module(
+    'vit_jax.benchmark_input',
     [
-      sys.executable,
-      '-m',
-      'vit_jax.benchmark_input',
       f'--dataset={folder}',
       '--quick',
       f'--batch={c["batch"]}',
@@ -171,16 +174,8 @@ def _measure_loop(record, c, common, folder, work, out, smoke):
       f'--threads={os.cpu_count()}',
       f'--json={pipeline}',
     ],  # fmt: skip
-    cwd=ROOT,
-    capture_output=True,
-    text=True,
   )
-  if result.returncode:
-    raise RuntimeError(
-      'vit_jax.benchmark_input: ' + (result.stderr.strip().splitlines() or ['(no output)'])[-1]
-    )
-  with open(pipeline, encoding='utf-8') as f:
-    record['host_pipeline_img_per_sec'] = json.load(f)['img_per_sec']
+  record['host_pipeline_img_per_sec'] = _read_json(pipeline)['img_per_sec']
   bare = record['bare_step_img_per_sec']
   for case in ('in_memory', 'jpeg_folder'):
     record[f'loop_over_step_{case}'] = round(record[f'loop_{case}_img_per_sec'] / bare, 3)
@@ -199,10 +194,9 @@ def run_item(name, flags, batches, needs_timm, out, smoke) -> dict:
     result = _benchmark(flags, batch, path, smoke)
     entry = {'batch': batch, 'seconds': round(time.perf_counter() - start, 1), 'record': path}
     if result.returncode:
-      entry['error'] = (result.stderr.strip().splitlines() or ['(no output)'])[-1]
+      entry['error'] = _last_line(result)
     else:
-      with open(path, encoding='utf-8') as f:
-        record = json.load(f)
+      record = _read_json(path)
       for side in ('vit_jax', 'timm'):
         if side in record:
           entry[f'{side}_img_per_sec'] = record[side]['img_per_sec']
