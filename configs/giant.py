@@ -1,6 +1,7 @@
 r"""Pre-training the giant ViTs (beyond the paper): ViT-g/14, ViT-G/14, ViT-e/14, ViT-22B/14 on JFT.
 
 --config=configs/giant.py:ViT-22B_14   (default; or ViT-g_14, ViT-G_14, ViT-e_14)
+--config=configs/giant.py:ViT-e_14-map (any of them with the MAP head of big_vision)
 
 The paper's JFT recipe (B.1: Adam, sigmoid loss, head bias -10) with the
 giant model, as Zhai et al. 2022 and Dehghani et al. 2023 train them: no
@@ -16,8 +17,10 @@ from vit_jax.configs import recipes
 
 
 def get_config(arg='ViT-22B_14'):
-  if arg not in models.GIANTS:
-    raise ConfigError(f'configs/giant.py:{arg}: use one of {", ".join(models.GIANTS)}')
+  if arg.removesuffix('-map') not in models.GIANTS:
+    raise ConfigError(
+      f'configs/giant.py:{arg}: use one of {", ".join(models.GIANTS)}, with or without -map'
+    )
   config = recipes.pretrain('ViT-H_14', 'jft')
   config.model = arg
   config.representation_size = None

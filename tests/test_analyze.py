@@ -7,6 +7,7 @@ from conftest import random_like
 import jax
 import numpy as np
 from PIL import Image
+import pytest
 
 from vit_jax import analyze
 from vit_jax import checkpoint
@@ -98,8 +99,9 @@ def test_analyze_writes_figures_and_the_numbers(tmp_path, capsys):
   assert np.shape(result['embedding_filters']['components']) == (6, 16, 16, 3)
 
 
-def test_analyze_a_gap_model():
-  config = small_config(classifier='gap')
+@pytest.mark.parametrize('classifier', ['gap', 'map'])
+def test_analyze_a_model_without_class_token(classifier):
+  config = small_config(classifier=classifier)
   model = models.VisionTransformer(num_classes=None, **config)
   images = np.random.default_rng(0).uniform(-1, 1, (2, 32, 32, 3)).astype(np.float32)
   shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), images, train=False))['params']
@@ -115,7 +117,16 @@ def test_analyze_a_gap_model():
   )
   assert att.shape == (2, 2, 4, 4)  # no class token
   a = (att.mean(1) + np.eye(4)) / 2
-  np.testing.assert_allclose(result['rollout'], a.mean(axis=1).reshape(2, 2, 2), rtol=1e-5)
+  if classifier == 'gap':  # the pooled vector averages the tokens
+    readout = np.full((2, 4), 1 / 4)
+  else:  # the MAP head's probe weighs them by its attention
+    probe = state['intermediates']['MAPHead_0']['MultiHeadDotProductAttention_0']
+    probe = np.asarray(probe['attention_weights'][0])
+    assert probe.shape == (2, 2, 1, 4)
+    readout = probe.mean(1)[:, 0]
+    assert np.abs(readout - 1 / 4).max() > 0.01  # not the average
+  want = np.einsum('bt,bts->bs', readout, a).reshape(2, 2, 2)
+  np.testing.assert_allclose(result['rollout'], want, rtol=1e-5)
   assert result['posemb_similarity'].shape == (2, 2, 2, 2)
 
 

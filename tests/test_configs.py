@@ -23,6 +23,7 @@ CONFIGS = [
   ('mpp_b16.py', 'jft'),
   ('giant.py', 'ViT-22B_14'),
   ('giant.py', 'ViT-g_14'),
+  ('giant.py', 'ViT-e_14-map'),
 ] + [
   (os.path.basename(p), arg)
   for p in sorted(glob.glob(os.path.join(REPO, 'configs', '*vit_*.py')))

@@ -133,6 +133,7 @@ def test_timm_names_and_shapes_of_released_architectures(name):
   [
     ('ViT-Ti_16', None, 'token', 32),
     ('ViT-B_16-gap', None, 'gap', 32),
+    ('ViT-g_14-map', None, 'map', 28),  # big_vision's MAP head: timm's AttentionPoolLatent
     ('R50+ViT-B_16', (1, 1, 1), 'token', 64),
   ],
 )
@@ -373,7 +374,8 @@ def test_savedmodel_matches_in_tensorflow(tmp_path):
 
 
 @pytest.mark.parametrize(
-  'name,units,classifier', [('ViT-Ti_16', None, 'gap'), ('R26+ViT-B_32', (1, 1, 1, 1), 'token')]
+  'name,units,classifier',
+  [('ViT-Ti_16', None, 'gap'), ('ViT-Ti_16', None, 'map'), ('R26+ViT-B_32', (1, 1, 1, 1), 'token')],
 )
 def test_torch_forward_matches_ours(name, units, classifier):
   """The module ONNX export traces, against our JAX model (the ViT with a class token: below)."""
@@ -486,6 +488,12 @@ def test_errors_are_one_line(tmp_path, capsys, monkeypatch):
     interop_hf.check_exportable(hybrid)
   with pytest.raises(torch_layout.ExportError, match='class token only'):
     interop_hf.check_exportable(model_configs.MODEL_CONFIGS['ViT-B_16-gap'])
+  with pytest.raises(torch_layout.ExportError) as error:
+    torch_layout.check_standard_blocks(model_configs.MODEL_CONFIGS['ViT-22B_14'], 'timm')
+  assert str(error.value) == (
+    "ViT-22B_14: the timm export writes the paper's encoder blocks, not parallel_block, "
+    'qk_norm, qkv_and_norm_biases=False; use --format=npz or --format=savedmodel'
+  )
 
   monkeypatch.setitem(sys.modules, 'torch', None)  # as if torch were not installed
   assert 'pip install torch' in one_line_error(

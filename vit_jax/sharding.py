@@ -38,13 +38,16 @@ BATCH_AXES = ('slice', 'data', 'fsdp')
 # q/k/v by head and the output projection by its input (heads), the MLP's
 # first kernel by its output and the second by its input. Specs name the
 # trailing dimensions; stacked (scanned) parameters have a layer axis in front.
+# The MAP head's attention and MLP split the same way.
+_ATTENTION = r'(MultiHeadDotProductAttention_1|MAPHead_0/MultiHeadDotProductAttention_0)'
+_MLP = r'(MlpBlock_3|MAPHead_0/MlpBlock_0)'
 MODEL_RULES = (
-  (r'MultiHeadDotProductAttention_1/(query|key|value)/kernel$', (None, 'model', None)),
-  (r'MultiHeadDotProductAttention_1/(query|key|value)/bias$', ('model', None)),
-  (r'MultiHeadDotProductAttention_1/out/kernel$', ('model', None, None)),
-  (r'MlpBlock_3/Dense_0/kernel$', (None, 'model')),
-  (r'MlpBlock_3/Dense_0/bias$', ('model',)),
-  (r'MlpBlock_3/Dense_1/kernel$', ('model', None)),
+  (_ATTENTION + r'/(query|key|value)/kernel$', (None, 'model', None)),
+  (_ATTENTION + r'/(query|key|value)/bias$', ('model', None)),
+  (_ATTENTION + r'/out/kernel$', ('model', None, None)),
+  (_MLP + r'/Dense_0/kernel$', (None, 'model')),
+  (_MLP + r'/Dense_0/bias$', ('model',)),
+  (_MLP + r'/Dense_1/kernel$', ('model', None)),
 )
 
 

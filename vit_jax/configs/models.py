@@ -72,10 +72,11 @@ _DROPOUT = {
 _OUT_OF_SCOPE = ('Mixer-', 'LiT-')
 
 # Beyond the paper: (hidden_size, mlp_dim, num_heads, num_layers, block flags),
-# patch 14, global average pooling and no class token as these papers train
-# them (their MAP head is not part of this package). Published backbone sizes
+# patch 14, no class token; global average pooling, or with the `-map` suffix
+# the multi-head attention pooling these papers train with (big_vision's
+# MAPHead: models.vit.MAPHead). Published sizes
 # (no head): ViT-g/14 1,011M and ViT-G/14 1,843M (Zhai et al. 2022, Table 2),
-# ViT-e 3.9B (Chen et al. 2022, PaLI, Table 1; with its MAP head), ViT-22B
+# ViT-e 3.9B (Chen et al. 2022, PaLI; with its MAP head), ViT-22B
 # 21.7B (Dehghani et al. 2023, Table 1), whose blocks run attention and MLP in
 # parallel, normalise queries and keys, and have no biases in the q/k/v
 # projections and LayerNorms.
@@ -122,10 +123,11 @@ def hybrid_config(name):
   return config
 
 
-def giant_config(name):
-  """A ViT from `GIANTS`."""
+def giant_config(name, classifier='gap'):
+  """A ViT from `GIANTS`; named `{name}-map` with the MAP head."""
   hidden, mlp, heads, layers, flags = GIANTS[name]
-  config = vit_config('B', 14, classifier='gap', name=name)
+  suffix = '' if classifier == 'gap' else f'-{classifier}'
+  config = vit_config('B', 14, classifier=classifier, name=name + suffix)
   config.hidden_size = hidden
   config.transformer.update(mlp_dim=mlp, num_heads=heads, num_layers=layers, **flags)
   return config
@@ -170,9 +172,11 @@ def _factories():
     factories[name] = lambda n=name: hybrid_config(n)
   for name in GIANTS:
     factories[name] = lambda n=name: giant_config(n)
+    factories[name + '-map'] = lambda n=name: giant_config(n, 'map')
   factories['ViT-Demo_4'] = demo_config
   factories['testing'] = testing_config
   factories['testing-unpooled'] = lambda: testing_config('unpooled')
+  factories['testing-map'] = lambda: testing_config('map')
   # Dropout by the architecture's name: ViT-L_16-gap trains as ViT-L_16.
   return {
     name: _with_dropout(factory, name.replace('-gap-norep', '').replace('-gap', ''))
@@ -221,8 +225,8 @@ AUGREG_CONFIGS = _Registry(
   {
     _augreg_name(name): factory
     for name, factory in _FACTORIES.items()
-    if name not in ('testing', 'ViT-L_32', 'R50+ViT-B_16', 'ViT-H_14', 'ViT-Demo_4')
-    and name not in GIANTS
+    if name not in ('testing', 'testing-map', 'ViT-L_32', 'R50+ViT-B_16', 'ViT-H_14', 'ViT-Demo_4')
+    and name.removesuffix('-map') not in GIANTS
     and not name.endswith('-gap')
   },
   'vit_jax.configs.models.AUGREG_CONFIGS',

@@ -10,7 +10,7 @@ sequences are [prefix tokens (the class token, if any)] + patches in
 row-major order, as `models.VisionTransformer` builds them.
 """
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -102,15 +102,23 @@ def attention_rollout(attentions: Sequence[np.ndarray]) -> np.ndarray:
 
 
 def rollout_maps(
-  rollout: np.ndarray, grid_shape: Sequence[int], num_prefix_tokens: int = 1
+  rollout: np.ndarray,
+  grid_shape: Sequence[int],
+  num_prefix_tokens: int = 1,
+  readout: Optional[np.ndarray] = None,
 ) -> np.ndarray:
   """[B, rows, cols]: the rollout onto the patches of what the classifier reads.
 
   With a class token that is the class token's row; without one (`gap`) the
-  classifier averages all tokens, so the map is the mean of the patch rows.
+  classifier averages all tokens, so the map is the mean of the patch rows;
+  with a MAP head, `readout` [B, T] (its probe's attention, heads averaged)
+  weighs the rows.
   """
   rollout = np.asarray(rollout)
-  if num_prefix_tokens:
+  if readout is not None:
+    row = np.einsum('...t,...ts->...s', np.asarray(readout, rollout.dtype), rollout)
+    row = row[..., num_prefix_tokens:]
+  elif num_prefix_tokens:
     row = rollout[..., 0, num_prefix_tokens:]
   else:
     row = rollout.mean(axis=-2)

@@ -20,6 +20,11 @@ _BATCH = 8
 
 def attention_weights(loaded: inference.LoadedModel, images: np.ndarray) -> List[np.ndarray]:
   """Per layer, first to last: [B, heads, T, T] attention weights."""
+  return _attention(loaded, images)[0]
+
+
+def _attention(loaded: inference.LoadedModel, images: np.ndarray):
+  """(per layer [B, heads, T, T], the MAP head's probe attention [B, heads, 1, T] or None)."""
   model = loaded.model.clone(num_classes=None)
   params = {k: v for k, v in loaded.params.items() if k != 'head'}
 
@@ -27,30 +32,38 @@ def attention_weights(loaded: inference.LoadedModel, images: np.ndarray) -> List
   def sow(params, x):
     _, state = model.apply({'params': params}, x, train=False, mutable=['intermediates'])
     blocks = state['intermediates']['Transformer']
-    return [
+    layers = [
       blocks[f'encoderblock_{i}']['MultiHeadDotProductAttention_1']['attention_weights'][0]
       for i in range(len(blocks))
     ]
+    head = state['intermediates'].get('MAPHead_0')
+    return layers + (
+      [head['MultiHeadDotProductAttention_0']['attention_weights'][0]] if head else []
+    )
 
   per_batch = [sow(params, images[i : i + _BATCH]) for i in range(0, len(images), _BATCH)]
-  return [
-    np.concatenate([np.asarray(b[layer], np.float32) for b in per_batch])
-    for layer in range(len(per_batch[0]))
+  stacked = [
+    np.concatenate([np.asarray(b[i], np.float32) for b in per_batch])
+    for i in range(len(per_batch[0]))
   ]
+  if 'MAPHead_0' in params:
+    return stacked[:-1], stacked[-1]
+  return stacked, None
 
 
 def compute(loaded: inference.LoadedModel, images: np.ndarray, num_components: int) -> dict:
   """Every analysis as numpy arrays (None where it does not apply)."""
   g = loaded.grid_size
-  attentions = attention_weights(loaded, images)
+  attentions, probe = _attention(loaded, images)
   distances = np.stack(
     [
       analysis.mean_attention_distance(a, (g, g), loaded.pixels_per_patch, loaded.num_prefix_tokens)
       for a in attentions
     ]
   )
+  readout = None if probe is None else probe.mean(axis=1)[:, 0]  # heads averaged
   rollout = analysis.rollout_maps(
-    analysis.attention_rollout(attentions), (g, g), loaded.num_prefix_tokens
+    analysis.attention_rollout(attentions), (g, g), loaded.num_prefix_tokens, readout
   )
   posemb = loaded.params['Transformer']['posembed_input']['pos_embedding']
   kernel = np.asarray(loaded.params['embedding']['kernel'])

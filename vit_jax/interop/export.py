@@ -170,8 +170,10 @@ def export(
   if fmt == 'npz':
     checkpoint.save_npz(loaded.params, output)
   elif fmt == 'timm':
+    torch_layout.check_standard_blocks(loaded.config, 'timm')
     notes += _save_timm(loaded, output)
   elif fmt == 'hf':
+    torch_layout.check_standard_blocks(loaded.config, 'transformers')
     names = _class_names(source, checkpoint_path, labels)
     notes += hf.save(
       checkpoint.flatten(loaded.params), loaded.config, loaded.image_size, output, names

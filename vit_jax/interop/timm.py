@@ -70,15 +70,23 @@ _RULES = (
   (_BLOCK + r'MultiHeadDotProductAttention_1/out/', r'blocks.\1.attn.proj.'),
   (_BLOCK + r'MlpBlock_3/Dense_0/', r'blocks.\1.mlp.fc1.'),
   (_BLOCK + r'MlpBlock_3/Dense_1/', r'blocks.\1.mlp.fc2.'),
+  (r'^MAPHead_0/probe$', 'attn_pool.latent'),
+  (r'^MAPHead_0/MultiHeadDotProductAttention_0/query/', 'attn_pool.q.'),
+  (r'^MAPHead_0/MultiHeadDotProductAttention_0/(key|value)/', 'attn_pool.kv.'),
+  (r'^MAPHead_0/MultiHeadDotProductAttention_0/out/', 'attn_pool.proj.'),
+  (r'^MAPHead_0/LayerNorm_0/', 'attn_pool.norm.'),
+  (r'^MAPHead_0/MlpBlock_0/Dense_0/', 'attn_pool.mlp.fc1.'),
+  (r'^MAPHead_0/MlpBlock_0/Dense_1/', 'attn_pool.mlp.fc2.'),
   (r'^head/', 'head.'),
   (r'^conv_root/', 'patch_embed.backbone.stem.conv.'),
   (r'^gn_root/', 'patch_embed.backbone.stem.norm.'),
 )
-_QKV = {'query': 0, 'key': 1, 'value': 2}
+_QKV = {'query': (0, 3), 'key': (1, 3), 'value': (2, 3)}
+_KV = {'key': (0, 2), 'value': (1, 2)}  # the MAP head fuses keys and values only
 
 
-def timm_name(key: str) -> Tuple[Optional[str], Optional[int]]:
-  """Our key -> (timm state_dict key, q/k/v chunk of the fused `qkv` or None)."""
+def timm_name(key: str) -> Tuple[Optional[str], Optional[Tuple[int, int]]]:
+  """Our key -> (timm state_dict key, (chunk, chunks) of a fused q/k/v or k/v, or None)."""
   unit = re.match(r'^block(\d+)/unit(\d+)/(conv|gn)(\d|_proj)/(kernel|scale|bias)$', key)
   if unit:
     stage, index, kind, which, leaf = unit.groups()
@@ -90,7 +98,9 @@ def timm_name(key: str) -> Tuple[Optional[str], Optional[int]]:
       None,
     )
   qkv = re.match(_BLOCK + r'MultiHeadDotProductAttention_1/(query|key|value)/', key)
-  return torch_layout.rename(key, _RULES), _QKV[qkv.group(2)] if qkv else None
+  kv = re.match(r'^MAPHead_0/MultiHeadDotProductAttention_0/(key|value)/', key)
+  chunk = _QKV[qkv.group(2)] if qkv else _KV[kv.group(1)] if kv else None
+  return torch_layout.rename(key, _RULES), chunk
 
 
 def _pooling_kwargs(classifier: str) -> dict:
@@ -98,6 +108,7 @@ def _pooling_kwargs(classifier: str) -> dict:
   return {
     'token': {},
     'gap': {'class_token': False, 'global_pool': 'avg', 'fc_norm': False},
+    'map': {'class_token': False, 'global_pool': 'map'},
     'unpooled': {'class_token': False, 'global_pool': ''},
     'token_unpooled': {'global_pool': ''},
   }[classifier]

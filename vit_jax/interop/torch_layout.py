@@ -13,7 +13,7 @@ hold the same numbers in different layouts:
 
 Every conversion is a transpose or a reshape, so a round trip is bitwise.
 A format module (`interop_timm`, `interop_hf`) supplies only a name function:
-our key -> (its key, index of a fused q/k/v chunk or None).
+our key -> (its key, (chunk, chunks) of a fused q/k/v or k/v, or None).
 """
 
 import importlib
@@ -29,7 +29,7 @@ from vit_jax import checkpoint
 from vit_jax import models
 from vit_jax.evaluation import inference
 
-NameFn = Callable[[str], Tuple[Optional[str], Optional[int]]]
+NameFn = Callable[[str], Tuple[Optional[str], Optional[Tuple[int, int]]]]
 
 
 class ExportError(ValueError):
@@ -66,6 +66,19 @@ def rename(key: str, rules) -> Optional[str]:
       name = re.sub(pattern, replacement, key)
       return re.sub(r'\.(kernel|scale)$', '.weight', name)
   return None
+
+
+def check_standard_blocks(config, fmt: str) -> None:
+  """ExportError unless the blocks are the paper's (not ViT-22B's parallel / QK-norm / no-bias ones)."""
+  t = config.transformer
+  flags = [f for f in ('parallel_block', 'qk_norm') if t.get(f, False)]
+  if not t.get('qkv_and_norm_biases', True):
+    flags.append('qkv_and_norm_biases=False')
+  if flags:
+    raise ExportError(
+      f"{config.model_name}: the {fmt} export writes the paper's encoder blocks, not "
+      f'{", ".join(flags)}; use --format=npz or --format=savedmodel'
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -122,14 +135,15 @@ def to_torch_state(flat: Mapping[str, np.ndarray], name_fn: NameFn) -> Dict[str,
   """Our flat parameters -> a state_dict of contiguous float32 numpy arrays."""
   out, chunks = {}, {}
   for key, value in flat.items():
-    name, index = name_fn(key)
+    name, chunk = name_fn(key)
     if name is None:
       raise ExportError(f'{key} has no counterpart in this format')
     x = to_torch_layout(key, value)
-    if index is None:
+    if chunk is None:
       out[name] = x
     else:
-      chunks.setdefault(name, [None] * 3)[index] = x
+      index, count = chunk
+      chunks.setdefault(name, [None] * count)[index] = x
   for name, parts in chunks.items():
     out[name] = np.concatenate(parts, axis=0)
   return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in out.items()}
@@ -145,17 +159,20 @@ def from_torch_state(
   """
   out, used = {}, set()
   for key, shape in expected.items():
-    name, index = name_fn(key)
+    name, chunk = name_fn(key)
     if name not in state:
       raise checkpoint.CheckpointError(
         f'{what} lacks {name}, which {key} {tuple(shape)} needs; check --model'
       )
     x = np.asarray(state[name])
     used.add(name)
-    if index is not None:
-      if x.shape[0] % 3:
-        raise checkpoint.CheckpointError(f'{what}: {name} {x.shape} is not 3 stacked q/k/v blocks')
-      x = np.split(x, 3, axis=0)[index]
+    if chunk is not None:
+      index, count = chunk
+      if x.shape[0] % count:
+        raise checkpoint.CheckpointError(
+          f'{what}: {name} {x.shape} is not {count} stacked projections (q/k/v or k/v)'
+        )
+      x = np.split(x, count, axis=0)[index]
     converted = from_torch_layout(key, x, tuple(shape))
     if converted is None:
       raise checkpoint.CheckpointError(

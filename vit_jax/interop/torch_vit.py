@@ -4,7 +4,7 @@ What the ONNX export traces: no timm (whose import needs a torchvision that
 matches torch, which CPU-only machines rarely have) and no renaming. Every op
 mirrors `vit_jax.models.vit` and `vit_jax.models.resnet`: pre-LN blocks with
 LayerNorm eps 1e-6, tanh-approximated GELU, the class token, learned position
-embeddings; for hybrids the BiT ResNet with weight-standardised convolutions
+embeddings, the MAP head; for hybrids the BiT ResNet with weight-standardised convolutions
 (divided by std + 1e-5), GroupNorm (32 groups, eps 1e-6) and TensorFlow's 'SAME' padding.
 Input: NHWC float32 in [-1, 1], as our model takes.
 """
@@ -27,6 +27,7 @@ def build(loaded):
   torch = torch_layout.require('torch')
   functional = torch.nn.functional
   config = loaded.config
+  torch_layout.check_standard_blocks(config, 'ONNX')
   flat = checkpoint.flatten(loaded.params)
 
   def same_pad(x, kernel, stride, value=0.0):
@@ -99,11 +100,12 @@ def build(loaded):
           x = functional.relu(residual + y)
       return x
 
-    def attention(self, x, name):
+    def attention(self, x, name, inputs_kv=None):
+      kv = x if inputs_kv is None else inputs_kv
       q, k, v = (
-        torch.einsum('bnd,dhk->bhnk', x, self.p(f'{name}/{part}/kernel'))
+        torch.einsum('bnd,dhk->bhnk', y, self.p(f'{name}/{part}/kernel'))
         + self.p(f'{name}/{part}/bias')[:, None]
-        for part in ('query', 'key', 'value')
+        for y, part in ((x, 'query'), (kv, 'key'), (kv, 'value'))
       )
       weights = torch.softmax(q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5, dim=-1)
       y = weights @ v
@@ -133,6 +135,12 @@ def build(loaded):
         x = x[:, 0]
       elif config.classifier == 'gap':
         x = x.mean(dim=1)
+      elif config.classifier == 'map':  # models.vit.MAPHead
+        probe = self.p('MAPHead_0/probe').expand(x.shape[0], -1, -1)
+        x = self.attention(probe, 'MAPHead_0/MultiHeadDotProductAttention_0', inputs_kv=x)
+        y = self.layer_norm(x, 'MAPHead_0/LayerNorm_0')
+        y = functional.gelu(self.dense(y, 'MAPHead_0/MlpBlock_0/Dense_0'), approximate='tanh')
+        x = (x + self.dense(y, 'MAPHead_0/MlpBlock_0/Dense_1'))[:, 0]
       if 'pre_logits/kernel' in flat:
         x = torch.tanh(self.dense(x, 'pre_logits'))  # paper 3.1
       return self.dense(x, 'head') if 'head/kernel' in flat else x

@@ -15,7 +15,9 @@ Beyond the paper (the giant ViTs of Zhai et al. 2022 and Dehghani et al. 2023):
 `transformer.parallel_block` (attention and MLP read one LayerNorm and add to
 the residual together), `transformer.qk_norm` (LayerNorm of queries and keys
 per head) and `transformer.qkv_and_norm_biases=False` (no biases in the q/k/v
-projections and the LayerNorms) work at any size. `scan=True` runs the blocks
+projections and the LayerNorms) work at any size, and `classifier='map'`
+pools with big_vision's multi-head attention pooling (`MAPHead`), the head
+those papers train with. `scan=True` runs the blocks
 as one `nn.scan`: a single block is compiled whatever the depth, and the
 parameters are stacked under `Transformer/encoderblock` with a leading layer
 axis (`vit_jax.checkpoint.unstack_blocks` turns them into `encoderblock_{i}`).
@@ -35,7 +37,7 @@ from vit_jax.models import resnet
 
 Dtype = Any
 
-CLASSIFIERS = ('token', 'gap', 'unpooled', 'token_unpooled')
+CLASSIFIERS = ('token', 'gap', 'map', 'unpooled', 'token_unpooled')
 
 # How attention is computed when its weights are neither captured nor dropped
 # out (those two need the weights, so they always take the written-out path).
@@ -131,7 +133,8 @@ class MultiHeadDotProductAttention(nn.Module):
   norm_bias: bool = True  # of the q/k LayerNorms
 
   @nn.compact
-  def __call__(self, x, *, deterministic: bool):
+  def __call__(self, x, *, deterministic: bool, inputs_kv=None):
+    """Self-attention over `x`, or (`inputs_kv` given) queries from `x` attending over `inputs_kv`."""
     if self.attention not in ATTENTION:
       raise ValueError(f'attention={self.attention!r}; use one of {ATTENTION}')
     d = x.shape[-1]
@@ -156,7 +159,11 @@ class MultiHeadDotProductAttention(nn.Module):
       # backward pass then sums the three input gradients before its one
       # all-reduce instead of reducing each.
       kernels = jnp.stack([kernel for kernel, _ in qkv_params]).astype(self.dtype)
-      qkv = jnp.einsum(f'bnd,tdhk->t{layout}', x, kernels)
+      if inputs_kv is None:
+        qkv = jnp.einsum(f'bnd,tdhk->t{layout}', x, kernels)
+      else:
+        kv = jnp.einsum(f'bnd,tdhk->t{layout}', inputs_kv.astype(self.dtype), kernels[1:])
+        qkv = [jnp.einsum(f'bnd,dhk->{layout}', x, kernels[0]), *kv]
       heads = ('batch', None, 'model', None) if layout == 'bnhk' else ('batch', 'model', None, None)
       out = []
       for y, (_, bias), norm in zip(qkv, qkv_params, norms):
@@ -218,6 +225,34 @@ class MlpBlock(nn.Module):
     y = nn.Dropout(self.dropout_rate)(y, deterministic=deterministic)
     y = dense(x.shape[-1], 'Dense_1')(y)
     return nn.Dropout(self.dropout_rate)(y, deterministic=deterministic)
+
+
+class MAPHead(nn.Module):
+  """Multi-head attention pooling (big_vision's `pool_type='map'`).
+
+  A learned probe token attends over all output tokens; a LayerNorm and an MLP
+  with a residual follow, and the probe's vector is the representation.
+  Parameter names are big_vision's (`MAPHead_0/probe` [1, 1, D],
+  `MultiHeadDotProductAttention_0/{query,key,value,out}`, `LayerNorm_0`,
+  `MlpBlock_0/Dense_{0,1}`), which timm also reads.
+  """
+
+  num_heads: int
+  mlp_dim: int
+  dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x):
+    n, _, d = x.shape
+    probe = self.param('probe', nn.initializers.xavier_uniform(), (1, 1, d), jnp.float32)
+    probe = jnp.broadcast_to(probe.astype(self.dtype), (n, 1, d))
+    # One query: the written-out attention (fused kernels want longer queries).
+    y = MultiHeadDotProductAttention(
+      self.num_heads, dtype=self.dtype, attention='explicit', name='MultiHeadDotProductAttention_0'
+    )(probe, deterministic=True, inputs_kv=x)
+    z = _layer_norm('LayerNorm_0', self.dtype)(y)
+    y = y + MlpBlock(self.mlp_dim, dtype=self.dtype, name='MlpBlock_0')(z, deterministic=True)
+    return y[:, 0]
 
 
 class Encoder1DBlock(nn.Module):
@@ -389,6 +424,9 @@ class VisionTransformer(nn.Module):
       x = x[:, 0]
     elif self.classifier == 'gap':
       x = jnp.mean(x, axis=1)
+    elif self.classifier == 'map':
+      t = self.transformer
+      x = MAPHead(t['num_heads'], t['mlp_dim'], self.dtype, name='MAPHead_0')(x)
 
     if self.representation_size is not None:
       # Paper 3.1: the pre-training head is an MLP with one hidden layer.
