@@ -14,8 +14,10 @@ from conftest import ROOT
 from conftest import param_shapes
 from conftest import subprocess_env
 import jax
+import jax.numpy as jnp
 import pytest
 
+from vit_jax import models
 from vit_jax.bench import aot
 from vit_jax.bench import flops
 from vit_jax.bench import hlo
@@ -121,11 +123,32 @@ def test_closed_form_flops_of_vit_b16():
   assert flops.forward_flops_per_image(arch, 224, 1000) == pytest.approx(2 * 17.6e9, rel=0.01)
 
 
+def test_closed_form_flops_of_the_map_head():
+  # The MAP head's share of XLA's count (a map model minus its gap twin) against
+  # the closed form's; XLA adds the head's softmax, LayerNorm and GELU.
+  def both(classifier):
+    arch = model_configs.MODEL_CONFIGS['testing']
+    arch.update(classifier=classifier, hidden_size=64, patches={'size': (4, 4)})
+    arch.transformer.update(num_heads=4, mlp_dim=256)
+    model = models.VisionTransformer(num_classes=10, **arch)
+    images = jax.ShapeDtypeStruct((1, 32, 32, 3), jnp.float32)
+    params = param_shapes(arch, 10, 32)
+    forward = jax.jit(lambda p, x: model.apply({'params': p}, x, train=False))
+    xla = forward.lower(params, images).compile().cost_analysis()['flops']
+    return xla, flops.forward_flops_per_image(arch, 32, 10)
+
+  (xla_map, closed_map), (xla_gap, closed_gap) = both('map'), both('gap')
+  head = closed_map - closed_gap
+  assert head == 2 * (64 * 64 + 2 * 64 * 64 * 64 + 2 * 64 * 64 + 64 * 64 + 2 * 64 * 256)
+  assert head < xla_map - xla_gap < 1.03 * head
+
+
 _SAME_PROGRAM = textwrap.dedent("""
   import json, sys, tempfile
   import jax
   from vit_jax import sharding
-  from vit_jax.bench import aot
+  from vit_jax import models
+from vit_jax.bench import aot
   from vit_jax.configs import demo
   from vit_jax.data import pipeline
   from vit_jax.training import loop, program

@@ -1,7 +1,7 @@
 """Closed-form FLOPs of a ViT: what a compiler's count is checked against.
 
 2 x the multiply-accumulates of the matmuls (patch embedding, attention
-projections and products, MLP, pre-logits, head); a training step costs 3x
+projections and products, MLP, the MAP head, pre-logits, head); a training step costs 3x
 the forward pass (paper appendix D.5's convention). Normalisations, softmax,
 GELU and the optimizer are left out: they are a few percent of a ViT.
 """
@@ -23,6 +23,8 @@ def forward_flops_per_image(arch, image_size: int, num_classes: int) -> Optional
     + 2 * tokens * d * t.mlp_dim  # MLP
   )
   macs = patches * patch * patch * 3 * d + t.num_layers * per_block
+  if arch.classifier == 'map':  # one query: its q, k and v of every token, products, out, MLP
+    macs += d * d + 2 * tokens * d * d + 2 * tokens * d + d * d + 2 * d * t.mlp_dim
   width = d
   if arch.get('representation_size'):
     macs += d * arch.representation_size
