@@ -23,7 +23,7 @@ def forward_flops_per_image(arch, image_size: int, num_classes: int) -> Optional
     + 2 * tokens * d * t.mlp_dim  # MLP
   )
   macs = patches * patch * patch * 3 * d + t.num_layers * per_block
-  if arch.classifier == 'map':  # one query: its q, k and v of every token, products, out, MLP
+  if arch.classifier == 'map':  # the probe's q; k, v of every token; products; out; MLP
     macs += d * d + 2 * tokens * d * d + 2 * tokens * d + d * d + 2 * d * t.mlp_dim
   width = d
   if arch.get('representation_size'):
