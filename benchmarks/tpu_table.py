@@ -67,8 +67,9 @@ ENTRIES = [
 
 # Beyond the paper (docs/speed_and_scale.md): the giant ViTs, scanned and
 # rematerialised (configs/giant.py), with FSDP and tensor parallelism. The
-# ViT-22B entry keeps the paper's 64 images per chip (65,536 on 1,024 chips)
-# at 256 chips, in 4 micro-batches.
+# ViT-22B entries keep the paper's 64 images per chip (65,536 on 1,024 chips),
+# in 4 micro-batches on v4 (32 GiB per chip) and 2 on v5p (95 GiB), whose
+# programs libtpu also gives a step-time estimate.
 GIANT_ENTRIES = [
   (
     'vit_22b_jft_v4-512',
@@ -90,6 +91,18 @@ GIANT_ENTRIES = [
       '--config.batch=65536',
       '--config.batch_eval=4096',
       '--config.accum_steps=4',
+      '--config.mesh.fsdp=64',
+      '--config.mesh.model=4',
+    ],
+  ),
+  (
+    'vit_22b_jft_v5p-2048',
+    'configs/giant.py:ViT-22B_14',
+    'v5p-2048',
+    [
+      '--config.batch=65536',
+      '--config.batch_eval=4096',
+      '--config.accum_steps=2',
       '--config.mesh.fsdp=64',
       '--config.mesh.model=4',
     ],
@@ -187,11 +200,11 @@ def markdown() -> str:
 def giant_markdown() -> str:
   """The giant ViTs' table, from the records written so far.
 
-  The compiler's step-time estimate is missing for these programs (see
-  docs/speed_and_scale.md), so the table gives the two bounds the record does
-  have: compute at the chip's peak (closed-form FLOPs) and communication over
-  ICI (the compiled collectives' bytes), and the MFU they allow if nothing
-  overlaps.
+  The compiler's step-time estimate is missing for the v4 and v5e programs
+  (see docs/speed_and_scale.md), so the table also gives two bounds every
+  record has: compute at the chip's peak (closed-form FLOPs) and
+  communication over ICI (the compiled collectives' bytes), and the MFU they
+  allow if nothing overlaps.
   """
   rows = [
     '| run | slice | mesh (data x fsdp x model) | batch (micro-batches) | HBM per chip | compute '
@@ -207,7 +220,9 @@ def giant_markdown() -> str:
     m = r['mesh']
     compute = r['closed_form_flops_per_step_per_device'] / r['peak_flops_per_device']
     comm = r['comm_seconds_lower_bound'] or 0.0
-    step = f'{r["step_seconds_estimate"]:.3f} s' if r['step_seconds_estimate'] else 'none given'
+    step = 'none given'
+    if r['step_seconds_estimate']:
+      step = f'{r["step_seconds_estimate"]:.2f} s (MFU {r["mfu_upper_bound"]:.2f})'
     rows.append(
       f'| `{config}` | {topology} ({r["chips"]} chips) | {m["slice"] * m["data"]} x {m["fsdp"]} x '
       f'{m["model"]} | {r["batch"]:,} ({r["accum_steps"]}) '
