@@ -147,8 +147,7 @@ _SAME_PROGRAM = textwrap.dedent("""
   import json, sys, tempfile
   import jax
   from vit_jax import sharding
-  from vit_jax import models
-from vit_jax.bench import aot
+  from vit_jax.bench import aot
   from vit_jax.configs import demo
   from vit_jax.data import pipeline
   from vit_jax.training import loop, program
