@@ -309,17 +309,19 @@ print('RESULT' + json.dumps(sums))
 """
 
 
+def _python(*args):
+  """`python ARGS` in this checkout on one CPU device; a non-zero exit fails the test."""
+  proc = subprocess.run(
+    [sys.executable, *args], capture_output=True, text=True, cwd=ROOT, env=subprocess_env(),
+    timeout=300,
+  )  # fmt: skip
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return proc
+
+
 def test_folders_shards_and_digits_need_no_tensorflow(photos, tmp_path):
   out = str(tmp_path / 'array_record')
-  proc = subprocess.run(
-    [sys.executable, '-c', _NO_TF, photos, out],
-    capture_output=True,
-    text=True,
-    cwd=ROOT,
-    env=subprocess_env(),
-    timeout=300,
-  )
-  assert proc.returncode == 0, proc.stderr[-3000:]
+  proc = _python('-c', _NO_TF, photos, out)
   result = json.loads(proc.stdout.split('RESULT', 1)[1])
   # The same batches as in this process, where TensorFlow is importable.
   for dataset, (image_sum, eval_batches) in result.items():
@@ -333,26 +335,10 @@ def test_folders_shards_and_digits_need_no_tensorflow(photos, tmp_path):
 
 def test_benchmark_input_reports_rates_the_ceiling_and_stages(tmp_path):
   record = tmp_path / 'input.json'
-  proc = subprocess.run(
-    [
-      sys.executable,
-      '-m',
-      'vit_jax.benchmark_input',
-      '--images=24',
-      '--batch=8',
-      '--steps=1',
-      '--rounds=1',
-      '--threads=1,2',
-      f'--dir={tmp_path}',
-      f'--json={record}',
-    ],  # fmt: skip
-    capture_output=True,
-    text=True,
-    cwd=ROOT,
-    env=subprocess_env(),
-    timeout=300,
-  )
-  assert proc.returncode == 0, proc.stderr[-3000:]
+  _python(
+    '-m', 'vit_jax.benchmark_input', '--images=24', '--batch=8', '--steps=1', '--rounds=1',
+    '--threads=1,2', f'--dir={tmp_path}', f'--json={record}',
+  )  # fmt: skip
   out = json.loads(record.read_text())
   assert out['files'] == 24 and 60 < out['mean_file_kB'] < 120  # ImageNet-like JPEGs
   for n in ('1', '2'):

@@ -363,6 +363,14 @@ def _chunks(n: int):
   return np.array_split(np.arange(n), -(-n // _CHUNK))
 
 
+def _collect(jobs, out):
+  """(images, labels) of a submitted batch: one vectorised job's, or `out` filled by the
+  chunk jobs, which return their labels."""
+  if out is None:
+    return jobs[0].result()
+  return out, np.concatenate([job.result() for job in jobs])
+
+
 class TrainBatches:
   """Process-local host batches {'image': f32, 'label'} of steps start, start+1, ...
 
@@ -442,10 +450,7 @@ class TrainBatches:
       self._queue.append(self._submit(self._next_step))
       self._next_step += 1
     step, jobs, out = self._queue.popleft()
-    if out is None:
-      images, labels = jobs[0].result()
-    else:
-      images, labels = out, np.concatenate([job.result() for job in jobs])
+    images, labels = _collect(jobs, out)
     if self._pp.mixup > 0:
       images, labels = mixup(
         images,
@@ -483,10 +488,7 @@ def eval_batches(source, pp, *, positions_fn, num_threads=0, ahead=2):
     return [pool.submit(images, idx[r], r, out) for r in _chunks(len(idx))], out, mask
 
   def result(jobs, out, mask):
-    if out is None:
-      batch, labels = jobs[0].result()
-    else:
-      batch, labels = out, np.concatenate([job.result() for job in jobs])
+    batch, labels = _collect(jobs, out)
     return {'image': batch, 'label': labels, 'mask': mask}
 
   queue = collections.deque()
