@@ -1,5 +1,6 @@
 """Model structure and numerics: exact parameter counts, dtype, intermediates."""
 
+from conftest import random_like
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -239,16 +240,15 @@ def _tiny(**overrides):
 def _random_params(model, images, seed=0):
   """Initialised params with every leaf randomised (zeros hide layout bugs)."""
   # Only the shapes are needed (every leaf is replaced): no eager init.
-  params = jax.eval_shape(lambda: model.init(jax.random.key(seed), images, train=False))['params']
-  leaves, treedef = jax.tree.flatten(params)
-  keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
-  leaves = [0.1 * jax.random.normal(k, x.shape) for k, x in zip(keys, leaves)]
-  return jax.tree.unflatten(treedef, leaves)
+  # Drawn by numpy: a JAX draw per leaf shape would compile a kernel per shape.
+  shapes = jax.eval_shape(lambda: model.init(jax.random.key(seed), images, train=False))['params']
+  return random_like(shapes, seed + 1, scale=0.1)
 
 
 def test_head_is_zero_initialised_with_bias_init():
   model = models.VisionTransformer(num_classes=5, head_bias_init=-10.0, **_tiny())
-  params = model.init(jax.random.key(0), jnp.zeros((1, 16, 16, 3)), train=False)['params']
+  init = jax.jit(lambda key: model.init(key, jnp.zeros((1, 16, 16, 3)), train=False))
+  params = init(jax.random.key(0))['params']
   np.testing.assert_array_equal(params['head']['kernel'], 0)
   np.testing.assert_array_equal(params['head']['bias'], -10)
   np.testing.assert_array_equal(params['cls'], 0)
@@ -310,7 +310,7 @@ def test_attention_implementations_agree_in_values_and_gradients():
       logits = model.apply({'params': p}, images, train=False)
       return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], 1))
 
-    results.append(jax.value_and_grad(loss)(params))
+    results.append(jax.jit(jax.value_and_grad(loss))(params))
   (value_a, grads_a), (value_b, grads_b) = results
   np.testing.assert_allclose(value_a, value_b, rtol=1e-6)
   # The key bias gets a zero gradient (softmax ignores a shift), so the tolerance
@@ -363,8 +363,8 @@ def test_remat_gives_same_values_and_gradients():
     out = model.apply({'params': p}, images, train=True, rngs={'dropout': jax.random.key(5)})
     return jnp.sum(out**2)
 
-  v1, g1 = jax.value_and_grad(lambda p: loss(plain, p))(params)
-  v2, g2 = jax.value_and_grad(lambda p: loss(remat, p))(params)
+  v1, g1 = jax.jit(jax.value_and_grad(lambda p: loss(plain, p)))(params)
+  v2, g2 = jax.jit(jax.value_and_grad(lambda p: loss(remat, p)))(params)
   np.testing.assert_allclose(v1, v2, rtol=1e-6)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), g1, g2)
 
