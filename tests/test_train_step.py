@@ -31,10 +31,18 @@ def small_config(**overrides):
   return config
 
 
+def init_state(task, tx, ema):
+  """The train state at 16 px, made as the trainer makes it: jitted (eager init compiles op
+  by op) on the mesh (else the second step's inputs differ in type from the first's)."""
+  init = functools.partial(steps.init_state, model=task.model, tx=tx, image_size=16, ema=ema)
+  with jax.set_mesh(sharding.make_mesh()):
+    return jax.jit(init)(jax.random.PRNGKey(0))
+
+
 def setup(config, num_classes=5):
   task = steps.make_task(config, num_classes, multi_label=False)
   tx, schedule = optim.make_optimizer(config)
-  state = steps.init_state(jax.random.PRNGKey(0), model=task.model, tx=tx, image_size=16, ema=False)
+  state = init_state(task, tx, ema=False)
   # Non-zero head so the first step moves everything.
   state = state.replace(
     params={
@@ -184,7 +192,7 @@ def test_ema_tracks_params():
   config = small_config(ema_decay=0.5)
   task = steps.make_task(config, 5, multi_label=False)
   tx, schedule = optim.make_optimizer(config)
-  state = steps.init_state(jax.random.PRNGKey(0), model=task.model, tx=tx, image_size=16, ema=True)
+  state = init_state(task, tx, ema=True)
   step = jax.jit(
     functools.partial(steps.train_step, task=task, tx=tx, schedule=schedule, config=config)
   )
@@ -239,7 +247,7 @@ def test_mpp_task_trains_and_counts_corrupted_patches():
   config = small_config(task='mpp', model='ViT-Demo_4', optimizer='adam', base_lr=1e-3)
   task = steps.make_task(config, num_classes=10, multi_label=False)
   tx, schedule = optim.make_optimizer(config)
-  state = steps.init_state(jax.random.PRNGKey(0), model=task.model, tx=tx, image_size=16, ema=False)
+  state = init_state(task, tx, ema=False)
   assert 'mask_token' in state.params and 'mpp_head' in state.params
   data = {**batch(8), 'mask': np.array([1.0] * 6 + [0.0] * 2, np.float32)}
   counts = jax.jit(task.eval_fn)(state.params, data)
