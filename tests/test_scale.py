@@ -4,6 +4,7 @@ The multi-device tests run on 8 forced CPU host devices in a subprocess; the
 TPU ones compile tiny models for small topologies with libtpu.
 """
 
+import functools
 import importlib.util
 import json
 import subprocess
@@ -58,8 +59,8 @@ def test_scanned_blocks_compute_what_unrolled_blocks_do():
     # Converting back gives the very arrays.
     jax.tree.map(np.testing.assert_array_equal, checkpoint.unstack_blocks(stacked), params)
     np.testing.assert_allclose(
-      scanned.apply({'params': stacked}, images, train=False),
-      unrolled.apply({'params': params}, images, train=False),
+      jax.jit(functools.partial(scanned.apply, train=False))({'params': stacked}, images),
+      jax.jit(functools.partial(unrolled.apply, train=False))({'params': params}, images),
       rtol=1e-5,
       atol=1e-6,
     )
@@ -71,8 +72,8 @@ def test_scanned_blocks_compute_what_unrolled_blocks_do():
   remat = models.VisionTransformer(
     num_classes=5, scan=True, remat=True, remat_policy='dots_with_no_batch_dims_saveable', **config
   )
-  want = checkpoint.stack_blocks(jax.grad(lambda p: loss(unrolled, p))(params))
-  got = jax.grad(lambda p: loss(remat, p))(stacked)
+  want = checkpoint.stack_blocks(jax.jit(jax.grad(lambda p: loss(unrolled, p)))(params))
+  got = jax.jit(jax.grad(lambda p: loss(remat, p)))(stacked)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), got, want)
 
 
@@ -177,7 +178,8 @@ _TENSOR_PARALLEL = textwrap.dedent("""
     rng = np.random.default_rng(0)
     images = rng.normal(size=(8, 16, 16, 3)).astype(np.float32)
     labels = np.arange(8) % 10
-    params = model.init(jax.random.key(0), images[:1], train=False)['params']
+    init = jax.jit(lambda key: model.init(key, images[:1], train=False))
+    params = init(jax.random.key(0))['params']
     params = jax.tree.map(lambda p: p + 0.05 * rng.normal(size=p.shape).astype(np.float32), params)
 
     def loss(p, x, y):
