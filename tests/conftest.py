@@ -5,8 +5,11 @@ an installed libtpu or CUDA plugin neither slows nor changes them; the TPU
 compile tests choose their platform themselves.
 """
 
+import atexit
 import os
 import pathlib
+import shutil
+import tempfile
 
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 
@@ -67,12 +70,22 @@ def random_like(shapes, seed=0, scale=1.0):
   return jax.tree.map(lambda s: (scale * rng.normal(size=s.shape)).astype(np.float32), shapes)
 
 
+# One persistent compilation cache for the child processes of a test session:
+# the whole-run tests start the same small programs again and again, and each
+# is compiled once. The programs are the same either way; only the time goes.
+COMPILATION_CACHE = tempfile.mkdtemp(prefix='vit_jax_tests_xla_cache_')
+atexit.register(shutil.rmtree, COMPILATION_CACHE, True)
+
+
 def subprocess_env(devices=1, **extra):
-  """Environment for a child `python`: this checkout first, the CPU with `devices` devices."""
+  """Environment for a child `python`: this checkout first, the CPU with `devices` devices,
+  the session's compilation cache."""
   env = dict(
     os.environ,
     JAX_PLATFORMS='cpu',
     XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}',
+    JAX_COMPILATION_CACHE_DIR=COMPILATION_CACHE,
+    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
     **extra,
   )
   env['PYTHONPATH'] = os.pathsep.join(
