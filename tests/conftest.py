@@ -64,6 +64,12 @@ def param_shapes(config, num_classes, size, module=None):
   )['params']
 
 
+def map_head_parameter_count(d, m):
+  """A MAP head's parameters at width d and MLP width m, written out: the probe, q/k/v/out
+  with biases, a LayerNorm, the MLP."""
+  return d + (4 * d * d + 4 * d) + 2 * d + (d * m + m + m * d + d)
+
+
 def random_like(shapes, seed=0, scale=1.0):
   """Normal(0, scale) float32 arrays shaped like `shapes`."""
   rng = np.random.default_rng(seed)

@@ -1,5 +1,6 @@
 """Model structure and numerics: exact parameter counts, dtype, intermediates."""
 
+from conftest import map_head_parameter_count
 from conftest import random_like
 import flax.linen as nn
 import jax
@@ -77,10 +78,9 @@ def closed_form_count(config, num_classes=1000, size=224):
   p = config.patches.size[0]
   tokens = (size // p) ** 2 + (config.classifier in ('token', 'token_unpooled'))
   block = 2 * 2 * d + (4 * d * d + 4 * d) + (d * m + m + m * d + d)
-  map_head = d + (4 * d * d + 4 * d) + 2 * d + (d * m + m + m * d + d)  # probe, attention, LN, MLP
   return (
     (p * p * 3 * d + d)
-    + map_head * (config.classifier == 'map')
+    + map_head_parameter_count(d, m) * (config.classifier == 'map')
     + (d if tokens > (size // p) ** 2 else 0)
     + tokens * d
     + config.transformer.num_layers * block

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 
+from conftest import map_head_parameter_count
 from conftest import param_shapes
 from conftest import random_like
 from conftest import small_vit_config
@@ -336,8 +337,6 @@ def _giant_closed_form(config, num_classes, size=224):
     + m * d
     + d  # MLP
   )
-  # MAP: probe, q/k/v/out with biases, LayerNorm, MLP.
-  map_head = d + 4 * d * d + 4 * d + 2 * d + 2 * d * m + m + d
   head = (d + 1) * num_classes if num_classes else 0
   return (
     p * p * 3 * d
@@ -345,7 +344,7 @@ def _giant_closed_form(config, num_classes, size=224):
     + (size // p) ** 2 * d
     + t.num_layers * block
     + norm
-    + map_head * (config.classifier == 'map')
+    + map_head_parameter_count(d, m) * (config.classifier == 'map')
     + head
   )
 
