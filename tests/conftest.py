@@ -6,6 +6,7 @@ compile tests choose their platform themselves.
 """
 
 import atexit
+import json
 import os
 import pathlib
 import shutil
@@ -85,11 +86,17 @@ atexit.register(shutil.rmtree, COMPILATION_CACHE, True)
 
 def subprocess_env(devices=1, **extra):
   """Environment for a child `python`: this checkout first, the CPU with `devices` devices,
-  the session's compilation cache."""
+  the session's compilation cache, and the caller's other XLA flags (so that
+  `XLA_FLAGS=--xla_cpu_max_isa=AVX2 pytest` holds the children to AVX2 too)."""
+  inherited = [
+    flag
+    for flag in os.environ.get('XLA_FLAGS', '').split()
+    if not flag.startswith('--xla_force_host_platform_device_count')
+  ]
   env = dict(
     os.environ,
     JAX_PLATFORMS='cpu',
-    XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}',
+    XLA_FLAGS=' '.join([*inherited, f'--xla_force_host_platform_device_count={devices}']),
     JAX_COMPILATION_CACHE_DIR=COMPILATION_CACHE,
     JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
     **extra,
@@ -98,3 +105,68 @@ def subprocess_env(devices=1, **extra):
     [str(ROOT)] + [p for p in env.get('PYTHONPATH', '').split(os.pathsep) if p]
   )
   return env
+
+
+# ---------------------------------------------------------------------------
+# Comparing two configurations of one computation (8 devices vs 1, scan vs
+# unrolled, remat, accumulation, ...). They differ only in the order of float32
+# sums, which XLA picks per CPU (AVX2 vs AVX-512 vectors, fusion, threads): a
+# sum's rounding error grows with its terms' magnitudes, not its result's, so an
+# element near zero (a bias whose true gradient is 0) can differ by 100% while
+# the tensor as a whole agrees to a few ulps. These helpers compare each tensor
+# normwise: its largest difference over its largest magnitude, that magnitude
+# floored at `floor` times the largest of the whole tree (a tensor that is pure
+# rounding noise, exactly 0 in real arithmetic, is measured against the tree).
+# Every comparison appends what it measured to $VIT_JAX_SPREAD_LOG (JSON lines),
+# which is how the tolerances in the tests were chosen (tests/README.md).
+
+
+def tree_errors(got, want, floor=1e-2):
+  """{path: max |got - want| / max(max |want|, floor * the tree's max |want|)} per tensor."""
+  pairs = {
+    jax.tree_util.keystr(path): (np.asarray(a, np.float64), np.asarray(b, np.float64))
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(got), jax.tree.leaves(want))
+  }
+  assert len(pairs) == len(jax.tree.leaves(want)), 'the trees differ in structure'
+  stats = {
+    k: (float(np.max(np.abs(a - b), initial=0)), float(np.max(np.abs(b), initial=0)))
+    for k, (a, b) in pairs.items()
+  }
+  return errors_from_stats(stats, floor)
+
+
+def errors_from_stats(stats, floor=1e-2):
+  """`tree_errors` from {path: (max |got - want|, max |want|)}, as a child process reports them."""
+  top = max((scale for _, scale in stats.values()), default=0.0)
+  return {k: diff / max(scale, floor * top, 1e-30) for k, (diff, scale) in stats.items()}
+
+
+def assert_close(errors, tolerance, what):
+  """Asserts every normwise error in `errors` (a dict, or one float) is at most `tolerance`."""
+  if not isinstance(errors, dict):
+    errors = {'': float(errors)}
+  worst = max(errors, key=errors.get)
+  log = os.environ.get('VIT_JAX_SPREAD_LOG')
+  if log:
+    test = os.environ.get('PYTEST_CURRENT_TEST', '?').split(' ')[0]
+    with open(log, 'a', encoding='utf-8') as f:
+      f.write(
+        json.dumps(
+          {
+            'test': test,
+            'what': what,
+            'error': errors[worst],
+            'tolerance': tolerance,
+            'flags': os.environ.get('XLA_FLAGS', ''),
+          }
+        )
+        + '\n'
+      )
+  assert errors[worst] <= tolerance, (
+    f'{what}: {worst} differs by {errors[worst]:.3g} > {tolerance:g}'
+  )
+
+
+def assert_trees_close(got, want, tolerance, what, floor=1e-2):
+  """`tree_errors(got, want, floor)` all at most `tolerance`."""
+  assert_close(tree_errors(got, want, floor), tolerance, what)

@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 from conftest import ROOT
+from conftest import assert_close
 from conftest import param_shapes
 from conftest import small_vit_config
 from conftest import subprocess_env
@@ -155,7 +156,9 @@ def test_timm_export_matches_timm_and_its_own_npz_loader(tmp_path, name, units, 
   with torch.no_grad():
     theirs = model(nchw(images(size))).numpy()
   assert np.abs(theirs).max() > 0.05  # a non-trivial head
-  assert relative_error(ours(config, flat, images(size)), theirs) <= BOUND
+  assert_close(
+    relative_error(ours(config, flat, images(size)), theirs), BOUND, 'logits against the peer'
+  )
 
   # timm's own reader of the public .npz layout, an independent mapping.
   reference = interop_timm.build_model(config, 7, size)
@@ -194,7 +197,7 @@ def test_timm_cli_writes_a_file_timm_create_model_loads_strictly(tmp_path, capsy
   x = images(224)
   with torch.no_grad():
     theirs = model(nchw(x)).numpy()
-  assert relative_error(ours(config, flat, x), theirs) <= BOUND
+  assert_close(relative_error(ours(config, flat, x), theirs), BOUND, 'logits against the peer')
 
   # Back: bitwise.
   assert run(('checkpoint', out), ('format', 'npz'), ('output', tmp_path / 'back.npz')) == 0
@@ -221,7 +224,9 @@ def test_import_a_timm_model_that_timm_initialised(tmp_path):
     for name in ('timm.safetensors', 'timm.pth')
   ]
   assert_flat_equal(*imported)
-  assert relative_error(ours(config, imported[0], x), theirs) <= BOUND
+  assert_close(
+    relative_error(ours(config, imported[0], x), theirs), BOUND, 'logits against the peer'
+  )
 
 
 # ---------------------------------------------------------------------------
@@ -265,7 +270,7 @@ def test_hf_folder_loads_with_from_pretrained_and_matches(tmp_path, capsys):
   with torch.no_grad():
     theirs = model.eval()(pixel_values=nchw(x)).logits.numpy()
   assert np.abs(theirs).max() > 0.05
-  assert relative_error(ours(config, flat, x), theirs) <= BOUND
+  assert_close(relative_error(ours(config, flat, x), theirs), BOUND, 'logits against the peer')
 
   # What save_pretrained writes reads back bitwise, as does our own folder.
   model.save_pretrained(tmp_path / 'resaved')
@@ -312,7 +317,7 @@ def test_hf_pre_logits_become_the_pooler(tmp_path, capsys):
   with torch.no_grad():
     theirs = model(pixel_values=nchw(x)).pooler_output.numpy()
   features = {k: v for k, v in flat.items() if not k.startswith('head/')}
-  assert relative_error(ours(config, features, x), theirs) <= BOUND
+  assert_close(relative_error(ours(config, features, x), theirs), BOUND, 'logits against the peer')
 
 
 def test_import_a_transformers_model_in_its_own_naming(tmp_path):
@@ -342,7 +347,7 @@ def test_import_a_transformers_model_in_its_own_naming(tmp_path):
   with torch.no_grad():
     theirs = hf(pixel_values=nchw(x)).logits.numpy()
   flat = checkpoint.flatten(source.loaded.params)
-  assert relative_error(ours(config, flat, x), theirs) <= BOUND
+  assert_close(relative_error(ours(config, flat, x), theirs), BOUND, 'logits against the peer')
 
 
 # ---------------------------------------------------------------------------
@@ -368,9 +373,9 @@ def test_savedmodel_matches_in_tensorflow(tmp_path):
   expected = ours(config, flat, x)
   for n in (1, 3):  # the batch dimension is polymorphic
     logits = loaded.signatures['serving_default'](images=tf.constant(x[:n]))['logits'].numpy()
-    assert relative_error(expected[:n], logits) <= BOUND
+    assert_close(relative_error(expected[:n], logits), BOUND, 'logits against the peer')
   logits = loaded.signatures['serving_uint8'](images=tf.constant(pixels))['logits'].numpy()
-  assert relative_error(expected, logits) <= BOUND
+  assert_close(relative_error(expected, logits), BOUND, 'logits against the peer')
 
 
 @pytest.mark.parametrize(
@@ -388,7 +393,7 @@ def test_torch_forward_matches_ours(name, units, classifier):
   x = images(32)
   with torch.no_grad():
     theirs = torch_vit.build(loaded)(torch.from_numpy(x)).numpy()
-  assert relative_error(ours(config, flat, x), theirs) <= BOUND
+  assert_close(relative_error(ours(config, flat, x), theirs), BOUND, 'logits against the peer')
 
 
 def test_onnx_with_pre_logits_matches_in_onnxruntime(tmp_path, monkeypatch):
@@ -418,7 +423,7 @@ def test_onnx_with_pre_logits_matches_in_onnxruntime(tmp_path, monkeypatch):
   expected = ours(config, flat, x)
   for n in (1, 3):  # the batch dimension is dynamic
     (logits,) = session.run(['logits'], {'images': x[:n]})
-    assert relative_error(expected[:n], logits) <= BOUND
+    assert_close(relative_error(expected[:n], logits), BOUND, 'logits against the peer')
 
 
 # ---------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 import math
 
+from conftest import assert_trees_close
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -153,6 +154,7 @@ def test_mpp_learns_to_fill_in_patches_from_their_context():
   assert int(last['num_corrupted']) == 32 * 8
 
 
+@pytest.mark.equivalence
 def test_mpp_checkpoint_fine_tunes_as_a_classifier(tmp_path, capsys):
   config = tiny_config()
   mpp_model = mpp.MppViT(**config)
@@ -176,7 +178,8 @@ def test_mpp_checkpoint_fine_tunes_as_a_classifier(tmp_path, capsys):
   )
   _, vit_state = model.apply({'params': params}, images, train=False, mutable=['intermediates'])
   last = lambda s: s['intermediates']['Transformer']['encoderblock_1']['tokens'][0]  # noqa: E731
-  np.testing.assert_allclose(last(vit_state), last(mpp_state), rtol=1e-6, atol=1e-6)
+  # The same float32 ops in two modules: normwise within 1e-5.
+  assert_trees_close(last(vit_state), last(mpp_state), 1e-5, 'encoder tokens')
 
 
 def test_mpp_refuses_hybrids():

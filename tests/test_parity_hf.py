@@ -5,6 +5,7 @@ public .npz layout, read by `checkpoint.load` and mapped by hand onto
 `transformers.ViTForImageClassification`; logits must agree to 1e-4 relative.
 """
 
+from conftest import assert_close
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -97,7 +98,7 @@ def test_vit_ti16_224_matches_transformers(tmp_path):
   with torch.no_grad():
     theirs = hf(pixel_values=torch.from_numpy(images.transpose(0, 3, 1, 2))).logits.numpy()
   assert np.abs(theirs).max() > 0.1  # a non-trivial head
-  assert relative_error(ours, theirs) <= 1e-4
+  assert_close(relative_error(ours, theirs), 1e-4, 'logits against the peer')
 
 
 def test_pre_logits_match_transformers_pooler(tmp_path):
@@ -114,4 +115,4 @@ def test_pre_logits_match_transformers_pooler(tmp_path):
   hf.load_state_dict(hf_state_dict(checkpoint.flatten(params), config, prefix=''), strict=True)
   with torch.no_grad():
     theirs = hf(pixel_values=torch.from_numpy(images.transpose(0, 3, 1, 2))).pooler_output.numpy()
-  assert relative_error(ours, theirs) <= 1e-4
+  assert_close(relative_error(ours, theirs), 1e-4, 'logits against the peer')
