@@ -55,7 +55,10 @@ def drift(isas):
   import test_trainer
 
   out = {}
-  for name, overrides in (('24 steps, momentum 0.9', []), ('3 plain SGD steps', test_trainer.SHORT)):
+  for name, overrides in (
+    ('24 steps, momentum 0.9', []),
+    ('3 plain SGD steps', test_trainer.SHORT),
+  ):
     params = {}
     for isa in isas:
       with tempfile.TemporaryDirectory() as workdir:
