@@ -30,9 +30,13 @@ setuptools.setup(
     'pillow',  # image folders, prediction
     'scikit-learn',  # the built-in digits dataset
     'simplejpeg',  # libjpeg-turbo decoding with DCT scaling (host pipeline)
-    'tensorboard',
-    'tensorflow-cpu',  # tf.data and gs:// file access
+    'tensorboard',  # event files, written without TensorFlow
+    # Reads prepared TFDS datasets' metadata and names; installs without TensorFlow.
     'tensorflow-datasets',
+    # gs:// paths (workdirs, datasets, checkpoints) without TensorFlow, as orbax's epath does.
+    'fsspec',
+    'gcsfs',
+    'google-crc32c',  # the checksums of TFRecord shards and TensorBoard event files
   ],
   extras_require={
     # Export to PyTorch (timm, transformers), ONNX. torch is unpinned: on a
@@ -55,9 +59,14 @@ setuptools.setup(
       'onnxscript',
       'onnxruntime',
       'nbclient',
+      'tensorflow-cpu',  # the oracles: our pipeline against the AugReg TensorFlow ops
       'nbformat',
       'ipykernel',
     ],
+    # TensorFlow where a job truly needs it: downloading and building a TFDS
+    # dataset (python -m vit_jax.prepare), the SavedModel export, and the
+    # tests' TensorFlow oracles of the input pipeline.
+    'tf': ['tensorflow-cpu'],
     'gpu': ['jax[cuda12]'],
     'tpu': ['jax[tpu]'],
   },

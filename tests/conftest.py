@@ -18,10 +18,11 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
+import pytest  # noqa: E402
 
 from vit_jax import models  # noqa: E402
 from vit_jax import sharding  # noqa: E402
-from vit_jax.configs import models as model_configs  # noqa: E402
+from vit_jax.configs import architectures  # noqa: E402
 from vit_jax.data import pipeline  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -48,7 +49,7 @@ def data_config(dataset=None, **overrides):
 
 def small_vit_config(name='ViT-Ti_16', hybrid_units=None, **overrides):
   """A released architecture shrunk in depth and width; hybrids get `hybrid_units` per stage."""
-  config = model_configs.MODEL_CONFIGS[name]
+  config = architectures.MODEL_CONFIGS[name]
   config.hidden_size = 24
   config.transformer.update(num_layers=2, num_heads=3, mlp_dim=48)
   if hybrid_units:
@@ -75,6 +76,61 @@ def random_like(shapes, seed=0, scale=1.0):
   """Normal(0, scale) float32 arrays shaped like `shapes`."""
   rng = np.random.default_rng(seed)
   return jax.tree.map(lambda s: (scale * rng.normal(size=s.shape)).astype(np.float32), shapes)
+
+
+# The one tiny training run of the tests: the demo config with the `testing`
+# model (1 layer, width 10) at 16 px on the built-in digits, a few seconds of
+# training. SGD: Adam turns the rounding noise of zero-gradient parameters
+# (the key bias) into full-size steps, which would hide real differences
+# between runs that the resume and equivalence tests compare.
+TINY_RUN = {
+  'model': 'testing',
+  'pp.crop': 16,
+  'batch': 32,
+  'batch_eval': 64,
+  'total_steps': 24,
+  'warmup_steps': 4,
+  'optimizer': 'sgd',
+  'base_lr': 0.1,
+  'progress_every': 4,
+  'eval_every': 12,
+  'checkpoint_every': 8,
+  'tensorboard': False,
+  'dropout_rate': 0.1,
+}
+
+
+def tiny_run_config(**overrides):
+  """The demo config with TINY_RUN and `overrides` (dotted keys: `**{'mesh.fsdp': 2}`), as
+  `python -m vit_jax.main` builds it from `tiny_run_flags(**overrides)`."""
+  from vit_jax.configs import demo
+
+  config = demo.get_config()
+  for key, value in {**TINY_RUN, **overrides}.items():
+    *parents, last = key.split('.')
+    target = config
+    for part in parents:
+      target = target[part]
+    target[last] = value
+  return config
+
+
+def tiny_run_flags(**overrides) -> list:
+  """TINY_RUN and `overrides` as `--config.FIELD=VALUE` flags of `python -m vit_jax.main`."""
+  return [f'--config.{key}={value}' for key, value in {**TINY_RUN, **overrides}.items()]
+
+
+def command_error(main, argv, capsys) -> str:
+  """The one `error:` line of a command's `main(argv)` that must fail (vit_jax.cli), after
+  checking its exit status (2) and that it says nothing else on stderr."""
+  capsys.readouterr()
+  with pytest.raises(SystemExit) as exit_info:
+    main(argv)
+  err = capsys.readouterr().err
+  assert exit_info.value.code == 2, err
+  lines = err.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith('error: '), err
+  return lines[0]
 
 
 # One persistent compilation cache for the child processes of a test session:
@@ -170,3 +226,35 @@ def assert_close(errors, tolerance, what):
 def assert_trees_close(got, want, tolerance, what, floor=1e-2):
   """`tree_errors(got, want, floor)` all at most `tolerance`."""
   assert_close(tree_errors(got, want, floor), tolerance, what)
+
+
+# ---------------------------------------------------------------------------
+# A prepared TFDS dataset, made by TFDS itself (which needs TensorFlow to write).
+
+
+def fake_tfds_dataset(data_dir, name, features, example, splits, file_format='array_record'):
+  """Prepares TFDS dataset `name` (a real name such as cifar10 is fine: it is not registered)
+  in `data_dir` with TFDS's own builder code; `features(tfds)` gives its FeaturesDict entries,
+  `example(split, i)` its i-th example. Skips the test without TensorFlow."""
+  import pytest
+
+  pytest.importorskip('tensorflow')
+  tfds = pytest.importorskip('tensorflow_datasets')
+
+  def _info(self):
+    return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict(features(tfds)))
+
+  def _split_generators(self, dl_manager):
+    return {split: _generate_examples(split, n) for split, n in splits.items()}
+
+  def _generate_examples(split, n):
+    for i in range(n):
+      yield i, example(split, i)
+
+  methods = {'name': name, 'VERSION': tfds.core.Version('1.0.0'), '_info': _info}
+  methods.update(_split_generators=_split_generators, _generate_examples=_generate_examples)
+  with tfds.core.registered.skip_registration():
+    builder_class = type('Fake', (tfds.core.GeneratorBasedBuilder,), methods)
+  builder = builder_class(data_dir=str(data_dir), file_format=file_format)
+  builder.download_and_prepare()
+  return builder

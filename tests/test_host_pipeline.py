@@ -1,13 +1,12 @@
-"""The host pipeline (NumPy, libjpeg-turbo, OpenCV, PIL) against TensorFlow and itself.
+"""The input pipeline's batches: order, threads, resume, shards, errors, no TensorFlow.
 
-Order: the NumPy index shuffle is TensorFlow's RandomIndexShuffle bit for bit.
-Evaluation: the same pixels as the tf.data path (the official preprocessing).
-Training: crops and flips from per-position random numbers, so batches do not
-depend on threads or resumption; reduced-scale decoding stays close to a full
-decode. And all of it runs where `import tensorflow` fails.
+Order: the NumPy index shuffle is TensorFlow's RandomIndexShuffle bit for bit
+(the order runs trained in when a tf.data backend existed, so they resume on
+the same examples). Training: crops and flips from per-position random
+numbers, so batches do not depend on threads or resumption. And all of it
+runs where `import tensorflow` fails. (One image's pixels: test_preprocess.py.)
 """
 
-import io
 import json
 import os
 import subprocess
@@ -18,17 +17,13 @@ from conftest import subprocess_env
 import numpy as np
 from PIL import Image
 import pytest
-import tensorflow as tf
 
 from vit_jax.bench import input_speed
-from vit_jax.data import host
+from vit_jax.data import images
 from vit_jax.data import order
 from vit_jax.data import pipeline
-from vit_jax.data import preprocess
-from vit_jax.data import randaug
-from vit_jax.data import randaug_host
+from vit_jax.data import records
 from vit_jax.data import shards
-from vit_jax.data import tf_data
 
 
 @pytest.fixture(scope='module')
@@ -53,6 +48,7 @@ def _config(dataset, **overrides):
 
 
 def _tf_index_shuffle(index, key, max_index):
+  tf = pytest.importorskip('tensorflow')
   n = len(index)
   return tf.raw_ops.RandomIndexShuffle(
     index=tf.constant(index, tf.int64),
@@ -81,65 +77,19 @@ def test_every_epoch_is_a_permutation_also_where_tensorflows_is_not(n):
     assert theirs[0] == theirs[1]  # two examples land on one position
 
 
-def test_both_pipelines_read_the_same_examples_at_each_step():
-  kw = dict(global_batch=64, local_batch=32, offset=32, num_examples=1438, order_key=12345)
-  for step in (0, 22, 10**5):
-    positions, ours = order.train_indices(step, **kw)
-    tf_positions, theirs = tf_data.train_indices(tf.constant(step, tf.int64), **kw)
-    np.testing.assert_array_equal(positions, tf_positions.numpy())
-    np.testing.assert_array_equal(ours, theirs.numpy())
-    assert len(set(ours.tolist())) == 32
-
-
-def test_eval_pixels_are_the_tf_data_pipelines(photos):
-  files = input_speed.image_files(os.path.join(photos, 'train')) + [
-    os.path.join(photos, 'train', 'class0', 'png.png')
-  ]
-  for path in files:
-    data = open(path, 'rb').read()
-    for crop, resize_to in ((64, None), (64, 80), (384, None)):
-      ours = host.eval_image(data, crop, resize_to)
-      theirs = preprocess.eval_image(preprocess.decode(data), crop, resize_to).numpy()
-      np.testing.assert_array_equal(ours, theirs, err_msg=f'{path} {crop} {resize_to}')
-  # And the whole eval pass, batches, masks and floats included.
+def test_an_eval_pass_is_every_image_once_as_one_image_is_evaluated(photos):
   config = _config(photos, **{'pp.resize': 80, 'pp.test': 'train'})
-  host_pass = list(pipeline.make_eval_iterator(config, None))
-  config.input_backend = 'tf'
-  tf_pass = list(pipeline.make_eval_iterator(config, None))
-  assert len(host_pass) == len(tf_pass) == 4  # 26 images, batches of 8
-  for a, b in zip(host_pass, tf_pass):
-    for key in ('image', 'label', 'mask'):
-      np.testing.assert_array_equal(a[key], b[key])
-
-
-def _encoded(array, fmt, **kw):
-  buf = io.BytesIO()
-  Image.fromarray(array).save(buf, fmt, **kw)
-  return buf.getvalue()
-
-
-def test_other_formats_decode_as_tensorflow_decodes_them():
-  rng = np.random.default_rng(0)
-  rgb = rng.integers(0, 256, (30, 40, 3), np.uint8)
-  ramp = (np.arange(30 * 40, dtype=np.uint32).reshape(30, 40) * 53).astype(np.uint16)
-  cmyk = Image.fromarray(rgb).convert('CMYK')
-  buf = io.BytesIO()
-  cmyk.save(buf, 'JPEG', quality=95)
-  cases = {
-    'png': _encoded(rgb, 'PNG'),
-    'png rgba': _encoded(np.dstack([rgb, rgb[..., :1]]), 'PNG'),
-    'png 16-bit grey': _encoded(ramp, 'PNG'),
-    'gif': _encoded(rgb, 'GIF'),
-    'bmp': _encoded(rgb, 'BMP'),
-    'jpeg grey': _encoded(rgb[..., 0], 'JPEG'),
-    'jpeg cmyk': buf.getvalue(),
-  }
-  for name, data in cases.items():
-    ours = host.decode(data).astype(int)
-    theirs = preprocess.decode(data).numpy().astype(int)
-    assert ours.shape == theirs.shape, name
-    # CMYK JPEGs: PIL's conversion, not libjpeg's, within 1 (docs/data.md).
-    assert np.abs(ours - theirs).max() <= (1 if name == 'jpeg cmyk' else 0), name
+  batches = list(pipeline.make_eval_iterator(config, None))
+  assert len(batches) == 4  # 26 images, batches of 8
+  mask = np.concatenate([b['mask'] for b in batches])
+  assert mask.tolist() == [1.0] * 26 + [0.0] * 6
+  source = pipeline._open(config, 'test')
+  paths, labels = source.fetch(np.arange(26))
+  want = np.stack([images.eval_image(open(p, 'rb').read(), 64, 80) for p in paths])
+  np.testing.assert_array_equal(
+    np.concatenate([b['image'] for b in batches])[:26], images.to_float(want)
+  )
+  np.testing.assert_array_equal(np.concatenate([b['label'] for b in batches])[:26], labels)
 
 
 def test_unreadable_and_undecodable_files_are_one_line_errors(tmp_path):
@@ -164,9 +114,10 @@ def test_a_foreign_shard_record_is_a_one_line_error(photos, tmp_path):
   path = os.path.join(
     out, json.load(open(os.path.join(out, 'info.json')))['splits']['train'][0]['file']
   )
-  with tf.io.TFRecordWriter(path) as writer:  # the same number of records, not Examples
-    for _ in range(4):
-      writer.write(b'\x0a\x03abc')
+  writer = records.TFRecordWriter(path)  # the same number of records, not Examples
+  for _ in range(4):
+    writer.write(b'\x0a\x03abc')
+  writer.close()
   source = shards.open_split(out, 'train')
   with pytest.raises(pipeline.DataError, match='not a record of this format'):
     source.fetch(np.arange(2))
@@ -187,56 +138,12 @@ def test_mixup_of_multi_label_shards_mixes_label_sets(photos, tmp_path):
   assert 0.5 <= p < 1
 
 
-def test_one_image_crop_window_is_the_batched_one_and_inside():
-  u = order.example_uniforms(11, np.arange(3000), host.ATTEMPTS * 4)
-  for height, width, area_min in ((375, 500, 0.05), (8, 8, 0.5), (1, 1, 0.05), (3, 900, 0.05)):
-    one = np.array([host.crop_window_one(row, height, width, area_min) for row in u])
-    batched = host.crop_window(
-      u.reshape(-1, host.ATTEMPTS, 4), np.full(3000, height), np.full(3000, width), area_min
-    )
-    np.testing.assert_array_equal(one, np.stack(batched, 1))
-    y, x, h, w = one.T
-    assert np.all((y >= 0) & (x >= 0) & (y + h <= height) & (x + w <= width) & (h >= 1))
-  y, x, h, w = np.stack(host.crop_window(u.reshape(-1, 10, 4), 375, 500, 0.05), 1).T
-  fraction = h * w / (375 * 500)
-  assert fraction.min() > 0.045 and 0.35 < fraction.mean() < 0.5  # as the tf.data path's test
-
-
 def test_example_uniforms_are_uniform_and_independent():
   u = order.example_uniforms(5, np.arange(20_000), 4)
   assert abs(u.mean() - 0.5) < 0.01 and abs(u.std() - 12**-0.5) < 0.01
   assert abs(np.corrcoef(u[:, 0], u[:, 1])[0, 1]) < 0.03
   assert abs(np.corrcoef(u[:-1, 0], u[1:, 0])[0, 1]) < 0.03
   assert not np.array_equal(u, order.example_uniforms(6, np.arange(20_000), 4))
-
-
-def test_reduced_scale_decode_stays_close_to_a_full_decode():
-  from sklearn.datasets import load_sample_images
-
-  buf = io.BytesIO()
-  Image.fromarray(load_sample_images().images[0]).save(buf, 'JPEG', quality=95)
-  data = buf.getvalue()  # 427 x 640
-  full = host.decode(data)
-  half = host.decode(data, 200, 300)
-  assert half.shape == (214, 320, 3)  # libjpeg-turbo's 1/2 scale
-  cv2 = host._cv2()
-  pp = pipeline._PP(96, None, False, False, 1.0, 0, 0.0, 0.0)  # whole image, no flip
-  ours = host.train_image(data, np.zeros(host._DRAWS), pp)  # decodes at 1/4 scale
-  ref = cv2.resize(full, (96, 96), interpolation=cv2.INTER_AREA)
-  assert np.abs(ours.astype(int) - ref).mean() < 4
-
-
-def test_flip_mirrors_the_same_crop():
-  buf = io.BytesIO()
-  Image.fromarray(np.random.default_rng(0).integers(0, 255, (90, 120, 3), np.uint8)).save(
-    buf, 'PNG'
-  )
-  pp = pipeline._PP(32, None, True, True, 0.3, 0, 0.0, 0.0)
-  u = order.example_uniforms(1, [7], host._DRAWS)[0]
-  u[-1] = 0.9
-  plain = host.train_image(buf.getvalue(), u, pp)
-  u[-1] = 0.1
-  np.testing.assert_array_equal(host.train_image(buf.getvalue(), u, pp), plain[:, ::-1])
 
 
 def test_batches_do_not_depend_on_threads_and_resume_exactly(photos):
@@ -259,31 +166,22 @@ def test_batches_do_not_depend_on_threads_and_resume_exactly(photos):
   np.testing.assert_array_equal(labels, source.fetch(idx)[1])
 
 
-@pytest.mark.parametrize('name', [f.__name__ for f in randaug._PLAIN + randaug._SIGNED])
-def test_randaugment_ops_match_the_tensorflow_ones(name, photos):
-  path = input_speed.image_files(os.path.join(photos, 'train'))[0]
-  image = host.decode(open(path, 'rb').read())[:96, :128].copy()
-  names = [f.__name__ for f in randaug._PLAIN + randaug._SIGNED]
-  op = names.index(name)
-  for level, sign in ((3.0, True), (9.0, False)):
-    fn = getattr(randaug, name)
-    args = (level, tf.constant(sign)) if op >= len(randaug._PLAIN) else (level,)
-    theirs = fn(tf.constant(image), *args).numpy()
-    ours = randaug_host.apply_op(image, op, level, 1 if sign else -1)
-    assert np.mean(ours != theirs) < 0.01, (name, level)  # ties of nearest sampling only
-
-
-def test_shards_parse_the_same_without_tensorflow(photos, tmp_path):
+def test_shards_parse_as_tensorflow_parses_them(photos, tmp_path):
+  tf = pytest.importorskip('tensorflow')
   examples, names = shards.examples_from_folder(os.path.join(photos, 'train'))
   out = str(tmp_path / 'shards')
   shards.write_shards(examples, out, 'train', num_classes=3, class_names=names, num_shards=2)
+  info = json.load(open(os.path.join(out, 'info.json')))
+  files = [os.path.join(out, f['file']) for f in info['splits']['train']]
+  theirs = [r.numpy() for r in tf.data.TFRecordDataset(files)]  # TensorFlow reads our files
   source = shards.open_split(out, 'train')
   items, labels = source.fetch(np.arange(source.num_examples))
-  reader_records = source.read(tf.range(source.num_examples, dtype=tf.int64))['record']
-  for item, label, record in zip(items, labels, reader_records):
-    parsed = shards.parse_example(record, 3)
-    assert item == parsed['image'].numpy()
-    np.testing.assert_array_equal(label, parsed['label'].numpy())
+  assert len(theirs) == len(items) == 26
+  for item, label, record in zip(items, labels, theirs):
+    example = tf.train.Example.FromString(record).features.feature
+    assert item == example['image/encoded'].bytes_list.value[0]
+    np.testing.assert_array_equal(np.flatnonzero(label), example['image/labels'].int64_list.value)
+    assert example['image/id'].bytes_list.value[0].decode().startswith(photos)
 
 
 _NO_TF = r"""
@@ -350,13 +248,17 @@ def test_benchmark_input_reports_rates_the_ceiling_and_stages(tmp_path):
   assert set(out['stage_ms_per_image']) == {
     'read', 'header_and_crop', 'entropy_decode', 'idct_and_colour', 'resize', 'flip_and_float'
   }  # fmt: skip
-  for key in ('randaugment_mixup_img_per_sec', 'tf_data_img_per_sec', 'eval_img_per_sec',
-              'tfrecord_shards_img_per_sec'):  # fmt: skip
+  for key in ('randaugment_mixup_img_per_sec', 'eval_img_per_sec', 'tfrecord_shards_img_per_sec'):
     assert out[key] > 0, key
 
 
-def test_a_state_from_the_other_backend_is_refused(photos):
-  state = pipeline.make_train_iterator(_config(photos, input_backend='tf'), None).get_state()
-  assert state['input_backend'] == 'tf'
-  with pytest.raises(pipeline.DataError, match="input_backend='tf' but the config gives 'host'"):
-    pipeline.make_train_iterator(_config(photos), None, state=state)
+def test_a_state_from_the_tf_data_backend_resumes_on_the_same_examples(photos, caplog):
+  """Runs that tf.data fed (TFDS datasets, before TensorFlow left the package) kept the
+  order of `order.train_indices`: they resume on the same examples, said once."""
+  state = {'step': 3, 'seed': 0, 'batch': 8, 'dataset': photos, 'input_backend': 'tf'}
+  resumed = next(pipeline.make_train_iterator(_config(photos), None, state=state))
+  assert 'resuming batches that tf.data augmented' in caplog.text
+  fresh = pipeline.make_train_iterator(_config(photos), None)
+  for _ in range(3):
+    next(fresh)
+  np.testing.assert_array_equal(resumed['label'], next(fresh)['label'])

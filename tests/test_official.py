@@ -13,6 +13,7 @@ import sys
 from conftest import assert_close
 from conftest import assert_trees_close
 from conftest import batch_sharding
+from conftest import fake_tfds_dataset
 from conftest import param_shapes
 from conftest import random_like
 from conftest import subprocess_env
@@ -24,7 +25,6 @@ import numpy as np
 import optax
 from PIL import Image
 import pytest
-import tensorflow_datasets as tfds
 
 from vit_jax import checkpoint
 from vit_jax import input_pipeline
@@ -43,35 +43,21 @@ from vit_jax.training import steps
 _COLOURS = np.array([(255, 0, 0), (0, 255, 0), (0, 0, 255), (255, 255, 0), (0, 255, 255)], np.uint8)
 
 
-class OfficialColours(tfds.core.GeneratorBasedBuilder):
-  """Solid images whose colour is the label (5 classes): quick to learn."""
-
-  VERSION = tfds.core.Version('1.0.0')
-
-  def _info(self):
-    return tfds.core.DatasetInfo(
-      builder=self,
-      features=tfds.features.FeaturesDict(
-        {
-          'image': tfds.features.Image(shape=(20, 20, 3)),
-          'label': tfds.features.ClassLabel(num_classes=5),
-        }
-      ),
-    )
-
-  def _split_generators(self, dl_manager):
-    return {'train': self._generate_examples(40), 'test': self._generate_examples(10)}
-
-  def _generate_examples(self, n):
-    for i in range(n):
-      yield i, {'image': np.tile(_COLOURS[i % 5], (20, 20, 1)), 'label': i % 5}
-
-
 @pytest.fixture(scope='module')
 def colours(tmp_path_factory):
-  """The prepared dataset's TFDS data_dir."""
+  """The TFDS data_dir of a prepared dataset of solid images whose colour is the label (5
+  classes): quick to learn."""
   data_dir = str(tmp_path_factory.mktemp('tfds'))
-  OfficialColours(data_dir=data_dir).download_and_prepare()
+  fake_tfds_dataset(
+    data_dir,
+    'official_colours',
+    lambda t: {
+      'image': t.features.Image(shape=(20, 20, 3)),
+      'label': t.features.ClassLabel(num_classes=5),
+    },
+    lambda split, i: {'image': np.tile(_COLOURS[i % 5], (20, 20, 1)), 'label': i % 5},
+    {'train': 40, 'test': 10},
+  )
   datasets.open_split.cache_clear()
   yield data_dir
   datasets.open_split.cache_clear()
@@ -278,6 +264,7 @@ def get_config(model_dataset):  # as the official configs/vit.py
 """
 
 
+@pytest.mark.slow
 def test_official_style_config_file_on_the_command_line(tmp_path):
   path = tmp_path / 'vit.py'
   path.write_text(_OFFICIAL_STYLE_CONFIG)
@@ -359,6 +346,7 @@ def test_make_update_fn_with_accum_steps_zero_is_one_plain_step():
   assert new_rng.shape == (2,) and not np.array_equal(new_rng, jax.random.PRNGKey(0))
 
 
+@pytest.mark.slow
 def test_official_notebook_flows(colours, tmp_path, capsys):
   sharding = batch_sharding()
   # Load dataset (official: with_dataset, get_data_from_tfds, get_dataset_info).

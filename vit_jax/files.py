@@ -1,56 +1,136 @@
 """Files at local paths or behind a scheme (`gs://`): one place for both.
 
-Local paths use the standard library; any path with a scheme goes through
-`tf.io.gfile`, imported only when such a path is used, so local runs need no
-TensorFlow here.
+Local paths use the standard library. A path with a scheme goes through
+fsspec (`gs://` by gcsfs, as orbax's `etils.epath` does without TensorFlow;
+`memory://` serves the tests). Before the first remote operation of a process
+the storage host is looked up, so a machine without network stops at once with
+one line instead of after the client's minutes of retries; a missing bucket or
+missing credentials are one line too.
 """
 
+import functools
 import os
+import socket
+import urllib.parse
+
+# Hosts that serve each scheme; a scheme not listed here (memory://, file://) is not checked.
+_HOSTS = {'gs': 'storage.googleapis.com', 's3': 's3.amazonaws.com'}
+_LOOKUP_TIMEOUT_S = 5
 
 
-class RemoteFilesError(RuntimeError):
-  """A `gs://` (or other scheme) path without TensorFlow to read it; one line."""
+class RemoteFilesError(OSError):
+  """A remote path that cannot be reached; the message is one line with what to do."""
 
 
 def is_remote(path) -> bool:
   return '://' in os.fspath(path)
 
 
-def gfile():
-  """`tf.io.gfile`, or a one-line error saying how to get it."""
+def _scheme(path) -> str:
+  return urllib.parse.urlsplit(os.fspath(path)).scheme
+
+
+@functools.lru_cache(maxsize=None)
+def _unreachable(scheme: str):
+  """(host, reason) when the host serving `scheme` cannot be looked up, else None."""
+  host = _HOSTS.get(scheme)
+  if host is None:
+    return None
+  previous = socket.getdefaulttimeout()
+  socket.setdefaulttimeout(_LOOKUP_TIMEOUT_S)
   try:
-    import tensorflow as tf
-  except ImportError as e:
-    raise RemoteFilesError('gs:// paths need TensorFlow: pip install tensorflow-cpu') from e
-  return tf.io.gfile
+    socket.getaddrinfo(host, 443)
+  except OSError as e:
+    return host, getattr(e, 'strerror', None) or str(e)
+  finally:
+    socket.setdefaulttimeout(previous)
+  return None
+
+
+def _filesystem(path):
+  """(fsspec filesystem, its path) for a remote path, or a one-line error saying what to do."""
+  scheme = _scheme(path)
+  unreachable = _unreachable(scheme)
+  if unreachable:
+    raise RemoteFilesError(
+      f'{path}: cannot reach {unreachable[0]} ({unreachable[1]}): no network here; copy the '
+      'files to a local folder and pass that path instead'
+    )
+  try:
+    import fsspec
+
+    return fsspec.core.url_to_fs(os.fspath(path))
+  except ImportError as e:  # gcsfs (gs://) or s3fs (s3://) is missing
+    package = {'gs': 'gcsfs', 's3': 's3fs'}.get(scheme, f'the fsspec driver for {scheme}://')
+    raise RemoteFilesError(
+      f'{path}: {scheme}:// paths need {package}: pip install {package}'
+    ) from e
+  except ValueError as e:  # an unknown protocol
+    raise RemoteFilesError(f'{path}: no file system for {scheme}:// ({e})') from None
+
+
+def remote_error(path, error: Exception) -> Exception:
+  """`error` of a remote operation on `path` as a one-line `RemoteFilesError` where it is the
+  user's environment (credentials, permissions, a missing bucket); others unchanged."""
+  text = f'{type(error).__name__}: {error}'
+  causes = (
+    (
+      ('DefaultCredentialsError', 'credentials were not found', 'Anonymous caller'),
+      'no credentials: run gcloud auth application-default login, or copy the files to a local '
+      'folder and pass that path instead',
+    ),  # fmt: skip
+    (
+      ('Forbidden', 'does not have storage'),
+      'permission denied: grant this account access to the bucket, or pass a path you can write',
+    ),  # fmt: skip
+    (
+      ('bucket does not exist', 'NoSuchBucket', 'The specified bucket'),
+      'no such bucket: check the name, or create it (gcloud storage buckets create)',
+    ),  # fmt: skip
+  )
+  for needles, cause in causes:
+    if any(n in text for n in needles):
+      return RemoteFilesError(f'{path}: {cause}')
+  return error
+
+
+def _remote_call(path, fn, *args, **kwargs):
+  fs, inner = _filesystem(path)
+  try:
+    return fn(fs, inner, *args, **kwargs)
+  except FileNotFoundError:
+    raise
+  except Exception as e:
+    raise remote_error(path, e) from e
 
 
 def exists(path) -> bool:
-  return gfile().exists(path) if is_remote(path) else os.path.exists(path)
+  return _remote_call(path, lambda fs, p: fs.exists(p)) if is_remote(path) else os.path.exists(path)
 
 
 def isdir(path) -> bool:
-  return gfile().isdir(path) if is_remote(path) else os.path.isdir(path)
+  return _remote_call(path, lambda fs, p: fs.isdir(p)) if is_remote(path) else os.path.isdir(path)
 
 
 def makedirs(path) -> None:
   if is_remote(path):
-    gfile().makedirs(path)
+    _remote_call(path, lambda fs, p: fs.makedirs(p, exist_ok=True))
   else:
     os.makedirs(path, exist_ok=True)
 
 
 def open_file(path, mode: str = 'r'):
   """A file object; text modes are UTF-8."""
+  encoding = None if 'b' in mode else 'utf-8'
   if is_remote(path):
-    return gfile().GFile(path, mode)
-  return open(path, mode, encoding=None if 'b' in mode else 'utf-8')
+    return _remote_call(path, lambda fs, p: fs.open(p, mode, encoding=encoding))
+  return open(path, mode, encoding=encoding)
 
 
 def rename(src, dst) -> None:
-  """Replaces `dst` (atomically for local files)."""
+  """Replaces `dst` (atomically for local files; a copy and a delete in object stores)."""
   if is_remote(src):
-    gfile().rename(src, dst, overwrite=True)
+    _remote_call(src, lambda fs, p: fs.mv(p, _filesystem(dst)[1]))
   else:
     os.replace(src, dst)
 
@@ -62,7 +142,7 @@ def write_text(path, text: str) -> None:
   publishes an object only when it is closed.
   """
   if is_remote(path):
-    with gfile().GFile(path, 'w') as f:
+    with open_file(path, 'w') as f:
       f.write(text)
     return
   with open(path + '.tmp', 'w', encoding='utf-8') as f:
@@ -72,14 +152,13 @@ def write_text(path, text: str) -> None:
 
 def remove(path) -> None:
   """Deletes a file; one that is already gone is fine."""
-  if is_remote(path):
-    if gfile().exists(path):
-      gfile().remove(path)
-  else:
-    try:
+  try:
+    if is_remote(path):
+      _remote_call(path, lambda fs, p: fs.rm(p))
+    else:
       os.remove(path)
-    except FileNotFoundError:
-      pass
+  except FileNotFoundError:
+    pass
 
 
 def listdir(path) -> list:
@@ -87,8 +166,24 @@ def listdir(path) -> list:
   if not isdir(path):
     return []
   if is_remote(path):
-    return [name.rstrip('/') for name in gfile().listdir(path)]
+    entries = _remote_call(path, lambda fs, p: fs.ls(p, detail=False))
+    return [os.path.basename(e.rstrip('/')) for e in entries]
   return os.listdir(path)
+
+
+def mtime(path) -> float:
+  """Seconds since the epoch of the last write of `path`."""
+  if not is_remote(path):
+    return os.path.getmtime(path)
+  info = _remote_call(path, lambda fs, p: fs.info(p))
+  value = next(info[k] for k in ('mtime', 'updated', 'created', 'LastModified') if k in info)
+  if hasattr(value, 'timestamp'):
+    return value.timestamp()
+  if isinstance(value, str):
+    import datetime
+
+    return datetime.datetime.fromisoformat(value.replace('Z', '+00:00')).timestamp()
+  return float(value)
 
 
 def absolute(path) -> str:

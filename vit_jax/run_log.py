@@ -13,6 +13,7 @@ import importlib.util
 import json
 import logging as py_logging
 import os
+import socket
 import time
 import warnings
 
@@ -26,6 +27,64 @@ def _format_duration(seconds: float) -> str:
   hours, rest = divmod(seconds, 3600)
   minutes, seconds = divmod(rest, 60)
   return f'{hours}h{minutes:02d}m' if hours else f'{minutes}m{seconds:02d}s'
+
+
+class EventFile:
+  """TensorBoard scalars in an event file, written without TensorFlow.
+
+  An event file is TFRecord-framed `Event` protos (TensorBoard's own, from the
+  tensorboard package). Local files are appended to; an object store cannot
+  append, so there the file is rewritten whole at each flush (scalars are a
+  few KB per thousand steps).
+  """
+
+  def __init__(self, logdir: str):
+    from tensorboard.compat.proto import event_pb2
+
+    self._event_pb2 = event_pb2
+    files.makedirs(logdir)
+    name = f'events.out.tfevents.{time.time():.0f}.{socket.gethostname()}.{os.getpid()}.0'
+    self._path = os.path.join(logdir, name)
+    self._remote = files.is_remote(logdir)
+    self._records = []
+    self._file = None if self._remote else open(self._path, 'ab')
+    self._write(event_pb2.Event(wall_time=time.time(), file_version='brain.Event:2'))
+
+  def _write(self, event) -> None:
+    from vit_jax.data import records
+
+    data = records.frame(event.SerializeToString())
+    if self._remote:
+      self._records.append(data)
+    else:
+      self._file.write(data)
+
+  def scalars(self, step: int, values: dict) -> None:
+    from tensorboard.compat.proto import summary_pb2
+
+    summary = summary_pb2.Summary(
+      value=[summary_pb2.Summary.Value(tag=k, simple_value=float(v)) for k, v in values.items()]
+    )
+    self._write(self._event_pb2.Event(wall_time=time.time(), step=int(step), summary=summary))
+
+  def flush(self) -> None:
+    if self._remote:
+      with files.open_file(self._path, 'wb') as f:
+        f.write(b''.join(self._records))
+    else:
+      self._file.flush()
+
+  def close(self) -> None:
+    self.flush()
+    if self._file is not None:
+      self._file.close()
+
+
+def write_scalars(logdir: str, step: int, values: dict) -> None:
+  """One event file in `logdir` holding `values` at `step`."""
+  events = EventFile(logdir)
+  events.scalars(step, values)
+  events.close()
 
 
 class RunLog:
@@ -43,16 +102,7 @@ class RunLog:
       return
     files.makedirs(workdir)
     if tensorboard:
-      try:
-        import tensorflow as tf
-      except ImportError:  # GPU environments often keep TensorFlow out
-        print(
-          'tensorboard: TensorFlow is not installed, so metrics go to metrics.jsonl only '
-          '(pip install tensorflow-cpu for TensorBoard summaries, or set --config.tensorboard=False)',
-          flush=True,
-        )
-      else:
-        self._tb = tf.summary.create_file_writer(os.path.join(workdir, 'tensorboard'))
+      self._tb = EventFile(os.path.join(workdir, 'tensorboard'))
     self._jsonl = (
       None if files.is_remote(workdir) else open(os.path.join(workdir, 'metrics.jsonl'), 'a')
     )
@@ -65,11 +115,7 @@ class RunLog:
       self._jsonl.write(json.dumps({'step': int(step), **values}) + '\n')
       self._jsonl.flush()
     if self._tb is not None:
-      import tensorflow as tf
-
-      with self._tb.as_default(step=int(step)):
-        for name, value in values.items():
-          tf.summary.scalar(name, value)
+      self._tb.scalars(step, values)
       self._tb.flush()
 
   def info(self, message: str, *args) -> None:

@@ -1,6 +1,6 @@
 """Data fields of an experiment config, with their defaults, in one place.
 
-`add_data_config(config)` puts every field that `vit_jax.input_pipeline` reads
+`add_data_config(config)` puts every field that `vit_jax.data.pipeline` reads
 into `config` (keeping values already there), so experiment configs and tests
 share one source of defaults. Field names follow the original vit_jax where it
 had one (`dataset`, `tfds_data_dir`, `tfds_manual_dir`, `pp.train`, `pp.test`,
@@ -23,9 +23,8 @@ def data_config() -> ml_collections.ConfigDict:
       # ('cifar10', 'imagenet2012', 'vtab/dtd'), the built-in 'digits', a
       # folder DIR/{train,test}/<class>/*, or a shard directory with info.json.
       'dataset': 'digits',
-      'tfds_data_dir': placeholder(
-        str
-      ),  # TFDS data_dir; None = TFDS default (~/tensorflow_datasets)
+      # Where prepared TFDS datasets are; None = $TFDS_DATA_DIR or TFDS's default (data/tfds.py).
+      'tfds_data_dir': placeholder(str),
       'tfds_manual_dir': placeholder(str),  # manual downloads (ImageNet tars, ImageNet-21k folders)
       'pp': {
         'train': placeholder(str),  # train split, e.g. 'train[:98%]'; None = the dataset's preset
@@ -47,8 +46,7 @@ def data_config() -> ml_collections.ConfigDict:
       'batch': 512,  # global train batch, split evenly over processes
       'batch_eval': 512,  # global eval batch
       'prefetch': 2,  # batches transferred to the devices ahead of use
-      'input_backend': 'auto',  # 'auto': host pipeline where it reads the data, else tf.data; 'tf'
-      'input_threads': 0,  # host pipeline decode threads; 0 = every core this process may use
+      'input_threads': 0,  # decode threads of the input pipeline; 0 = every core this process may use
       'seed': 0,  # data order and augmentation are a pure function of (seed, step)
       'corrupt_images': 'skip',  # image folders: 'skip' (log and count) or 'fail'
       'eval_cache_mb': 1024,  # keep preprocessed eval data in host memory when below this

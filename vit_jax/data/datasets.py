@@ -8,7 +8,6 @@
 """
 
 import dataclasses
-import difflib
 import functools
 import os
 
@@ -17,9 +16,9 @@ import numpy as np
 from vit_jax import files
 from vit_jax.data import folder
 from vit_jax.data import presets
-from vit_jax.data import records
 from vit_jax.data import shards
 from vit_jax.data import sources
+from vit_jax.data import tfds
 from vit_jax.data.sources import DataError
 
 BUILTIN = ('digits',)
@@ -99,7 +98,7 @@ def defaults(dataset: str, tfds_data_dir=None) -> Defaults:
   if which == 'folder':
     side = _folder_image_side(os.path.expanduser(dataset))
   elif which == 'tfds':
-    side = _tfds_image_side(dataset, tfds_data_dir)
+    side = tfds.image_side(dataset, tfds_data_dir)
   if side is not None and side < SMALL_IMAGE_SIDE:
     return _small_images(side)
   return Defaults()
@@ -132,23 +131,6 @@ def _folder_image_side(root: str):
   return int(np.median(sides)) if sides else None
 
 
-def _tfds_image_side(dataset: str, tfds_data_dir):
-  """The shorter side of a TFDS dataset's fixed image shape (mnist: 28), else None."""
-  import tensorflow_datasets as tfds
-
-  try:
-    shape = tfds.builder(dataset, data_dir=tfds_data_dir).info.features['image'].shape
-  except (tfds.core.registered.DatasetNotFoundError, KeyError, AttributeError, ValueError):
-    return None  # unknown names and datasets without an 'image' are reported when opened
-  return min(shape[:2]) if None not in shape[:2] else None
-
-
-def data_dir(tfds_data_dir):
-  return os.path.expanduser(
-    tfds_data_dir or os.environ.get('TFDS_DATA_DIR') or '~/tensorflow_datasets'
-  )
-
-
 @functools.lru_cache(maxsize=32)
 def open_split(
   dataset: str, split: str, tfds_data_dir=None, tfds_manual_dir=None, corrupt_images='skip'
@@ -162,7 +144,7 @@ def open_split(
   if which == 'shards':
     root = os.path.expanduser(dataset)
     if dataset == 'imagenet21k':
-      root = os.path.join(data_dir(tfds_data_dir), 'imagenet21k')
+      root = os.path.join(tfds.data_dir(tfds_data_dir), 'imagenet21k')
       if not shards.is_shard_dir(root):
         manual = tfds_manual_dir or '<tfds_manual_dir>'
         raise DataError(
@@ -171,7 +153,7 @@ def open_split(
           '(docs/data.md: ImageNet-21k)'
         )
     return shards.open_split(root, split)
-  return _tfds(dataset, split, tfds_data_dir, tfds_manual_dir)
+  return tfds.open_split(dataset, split, tfds_data_dir, tfds_manual_dir)
 
 
 # ---------------------------------------------------------------------------
@@ -231,129 +213,3 @@ def _folder(root, split, corrupt_images):
   source = sources.file_source(os.path.join(root, name), paths, labels, len(classes), classes)
   lo, hi = sources.slice_bounds(start, stop, source.num_examples)
   return sources.sliced(source, lo, hi, f'[{start or ""}:{stop or ""}]')
-
-
-# ---------------------------------------------------------------------------
-# TFDS.
-
-
-def unknown_dataset(dataset, tfds_names):
-  known = list(dict.fromkeys([*BUILTIN, 'imagenet21k', *presets.PRESETS, *tfds_names]))
-  close = difflib.get_close_matches(dataset, known, n=3, cutoff=0.6)
-  hint = (
-    f'did you mean {" or ".join(close)}?'
-    if close
-    else ('use a TFDS name, a preset (docs/data.md), digits, or a folder path')
-  )
-  return DataError(f'unknown dataset {dataset!r}: {hint}')
-
-
-def _tfds(dataset, split, tfds_data_dir, tfds_manual_dir):
-  import tensorflow_datasets as tfds
-
-  preset = presets.PRESETS.get(dataset)
-  if preset is None and dataset.startswith('vtab/'):
-    raise unknown_dataset(dataset, [])
-  tfds_name = preset.tfds_name if preset else dataset
-  try:
-    builder = tfds.builder(tfds_name, data_dir=tfds_data_dir)
-  except tfds.core.registered.DatasetNotFoundError:
-    raise unknown_dataset(dataset, tfds.list_builders()) from None
-  except Exception as e:
-    # A bad config name ('eurosat/nope') or an unreadable data_dir.
-    raise DataError(
-      f'{dataset}: cannot open TFDS builder {tfds_name!r} '
-      f'({first_line(e)}); check the name and tfds_data_dir'
-    ) from None
-
-  parts = (preset.named_splits.get(split) if preset else None) or ((split, None),)
-  features = builder.info.features
-  label_key = preset.label_key if preset else 'label'
-  if preset and preset.num_classes:
-    num_classes = preset.num_classes
-  elif label_key in features and hasattr(features[label_key], 'num_classes'):
-    num_classes = features[label_key].num_classes
-  else:
-    raise DataError(
-      f'{dataset}: no ClassLabel feature {label_key!r}; '
-      'only image classification datasets are supported'
-    )
-  names = getattr(features[label_key], 'names', None) if label_key in features else None
-  multi_label = bool(preset and preset.multi_label)
-
-  def parse(record):
-    import tensorflow as tf
-
-    example = features.deserialize_example(record, decoders={'image': tfds.decode.SkipDecoding()})
-    label = preset.label_fn(example) if preset and preset.label_fn else example[label_key]
-    label = tf.cast(label, tf.float32 if multi_label else tf.int32)
-    return {'image': example['image'], 'label': label}
-
-  pieces = []
-  for expr, take in parts:
-    reader = _tfds_reader(builder, dataset, expr, tfds_data_dir, tfds_manual_dir, preset)
-    source = sources.record_source(
-      f'{dataset} {expr}',
-      reader,
-      parse,
-      num_classes,
-      class_names=names,
-      multi_label=multi_label,
-      mask_empty_labels=bool(preset and preset.mask_empty_labels),
-    )
-    if take is not None:
-      source = sources.sliced(source, 0, min(take, source.num_examples), f'[:{take}]')
-    pieces.append(source)
-  return sources.concatenated(pieces, f'{dataset} {split}')
-
-
-def _tfds_reader(builder, dataset, expr, tfds_data_dir, tfds_manual_dir, preset):
-  import tensorflow_datasets as tfds
-
-  try:
-    data_source = builder.as_data_source(
-      expr, deserialize_method=tfds.decode.DeserializeMethod.RAW_BYTES
-    )
-    return records.DataSourceReader(data_source, f'{dataset} {expr}')
-  except Exception as e:
-    error = e
-  if not builder.is_prepared():
-    where = builder.data_dir
-    if preset and preset.manual:
-      manual = tfds_manual_dir or '<tfds_manual_dir>'
-      raise DataError(
-        f'{dataset}: not prepared in {where}; put {", ".join(preset.manual_files)} '
-        f'in {manual} and run python -m vit_jax.prepare {dataset} '
-        f'--manual_dir {manual} (docs/data.md: ImageNet)'
-      ) from None
-    raise DataError(
-      f'{dataset}: not prepared in {where}; run python -m vit_jax.prepare '
-      f'{dataset} where it can download (docs/data.md: TFDS datasets)'
-    ) from None
-  if isinstance(error, NotImplementedError):
-    # Prepared as TFRecord: our own random access over TFDS's files.
-    try:
-      instructions = builder.info.splits[expr].file_instructions
-    except Exception as e:
-      raise _bad_split(dataset, expr, builder, e) from None
-    files = [
-      (
-        fi.filename
-        if os.path.isabs(fi.filename) or '://' in fi.filename
-        else os.path.join(builder.data_dir, fi.filename),
-        fi.skip,
-        fi.take if fi.take >= 0 else fi.examples_in_shard - fi.skip,
-      )
-      for fi in instructions
-    ]
-    return records.TFRecordReader(files)
-  raise _bad_split(dataset, expr, builder, error) from None
-
-
-def _bad_split(dataset, expr, builder, error):
-  have = ', '.join(sorted(builder.info.splits)) or 'none'
-  return DataError(f'{dataset}: cannot read split {expr!r} ({first_line(error)}); splits: {have}')
-
-
-def first_line(error):
-  return (str(error).strip().splitlines() or [type(error).__name__])[0][:200]

@@ -7,10 +7,8 @@
     resumed = pipeline.make_train_iterator(config, sharding, state=state)
     for batch in pipeline.make_eval_iterator(config, sharding):        # + 'mask'
 
-Two implementations deliver the batches: the host pipeline (`host.py`: NumPy,
-libjpeg-turbo, OpenCV, PIL and threads; no TensorFlow) for image folders,
-shards and the digits, and tf.data (`tf_data.py`) for TFDS datasets.
-`config.input_backend='tf'` sends every dataset through tf.data instead.
+One implementation delivers them for every kind of data (`host.py`: NumPy,
+libjpeg-turbo, OpenCV, PIL and threads; no TensorFlow).
 
 Order. The example stream is epoch after epoch of the split, each epoch a
 seeded permutation (`order.index_shuffle`, computed per index; TensorFlow's
@@ -31,6 +29,7 @@ import dataclasses
 import functools
 from typing import Iterator, Optional, Sequence
 
+from absl import logging
 import jax
 import numpy as np
 
@@ -38,6 +37,7 @@ from vit_jax.configs.data import add_data_config  # noqa: F401  (public API)
 from vit_jax.configs.data import data_config  # noqa: F401  (public API)
 from vit_jax.data import datasets
 from vit_jax.data import host
+from vit_jax.data import images
 from vit_jax.data import order
 from vit_jax.data import sources
 from vit_jax.data.order import eval_steps  # noqa: F401  (public API)
@@ -179,50 +179,18 @@ def _local_batch(batch: int, what: str, sharding, process_count: int) -> int:
   return batch // process_count
 
 
-# ---------------------------------------------------------------------------
-# Backends.
-
-
-def _backend(config, source) -> str:
-  """'host' or 'tf' for this source and config."""
-  backend = config.get('input_backend', 'auto')
-  if backend not in ('auto', 'host', 'tf'):
-    raise DataError(f"input_backend={backend!r}: use 'auto', 'host' or 'tf'")
-  if backend == 'tf' or (backend == 'auto' and source.fetch is None):
-    return 'tf'
-  if source.fetch is None:
-    raise DataError(
-      f"{source.name}: the host pipeline cannot read TFDS datasets; use input_backend='auto' "
-      "or 'tf' (needs TensorFlow)"
-    )
-  return 'host'
-
-
 def _train_batches(config, source, pp, local_batch, step):
-  """Process-local NumPy train batches from `step` on, from the backend that reads `source`."""
-  if _backend(config, source) == 'host':
-    return host.TrainBatches(
-      source,
-      pp,
-      local_batch=local_batch,
-      start_step=step,
-      keys=order.keys(int(config.seed)),
-      process_index=jax.process_index(),
-      process_count=jax.process_count(),
-      num_threads=config.get('input_threads', 0),
-    )
-  from vit_jax.data import tf_data
-
-  dataset = tf_data.train_dataset(
+  """Process-local NumPy train batches from `step` on."""
+  return host.TrainBatches(
     source,
     pp,
     local_batch=local_batch,
     start_step=step,
-    seed=int(config.seed),
+    keys=order.keys(int(config.seed)),
     process_index=jax.process_index(),
     process_count=jax.process_count(),
+    num_threads=config.get('input_threads', 0),
   )
-  return tf_data.numpy_batches(dataset, source, f'reading train batches from step {step}, batch')
 
 
 # ---------------------------------------------------------------------------
@@ -276,8 +244,6 @@ def make_train_iterator(config, sharding, *, state=None) -> TrainIterator:
     'seed': int(config.seed),
     'batch': int(config.batch),
     'dataset': str(config.dataset),
-    # The backends read the same examples but augment them differently.
-    'input_backend': _backend(config, source),
   }
   step = 0
   if state:
@@ -288,6 +254,12 @@ def make_train_iterator(config, sharding, *, state=None) -> TrainIterator:
           f'{value!r}; restore with the same config or pass '
           f"state={{'step': {state.get('step', 0)}}} to start there anyway"
         )
+    if state.get('input_backend') == 'tf':
+      logging.warning(
+        'resuming batches that tf.data augmented (TensorFlow is no longer used): the same '
+        'examples follow in the same order, cropped, flipped and mixed by the one pipeline '
+        '(docs/data.md: Order and augmentation)'
+      )
     step = int(state['step'])
   batches = _train_batches(config, source, pp, local_batch, step)
   return TrainIterator(batches, sharding, step, config.prefetch, fingerprint)
@@ -309,19 +281,6 @@ def _host_eval(source, pp, local_batch, process_index, process_count, threads):
 def _eval_batches(config, source, pp, local_batch):
   """NumPy eval batches {'image' f32, 'label', 'mask'} of one pass."""
   p, n_proc = jax.process_index(), jax.process_count()
-  if _backend(config, source) == 'tf':
-    from vit_jax.data import tf_data
-
-    dataset = tf_data.eval_dataset(
-      source,
-      pp,
-      local_batch=local_batch,
-      process_index=p,
-      process_count=n_proc,
-      cache_bytes=config.eval_cache_mb * 2**20,
-    )
-    yield from tf_data.numpy_batches(dataset, source, 'reading eval batch')
-    return
   threads = int(config.get('input_threads', 0))
   total = order.eval_steps(source.num_examples, local_batch, n_proc) * local_batch
   if total * pp.crop * pp.crop * 3 <= config.eval_cache_mb * 2**20:
@@ -332,7 +291,7 @@ def _eval_batches(config, source, pp, local_batch):
     mask = batch['mask']
     if source.mask_empty_labels:
       mask = mask * (batch['label'].sum(axis=-1) > 0).astype(np.float32)
-    yield {'image': host.to_float(batch['image']), 'label': batch['label'], 'mask': mask}
+    yield {'image': images.to_float(batch['image']), 'label': batch['label'], 'mask': mask}
 
 
 def make_eval_iterator(config, sharding, split='test') -> Iterator[dict]:

@@ -16,6 +16,8 @@ examples of those.
 import dataclasses
 from typing import Callable, Mapping, Optional, Sequence, Tuple
 
+import numpy as np
+
 # A named split of a preset: TFDS split expressions, each with an optional
 # "first n examples" limit, concatenated in order.
 SplitParts = Tuple[Tuple[str, Optional[int]], ...]
@@ -28,7 +30,8 @@ class Preset:
   test: str
   num_classes: Optional[int] = None  # None = from the TFDS label feature
   label_key: str = 'label'
-  # Builds the label from the deserialised example (TF graph); None = label_key.
+  # Builds the label from the parsed example ({feature name: values}, nested
+  # names joined by '/'); None = label_key.
   label_fn: Optional[Callable] = None
   multi_label: bool = False
   # Evaluation leaves out examples whose label set is empty (ReaL protocol).
@@ -43,10 +46,9 @@ class Preset:
 
 def _real_labels(example, num_classes=1000):
   """ImageNet ReaL (Beyer et al. 2020): the set of correct labels, multi-hot."""
-  import tensorflow as tf
-
-  hot = tf.one_hot(example['real_label'], num_classes, dtype=tf.float32)
-  return tf.minimum(tf.reduce_sum(hot, axis=0), 1.0)
+  hot = np.zeros(num_classes, np.float32)
+  hot[np.asarray(example['real_label'], np.int64)] = 1.0
+  return hot
 
 
 def _vtab_splits(train, val, test):
@@ -60,44 +62,30 @@ def _vtab_splits(train, val, test):
   }
 
 
-def _bucket(values, thresholds):
-  """Index of the last threshold below `values` (VTAB's distance bins)."""
-  import tensorflow as tf
-
-  below = tf.cast(tf.constant(thresholds, tf.float32) < tf.cast(values, tf.float32), tf.int64)
-  return tf.reduce_sum(below) - 1
+def _bucket(value, thresholds):
+  """Index of the last threshold below `value` (VTAB's distance bins)."""
+  return int(np.sum(np.asarray(thresholds, np.float32) < np.float32(value))) - 1
 
 
 def _clevr_count(ex):
-  import tensorflow as tf
-
-  return tf.cast(tf.size(ex['objects']['size']), tf.int64) - 3
+  return len(ex['objects/size']) - 3
 
 
 def _clevr_distance(ex):
-  import tensorflow as tf
-
-  return _bucket(
-    tf.reduce_min(ex['objects']['pixel_coords'][:, 2]), [0.0, 8.0, 8.5, 9.0, 9.5, 10.0, 100.0]
-  )
+  depth = np.asarray(ex['objects/pixel_coords'], np.float32).reshape(-1, 3)[:, 2]
+  return _bucket(depth.min(), [0.0, 8.0, 8.5, 9.0, 9.5, 10.0, 100.0])
 
 
 def _kitti_vehicle_distance(ex):
-  import tensorflow as tf
-
   # Car, Van, Truck are types 0-2; "no vehicle" lands in the last bin.
-  is_vehicle = ex['objects']['type'] < 3
-  z = tf.boolean_mask(ex['objects']['location'][:, 2], is_vehicle)
-  dist = tf.reduce_min(tf.concat([z, [1000.0]], axis=0))
-  return _bucket(dist, [-100.0, 8.0, 20.0, 999.0])
+  is_vehicle = np.asarray(ex['objects/type'], np.int64) < 3
+  z = np.asarray(ex['objects/location'], np.float32).reshape(-1, 3)[is_vehicle, 2]
+  return _bucket(np.concatenate([z, [1000.0]]).min(), [-100.0, 8.0, 20.0, 999.0])
 
 
 def _binned(key, original, classes):
   def fn(ex):
-    import tensorflow as tf
-
-    value = tf.cast(ex[key], tf.float32)
-    return tf.cast(tf.math.floordiv(value, original / classes), tf.int64)
+    return int(np.float32(ex[key][0]) // np.float32(original / classes))
 
   return fn
 

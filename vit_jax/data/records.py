@@ -26,6 +26,38 @@ _HEADER = 12
 _FOOTER = 4
 
 
+def masked_crc32c(data: bytes) -> int:
+  """The CRC32C TFRecord files store: rotated right by 15 bits plus a constant."""
+  import google_crc32c
+
+  crc = google_crc32c.value(data)
+  return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def frame(data: bytes) -> bytes:
+  """One record as a TFRecord file stores it (also TensorBoard's event files)."""
+  length = struct.pack('<Q', len(data))
+  return (
+    length
+    + struct.pack('<I', masked_crc32c(length))
+    + data
+    + struct.pack('<I', masked_crc32c(data))
+  )
+
+
+class TFRecordWriter:
+  """Writes records to a new TFRecord file (local or remote)."""
+
+  def __init__(self, path: str):
+    self._file = files.open_file(path, 'wb')
+
+  def write(self, data: bytes) -> None:
+    self._file.write(frame(data))
+
+  def close(self) -> None:
+    self._file.close()
+
+
 def scan_tfrecord(path: str) -> Tuple[np.ndarray, np.ndarray]:
   """(data offsets, data lengths) of every record in a TFRecord file."""
   offsets, lengths = [], []

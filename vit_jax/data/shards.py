@@ -14,6 +14,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from vit_jax.data import example_proto
 from vit_jax.data import folder
 from vit_jax.data import records
 from vit_jax.data import sources
@@ -41,76 +42,11 @@ def read_info(root: str) -> dict:
   return info
 
 
-def parse_example(serialized, num_classes):
-  """Serialized tf.train.Example -> {'image': encoded bytes, 'label': multi-hot [K]}."""
-  import tensorflow as tf
-
-  features = tf.io.parse_single_example(
-    serialized,
-    {
-      'image/encoded': tf.io.FixedLenFeature([], tf.string),
-      'image/labels': tf.io.VarLenFeature(tf.int64),
-    },
-  )
-  ids = tf.sparse.to_dense(features['image/labels'])
-  hot = tf.reduce_sum(tf.one_hot(ids, num_classes, dtype=tf.float32), axis=0)
-  return {'image': features['image/encoded'], 'label': tf.minimum(hot, 1.0)}
-
-
-def _varint(buf: bytes, pos: int):
-  value = shift = 0
-  while True:
-    byte = buf[pos]
-    pos += 1
-    value |= (byte & 0x7F) << shift
-    shift += 7
-    if byte < 0x80:
-      return value, pos
-
-
-def _fields(buf: bytes):
-  """(field number, value) of a protobuf message: ints for varints, bytes otherwise."""
-  pos, end = 0, len(buf)
-  while pos < end:
-    tag, pos = _varint(buf, pos)
-    number, wire = tag >> 3, tag & 7
-    if wire == 0:
-      value, pos = _varint(buf, pos)
-    elif wire == 2:
-      size, pos = _varint(buf, pos)
-      value, pos = buf[pos : pos + size], pos + size
-    elif wire in (1, 5):
-      size = 8 if wire == 1 else 4
-      value, pos = buf[pos : pos + size], pos + size
-    else:
-      raise ValueError(f'unsupported protobuf wire type {wire}')
-    yield number, value
-
-
-def _feature_values(feature: bytes):
-  """BytesList values as bytes, Int64List values as ints (packed or not)."""
-  values = []
-  for kind, content in _fields(feature):
-    for _, item in _fields(content):
-      if kind == 3 and isinstance(item, bytes):  # packed int64s
-        pos = 0
-        while pos < len(item):
-          v, pos = _varint(item, pos)
-          values.append(v - (1 << 64) if v >> 63 else v)
-      else:
-        values.append(item)
-  return values
-
-
-def parse_example_host(serialized: bytes, num_classes: int):
-  """`parse_example` without TensorFlow: (encoded bytes, multi-hot float32 [K])."""
-  features = {}
-  for _, features_msg in _fields(serialized):  # Example.features
-    for _, entry in _fields(features_msg):  # Features.feature map entries
-      parts = dict(_fields(entry))
-      features[parts.get(1, b'').decode()] = _feature_values(parts.get(2, b''))
+def parse_example(serialized: bytes, num_classes: int):
+  """A shard record -> (encoded image bytes, multi-hot float32 [K])."""
+  features = example_proto.parse(serialized)
   hot = np.zeros(num_classes, np.float32)
-  ids = [i for i in features.get('image/labels', []) if 0 <= i < num_classes]
+  ids = [i for i in np.asarray(features.get('image/labels', []), np.int64) if 0 <= i < num_classes]
   hot[ids] = 1.0
   return features['image/encoded'][0], hot
 
@@ -137,7 +73,6 @@ def open_split(root: str, split: str) -> sources.Source:
     k,
     class_names=info.get('class_names'),
     multi_label=True,
-    parse_host=lambda r: parse_example_host(r, k),
   )
   lo, hi = sources.slice_bounds(start, stop, source.num_examples)
   return sources.sliced(source, lo, hi, f'[{start or ""}:{stop or ""}]')
@@ -189,33 +124,11 @@ def examples_from_csv(path: str) -> List[Tuple[str, List[int]]]:
   return examples
 
 
-def _encode_varint(value: int) -> bytes:
-  value &= (1 << 64) - 1  # negative int64s as ten-byte two's complement
-  out = bytearray()
-  while True:
-    byte, value = value & 0x7F, value >> 7
-    out.append(byte | (0x80 if value else 0))
-    if not value:
-      return bytes(out)
-
-
-def _message_field(number: int, payload: bytes) -> bytes:
-  return _encode_varint(number << 3 | 2) + _encode_varint(len(payload)) + payload
-
-
 def _serialize(data: bytes, labels: Sequence[int], key: str) -> bytes:
-  """A tf.train.Example (image/encoded, image/labels, image/id), encoded without TensorFlow."""
-  packed = b''.join(_encode_varint(int(i)) for i in labels)
-  features = {
-    'image/encoded': _message_field(1, _message_field(1, data)),  # BytesList
-    'image/labels': _message_field(3, _message_field(1, packed)),  # Int64List, packed
-    'image/id': _message_field(1, _message_field(1, key.encode())),
-  }
-  entries = b''.join(
-    _message_field(1, _message_field(1, name.encode()) + _message_field(2, feature))
-    for name, feature in features.items()
+  """A shard record: the Example (image/encoded, image/labels, image/id)."""
+  return example_proto.serialize(
+    {'image/encoded': data, 'image/labels': np.asarray(labels, np.int64), 'image/id': key}
   )
-  return _message_field(1, entries)
 
 
 def _writer(path: str, file_format: str):
@@ -223,9 +136,7 @@ def _writer(path: str, file_format: str):
     from array_record.python import array_record_module
 
     return array_record_module.ArrayRecordWriter(path, 'group_size:1')
-  import tensorflow as tf
-
-  return tf.io.TFRecordWriter(path)
+  return records.TFRecordWriter(path)
 
 
 def write_shards(

@@ -1,4 +1,8 @@
-"""Image preprocessing as in the paper (Appendix B.1.1), in TensorFlow ops.
+"""Test oracle: the paper's image preprocessing (Appendix B.1.1) in TensorFlow ops.
+
+The input pipeline (vit_jax/data/images.py) must give these pixels: the
+tests compare the two where TensorFlow is installed. This was the tf.data
+backend's preprocessing until the package dropped TensorFlow.
 
 Train: inception crop (random area in [area_min, 1] of the image, aspect ratio
 log-uniform in [3/4, 4/3]; Szegedy et al. 2015), random horizontal flip,

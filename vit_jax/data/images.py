@@ -1,0 +1,242 @@
+"""One image: decoding, the official evaluation resize, the training crop.
+
+Every path that turns a file into pixels uses `decode` (training, evaluation,
+prediction, analysis), so an image reaches the model as the same pixels
+wherever it is read. JPEGs are decoded by libjpeg-turbo through `simplejpeg`
+with TensorFlow's default settings (fast integer IDCT, fancy upsampling), at a
+reduced DCT scale (1, 1/2, 1/4, 1/8) where a training crop allows; other
+formats by PIL. Evaluation resizes as `tf.image.resize` does (bilinear,
+half-pixel centres, no antialiasing), so its pixels are the official
+preprocessing's, bit for bit (the tests compare with TensorFlow where it is
+installed). Training crops are resized by OpenCV with the same sampling, in
+fixed point.
+"""
+
+import functools
+import io
+import math
+import re
+from typing import Optional
+
+import numpy as np
+
+from vit_jax.data.sources import DataError
+
+ATTEMPTS = 10  # inception crop candidates per image; the first that fits is taken
+_LOG_RATIO = (math.log(3 / 4), math.log(4 / 3))
+DRAWS = ATTEMPTS * 4 + 1  # uniforms per image: the crop's, then the flip
+
+
+def crop_window(uniforms, height, width, area_min):
+  """(y, x, h, w) int arrays of inception crops; uniforms [..., ATTEMPTS, 4] in [0, 1).
+
+  Each attempt draws an area fraction in [area_min, 1] and a log-uniform aspect
+  ratio in [3/4, 4/3]; the first box that fits is used, else the whole image
+  (Szegedy et al. 2015; torchvision and the tf.data path do the same).
+  """
+  height = np.asarray(height, np.float64)[..., None]
+  width = np.asarray(width, np.float64)[..., None]
+  area = height * width * (area_min + (1.0 - area_min) * uniforms[..., 0])
+  ratio = np.exp(_LOG_RATIO[0] + (_LOG_RATIO[1] - _LOG_RATIO[0]) * uniforms[..., 1])
+  w, h = np.round(np.sqrt(area * ratio)), np.round(np.sqrt(area / ratio))
+  fits = (w <= width) & (h <= height) & (w >= 1) & (h >= 1)
+  first = np.argmax(fits, axis=-1)[..., None]
+  take = lambda t: np.take_along_axis(t, first, axis=-1)[..., 0]
+  found = fits.any(axis=-1)
+  h = np.where(found, take(h), height[..., 0])
+  w = np.where(found, take(w), width[..., 0])
+  y = np.floor(take(uniforms[..., 2]) * (height[..., 0] - h + 1))
+  x = np.floor(take(uniforms[..., 3]) * (width[..., 0] - w + 1))
+  return tuple(v.astype(np.int64) for v in (y, x, h, w))
+
+
+def _is_jpeg(data: bytes) -> bool:
+  return data[:3] == b'\xff\xd8\xff'
+
+
+class BadImage(Exception):
+  """Bytes that do not decode as an image; `_decoded` turns it into a `DataError`."""
+
+
+def decode(data: bytes, min_height: int = 0, min_width: int = 0, fast: bool = False) -> np.ndarray:
+  """Encoded image -> uint8 [h, w, 3]; JPEGs as tf.io.decode_jpeg, optionally DCT-scaled.
+
+  A JPEG is decoded at the smallest scale whose size is at least
+  (min_height, min_width); 0 means full size. `fast` upsamples the colour
+  planes without smoothing (training only: a few % faster, not TF's pixels).
+  Grey is replicated, alpha dropped, 16-bit samples keep their high byte (as
+  tf.io.decode_image), a GIF gives its first frame.
+  """
+  if _is_jpeg(data):
+    import simplejpeg
+
+    try:
+      return simplejpeg.decode_jpeg(
+        data,
+        'RGB',
+        fastdct=True,  # TensorFlow's default IDCT (JDCT_IFAST)
+        fastupsample=fast,  # False: TensorFlow's fancy upsampling
+        min_height=min_height,
+        min_width=min_width,
+      )
+    except ValueError:
+      pass  # CMYK, or corrupt: PIL below converts the one and names the other
+  from PIL import Image
+
+  try:
+    with Image.open(io.BytesIO(data)) as image:
+      image.seek(0)
+      if image.mode in ('I;16', 'I;16B', 'I;16L', 'I'):  # 16-bit grey
+        grey = (np.asarray(image).astype(np.uint32) >> 8).astype(np.uint8)
+        return np.repeat(grey[..., None], 3, axis=-1)
+      return np.asarray(image.convert('RGB'))
+  except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
+    reason = re.sub(r'<_io\.BytesIO object at 0x[0-9a-f]+>', 'the data', str(e))
+    raise BadImage((reason.strip().splitlines() or [type(e).__name__])[0][:200]) from None
+
+
+def image_size(data: bytes):
+  """(height, width) from the header of a JPEG, else None (`decode` then tells)."""
+  if not _is_jpeg(data):
+    return None
+  import simplejpeg
+
+  try:
+    height, width, _, _ = simplejpeg.decode_jpeg_header(data)
+  except ValueError:
+    return None
+  return height, width
+
+
+def _lerp_weights(n_in: int, n_out: int):
+  """Source rows (lower, upper) and weights of tf.image.resize's bilinear sampling."""
+  scale = np.float32(n_in) / np.float32(n_out)
+  src = (np.arange(n_out, dtype=np.float32) + np.float32(0.5)) * scale - np.float32(0.5)
+  floor = np.floor(src)
+  lower = np.maximum(floor, 0).astype(np.int64)
+  upper = np.minimum(np.ceil(src), n_in - 1).astype(np.int64)
+  return lower, upper, src - floor
+
+
+@functools.lru_cache(maxsize=64)
+def _resize_plan(in_h: int, in_w: int, height: int, width: int):
+  """Corner coordinates (as OpenCV remap maps) and weights of a `resize_exact`."""
+  y0, y1, dy = _lerp_weights(in_h, height)
+  x0, x1, dx = _lerp_weights(in_w, width)
+  grid = lambda ys, xs: tuple(a.astype(np.float32) for a in np.meshgrid(xs, ys))
+  maps = [grid(y0, x0), grid(y0, x1), grid(y1, x0), grid(y1, x1)]
+  return (y0, y1, x0, x1), maps, dx[:, None], dy[:, None, None]
+
+
+def resize_exact(image: np.ndarray, height: int, width: int) -> np.ndarray:
+  """uint8 [(b,) h, w, 3] -> uint8 [(b,) height, width, 3], equal to `preprocess.resize`.
+
+  The float32 arithmetic of TensorFlow's ResizeBilinear kernel (half-pixel
+  centres, no antialiasing), step for step, then round half to even. The four
+  corner pixels of every output pixel are gathered by OpenCV (nearest-pixel
+  remap at integer coordinates: exact copies), the arithmetic is NumPy's.
+  """
+  (y0, y1, x0, x1), maps, dx, dy = _resize_plan(*image.shape[-3:-1], height, width)
+  if image.ndim == 3 and max(image.shape[:2]) < 32767:
+    cv2 = _cv2()
+    corners = [cv2.remap(image, *m, cv2.INTER_NEAREST) for m in maps]
+  else:  # batches of small images (the digits)
+    rows_top, rows_bottom = image[..., y0, :, :], image[..., y1, :, :]
+    corners = [rows_top[..., x0, :], rows_top[..., x1, :]]
+    corners += [rows_bottom[..., x0, :], rows_bottom[..., x1, :]]
+  tl, tr, bl, br = (np.asarray(a, np.float32) for a in corners)
+  # In place: top = tl + (tr - tl) * dx, bottom likewise, out = top + (bottom - top) * dy.
+  for left, right in ((tl, tr), (bl, br)):
+    np.subtract(right, left, out=right)
+    np.multiply(right, dx, out=right)
+    np.add(right, left, out=right)
+  np.subtract(br, tr, out=br)
+  np.multiply(br, dy, out=br)
+  np.add(br, tr, out=br)
+  np.rint(br, out=br)
+  return np.clip(br, 0, 255, out=br).astype(np.uint8)
+
+
+def eval_image(data: bytes, crop: int, resize_to: Optional[int] = None) -> np.ndarray:
+  """Encoded image -> uint8 [crop, crop, 3]: the official evaluation pixels."""
+  return eval_array(decode(data), crop, resize_to)
+
+
+def eval_array(image, crop: int, resize_to: Optional[int] = None) -> np.ndarray:
+  if not resize_to:
+    return resize_exact(image, crop, crop)
+  start = (resize_to - crop) // 2
+  image = resize_exact(image, resize_to, resize_to)
+  return image[..., start : start + crop, start : start + crop, :]
+
+
+def crop_window_one(uniforms, height: int, width: int, area_min: float):
+  """`crop_window` for one image in plain Python (a NumPy call per image costs more)."""
+  for a in range(ATTEMPTS):
+    u_area, u_ratio, u_y, u_x = uniforms[4 * a : 4 * a + 4]
+    area = height * width * (area_min + (1.0 - area_min) * u_area)
+    ratio = math.exp(_LOG_RATIO[0] + (_LOG_RATIO[1] - _LOG_RATIO[0]) * u_ratio)
+    w, h = round(math.sqrt(area * ratio)), round(math.sqrt(area / ratio))
+    if 1 <= w <= width and 1 <= h <= height:
+      return math.floor(u_y * (height - h + 1)), math.floor(u_x * (width - w + 1)), h, w
+  return 0, 0, height, width
+
+
+@functools.lru_cache(maxsize=1)
+def _cv2():
+  try:
+    import cv2
+  except ImportError:
+    raise DataError(
+      'the host input pipeline resizes training crops with OpenCV: pip install '
+      'opencv-python-headless'
+    ) from None
+  cv2.setNumThreads(1)  # the pipeline's own threads run one image each
+  return cv2
+
+
+def dct_scale(crop_height: int, crop_width: int, size: int) -> int:
+  """1, 2, 4 or 8: the largest JPEG downscale that keeps a crop at least `size` px each way.
+
+  Only these: libjpeg-turbo's other n/8 scales have no SIMD code and decode
+  slower than the full image.
+  """
+  scale = 1
+  while scale < 8 and min(crop_height, crop_width) >= 2 * scale * size:
+    scale *= 2
+  return scale
+
+
+def train_image(data: bytes, uniforms, pp) -> np.ndarray:
+  """Encoded image + its `DRAWS` uniforms -> augmented uint8 [crop, crop, 3]."""
+  size = image_size(data)
+  image = None
+  if size is None:
+    image = decode(data)
+    size = image.shape[:2]
+  height, width = size
+  if pp.inception_crop:
+    y, x, h, w = crop_window_one(uniforms, height, width, pp.area_min)
+  else:
+    y, x, h, w = 0, 0, height, width
+  if image is None:
+    scale = dct_scale(h, w, pp.crop)
+    image = decode(data, -(-height // scale), -(-width // scale), fast=True)
+  sy, sx = image.shape[0] / height, image.shape[1] / width
+  top, left = round(y * sy), round(x * sx)
+  bottom = max(top + 1, min(image.shape[0], round((y + h) * sy)))
+  right = max(left + 1, min(image.shape[1], round((x + w) * sx)))
+  # Bilinear with half-pixel centres and no antialiasing, as tf.image.resize.
+  cv2 = _cv2()
+  out = cv2.resize(
+    image[top:bottom, left:right], (pp.crop, pp.crop), interpolation=cv2.INTER_LINEAR
+  )
+  if pp.flip and uniforms[ATTEMPTS * 4] < 0.5:
+    out = cv2.flip(out, 1)
+  return out
+
+
+def to_float(images, out=None):
+  """uint8 -> float32 in [-1, 1], the same float32 operations as the tf.data path."""
+  out = np.divide(images, np.float32(127.5), out=out, dtype=np.float32)
+  return np.subtract(out, np.float32(1.0), out=out)
