@@ -17,9 +17,6 @@ setuptools.setup(
     'absl-py',
     'array-record',  # index-addressable shards for the input pipeline
     'flax>=0.10',
-    # tensorflow-datasets' builders import it on every Python, but declare it
-    # only for Python < 3.9: without it `python -m vit_jax.prepare` fails.
-    'importlib_resources',
     'jax>=0.5',
     'matplotlib',  # analysis figures
     'ml-collections',
@@ -31,8 +28,6 @@ setuptools.setup(
     'scikit-learn',  # the built-in digits dataset
     'simplejpeg',  # libjpeg-turbo decoding with DCT scaling (host pipeline)
     'tensorboard',  # event files, written without TensorFlow
-    # Reads prepared TFDS datasets' metadata and names; installs without TensorFlow.
-    'tensorflow-datasets',
     # gs:// paths (workdirs, datasets, checkpoints) without TensorFlow, as orbax's epath does.
     'fsspec',
     'gcsfs',
@@ -59,14 +54,20 @@ setuptools.setup(
       'onnxscript',
       'onnxruntime',
       'nbclient',
-      'tensorflow-cpu',  # the oracles: our pipeline against the AugReg TensorFlow ops
+      # The oracles (our pipeline against the official TensorFlow ops), TFDS
+      # datasets prepared by TFDS itself, the SavedModel export.
+      'tensorflow-cpu',
+      'tensorflow-datasets',
+      'importlib_resources',
       'nbformat',
       'ipykernel',
     ],
     # TensorFlow where a job truly needs it: downloading and building a TFDS
-    # dataset (python -m vit_jax.prepare), the SavedModel export, and the
-    # tests' TensorFlow oracles of the input pipeline.
-    'tf': ['tensorflow-cpu'],
+    # dataset (python -m vit_jax.prepare; reading a prepared one needs neither).
+    # The SavedModel export needs tensorflow-cpu alone.
+    # (tensorflow-datasets' builders import importlib_resources on every Python
+    # but declare it only for Python < 3.9.)
+    'tfds': ['tensorflow-cpu', 'tensorflow-datasets', 'importlib_resources'],
     'gpu': ['jax[cuda12]'],
     'tpu': ['jax[tpu]'],
   },
