@@ -67,6 +67,11 @@ def kind(dataset: str) -> str:
   if os.path.isdir(path) or dataset.startswith(('/', '.', '~')) or files.is_remote(dataset):
     if shards.is_shard_dir(path):
       return 'shards'
+    if files.is_remote(dataset):
+      raise DataError(
+        f'{dataset}: no info.json there; datasets in object stores are shard directories '
+        '(python -m vit_jax.jft --folder DIR --out gs://...); image folders must be local'
+      )
     if not os.path.isdir(path):
       raise DataError(
         f'{dataset}: no such folder; pass an existing image folder or shard '

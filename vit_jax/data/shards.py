@@ -14,6 +14,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from vit_jax import files
 from vit_jax.data import example_proto
 from vit_jax.data import folder
 from vit_jax.data import records
@@ -25,13 +26,13 @@ FORMATS = {'tfrecord': 'tfrecord', 'array_record': 'array_record'}
 
 
 def is_shard_dir(path: str) -> bool:
-  return os.path.isfile(os.path.join(path, 'info.json'))
+  return files.exists(os.path.join(path, 'info.json'))
 
 
 def read_info(root: str) -> dict:
   path = os.path.join(root, 'info.json')
   try:
-    with open(path) as f:
+    with files.open_file(path) as f:
       info = json.load(f)
   except (OSError, ValueError) as e:
     raise DataError(f'{path}: unreadable shard info ({e}); re-run python -m vit_jax.jft') from None
@@ -60,11 +61,11 @@ def open_split(root: str, split: str) -> sources.Source:
       f'{root}: no split {name!r} in info.json (has '
       f'{", ".join(sorted(info["splits"]))}); pass one of those'
     )
-  files = [(os.path.join(root, f['file']), 0, f['num_examples']) for f in info['splits'][name]]
-  for path, _, _ in files:
-    if not os.path.exists(path) and '://' not in path:
+  paths = [(os.path.join(root, f['file']), 0, f['num_examples']) for f in info['splits'][name]]
+  for path, _, _ in paths:
+    if not files.exists(path):
       raise DataError(f'{path}: shard listed in info.json is missing; re-run python -m vit_jax.jft')
-  reader = records.open_records(files, info.get('file_format', 'tfrecord'))
+  reader = records.open_records(paths, info.get('file_format', 'tfrecord'))
   k = int(info['num_classes'])
   source = sources.record_source(
     f'{root} {name}',
@@ -90,13 +91,13 @@ def examples_from_folder(root: str) -> Tuple[List[Tuple[str, List[int]]], List[s
   examples = []
   for label, name in enumerate(names):
     class_dir = os.path.join(root, name)
-    files = sorted(f for f in os.listdir(class_dir) if f.lower().endswith(folder.EXTENSIONS))
-    if not files:
+    images = sorted(f for f in os.listdir(class_dir) if f.lower().endswith(folder.EXTENSIONS))
+    if not images:
       raise DataError(
         f'{class_dir}: empty class folder (no {", ".join(folder.EXTENSIONS)} '
         'files); add images or remove the folder'
       )
-    examples += [(os.path.join(class_dir, f), [label]) for f in files]
+    examples += [(os.path.join(class_dir, f), [label]) for f in images]
   return examples, names
 
 
@@ -156,10 +157,40 @@ def write_shards(
   Examples are shuffled (seeded) so each shard and each host's share mixes
   classes. Returns the updated info dict (also written to out/info.json).
   """
-  if file_format not in FORMATS:
-    raise DataError(f'file format {file_format!r}: use tfrecord or array_record')
   if corrupt_images not in ('skip', 'fail'):
     raise DataError(f"corrupt_images={corrupt_images!r}: use 'skip' or 'fail'")
+  info = _info_to_extend(out, examples, num_classes, class_names, file_format)
+  good, bad = _decodable(examples, corrupt_images)
+  order = np.random.default_rng(seed).permutation(len(good))
+  num_shards = max(1, min(num_shards, len(good)))
+  written = []
+  for shard, part in enumerate(np.array_split(order, num_shards)):
+    name = f'{split}-{shard:05d}-of-{num_shards:05d}.{FORMATS[file_format]}'
+    writer = _writer(os.path.join(out, name), file_format)
+    for i in part:
+      path, labels = good[i]
+      with open(path, 'rb') as f:
+        writer.write(_serialize(f.read(), labels, path))
+    writer.close()
+    written.append({'file': name, 'num_examples': int(len(part))})
+  info['splits'][split] = written
+  with open(os.path.join(out, 'info.json'), 'w', encoding='utf-8') as f:
+    json.dump(info, f, indent=1, ensure_ascii=False)
+  logging.info(
+    '%s: wrote %d examples of split %s in %d shards (%d corrupt skipped)',
+    out,
+    len(good),
+    split,
+    num_shards,
+    len(bad),
+  )
+  return info
+
+
+def _info_to_extend(out, examples, num_classes, class_names, file_format) -> dict:
+  """The info.json of shard dir `out` (made if new) that a split of `examples` goes into."""
+  if file_format not in FORMATS:
+    raise DataError(f'file format {file_format!r}: use tfrecord or array_record')
   too_big = [(p, l) for p, l in examples if max(l) >= num_classes]
   if too_big:
     raise DataError(
@@ -167,24 +198,26 @@ def write_shards(
       'raise --num_classes'
     )
   os.makedirs(out, exist_ok=True)
-  info = (
-    read_info(out)
-    if is_shard_dir(out)
-    else {
+  if not is_shard_dir(out):
+    return {
       'format': FORMAT,
       'file_format': file_format,
       'num_classes': num_classes,
       'class_names': list(class_names) if class_names else None,
       'splits': {},
     }
-  )
+  info = read_info(out)
   if (
     info['num_classes'] != num_classes
     or info['file_format'] != file_format
     or (class_names and info['class_names'] and list(class_names) != info['class_names'])
   ):
     raise DataError(f'{out}: holds shards with other classes or format; write to a new folder')
+  return info
 
+
+def _decodable(examples, corrupt_images):
+  """(examples whose image decodes, [(path, why)] of the others); 'fail' stops at the first."""
   with concurrent.futures.ThreadPoolExecutor(8) as pool:
     problems = list(pool.map(folder.check_image, [p for p, _ in examples]))
   bad = [(p, why) for (p, _), why in zip(examples, problems) if why]
@@ -195,28 +228,4 @@ def write_shards(
     )
   if bad:
     logging.warning('skipped %d corrupt image(s): %s', len(bad), ', '.join(p for p, _ in bad[:20]))
-  good = [e for e, why in zip(examples, problems) if not why]
-  order = np.random.default_rng(seed).permutation(len(good))
-  num_shards = max(1, min(num_shards, len(good)))
-  files = []
-  for shard, part in enumerate(np.array_split(order, num_shards)):
-    name = f'{split}-{shard:05d}-of-{num_shards:05d}.{FORMATS[file_format]}'
-    writer = _writer(os.path.join(out, name), file_format)
-    for i in part:
-      path, labels = good[i]
-      with open(path, 'rb') as f:
-        writer.write(_serialize(f.read(), labels, path))
-    writer.close()
-    files.append({'file': name, 'num_examples': int(len(part))})
-  info['splits'][split] = files
-  with open(os.path.join(out, 'info.json'), 'w') as f:
-    json.dump(info, f, indent=1)
-  logging.info(
-    '%s: wrote %d examples of split %s in %d shards (%d corrupt skipped)',
-    out,
-    len(good),
-    split,
-    num_shards,
-    len(bad),
-  )
-  return info
+  return [e for e, why in zip(examples, problems) if not why], bad
