@@ -139,6 +139,21 @@ def test_folder_errors_name_the_folder(tmp_path):
     pipeline.get_info(_config(tmp_path / 'missing'))
 
 
+def test_a_class_folder_in_only_one_split_is_refused_unless_allowed(tmp_path):
+  root = make_folder(tmp_path / 'typo')
+  os.rename(root / 'test' / 'cat', root / 'test' / 'Cat')  # a typo in one split
+  with pytest.raises(pipeline.DataError) as e:
+    pipeline.get_info(_config(root))
+  assert str(e.value) == (
+    f"{root}: class folder 'Cat' is in test but not in train (is it 'cat' there?); give every "
+    'split the same class folders, or set --config.allow_missing_classes=True'
+  )
+  config = _config(root)
+  config.allow_missing_classes = True
+  info = pipeline.get_info(config)  # asked for: four classes, one of them without train images
+  assert info.num_classes == 4 and info.class_names == ['Cat', 'cat', 'dog', 'eel']
+
+
 def test_a_single_class_folder_is_refused(tmp_path):
   root = tmp_path / 'one'
   for split in ('train', 'test'):

@@ -33,7 +33,7 @@ def data_config() -> ml_collections.ConfigDict:
         'resize': placeholder(
           int
         ),  # eval: resize to this, then centre crop to `crop`; None = resize to crop
-        # None below = the dataset's choice (vit_jax.presets; digits: no flip, area_min 0.5).
+        # None below = the dataset's choice (vit_jax.data.presets; digits: no flip, area_min 0.5).
         'inception_crop': placeholder(
           bool
         ),  # train: random area/aspect crop; False = resize like eval
@@ -49,6 +49,8 @@ def data_config() -> ml_collections.ConfigDict:
       'input_threads': 0,  # decode threads of the input pipeline; 0 = every core this process may use
       'seed': 0,  # data order and augmentation are a pure function of (seed, step)
       'corrupt_images': 'skip',  # image folders: 'skip' (log and count) or 'fail'
+      # Image folders: True lets a class folder be absent from a split (else a one-line error).
+      'allow_missing_classes': False,
       'eval_cache_mb': 1024,  # keep preprocessed eval data in host memory when below this
     }
   )

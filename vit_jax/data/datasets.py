@@ -131,21 +131,26 @@ def _folder_image_side(root: str):
     try:
       with Image.open(path) as image:
         sides.append(min(image.size))
-    except (OSError, ValueError):
-      continue  # corrupt files are reported when the split is opened
+    except (OSError, ValueError, Image.DecompressionBombError):
+      continue  # corrupt and huge files are reported when the split is opened
   return int(np.median(sides)) if sides else None
 
 
 @functools.lru_cache(maxsize=32)
 def open_split(
-  dataset: str, split: str, tfds_data_dir=None, tfds_manual_dir=None, corrupt_images='skip'
+  dataset: str,
+  split: str,
+  tfds_data_dir=None,
+  tfds_manual_dir=None,
+  corrupt_images='skip',
+  allow_missing_classes=False,
 ) -> sources.Source:
   """The Source of `split` of `dataset`. Cached: folders are checked once per process."""
   which = kind(dataset)
   if which == 'builtin':
     return _digits(split)
   if which == 'folder':
-    return _folder(os.path.expanduser(dataset), split, corrupt_images)
+    return _folder(os.path.expanduser(dataset), split, corrupt_images, allow_missing_classes)
   if which == 'shards':
     root = os.path.expanduser(dataset)
     if dataset == 'imagenet21k':
@@ -205,7 +210,7 @@ def _digits(split):
 # Image folders.
 
 
-def _folder(root, split, corrupt_images):
+def _folder(root, split, corrupt_images, allow_missing_classes):
   name, start, stop = sources.parse_split(split)
   classes = folder.class_names(root)
   if len(classes) == 1:
@@ -215,6 +220,8 @@ def _folder(root, split, corrupt_images):
       f'add {root}/train/<another class>/ with images'
     )
   paths, labels = folder.list_split(root, name, classes, corrupt_images)
+  if not allow_missing_classes:
+    folder.check_same_classes(root)
   source = sources.file_source(os.path.join(root, name), paths, labels, len(classes), classes)
   lo, hi = sources.slice_bounds(start, stop, source.num_examples)
   return sources.sliced(source, lo, hi, f'[{start or ""}:{stop or ""}]')

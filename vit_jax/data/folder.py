@@ -10,6 +10,7 @@ other formats, run in a thread pool.
 """
 
 import concurrent.futures
+import difflib
 import logging
 import os
 from typing import List, Optional, Sequence, Tuple
@@ -32,6 +33,32 @@ def class_names(root: str) -> List[str]:
     if os.path.isdir(split_dir):
       names.update(d for d in os.listdir(split_dir) if os.path.isdir(os.path.join(split_dir, d)))
   return sorted(names)
+
+
+def check_same_classes(root: str) -> None:
+  """Refuses a class folder that only some splits have: a typo (`Circle` / `circle`) or a class
+  without training images, which the head would learn nothing of and the accuracy would count."""
+  by_split = {}
+  for split in sorted(os.listdir(root)):
+    split_dir = os.path.join(root, split)
+    if os.path.isdir(split_dir):
+      by_split[split] = {
+        d for d in os.listdir(split_dir) if os.path.isdir(os.path.join(split_dir, d))
+      }
+  every = set().union(*by_split.values()) if by_split else set()
+  for split, names in sorted(by_split.items(), key=lambda item: item[0] != 'train'):
+    missing = sorted(every - names)
+    if missing:
+      name = missing[0]
+      where = ', '.join(s for s, n in by_split.items() if name in n)
+      close = difflib.get_close_matches(name, sorted(names), n=1, cutoff=0.6) + [
+        n for n in names if n.lower() == name.lower()
+      ]
+      hint = f' (is it {close[-1]!r} there?)' if close else ''
+      raise DataError(
+        f'{root}: class folder {name!r} is in {where} but not in {split}{hint}; give every '
+        'split the same class folders, or set --config.allow_missing_classes=True'
+      )
 
 
 def check_image(path: str) -> Optional[str]:

@@ -130,6 +130,19 @@ def _decoded(source, index, item, fn):
     ) from None
 
 
+def batch_buffer(shape, dtype) -> np.ndarray:
+  """An uninitialised batch, or a one-line error when the host's memory runs out."""
+  try:
+    return np.empty(shape, dtype)
+  except MemoryError:
+    gib = np.prod(shape) * np.dtype(dtype).itemsize / 2**30
+    raise DataError(
+      f'out of host memory for a batch of {shape[0]} images at {shape[1]} px ({gib:.1f} GiB, '
+      'a few in flight): lower --config.batch (or raise --config.accum_steps), '
+      '--config.prefetch or --config.eval_cache_mb'
+    ) from None
+
+
 def _chunks(n: int):
   """Row ranges of `_CHUNK` images (one thread-pool job each) covering a batch of n."""
   return np.array_split(np.arange(n), -(-n // _CHUNK))
@@ -184,7 +197,7 @@ class TrainBatches:
       ra_uniforms = order.example_uniforms(self._aug_key ^ _RANDAUG_KEY, positions, n)
     if self._source.decoded:  # in memory: one vectorised job for the batch
       return step, [self._pool.submit(self._decoded_batch, idx, uniforms, ra_uniforms)], None
-    out = np.empty((self._b, pp.crop, pp.crop, 3), np.float32)
+    out = batch_buffer((self._b, pp.crop, pp.crop, 3), np.float32)
     jobs = [
       self._pool.submit(self._images, idx[r], uniforms[r], ra_uniforms, r, out)
       for r in _chunks(self._b)
@@ -258,7 +271,7 @@ def eval_batches(source, pp, *, positions_fn, num_threads=0, ahead=2):
   def submit(idx, mask):
     if source.decoded:
       return [pool.submit(decoded, idx)], None, mask
-    out = np.empty((len(idx), pp.crop, pp.crop, 3), np.uint8)
+    out = batch_buffer((len(idx), pp.crop, pp.crop, 3), np.uint8)
     return [pool.submit(decode_rows, idx[r], r, out) for r in _chunks(len(idx))], out, mask
 
   def result(jobs, out, mask):

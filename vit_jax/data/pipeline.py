@@ -158,6 +158,7 @@ def _open(config, split) -> sources.Source:
     config.tfds_data_dir,
     config.tfds_manual_dir,
     config.corrupt_images,
+    config.get('allow_missing_classes', False),
   )
 
 
