@@ -6,8 +6,10 @@ r"""Train on one GPU machine, this one or another over ssh: set up a venv, check
 Actions (positional, default `setup run`, plus `fetch` with --host):
   setup  a virtualenv with vit_jax[gpu] (jax with CUDA 12 wheels) installed from
          this checkout (with --host: its committed tree, copied over by scp)
-  run    check that JAX sees a GPU, then python -m vit_jax.main; all local GPUs
-         are used by the one process, so the same recipe fits an 8-GPU box
+  run    check that JAX sees a GPU, then python -m vit_jax.main with 90% of each
+         GPU's memory for JAX (XLA_PYTHON_CLIENT_MEM_FRACTION, what
+         `python -m vit_jax.compile --topology=h100-8` checks against); all local
+         GPUs are used by the one process, so the same recipe fits an 8-GPU box
   fetch  (--host) copy summary.json and params.npz back to --results
 
 Rerunning `run` with the same workdir resumes from its checkpoints.
@@ -27,6 +29,7 @@ def commands(args) -> list:
   python = os.path.join(args.venv, 'bin', 'python')
   check = [python, '-c', _GPU_CHECK]
   train = common.main_command(python, args)
+  env = [f'{name}={value}' for name, value in common.GPU_ENV.items()]
   out = []
   if not args.host:
     for action in args.actions:
@@ -34,7 +37,7 @@ def commands(args) -> list:
         out.append(['python3', '-m', 'venv', args.venv])
         out.append([python, '-m', 'pip', 'install', '-q', '-e', f'{common.ROOT}[gpu]'])
       elif action == 'run':
-        out += [check, train]
+        out += [check, ['env', *env, *train]]
     return out
 
   def remote(*lines):
@@ -55,7 +58,8 @@ def commands(args) -> list:
         )
       )
     elif action == 'run':
-      out.append(remote(cd, common.shell_join(check), common.shell_join(train)))
+      export = f'export {" ".join(env)}'
+      out.append(remote(cd, export, common.shell_join(check), common.shell_join(train)))
     elif action == 'fetch':
       remote_workdir = (
         args.workdir if os.path.isabs(args.workdir) else f'{common.REMOTE_DIR}/{args.workdir}'

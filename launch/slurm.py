@@ -47,6 +47,7 @@ def sbatch_script(args) -> str:
     if args.venv
     else []
   )
+  lines += [f'export {name}={value}' for name, value in common.GPU_ENV.items()]
   lines += [
     f'cd {common.shlex.quote(args.repo)}',
     # Every task sees all the node's GPUs; JAX picks GPU SLURM_LOCALID itself.

@@ -182,6 +182,8 @@ def test_slurm_dry_run_and_the_script_under_srun(tmp_path):
     '--signal': 'TERM@300',
     '--requeue': '',
   }
+  # JAX's share of each GPU's memory: what the compile command checks a program against.
+  assert 'export XLA_PYTHON_CLIENT_MEM_FRACTION=0.9' in script.splitlines()
   srun = shlex.split(script.splitlines()[-1])
   assert srun[:5] == ['srun', '--kill-on-bad-exit=1', 'python', '-m', 'vit_jax.main']
   assert flags(srun[5:]) == {'--workdir': str(workdir), '--config.batch': '4096'}
@@ -205,6 +207,8 @@ def test_gpu_box_dry_runs(tmp_path):
   assert local[1] == [venv_python, '-m', 'pip', 'install', '-q', '-e', f'{ROOT}[gpu]']
   assert local[2][:2] == [venv_python, '-c'] and 'jax.devices("gpu")' in local[2][2]
   assert local[3] == [
+    'env',
+    'XLA_PYTHON_CLIENT_MEM_FRACTION=0.9',
     venv_python,
     '-m',
     'vit_jax.main',
@@ -222,6 +226,7 @@ def test_gpu_box_dry_runs(tmp_path):
   assert setup[:2] == ['ssh', 'me@box'] and 'pip install -q -e ".[gpu]"' in setup[2]
   steps = run[2].split(' && ')
   assert run[:2] == ['ssh', 'me@box'] and steps[0] == 'cd vit_jax'
+  assert steps[1] == 'export XLA_PYTHON_CLIENT_MEM_FRACTION=0.9'
   assert shlex.split(steps[-1]) == [
     '.venv/bin/python',
     '-m',

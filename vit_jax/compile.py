@@ -1,7 +1,8 @@
-r"""Compile a run's train step for a TPU slice on this machine: does it fit, how fast, what cost.
+r"""Compile a run's train step for a TPU slice or NVIDIA GPUs on this machine: fit, speed, cost.
 
   python -m vit_jax.compile --config=configs/vit_l16.py:jft --topology=v3-256 [--fit] \
       [--json=PATH] [--config.FIELD=VALUE ...]
+  python -m vit_jax.compile --config=configs/vit_b16.py:imagenet21k --topology=h100-16 --fit
 
 The real TPU compiler (libtpu: `pip install -e ".[tpu]"`) compiles the very
 train and eval steps the trainer runs, for the devices of the named slice
@@ -11,6 +12,13 @@ the compiler's step-time estimate (a lower bound) with the img/s and MFU it
 implies (upper bounds), the collectives and their bytes, the matmul dtypes,
 and the whole run's cost in chip-days. Estimates, not measurements.
 `--fit` searches the smallest change that fits (accumulation, remat, FSDP).
+
+GPUs (`h100-8`: one box of 8; `h100-1`, `h100-16` = two boxes, `h200-8`,
+`a100-8`, `a100_40g-8`; `pip install -e ".[gpu]"`, no GPU needed): the GPU
+compiler compiles the same steps, with the choices the trainer makes on that
+GPU (cuDNN attention); the record gives memory per GPU against the card,
+the attention kernel, the collectives over NVLink and between boxes, a
+roofline lower bound on the step time, and the launch command that runs it.
 """
 
 import json
@@ -28,7 +36,11 @@ from ml_collections import config_flags  # noqa: E402
 _CONFIG = config_flags.DEFINE_config_file(
   'config', None, 'Experiment config file, optionally with `:ARGS`.', lock_config=True
 )
-_TOPOLOGY = flags.DEFINE_string('topology', 'v3-8', 'TPU slice: v3-8, v4-128, v5e-256, v3:4x4, ...')
+_TOPOLOGY = flags.DEFINE_string(
+  'topology',
+  'v3-8',
+  'TPU slice (v3-8, v4-128, v5e-256, v3:4x4, ...) or GPUs (h100-8, a100-16, ...)',
+)
 _NUM_SLICES = flags.DEFINE_integer('num_slices', 1, 'Slices joined over the data-centre network.')
 _FIT = flags.DEFINE_bool('fit', False, 'If it does not fit, search overrides that do.')
 _MAX_COMPILES = flags.DEFINE_integer('max_compiles', 6, 'Compiles --fit may try.')
@@ -122,28 +134,38 @@ def main(argv):
   if len(argv) > 1:
     _exit(f'unexpected arguments {argv[1:]}')
   from vit_jax.bench import aot
+  from vit_jax.bench import gpu_record
+  from vit_jax.bench import gpus
   from vit_jax.bench import topology
   from vit_jax.data.sources import DataError
   from vit_jax.training import loop
 
   config = _CONFIG.value
+  on_gpu = gpus.is_gpu_name(_TOPOLOGY.value)
   try:
-    tpu = topology.describe(_TOPOLOGY.value, _NUM_SLICES.value)
+    if on_gpu and _NUM_SLICES.value > 1:
+      _exit('--num_slices is for TPU slices; name GPUs by their count, e.g. --topology=h100-32')
+    target = gpus.describe(_TOPOLOGY.value) if on_gpu else None
+    target = target or topology.describe(_TOPOLOGY.value, _NUM_SLICES.value)
     overrides = {}
     try:
-      compiled = aot.compile_run(config, tpu)
+      compiled = aot.compile_run(config, target)
     except aot.DoesNotFit as error:
       if not _FIT.value:
-        _exit(aot.fit_message(error, config, tpu))
-      compiled, overrides = _fit(config, tpu, error)
-  except (topology.TopologyError, loop.ConfigError, DataError) as e:
+        _exit(aot.fit_message(error, config, target))
+      compiled, overrides = _fit(config, target, error)
+  except (topology.TopologyError, gpus.GpuError, loop.ConfigError, DataError) as e:
     _exit(str(e))
-  record = aot.analyse(compiled)
+  record = gpu_record.analyse(compiled) if on_gpu else aot.analyse(compiled)
   if overrides:
     record['overrides'] = [f'--config.{k}={v}' for k, v in overrides.items()]
-  print(_describe(record))
+  if on_gpu:
+    record['launch'] = gpu_record.launch_command(target, sys.argv[1:], overrides)
+  print(gpu_record.describe(record) if on_gpu else _describe(record))
   if overrides:
     print(f'fits with: {_command_line(overrides)}')
+  if on_gpu:
+    print(f'run it with: {record["launch"]}')
   if _JSON.value:
     os.makedirs(os.path.dirname(os.path.abspath(_JSON.value)), exist_ok=True)
     with open(_JSON.value, 'w', encoding='utf-8') as f:

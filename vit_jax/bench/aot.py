@@ -6,6 +6,8 @@ a TPU slice described by libtpu, and has the real TPU compiler compile it on
 this machine. `analyse` reads what the compiler reports. Everything here is
 the compiler's estimate, not a measurement: `optimal_seconds` is its lower
 bound on a step's time, so img/s and MFU derived from it are upper bounds.
+The same `compile_run` compiles for NVIDIA GPUs (`gpus.Cluster`) with the GPU
+compiler; their record is `gpu_record.analyse`.
 """
 
 import dataclasses
@@ -18,6 +20,7 @@ import jax
 
 from vit_jax import hardware
 from vit_jax.bench import flops as flops_lib
+from vit_jax.bench import gpus
 from vit_jax.bench import hlo
 from vit_jax.bench import topology
 from vit_jax.data import datasets
@@ -43,7 +46,7 @@ class DoesNotFit(Exception):
 @dataclasses.dataclass
 class Compiled:
   config: object
-  tpu: topology.Slice
+  tpu: topology.Slice  # or gpus.Cluster
   program: program.Program
   train: object  # the compiled train step
   eval: object  # the compiled eval step
@@ -91,23 +94,36 @@ def _memory_numbers(text: str):
   return None, None
 
 
-def compile_run(config, tpu: topology.Slice) -> Compiled:
-  """The trainer's train and eval steps for `config`, compiled for `tpu`; DoesNotFit if too big."""
+def compile_run(config, tpu) -> Compiled:
+  """The trainer's train and eval steps for `config`, compiled for `tpu`; DoesNotFit if too big.
+
+  `tpu` is a TPU slice (`topology.Slice`) or GPUs (`gpus.Cluster`). The TPU
+  compiler itself refuses a program that does not fit; a GPU program is
+  measured against the memory JAX's allocator gets on the card.
+  """
   mesh = loop.make_mesh(config, devices=tpu.devices)
   loop.validate(config, mesh.size)
   num_classes, multi_label = dataset_classes(config)
+  on_gpu = isinstance(tpu, gpus.Cluster)
+  options = gpus.COMPILER_OPTIONS if on_gpu else None
   start = time.perf_counter()
   with jax.set_mesh(mesh):
     built = program.build(config, mesh, num_classes, multi_label)
     try:
-      train = built.train_step.lower(built.abstract_state(), built.abstract_batch()).compile()
+      train = built.train_step.lower(built.abstract_state(), built.abstract_batch())
+      train = train.compile(compiler_options=options)
       params = built.abstract_state().params
-      evaluate = built.eval_step.lower(params, built.abstract_batch(train=False)).compile()
+      evaluate = built.eval_step.lower(params, built.abstract_batch(train=False))
+      evaluate = evaluate.compile(compiler_options=options)
     except jax.errors.JaxRuntimeError as e:
       if not hardware.is_out_of_memory(e):
         raise
       needed, available = _memory_numbers(str(e))
       raise DoesNotFit(str(e).strip().splitlines()[0], needed, available) from None
+  seconds = time.perf_counter() - start
+  if on_gpu:
+    _check_gpu_memory(tpu, train, evaluate)
+    return Compiled(config, tpu, built, train, evaluate, seconds)
   micro = None
   if config.scan_layers:
     micro = _depth_extrapolation(config, mesh, num_classes, multi_label)
@@ -122,10 +138,18 @@ def compile_run(config, tpu: topology.Slice) -> Compiled:
     built,
     train,
     evaluate,
-    time.perf_counter() - start,
+    seconds,
     micro[0] if micro else None,
     micro[1] if micro else None,
   )
+
+
+def _check_gpu_memory(cluster, *steps_compiled) -> None:
+  """DoesNotFit when a step needs more than JAX's allocator gets on the card."""
+  needed = max(memory(c)['total_bytes'] for c in steps_compiled)
+  available = cluster.gpu.usable_bytes
+  if needed > available:
+    raise DoesNotFit(f'needs {needed} bytes per GPU of {available}', needed, available)
 
 
 def _compile_train(config, mesh, num_classes, multi_label):
@@ -165,7 +189,8 @@ def _cost(compiled_step) -> dict:
   return cost or {}
 
 
-def _memory(compiled_step) -> dict:
+def memory(compiled_step) -> dict:
+  """What XLA reports of a compiled step's memory per device, and the total it implies."""
   m = compiled_step.memory_analysis()
   out = {
     'argument_bytes': int(m.argument_size_in_bytes),
@@ -209,7 +234,7 @@ def analyse(c: Compiled) -> dict:
   arch = steps.model_config(config)
   per_image = flops_lib.train_flops_per_image(arch, config.pp.crop, c.program.num_classes)
   model_flops = per_image * config.batch / devices if per_image else None
-  train_memory, eval_memory = _memory(c.train), _memory(c.eval)
+  train_memory, eval_memory = memory(c.train), memory(c.eval)
   hbm = max(train_memory['total_bytes'], eval_memory['total_bytes'])
   peak = chip.peak_flops_per_device
   collectives = hlo.collectives(text)

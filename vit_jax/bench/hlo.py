@@ -80,6 +80,16 @@ def _trip_count(condition_lines) -> int:
   return 1
 
 
+def _while_trips(line: str, computations: dict) -> int:
+  """A `while` instruction's trip count: the compiler's own (`known_trip_count`, GPU), else the
+  bound in its condition (TPU, CPU), else 1."""
+  known = re.search(r'"known_trip_count":\{"n":"(\d+)"', line)
+  if known:
+    return int(known.group(1))
+  condition = re.search(r'condition=%([\w.\-]+)', line)
+  return _trip_count(computations.get(condition.group(1), [])) if condition else 1
+
+
 def loop_trip_counts(text: str) -> list:
   """Trip counts of the `while` loops of a program, in text order."""
   computations = _computations(text)
@@ -88,9 +98,8 @@ def loop_trip_counts(text: str) -> list:
     if name is None:
       continue
     for line in lines:
-      condition = re.search(r' while\(.*condition=%([\w.\-]+)', line)
-      if condition:
-        trips.append(_trip_count(computations.get(condition.group(1), [])))
+      if re.search(r' while\(', line):
+        trips.append(_while_trips(line, computations))
   return trips
 
 
@@ -104,7 +113,7 @@ def multiplicities(text: str) -> dict:
       if ' while(' in line:
         body = re.search(r'body=%([\w.\-]+)', line)
         condition = re.search(r'condition=%([\w.\-]+)', line)
-        trips = _trip_count(computations.get(condition.group(1), [])) if condition else 1
+        trips = _while_trips(line, computations)
         if body:
           callees[name].append((body.group(1), trips))
         if condition:
@@ -187,16 +196,15 @@ def collective_lines(text: str) -> list:
   return out
 
 
-def collectives(text: str) -> list:
-  """[{op, count, bytes, group_size, moved_bytes}] per kind and group size, per call.
+def collective_instructions(text: str) -> list:
+  """[{op, count, bytes, group_size, groups}] per collective instruction, per call.
 
-  `bytes` is the full array a collective works on (an all-gather's output, a
-  reduce-scatter's input, an all-reduce's operand); `moved_bytes` what each
-  device sends with a ring algorithm: 2 (n-1)/n of it for an all-reduce,
-  (n-1)/n for the others.
+  `bytes` is the full array the collective works on (an all-gather's output, a
+  reduce-scatter's input, an all-reduce's operand) times `count`, the runs per
+  call; `groups` the replica groups as positions in the program's devices.
   """
   counts = multiplicities(text)
-  rows = {}
+  out = []
   for name, lines in _computations(text).items():
     if name is None or not counts.get(name):
       continue
@@ -216,16 +224,67 @@ def collectives(text: str) -> list:
         size = max(array_bytes(t) for t in re.findall(r'\w+\[[\d,]*\]', result_type))
       if kind == 'reduce-scatter':
         size *= n
-      factor = (2.0 if kind == 'all-reduce' else 1.0) * (n - 1) / n if n > 1 else 0.0
-      row = rows.setdefault((kind, n), {'op': kind, 'group_size': n, 'count': 0, 'bytes': 0})
-      row['count'] += counts[name]
-      row['bytes'] += counts[name] * size
-      row['moved_bytes'] = row.get('moved_bytes', 0.0) + counts[name] * size * factor
+      out.append(
+        {
+          'op': kind,
+          'count': counts[name],
+          'bytes': counts[name] * size,
+          'group_size': n,
+          'groups': replica_groups(line),
+        }
+      )
+  return out
+
+
+def ring_factor(op: str, n: int) -> float:
+  """Bytes each of n devices sends per byte of the array, ring algorithm."""
+  if n <= 1:
+    return 0.0
+  return (2.0 if op == 'all-reduce' else 1.0) * (n - 1) / n
+
+
+def collectives(text: str) -> list:
+  """[{op, count, bytes, group_size, moved_bytes}] per kind and group size, per call.
+
+  `moved_bytes` is what each device sends with a ring algorithm: 2 (n-1)/n of
+  `bytes` for an all-reduce, (n-1)/n for the others.
+  """
+  rows = {}
+  for c in collective_instructions(text):
+    kind, n = c['op'], c['group_size']
+    row = rows.setdefault((kind, n), {'op': kind, 'group_size': n, 'count': 0, 'bytes': 0})
+    row['count'] += c['count']
+    row['bytes'] += c['bytes']
+    row['moved_bytes'] = row.get('moved_bytes', 0.0) + c['bytes'] * ring_factor(kind, n)
   return sorted(rows.values(), key=lambda r: (r['op'], r['group_size']))
 
 
+def custom_calls(text: str) -> dict:
+  """{custom-call target: runs per call}: library kernels such as cuDNN's fused attention."""
+  counts = multiplicities(text)
+  out = collections.Counter()
+  for name, lines in _computations(text).items():
+    if name is None or not counts.get(name):
+      continue
+    for line in lines:
+      target = re.search(r'custom_call_target="([^"]+)"', line)
+      if target:
+        out[target.group(1)] += counts[name]
+  return dict(out)
+
+
+def _is_library_matmul(rest: str) -> bool:
+  """A GPU program's matmul or convolution: a cuBLAS or cuDNN custom call (not attention)."""
+  target = re.search(r'custom_call_target="([^"]+)"', rest)
+  return bool(target) and bool(re.search(r'cublas|cudnn\$conv', target.group(1)))
+
+
 def matmul_dtypes(text: str) -> dict:
-  """{'bf16 x bf16 -> f32': count, ...} of the dots and convolutions, per call."""
+  """{'bf16 x bf16 -> f32': count, ...} of the dots and convolutions, per call.
+
+  On GPUs these are cuBLAS and cuDNN calls; their first two operands are the
+  matrices (a third and fourth are an epilogue's bias and scale).
+  """
   counts = multiplicities(text)
   out = collections.Counter()
   for name, lines in _computations(text).items():
@@ -241,9 +300,9 @@ def matmul_dtypes(text: str) -> dict:
       result = _ARRAY.search(rest[: op.start()] if op else rest)
       if result:
         types[match.group(1)] = result.group(1)
-      if op and op.group(1) in ('dot', 'convolution'):
+      if op and (op.group(1) in ('dot', 'convolution') or _is_library_matmul(rest)):
         args = rest[op.end() :].split(')', 1)[0]
-        operands = [types.get(a, '?') for a in re.findall(r'%([\w.\-]+)', args)]
+        operands = [types.get(a, '?') for a in re.findall(r'%([\w.\-]+)', args)][:2]
         out[f'{" x ".join(operands)} -> {result.group(1) if result else "?"}'] += counts[name]
   return dict(out)
 

@@ -57,18 +57,73 @@ ATTENTION = ('auto', 'xla', 'cudnn', 'explicit')
 REMAT_POLICIES = ('nothing_saveable', 'dots_saveable', 'dots_with_no_batch_dims_saveable')
 
 
-def cudnn_attention_applies(dtype, head_dim: int) -> bool:
-  """Whether cuDNN's fused attention can run here: CUDA, sm80+, half precision."""
-  if jnp.dtype(dtype) not in (jnp.bfloat16, jnp.float16) or jax.default_backend() != 'gpu':
+# GPUs that a program may be compiled for on a machine without them
+# (`python -m vit_jax.compile --topology=h100-8`): CUDA, compute capability >= 8.0.
+# Their device kinds are as CUDA names them (vit_jax.bench.gpus).
+_CUDA_SM80_KINDS = ('NVIDIA A100', 'NVIDIA H100', 'NVIDIA H200')
+
+
+def target_device():
+  """The device a program is being traced for.
+
+  Under `jax.set_mesh` (the trainer, and the compile command) the mesh's
+  devices, which may be GPUs this machine does not have; otherwise this
+  machine's first device.
+  """
+  local = jax.devices()[0]
+  target = jax.sharding.get_abstract_mesh().abstract_device
+  if target is None or target.device_kind == local.device_kind:
+    return local
+  return target
+
+
+def cudnn_attention_applies(dtype, head_dim: int, device=None) -> bool:
+  """Whether cuDNN's fused attention can run on `device`: CUDA, sm80+, half precision.
+
+  `device` defaults to `target_device()`, so that a program compiled here for a
+  GPU makes the choice the trainer makes on that GPU.
+  """
+  device = device or target_device()
+  if jnp.dtype(dtype) not in (jnp.bfloat16, jnp.float16) or device.platform != 'gpu':
     return False
-  device = jax.devices()[0]
+  if not (head_dim % 8 == 0 and head_dim <= 128):
+    return False
+  if not hasattr(device, 'compute_capability'):  # a GPU this machine lacks: known by name
+    return device.device_kind.startswith(_CUDA_SM80_KINDS)
   if 'cuda' not in getattr(device.client, 'platform_version', '').lower():
     return False  # e.g. ROCm
   try:
-    capability = float(getattr(device, 'compute_capability', '0'))
+    return float(device.compute_capability) >= 8.0
   except ValueError:
     return False
-  return capability >= 8.0 and head_dim % 8 == 0 and head_dim <= 128
+
+
+def fused_attention(q, k, v, implementation: str, pad_odd: Optional[bool] = None):
+  """`jax.nn.dot_product_attention` of [batch, tokens, heads, head_dim] inputs.
+
+  cuDNN's backward pass is refused at an odd number of tokens (JAX's check in
+  `jax/_src/cudnn/fused_attention_stablehlo.py` takes its placeholder bias for
+  a bias), and ViT has odd counts: 197 tokens at 224 px, 577 at 384. So an odd
+  sequence gets one padding token, which cuDNN's padding mask hides from every
+  query (`key_value_seq_lengths`); its output row is dropped. `pad_odd`
+  (default: for cuDNN only) lets the tests run the padded path with 'xla'.
+  """
+  n = q.shape[1]
+  if pad_odd is None:
+    pad_odd = implementation == 'cudnn'
+  if not (pad_odd and n % 2):
+    return jax.nn.dot_product_attention(q, k, v, implementation=implementation)
+  q, k, v = (jnp.pad(t, ((0, 0), (0, 1), (0, 0), (0, 0))) for t in (q, k, v))
+  lengths = jnp.full((q.shape[0],), n, jnp.int32)
+  y = jax.nn.dot_product_attention(
+    q,
+    k,
+    v,
+    query_seq_lengths=lengths,
+    key_value_seq_lengths=lengths,
+    implementation=implementation,
+  )
+  return y[:, :n]
 
 
 def _layer_norm(name, dtype, use_bias=True):
@@ -182,7 +237,7 @@ class MultiHeadDotProductAttention(nn.Module):
 
     if implementation in ('xla', 'cudnn') and not (need_weights or use_dropout):
       q, k, v = project('bnhk')
-      y = jax.nn.dot_product_attention(q, k, v, implementation=implementation)
+      y = fused_attention(q, k, v, implementation)
       return jnp.einsum('bnhk,hkd->bnd', y, out_kernel) + out_bias
 
     q, k, v = project('bhnk')
@@ -372,7 +427,7 @@ class VisionTransformer(nn.Module):
   [B, num_classes], or the pooled representation when `num_classes` is None
   (all tokens for the `unpooled` classifiers).
 
-  Attributes mirror the entries of `vit_jax.configs.models.MODEL_CONFIGS`, so
+  Attributes mirror the entries of `vit_jax.configs.architectures.MODEL_CONFIGS`, so
   `VisionTransformer(num_classes=1000, **MODEL_CONFIGS['ViT-B_16'])` works.
   """
 
@@ -399,12 +454,8 @@ class VisionTransformer(nn.Module):
     if self.resnet is not None:
       x = resnet.resnet_stem(x, self.resnet['num_layers'], self.resnet['width_factor'], self.dtype)
 
-    patch = tuple(self.patches['size'])
-    x = nn.Conv(
-      self.hidden_size, patch, strides=patch, padding='VALID', dtype=self.dtype, name='embedding'
-    )(x)
-    n, h, w, c = x.shape
-    x = x.reshape(n, h * w, c)
+    x = _patch_embedding(x, self.hidden_size, self.patches['size'], self.dtype)
+    n, _, c = x.shape
 
     if self.classifier in ('token', 'token_unpooled'):
       cls = self.param('cls', nn.initializers.zeros, (1, 1, c), jnp.float32)
@@ -420,13 +471,7 @@ class VisionTransformer(nn.Module):
       **self.transformer,
     )(x, train=train)
 
-    if self.classifier == 'token':
-      x = x[:, 0]
-    elif self.classifier == 'gap':
-      x = jnp.mean(x, axis=1)
-    elif self.classifier == 'map':
-      t = self.transformer
-      x = MAPHead(t['num_heads'], t['mlp_dim'], self.dtype, name='MAPHead_0')(x)
+    x = _pool(x, self.classifier, self.transformer, self.dtype)
 
     if self.representation_size is not None:
       # Paper 3.1: the pre-training head is an MLP with one hidden layer.
@@ -443,3 +488,23 @@ class VisionTransformer(nn.Module):
       name='head',
     )(x)
     return x.astype(jnp.float32)
+
+
+def _patch_embedding(x, hidden_size: int, patch_size, dtype):
+  """Paper 3.1: the image as non-overlapping patches, each linearly projected; [n, tokens, D]."""
+  patch = tuple(patch_size)
+  x = nn.Conv(hidden_size, patch, strides=patch, padding='VALID', dtype=dtype, name='embedding')(x)
+  n, h, w, c = x.shape
+  return x.reshape(n, h * w, c)
+
+
+def _pool(x, classifier: str, transformer, dtype):
+  """What the head reads: the class token (paper 3.1), the mean token, the MAP head's output,
+  or every token (the unpooled classifiers)."""
+  if classifier == 'token':
+    return x[:, 0]
+  if classifier == 'gap':
+    return jnp.mean(x, axis=1)
+  if classifier == 'map':
+    return MAPHead(transformer['num_heads'], transformer['mlp_dim'], dtype, name='MAPHead_0')(x)
+  return x

@@ -1,0 +1,293 @@
+"""`python -m vit_jax.compile --topology=h100-8`: the trainer's program, compiled by the GPU compiler on this CPU.
+
+Needs the GPU compiler (`pip install -e ".[gpu]"`: jax[cuda12], no GPU or
+driver); without it those tests skip, and the names, the refusal message and
+the attention padding are still checked. GPU compiles run in child processes
+(one for the library-level checks, one per command line), so that loading
+the CUDA plugin leaves this session's CPU backend as it is.
+"""
+
+import functools
+import importlib.util
+import json
+import subprocess
+import sys
+import textwrap
+
+from conftest import ROOT
+from conftest import subprocess_env
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from vit_jax.bench import gpus
+from vit_jax.models import vit
+
+needs_gpu_compiler = pytest.mark.skipif(
+  not gpus.compiler_installed(),
+  reason='the GPU compiler is not installed (pip install -e ".[gpu]": jax[cuda12])',
+)
+# The demo ViT (width 128, 4 layers, 4 heads of 32, 4x4 patches) at 32 px: 65
+# tokens, in bfloat16, so that 'auto' attention takes cuDNN on an H100.
+SMALL = [
+  '--config=configs/demo.py',
+  '--config.pp.crop=32',
+  '--config.batch=64',
+  '--config.dtype=bfloat16',
+]
+
+
+def compile_cli(*args):
+  return subprocess.run(
+    [sys.executable, '-m', 'vit_jax.compile', *args],
+    capture_output=True,
+    text=True,
+    cwd=ROOT,
+    env=subprocess_env(),
+    timeout=300,
+  )
+
+
+@pytest.mark.parametrize(
+  'name, gpu, boxes, per_box',
+  [
+    ('h100-1', 'h100', 1, 1),
+    ('h100-8', 'h100', 1, 8),
+    ('h100-16', 'h100', 2, 8),
+    ('h200-64', 'h200', 8, 8),
+    ('a100-4', 'a100', 1, 4),
+    ('a100_40g-8', 'a100_40g', 1, 8),
+  ],
+)
+def test_gpu_names_map_to_boxes(name, gpu, boxes, per_box):
+  assert gpus.parse(name) == (gpus.GPUS[gpu], boxes, per_box)
+
+
+def test_bad_gpu_names_are_one_line():
+  for name, words in [
+    ('h100-12', 'N GPUs must be 1, 2, 4 or 8 .one box. or a multiple of 8'),
+    ('b200-8', 'unknown GPU or slice; use one of h100-8, h200-8, a100-8, a100_40g-8'),
+    ('h100', 'unknown GPU'),
+  ]:
+    with pytest.raises(gpus.GpuError, match=words):
+      gpus.parse(name)
+  assert gpus.is_gpu_name('h100-8') and gpus.is_gpu_name('a100_40g-8')
+  assert not gpus.is_gpu_name('v3-8') and not gpus.is_gpu_name('v4:4x4x8')
+
+
+def test_without_the_gpu_compiler_the_command_says_how_to_install_it(monkeypatch):
+  monkeypatch.setattr(importlib.util, 'find_spec', lambda name, *a: None)
+  with pytest.raises(gpus.GpuError, match=r'pip install -e "\.\[gpu\]" .*no GPU or driver needed'):
+    gpus.describe('h100-8')
+
+
+def test_the_cards_as_nvidia_specifies_them():
+  h100, h200, a100, a100_40g = (gpus.GPUS[n] for n in ('h100', 'h200', 'a100', 'a100_40g'))
+  # REFERENCE.md section 8: dense bf16 peaks, memory, HBM and NVLink bandwidth.
+  assert [g.bf16_flops for g in (h100, h200, a100, a100_40g)] == [989e12, 989e12, 312e12, 312e12]
+  assert (h100.memory_bytes / 2**30, h200.memory_bytes / 2**30) == pytest.approx(
+    (79.65, 140.4), 1e-3
+  )
+  assert (a100.memory_bytes, a100_40g.memory_bytes) == (80 * 2**30, 40 * 2**30)
+  assert (h100.hbm_bytes_per_s, h200.hbm_bytes_per_s) == (3.35e12, 4.8e12)
+  assert (h100.nvlink_bytes_per_s, a100.nvlink_bytes_per_s) == (900e9 / 2, 600e9 / 2)
+  # 8 x 400 Gb/s (H100, H200) and 8 x 200 Gb/s (A100) InfiniBand per box of 8.
+  assert (h100.network_bytes_per_s, a100.network_bytes_per_s) == (400e9 / 8, 200e9 / 8)
+  config = gpus.target_config(h100, (9, 8, 0), (12, 9, 0))
+  for line in ('core_count: 132', 'cuda_compute_capability { major: 9 minor: 0 }'):
+    assert line in config
+  assert 'device_description_str: "NVIDIA H100 80GB HBM3"' in config
+
+
+def test_launch_scripts_give_jax_the_memory_the_compile_command_checks_against():
+  spec = importlib.util.spec_from_file_location('launch_common', ROOT / 'launch' / 'common.py')
+  common = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(common)
+  assert float(common.GPU_ENV['XLA_PYTHON_CLIENT_MEM_FRACTION']) == gpus.MEMORY_FRACTION
+
+
+def test_padded_attention_matches_the_unpadded_one():
+  """cuDNN's path pads 197 tokens to 198 under a padding mask; run with 'xla' it must not change
+  the values or the gradients."""
+  rng = np.random.default_rng(0)
+  q, k, v = (jnp.asarray(rng.normal(size=(2, 197, 3, 16)), jnp.float32) for _ in range(3))
+  cot = jnp.asarray(rng.normal(size=(2, 197, 3, 16)), jnp.float32)
+
+  @functools.partial(jax.jit, static_argnums=0)
+  def run(pad):
+    attend = functools.partial(vit.fused_attention, implementation='xla', pad_odd=pad)
+    y, pullback = jax.vjp(attend, q, k, v)
+    return (y, *pullback(cot))
+
+  padded, plain = run(True), run(False)
+  for got, want in zip(padded, plain):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  assert max(float(jnp.max(jnp.abs(g))) for g in plain[1:]) > 0.1  # gradients are not all zero
+
+
+def test_cudnn_is_not_chosen_for_this_cpu():
+  assert not vit.cudnn_attention_applies(jnp.bfloat16, 64)
+
+
+_CHILD = textwrap.dedent("""
+  import functools, json
+  import jax, jax.numpy as jnp
+  from vit_jax.bench import aot, gpu_record, gpus
+  from vit_jax.configs import demo
+  from vit_jax.models import vit
+
+  def record(topology, **overrides):
+    config = aot.with_overrides(demo.get_config(), {'dtype': 'bfloat16', 'batch': 64, **overrides})
+    compiled = aot.compile_run(config, gpus.describe(topology))
+    out = gpu_record.analyse(compiled)
+    state = compiled.program.abstract_state()
+    out['params'] = sum(x.size for x in jax.tree.leaves(state.params))
+    out['scalar_bytes'] = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state) if x.size <= 2)
+    return out
+
+  out = {'cards': {}}
+  for name in gpus.GPUS:
+    devices = gpus.describe(f'{name}-16').devices
+    d = devices[0]
+    with jax.set_mesh(jax.sharding.Mesh(devices[:1], ('batch',))):
+      choices = [vit.cudnn_attention_applies(t, h) for t, h in
+                 ((jnp.bfloat16, 64), (jnp.float32, 64), (jnp.bfloat16, 12))]
+    out['cards'][name] = [len(devices), d.device_kind, d.compute_capability,
+                          [x.process_index for x in devices], choices]
+  out['small'] = record('h100-1', **{'pp.crop': 32})
+  # Training steps with attention='auto' at ViT's sequence lengths: 197 tokens
+  # at 224 px, 577 at 384 (ViT-Ti/16: 3 heads of 64; one block).
+  tiny = {'model': 'ViT-Ti_16', 'depth': 1, 'batch': 8}
+  out['t197'] = record('h100-1', **tiny, **{'pp.crop': 224})
+  out['t577'] = record('h100-1', **tiny, **{'pp.crop': 384})
+  out['t197_f32'] = record('h100-1', **tiny, **{'pp.crop': 224, 'dtype': 'float32'})
+  # Without the padding: JAX's own check refuses cuDNN's backward pass.
+  vit.fused_attention = functools.partial(vit.fused_attention, pad_odd=False)
+  try:
+    record('h100-1', **tiny, **{'pp.crop': 224})
+    out['unpadded'] = 'compiled'
+  except NotImplementedError as e:
+    out['unpadded'] = str(e)
+  print(json.dumps(out))
+""")
+
+
+@pytest.fixture(scope='module')
+def child():
+  """The library-level GPU compiles, in one child process."""
+  result = subprocess.run(
+    [sys.executable, '-c', _CHILD],
+    capture_output=True,
+    text=True,
+    env=subprocess_env(),
+    timeout=300,
+  )
+  assert result.returncode == 0, result.stderr[-3000:]
+  return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@needs_gpu_compiler
+def test_target_configs_describe_the_cards(child):
+  for name, product, capability in [
+    ('h100', 'NVIDIA H100 80GB HBM3', '9.0'),
+    ('h200', 'NVIDIA H200', '9.0'),
+    ('a100', 'NVIDIA A100-SXM4-80GB', '8.0'),
+    ('a100_40g', 'NVIDIA A100-SXM4-40GB', '8.0'),
+  ]:
+    count, kind, cc, processes, choices = child['cards'][name]
+    assert (count, kind, cc) == (16, product, capability)
+    assert processes == [0] * 8 + [1] * 8  # one process per box of 8
+    # Under the mesh of these GPUs, 'auto' takes cuDNN for bf16 (not fp32, not head_dim 12).
+    assert choices == [True, False, False]
+
+
+@needs_gpu_compiler
+def test_tiny_vit_on_one_h100(child):
+  r = child['small']
+  assert (r['devices'], r['boxes'], r['fits'], r['collectives']) == (1, 1, True, [])
+  # Exactly: fp32 parameters and Adam's two moments, the state's scalars, the
+  # batch (64 images of 32x32x3 float32 and their int32 labels); donated.
+  tm = r['train_memory']
+  assert tm['argument_bytes'] == 12 * r['params'] + r['scalar_bytes'] + 64 * (32 * 32 * 3 * 4 + 4)
+  assert tm['alias_bytes'] == 12 * r['params'] + r['scalar_bytes']
+  assert r['hbm_bytes_per_device'] <= r['usable_bytes'] == int(0.9 * 81_559 * 2**20)
+  # 65 tokens, padded to 66: cuDNN's fused attention forward and backward in each of 4 blocks.
+  assert r['attention']['custom_calls'] == {
+    '__cudnn$fmhaSoftmax': 4,
+    '__cudnn$fmhaSoftmaxBackward': 4,
+  }
+  assert set(r['matmul_dtypes']) == {'bf16 x bf16 -> bf16'}
+  assert r['step_seconds_lower_bound'] == r['closed_form_flops_per_step_per_device'] / 989e12
+  assert r['comm_seconds_lower_bound'] == 0.0
+
+
+@needs_gpu_compiler
+@pytest.mark.parametrize('case, tokens', [('t197', 197), ('t577', 577)])
+def test_attention_auto_compiles_training_steps_with_cudnn(child, case, tokens):
+  r = child[case]
+  assert r['image_size'] == {197: 224, 577: 384}[tokens]
+  assert r['attention']['kernel'] == 'cuDNN fused attention'
+  assert r['attention']['custom_calls'] == {
+    '__cudnn$fmhaSoftmax': 1,
+    '__cudnn$fmhaSoftmaxBackward': 1,
+  }
+
+
+@needs_gpu_compiler
+def test_attention_auto_without_half_precision_or_padding(child):
+  # float32: no cuDNN; the attention is XLA's matmuls.
+  assert child['t197_f32']['attention'] == {
+    'kernel': 'XLA (attention written out as matmuls)',
+    'custom_calls': {},
+  }
+  # The bug the padding avoids (jax 0.10.2): an odd sequence's backward is refused.
+  assert child['unpadded'] == 'Unsupported sequence length Q 197, KV 197.'
+
+
+@needs_gpu_compiler
+def test_two_boxes_reduce_gradients_over_infiniband(tmp_path):
+  path = tmp_path / 'record.json'
+  result = compile_cli(*SMALL, '--topology=h100-16', f'--json={path}')
+  assert result.returncode == 0, result.stderr[-3000:]
+  r = json.loads(path.read_text())
+  assert (r['devices'], r['boxes'], r['gpus_per_box'], r['mesh']['data']) == (16, 2, 8, 16)
+  # One gradient all-reduce over all 16 GPUs, so across both boxes: the kernels
+  # and embeddings' gradients in bfloat16 (the model computes in it), the 2,304
+  # LayerNorm parameters' and the loss in float32.
+  params, layer_norms = 546_186, 4 * 2 * 2 * 128 + 2 * 128
+  (reduce,) = r['collectives']
+  assert (reduce['op'], reduce['group_size'], reduce['boxes'], reduce['link']) == (
+    'all-reduce',
+    16,
+    2,
+    'InfiniBand',
+  )
+  assert reduce['bytes'] == 2 * (params - layer_norms) + 4 * (layer_norms + 1)
+  # Per GPU: a ring within the box (2 x 7/8), and its eighth across the 2 boxes.
+  assert reduce['nvlink_bytes'] == pytest.approx(2 * 7 / 8 * reduce['bytes'])
+  assert reduce['network_bytes'] == pytest.approx(reduce['bytes'] / 8)
+  assert r['comm_seconds_lower_bound'] == pytest.approx(
+    max(reduce['nvlink_bytes'] / 450e9, reduce['network_bytes'] / 50e9)
+  )
+  assert r['launch'] == (
+    'python launch/slurm.py --nodes=2 --gpus_per_node=8 --config=configs/demo.py --workdir=DIR '
+    '-- --config.pp.crop=32 --config.batch=64 --config.dtype=bfloat16'
+  )
+  assert 'InfiniBand' in result.stdout and 'not measurements' in result.stdout
+
+
+@needs_gpu_compiler
+def test_a_batch_that_does_not_split_over_the_gpus_is_one_line():
+  result = compile_cli(*SMALL[:2], '--config.batch=24', '--topology=h100-16')
+  assert result.returncode == 2 and 'Traceback' not in result.stderr
+  assert result.stderr.strip().splitlines()[-1] == (
+    'error: batch=24 must be a multiple of accum_steps (1) x devices (16) = 16'
+  )
+
+
+def test_an_unknown_gpu_is_one_line():
+  result = compile_cli(*SMALL, '--topology=b200-8')
+  assert result.returncode == 2 and 'Traceback' not in result.stderr
+  (line,) = result.stderr.strip().splitlines()[-1:]
+  assert line.startswith('error: --topology=b200-8: unknown GPU or slice; use one of h100-8')
