@@ -7,6 +7,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+from vit_jax import workdir as workdir_lib
 from vit_jax.configs import demo
 from vit_jax.training import resume
 
@@ -14,7 +15,7 @@ from vit_jax.training import resume
 def test_what_a_resumed_run_may_change_and_what_it_may_not(tmp_path):
   workdir = str(tmp_path)
   config = demo.get_config()
-  resume.record_config(workdir, config)
+  workdir_lib.write_config(workdir, config)
   changed = demo.get_config()
   changed.model = 'ViT-B_16'
   resume.check_config(workdir, changed)  # nothing saved yet: nothing to lose
@@ -36,29 +37,29 @@ def test_what_a_resumed_run_may_change_and_what_it_may_not(tmp_path):
     f'(--config.pretrained_path={workdir} starts from its weights, once that run has finished)'
   )
   # A field this version of the code does not know is not compared.
-  recorded = json.load(open(tmp_path / resume.CONFIG_FILE))
+  recorded = json.load(open(tmp_path / workdir_lib.CONFIG_FILE))
   recorded['retired_field'] = 1
-  json.dump(recorded, open(tmp_path / resume.CONFIG_FILE, 'w'))
+  json.dump(recorded, open(tmp_path / workdir_lib.CONFIG_FILE, 'w'))
   resume.check_config(workdir, config)
 
 
 def test_the_recorded_config_is_rewritten_only_when_it_changes(tmp_path):
   config = demo.get_config()
-  resume.record_config(str(tmp_path), config)
-  path = tmp_path / resume.CONFIG_FILE
+  workdir_lib.write_config(str(tmp_path), config)
+  path = tmp_path / workdir_lib.CONFIG_FILE
   before = os.stat(path).st_mtime_ns
   os.utime(path, ns=(before - 10**9, before - 10**9))
-  resume.record_config(str(tmp_path), config)
+  workdir_lib.write_config(str(tmp_path), config)
   assert os.stat(path).st_mtime_ns == before - 10**9
   config.total_steps = 3000
-  resume.record_config(str(tmp_path), config)
+  workdir_lib.write_config(str(tmp_path), config)
   assert json.load(open(path))['total_steps'] == 3000
 
 
 def test_a_run_counts_as_finished_at_its_total_steps(tmp_path):
   config = demo.get_config()
   assert resume.finished(str(tmp_path), config) is None
-  (tmp_path / resume.SUMMARY_FILE).write_text(json.dumps({'step': 2000, 'test_accuracy': 0.9}))
+  (tmp_path / workdir_lib.SUMMARY_FILE).write_text(json.dumps({'step': 2000, 'test_accuracy': 0.9}))
   assert resume.finished(str(tmp_path), config)['test_accuracy'] == 0.9
   config.total_steps = 3000  # train on
   assert resume.finished(str(tmp_path), config) is None
@@ -74,7 +75,8 @@ class Lines:
 
 def _manager(workdir):
   return ocp.CheckpointManager(
-    os.path.join(workdir, resume.CHECKPOINTS), options=ocp.CheckpointManagerOptions(create=True)
+    workdir_lib.checkpoints_dir(workdir, absolute=True),
+    options=ocp.CheckpointManagerOptions(create=True),
   )
 
 

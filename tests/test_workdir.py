@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from vit_jax import workdir
@@ -140,3 +141,61 @@ def test_failed_writes_are_named_through_library_wrappers():
   except RuntimeError as hidden:
     assert workdir.storage_failure(hidden) is None
   assert workdir.storage_failure(ValueError('shapes (3,) and (4,) differ')) is None
+
+
+def test_a_workdir_on_another_file_system_names_its_model_and_holds_its_results(tmp_path):
+  """Every read and write of the run's files goes through vit_jax.files: an in-memory file
+  system (as gs:// would be) gives the commands the model the summary names."""
+  import jax
+  import jax.numpy as jnp
+
+  from vit_jax import checkpoint
+  from vit_jax import models
+  from vit_jax.configs import architectures
+  from vit_jax.configs import demo
+  from vit_jax.evaluation import loader
+
+  remote = 'memory://vit_jax_tests/run'
+  model = models.VisionTransformer(num_classes=10, **architectures.MODEL_CONFIGS['testing'])
+  params = jax.eval_shape(
+    lambda: model.init(jax.random.key(0), jnp.zeros((1, 16, 16, 3)), train=False)
+  )['params']
+  params = jax.tree.map(lambda s: np.full(s.shape, 0.5, np.float32), params)
+  checkpoint.save_npz(params, workdir.params_path(remote))
+  workdir.write_summary(remote, {'step': 24, 'model': 'testing', 'dataset': 'digits'})
+  workdir.write_config(remote, demo.get_config())
+
+  assert workdir.is_workdir(remote) and workdir.has_params(remote)
+  assert workdir.recorded(remote, 'model') == 'testing'
+  assert workdir.read_config(remote)['model'] == 'ViT-Demo_4'
+  loaded = loader.load_model(remote)  # no --model: the summary names it
+  assert (loaded.model.num_classes, loaded.image_size) == (10, 16)
+  np.testing.assert_array_equal(loaded.params['head']['kernel'], params['head']['kernel'])
+  # Nothing was written locally.
+  assert not os.path.exists('memory:')
+
+
+def test_each_file_of_a_run_is_named_in_this_module_only():
+  """The run directory's file names appear as literals in vit_jax/workdir.py alone."""
+  import pathlib
+
+  package = pathlib.Path(workdir.__file__).parent
+  names = [
+    workdir.CONFIG_FILE,
+    workdir.CHECKPOINTS,
+    workdir.CORRUPT_CHECKPOINTS,
+    workdir.SUMMARY_FILE,
+    workdir.PARAMS_FILE,
+    workdir.PARAMS_EMA_FILE,
+    workdir.FEWSHOT_FILE,
+    workdir.LOCK_FILE,
+  ]
+  for path in package.rglob('*.py'):
+    if path.name == 'workdir.py':
+      continue
+    text = path.read_text()
+    for name in names:
+      # A quoted literal; the transformers folder's own config.json is interop/hf.py's.
+      if name == 'config.json' and path.name == 'hf.py':
+        continue
+      assert f"'{name}'" not in text and f'"{name}"' not in text, (path, name)

@@ -19,6 +19,7 @@ import jax
 import numpy as np
 
 from vit_jax import files
+from vit_jax import workdir
 
 Params = Mapping[str, Any]
 
@@ -54,7 +55,7 @@ def resolve(path: str) -> str:
   Flax `checkpoint_<step>` of the official train.py (its workdir: the latest)."""
   path = os.fspath(path)
   if files.isdir(path) and not _is_flax_checkpoint(path):
-    candidate = path.rstrip('/') + '/params.npz'
+    candidate = workdir.params_path(path.rstrip('/'))
     if files.exists(candidate):
       return candidate
     steps = [
@@ -65,7 +66,8 @@ def resolve(path: str) -> str:
     ]
     if not steps:
       raise CheckpointError(
-        f'{path}: a directory without params.npz or checkpoint_<step>; pass the .npz file itself'
+        f'{path}: a directory without {workdir.PARAMS_FILE} or checkpoint_<step>; pass the .npz '
+        'file itself'
       )
     return path.rstrip('/') + '/' + max(steps)[1]
   if not files.exists(path):
@@ -455,7 +457,7 @@ def load_pretrained(
 
   The backbone is kept. The head is replaced by `init_params`' head (zeros:
   paper 3.2), `pre_logits` is dropped when the new model has none, as are
-  the `mask_token` and `mpp_head` of masked patch prediction (`vit_jax.mpp`),
+  the `mask_token` and `mpp_head` of masked patch prediction (`vit_jax.models.mpp`),
   and position embeddings are resized when the resolution differs.
 
   Args:
@@ -474,44 +476,51 @@ def load_pretrained(
   stacked = is_stacked(init_params)  # a model with scan_layers=True
   init = flatten(unstack_blocks(init_params))
   num_prefix = 1 if model_config.get('classifier', 'token') in ('token', 'token_unpooled') else 0
-
-  out, kept, resized, dropped, reinit = {}, [], [], [], []
-  for key, value in init.items():
-    if key.startswith('head/') or key not in restored and key.startswith('pre_logits/'):
-      out[key] = value
-      reinit.append(f'{key} {_shape(value)}')
-    elif key not in restored:
-      raise CheckpointError(
-        f'{pretrained_path} lacks {key} {_shape(value)} that the model '
-        'has; is it a checkpoint of another model?'
-      )
-    elif key == _POSEMB and _shape(restored[key]) != _shape(value):
-      out[key] = resize_posemb(restored[key], value.shape[1], num_prefix, posemb_resize)
-      resized.append(f'{key} {_shape(restored[key])} -> {_shape(value)} ({posemb_resize})')
-    elif _shape(restored[key]) != _shape(value):
-      raise CheckpointError(
-        f'{pretrained_path}: {key} has shape {_shape(restored[key])}, the '
-        f'model expects {_shape(value)}; check the model name'
-      )
-    else:
-      out[key] = restored[key]
-      kept.append(key)
-  for key in sorted(set(restored) - set(init)):
-    if not key.startswith(('head/',) + _PRETRAINING_ONLY):
-      raise CheckpointError(
-        f'{pretrained_path} has {key} {_shape(restored[key])} that the '
-        'model lacks; is it a checkpoint of another model?'
-      )
-    if key.startswith(_PRETRAINING_ONLY):
-      dropped.append(f'{key} {_shape(restored[key])}')
-
+  out, report = _adapt(restored, init, num_prefix, posemb_resize, pretrained_path)
   if verbose:
-    num_kept = sum(int(np.size(out[k])) for k in kept)
-    rows = [('kept', f'{len(kept)} arrays, {num_kept:,} parameters')]
-    rows += [('resized', r) for r in resized]
-    rows += [('dropped', d) for d in sorted(dropped)]
-    rows += [('re-initialised', r) for r in sorted(reinit)]
+    num_kept = sum(int(np.size(out[k])) for k in report['kept'])
+    rows = [('kept', f'{len(report["kept"])} arrays, {num_kept:,} parameters')]
+    rows += [('resized', r) for r in report['resized']]
+    rows += [('dropped', d) for d in sorted(report['dropped'])]
+    rows += [('re-initialised', r) for r in sorted(report['re-initialised'])]
     print(f'load_pretrained {pretrained_path}:')
     for action, what in rows:
       print(f'  {action:<15} {what}')
   return stack_blocks(unflatten(out)) if stacked else unflatten(out)
+
+
+def _adapt(restored: dict, init: dict, num_prefix: int, posemb_resize: str, what) -> tuple:
+  """(flat parameters shaped as `init`, what was kept, resized, dropped, re-initialised)."""
+  out = {}
+  report = {'kept': [], 'resized': [], 'dropped': [], 're-initialised': []}
+  for key, value in init.items():
+    if key.startswith('head/') or key not in restored and key.startswith('pre_logits/'):
+      out[key] = value
+      report['re-initialised'].append(f'{key} {_shape(value)}')
+    elif key not in restored:
+      raise CheckpointError(
+        f'{what} lacks {key} {_shape(value)} that the model '
+        'has; is it a checkpoint of another model?'
+      )
+    elif key == _POSEMB and _shape(restored[key]) != _shape(value):
+      out[key] = resize_posemb(restored[key], value.shape[1], num_prefix, posemb_resize)
+      report['resized'].append(
+        f'{key} {_shape(restored[key])} -> {_shape(value)} ({posemb_resize})'
+      )
+    elif _shape(restored[key]) != _shape(value):
+      raise CheckpointError(
+        f'{what}: {key} has shape {_shape(restored[key])}, the '
+        f'model expects {_shape(value)}; check the model name'
+      )
+    else:
+      out[key] = restored[key]
+      report['kept'].append(key)
+  for key in sorted(set(restored) - set(init)):
+    if not key.startswith(('head/',) + _PRETRAINING_ONLY):
+      raise CheckpointError(
+        f'{what} has {key} {_shape(restored[key])} that the '
+        'model lacks; is it a checkpoint of another model?'
+      )
+    if key.startswith(_PRETRAINING_ONLY):
+      report['dropped'].append(f'{key} {_shape(restored[key])}')
+  return out, report

@@ -1,23 +1,41 @@
-"""A workdir is written by one run at a time, and a failed write says why in one line.
+"""The run directory (workdir): the one module that names its files, reads and writes them.
 
-`Lock(workdir).acquire()` writes `WORKDIR/lock.json` (host, pid, boot id,
-start time, heartbeat) or refuses with `WorkdirError` when another run holds
-it; `release()` removes it. A lock left by a run that is gone (killed,
-crashed, machine rebooted) is stale and taken over: on the same host when its
-process no longer runs (or the machine booted since), from another host when
-its heartbeat, refreshed every `HEARTBEAT_S` by a background thread, is older
-than `STALE_AFTER_S`. Local paths are created exclusively (`O_EXCL`); object
-stores (`gs://`) offer no create-if-absent through `tf.io.gfile`, so there the
-lock is written, left to settle and read back, and the holder checks at every
-heartbeat that the lock is still its own (`lost` otherwise). In a multi-host
-run only process 0 takes the lock (the hosts of one run share a workdir).
+  WORKDIR/
+    config.json            the run's config; a run resumes only when it agrees (training.resume)
+    checkpoints/<step>/    orbax checkpoints: train state, data iterator position, run totals
+    corrupt_checkpoints/   checkpoints that did not restore, moved aside, never deleted
+    summary.json           the finished run: step, accuracy, speed and its model's name
+    params.npz             its final parameters in the public layout (params_ema.npz: EMA)
+    fewshot.json           results of `python -m vit_jax.fewshot` (TensorBoard: tensorboard/fewshot)
+    lock.json              held while a run writes
+    metrics.jsonl, tensorboard/   what the run logs as it goes (vit_jax.run_log)
 
-`storage_failure(error)` recognises a write that failed for want of space,
-quota or permission, however deep in a library it was raised.
+Every path here may be local or behind a scheme (`gs://`, `vit_jax.files`).
+
+One run at a time: `acquire(workdir)` has process 0 take `Lock(workdir)`,
+which writes `lock.json` (host, pid, boot id, start time, heartbeat) or
+refuses with `WorkdirError` when another run holds it; `release()` removes
+it. A lock left by a run that is gone (killed, crashed, machine rebooted) is
+stale and taken over: on the same host when its process no longer runs (or
+the machine booted since), from another host when its heartbeat, refreshed
+every `HEARTBEAT_S` by a background thread, is older than `STALE_AFTER_S`.
+Local paths are created exclusively (`O_EXCL`); object stores offer no
+create-if-absent, so there the lock is written, left to settle and read back,
+and the holder checks at every heartbeat that the lock is still its own
+(`lost` otherwise).
+
+Failed writes: within `storage_errors(workdir)`, a write that failed for want
+of space, quota or permission, wherever it was raised (our files, orbax's
+background threads, TensorStore), leaves the run as one `WorkdirError` line
+naming the workdir, what ran out and the checkpoint that is intact
+(`storage_failure` recognises one however deep in a library it was raised).
 """
 
+import contextlib
 import errno
+import functools
 import json
+import logging as py_logging
 import os
 import re
 import socket
@@ -31,6 +49,14 @@ from absl import logging
 
 from vit_jax import files
 
+CONFIG_FILE = 'config.json'
+CHECKPOINTS = 'checkpoints'
+CORRUPT_CHECKPOINTS = 'corrupt_checkpoints'
+SUMMARY_FILE = 'summary.json'
+PARAMS_FILE = 'params.npz'
+PARAMS_EMA_FILE = 'params_ema.npz'
+FEWSHOT_FILE = 'fewshot.json'
+FEWSHOT_TENSORBOARD = os.path.join('tensorboard', 'fewshot')
 LOCK_FILE = 'lock.json'
 # How often the holder refreshes its heartbeat, and how old a heartbeat from
 # another host must be before the lock counts as abandoned: long enough for a
@@ -45,6 +71,129 @@ REMOTE_SETTLE_S = 2.0
 
 class WorkdirError(RuntimeError):
   """The workdir cannot be used as asked (in use, full, read-only, ...); one line."""
+
+
+# ---------------------------------------------------------------------------
+# The files of a run.
+
+
+def is_workdir(path) -> bool:
+  """Whether a checkpoint path names a directory (a workdir) rather than a file."""
+  return files.isdir(path)
+
+
+def checkpoints_dir(workdir: str, absolute: bool = False) -> str:
+  """Where orbax writes the run's checkpoints (`absolute`: as orbax needs the path)."""
+  return os.path.join(files.absolute(workdir) if absolute else workdir, CHECKPOINTS)
+
+
+def params_path(workdir: str, ema: bool = False) -> str:
+  return os.path.join(workdir, PARAMS_EMA_FILE if ema else PARAMS_FILE)
+
+
+def summary_path(workdir: str) -> str:
+  return os.path.join(workdir, SUMMARY_FILE)
+
+
+def has_params(workdir: str) -> bool:
+  """Whether `workdir` holds a finished run's parameters."""
+  return files.exists(params_path(workdir))
+
+
+def _read_json(path: str) -> Optional[dict]:
+  if not files.exists(path):
+    return None
+  with files.open_file(path) as f:
+    return json.load(f)
+
+
+def _write_json(path: str, data: dict) -> None:
+  files.write_text(path, json.dumps(data, indent=2, sort_keys=True) + '\n')
+
+
+def read_summary(workdir: str) -> Optional[dict]:
+  """The finished run's summary, None when there is none."""
+  return _read_json(summary_path(workdir))
+
+
+def write_summary(workdir: str, summary: dict) -> None:
+  _write_json(summary_path(workdir), summary)
+
+
+def recorded(path, field: str):
+  """`field` of a workdir's summary (`model`, `dataset`, ...); None for files, unfinished or
+  unreadable runs."""
+  path = os.fspath(path)
+  try:
+    return (read_summary(path) or {}).get(field) if is_workdir(path) else None
+  except (OSError, ValueError):
+    return None
+
+
+def config_as_json(config) -> dict:
+  """A ConfigDict as the plain data `config.json` holds."""
+  return json.loads(config.to_json_best_effort())
+
+
+def read_config(workdir: str) -> Optional[dict]:
+  """The config the run in `workdir` recorded, None when there is none."""
+  return _read_json(os.path.join(workdir, CONFIG_FILE))
+
+
+def write_config(workdir: str, config) -> None:
+  """Records `config` in `workdir`; an unchanged one is not rewritten."""
+  text = json.dumps(config_as_json(config), indent=2, sort_keys=True) + '\n'
+  path = os.path.join(workdir, CONFIG_FILE)
+  if files.exists(path):
+    with files.open_file(path) as f:
+      if f.read() == text:
+        return
+  files.write_text(path, text)
+
+
+def saved_steps(workdir: str) -> list:
+  """Steps of the complete checkpoints (unfinished ones carry a suffix), oldest first."""
+  names = files.listdir(checkpoints_dir(workdir))
+  return sorted(int(name) for name in names if name.isdigit())
+
+
+def checkpoint_has_item(workdir: str, step: int, item: str) -> bool:
+  """Whether the checkpoint at `step` holds the orbax item `item`."""
+  return files.exists(os.path.join(workdir, CHECKPOINTS, str(step), item))
+
+
+def set_aside(workdir: str, step: int) -> str:
+  """Moves checkpoint `step` into `corrupt_checkpoints/` (never deleted); its new path."""
+  folder = corrupt_checkpoints_dir(workdir)
+  files.makedirs(folder)
+  target, n = os.path.join(folder, str(step)), 1
+  while files.exists(target):
+    target, n = os.path.join(folder, f'{step}-{n}'), n + 1
+  files.rename(os.path.join(checkpoints_dir(workdir), str(step)), target)
+  return target
+
+
+def corrupt_checkpoints_dir(workdir: str) -> str:
+  return os.path.join(workdir, CORRUPT_CHECKPOINTS)
+
+
+def record_fewshot(workdir: str, scalars: dict) -> str:
+  """Adds few-shot `scalars` to `fewshot.json` (other datasets' results kept) and to
+  TensorBoard under `tensorboard/fewshot`; the JSON's path. A training run's own files
+  (summary, metrics) stay as the run wrote them."""
+  from vit_jax import run_log
+
+  path = os.path.join(workdir, FEWSHOT_FILE)
+  results = _read_json(path) or {}
+  results.update(scalars)
+  files.makedirs(workdir)
+  _write_json(path, results)
+  run_log.write_scalars(os.path.join(workdir, FEWSHOT_TENSORBOARD), 0, scalars)
+  return path
+
+
+# ---------------------------------------------------------------------------
+# One run at a time.
 
 
 def _boot_id() -> str:
@@ -198,9 +347,42 @@ class Lock:
         logging.warning('could not refresh %s: %s', self.path, e)
 
 
+def acquire(workdir: str) -> Optional[Lock]:
+  """Process 0's lock on `workdir` (None on the other processes); WorkdirError when in use.
+
+  Process 0 tells the others whether it could take the lock, so that all of
+  them go on or stop together (the hosts of one run share a workdir).
+  """
+  import jax
+  from jax.experimental import multihost_utils
+  import numpy as np
+
+  held, error = None, None
+  if jax.process_index() == 0:
+    try:
+      held = Lock(workdir).acquire()
+    except Exception as e:  # noqa: BLE001  raised below, once the other processes know
+      error = e
+  ok = error is None
+  if jax.process_count() > 1:
+    ok = bool(multihost_utils.broadcast_one_to_all(np.int32(ok)))
+  if error is not None:
+    raise error
+  if not ok:
+    raise WorkdirError(f'process 0 could not lock {workdir}; see its log')
+  if held is not None and held.took_over:
+    # A plain stdout line, like the run's other progress lines (run_log.RunLog.info).
+    print(
+      f'took over {held.path} from a run that is gone (pid {held.took_over.get("pid", "?")} '
+      f'on {held.took_over.get("host", "?")})',
+      flush=True,
+    )
+  return held
+
+
 def _mtime(path: str) -> float:
   if files.is_remote(path):
-    return files.gfile().stat(path).mtime_nanos / 1e9
+    return files.mtime(path)
   return os.path.getmtime(path)
 
 
@@ -238,3 +420,72 @@ def _chain(error: BaseException):
     seen.add(id(error))
     yield error
     error = error.__cause__ or (None if error.__suppress_context__ else error.__context__)
+
+
+@contextlib.contextmanager
+def storage_errors(workdir: str, keep: tuple = ()):
+  """Failed writes to storage leave as one WorkdirError line; errors of the types `keep` pass."""
+  _quiet_failed_writes()
+  try:
+    yield
+  except keep:
+    raise
+  except WorkdirError:
+    raise
+  except Exception as e:
+    failure = storage_failure(e)
+    if failure is None:
+      raise
+    raise WorkdirError(_storage_message(workdir, *failure)) from None
+
+
+def _storage_message(workdir: str, what: str, path: Optional[str]) -> str:
+  where = files.absolute(workdir).rstrip('/')
+  if path is not None and not files.absolute(path).startswith(where + '/'):
+    return f'{what}: {path}'  # not the workdir (a dataset folder, say)
+  # The workdir's entry being written (a checkpoint folder, lock.json), not a file deep inside.
+  entry = '/'.join(files.absolute(path)[len(where) + 1 :].split('/')[:2]) if path else ''
+  writing = f' (writing {entry})' if entry else ''
+  if what in ('no space left on device', 'disk quota exceeded'):
+    saved = saved_steps(workdir)
+    kept = f'the checkpoint at step {saved[-1]} is intact' if saved else 'no checkpoint was written'
+    return (
+      f'{workdir}: {what}{writing}; {kept}. Free space there and run the same command '
+      'again to resume'
+    )
+  return f'{workdir}: {what}{writing}; make it writable or use another --workdir'
+
+
+def _quiet_failed_writes() -> None:
+  """Drops what a checkpoint write that failed for want of space or permission leaves behind.
+
+  Orbax's background threads log the failure, its aborted asyncio tasks log
+  it again when collected (as late as interpreter exit) and their callbacks
+  report "Event loop is closed": hundreds of lines saying what the one
+  WorkdirError line says. The filters stay installed for that reason; they
+  drop nothing else.
+  """
+  for name in ('absl', 'asyncio'):
+    logger = py_logging.getLogger(name)
+    if _not_a_failed_write not in logger.filters:
+      logger.addFilter(_not_a_failed_write)
+  hook = sys.unraisablehook
+  if getattr(hook, 'func', None) is not _drop_closed_loop_reports:
+    sys.unraisablehook = functools.partial(_drop_closed_loop_reports, previous=hook)
+
+
+def _not_a_failed_write(record) -> bool:
+  if record.levelno < py_logging.ERROR or not (
+    'orbax' in record.pathname or record.name == 'asyncio'
+  ):
+    return True
+  text = record.getMessage() + (str(record.exc_info[1]) if record.exc_info else '')
+  return storage_failure(RuntimeError(text)) is None
+
+
+def _drop_closed_loop_reports(unraisable, previous):
+  if isinstance(unraisable.exc_value, RuntimeError) and 'Event loop is closed' in str(
+    unraisable.exc_value
+  ):
+    return
+  previous(unraisable)

@@ -8,7 +8,6 @@ that are due after a step, in the order `hooks` lists them.
 import dataclasses
 from typing import Callable
 
-import numpy as np
 import orbax.checkpoint as ocp
 
 from vit_jax import checkpoint
@@ -55,26 +54,28 @@ def hooks(run) -> list:
 
 def log_progress(run, loop, step: int) -> None:
   """The progress line and the training scalars: mean loss since the last line, lr, img/s, MFU."""
-  loop.train_loss = float(np.mean([x for x in loop.losses if np.isfinite(x)] or [np.nan]))
-  loop.losses = []
+  train_loss = loop.losses.close_window()
   rates = loop.progress.update(step)
   scalars = {
-    'train_loss': loop.train_loss,
+    'train_loss': train_loss,
     'learning_rate': float(loop.metrics['learning_rate']),
     'grad_norm': float(loop.metrics['grad_norm']),
     **rates,
     'skipped_steps': float(loop.state.num_skipped),
   }
-  if run.peak_flops and loop.flops and loop.progress.step_time:
-    scalars['mfu'] = loop.flops / (loop.progress.step_time * run.peak_flops)
+  flops = loop.clock.flops
+  if run.peak_flops and flops and loop.progress.step_time:
+    scalars['mfu'] = flops / (loop.progress.step_time * run.peak_flops)
   run.log.scalars(step, scalars)
-  run.log.info('%s', loop.progress.line(step, loop.train_loss, scalars['learning_rate']))
+  run.log.info('%s', loop.progress.line(step, train_loss, scalars['learning_rate']))
 
 
 def accuracy(run, params) -> dict:
   """Exact top-1 (and top-5) accuracy over the whole test split."""
   return metrics.accuracy(
-    run.eval_fn, params, pipeline.make_eval_iterator(run.config, run.batch_sharding)
+    run.program.eval_step,
+    params,
+    pipeline.make_eval_iterator(run.config, run.program.batch_sharding),
   )
 
 
@@ -92,7 +93,7 @@ def fewshot_probe(run, loop, step: int) -> dict:
     run.config,
     run.fewshot_model,
     loop.state.params,
-    run.batch_sharding,
+    run.program.batch_sharding,
     features_fn=run.fewshot_features,
   )
   run.log.scalars(step, scalars)

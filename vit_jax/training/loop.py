@@ -1,17 +1,19 @@
 """The training loop: set up, train, evaluate, checkpoint, resume.
 
 Every process runs this same function. Process 0 alone locks the workdir and
-writes logs, TensorBoard events, `config.json`, `summary.json` and
-`params.npz`; checkpoints are written collectively by orbax. Running it again
-on the same workdir resumes from the newest checkpoint that restores
-(parameters, optimizer state, step, RNG, the data iterator's position and the
-run's totals) and, on CPU, ends with bitwise the parameters of an
-uninterrupted run; on a finished run it reports the result and writes nothing
-(`training.resume`).
+writes the run's config, logs, TensorBoard events, its summary and final
+parameters (`vit_jax.workdir` names the files); checkpoints are written
+collectively by orbax. Running it again on the same workdir resumes from the
+newest checkpoint that restores (parameters, optimizer state, step, RNG, the
+data iterator's position and the run's totals) and, on CPU, ends with bitwise
+the parameters of an uninterrupted run; on a finished run it reports the
+result and writes nothing (`training.resume`). A config written for the
+official vit_jax is translated before it gets here (`vit_jax.cli`,
+`vit_jax.train`).
 """
 
+import contextlib
 import dataclasses
-import os
 import signal
 import time
 from typing import Any, Callable, Optional
@@ -22,94 +24,24 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from vit_jax import checkpoint
-from vit_jax import files
 from vit_jax import hardware
 from vit_jax import run_log
-from vit_jax import sharding
 from vit_jax import workdir as workdir_lib
-from vit_jax.configs import ConfigError
-from vit_jax.configs import official
+from vit_jax.configs import ConfigError  # noqa: F401  (the commands catch it as loop.ConfigError)
 from vit_jax.data import pipeline
 from vit_jax.evaluation import fewshot
-from vit_jax.models import vit
-from vit_jax.training import guard
 from vit_jax.training import hooks
-from vit_jax.training import optim
 from vit_jax.training import program
 from vit_jax.training import resume
 from vit_jax.training import steps
 
+# Where they used to be (bench/aot.py imports them from here): with `program.build` now.
+make_mesh = program.make_mesh
+validate = program.validate
+
 
 class TrainingError(RuntimeError):
   """A run that cannot go on; the message is one line saying what to do."""
-
-
-def validate(config, num_devices: int) -> None:
-  """Raises ConfigError (one line) for values that cannot run together."""
-  for field in ('batch', 'batch_eval'):
-    if config[field] < 1:
-      raise ConfigError(f'{field}={config[field]} must be at least 1')
-  if not isinstance(config.accum_steps, int) or config.accum_steps < 1:
-    raise ConfigError(
-      f'accum_steps={config.accum_steps!r} must be a positive number of micro-batches '
-      '(1: no accumulation)'
-    )
-  per_step = config.accum_steps * num_devices
-  if config.batch % per_step:
-    raise ConfigError(
-      f'batch={config.batch} must be a multiple of accum_steps ({config.accum_steps}) x '
-      f'devices ({num_devices}) = {per_step}'
-    )
-  if config.batch_eval % num_devices:
-    raise ConfigError(
-      f'batch_eval={config.batch_eval} must be a multiple of the number of devices ({num_devices})'
-    )
-  if config.total_steps < 1:
-    raise ConfigError(f'total_steps={config.total_steps} must be positive')
-  if not 0 <= config.warmup_steps < config.total_steps:
-    raise ConfigError(
-      f'warmup_steps={config.warmup_steps} must be in [0, total_steps={config.total_steps}): '
-      f'add --config.warmup_steps={config.total_steps // 10}'
-    )
-  choices = {
-    'task': steps.TASKS,
-    'loss': steps.LOSSES,
-    'optimizer': optim.OPTIMIZERS,
-    'decay_type': optim.DECAY_TYPES,
-    'attention': vit.ATTENTION,
-  }
-  for field, allowed in choices.items():
-    if config[field] not in allowed:
-      raise ConfigError(f'{field}={config[field]!r}: use one of {", ".join(allowed)}')
-  if config.attention == 'cudnn' and (
-    config.dtype not in ('bfloat16', 'float16') or jax.default_backend() != 'gpu'
-  ):
-    raise ConfigError(
-      "attention='cudnn' needs a CUDA GPU and --config.dtype=bfloat16; "
-      "use attention='auto', which takes cuDNN where it applies"
-    )
-  if config.remat_policy not in vit.REMAT_POLICIES:
-    raise ConfigError(
-      f'remat_policy={config.remat_policy!r}: use one of {", ".join(vit.REMAT_POLICIES)}'
-    )
-  if config.mesh.model > 1:
-    arch = steps.model_config(config)
-    try:
-      sharding.check_model_fits(
-        arch.transformer.num_heads, arch.transformer.mlp_dim, config.mesh.model
-      )
-    except sharding.MeshError as e:
-      raise ConfigError(f'{config.model}: {e}') from None
-
-
-def make_mesh(config, devices=None):
-  """The run's (slice, data, fsdp, model) mesh; a misfit is a one-line ConfigError."""
-  try:
-    return sharding.make_mesh(
-      config.mesh.fsdp, devices, model=config.mesh.model, data=config.mesh.data
-    )
-  except sharding.MeshError as e:
-    raise ConfigError(str(e)) from None
 
 
 class _Preemption:
@@ -173,83 +105,122 @@ class Run:
   mesh: Any
   info: pipeline.DatasetInfo
   log: run_log.RunLog
-  program: program.Program  # the jitted train and eval steps
-  init: Callable  # rng -> TrainState
-  state_shardings: Any
-  batch_sharding: Any
+  program: program.Program  # the jitted steps, the state's init and layout, the batch layout
   manager: ocp.CheckpointManager
-  eval_fn: Callable  # (params, batch) -> counts, jitted over the mesh
   fewshot_model: Any  # the backbone as a plain ViT (also for MPP runs)
   fewshot_features: Callable  # its jitted pre-logits features
   peak_flops: Optional[float]
   lock: Optional[workdir_lib.Lock] = None  # process 0's hold on the workdir
 
 
+class Losses:
+  """The step losses since the last progress line, and the mean of the last window."""
+
+  def __init__(self, last_mean: float = float('nan')):
+    self._window = []
+    self.last_mean = last_mean
+
+  def add(self, loss: float) -> None:
+    self._window.append(loss)
+
+  def close_window(self) -> float:
+    """The mean finite loss since the last call (NaN if none); starts a new window."""
+    self.last_mean = float(np.mean([x for x in self._window if np.isfinite(x)] or [np.nan]))
+    self._window = []
+    return self.last_mean
+
+
 @dataclasses.dataclass
-class Loop:
-  """What changes as the loop runs.
+class Clock:
+  """The run's time and speed over every session, saved with each checkpoint.
 
   `prior` holds the totals of the sessions before this one (from the
-  checkpoint resumed), so that `totals()` and the summary cover the whole run:
-  wall time, and the steps timed for img/s with their time, up to the last
-  checkpoint of each earlier session.
+  checkpoint resumed). The loop is timed for img/s from the end of this
+  session's first step (after compilation) to the last, input pipeline,
+  logging and checkpoint saves included, evaluation excluded.
   """
+
+  prior: dict = dataclasses.field(default_factory=dict)
+  wall_start: float = dataclasses.field(default_factory=time.time)
+  flops: float = 0.0  # per device and step, from the compiled step
+  _loop_start: Optional[float] = None  # perf_counter at the end of the first step
+  _eval_time: float = 0.0  # in evaluation since _loop_start
+  _timed_steps: int = 0  # steps of this session after the first
+
+  def step_done(self, metrics) -> None:
+    if self._loop_start is None:
+      jax.block_until_ready(metrics)
+      self._loop_start = time.perf_counter()
+    else:
+      self._timed_steps += 1
+
+  @contextlib.contextmanager
+  def evaluation(self):
+    """Time spent inside is left out of the loop's img/s."""
+    start = time.perf_counter()
+    try:
+      yield
+    finally:
+      self._eval_time += time.perf_counter() - start
+
+  def totals(self, train_loss: float) -> dict:
+    """Wall time, the timed steps with their time, and the latest train loss, whole run."""
+    now = time.perf_counter()
+    train_time = now - self._loop_start - self._eval_time if self._loop_start else 0.0
+    return {
+      'wall_time_s': self.prior.get('wall_time_s', 0.0) + time.time() - self.wall_start,
+      'train_time_s': self.prior.get('train_time_s', 0.0) + train_time,
+      'timed_steps': self.prior.get('timed_steps', 0) + self._timed_steps,
+      'train_loss': train_loss if np.isfinite(train_loss) else self.prior.get('train_loss'),
+    }
+
+
+@dataclasses.dataclass
+class Loop:
+  """What changes as the loop runs."""
 
   state: steps.TrainState
   train_iter: pipeline.TrainIterator
   progress: run_log.Progress
+  clock: Clock
+  losses: Losses = dataclasses.field(default_factory=Losses)
   metrics: Optional[dict] = None  # the latest step's, still on the devices
-  losses: list = dataclasses.field(default_factory=list)  # since the last progress line
-  train_loss: float = float('nan')
-  flops: float = 0.0  # per device and step, from the compiled step
-  prior: dict = dataclasses.field(default_factory=dict)
-  wall_start: float = dataclasses.field(default_factory=time.time)
-  loop_start: Optional[float] = None  # perf_counter at the end of this session's first step
-  eval_time: float = 0.0  # in evaluation hooks since loop_start
-  timed_steps: int = 0  # steps of this session after the first
 
   def totals(self) -> dict:
     """The run's totals so far, over every session (saved with each checkpoint)."""
-    train_time = time.perf_counter() - self.loop_start - self.eval_time if self.loop_start else 0.0
-    loss = self.train_loss if np.isfinite(self.train_loss) else self.prior.get('train_loss')
-    return {
-      'wall_time_s': self.prior.get('wall_time_s', 0.0) + time.time() - self.wall_start,
-      'train_time_s': self.prior.get('train_time_s', 0.0) + train_time,
-      'timed_steps': self.prior.get('timed_steps', 0) + self.timed_steps,
-      'train_loss': loss,
-    }
+    return self.clock.totals(self.losses.last_mean)
 
 
 def train_and_evaluate(config, workdir: str) -> dict:
   """Trains and evaluates `config` in `workdir`; returns the summary dict."""
-  wall_start = time.time()
-  config = official.translate(config)  # configs written for the official vit_jax
-  mesh = make_mesh(config)
-  validate(config, mesh.size)
+  clock = Clock()
+  mesh = program.make_mesh(config)
+  program.validate(config, mesh.size)
   # Our own one-line errors pass as they are; a failed write becomes one.
   keep = (TrainingError, ConfigError, checkpoint.CheckpointError, pipeline.DataError)
-  with guard.storage_errors(workdir, keep=keep):
+  with workdir_lib.storage_errors(workdir, keep=keep):
     resume.check_config(workdir, config)
     summary = resume.finished(workdir, config)
     if summary is not None:
       _report_finished(workdir, summary)
       return summary
-    lock = guard.lock(workdir)
+    lock = workdir_lib.acquire(workdir)
     try:
       with jax.set_mesh(mesh):
         if jax.process_index() == 0:
-          resume.record_config(workdir, config)
+          workdir_lib.write_config(workdir, config)
         # Orbax logs each unreadable checkpoint file it meets; resume says it in one line.
         with resume.without_orbax_errors():
           run = set_up(config, workdir, mesh, lock=lock)
-          state, data_state, prior = restore_or_initialize(run)
+          state, data_state, clock.prior = restore_or_initialize(run)
         first_step = int(state.step)
         loop = Loop(
           state=state,
-          train_iter=pipeline.make_train_iterator(config, run.batch_sharding, state=data_state),
+          train_iter=pipeline.make_train_iterator(
+            config, run.program.batch_sharding, state=data_state
+          ),
           progress=run_log.Progress(config.total_steps, first_step, config.batch),
-          prior=prior,
-          wall_start=wall_start,
+          clock=clock,
         )
         train(run, loop, hooks.hooks(run))
         return finish(run, loop, first_step=first_step)
@@ -264,60 +235,55 @@ def _report_finished(workdir: str, summary: dict) -> None:
       f'{workdir} has finished: step {summary["step"]}, test accuracy '
       f'{summary.get("test_accuracy", float("nan")):.4f}, {summary.get("img_per_sec", 0.0):.0f} '
       f'img/s, {summary.get("wall_time_s", 0.0):.0f} s '
-      f'({os.path.join(workdir, resume.SUMMARY_FILE)}). Nothing to do: raise '
+      f'({workdir_lib.summary_path(workdir)}). Nothing to do: raise '
       '--config.total_steps to train on, or use another --workdir',
       flush=True,
     )
 
 
 def set_up(config, workdir: str, mesh, lock: Optional[workdir_lib.Lock] = None) -> Run:
-  """Checks the config against the data and devices; builds the task, optimizer and manager."""
-  validate(config, mesh.size)
+  """Checks the config against the data; builds the task, optimizer and checkpoint manager.
+
+  The config's values are checked against the devices before (`program.validate`).
+  """
   info = pipeline.get_info(config)
   if info.multi_label and config.loss != 'sigmoid' and config.task == 'classification':
     raise ConfigError(f'{info.name} is multi-label: set --config.loss=sigmoid')
   log = run_log.RunLog(workdir, is_main=jax.process_index() == 0, tensorboard=config.tensorboard)
   log.info(pipeline.describe_preprocessing(config))
-  compiled = program.build(config, mesh, info.num_classes, info.multi_label)
   manager = ocp.CheckpointManager(
-    os.path.join(files.absolute(workdir), 'checkpoints'),
+    workdir_lib.checkpoints_dir(workdir, absolute=True),
     options=ocp.CheckpointManagerOptions(
       max_to_keep=config.keep_checkpoints, create=True, cleanup_tmp_directories=True
     ),
   )
   fewshot_model = steps.make_model(config, num_classes=None)
-  # A peak that does not drop on a busy machine: MFU stays at most 1 (vit_jax.hardware).
-  peak = config.peak_flops or hardware.stable_peak()[0]
   return Run(
     config=config,
     workdir=workdir,
     mesh=mesh,
     info=info,
     log=log,
-    program=compiled,
-    init=compiled.init,
-    state_shardings=compiled.state_shardings,
-    batch_sharding=compiled.batch_sharding,
+    program=program.build(config, mesh, info.num_classes, info.multi_label),
     manager=manager,
-    eval_fn=compiled.eval_step,
     fewshot_model=fewshot_model,
     fewshot_features=fewshot.representation_fn(fewshot_model),
-    peak_flops=peak,
+    # A peak that does not drop on a busy machine: MFU stays at most 1 (vit_jax.hardware).
+    peak_flops=config.peak_flops or hardware.stable_peak()[0],
     lock=lock,
   )
 
 
 def restore_or_initialize(run: Run):
   """(state, data iterator state, totals): the newest checkpoint's that restores, or fresh ones."""
-  config = run.config
+  config, built = run.config, run.program
   # Checkpoints name encoderblock_{i}; a scanned model stacks them after restoring.
-  abstract = checkpoint.unstack_blocks(run.program.abstract_state())
-  checkpoints = os.path.join(files.absolute(run.workdir), resume.CHECKPOINTS)
+  abstract = checkpoint.unstack_blocks(built.abstract_state())
 
   def args_for(step):
     items = {'state': ocp.args.StandardRestore(abstract), 'data': ocp.args.JsonRestore()}
     # Checkpoints written before the run's totals were saved have no 'run' item.
-    if files.exists(os.path.join(checkpoints, str(step), 'run')):
+    if workdir_lib.checkpoint_has_item(run.workdir, step, 'run'):
       items['run'] = ocp.args.JsonRestore()
     return ocp.args.Composite(**items)
 
@@ -327,10 +293,10 @@ def restore_or_initialize(run: Run):
     run.log.info('Resuming from the checkpoint at step %d in %s', step, run.workdir)
     prior = restored['run'] if 'run' in restored else {}
     state = restored['state']
-    if checkpoint.is_stacked(run.program.abstract_state()):
-      state = jax.device_put(checkpoint.stack_blocks(state), run.state_shardings)
+    if checkpoint.is_stacked(built.abstract_state()):
+      state = jax.device_put(checkpoint.stack_blocks(state), built.state_shardings)
     return state, restored['data'], prior or {}
-  state = jax.jit(run.init, out_shardings=run.state_shardings)(jax.random.PRNGKey(config.seed))
+  state = jax.jit(built.init, out_shardings=built.state_shardings)(jax.random.PRNGKey(config.seed))
   if config.pretrained_path:
     params = checkpoint.load_pretrained(
       pretrained_path=config.pretrained_path,
@@ -338,7 +304,7 @@ def restore_or_initialize(run: Run):
       model_config=steps.model_config(config),
       verbose=jax.process_index() == 0,
     )
-    params = jax.device_put(params, run.state_shardings.params)
+    params = jax.device_put(params, built.state_shardings.params)
     state = state.replace(params=params, ema_params=params if config.ema_decay else None)
   return state, None, {}
 
@@ -346,54 +312,58 @@ def restore_or_initialize(run: Run):
 def train(run: Run, loop: Loop, periodic: list) -> None:
   """Steps until `total_steps`, running `periodic` hooks as due.
 
-  It times the loop for img/s (`loop.totals()`): wall time from the end of the
-  first step (after compilation) to the last, input pipeline, logging and
-  checkpoint saves included, evaluation hooks excluded. A step's loss is read
-  while the next one runs, except at steps where hooks are due.
+  A step's loss is read while the next one runs, except at steps where hooks
+  are due; the loop's speed is timed by `loop.clock`.
   """
-  config = run.config
   preemption = _Preemption()
-  step_fn = None
   try:
-    pending = None  # (step, metrics) of the previous step
-    for step in range(int(loop.state.step) + 1, config.total_steps + 1):
-      batch = next(loop.train_iter)
-      if step_fn is None:
-        step_fn, loop.flops = _compile(run.program.train_step, loop.state, batch)
-        loop.progress.restart_clock(step - 1)
-      loop.state, loop.metrics = step_fn(loop.state, batch)
-      if loop.loop_start is None:
-        jax.block_until_ready(loop.metrics)
-        loop.loop_start = time.perf_counter()
-      else:
-        loop.timed_steps += 1
-      if pending is not None:
-        loop.losses.append(_check_finite(config, *pending))
-      pending = (step, loop.metrics)
+    with _out_of_memory_advice(run.config):
+      step_fn, pending = None, None  # pending: (step, metrics) of the previous step
+      for step in range(int(loop.state.step) + 1, run.config.total_steps + 1):
+        batch = next(loop.train_iter)
+        if step_fn is None:
+          step_fn, loop.clock.flops = _compile(run.program.train_step, loop.state, batch)
+          loop.progress.restart_clock(step - 1)
+        loop.state, loop.metrics = step_fn(loop.state, batch)
+        loop.clock.step_done(loop.metrics)
+        if pending is not None:
+          loop.losses.add(_check_finite(run.config, *pending))
+        pending = (step, loop.metrics)
+        due = [hook for hook in periodic if hook.due(step, run.config.total_steps)]
+        if due or preemption.pending:
+          loop.losses.add(_check_finite(run.config, *pending))
+          pending = None
+          _run_hooks(run, loop, step, due, preemption)
+  finally:
+    preemption.restore()
+    run.manager.wait_until_finished()
 
-      due = [hook for hook in periodic if hook.due(step, config.total_steps)]
-      if not due and not preemption.pending:
-        continue
-      loop.losses.append(_check_finite(config, *pending))
-      pending = None
-      if run.lock is not None and run.lock.lost:
-        raise TrainingError(
-          f"another run took over {run.lock.path} (this run's heartbeat went stale); "
-          'stopped without writing. Run one command per workdir'
-        )
-      for hook in due:
-        start = time.perf_counter()
-        hook.fn(run, loop, step)
-        if hook.evaluation:
-          loop.eval_time += time.perf_counter() - start
-      if preemption.reached(step):
-        hooks.save_checkpoint(run, loop, step)
-        run.manager.wait_until_finished()
-        raise TrainingError(
-          f'preempted (SIGTERM) at step {step}; checkpoint written to '
-          f'{run.workdir}; run the same command again to resume'
-        )
-      loop.progress.restart_clock(step)
+
+def _run_hooks(run: Run, loop: Loop, step: int, due: list, preemption) -> None:
+  """The hooks due after `step`, then a stop when preemption is requested."""
+  if run.lock is not None and run.lock.lost:
+    raise TrainingError(
+      f"another run took over {run.lock.path} (this run's heartbeat went stale); "
+      'stopped without writing. Run one command per workdir'
+    )
+  for hook in due:
+    with loop.clock.evaluation() if hook.evaluation else contextlib.nullcontext():
+      hook.fn(run, loop, step)
+  if preemption.reached(step):
+    hooks.save_checkpoint(run, loop, step)
+    run.manager.wait_until_finished()
+    raise TrainingError(
+      f'preempted (SIGTERM) at step {step}; checkpoint written to '
+      f'{run.workdir}; run the same command again to resume'
+    )
+  loop.progress.restart_clock(step)
+
+
+@contextlib.contextmanager
+def _out_of_memory_advice(config):
+  """Out of device memory: one line with the three ways out."""
+  try:
+    yield
   except jax.errors.JaxRuntimeError as e:
     if hardware.is_out_of_memory(e):
       raise TrainingError(
@@ -402,13 +372,10 @@ def train(run: Run, loop: Loop, periodic: list) -> None:
         'set --config.remat=True, or lower --config.batch'
       ) from None
     raise
-  finally:
-    preemption.restore()
-    run.manager.wait_until_finished()
 
 
 def finish(run: Run, loop: Loop, *, first_step: int) -> dict:
-  """Final evaluation, `summary.json` and `params.npz`; returns the summary.
+  """Final evaluation, the summary and the final parameters; returns the summary.
 
   The summary covers the whole run, over every session: its wall time, img/s
   and the train loss of its last progress line.
@@ -437,24 +404,32 @@ def finish(run: Run, loop: Loop, *, first_step: int) -> dict:
   if config.fewshot.datasets:
     summary.update(hooks.fewshot_probe(run, loop, summary['step']))
   run.log.scalars(summary['step'], {'test_accuracy': summary['test_accuracy']})
-  params = _host_tree(state.params)
-  if jax.process_index() == 0:
-    checkpoint.save_npz(params, os.path.join(workdir, 'params.npz'))
-    if config.ema_decay:
-      checkpoint.save_npz(_host_tree(state.ema_params), os.path.join(workdir, 'params_ema.npz'))
-  summary['wall_time_s'] = loop.totals()['wall_time_s']
-  run.log.write_json(resume.SUMMARY_FILE, summary)
+  _write_results(run, loop, summary)
   run.log.info(
     'Done: step %d, test accuracy %.4f, %.0f img/s, %.0f s; wrote %s',
     summary['step'],
     summary['test_accuracy'],
     summary['img_per_sec'],
     summary['wall_time_s'],
-    os.path.join(workdir, resume.SUMMARY_FILE),
+    workdir_lib.summary_path(workdir),
   )
   run.log.close()
   run.manager.close()
   return summary
+
+
+def _write_results(run: Run, loop: Loop, summary: dict) -> None:
+  """The final parameters (and EMA's), then the summary with the whole run's wall time."""
+  # Gathered on every process (a collective in multi-host runs); written by process 0.
+  params = _host_tree(loop.state.params)
+  ema = _host_tree(loop.state.ema_params) if run.config.ema_decay else None
+  if jax.process_index() == 0:
+    checkpoint.save_npz(params, workdir_lib.params_path(run.workdir))
+    if ema is not None:
+      checkpoint.save_npz(ema, workdir_lib.params_path(run.workdir, ema=True))
+  summary['wall_time_s'] = loop.totals()['wall_time_s']
+  if jax.process_index() == 0:
+    workdir_lib.write_summary(run.workdir, summary)
 
 
 def _check_finite(config, step, metrics_) -> float:

@@ -1,10 +1,12 @@
 """What a run compiles: the train and eval steps of a config on a mesh, and their inputs.
 
-`build` is the one path from a config to the jitted steps. The trainer
-(`training.loop`) runs them on real arrays; `python -m vit_jax.compile`
-compiles the very same functions ahead of time for a TPU topology from
-`abstract_state` and `abstract_batch`, which describe exactly what the trainer
-passes (shapes, dtypes, shardings; the state is donated).
+`validate` checks that a config's values can run together on a number of
+devices, `make_mesh` lays the devices out, and `build` is the one path from a
+config to the jitted steps. The trainer (`training.loop`) runs them on real
+arrays; `python -m vit_jax.compile` compiles the very same functions ahead of
+time for a TPU topology from `abstract_state` and `abstract_batch`, which
+describe exactly what the trainer passes (shapes, dtypes, shardings; the
+state is donated).
 """
 
 import dataclasses
@@ -15,13 +17,84 @@ import jax
 import numpy as np
 
 from vit_jax import sharding
+from vit_jax.configs import ConfigError
 from vit_jax.data import spec
+from vit_jax.models import vit
 from vit_jax.training import optim
 from vit_jax.training import steps
 
 # An abstract raw PRNG key: shapes are derived without creating arrays, so the
 # same code runs under a mesh of devices this machine does not have (a TPU slice).
 _KEY = jax.ShapeDtypeStruct((2,), np.uint32)
+
+
+def validate(config, num_devices: int) -> None:
+  """Raises ConfigError (one line) for values that cannot run together."""
+  _validate_batches(config, num_devices)
+  if config.total_steps < 1:
+    raise ConfigError(f'total_steps={config.total_steps} must be positive')
+  if not 0 <= config.warmup_steps < config.total_steps:
+    raise ConfigError(
+      f'warmup_steps={config.warmup_steps} must be in [0, total_steps={config.total_steps}): '
+      f'add --config.warmup_steps={config.total_steps // 10}'
+    )
+  choices = {
+    'task': steps.TASKS,
+    'loss': steps.LOSSES,
+    'optimizer': optim.OPTIMIZERS,
+    'decay_type': optim.DECAY_TYPES,
+    'attention': vit.ATTENTION,
+    'remat_policy': vit.REMAT_POLICIES,
+  }
+  for field, allowed in choices.items():
+    if config[field] not in allowed:
+      raise ConfigError(f'{field}={config[field]!r}: use one of {", ".join(allowed)}')
+  if config.attention == 'cudnn' and (
+    config.dtype not in ('bfloat16', 'float16') or jax.default_backend() != 'gpu'
+  ):
+    raise ConfigError(
+      "attention='cudnn' needs a CUDA GPU and --config.dtype=bfloat16; "
+      "use attention='auto', which takes cuDNN where it applies"
+    )
+  if config.mesh.model > 1:
+    arch = steps.model_config(config)
+    try:
+      sharding.check_model_fits(
+        arch.transformer.num_heads, arch.transformer.mlp_dim, config.mesh.model
+      )
+    except sharding.MeshError as e:
+      raise ConfigError(f'{config.model}: {e}') from None
+
+
+def _validate_batches(config, num_devices: int) -> None:
+  for field in ('batch', 'batch_eval'):
+    if config[field] < 1:
+      raise ConfigError(f'{field}={config[field]} must be at least 1')
+  if not isinstance(config.accum_steps, int) or config.accum_steps < 1:
+    raise ConfigError(
+      f'accum_steps={config.accum_steps!r} must be a positive number of micro-batches '
+      '(1: no accumulation)'
+    )
+  per_step = config.accum_steps * num_devices
+  if config.batch % per_step:
+    raise ConfigError(
+      f'batch={config.batch} must be a multiple of accum_steps ({config.accum_steps}) x '
+      f'devices ({num_devices}) = {per_step}'
+    )
+  if config.batch_eval % num_devices:
+    raise ConfigError(
+      f'batch_eval={config.batch_eval} must be a multiple of the number of devices ({num_devices})'
+    )
+
+
+def make_mesh(config, devices=None):
+  """The run's (slice, data, fsdp, model) mesh; a misfit is a one-line ConfigError."""
+  try:
+    return sharding.make_mesh(
+      config.mesh.fsdp, devices, model=config.mesh.model, data=config.mesh.data
+    )
+  except sharding.MeshError as e:
+    raise ConfigError(str(e)) from None
 
 
 @dataclasses.dataclass(frozen=True)

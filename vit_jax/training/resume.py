@@ -1,19 +1,18 @@
-"""Running a command again on its workdir: the recorded config, a finished run, a bad checkpoint.
+"""Running a command again on its workdir: the policy for the recorded config, a finished
+run and a checkpoint that does not restore. The files are `vit_jax.workdir`'s.
 
-A run records its config in `WORKDIR/config.json`. Running again resumes only
-when the config agrees on what the run learns (`MAY_CHANGE` lists what may
-differ: length, cadence, devices, evaluation, data location); otherwise one
-line says what differs and what to type. A finished run (`summary.json` at
-`total_steps`) is reported, not run again. A checkpoint that does not restore
-(files truncated or lost) is moved to `WORKDIR/corrupt_checkpoints/` and the
-run resumes from the newest one that does; in a multi-host run a step counts
-only when every host restored it, so all resume from the same step.
+A run records its config in the workdir. Running again resumes only when the
+config agrees on what the run learns (`MAY_CHANGE` lists what may differ:
+length, cadence, devices, evaluation, data location); otherwise one line says
+what differs and what to type. A finished run (its summary at `total_steps`)
+is reported, not run again. A checkpoint that does not restore (files
+truncated or lost) is set aside and the run resumes from the newest one that
+does; in a multi-host run a step counts only when every host restored it, so
+all resume from the same step.
 """
 
 import contextlib
-import json
 import logging
-import os
 import shlex
 from typing import Callable, Optional
 
@@ -21,13 +20,7 @@ import jax
 from jax.experimental import multihost_utils
 import numpy as np
 
-from vit_jax import files
 from vit_jax import workdir as workdir_lib
-
-CONFIG_FILE = 'config.json'
-SUMMARY_FILE = 'summary.json'
-CHECKPOINTS = 'checkpoints'
-CORRUPT_CHECKPOINTS = 'corrupt_checkpoints'
 
 # Config fields a resumed run may change: how long, on what and how fast it
 # runs, what it reports and where the same data lives; not what it learns.
@@ -74,10 +67,6 @@ def _flat(tree: dict, prefix: str = '') -> dict:
   return flat
 
 
-def _as_json(config) -> dict:
-  return json.loads(config.to_json_best_effort())
-
-
 def _may_change(name: str) -> bool:
   return any(name == field or name.startswith(field + '.') for field in MAY_CHANGE)
 
@@ -92,34 +81,25 @@ def _flag(name: str, value) -> str:
   return shlex.quote(f'--config.{name}={text}')
 
 
-def _read_json(path: str) -> Optional[dict]:
-  if not files.exists(path):
-    return None
-  with files.open_file(path) as f:
-    return json.load(f)
-
-
 def check_config(workdir: str, config) -> None:
   """Raises ResumeError when `workdir` holds a run whose config differs in what it learns.
 
   A run that stopped before its first checkpoint leaves nothing to lose; any
   config may start over there.
   """
-  recorded = _read_json(os.path.join(workdir, CONFIG_FILE))
+  recorded = workdir_lib.read_config(workdir)
   if recorded is None:
     return
-  if not saved_steps(workdir) and not files.exists(os.path.join(workdir, SUMMARY_FILE)):
+  if not workdir_lib.saved_steps(workdir) and workdir_lib.read_summary(workdir) is None:
     return
-  before, now = _flat(recorded), _flat(_as_json(config))
+  before, now = _flat(recorded), _flat(workdir_lib.config_as_json(config))
   # Fields only one side knows (another version of the code) are not compared.
   differ = sorted(
     k for k in before.keys() & now.keys() if before[k] != now[k] and not _may_change(k)
   )
   if not differ:
     return
-  weights = (
-    '' if files.exists(os.path.join(workdir, 'params.npz')) else ', once that run has finished'
-  )
+  weights = '' if workdir_lib.has_params(workdir) else ', once that run has finished'
   raise ResumeError(
     f'{workdir} holds a run with '
     + ', '.join(f'{k}={before[k]!r}' for k in differ)
@@ -132,29 +112,12 @@ def check_config(workdir: str, config) -> None:
   )
 
 
-def record_config(workdir: str, config) -> None:
-  """Writes the config into `workdir` (process 0), replacing one it may change (`MAY_CHANGE`)."""
-  text = json.dumps(_as_json(config), indent=2, sort_keys=True) + '\n'
-  path = os.path.join(workdir, CONFIG_FILE)
-  if files.exists(path):
-    with files.open_file(path) as f:
-      if f.read() == text:
-        return
-  files.write_text(path, text)
-
-
 def finished(workdir: str, config) -> Optional[dict]:
   """The summary of a run in `workdir` that has reached `config.total_steps`, else None."""
-  summary = _read_json(os.path.join(workdir, SUMMARY_FILE))
+  summary = workdir_lib.read_summary(workdir)
   if summary is not None and summary.get('step', -1) >= config.total_steps:
     return summary
   return None
-
-
-def saved_steps(workdir: str) -> list:
-  """Steps of the complete checkpoints (unfinished ones carry a suffix), oldest first."""
-  names = files.listdir(os.path.join(workdir, CHECKPOINTS))
-  return sorted(int(name) for name in names if name.isdigit())
 
 
 def _everywhere(ok: bool) -> bool:
@@ -208,7 +171,7 @@ def restore_newest(manager, workdir: str, args_for: Callable, log) -> Optional[t
     if failed:
       step, error = failed[0]
       raise ResumeError(
-        f'no checkpoint in {os.path.join(workdir, CHECKPOINTS)} restores (step {step}: '
+        f'no checkpoint in {workdir_lib.checkpoints_dir(workdir)} restores (step {step}: '
         f'{_first_line(error) if error else "another host failed"}); if the config changed '
         'since the run started, run it with the original one, or use another --workdir'
       )
@@ -216,7 +179,7 @@ def restore_newest(manager, workdir: str, args_for: Callable, log) -> Optional[t
   if failed:
     if jax.process_index() == 0:
       for bad, _ in failed:
-        _set_aside(workdir, bad)
+        workdir_lib.set_aside(workdir, bad)
     if jax.process_count() > 1:
       multihost_utils.sync_global_devices('vit_jax.resume: bad checkpoints set aside')
     manager.reload()
@@ -227,18 +190,7 @@ def restore_newest(manager, workdir: str, args_for: Callable, log) -> Optional[t
       ', '.join(str(s) for s, _ in failed),
       '' if len(failed) > 1 else 'es',
       _first_line(error) if error else 'another host failed',
-      os.path.join(workdir, CORRUPT_CHECKPOINTS),
+      workdir_lib.corrupt_checkpoints_dir(workdir),
       step,
     )
   return step, restored
-
-
-def _set_aside(workdir: str, step: int) -> str:
-  """Moves checkpoint `step` into `WORKDIR/corrupt_checkpoints/` (never deleted); its new path."""
-  folder = os.path.join(workdir, CORRUPT_CHECKPOINTS)
-  files.makedirs(folder)
-  target, n = os.path.join(folder, str(step)), 1
-  while files.exists(target):
-    target, n = os.path.join(folder, f'{step}-{n}'), n + 1
-  files.rename(os.path.join(workdir, CHECKPOINTS, str(step)), target)
-  return target

@@ -1,7 +1,7 @@
 """Training: the task, the train state, one train step, one eval step.
 
 Each step is a pure function of (state, batch), jitted over a device mesh by
-`vit_jax.trainer`. Pre-training and fine-tuning differ only in their config
+`vit_jax.training.loop`. Pre-training and fine-tuning differ only in their config
 (paper Appendix B.1): the optimizer, the loss and whether a checkpoint seeds
 the parameters. The task is supervised classification or masked patch
 prediction (paper B.1.2).
@@ -18,7 +18,7 @@ import optax
 
 from vit_jax import models
 from vit_jax import sharding
-from vit_jax.configs import models as model_configs
+from vit_jax.configs import architectures
 from vit_jax.evaluation import metrics
 from vit_jax.models import mpp
 
@@ -38,7 +38,7 @@ class TrainState:
 
 def model_config(config):
   """The architecture of `config.model`, with the run's dropout and pre-logits."""
-  arch = model_configs.MODEL_CONFIGS[config.model]
+  arch = architectures.MODEL_CONFIGS[config.model]
   arch.transformer.update(
     dropout_rate=config.dropout_rate, attention_dropout_rate=config.attention_dropout_rate
   )
