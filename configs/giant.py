@@ -12,14 +12,14 @@ outputs without a batch dimension. Size the mesh for the slice, e.g.
 """
 
 from vit_jax.configs import ConfigError
-from vit_jax.configs import models
+from vit_jax.configs import architectures
 from vit_jax.configs import recipes
 
 
 def get_config(arg='ViT-22B_14'):
-  if arg.removesuffix('-map') not in models.GIANTS:
+  if arg.removesuffix('-map') not in architectures.GIANTS:
     raise ConfigError(
-      f'configs/giant.py:{arg}: use one of {", ".join(models.GIANTS)}, with or without -map'
+      f'configs/giant.py:{arg}: use one of {", ".join(architectures.GIANTS)}, with or without -map'
     )
   config = recipes.pretrain('ViT-H_14', 'jft')
   config.model = arg

@@ -20,14 +20,14 @@ import numpy as np
 
 from vit_jax import checkpoint
 from vit_jax import models
-from vit_jax.configs import models as model_configs
+from vit_jax.configs import architectures
 from vit_jax.interop import export
 
 SIZE = 224
 
 
 def random_npz(name, path, seed=0):
-  config = model_configs.MODEL_CONFIGS[name]
+  config = architectures.MODEL_CONFIGS[name]
   model = models.VisionTransformer(num_classes=1000, **config)
   shapes = jax.eval_shape(
     lambda: model.init(jax.random.key(0), jnp.zeros((1, SIZE, SIZE, 3)), train=False)
@@ -128,7 +128,7 @@ def main():
         error = relative_error(ours, readers[fmt](out, images))
         print(f'| {name} | {fmt} | {reader} | {error:.1e} |', flush=True)
         if fmt == 'timm' and hybrid:
-          config = model_configs.MODEL_CONFIGS[name]
+          config = architectures.MODEL_CONFIGS[name]
           error = relative_error(ours, theirs_timm(out, images, config))
           print(f'| {name} | {fmt} | `interop.timm.build_model` | {error:.1e} |', flush=True)
 

@@ -27,16 +27,17 @@ from PIL import Image
 
 from vit_jax import checkpoint
 from vit_jax import models
-from vit_jax.configs import models as model_configs
+from vit_jax.configs import architectures
+from vit_jax.evaluation import classify
 from vit_jax.evaluation import figures
-from vit_jax.evaluation import inference
+from vit_jax.evaluation import loader
 from vit_jax.models import mpp
 
 SIZE = 32
 
 
 def demo_config():
-  config = model_configs.MODEL_CONFIGS['testing']
+  config = architectures.MODEL_CONFIGS['testing']
   config.model_name = 'tiny MPP ViT'
   config.patches.size = (4, 4)
   config.hidden_size = 64
@@ -111,15 +112,15 @@ def main():
   args = parser.parse_args()
 
   config = demo_config()
-  files = inference.builtin_images()
+  files = classify.builtin_images()
   params = train(config, photo_pyramid(files), args.steps, args.batch_size)
   path = checkpoint.save_npz(params, os.path.join(args.output, 'mpp_demo.npz'))
 
   backbone = {k: v for k, v in params.items() if k not in ('mask_token', 'mpp_head')}
   model = models.VisionTransformer(num_classes=None, **config)
   grid = SIZE // config.patches.size[0]
-  loaded = inference.LoadedModel(model, backbone, config, SIZE, grid, config.patches.size[0], 1)
-  images = np.stack([inference.read_image(f, SIZE) for f in files])
+  loaded = loader.LoadedModel(model, backbone, config, SIZE, grid, config.patches.size[0], 1)
+  images = np.stack([classify.read_image(f, SIZE) for f in files])
   result = figures.compute(loaded, images, num_components=28)
   names = figures.write_outputs(
     result,

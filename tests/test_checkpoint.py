@@ -11,7 +11,7 @@ import scipy.ndimage
 
 from vit_jax import checkpoint
 from vit_jax import models
-from vit_jax.configs import models as model_configs
+from vit_jax.configs import architectures
 
 
 def random_params(config, num_classes, size, seed=0):
@@ -95,8 +95,9 @@ def test_big_vision_root_posemb_gives_the_same_model(tmp_path):
   assert_trees_equal(loaded, checkpoint.unflatten(flat))
 
 
+@pytest.mark.slow
 def test_old_groupnorm_shapes(tmp_path):
-  config = model_configs.MODEL_CONFIGS['R26+ViT-B_32']
+  config = architectures.MODEL_CONFIGS['R26+ViT-B_32']
   config.hidden_size = 16
   config.transformer.update(num_layers=1, num_heads=2, mlp_dim=8)
   params = random_params(config, 3, 64)
@@ -201,15 +202,16 @@ def test_posemb_resize_bilinear_option_equals_torch():
     checkpoint.resize_posemb(posemb, 1 + 24 * 24, 1, method='cubic')
 
 
+@pytest.mark.slow
 def test_load_pretrained_224_to_384(tmp_path, capsys):
   # Pre-trained at 224 with a pre-logits layer and 21843 classes (an i21k file).
-  pre_config = model_configs.MODEL_CONFIGS['ViT-B_16']
+  pre_config = architectures.MODEL_CONFIGS['ViT-B_16']
   pre_config.update(hidden_size=24, representation_size=24)
   pre_config.transformer.update(num_layers=1, num_heads=2, mlp_dim=8)
   pretrained = random_params(pre_config, 21843, 224)
   path = checkpoint.save_npz(pretrained, tmp_path / 'i21k.npz')
 
-  config = model_configs.MODEL_CONFIGS['ViT-B_16']
+  config = architectures.MODEL_CONFIGS['ViT-B_16']
   config.update(hidden_size=24)
   config.transformer.update(num_layers=1, num_heads=2, mlp_dim=8)
   model = models.VisionTransformer(num_classes=10, **config)

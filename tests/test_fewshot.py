@@ -6,7 +6,7 @@ import pytest
 from sklearn.linear_model import RidgeClassifier
 
 from vit_jax import models
-from vit_jax.configs import models as model_configs
+from vit_jax.configs import architectures
 from vit_jax.evaluation import fewshot
 
 
@@ -124,7 +124,7 @@ def test_bad_labels_are_one_line_errors():
 
 @pytest.mark.parametrize('representation_size', [None, 8])
 def test_extract_features_are_what_the_head_reads(representation_size):
-  config = model_configs.MODEL_CONFIGS['testing']
+  config = architectures.MODEL_CONFIGS['testing']
   config.representation_size = representation_size
   model = models.VisionTransformer(num_classes=6, **config)
   images = jax.random.uniform(jax.random.key(1), (5, 32, 32, 3), minval=-1, maxval=1)

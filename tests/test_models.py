@@ -12,7 +12,8 @@ import pytest
 
 from vit_jax import checkpoint
 from vit_jax import models
-from vit_jax.configs import models as model_configs
+from vit_jax.configs import architectures
+from vit_jax.configs import models as official_models
 from vit_jax.models import resnet
 
 # ../shared/REFERENCE.md section 1: 1000 classes, 224 px, no pre-logits.
@@ -58,7 +59,7 @@ OFFICIAL_DROPOUT = {
 
 
 def param_shapes(name, num_classes=1000, size=224, **overrides):
-  config = model_configs.MODEL_CONFIGS[name]
+  config = architectures.MODEL_CONFIGS[name]
   config.update(overrides)
   model = models.VisionTransformer(num_classes=num_classes, **config)
   images = jnp.zeros((1, size, size, 3))
@@ -70,7 +71,7 @@ def count(tree):
 
 
 def test_registry_lists_every_public_and_official_name():
-  missing = {*REFERENCE_PARAM_COUNTS, *OFFICIAL_PARAM_COUNTS} - set(model_configs.MODEL_CONFIGS)
+  missing = {*REFERENCE_PARAM_COUNTS, *OFFICIAL_PARAM_COUNTS} - set(architectures.MODEL_CONFIGS)
   assert not missing
 
 
@@ -91,12 +92,25 @@ def closed_form_count(config, num_classes=1000, size=224):
   )
 
 
-# The giant ViTs (configs.models.GIANTS) are counted in test_scale.py, scanned.
+# The giant ViTs (configs.architectures.GIANTS) are counted in test_scale.py, scanned. The
+# fast tier counts one model of each kind; the full-size rest are slow (seconds of tracing each).
+_COUNTED_FAST = (
+  'testing',
+  'testing-map',
+  'testing-unpooled',
+  'ViT-Demo_4',
+  'ViT-Ti_16',
+  'ViT-B_16',
+)
+
+
 @pytest.mark.parametrize(
   'name',
-  sorted(
-    n for n in model_configs.MODEL_CONFIGS if n.removesuffix('-map') not in model_configs.GIANTS
-  ),
+  [
+    n if n in _COUNTED_FAST else pytest.param(n, marks=pytest.mark.slow)
+    for n in sorted(architectures.MODEL_CONFIGS)
+    if n.removesuffix('-map') not in architectures.GIANTS
+  ],
 )
 def test_exact_parameter_count(name):
   n = count(param_shapes(name))
@@ -107,7 +121,7 @@ def test_exact_parameter_count(name):
     model = models.get_model(name, num_classes=1000)
     init = lambda: model.init(jax.random.key(0), jnp.zeros((1, 224, 224, 3)), train=False)  # noqa: E731
     assert count(jax.eval_shape(init)['params']) == n == OFFICIAL_PARAM_COUNTS[name]
-  config = model_configs.MODEL_CONFIGS[name]
+  config = architectures.MODEL_CONFIGS[name]
   if config.get('resnet') is None:
     assert n == closed_form_count(config)
   assert config.model_name == name
@@ -141,10 +155,10 @@ def test_official_config_functions_are_views_of_the_registry():
   }
   assert set(getters.values()) == set(OFFICIAL_PARAM_COUNTS)
   for short, name in getters.items():
-    config = getattr(model_configs, f'get_{short}_config')()
-    assert config.to_dict() == model_configs.MODEL_CONFIGS[name].to_dict(), short
+    config = getattr(official_models, f'get_{short}_config')()
+    assert config.to_dict() == architectures.MODEL_CONFIGS[name].to_dict(), short
   # The official AugReg names: file-name prefixes of the AugReg checkpoints.
-  assert set(model_configs.AUGREG_CONFIGS) == {
+  assert set(architectures.AUGREG_CONFIGS) == {
     'testing-unpooled',
     'Ti_16',
     'S_16',
@@ -162,18 +176,18 @@ def test_official_config_functions_are_views_of_the_registry():
     'R26_S_32',
     'R50_L_32',
   }
-  assert model_configs.AUGREG_CONFIGS['R_Ti_16'].model_name == 'R+ViT-Ti_16'
+  assert architectures.AUGREG_CONFIGS['R_Ti_16'].model_name == 'R+ViT-Ti_16'
 
 
 @pytest.mark.parametrize('name', ['Mixer-B_16', 'LiT-B16B'])
 def test_mixer_and_lit_are_refused_in_one_line(name):
   message = f'{name}: MLP-Mixer and LiT models are not part of this package'
-  assert name not in model_configs.MODEL_CONFIGS
+  assert name not in architectures.MODEL_CONFIGS
   with pytest.raises(KeyError, match=message):
     models.get_model(name, num_classes=1000)
   getter = {'Mixer-B_16': 'get_mixer_b16_config', 'LiT-B16B': 'get_lit_b16b_config'}[name]
   with pytest.raises(KeyError, match=message) as error:
-    getattr(model_configs, getter)()
+    getattr(official_models, getter)()
   assert '\n' not in error.value.args[0]
 
 
@@ -186,14 +200,14 @@ def test_unpooled_outputs_logits_per_patch_as_the_official_model():
 
 
 def test_registry_returns_independent_copies():
-  config = model_configs.MODEL_CONFIGS['ViT-B_16']
+  config = architectures.MODEL_CONFIGS['ViT-B_16']
   config.transformer.num_layers = 3
-  assert model_configs.MODEL_CONFIGS['ViT-B_16'].transformer.num_layers == 12
+  assert architectures.MODEL_CONFIGS['ViT-B_16'].transformer.num_layers == 12
 
 
 def test_unknown_model_suggests_names():
   with pytest.raises(KeyError, match='did you mean ViT-B_16'):
-    model_configs.MODEL_CONFIGS['ViT-B16']
+    architectures.MODEL_CONFIGS['ViT-B16']
 
 
 def test_hybrid_parameter_names_are_the_checkpoint_layout():
@@ -232,7 +246,7 @@ def test_vit_b16_checkpoint_layout():
 
 
 def _tiny(**overrides):
-  config = model_configs.MODEL_CONFIGS['testing']
+  config = architectures.MODEL_CONFIGS['testing']
   config.update(hidden_size=32, patches={'size': (4, 4)})
   config.transformer.update(num_layers=2, num_heads=4, mlp_dim=64)
   config.update(overrides)
@@ -301,6 +315,7 @@ def test_attention_weights_and_fast_path_agree(attention):
   assert block['tokens'][0].shape == (2, 17, 32)
 
 
+@pytest.mark.slow
 @pytest.mark.equivalence
 def test_attention_implementations_agree_in_values_and_gradients():
   """'explicit' (head-major, normalised after the weighted sum) against
@@ -329,6 +344,7 @@ def test_attention_implementations_agree_in_values_and_gradients():
     )
 
 
+@pytest.mark.slow
 @pytest.mark.equivalence
 def test_bfloat16_compute_float32_params():
   """bf16 compute against float32: logits within 5% of their largest magnitude. bf16 keeps
@@ -361,6 +377,7 @@ def test_bfloat16_compute_float32_params():
   assert_trees_close(logits, reference, 0.05, 'bf16 logits')
 
 
+@pytest.mark.slow
 @pytest.mark.equivalence
 def test_remat_gives_same_values_and_gradients():
   """Recomputing the blocks in the backward pass: the same float32 ops, fused differently, so
@@ -403,7 +420,7 @@ def test_dropout_is_active_only_in_training():
 
 @pytest.mark.slow
 def test_hybrid_forward():
-  config = model_configs.MODEL_CONFIGS['R26+ViT-B_32']
+  config = architectures.MODEL_CONFIGS['R26+ViT-B_32']
   config.hidden_size = 32
   config.transformer.update(num_layers=1, num_heads=2, mlp_dim=16)
   model = models.VisionTransformer(num_classes=4, **config)

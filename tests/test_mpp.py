@@ -11,7 +11,7 @@ import pytest
 
 from vit_jax import checkpoint
 from vit_jax import models
-from vit_jax.configs import models as model_configs
+from vit_jax.configs import architectures
 from vit_jax.models import mpp
 
 
@@ -117,13 +117,14 @@ def test_loss_counts_corrupted_positions_only():
 
 
 def tiny_config():
-  config = model_configs.MODEL_CONFIGS['testing']
+  config = architectures.MODEL_CONFIGS['testing']
   config.patches.size = (8, 8)
   config.transformer.update(num_layers=2, num_heads=2, mlp_dim=64)
   config.hidden_size = 32
   return config
 
 
+@pytest.mark.slow
 def test_mpp_learns_to_fill_in_patches_from_their_context():
   """Images of one colour each: a corrupted patch's colour is its neighbours'."""
   model = mpp.MppViT(**tiny_config())
@@ -154,6 +155,7 @@ def test_mpp_learns_to_fill_in_patches_from_their_context():
   assert int(last['num_corrupted']) == 32 * 8
 
 
+@pytest.mark.slow
 @pytest.mark.equivalence
 def test_mpp_checkpoint_fine_tunes_as_a_classifier(tmp_path, capsys):
   config = tiny_config()
@@ -183,6 +185,6 @@ def test_mpp_checkpoint_fine_tunes_as_a_classifier(tmp_path, capsys):
 
 
 def test_mpp_refuses_hybrids():
-  config = model_configs.MODEL_CONFIGS['R50+ViT-B_16']
+  config = architectures.MODEL_CONFIGS['R50+ViT-B_16']
   with pytest.raises(ValueError, match='masked patch prediction works on plain ViTs'):
     mpp.MppViT(**config).init(jax.random.key(0), jnp.zeros((1, 32, 32, 3)), train=False)

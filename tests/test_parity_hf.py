@@ -13,7 +13,7 @@ import pytest
 
 from vit_jax import checkpoint
 from vit_jax import models
-from vit_jax.configs import models as model_configs
+from vit_jax.configs import architectures
 
 torch = pytest.importorskip('torch')  # installed apart on CPU machines (README: Set-up)
 transformers = pytest.importorskip('transformers')
@@ -83,7 +83,7 @@ def relative_error(a, b):
 
 
 def test_vit_ti16_224_matches_transformers(tmp_path):
-  config = model_configs.MODEL_CONFIGS['ViT-Ti_16']
+  config = architectures.MODEL_CONFIGS['ViT-Ti_16']
   model, path = random_npz(tmp_path, config, num_classes=10, size=224)
   params = checkpoint.load(path)
   images = np.random.default_rng(1).uniform(-1, 1, (3, 224, 224, 3)).astype(np.float32)
@@ -103,7 +103,7 @@ def test_vit_ti16_224_matches_transformers(tmp_path):
 
 def test_pre_logits_match_transformers_pooler(tmp_path):
   """The pre-logits layer (Dense + tanh on the class token) is HF's ViT pooler."""
-  config = model_configs.MODEL_CONFIGS['ViT-S_32']
+  config = architectures.MODEL_CONFIGS['ViT-S_32']
   config.update(representation_size=config.hidden_size)
   config.transformer.num_layers = 2
   model, path = random_npz(tmp_path, config, num_classes=None, size=96, seed=2)

@@ -1,4 +1,4 @@
-"""Configs: model architectures (`configs.models`), experiment defaults and the paper's recipes.
+"""Configs: model architectures (`configs.architectures`), experiment defaults and the paper's recipes.
 
 The experiment files users pass to `--config` live in the repository's
 `configs/` folder; they call `recipes` and `common` here.
@@ -10,4 +10,4 @@ class ConfigError(ValueError):
 
 
 class UnknownModelError(ConfigError, KeyError):
-  """A model name that `configs.models.MODEL_CONFIGS` does not have (a KeyError, as for a dict)."""
+  """A model name that `configs.architectures.MODEL_CONFIGS` does not have (a KeyError, as for a dict)."""

@@ -9,7 +9,7 @@ The names are the official vit_jax's (google-research/vision_transformer,
 `vit_jax/configs/models.py`), with the same architectures and parameter
 counts, plus this package's `-gap` spellings and its demo model. The
 official `get_*_config()` functions and `AUGREG_CONFIGS` are views of this
-one registry. MLP-Mixer and LiT are not part of this package: asking for one
+one registry, importable by the official path `vit_jax.configs.models` too. MLP-Mixer and LiT are not part of this package: asking for one
 says so in one line.
 """
 
@@ -211,7 +211,7 @@ class _Registry(collections.abc.Mapping):
 
 
 _FACTORIES = _factories()
-MODEL_CONFIGS = _Registry(_FACTORIES, 'vit_jax.configs.models.MODEL_CONFIGS')
+MODEL_CONFIGS = _Registry(_FACTORIES, 'vit_jax.configs.architectures.MODEL_CONFIGS')
 
 
 def _augreg_name(name):
@@ -229,7 +229,7 @@ AUGREG_CONFIGS = _Registry(
     and name.removesuffix('-map') not in GIANTS
     and not name.endswith('-gap')
   },
-  'vit_jax.configs.models.AUGREG_CONFIGS',
+  'vit_jax.configs.architectures.AUGREG_CONFIGS',
 )
 
 

@@ -16,14 +16,22 @@ ConfigError = configs.ConfigError
 
 
 def get_config():
+  """Every field of a run, each with its default; the sections below, in order."""
   config = ml_collections.ConfigDict()
   config.seed = 0
+  _add_model(config)
+  data.add_data_config(config)  # dataset, splits, preprocessing (vit_jax/configs/data.py)
+  _add_optimization(config)
+  _add_fewshot_devices_and_loop(config)
+  return config
 
+
+def _add_model(config) -> None:
   # What is learnt: 'classification' (labels) or 'mpp' (masked patch
   # prediction, paper B.1.2, self-supervised: labels unused).
   config.task = 'classification'
 
-  # Model: a `vit_jax.configs.models.MODEL_CONFIGS` name plus run-time choices.
+  # Model: a `vit_jax.configs.architectures.MODEL_CONFIGS` name plus run-time choices.
   config.model = 'ViT-B_16'
   config.dtype = 'float32'  # compute dtype: 'float32' or 'bfloat16'
   config.remat = False  # recompute blocks in the backward pass
@@ -46,16 +54,15 @@ def get_config():
       'qkv_and_norm_biases': ml_collections.config_dict.placeholder(bool),
     }
   )
-  config.attention = 'auto'  # 'auto', 'xla', 'cudnn' or 'explicit' (models_vit)
+  config.attention = 'auto'  # 'auto', 'xla', 'cudnn' or 'explicit' (vit_jax.models.vit.ATTENTION)
   config.dropout_rate = 0.0
   config.attention_dropout_rate = 0.0
   config.representation_size = ml_collections.config_dict.placeholder(int)  # pre-logits
   config.head_bias_init = 0.0  # -10 with the sigmoid loss (paper B.1)
   config.pretrained_path = ml_collections.config_dict.placeholder(str)
 
-  # Data: dataset, splits, preprocessing (vit_jax/configs/data.py).
-  data.add_data_config(config)
 
+def _add_optimization(config) -> None:
   # Optimisation (paper Appendix B.1).
   config.optimizer = 'adam'  # 'adam' (pre-training) or 'sgd' (fine-tuning)
   config.b1 = 0.9
@@ -74,6 +81,8 @@ def get_config():
   config.accum_steps = 1  # micro-batches per step (same math, less memory)
   config.skip_nonfinite = False  # skip NaN/Inf steps instead of stopping
 
+
+def _add_fewshot_devices_and_loop(config) -> None:
   # Few-shot linear evaluation of the frozen pre-logits (paper 4.1), on the
   # train/test splits of other datasets, every `every` steps and at the end.
   config.fewshot = ml_collections.ConfigDict(
@@ -106,7 +115,6 @@ def get_config():
   config.keep_checkpoints = 3
   config.tensorboard = True
   config.peak_flops = ml_collections.config_dict.placeholder(float)  # per device, for MFU
-  return config
 
 
 def with_dataset(config: ml_collections.ConfigDict, dataset: str) -> ml_collections.ConfigDict:

@@ -2,8 +2,9 @@
 
 Configs written for google-research/vision_transformer (`common.with_dataset`,
 `config.model = models.get_b16_config()`, `config.pretrained_dir`) train here
-as they would there: `translate(config)`, which the trainer calls first, maps
-their fields onto this package's, or refuses in one line naming ours. A
+as they would there: `translate(config)`, which the command line calls first
+(`vit_jax.cli`; and the official entry point `vit_jax.train.train_and_evaluate`),
+maps their fields onto this package's, or refuses in one line naming ours. A
 config with none of them passes through unchanged.
 """
 
@@ -13,8 +14,8 @@ from typing import Mapping
 
 import ml_collections
 
+from vit_jax.configs import architectures
 from vit_jax.configs import common
-from vit_jax.configs import models as model_configs
 from vit_jax.configs import recipes
 
 ConfigError = common.ConfigError
@@ -68,18 +69,18 @@ def registry_name(model) -> str:
   name = model.get('model_name')
   if isinstance(name, str) and name.startswith(('Mixer-', 'LiT-')):
     try:
-      model_configs.MODEL_CONFIGS[name]
+      architectures.MODEL_CONFIGS[name]
     except KeyError as e:
       raise ConfigError(f'config.model: {e.args[0]}') from None
   wanted = _architecture(model)
-  candidates = ([name] if name in model_configs.MODEL_CONFIGS else []) + list(
-    model_configs.MODEL_CONFIGS
+  candidates = ([name] if name in architectures.MODEL_CONFIGS else []) + list(
+    architectures.MODEL_CONFIGS
   )
   for candidate in candidates:
-    if _architecture(model_configs.MODEL_CONFIGS[candidate]) == wanted:
+    if _architecture(architectures.MODEL_CONFIGS[candidate]) == wanted:
       return candidate
-  if name in model_configs.MODEL_CONFIGS:
-    registered = _architecture(model_configs.MODEL_CONFIGS[name])
+  if name in architectures.MODEL_CONFIGS:
+    registered = _architecture(architectures.MODEL_CONFIGS[name])
     field = next(k for k in _ARCHITECTURE if registered[k] != wanted[k])
     raise ConfigError(
       f'config.model: {name} with {field}={wanted[field]} matches no MODEL_CONFIGS entry; '
@@ -87,7 +88,7 @@ def registry_name(model) -> str:
     )
   raise ConfigError(
     f'config.model: {name!r} matches no MODEL_CONFIGS entry in name or shape; set '
-    'config.model to a registry name (vit_jax.configs.models.MODEL_CONFIGS)'
+    'config.model to a registry name (vit_jax.configs.architectures.MODEL_CONFIGS)'
   )
 
 
@@ -137,28 +138,49 @@ def translate(config):
   official = config
   config = copy.deepcopy(config)
   config.unlock()
+  name = _model_by_name(config)
+  _add_missing(config, common.get_config())
+  _refuse_what_has_no_counterpart(official)
+  filename = official.get('model_or_filename')
+  pretrained_dir = official.get('pretrained_dir')
+  if config.pretrained_path is None and pretrained_dir:
+    config.pretrained_path = os.path.join(pretrained_dir, f'{filename or name}.npz')
+  if config.accum_steps in (0, None):
+    config.accum_steps = 1
+  if config.total_steps is None and config.get('dataset'):
+    config.total_steps = recipes.finetune_steps(config.dataset)
+  for field in OFFICIAL_ONLY:
+    if field in config:
+      del config[field]
+  return config
+
+
+def _model_by_name(config) -> str:
+  """Sets `config.model` to its registry name (from an official model config dict, with its
+  dropout and pre-logits as the run's); returns the name."""
   model = config.get('model')
   if model is None:
     raise ConfigError(
       'config.model is not set: give a MODEL_CONFIGS name or an official model config '
       '(config.model = models.get_b16_config())'
     )
-
   if isinstance(model, str) and 'dropout_rate' not in config:
     # An official-style config naming its model: the model config's dropout.
-    model = model_configs.MODEL_CONFIGS[model]
-  if isinstance(model, (Mapping, ml_collections.ConfigDict)):
-    name = registry_name(model)
-    transformer = model.get('transformer') or {}
-    del config['model']
-    config.model = name
-    for field in ('dropout_rate', 'attention_dropout_rate'):
-      config[field] = float(transformer.get(field, 0.0))
-    config.representation_size = model.get('representation_size')
-  else:
-    name = model
-  _add_missing(config, common.get_config())
+    model = architectures.MODEL_CONFIGS[model]
+  if not isinstance(model, (Mapping, ml_collections.ConfigDict)):
+    return model
+  name = registry_name(model)
+  transformer = model.get('transformer') or {}
+  del config['model']
+  config.model = name
+  for field in ('dropout_rate', 'attention_dropout_rate'):
+    config[field] = float(transformer.get(field, 0.0))
+  config.representation_size = model.get('representation_size')
+  return name
 
+
+def _refuse_what_has_no_counterpart(official) -> None:
+  """Mixer, the inference-time trainer and AugReg's index lookup: one line each."""
   if official.get('model_type', 'ViT') != 'ViT':
     raise ConfigError(
       f"model_type={official.model_type!r}: this package has ViT and R+ViT hybrids only; use 'ViT'"
@@ -171,15 +193,3 @@ def translate(config):
       f'model_or_filename={filename!r}: choosing the best AugReg file from index.csv is not '
       'done here; name the file (R_Ti_16-i21k-300ep-...) or set --config.pretrained_path'
     )
-  pretrained_dir = official.get('pretrained_dir')
-  if config.pretrained_path is None and pretrained_dir:
-    config.pretrained_path = os.path.join(pretrained_dir, f'{filename or name}.npz')
-
-  if config.accum_steps in (0, None):
-    config.accum_steps = 1
-  if config.total_steps is None and config.get('dataset'):
-    config.total_steps = recipes.finetune_steps(config.dataset)
-  for field in OFFICIAL_ONLY:
-    if field in config:
-      del config[field]
-  return config

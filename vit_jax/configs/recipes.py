@@ -15,8 +15,8 @@ from typing import Optional
 import ml_collections
 
 from vit_jax.configs import ConfigError
+from vit_jax.configs import architectures
 from vit_jax.configs import common
-from vit_jax.configs import models as model_configs
 
 # Training-set sizes the epochs of Table 3 refer to.
 _DATASET_SIZES = {
@@ -65,7 +65,7 @@ def pretrain(model: str, arg: str = 'imagenet21k') -> ml_collections.ConfigDict:
         f'config argument {arg!r}: EPOCHS after the comma must be a positive integer'
       )
     epochs = int(epochs_arg)
-  hidden = model_configs.MODEL_CONFIGS[model].hidden_size
+  hidden = architectures.MODEL_CONFIGS[model].hidden_size
 
   config = common.get_config()
   config.model = model
@@ -151,7 +151,7 @@ def finetune(arg: str) -> ml_collections.ConfigDict:
   config.dataset = dataset
   # The official fine-tuning trains with its model config's dropout: 0.1 for
   # ViT-L/16, ViT-H/14, R50+ViT-B/16 and R50+ViT-L/32, 0.0 for the others.
-  config.dropout_rate = model_configs.MODEL_CONFIGS[model].transformer.dropout_rate
+  config.dropout_rate = architectures.MODEL_CONFIGS[model].transformer.dropout_rate
   config.dtype = 'bfloat16'
   # Released ImageNet-21k weights; set --config.pretrained_path to another
   # .npz or to one of our workdirs.

@@ -4,7 +4,7 @@ Also the official `vit_jax.models` API: `models.get_model(name, **kw)` and
 `models.VisionTransformer(num_classes=..., **MODEL_CONFIGS[name])`.
 """
 
-from vit_jax.configs import models as _model_configs
+from vit_jax.configs import architectures as _architectures
 from vit_jax.models.resnet import StdConv  # noqa: F401
 from vit_jax.models.vit import AddPositionEmbs  # noqa: F401
 from vit_jax.models.vit import Encoder  # noqa: F401
@@ -19,4 +19,4 @@ def get_model(name, **kw):
 
   Mixer and LiT names raise a one-line KeyError saying they are out of scope.
   """
-  return VisionTransformer(**_model_configs.MODEL_CONFIGS[name], **kw)
+  return VisionTransformer(**_architectures.MODEL_CONFIGS[name], **kw)
