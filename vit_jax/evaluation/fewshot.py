@@ -350,3 +350,37 @@ def evaluate_datasets(config, model, params, sharding, *, features_fn=None) -> d
     )
     scalars.update(summary_scalars(results, f'fewshot/{name}'))
   return scalars
+
+
+def evaluate_checkpoint(loaded, datasets: Sequence[str], *, crop=None, batch=256, **fields) -> dict:
+  """Few-shot accuracies of a loaded checkpoint (`evaluation.loader`) on `datasets`.
+
+  `fields`: `shots`, `seeds`, `l2_reg`, `train_split`, `test_split` of
+  `config.fewshot` (None or absent: the defaults above), `tfds_data_dir`,
+  `tfds_manual_dir`. `crop` defaults to the checkpoint's resolution. The
+  parameters are replicated over one mesh of every device.
+  """
+  import ml_collections
+
+  from vit_jax import sharding
+
+  data_dirs = {k: fields.pop(k, None) for k in ('tfds_data_dir', 'tfds_manual_dir')}
+  method = {
+    'shots': DEFAULT_SHOTS,
+    'seeds': DEFAULT_SEEDS,
+    'l2_reg': DEFAULT_L2_REG,
+    'train_split': 'train',
+    'test_split': 'test',
+  }
+  method.update({k: v for k, v in fields.items() if v is not None})
+  config = ml_collections.ConfigDict(
+    {
+      'pp': {'crop': crop or loaded.image_size},
+      'batch_eval': batch,
+      **data_dirs,
+      'fewshot': {'datasets': tuple(datasets), **method},
+    }
+  )
+  batch_sharding = sharding.batch_sharding(sharding.make_mesh())
+  params = jax.device_put(loaded.params, sharding.replicated(batch_sharding.mesh))
+  return evaluate_datasets(config, loaded.model, params, batch_sharding)

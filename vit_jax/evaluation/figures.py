@@ -13,17 +13,17 @@ import jax
 import numpy as np
 
 from vit_jax.evaluation import analysis
-from vit_jax.evaluation import inference
+from vit_jax.evaluation import loader
 
 _BATCH = 8
 
 
-def attention_weights(loaded: inference.LoadedModel, images: np.ndarray) -> List[np.ndarray]:
+def attention_weights(loaded: loader.LoadedModel, images: np.ndarray) -> List[np.ndarray]:
   """Per layer, first to last: [B, heads, T, T] attention weights."""
   return _attention(loaded, images)[0]
 
 
-def _attention(loaded: inference.LoadedModel, images: np.ndarray):
+def _attention(loaded: loader.LoadedModel, images: np.ndarray):
   """(per layer [B, heads, T, T], the MAP head's probe attention [B, heads, 1, T] or None)."""
   model = loaded.model.clone(num_classes=None)
   params = {k: v for k, v in loaded.params.items() if k != 'head'}
@@ -51,7 +51,7 @@ def _attention(loaded: inference.LoadedModel, images: np.ndarray):
   return stacked, None
 
 
-def compute(loaded: inference.LoadedModel, images: np.ndarray, num_components: int) -> dict:
+def compute(loaded: loader.LoadedModel, images: np.ndarray, num_components: int) -> dict:
   """Every analysis as numpy arrays (None where it does not apply)."""
   g = loaded.grid_size
   attentions, probe = _attention(loaded, images)
@@ -229,7 +229,7 @@ def test_digits(size: int, count: int = 4):
 
 
 def write_outputs(
-  result: dict, loaded: inference.LoadedModel, images: np.ndarray, names: List[str], args
+  result: dict, loaded: loader.LoadedModel, images: np.ndarray, names: List[str], args
 ) -> List[str]:
   os.makedirs(args.output, exist_ok=True)
   out = lambda name: os.path.join(args.output, name)  # noqa: E731

@@ -11,7 +11,9 @@ from typing import List, NamedTuple, Optional
 
 from vit_jax import checkpoint
 from vit_jax import files
-from vit_jax.evaluation import inference
+from vit_jax import workdir
+from vit_jax.evaluation import classify
+from vit_jax.evaluation import loader
 from vit_jax.interop import hf
 from vit_jax.interop import timm
 from vit_jax.interop import torch_layout
@@ -21,7 +23,7 @@ _TORCH_SUFFIXES = ('.safetensors', '.pth', '.pt', '.bin')
 
 
 class Source(NamedTuple):
-  loaded: inference.LoadedModel
+  loaded: loader.LoadedModel
   class_names: Optional[List[str]]  # what the source itself names (a transformers folder)
   notes: List[str]
 
@@ -31,7 +33,7 @@ class Source(NamedTuple):
 
 
 def _model_name(model_name: Optional[str], path: str, metadata: dict) -> str:
-  return inference.resolve_model_name(model_name, path, metadata)
+  return loader.resolve_model_name(model_name, path, metadata)
 
 
 def _read_torch_file(path: str):
@@ -44,13 +46,13 @@ def load(path: str, model_name: Optional[str] = None) -> Source:
   """The model that a checkpoint of any supported kind holds, checked against `model_name`."""
   path = os.fspath(path)
   local = not files.is_remote(path)
-  # A transformers folder: config.json without params.npz (a training workdir has
-  # both: its config.json is the run's config).
+  # A transformers folder: its config.json without a run's final parameters (a
+  # training workdir records its config under the same name).
   if (
     local
     and os.path.isdir(path)
-    and os.path.exists(os.path.join(path, 'config.json'))
-    and not os.path.exists(os.path.join(path, 'params.npz'))
+    and os.path.exists(os.path.join(path, hf.CONFIG_FILE))
+    and not workdir.has_params(path)
   ):
     state, hf_config, metadata = hf.read_folder(path)
     return _from_hf(state, hf_config, _model_name(model_name, path, metadata), path)
@@ -60,31 +62,30 @@ def load(path: str, model_name: Optional[str] = None) -> Source:
     state, metadata = _read_torch_file(path)
     model_name = _model_name(model_name, path, metadata)
     if 'patch_embed.proj.weight' in state:
-      flat = timm.from_timm(state, inference.model_config(model_name), path)
-      return Source(inference.model_from_flat(flat, model_name, path), None, [])
+      flat = timm.from_timm(state, loader.model_config(model_name), path)
+      return Source(loader.model_from_flat(flat, model_name, path), None, [])
     if any(k.startswith(('vit.', 'embeddings.')) for k in state):
       folder = os.path.dirname(os.path.abspath(path))
       hf_config = (
-        hf.read_config(folder) if os.path.exists(os.path.join(folder, 'config.json')) else {}
+        hf.read_config(folder) if os.path.exists(os.path.join(folder, hf.CONFIG_FILE)) else {}
       )
       return _from_hf(hf.canonical_names(state), hf_config, model_name, path)
     raise checkpoint.CheckpointError(
       f'{path}: neither timm (patch_embed.proj.weight) nor '
       'transformers (vit.embeddings...) ViT weights'
     )
-  return Source(inference.load_model(path, model_name), None, [])
+  return Source(loader.load_model(path, model_name), None, [])
 
 
 def _from_hf(state, hf_config, model_name, what) -> Source:
-  config = inference.model_config(model_name)
+  config = loader.model_config(model_name)
   flat, notes = hf.from_hf(state, hf_config, config, what)
-  return Source(inference.model_from_flat(flat, model_name, what), hf.class_names(hf_config), notes)
+  return Source(loader.model_from_flat(flat, model_name, what), hf.class_names(hf_config), notes)
 
 
 def _dataset_class_names(path: str) -> Optional[List[str]]:
   """Class names of the dataset a workdir was trained on, if it can be opened here."""
-  path = os.fspath(path)
-  dataset = inference.workdir_summary(path).get('dataset') if os.path.isdir(path) else None
+  dataset = workdir.recorded(path, 'dataset')
   if not dataset:
     return None
   import ml_collections
@@ -104,7 +105,7 @@ def _dataset_class_names(path: str) -> Optional[List[str]]:
 # Writing each format.
 
 
-def _save_timm(loaded: inference.LoadedModel, output: str) -> List[str]:
+def _save_timm(loaded: loader.LoadedModel, output: str) -> List[str]:
   flat, notes = checkpoint.flatten(loaded.params), []
   num_classes = loaded.model.num_classes
   if 'pre_logits/kernel' in flat:
@@ -148,11 +149,11 @@ def _class_names(source: Source, path: str, labels: Optional[str]) -> Optional[L
   if num_classes is None:
     return None
   if labels:
-    return inference.class_names(num_classes, labels)
+    return classify.class_names(num_classes, labels)
   names = source.class_names or _dataset_class_names(path)
   if names is not None and len(names) == num_classes:
     return names
-  return inference.class_names(num_classes) if num_classes in inference.LABEL_FILES else None
+  return classify.class_names(num_classes) if num_classes in classify.LABEL_FILES else None
 
 
 def export(
@@ -164,7 +165,7 @@ def export(
 ) -> List[str]:
   """Converts `checkpoint_path` to `fmt` at `output`; returns notes for the user."""
   if fmt not in FORMATS:
-    raise inference.InputError(f'--format={fmt!r}: use one of {", ".join(FORMATS)}')
+    raise loader.InputError(f'--format={fmt!r}: use one of {", ".join(FORMATS)}')
   source = load(checkpoint_path, model_name)
   loaded, notes = source.loaded, list(source.notes)
   if fmt == 'npz':

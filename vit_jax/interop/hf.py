@@ -29,6 +29,8 @@ import numpy as np
 from vit_jax import checkpoint
 from vit_jax.interop import torch_layout
 
+# transformers' file names for a model's config (not a training run's, though the same name).
+CONFIG_FILE = 'config.json'
 HIDDEN_ACT = 'gelu_new'
 _TANH_GELUS = ('gelu_new', 'gelu_pytorch_tanh', 'gelu_python_tanh', 'gelu_fast')
 
@@ -170,7 +172,7 @@ def save(
     state, os.path.join(output, 'model.safetensors'), {'vit_jax_model': config.model_name or ''}
   )
   files = {
-    'config.json': hf_config(config, num_classes, image_size, class_names, representation_size),
+    CONFIG_FILE: hf_config(config, num_classes, image_size, class_names, representation_size),
     'preprocessor_config.json': preprocessor_config(image_size),
   }
   for name, content in files.items():
@@ -194,7 +196,7 @@ def canonical_names(state: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
 
 def read_config(folder: str) -> dict:
   """A transformers ViT folder's config.json."""
-  path = os.path.join(folder, 'config.json')
+  path = os.path.join(folder, CONFIG_FILE)
   try:
     with open(path, encoding='utf-8') as f:
       hf = json.load(f)

@@ -15,7 +15,7 @@ head); the batch is dynamic.
 
 import os
 
-from vit_jax.evaluation import inference
+from vit_jax.evaluation import loader
 from vit_jax.interop import torch_layout
 from vit_jax.interop import torch_vit
 
@@ -23,12 +23,12 @@ OPSET = 18
 _ONNX_FILE_LIMIT = 2 * 1024**3  # protobuf's limit; larger weights go to OUTPUT.data
 
 
-def torch_module(loaded: inference.LoadedModel):
+def torch_module(loaded: loader.LoadedModel):
   """A torch.nn.Module computing `loaded`'s outputs from NHWC images in [-1, 1]."""
   return torch_vit.build(loaded)
 
 
-def save(loaded: inference.LoadedModel, output: str) -> str:
+def save(loaded: loader.LoadedModel, output: str) -> str:
   """Writes `output` (.onnx); returns it."""
   torch = torch_layout.require('torch')
   torch_layout.require('onnx')

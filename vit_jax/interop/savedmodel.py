@@ -8,18 +8,18 @@ Signatures (both return {'logits': [B, classes]}, or {'features': ...} for a
 checkpoint without a head):
 
 - `serving_default`: float32 images [B, H, W, 3] with values in [-1, 1],
-  exactly the model's input (`inference.read_image` prepares them).
+  exactly the model's input (`evaluation.classify.read_image` prepares them).
 - `serving_uint8`: uint8 images [B, H, W, 3] (0..255, RGB), scaled to [-1, 1]
   inside the graph. Resizing to H x W stays with the caller.
 """
 
-from vit_jax.evaluation import inference
+from vit_jax.evaluation import loader
 from vit_jax.interop import torch_layout
 
 PLATFORMS = ('cpu', 'cuda', 'tpu')
 
 
-def save(loaded: inference.LoadedModel, output: str, platforms=PLATFORMS) -> str:
+def save(loaded: loader.LoadedModel, output: str, platforms=PLATFORMS) -> str:
   """Writes the SavedModel directory `output`; returns it."""
   tf = torch_layout.require('tensorflow', 'tensorflow-cpu')
   from jax.experimental import jax2tf

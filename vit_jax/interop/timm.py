@@ -116,12 +116,12 @@ def _pooling_kwargs(classifier: str) -> dict:
 
 def registered_name(config, image_size: int) -> Optional[str]:
   """timm's registered name for a released architecture at `image_size`, else None."""
-  from vit_jax.configs import models as model_configs
+  from vit_jax.configs import architectures
 
   name = (config.model_name or '').removesuffix('-gap')
   if name not in TIMM_NAMES:
     return None
-  released = model_configs.MODEL_CONFIGS[name]
+  released = architectures.MODEL_CONFIGS[name]
   structure = ('hidden_size', 'patches', 'transformer', 'resnet')
   if any(config.get(f) != released.get(f) for f in structure):
     return None  # same name, other sizes (a shrunk test model)

@@ -27,7 +27,7 @@ import numpy as np
 
 from vit_jax import checkpoint
 from vit_jax import models
-from vit_jax.evaluation import inference
+from vit_jax.evaluation import loader
 
 NameFn = Callable[[str], Tuple[Optional[str], Optional[Tuple[int, int]]]]
 
@@ -202,7 +202,7 @@ def expected_shapes(config, num_classes: Optional[int], num_tokens: int, what: s
       f'{what}: {num_tokens} position embeddings are not {num_prefix} class token(s) + a square '
       f'patch grid, as {config.model_name} (classifier={config.classifier}) needs; check --model'
     )
-  size = grid * inference.pixels_per_patch(config)
+  size = grid * loader.pixels_per_patch(config)
   model = models.VisionTransformer(num_classes=num_classes, **config)
   shapes = jax.eval_shape(
     lambda: model.init(jax.random.key(0), jnp.zeros((1, size, size, 3)), train=False)

@@ -1,0 +1,186 @@
+"""A loaded checkpoint applied to image files or to a whole dataset split: predict's engine.
+
+`predict` gives the top-k classes of image files (`python -m vit_jax.predict`),
+`evaluate` the exact top-1 and top-5 accuracy over a split (`python -m
+vit_jax.evaluate`, with ImageNet's ReaL labels in `evaluate_checkpoint`).
+Images are read as the evaluation pipeline reads them: RGB, a bilinear resize
+to the checkpoint's resolution, values in [-1, 1].
+"""
+
+import importlib.resources
+import os
+from typing import List, Optional, Sequence
+
+import jax
+import numpy as np
+
+from vit_jax import sharding
+from vit_jax.evaluation import metrics
+from vit_jax.evaluation.loader import InputError
+from vit_jax.evaluation.loader import LoadedModel
+
+IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.bmp', '.gif', '.webp', '.tif', '.tiff')
+# Head sizes of the public checkpoints -> shipped class-name files (vit_jax/data/).
+LABEL_FILES = {1000: 'imagenet2012_labels.txt', 21843: 'imagenet21k_labels.txt'}
+
+
+def image_files(specs: Sequence[str]) -> List[str]:
+  """Files named by `specs`: image files, directories (their images, sorted) or comma lists."""
+  files = []
+  for spec in specs:
+    for item in filter(None, spec.split(',')):
+      if os.path.isdir(item):
+        found = sorted(
+          os.path.join(item, f) for f in os.listdir(item) if f.lower().endswith(IMAGE_EXTENSIONS)
+        )
+        if not found:
+          raise InputError(f'{item}: a directory without images ({", ".join(IMAGE_EXTENSIONS)})')
+        files.extend(found)
+      elif os.path.exists(item):
+        files.append(item)
+      else:
+        raise InputError(f'{item}: no such image file or directory')
+  return files
+
+
+def read_image(path: str, size: int) -> np.ndarray:
+  """[size, size, 3] float32 in [-1, 1]: RGB, resized (bilinear) like the eval pipeline."""
+  from PIL import Image
+
+  try:
+    with Image.open(path) as image:
+      image = image.convert('RGB').resize((size, size), Image.BILINEAR)
+  except (OSError, ValueError, Image.DecompressionBombError) as e:
+    message = str(e).splitlines()[0] if str(e) else type(e).__name__
+    raise InputError(f'{path}: not a readable image ({message}); pass a JPEG or PNG file') from None
+  return np.asarray(image, np.float32) / 127.5 - 1.0
+
+
+def builtin_images() -> List[str]:
+  """Photos that ship with installed packages, for runs without --images.
+
+  matplotlib's `grace_hopper.jpg`, and scikit-learn's `china.jpg` and
+  `flower.jpg` when scikit-learn is installed.
+  """
+  import matplotlib
+
+  files = [os.path.join(matplotlib.get_data_path(), 'sample_data', 'grace_hopper.jpg')]
+  try:
+    import sklearn.datasets
+
+    folder = os.path.join(os.path.dirname(sklearn.datasets.__file__), 'images')
+    files += [os.path.join(folder, name) for name in ('china.jpg', 'flower.jpg')]
+  except ImportError:
+    pass
+  return [f for f in files if os.path.exists(f)]
+
+
+# ---------------------------------------------------------------------------
+# Class names.
+
+
+def class_names(num_classes: int, labels_file: Optional[str] = None) -> List[str]:
+  """Names for a head of `num_classes` outputs.
+
+  From `labels_file` (one name per line) if given; else the shipped
+  ImageNet-1k (1000) or ImageNet-21k (21843) names; else `class_<i>`.
+  """
+  if labels_file:
+    try:
+      with open(labels_file, encoding='utf-8') as f:
+        names = [line.rstrip('\n') for line in f if line.strip()]
+    except (OSError, UnicodeDecodeError) as e:
+      raise InputError(
+        f'{labels_file}: cannot read the labels file ({e}); '
+        'pass a UTF-8 text file with one class name per line'
+      ) from None
+    if len(names) != num_classes:
+      raise InputError(
+        f'{labels_file}: {len(names)} names for a head of {num_classes} classes; '
+        "pass one name per class, in the head's order"
+      )
+    return names
+  if num_classes in LABEL_FILES:
+    text = (
+      importlib.resources.files('vit_jax')
+      .joinpath('data', LABEL_FILES[num_classes])
+      .read_text(encoding='utf-8')
+    )
+    return text.splitlines()
+  return [f'class_{i}' for i in range(num_classes)]
+
+
+_PREDICT_BATCH = 16
+
+
+def predict(loaded: LoadedModel, files: Sequence[str], k: int = 5, *, unreadable=None) -> tuple:
+  """(indices [B, k], probabilities [B, k]) for image files: softmax of the logits.
+
+  An unreadable file raises InputError; with a list as `unreadable`, it is
+  appended there as (path, reason) instead and left out of the results.
+  """
+  apply = jax.jit(lambda p, x: loaded.model.apply({'params': p}, x, train=False))
+  indices, probs = [], []
+  for start in range(0, len(files), _PREDICT_BATCH):
+    images = []
+    for f in files[start : start + _PREDICT_BATCH]:
+      try:
+        images.append(read_image(f, loaded.image_size))
+      except InputError as e:
+        if unreadable is None:
+          raise
+        unreadable.append((f, str(e)))
+    if images:
+      i, p = metrics.top_k(apply(loaded.params, np.stack(images)), k)
+      indices.append(i)
+      probs.append(p)
+  if not indices:
+    return np.zeros((0, k), np.int32), np.zeros((0, k), np.float32)
+  return np.concatenate(indices), np.concatenate(probs)
+
+
+def evaluate(loaded: LoadedModel, data_config, split: str, batch_sharding) -> dict:
+  """{'top1', 'top5' (single-label), 'examples'} of `loaded` on a whole dataset split."""
+  from vit_jax.data import pipeline  # TensorFlow: imported when a dataset is read
+
+  info = pipeline.get_info(data_config)
+  if loaded.model.num_classes != info.num_classes:
+    raise InputError(
+      f"{data_config.dataset} has {info.num_classes} classes, the checkpoint's head "
+      f'{loaded.model.num_classes}; evaluate a checkpoint fine-tuned on it'
+    )
+  model, multi_label = loaded.model, info.multi_label
+
+  @jax.jit
+  def counts_fn(params, batch):
+    logits = model.apply({'params': params}, batch['image'], train=False)
+    return metrics.classification_counts(logits, batch['label'], batch['mask'], multi_label)
+
+  params = jax.device_put(loaded.params, sharding.replicated(batch_sharding.mesh))
+  result = metrics.accuracy(
+    counts_fn, params, pipeline.make_eval_iterator(data_config, batch_sharding, split=split)
+  )
+  top5 = result.pop('accuracy_top5', None)
+  return {
+    'top1': result['accuracy'],
+    'examples': result['examples'],
+    **({'top5': top5} if top5 is not None else {}),
+  }
+
+
+def evaluate_checkpoint(loaded: LoadedModel, data_config, split: str, *, warn=print) -> dict:
+  """`evaluate` on one device mesh, with ImageNet's ReaL labels (Beyer et al. 2020) when
+  `imagenet2012_real` is prepared in the same data directory; `warn` says why they are not."""
+  from vit_jax.data import pipeline
+
+  batch_sharding = sharding.batch_sharding(sharding.make_mesh())
+  result = evaluate(loaded, data_config, split, batch_sharding)
+  if data_config.dataset == 'imagenet2012':
+    real = pipeline.data_config()
+    real.update(data_config.to_dict())
+    real.dataset = 'imagenet2012_real'
+    try:
+      result['real_top1'] = evaluate(loaded, real, 'test', batch_sharding)['top1']
+    except pipeline.DataError as e:
+      warn(f'ReaL labels not evaluated: {e}')
+  return result
