@@ -2,6 +2,7 @@
 
 import json
 
+from conftest import command_error
 from conftest import param_shapes
 from conftest import random_like
 import jax
@@ -12,16 +13,17 @@ import pytest
 from vit_jax import analyze
 from vit_jax import checkpoint
 from vit_jax import models
-from vit_jax.configs import models as model_configs
+from vit_jax.configs import architectures
 from vit_jax.data import datasets
 from vit_jax.evaluation import analysis
+from vit_jax.evaluation import classify
 from vit_jax.evaluation import figures
-from vit_jax.evaluation import inference
+from vit_jax.evaluation import loader
 from vit_jax.models import mpp
 
 
 def small_config(**overrides):
-  config = model_configs.MODEL_CONFIGS['testing']
+  config = architectures.MODEL_CONFIGS['testing']
   config.transformer.num_layers = 1
   config.update(overrides)
   return config
@@ -73,7 +75,7 @@ def test_analyze_writes_figures_and_the_numbers(tmp_path, capsys):
 
   # Numbers: recompute from the checkpoint with the model directly.
   model = models.VisionTransformer(num_classes=10, **small_config())
-  images = np.stack([inference.read_image(f, 64) for f in result['images']])
+  images = np.stack([classify.read_image(f, 64) for f in result['images']])
   _, state = model.apply({'params': params}, images, train=False, mutable=['intermediates'])
   att = np.asarray(
     state['intermediates']['Transformer']['encoderblock_0']['MultiHeadDotProductAttention_1'][
@@ -107,7 +109,7 @@ def test_analyze_a_model_without_class_token(classifier):
   shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), images, train=False))['params']
   rng = np.random.default_rng(0)
   params = jax.tree.map(lambda s: rng.normal(0, 0.5, s.shape).astype(np.float32), shapes)
-  loaded = inference.LoadedModel(model, params, config, 32, 2, 16, 0)
+  loaded = loader.LoadedModel(model, params, config, 32, 2, 16, 0)
   result = figures.compute(loaded, images, num_components=4)
   _, state = model.apply({'params': params}, images, train=False, mutable=['intermediates'])
   att = np.asarray(
@@ -136,7 +138,7 @@ def test_analyze_an_mpp_checkpoint(tmp_path):
   path, _ = random_checkpoint(
     tmp_path / 'mpp.npz', small_config(), size=32, module=mpp.MppViT(**small_config())
   )
-  loaded = inference.load_model(path, 'testing')
+  loaded = loader.load_model(path, 'testing')
   assert loaded.model.num_classes is None and 'mask_token' not in loaded.params
   out = tmp_path / 'mpp'
   assert (
@@ -150,18 +152,11 @@ def test_analyze_an_mpp_checkpoint(tmp_path):
 
 def test_analyze_errors(tmp_path, capsys):
   path, _ = random_checkpoint(tmp_path / 'ckpt.npz', small_config(), size=32)
-  assert (
-    analyze.main(
-      [f'--checkpoint={path}', '--model=ViT-S_16', '--images=nope.png', f'--output={tmp_path}']
-    )
-    == 1
+  args = [f'--checkpoint={path}', '--model=ViT-S_16', f'--output={tmp_path}']
+  assert command_error(analyze.main, args + ['--images=nope.png'], capsys) == (
+    'error: nope.png: no such image file or directory'
   )
-  assert capsys.readouterr().err.strip() == (
-    'python -m vit_jax.analyze: error: nope.png: no such image file or directory'
-  )
-  assert analyze.main([f'--checkpoint={path}', '--model=ViT-S_16', f'--output={tmp_path}']) == 1
-  err = capsys.readouterr().err.strip()
-  assert '\n' not in err and 'the model expects (384,)' in err
+  assert 'the model expects (384,)' in command_error(analyze.main, args, capsys)
 
 
 def test_analyze_digits_uses_the_demo_test_images(tmp_path):

@@ -5,6 +5,7 @@ import glob
 import json
 import os
 
+from conftest import command_error
 import jax
 import pytest
 
@@ -34,6 +35,7 @@ def check_side(side, batch):
   assert side['achieved_flops'] > 0
 
 
+@pytest.mark.slow
 def test_infer_record_fields_and_numbers():
   record = speed.run(tiny(mode='infer'))
   check_side(record['vit_jax'], 4)
@@ -51,6 +53,7 @@ def test_infer_record_fields_and_numbers():
   json.dumps(record)  # the record is plain JSON
 
 
+@pytest.mark.slow
 def test_train_with_accumulation_against_timm():
   pytest.importorskip('timm')
   # One torch thread: OpenMP's spinning threads make tiny steps erratic on a busy machine.
@@ -68,6 +71,7 @@ def test_train_with_accumulation_against_timm():
   assert record['flops_per_image']['xla'] == pytest.approx(single, rel=1e-6)
 
 
+@pytest.mark.slow
 def test_mfu_divides_by_a_peak_that_a_busy_machine_cannot_lower(monkeypatch):
   recorded, source = hardware.stable_peak()  # measured on a machine as it is now, and recorded
   assert source.startswith('recorded') and os.path.exists(hardware.peak_record_path())
@@ -82,6 +86,7 @@ def test_mfu_divides_by_a_peak_that_a_busy_machine_cannot_lower(monkeypatch):
   assert hardware.stable_peak()[0] == recorded
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('mode,factor', [('infer', 1), ('train', 3)])
 def test_flops_match_the_closed_form_for_vit_b16(mode, factor):
   # Paper numbers (REFERENCE 7): ViT-B/16 at 224 costs 17.6 GMACs per image forward.
@@ -108,6 +113,7 @@ def test_largest_search_is_exact_and_cheap():
   assert len(probes) == 2  # a right guess costs two probes
 
 
+@pytest.mark.slow
 def test_find_max_batch_on_cpu_meets_the_budget():
   opts = tiny(mode='infer', batch=1)
   fn, args = speed.build_step(dataclasses.replace(opts, batch=6), abstract=True)
@@ -121,7 +127,8 @@ def test_find_max_batch_on_cpu_meets_the_budget():
   assert 'largest batch per device' in memory.describe(record)
 
 
-def test_cli_writes_a_record_and_rejects_bad_options(tmp_path, capsys, monkeypatch):
+@pytest.mark.slow
+def test_cli_writes_a_record_where_asked(tmp_path, monkeypatch):
   path = tmp_path / 'run.json'
   assert (
     benchmark.main(
@@ -151,23 +158,21 @@ def test_cli_writes_a_record_and_rejects_bad_options(tmp_path, capsys, monkeypat
   )
   assert benchmark.main(args + [f'--workdir={tmp_path / "mine"}']) == 0
   assert len(glob.glob(str(tmp_path / 'mine' / '*.json'))) == 1
-  assert benchmark.main(['--model=testing', '--resolution=30', '--no_record']) == 2
-  err = capsys.readouterr().err.strip()
-  assert 'multiple of the patch size 16' in err and '\n' not in err
-  assert benchmark.main(['--model=ViT-B16', '--no_record']) == 2
-  assert 'ViT-B_16' in capsys.readouterr().err  # suggests the close name
-  assert (
-    benchmark.main(
-      ['--model=testing', '--mode=infer', '--accum_steps=2', '--batch=4', '--no_record']
-    )
-    == 2
+
+
+def test_cli_rejects_bad_options_in_one_line(capsys):
+  main = benchmark.main
+  err = command_error(main, ['--model=testing', '--resolution=30', '--no_record'], capsys)
+  assert 'multiple of the patch size 16' in err
+  # Suggests the close name.
+  assert 'ViT-B_16' in command_error(main, ['--model=ViT-B16', '--no_record'], capsys)
+  command_error(
+    main, ['--model=testing', '--mode=infer', '--accum_steps=2', '--batch=4', '--no_record'], capsys
   )
-  assert (
-    benchmark.main(
-      ['--model=testing', '--mode=train', '--optimizer=sgd', '--compare=timm', '--no_record']
-    )
-    == 2
+  assert 'like with like' in command_error(
+    main,
+    ['--model=testing', '--mode=train', '--optimizer=sgd', '--compare=timm', '--no_record'],
+    capsys,
   )
-  assert 'like with like' in capsys.readouterr().err
-  assert benchmark.main(['--model=testing', '--attention=cudnn', '--no_record']) == 2
-  assert 'needs a CUDA GPU' in capsys.readouterr().err
+  err = command_error(main, ['--model=testing', '--attention=cudnn', '--no_record'], capsys)
+  assert 'needs a CUDA GPU' in err

@@ -3,6 +3,7 @@
 import json
 import os
 
+from conftest import command_error
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,7 +14,7 @@ from vit_jax import evaluate
 from vit_jax import fewshot as fewshot_cli
 from vit_jax import models
 from vit_jax import sharding
-from vit_jax.configs import models as model_configs
+from vit_jax.configs import architectures
 from vit_jax.data import pipeline
 
 
@@ -21,7 +22,7 @@ from vit_jax.data import pipeline
 def workdir(tmp_path_factory):
   """A workdir holding a random 10-class 'testing' ViT for 16 px digits."""
   path = tmp_path_factory.mktemp('checkpoint')
-  model = models.VisionTransformer(num_classes=10, **model_configs.MODEL_CONFIGS['testing'])
+  model = models.VisionTransformer(num_classes=10, **architectures.MODEL_CONFIGS['testing'])
   params = model.init(jax.random.key(0), jnp.zeros((1, 16, 16, 3)), train=False)['params']
   rng = np.random.default_rng(0)
   params = jax.tree.map(lambda x: rng.normal(size=x.shape).astype(np.float32), params)
@@ -56,12 +57,11 @@ def test_top1_top5_over_every_test_example(workdir, capsys):
 
 def test_evaluate_errors_are_one_line(workdir, capsys):
   path, _, _ = workdir
-  assert evaluate.main([f'--checkpoint={path}', '--model=ViT-B_16', '--dataset=digits']) == 1
-  assert evaluate.main([f'--checkpoint={path}', '--model=testing', '--dataset=cifar11']) == 1
-  err = capsys.readouterr().err.strip().splitlines()
-  assert len(err) == 2 and all(line.startswith('error: ') for line in err)
-  assert 'has shape (10,), the model expects (768,)' in err[0]
-  assert "unknown dataset 'cifar11'" in err[1]
+  args = [f'--checkpoint={path}', '--dataset=digits']
+  err = command_error(evaluate.main, args + ['--model=ViT-B_16'], capsys)
+  assert 'has shape (10,), the model expects (768,)' in err
+  args = [f'--checkpoint={path}', '--model=testing', '--dataset=cifar11']
+  assert "unknown dataset 'cifar11'" in command_error(evaluate.main, args, capsys)
 
 
 def test_fewshot_command_line_writes_its_own_files(workdir, capsys):

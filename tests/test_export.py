@@ -13,6 +13,7 @@ import sys
 
 from conftest import ROOT
 from conftest import assert_close
+from conftest import command_error
 from conftest import param_shapes
 from conftest import small_vit_config
 from conftest import subprocess_env
@@ -24,8 +25,9 @@ import pytest
 from vit_jax import checkpoint
 from vit_jax import export as export_cli
 from vit_jax import models
-from vit_jax.configs import models as model_configs
-from vit_jax.evaluation import inference
+from vit_jax.configs import architectures
+from vit_jax.evaluation import classify
+from vit_jax.evaluation import loader
 from vit_jax.interop import export
 from vit_jax.interop import timm as interop_timm
 from vit_jax.interop import torch_layout
@@ -91,7 +93,7 @@ def assert_flat_equal(a, b):
 def test_every_released_architecture_has_its_timm_name():
   registered = set(timm.list_models('vit_*'))
   for name in interop_timm.TIMM_NAMES:
-    config = model_configs.MODEL_CONFIGS[name]
+    config = architectures.MODEL_CONFIGS[name]
     at_384 = interop_timm.TIMM_NAMES[name] in interop_timm.TIMM_384
     sizes = (224, 384) if at_384 else (224,)
     for size in sizes:
@@ -107,7 +109,7 @@ def test_every_released_architecture_has_its_timm_name():
 @needs_timm
 def test_timm_names_and_shapes_of_released_architectures(name):
   """Our mapping yields exactly timm.create_model(name).state_dict()'s keys and shapes."""
-  config = model_configs.MODEL_CONFIGS[name]
+  config = architectures.MODEL_CONFIGS[name]
   timm_name = interop_timm.registered_name(config, 224)
   kwargs = interop_timm.create_model_kwargs(config, 1000, 224)
   theirs = {
@@ -134,8 +136,9 @@ def test_timm_names_and_shapes_of_released_architectures(name):
   [
     ('ViT-Ti_16', None, 'token', 32),
     ('ViT-B_16-gap', None, 'gap', 32),
-    ('ViT-g_14-map', None, 'map', 28),  # big_vision's MAP head: timm's AttentionPoolLatent
-    ('R50+ViT-B_16', (1, 1, 1), 'token', 64),
+    # big_vision's MAP head: timm's AttentionPoolLatent
+    pytest.param('ViT-g_14-map', None, 'map', 28, marks=pytest.mark.slow),
+    pytest.param('R50+ViT-B_16', (1, 1, 1), 'token', 64, marks=pytest.mark.slow),
   ],
 )
 @needs_timm
@@ -172,9 +175,10 @@ def test_timm_export_matches_timm_and_its_own_npz_loader(tmp_path, name, units, 
   )
 
 
+@pytest.mark.slow
 @needs_timm
 def test_timm_cli_writes_a_file_timm_create_model_loads_strictly(tmp_path, capsys):
-  config = model_configs.MODEL_CONFIGS['ViT-Ti_16']
+  config = architectures.MODEL_CONFIGS['ViT-Ti_16']
   flat = random_flat(config, 10, 224)
   checkpoint.save_npz(checkpoint.unflatten(flat), tmp_path / 'ti16.npz')
   out = tmp_path / 'ti16.safetensors'
@@ -207,7 +211,7 @@ def test_timm_cli_writes_a_file_timm_create_model_loads_strictly(tmp_path, capsy
 @needs_timm
 def test_import_a_timm_model_that_timm_initialised(tmp_path):
   """Import direction with weights written by timm itself, as .safetensors and as .pth."""
-  config = model_configs.MODEL_CONFIGS['testing']
+  config = architectures.MODEL_CONFIGS['testing']
   torch.manual_seed(0)
   model = interop_timm.build_model(config, 5, 32)
   with torch.no_grad():
@@ -239,7 +243,7 @@ def write_npz(tmp_path, config, num_classes, size, name='model.npz', seed=0):
 
 
 def test_hf_folder_loads_with_from_pretrained_and_matches(tmp_path, capsys):
-  config = model_configs.MODEL_CONFIGS['ViT-Demo_4']
+  config = architectures.MODEL_CONFIGS['ViT-Demo_4']
   flat, npz = write_npz(tmp_path, config, 3, 16)
   labels = tmp_path / 'labels.txt'
   labels.write_text('cat\ndog\nbird\n')
@@ -290,18 +294,18 @@ def test_hf_folder_loads_with_from_pretrained_and_matches(tmp_path, capsys):
 def test_hf_preprocessor_reproduces_our_eval_preprocessing(tmp_path):
   from PIL import Image
 
-  config = model_configs.MODEL_CONFIGS['testing']
+  config = architectures.MODEL_CONFIGS['testing']
   _, npz = write_npz(tmp_path, config, 2, 64)
   assert (
     run(('checkpoint', npz), ('model', 'testing'), ('format', 'hf'), ('output', tmp_path / 'hf'))
     == 0
   )
   processor = transformers.AutoImageProcessor.from_pretrained(str(tmp_path / 'hf'))
-  for path in inference.builtin_images():
+  for path in classify.builtin_images():
     with Image.open(path) as image:
       theirs = processor(images=image, return_tensors='np')['pixel_values'][0].transpose(1, 2, 0)
     # Within one 8-bit level: the resize rounds differently.
-    assert np.abs(theirs - inference.read_image(path, 64)).max() <= 1 / 127.5 + 1e-6
+    assert np.abs(theirs - classify.read_image(path, 64)).max() <= 1 / 127.5 + 1e-6
 
 
 def test_hf_pre_logits_become_the_pooler(tmp_path, capsys):
@@ -322,7 +326,7 @@ def test_hf_pre_logits_become_the_pooler(tmp_path, capsys):
 
 def test_import_a_transformers_model_in_its_own_naming(tmp_path):
   """Weights initialised and named by transformers 5.x itself."""
-  config = model_configs.MODEL_CONFIGS['testing']
+  config = architectures.MODEL_CONFIGS['testing']
   hf = transformers.ViTForImageClassification(
     transformers.ViTConfig(
       hidden_size=10,
@@ -354,9 +358,10 @@ def test_import_a_transformers_model_in_its_own_naming(tmp_path):
 # SavedModel and ONNX.
 
 
+@pytest.mark.slow
 def test_savedmodel_matches_in_tensorflow(tmp_path):
   tf = pytest.importorskip('tensorflow')
-  config = model_configs.MODEL_CONFIGS['ViT-Demo_4']
+  config = architectures.MODEL_CONFIGS['ViT-Demo_4']
   flat, npz = write_npz(tmp_path, config, 10, 16)
   assert (
     run(
@@ -380,7 +385,11 @@ def test_savedmodel_matches_in_tensorflow(tmp_path):
 
 @pytest.mark.parametrize(
   'name,units,classifier',
-  [('ViT-Ti_16', None, 'gap'), ('ViT-Ti_16', None, 'map'), ('R26+ViT-B_32', (1, 1, 1, 1), 'token')],
+  [
+    ('ViT-Ti_16', None, 'gap'),
+    ('ViT-Ti_16', None, 'map'),
+    pytest.param('R26+ViT-B_32', (1, 1, 1, 1), 'token', marks=pytest.mark.slow),
+  ],
 )
 def test_torch_forward_matches_ours(name, units, classifier):
   """The module ONNX export traces, against our JAX model (the ViT with a class token: below)."""
@@ -389,13 +398,14 @@ def test_torch_forward_matches_ours(name, units, classifier):
   config = small_vit_config(name, hybrid_units=units, classifier=classifier, representation_size=12)
   flat = random_flat(config, 7, 32)
   model = models.VisionTransformer(num_classes=7, **config)
-  loaded = inference.LoadedModel(model, checkpoint.unflatten(flat), config, 32, 0, 0, 0)
+  loaded = loader.LoadedModel(model, checkpoint.unflatten(flat), config, 32, 0, 0, 0)
   x = images(32)
   with torch.no_grad():
     theirs = torch_vit.build(loaded)(torch.from_numpy(x)).numpy()
   assert_close(relative_error(ours(config, flat, x), theirs), BOUND, 'logits against the peer')
 
 
+@pytest.mark.slow
 def test_onnx_with_pre_logits_matches_in_onnxruntime(tmp_path, monkeypatch):
   # A ViT; the hybrid exports through the same torch module (tested above) at
   # 4x the export time. timm is not needed: import it and fail.
@@ -407,7 +417,7 @@ def test_onnx_with_pre_logits_matches_in_onnxruntime(tmp_path, monkeypatch):
 
   config = small_vit_config(representation_size=16)
   flat = random_flat(config, 5, 32)
-  loaded = inference.LoadedModel(
+  loaded = loader.LoadedModel(
     models.VisionTransformer(num_classes=5, **config),
     checkpoint.unflatten(flat),
     config,
@@ -431,7 +441,7 @@ def test_onnx_with_pre_logits_matches_in_onnxruntime(tmp_path, monkeypatch):
 
 
 def test_workdir_needs_no_model_and_names_classes_from_its_dataset(tmp_path, capsys):
-  config = model_configs.MODEL_CONFIGS['testing']
+  config = architectures.MODEL_CONFIGS['testing']
   write_npz(tmp_path, config, 10, 32, name='params.npz')
   (tmp_path / 'summary.json').write_text(json.dumps({'model': 'testing', 'dataset': 'digits'}))
   assert run(('checkpoint', tmp_path), ('format', 'hf'), ('output', tmp_path / 'hf')) == 0
@@ -441,7 +451,7 @@ def test_workdir_needs_no_model_and_names_classes_from_its_dataset(tmp_path, cap
 
 @needs_timm
 def test_timm_export_of_pre_logits_is_the_feature_model(tmp_path, capsys):
-  config = model_configs.MODEL_CONFIGS['testing']
+  config = architectures.MODEL_CONFIGS['testing']
   config.representation_size = 16
   _, npz = write_npz(tmp_path, config, 10, 32)
   assert (
@@ -459,15 +469,12 @@ def test_timm_export_of_pre_logits_is_the_feature_model(tmp_path, capsys):
     assert json.loads(f.metadata()['timm_kwargs'])['num_classes'] == 0
 
 
-def one_line_error(capsys, *args, code=1):
-  assert run(*args) == code
-  err = capsys.readouterr().err
-  assert err.count('\n') == 1 and err.startswith('python -m vit_jax.export: error: ')
-  return err
+def one_line_error(capsys, *args):
+  return command_error(lambda argv: run(*args), None, capsys)
 
 
 def test_errors_are_one_line(tmp_path, capsys, monkeypatch):
-  config = model_configs.MODEL_CONFIGS['testing']
+  config = architectures.MODEL_CONFIGS['testing']
   _, npz = write_npz(tmp_path, config, 10, 32)
   out = ('output', tmp_path / 'out')
   assert 'pass --model' in one_line_error(capsys, ('checkpoint', npz), ('format', 'npz'), out)
@@ -486,15 +493,15 @@ def test_errors_are_one_line(tmp_path, capsys, monkeypatch):
     capsys, ('checkpoint', bad), ('model', 'testing'), ('format', 'npz'), out
   )
 
-  hybrid = model_configs.MODEL_CONFIGS['R50+ViT-B_16']
+  hybrid = architectures.MODEL_CONFIGS['R50+ViT-B_16']
   with pytest.raises(torch_layout.ExportError, match='no R\\+ViT hybrid'):
     from vit_jax.interop import hf as interop_hf
 
     interop_hf.check_exportable(hybrid)
   with pytest.raises(torch_layout.ExportError, match='class token only'):
-    interop_hf.check_exportable(model_configs.MODEL_CONFIGS['ViT-B_16-gap'])
+    interop_hf.check_exportable(architectures.MODEL_CONFIGS['ViT-B_16-gap'])
   with pytest.raises(torch_layout.ExportError) as error:
-    torch_layout.check_standard_blocks(model_configs.MODEL_CONFIGS['ViT-22B_14'], 'timm')
+    torch_layout.check_standard_blocks(architectures.MODEL_CONFIGS['ViT-22B_14'], 'timm')
   assert str(error.value) == (
     "ViT-22B_14: the timm export writes the paper's encoder blocks, not parallel_block, "
     'qk_norm, qkv_and_norm_biases=False; use --format=npz or --format=savedmodel'
@@ -505,15 +512,14 @@ def test_errors_are_one_line(tmp_path, capsys, monkeypatch):
     capsys, ('checkpoint', npz), ('model', 'testing'), ('format', 'onnx'), out
   )
 
-  with pytest.raises(SystemExit) as exit_info:
-    run(('checkpoint', npz), ('model', 'testing'), ('format', 'tflite'), out)
-  assert exit_info.value.code == 2
-  err = capsys.readouterr().err
-  assert err.count('\n') == 1 and 'invalid choice' in err
+  assert 'invalid choice' in one_line_error(
+    capsys, ('checkpoint', npz), ('model', 'testing'), ('format', 'tflite'), out
+  )
 
 
+@pytest.mark.slow
 def test_cli_runs_and_the_package_imports_without_optional_dependencies(tmp_path):
-  config = model_configs.MODEL_CONFIGS['testing']
+  config = architectures.MODEL_CONFIGS['testing']
   flat, npz = write_npz(tmp_path, config, 10, 32)
   result = subprocess.run(
     [

@@ -1,4 +1,6 @@
-"""The paper's analyses of a checkpoint as figures and numbers (Figure 7, Appendix D.7-D.8).
+"""Figures and numbers of the paper's analyses of a checkpoint: `python -m vit_jax.analyze`.
+
+Figure 7 and Appendix D.7-D.8, computed by `vit_jax.evaluation.figures`.
 
   python -m vit_jax.analyze --checkpoint=ViT-B_16.npz --model=ViT-B_16 \
       [--images=a.jpg,b.png or a directory] --output=analysis/
@@ -12,22 +14,18 @@ writes to --output:
 
 The resolution is read from the checkpoint's position embeddings. Without
 --images the attention analyses use photos shipped with matplotlib and
-scikit-learn (`inference.builtin_images`).
+scikit-learn (`evaluation.classify.builtin_images`).
 """
 
-import argparse
 import sys
 from typing import List, Optional
 
+from vit_jax import cli
 from vit_jax import run_log
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-  parser = argparse.ArgumentParser(
-    prog='python -m vit_jax.analyze',
-    description=__doc__,
-    formatter_class=argparse.RawDescriptionHelpFormatter,
-  )
+  parser = cli.parser('analyze', __doc__)
   parser.add_argument('--checkpoint', required=True, help='.npz file or a workdir with params.npz')
   parser.add_argument(
     '--model', help='model name, e.g. ViT-B_16 (default: the one a workdir records)'
@@ -53,23 +51,21 @@ def main(argv: Optional[List[str]] = None) -> int:
   import numpy as np
 
   from vit_jax import checkpoint
+  from vit_jax.evaluation import classify
   from vit_jax.evaluation import figures
-  from vit_jax.evaluation import inference
+  from vit_jax.evaluation import loader
 
-  try:
+  with cli.reported(checkpoint.CheckpointError, loader.InputError):
     digits = args.images == ['digits']
     if not digits:
-      files = inference.image_files(args.images) if args.images else inference.builtin_images()
+      files = classify.image_files(args.images) if args.images else classify.builtin_images()
       if not files:
-        raise inference.InputError('no images: pass --images=FILES or a directory')
-    loaded = inference.load_model(args.checkpoint, args.model)
+        raise loader.InputError('no images: pass --images=FILES or a directory')
+    loaded = loader.load_model(args.checkpoint, args.model)
     if digits:
       files, images = figures.test_digits(loaded.image_size)
     else:
-      images = np.stack([inference.read_image(f, loaded.image_size) for f in files])
-  except (checkpoint.CheckpointError, inference.InputError) as e:
-    print(f'{parser.prog}: error: {e}', file=sys.stderr)
-    return 1
+      images = np.stack([classify.read_image(f, loaded.image_size) for f in files])
   result = figures.compute(loaded, images, max(1, args.num_components))
   written = figures.write_outputs(result, loaded, images, files, args)
   print(f'wrote {", ".join(written)} to {args.output}')

@@ -1,4 +1,4 @@
-r"""Images per second of a ViT step, against timm and against the machine's peak.
+r"""Time a ViT step against timm and the machine's peak: `python -m vit_jax.benchmark`.
 
   python -m vit_jax.benchmark --model=ViT-B_16 --mode=infer --batch=8 --compare=timm
   python -m vit_jax.benchmark --model=ViT-S_16 --mode=train --batch=16 --compare=timm
@@ -7,7 +7,7 @@ r"""Images per second of a ViT step, against timm and against the machine's peak
   python -m vit_jax.benchmark --model=ViT-H_14 --mode=train --resolution=518 --remat \
       --optimizer=sgd --find_max_batch                      # largest batch that fits
 
-`train` times the real train step (`vit_jax.train.train_step`: forward,
+`train` times the real train step (`vit_jax.training.steps.train_step`: forward,
 backward, clipping, optimizer, NaN guard) on one device; `infer` times the
 forward pass. Steps are synchronised; the rate is the median over timed steps
 after warm-up. With `--compare=timm` the same network runs in timm in the same
@@ -21,12 +21,12 @@ record names which (`peak.peak_source`). Every run writes a JSON record into
 records are written with --workdir=benchmarks.
 """
 
-import argparse
 import dataclasses
 import json
 import os
 import sys
 
+from vit_jax import cli
 from vit_jax import run_log
 
 
@@ -34,11 +34,7 @@ def _parser():
   from vit_jax.bench import speed
   from vit_jax.models import vit
 
-  p = argparse.ArgumentParser(
-    prog='python -m vit_jax.benchmark',
-    description=__doc__,
-    formatter_class=argparse.RawDescriptionHelpFormatter,
-  )
+  p = cli.parser('benchmark', __doc__)
   d = speed.Options()
   p.add_argument('--model', default=d.model, help='a MODEL_CONFIGS name, e.g. ViT-B_16')
   p.add_argument('--mode', default=d.mode, choices=('infer', 'train'))
@@ -102,12 +98,11 @@ def main(argv=None) -> int:
   os.environ.setdefault('XLA_PYTHON_CLIENT_MEM_FRACTION', '0.95')
   if args.xla_flags:
     if jax._src.xla_bridge.backends_are_initialized():
-      print(f'{parser.prog}: error: --xla_flags must be set before JAX starts', file=sys.stderr)
-      return 2
+      cli.fail('--xla_flags must be set before JAX starts')
     os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') + ' ' + args.xla_flags).strip()
   fields = {f.name for f in dataclasses.fields(speed.Options)}
   opts = speed.Options(**{k: v for k, v in vars(args).items() if k in fields})
-  try:
+  with cli.reported(speed.BenchmarkError, timm_peer.CompareError):
     if args.find_max_batch:
       speed.validate(opts)
       record = memory.find_max_batch(
@@ -117,9 +112,6 @@ def main(argv=None) -> int:
     else:
       record = speed.run(opts)
       print(speed.summary(record))
-  except (speed.BenchmarkError, timm_peer.CompareError) as e:
-    print(f'{parser.prog}: error: {e.args[0] if e.args else e}', file=sys.stderr)
-    return 2
   path = args.json or (None if args.no_record else speed.record_path(record, args.workdir))
   if path:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

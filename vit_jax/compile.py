@@ -31,10 +31,12 @@ os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 
 from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
 
-_CONFIG = config_flags.DEFINE_config_file(
-  'config', None, 'Experiment config file, optionally with `:ARGS`.', lock_config=True
+from vit_jax import cli  # noqa: E402
+
+_CONFIG = cli.ConfigFlag(
+  'Experiment config file, optionally with `:ARGS`.',
+  example='--config=configs/vit_b16.py:imagenet21k',
 )
 _TOPOLOGY = flags.DEFINE_string(
   'topology',
@@ -49,25 +51,7 @@ _JSON = flags.DEFINE_string('json', None, 'Write the record here as JSON.')
 GiB = 2**30
 
 
-def _exit(message: str) -> None:
-  print(f'error: {message}', file=sys.stderr)
-  sys.exit(2)
-
-
-def _parse_flags(argv):
-  config_arg = next((a.split('=', 1)[1] for a in argv if a.startswith('--config=')), None)
-  if config_arg is None:
-    _exit('--config is required, e.g. --config=configs/vit_b16.py:imagenet21k')
-  if not os.path.exists(config_arg.split(':', 1)[0]):
-    _exit(f'config file {config_arg.split(":", 1)[0]} not found; configs live in configs/')
-  try:
-    argv = flags.FLAGS(argv)
-    _ = _CONFIG.value
-    return argv
-  except AttributeError as e:
-    _exit(f'{e}'.replace('\\', '').splitlines()[0])
-  except flags.Error as e:
-    _exit(str(e))
+_exit = cli.fail  # one `error:` line and the usage-error exit status, as every command
 
 
 def _command_line(overrides: dict) -> str:
@@ -195,4 +179,4 @@ def _fit(config, tpu, error):
 
 
 if __name__ == '__main__':
-  app.run(main, flags_parser=_parse_flags)
+  app.run(main, flags_parser=_CONFIG.parse)

@@ -10,17 +10,15 @@ imagenet2012_real`): precision@1 over the validation images that have a ReaL
 label. Prints the numbers as JSON, and writes them to --output when given.
 """
 
-import argparse
 import json
 import sys
 
+from vit_jax import cli
 from vit_jax import run_log
 
 
 def main(argv=None) -> int:
-  parser = argparse.ArgumentParser(
-    prog='python -m vit_jax.evaluate', description=__doc__.split('\n', 1)[0]
-  )
+  parser = cli.parser('evaluate', __doc__, whole_doc=False)
   parser.add_argument('--checkpoint', required=True, help='.npz file or a workdir')
   parser.add_argument(
     '--model', help='MODEL_CONFIGS name, e.g. ViT-B_16 (default: the one a workdir records)'
@@ -42,12 +40,12 @@ def main(argv=None) -> int:
   run_log.quiet_libraries(args.verbosity)
 
   from vit_jax import checkpoint
-  from vit_jax import sharding
   from vit_jax.data import pipeline
-  from vit_jax.evaluation import inference
+  from vit_jax.evaluation import classify
+  from vit_jax.evaluation import loader
 
-  try:
-    loaded = inference.load_model(args.checkpoint, args.model)
+  with cli.reported(checkpoint.CheckpointError, loader.InputError, pipeline.DataError):
+    loaded = loader.load_model(args.checkpoint, args.model)
     data = pipeline.data_config()
     data.update(
       dataset=args.dataset,
@@ -57,24 +55,10 @@ def main(argv=None) -> int:
     )
     data.pp.crop = args.crop or loaded.image_size
     data.pp.resize = args.resize
-    batch_sharding = sharding.batch_sharding(sharding.make_mesh())
-    result = {
-      'checkpoint': args.checkpoint,
-      'dataset': args.dataset,
-      'split': args.split,
-      **inference.evaluate(loaded, data, args.split, batch_sharding),
-    }
-    if args.dataset == 'imagenet2012':
-      real = pipeline.data_config()
-      real.update(data.to_dict())
-      real.dataset = 'imagenet2012_real'
-      try:
-        result['real_top1'] = inference.evaluate(loaded, real, 'test', batch_sharding)['top1']
-      except pipeline.DataError as e:
-        print(f'ReaL labels not evaluated: {e}', file=sys.stderr)
-  except (checkpoint.CheckpointError, inference.InputError, pipeline.DataError) as e:
-    print(f'error: {e}', file=sys.stderr)
-    return 1
+    numbers = classify.evaluate_checkpoint(
+      loaded, data, args.split, warn=lambda line: print(line, file=sys.stderr)
+    )
+  result = {'checkpoint': args.checkpoint, 'dataset': args.dataset, 'split': args.split, **numbers}
   text = json.dumps(result, indent=2)
   print(text)
   if args.output:

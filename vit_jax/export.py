@@ -1,4 +1,4 @@
-r"""Export a checkpoint to timm, transformers, TF SavedModel or ONNX; import timm / transformers.
+r"""Convert a checkpoint from the command line: `python -m vit_jax.export` (`interop.export`).
 
   python -m vit_jax.export --checkpoint=ViT-B_16.npz --model=ViT-B_16 --format=hf --output=vit-hf/
   python -m vit_jax.export --checkpoint=workdirs/demo --format=onnx --output=demo.onnx
@@ -20,17 +20,11 @@ names it) and for files this tool wrote. Class names for `hf` come from
 lists for 1000 / 21843-way heads.
 """
 
-import argparse
 import sys
 from typing import List, Optional
 
+from vit_jax import cli
 from vit_jax import run_log
-
-
-class _Parser(argparse.ArgumentParser):
-  def error(self, message):
-    # One line, without the usage block.
-    self.exit(2, f'{self.prog}: error: {message}\n')
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -39,15 +33,11 @@ def main(argv: Optional[List[str]] = None) -> int:
   run_log.quiet_libraries(run_log.verbosity_in(argv))
 
   from vit_jax import checkpoint
-  from vit_jax.evaluation import inference
+  from vit_jax.evaluation import loader
   from vit_jax.interop import export
   from vit_jax.interop import torch_layout
 
-  parser = _Parser(
-    prog='python -m vit_jax.export',
-    description=__doc__,
-    formatter_class=argparse.RawDescriptionHelpFormatter,
-  )
+  parser = cli.parser('export', __doc__)
   parser.add_argument(
     '--checkpoint',
     required=True,
@@ -67,11 +57,8 @@ def main(argv: Optional[List[str]] = None) -> int:
   parser.add_argument('--labels', help="class names for hf, one per line, in the head's order")
   run_log.add_verbosity_flag(parser)
   args = parser.parse_args(argv)
-  try:
+  with cli.reported(checkpoint.CheckpointError, loader.InputError, torch_layout.ExportError):
     notes = export.export(args.checkpoint, args.format, args.output, args.model, args.labels)
-  except (checkpoint.CheckpointError, inference.InputError, torch_layout.ExportError) as e:
-    print(f'{parser.prog}: error: {e}', file=sys.stderr)
-    return 1
   print(f'wrote {args.format} to {args.output}')
   for note in notes:
     print(f'  {note}')

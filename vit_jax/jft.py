@@ -21,14 +21,15 @@ multi-label). Write shards from an image folder or a CSV of
   python -m vit_jax.jft --folder DIR/train --out SHARDS --split train
   python -m vit_jax.jft --csv labels.csv --num_classes 18291 --out SHARDS
 
-The converter checks every image (`vit_jax.folder.check_image`) and leaves
+The converter checks every image (`vit_jax.data.folder.check_image`) and leaves
 corrupt ones out (named in the log) or, with --corrupt_images=fail, stops.
 """
 
-import argparse
 import logging
+import os
 import sys
 
+from vit_jax import cli
 from vit_jax import run_log
 
 
@@ -40,7 +41,7 @@ def main(argv=None):
   from vit_jax.data import shards
   from vit_jax.data.sources import DataError
 
-  parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+  parser = cli.parser('jft', __doc__, whole_doc=False)
   group = parser.add_mutually_exclusive_group(required=True)
   group.add_argument('--folder', help='DIR/<class>/<image>: one label per image')
   group.add_argument('--csv', help='lines "path,label_id;label_id;..."')
@@ -55,7 +56,11 @@ def main(argv=None):
   run_log.add_verbosity_flag(parser)
   args = parser.parse_args(argv)
   logging.basicConfig(level=logging.INFO, format='%(message)s')
-  try:
+  if args.folder and not os.path.isdir(args.folder):
+    cli.fail(f'{args.folder}: no such folder; pass one laid out as DIR/<class>/<image>')
+  if args.csv and not os.path.isfile(args.csv):
+    cli.fail(f'{args.csv}: no such file; pass a CSV of lines "path,label_id;label_id;..."')
+  with cli.reported(DataError):
     if args.folder:
       examples, names = shards.examples_from_folder(args.folder)
       num_classes = len(names)
@@ -79,8 +84,6 @@ def main(argv=None):
       corrupt_images=args.corrupt_images,
       seed=args.seed,
     )
-  except DataError as e:
-    sys.exit(f'error: {e}')
 
 
 if __name__ == '__main__':

@@ -19,21 +19,14 @@ import sys
 from absl import app
 from absl import flags
 from absl import logging
-from ml_collections import config_flags
 
+from vit_jax import cli
 from vit_jax import run_log
-from vit_jax.configs import ConfigError
-from vit_jax.configs import official
 
-_DEMO_CONFIG = os.path.join(os.path.dirname(__file__), 'configs', 'demo.py')
-
-# No default here: ml_collections would parse it, and any --config.FIELD, at
-# import. `_parse_flags` substitutes the demo config when --config is absent.
-_CONFIG = config_flags.DEFINE_config_file(
-  'config',
-  None,
+_CONFIG = cli.ConfigFlag(
   'Experiment config file, optionally with `:ARGS` (default: the demo).',
-  lock_config=True,
+  default=os.path.join(os.path.dirname(__file__), 'configs', 'demo.py'),
+  example='--config=configs/vit_b16.py:imagenet21k',
 )
 _WORKDIR = flags.DEFINE_string(
   'workdir',
@@ -45,70 +38,6 @@ _COORDINATOR = flags.DEFINE_string(
 )
 _NUM_PROCESSES = flags.DEFINE_integer('num_processes', None, 'Number of processes.')
 _PROCESS_ID = flags.DEFINE_integer('process_id', None, 'This process index.')
-
-
-def _override_names(argv) -> set:
-  """Field names of the --config.A.B=... overrides in `argv`."""
-  names = set()
-  for arg in argv:
-    if arg.startswith('--config.'):
-      names.update(arg[len('--config.') :].split('=', 1)[0].split('.'))
-  return names
-
-
-def _parse_flags(argv):
-  """absl flag parsing, with one-line errors for the user's mistakes (not for bugs)."""
-  # Before anything imports TensorFlow or JAX: their start-up logs stay hidden.
-  run_log.quiet_libraries(run_log.verbosity_in(argv))
-  config_arg = next((a.split('=', 1)[1] for a in argv if a.startswith('--config=')), None)
-  if config_arg is None:
-    argv = argv[:1] + [f'--config={_DEMO_CONFIG}'] + argv[1:]
-  elif not os.path.exists(config_arg.split(':', 1)[0]):
-    _exit(
-      f'config file {config_arg.split(":", 1)[0]} not found; configs live in configs/ '
-      '(e.g. --config=configs/vit_b16.py:imagenet21k)'
-    )
-  try:
-    argv = flags.FLAGS(argv)
-    # ml_collections applies --config.FIELD overrides when the value is first read.
-    _ = _CONFIG.value
-    return argv
-  except ConfigError as e:  # raised on purpose by the config file (vit_jax.configs.recipes)
-    _exit(e.args[0] if e.args else str(e))
-  except AttributeError as e:
-    # A --config.FIELD that the locked config does not have, or a config file
-    # without its get_*config function: one line. Any other AttributeError is a
-    # bug in the config file and keeps its traceback.
-    text = str(e).replace('\\', '')
-    if re.search(r"module '[\w.]+' has no attribute 'get_\w*config'", text):
-      _exit(f'config file: {text.splitlines()[0]}')
-    quoted = re.search(r"'(\w+)'", text)
-    if not quoted or quoted.group(1) not in _override_names(argv):
-      raise
-    match = re.search(r'Did you mean "([\w.]+)" instead of "([\w.]+)"', text)
-    field = match.group(2) if match else quoted.group(1)
-    if official.hint(field):
-      _exit(f'unknown config field {field!r}: {official.hint(field)}')
-    if match:
-      _exit(f'unknown config field {field!r}; did you mean {match.group(1)}?')
-    _exit(f'unknown config field {field!r}; see the config file')
-  except flags.Error as e:
-    # absl wraps what the config file raised; a ConfigError there is the user's
-    # argument, anything else a bug whose traceback absl's message carries.
-    # (ml_collections re-raises the file's exception as its own type with the
-    # traceback as message: the innermost ConfigError holds the real message.)
-    cause, original = e.__cause__ or e.__context__, None
-    while cause is not None:
-      original = cause if isinstance(cause, ConfigError) else original
-      cause = cause.__cause__ or cause.__context__
-    if original is not None:
-      _exit(original.args[0] if original.args else str(original))
-    _exit(str(e))
-
-
-def _exit(message):
-  print(f'error: {message}', file=sys.stderr)
-  sys.exit(2)
 
 
 def _fit_warmup(config, argv) -> None:
@@ -153,7 +82,7 @@ def _initialize_distributed():
 
 def _default_workdir(argv):
   """workdirs/<config name>[_<config args>], e.g. workdirs/finetune_ViT-B_16_cifar10."""
-  spec = next((a.split('=', 1)[1] for a in argv if a.startswith('--config=')), 'demo')
+  spec = cli.config_spec(argv) or 'demo'
   path, _, args = spec.partition(':')
   name = os.path.splitext(os.path.basename(path))[0]
   return os.path.join('workdirs', '_'.join([name] + [a for a in re.split(r'[,:]', args) if a]))
@@ -161,7 +90,7 @@ def _default_workdir(argv):
 
 def main(argv):
   if len(argv) > 1:
-    _exit(f'unexpected arguments {argv[1:]}; flags are --config, --workdir, --config.FIELD=...')
+    cli.fail(f'unexpected arguments {argv[1:]}; flags are --config, --workdir, --config.FIELD=...')
   # absl attached its log handler after parsing: apply --verbosity to it too.
   verbosity = (
     flags.FLAGS.verbosity if flags.FLAGS['verbosity'].present else run_log.verbosity_in(sys.argv)
@@ -177,23 +106,22 @@ def main(argv):
   # Imported here: these pull in TensorFlow for the input pipeline.
   from vit_jax import checkpoint
   from vit_jax import workdir as workdir_lib
+  from vit_jax.configs import ConfigError
   from vit_jax.data import pipeline
   from vit_jax.training import loop
 
-  config = _CONFIG.value
+  config = _CONFIG.value  # an official vit_jax config already translated
   _fit_warmup(config, sys.argv)
   workdir = _WORKDIR.value or _default_workdir(sys.argv)
-  try:
-    loop.train_and_evaluate(config, workdir)
-  except (
+  with cli.reported(
     loop.TrainingError,
     ConfigError,  # also an unknown model name (a KeyError of MODEL_CONFIGS)
     checkpoint.CheckpointError,
     pipeline.DataError,
     workdir_lib.WorkdirError,
-  ) as e:
-    _exit(e.args[0] if e.args else str(e))
+  ):
+    loop.train_and_evaluate(config, workdir)
 
 
 if __name__ == '__main__':
-  app.run(main, flags_parser=_parse_flags)
+  app.run(main, flags_parser=_CONFIG.parse)

@@ -8,22 +8,18 @@ embeddings) and scaled to [-1, 1]. Class names: ImageNet-1k for 1000-way
 heads, ImageNet-21k for 21843-way heads (both ship in `vit_jax/data/`),
 `--labels=FILE` for others, else `class_<i>`. Probabilities are the softmax
 of the logits. Unreadable images are named on stderr and left out; the exit
-status is then 1.
+status is then 1 (when none is readable, the one `error:` line of `vit_jax.cli`).
 """
 
-import argparse
 import sys
 from typing import List, Optional
 
+from vit_jax import cli
 from vit_jax import run_log
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-  parser = argparse.ArgumentParser(
-    prog='python -m vit_jax.predict',
-    description=__doc__,
-    formatter_class=argparse.RawDescriptionHelpFormatter,
-  )
+  parser = cli.parser('predict', __doc__)
   parser.add_argument('--checkpoint', required=True, help='.npz file or a workdir with params.npz')
   parser.add_argument(
     '--model', help='model name, e.g. ViT-B_16 (default: the one a workdir records)'
@@ -36,25 +32,23 @@ def main(argv: Optional[List[str]] = None) -> int:
   run_log.quiet_libraries(args.verbosity)
 
   from vit_jax import checkpoint
-  from vit_jax.evaluation import inference
+  from vit_jax.evaluation import classify
+  from vit_jax.evaluation import loader
 
   unreadable = []
-  try:
-    files = inference.image_files(args.images)
-    loaded = inference.load_model(args.checkpoint, args.model)
+  with cli.reported(checkpoint.CheckpointError, loader.InputError):
+    files = classify.image_files(args.images)
+    loaded = loader.load_model(args.checkpoint, args.model)
     if loaded.model.num_classes is None:
       raise checkpoint.CheckpointError(
         f'{args.checkpoint}: no head/kernel, so it cannot classify; '
         'pass a checkpoint with a classification head'
       )
-    names = inference.class_names(loaded.model.num_classes, args.labels)
-    indices, probs = inference.predict(loaded, files, max(1, args.top_k), unreadable=unreadable)
+    names = classify.class_names(loaded.model.num_classes, args.labels)
+    indices, probs = classify.predict(loaded, files, max(1, args.top_k), unreadable=unreadable)
     if len(unreadable) == len(files):
       more = f' (and {len(files) - 1} more unreadable images)' if len(files) > 1 else ''
-      raise inference.InputError(unreadable[0][1] + more)
-  except (checkpoint.CheckpointError, inference.InputError) as e:
-    print(f'{parser.prog}: error: {e}', file=sys.stderr)
-    return 1
+      raise loader.InputError(unreadable[0][1] + more)
   bad = {path for path, _ in unreadable}
   for f, idx, prob in zip([f for f in files if f not in bad], indices, probs):
     print(f)

@@ -10,16 +10,12 @@ TFDS: its extracted release (one folder of JPEGs per synset) becomes JFT-style
 shards in DIR/imagenet21k.
 """
 
-import argparse
-import sys
-
+from vit_jax import cli
 from vit_jax import run_log
 
 
 def main(argv=None):
-  parser = argparse.ArgumentParser(
-    prog='python -m vit_jax.prepare', description=__doc__.split('\n\n')[0]
-  )
+  parser = cli.parser('prepare', __doc__, whole_doc=False)
   parser.add_argument('name', help='TFDS name or preset (imagenet2012, cifar10, vtab/dtd, ...)')
   parser.add_argument('--data_dir', help='TFDS data_dir (config.tfds_data_dir)')
   parser.add_argument('--manual_dir', help='manual downloads (config.tfds_manual_dir)')
@@ -31,10 +27,8 @@ def main(argv=None):
   from vit_jax.data.prepare import prepare
   from vit_jax.data.sources import DataError
 
-  try:
+  with cli.reported(DataError):
     where = prepare(args.name, args.data_dir, args.manual_dir, args.file_format)
-  except DataError as e:
-    sys.exit(f'{parser.prog}: error: {e}')
   print(f'{args.name} is prepared in {where}')
 
 

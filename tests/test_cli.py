@@ -1,0 +1,101 @@
+"""Every command's errors: one `error:` line on stderr and exit status 2 (`vit_jax.cli`).
+
+An input error (a file that is not there, an unknown model or dataset) and a
+usage error (an unknown flag) of each command. In-process for the argparse
+commands; every command, main and compile included, once more as a user runs
+it, in a subprocess (slow: a process start each).
+"""
+
+import importlib
+import subprocess
+import sys
+
+from conftest import command_error
+from conftest import subprocess_env
+import pytest
+
+from vit_jax import cli
+
+# command: (arguments of an input error, what its line says)
+INPUT_ERRORS = {
+  'main': (['--config=configs/nope.py'], 'config file configs/nope.py not found'),
+  'compile': (['--config=configs/nope.py'], 'config file configs/nope.py not found'),
+  'predict': (
+    ['--checkpoint={tmp}/nope.npz', '--model=testing', '{tmp}/x.png'],
+    '{tmp}/x.png: no such image file or directory',
+  ),
+  'evaluate': (
+    ['--checkpoint={tmp}/nope.npz', '--model=testing', '--dataset=digits'],
+    '{tmp}/nope.npz: no such checkpoint',
+  ),
+  'fewshot': (
+    ['--checkpoint={tmp}/nope.npz', '--model=testing', '--datasets=digits'],
+    '{tmp}/nope.npz: no such checkpoint',
+  ),
+  'analyze': (
+    ['--checkpoint={tmp}/nope.npz', '--images={tmp}/x.png', '--output={tmp}/out'],
+    '{tmp}/x.png: no such image file or directory',
+  ),
+  'export': (
+    ['--checkpoint={tmp}/nope.npz', '--model=testing', '--format=npz', '--output={tmp}/x.npz'],
+    '{tmp}/nope.npz: no such checkpoint',
+  ),
+  'benchmark': (['--model=ViT-B16', '--no_record'], "unknown model 'ViT-B16': did you mean"),
+  'benchmark_input': (['--dataset={tmp}'], '{tmp}: no train/ folder'),
+  'prepare': (['no_such_dataset', '--data_dir={tmp}'], "unknown dataset 'no_such_dataset'"),
+  'jft': (['--folder={tmp}/nope', '--out={tmp}/shards'], '{tmp}/nope: no such folder'),
+}
+COMMANDS = sorted(INPUT_ERRORS)
+# main and compile parse absl flags when run as programs: only the subprocess test runs them.
+IN_PROCESS = [name for name in COMMANDS if name not in ('main', 'compile')]
+
+
+def _case(name, tmp_path):
+  argv, message = INPUT_ERRORS[name]
+  return [a.format(tmp=tmp_path) for a in argv], message.format(tmp=tmp_path)
+
+
+def test_every_command_is_covered():
+  import pkgutil
+
+  import vit_jax
+
+  commands = {
+    m.name
+    for m in pkgutil.iter_modules(vit_jax.__path__)
+    if not m.ispkg and 'if __name__ ==' in open(f'{vit_jax.__path__[0]}/{m.name}.py').read()
+  }
+  assert commands == set(COMMANDS)
+
+
+@pytest.mark.parametrize('name', IN_PROCESS)
+def test_an_input_error_is_one_line_with_exit_status_2(name, tmp_path, capsys):
+  argv, message = _case(name, tmp_path)
+  main = importlib.import_module(f'vit_jax.{name}').main
+  assert command_error(main, argv, capsys).startswith(f'error: {message}')
+
+
+@pytest.mark.parametrize('name', IN_PROCESS)
+def test_a_usage_error_is_one_line_with_exit_status_2(name, capsys):
+  main = importlib.import_module(f'vit_jax.{name}').main
+  line = command_error(main, ['--no_such_flag=1'], capsys)
+  assert 'no_such_flag' in line or 'required' in line
+  assert line.endswith(f'(see python -m vit_jax.{name} --help)')
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('name', COMMANDS)
+def test_every_command_as_a_program(name, tmp_path):
+  argv, message = _case(name, tmp_path)
+  for args, said in [(argv, f'error: {message}'), (['--no_such_flag=1'], 'error: ')]:
+    result = subprocess.run(
+      [sys.executable, '-m', f'vit_jax.{name}', *args],
+      env=subprocess_env(),
+      capture_output=True,
+      text=True,
+      timeout=300,
+    )
+    assert result.returncode == cli.EXIT_ERROR == 2, result.stderr[-2000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(said), result.stderr[-2000:]
+    assert 'no_such_flag' in lines[0] or args is argv or 'required' in lines[0]
