@@ -182,6 +182,7 @@ _SAME_PROGRAM = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_trainer_and_compile_command_lower_identical_programs():
   """Same config both ways on 8 CPU devices: identical HLO text, train and eval steps."""
   result = subprocess.run(
@@ -200,6 +201,7 @@ def test_trainer_and_compile_command_lower_identical_programs():
   assert out['argument_bytes'] == 3 * 4 * out['params'] + out['scalars'] + out['batch_bytes'] // 8
 
 
+@pytest.mark.slow
 @needs_libtpu
 def test_compile_command_reports_flops_memory_and_collectives(tmp_path):
   path = tmp_path / 'record.json'
@@ -223,6 +225,7 @@ def test_compile_command_reports_flops_memory_and_collectives(tmp_path):
   assert 'v5e:2x2' in result.stdout and 'not measurements' in result.stdout
 
 
+@pytest.mark.slow
 @needs_libtpu
 def test_a_config_that_does_not_fit_is_one_line(tmp_path):
   result = compile_cli(tmp_path, *SMALL, '--topology=v5e-1', '--config.batch=262144')

@@ -7,8 +7,10 @@ import sys
 
 from conftest import ROOT
 from conftest import subprocess_env
+import pytest
 
 
+@pytest.mark.slow
 def test_the_loop_item_runs_without_tensorflow(tmp_path):
   # Every Python process of the session imports this first: `import tensorflow` fails there.
   site = tmp_path / 'site'

@@ -316,6 +316,7 @@ def test_learning_rate_schedule_is_the_official_one(decay_type):
 # The official notebook's flows.
 
 
+@pytest.mark.slow
 @pytest.mark.equivalence
 def test_make_update_fn_with_accum_steps_zero_is_one_plain_step():
   config = models_config.MODEL_CONFIGS['testing']

@@ -19,6 +19,7 @@ from conftest import param_shapes
 from conftest import random_like
 from conftest import small_vit_config
 from conftest import subprocess_env
+from conftest import tiny_run_config
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -32,9 +33,8 @@ from vit_jax.bench import aot
 from vit_jax.bench import hlo
 from vit_jax.bench import topology
 from vit_jax.configs import ConfigError
-from vit_jax.configs import common
+from vit_jax.configs import architectures
 from vit_jax.configs import demo
-from vit_jax.configs import models as model_configs
 from vit_jax.training import loop
 
 # ---------------------------------------------------------------------------
@@ -45,6 +45,7 @@ def _images(n=2, size=32, seed=1):
   return np.random.default_rng(seed).normal(size=(n, size, size, 3)).astype(np.float32)
 
 
+@pytest.mark.slow
 @pytest.mark.equivalence
 def test_scanned_blocks_compute_what_unrolled_blocks_do():
   """nn.scan over stacked blocks against unrolled blocks (also remat'd): the same float32 ops,
@@ -110,25 +111,12 @@ def test_stacked_params_are_saved_and_loaded_as_encoderblocks(tmp_path):
 
 
 def _tiny_run_config(**overrides):
-  config = common.get_config()
-  config.update(total_steps=2)
-  config.update(
-    model='testing',
-    warmup_steps=1,
-    checkpoint_every=2,
-    progress_every=2,
-    eval_every=100,
-    batch=16,
-    batch_eval=64,
-    tensorboard=False,
-    optimizer='sgd',
-    base_lr=0.1,
-    **overrides,
-  )
-  config.pp.crop = 16
-  return config
+  """The tests' tiny run (conftest.TINY_RUN), two steps at batch 16."""
+  short = dict(total_steps=2, warmup_steps=1, checkpoint_every=2, progress_every=2, eval_every=100)
+  return tiny_run_config(**{**short, 'batch': 16, **overrides})
 
 
+@pytest.mark.slow
 def test_a_scanned_run_checkpoints_encoderblocks_and_resumes_either_way(tmp_path):
   workdir = str(tmp_path)
   loop.train_and_evaluate(_tiny_run_config(scan_layers=True), workdir)
@@ -173,10 +161,10 @@ _TENSOR_PARALLEL = textwrap.dedent("""
   import jax, jax.numpy as jnp, numpy as np
   from vit_jax import models, sharding
   from vit_jax.bench import hlo
-  from vit_jax.configs import models as model_configs
+  from vit_jax.configs import architectures
 
   def case(parallel_block):
-    config = model_configs.MODEL_CONFIGS['ViT-Ti_16']
+    config = architectures.MODEL_CONFIGS['ViT-Ti_16']
     config.hidden_size = 32
     config.patches.size = (8, 8)
     config.transformer.update(num_layers=2, num_heads=4, mlp_dim=64, parallel_block=parallel_block)
@@ -252,6 +240,7 @@ _TENSOR_PARALLEL = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.equivalence
 def test_tensor_parallel_matches_one_device_with_one_reduction_per_sublayer():
   """model=2 and model=4 (with fsdp) against one device: loss and gradients agree normwise
@@ -367,14 +356,14 @@ def _giant_closed_form(config, num_classes, size=224):
 
 @pytest.mark.parametrize('name', sorted(GIANT_COUNTS))
 def test_giant_parameter_counts_are_exact_and_match_the_papers(name):
-  config = model_configs.MODEL_CONFIGS[name]
+  config = architectures.MODEL_CONFIGS[name]
   classes, exact, published = GIANT_COUNTS[name]
   scanned = models.VisionTransformer(num_classes=classes, scan=True, **config)
   n = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(param_shapes(config, None, 224, scanned)))
   assert n == exact == _giant_closed_form(config, classes)
   if name == 'ViT-e_14-map':
     # Two significant digits: ours rounds to it; the backbone alone (3.81B) would not.
-    backbone = _giant_closed_form(model_configs.MODEL_CONFIGS['ViT-e_14'], None)
+    backbone = _giant_closed_form(architectures.MODEL_CONFIGS['ViT-e_14'], None)
     assert round(n, -8) == published and round(backbone, -8) != published
   else:
     assert abs(n / published - 1) < 0.005
@@ -388,6 +377,7 @@ needs_libtpu = pytest.mark.skipif(
 )
 
 
+@pytest.mark.slow
 @needs_libtpu
 def test_two_slices_exchange_only_gradients():
   config = demo.get_config()

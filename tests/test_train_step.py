@@ -150,6 +150,7 @@ def test_gradient_clipping_at_global_norm():
   np.testing.assert_allclose(updates['w'], [-0.6, -0.8], rtol=1e-5)  # norm 50 -> 1
 
 
+@pytest.mark.slow
 @pytest.mark.equivalence
 def test_accumulation_matches_one_big_batch():
   """4 micro-batches against one batch of 16, three plain SGD steps: the same sums in another
@@ -177,6 +178,7 @@ def test_accumulation_matches_one_big_batch():
   assert max(moved) > 1e-4
 
 
+@pytest.mark.slow
 def test_nonfinite_step_changes_nothing():
   state, step, mesh = setup(small_config())
   bad = batch(16)
@@ -192,6 +194,7 @@ def test_nonfinite_step_changes_nothing():
   assert bool(metrics['finite']) and int(good_state.num_skipped) == 1
 
 
+@pytest.mark.slow
 def test_ema_tracks_params():
   config = small_config(ema_decay=0.5)
   task = steps.make_task(config, 5, multi_label=False)
@@ -247,6 +250,7 @@ def test_classification_counts_top1_top5_and_masks():
   assert {k: float(v) for k, v in counts.items()} == {'correct': 1.0, 'count': 3.0}
 
 
+@pytest.mark.slow
 def test_mpp_task_trains_and_counts_corrupted_patches():
   config = small_config(task='mpp', model='ViT-Demo_4', optimizer='adam', base_lr=1e-3)
   task = steps.make_task(config, num_classes=10, multi_label=False)

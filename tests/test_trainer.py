@@ -4,7 +4,6 @@ Each run is a subprocess on the built-in dataset with a tiny schedule, so a
 test sees exactly what a user sees: files in the workdir, exit codes, stderr.
 """
 
-import ast
 import concurrent.futures
 import json
 import os
@@ -21,6 +20,8 @@ from conftest import assert_trees_close
 from conftest import batch_sharding
 from conftest import data_config
 from conftest import subprocess_env
+from conftest import tiny_run_config
+from conftest import tiny_run_flags
 import jax
 import numpy as np
 import pytest
@@ -28,49 +29,17 @@ import pytest
 from vit_jax import checkpoint
 from vit_jax import workdir as workdir_lib
 from vit_jax.configs import common
-from vit_jax.configs import demo
 from vit_jax.data import pipeline
-from vit_jax.evaluation import inference
+from vit_jax.evaluation import classify
+from vit_jax.evaluation import loader
 from vit_jax.training import loop
 
-# A short run of the demo model at 8 px: a few seconds of training.
-TINY = [
-  '--config.model=testing',
-  '--config.pp.crop=16',
-  '--config.batch=32',
-  '--config.batch_eval=64',
-  '--config.total_steps=24',
-  '--config.warmup_steps=4',
-  # SGD: Adam turns the rounding noise of zero-gradient parameters (the key
-  # bias) into full-size steps, which would hide real differences between runs.
-  '--config.optimizer=sgd',
-  '--config.base_lr=0.1',
-  '--config.progress_every=4',
-  '--config.eval_every=12',
-  '--config.checkpoint_every=8',
-  '--config.tensorboard=False',
-  '--config.dropout_rate=0.1',
-]
+# The tests' one tiny run (conftest.TINY_RUN), as flags of python -m vit_jax.main.
+TINY = tiny_run_flags()
 
 
 def command(workdir, *overrides, extra=()):
   return [sys.executable, '-m', 'vit_jax.main', f'--workdir={workdir}', *TINY, *overrides, *extra]
-
-
-def tiny_config():
-  """The config `command()` runs (the demo's, with TINY), built in this process."""
-  config = demo.get_config()
-  for flag in TINY:
-    key, text = flag[len('--config.') :].split('=', 1)
-    *parents, last = key.split('.')
-    target = config
-    for part in parents:
-      target = target[part]
-    try:
-      target[last] = ast.literal_eval(text)
-    except (ValueError, SyntaxError):  # a bare string such as testing or sgd
-      target[last] = text
-  return config
 
 
 def run(workdir, *overrides, devices=1, check=True, timeout=600):
@@ -139,6 +108,7 @@ def reference_run(tmp_path_factory):
   return workdir, result
 
 
+@pytest.mark.slow
 def test_outputs_of_a_run(reference_run):
   workdir, result = reference_run
   summary = json.load(open(os.path.join(workdir, 'summary.json')))
@@ -149,8 +119,8 @@ def test_outputs_of_a_run(reference_run):
   assert summary['test_examples'] == pipeline.get_info(common.get_config()).num_test
   assert summary['img_per_sec'] > 0
   # The same accuracy from params.npz alone, through `python -m vit_jax.evaluate`'s code.
-  loaded = inference.load_model(workdir, 'testing')
-  recomputed = inference.evaluate(
+  loaded = loader.load_model(workdir, 'testing')
+  recomputed = classify.evaluate(
     loaded, data_config('digits', batch_eval=100, **{'pp.crop': 16}), 'test', batch_sharding()
   )
   assert recomputed['top1'] == summary['test_accuracy'] > 0.2
@@ -174,6 +144,7 @@ def test_outputs_of_a_run(reference_run):
   assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == ['16', '24', '8']
 
 
+@pytest.mark.slow
 def test_rerun_of_a_finished_run_reports_it_and_changes_nothing(reference_run, tmp_path):
   workdir = copy_run(reference_run[0], tmp_path / 'done')
   before = snapshot(workdir)
@@ -183,9 +154,10 @@ def test_rerun_of_a_finished_run_reports_it_and_changes_nothing(reference_run, t
   assert snapshot(workdir) == before
 
 
+@pytest.mark.slow
 def test_a_run_stopped_after_its_last_checkpoint_sums_up_the_whole_run(reference_run, tmp_path):
   workdir = copy_run(reference_run[0], tmp_path / 'cut', leave_out=('summary.json', 'params.npz'))
-  summary = loop.train_and_evaluate(tiny_config(), workdir)
+  summary = loop.train_and_evaluate(tiny_run_config(), workdir)
   assert summary['resumed_from_step'] == 24
   assert json.load(open(os.path.join(workdir, 'summary.json'))) == summary
   reference = json.load(open(os.path.join(reference_run[0], 'summary.json')))
@@ -199,6 +171,7 @@ def test_a_run_stopped_after_its_last_checkpoint_sums_up_the_whole_run(reference
   assert_bitwise_equal(params(workdir), params(reference_run[0]))
 
 
+@pytest.mark.slow
 def test_a_truncated_latest_checkpoint_is_set_aside_and_the_one_before_resumed(
   reference_run, tmp_path
 ):
@@ -225,6 +198,7 @@ def test_a_truncated_latest_checkpoint_is_set_aside_and_the_one_before_resumed(
   assert summary['step'] == 24 and summary['train_loss'] == reference['train_loss']
 
 
+@pytest.mark.slow
 def test_resuming_with_another_model_or_batch_is_one_line(reference_run, tmp_path):
   workdir = copy_run(reference_run[0], tmp_path / 'run', leave_out=('summary.json',))
   before = snapshot(workdir)
@@ -238,6 +212,7 @@ def test_resuming_with_another_model_or_batch_is_one_line(reference_run, tmp_pat
   assert snapshot(workdir) == before
 
 
+@pytest.mark.slow
 def test_a_second_run_on_a_workdir_is_refused_and_the_first_loses_nothing(reference_run, tmp_path):
   workdir = str(tmp_path / 'shared')
   first = subprocess.Popen(
@@ -248,7 +223,7 @@ def test_a_second_run_on_a_workdir_is_refused_and_the_first_loses_nothing(refere
   first.send_signal(signal.SIGSTOP)
   try:
     with pytest.raises(workdir_lib.WorkdirError) as second:
-      loop.train_and_evaluate(tiny_config(), workdir)
+      loop.train_and_evaluate(tiny_run_config(), workdir)
   finally:
     first.send_signal(signal.SIGCONT)
   assert str(second.value).startswith(f'{workdir} is in use by another run (pid {first.pid} on ')
@@ -280,6 +255,7 @@ def _remount(mount, mode):
   subprocess.run(['mount', '-o', f'remount,{mode}', str(mount)], check=True)
 
 
+@pytest.mark.slow
 def test_a_full_disk_or_read_only_workdir_is_one_line_and_the_run_resumes(
   reference_run, small_disk
 ):
@@ -305,7 +281,7 @@ def test_a_full_disk_or_read_only_workdir_is_one_line_and_the_run_resumes(
   _remount(small_disk, 'ro')
   try:
     with pytest.raises(workdir_lib.WorkdirError) as read_only:
-      loop.train_and_evaluate(tiny_config(), workdir)
+      loop.train_and_evaluate(tiny_run_config(), workdir)
   finally:
     _remount(small_disk, 'rw')
   assert str(read_only.value) == (
@@ -314,7 +290,7 @@ def test_a_full_disk_or_read_only_workdir_is_one_line_and_the_run_resumes(
   )
 
   filler.unlink()
-  assert loop.train_and_evaluate(tiny_config(), workdir)['resumed_from_step'] == 8
+  assert loop.train_and_evaluate(tiny_run_config(), workdir)['resumed_from_step'] == 8
   # The unfinished temporary checkpoint was cleaned up; the result is the uninterrupted run's.
   assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == ['16', '24', '8']
   assert_bitwise_equal(params(workdir), params(reference_run[0]))
@@ -331,6 +307,7 @@ def _wait_for(predicate, process, timeout=300):
   raise AssertionError('timed out')
 
 
+@pytest.mark.slow
 def test_sigkill_and_resume_is_bitwise(reference_run, tmp_path):
   workdir = str(tmp_path / 'killed')
   process = subprocess.Popen(
@@ -351,6 +328,7 @@ def test_sigkill_and_resume_is_bitwise(reference_run, tmp_path):
   assert_bitwise_equal(params(workdir), params(reference_run[0]))
 
 
+@pytest.mark.slow
 def test_sigterm_writes_a_checkpoint_and_resumes(reference_run, tmp_path):
   workdir = str(tmp_path / 'preempted')
   slow = ['--config.total_steps=24', '--config.checkpoint_every=1000']
@@ -372,20 +350,9 @@ def test_sigterm_writes_a_checkpoint_and_resumes(reference_run, tmp_path):
   assert_bitwise_equal(params(workdir), params(reference_run[0]))
 
 
+@pytest.mark.slow
 def test_nan_loss_stops_and_keeps_the_last_checkpoint(tmp_path, monkeypatch):
-  config = common.get_config()
-  config.update(
-    model='testing',
-    total_steps=12,
-    warmup_steps=2,
-    checkpoint_every=4,
-    progress_every=4,
-    eval_every=100,
-    batch=32,
-    batch_eval=64,
-    tensorboard=False,
-  )
-  config.pp.crop = 16
+  config = tiny_run_config(total_steps=12, warmup_steps=2, checkpoint_every=4, eval_every=100)
   make = loop.pipeline.make_train_iterator
 
   class Poisoned:
@@ -421,7 +388,7 @@ def test_nan_loss_stops_and_keeps_the_last_checkpoint(tmp_path, monkeypatch):
 
 
 # Runs on other meshes or hosts are compared with one device over three steps
-# of plain SGD (no momentum, no warm-up; clipping and dropout as in TINY), not
+# of plain SGD (no momentum, no warm-up; clipping and dropout as in TINY_RUN), not
 # at the end of the 24-step reference: their gradients differ only in the
 # order of float32 sums, a few ulps, and 24 steps at an effective rate of 1
 # (lr 0.1, momentum 0.9) amplify that into differences of 4e-5 in the
@@ -504,6 +471,7 @@ def test_two_processes_match_one(short_reference, tmp_path):
   assert_same_run(workdir, short_reference, 'two processes')
 
 
+@pytest.mark.slow
 def test_cli_errors_are_one_line(tmp_path):
   cases = [
     (['--config.bach=3'], "unknown config field 'bach'; did you mean batch?"),
@@ -537,6 +505,7 @@ def test_cli_errors_are_one_line(tmp_path):
     assert 'Traceback' not in result.stderr
 
 
+@pytest.mark.slow
 def test_bugs_keep_their_tracebacks(tmp_path):
   """Only errors raised on purpose become one line; a bug in a config file or the run does not."""
   cases = {
@@ -568,6 +537,7 @@ def test_bugs_keep_their_tracebacks(tmp_path):
     assert 'unknown config field' not in result.stderr
 
 
+@pytest.mark.slow
 def test_a_short_demo_run_reads_cleanly(tmp_path):
   """The demo config for 2 steps: its warm-up is fitted, and the output is plain lines on stdout."""
   result = subprocess.run(
@@ -601,6 +571,7 @@ def test_a_short_demo_run_reads_cleanly(tmp_path):
   assert result.stderr == '', result.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_mpp_pretraining_then_finetuning_from_its_workdir(tmp_path):
   """Paper B.1.2: self-supervised pre-training, then the normal fine-tune config."""
   mpp_dir, ft_dir = str(tmp_path / 'mpp'), str(tmp_path / 'finetune')
@@ -659,17 +630,7 @@ def test_mpp_pretraining_then_finetuning_from_its_workdir(tmp_path):
 
 
 def test_out_of_memory_suggests_accumulation(tmp_path, monkeypatch):
-  config = common.get_config()
-  config.update(
-    model='testing',
-    total_steps=4,
-    warmup_steps=1,
-    batch=32,
-    batch_eval=64,
-    tensorboard=False,
-    accum_steps=2,
-  )
-  config.pp.crop = 16
+  config = tiny_run_config(total_steps=4, warmup_steps=1, accum_steps=2)
 
   def compile_that_fails(fn, *args):
     del fn, args
