@@ -237,6 +237,7 @@ def test_load_pretrained_224_to_384(tmp_path, capsys):
   assert logits.shape == (1, 10)
 
 
+@pytest.mark.slow
 def test_load_pretrained_gap_model_resizes_whole_grid(tmp_path):
   config = small_vit_config(classifier='gap')
   path = checkpoint.save_npz(random_params(config, 5, 32), tmp_path / 'gap.npz')

@@ -161,8 +161,8 @@ _SAME_PROGRAM = textwrap.dedent("""
     # As the trainer does: real state, a real batch from the input pipeline.
     run = loop.set_up(config, tempfile.mkdtemp(), mesh)
     state = loop.restore_or_initialize(run)[0]
-    batch = next(pipeline.make_train_iterator(config, run.batch_sharding))
-    eval_batch = next(pipeline.make_eval_iterator(config, run.batch_sharding))
+    batch = next(pipeline.make_train_iterator(config, run.program.batch_sharding))
+    eval_batch = next(pipeline.make_eval_iterator(config, run.program.batch_sharding))
     trainer_train = run.program.train_step.lower(state, batch)
     trainer_eval = run.program.eval_step.lower(state.params, eval_batch)
     # As the compile command does: abstract inputs only.

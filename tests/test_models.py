@@ -398,6 +398,7 @@ def test_remat_gives_same_values_and_gradients():
   assert_trees_close(g2, g1, 1e-5, 'gradients')
 
 
+@pytest.mark.slow
 def test_dropout_is_active_only_in_training():
   config = _tiny(
     transformer={**_tiny().transformer, 'dropout_rate': 0.5, 'attention_dropout_rate': 0.5}
@@ -507,6 +508,7 @@ class _Stem(nn.Module):
     return resnet.resnet_stem(x, self.units, 0.5, jnp.float32)
 
 
+@pytest.mark.slow
 def test_bit_stem_matches_the_official_formula_in_numpy():
   stem = _Stem(units=(2,))
   images = np.random.default_rng(0).uniform(-1, 1, (2, 24, 24, 3)).astype(np.float32)

@@ -82,6 +82,7 @@ def relative_error(a, b):
   return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
 
 
+@pytest.mark.slow
 def test_vit_ti16_224_matches_transformers(tmp_path):
   config = architectures.MODEL_CONFIGS['ViT-Ti_16']
   model, path = random_npz(tmp_path, config, num_classes=10, size=224)
@@ -101,6 +102,7 @@ def test_vit_ti16_224_matches_transformers(tmp_path):
   assert_close(relative_error(ours, theirs), 1e-4, 'logits against the peer')
 
 
+@pytest.mark.slow
 def test_pre_logits_match_transformers_pooler(tmp_path):
   """The pre-logits layer (Dense + tanh on the class token) is HF's ViT pooler."""
   config = architectures.MODEL_CONFIGS['ViT-S_32']

@@ -56,8 +56,10 @@ SUMMARY_FILE = 'summary.json'
 PARAMS_FILE = 'params.npz'
 PARAMS_EMA_FILE = 'params_ema.npz'
 FEWSHOT_FILE = 'fewshot.json'
-FEWSHOT_TENSORBOARD = os.path.join('tensorboard', 'fewshot')
 LOCK_FILE = 'lock.json'
+METRICS_FILE = 'metrics.jsonl'  # written by vit_jax.run_log
+TENSORBOARD = 'tensorboard'  # event files, by vit_jax.run_log
+FEWSHOT_TENSORBOARD = os.path.join(TENSORBOARD, 'fewshot')
 # How often the holder refreshes its heartbeat, and how old a heartbeat from
 # another host must be before the lock counts as abandoned: long enough for a
 # slow object store, short enough that a restarted job on a new machine waits
