@@ -242,6 +242,7 @@ def write_npz(tmp_path, config, num_classes, size, name='model.npz', seed=0):
   return flat, checkpoint.save_npz(checkpoint.unflatten(flat), tmp_path / name)
 
 
+@pytest.mark.slow
 def test_hf_folder_loads_with_from_pretrained_and_matches(tmp_path, capsys):
   config = architectures.MODEL_CONFIGS['ViT-Demo_4']
   flat, npz = write_npz(tmp_path, config, 3, 16)
