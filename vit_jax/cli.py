@@ -2,9 +2,11 @@
 
 An error a user can cause (a flag, a file, a config that cannot run, a
 dataset that is not there) ends a command with one line on stderr,
-`error: what is wrong; what to do`, and exit status `EXIT_ERROR`, the status
-argparse and absl give a bad command line. Only the error types a command
-names are caught (`reported`): a bug keeps its traceback.
+`error: what is wrong; what to do`, and exit status `EXIT_ERROR` (2, what
+argparse gives a bad command line), whether the mistake is in the flags or in
+what they name. Only the error types a command names are caught
+(`reported`): a bug keeps its traceback. (`python -m vit_jax.predict` exits 1
+when some images were unreadable and the others predicted: a partial result.)
 
 Commands that take `--config` (main, compile) share `ConfigFlag`: the file is
 checked before absl reads it, an unknown `--config.FIELD` names the closest
