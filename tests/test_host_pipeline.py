@@ -217,6 +217,7 @@ def _python(*args):
   return proc
 
 
+@pytest.mark.slow
 def test_folders_shards_and_digits_need_no_tensorflow(photos, tmp_path):
   out = str(tmp_path / 'array_record')
   proc = _python('-c', _NO_TF, photos, out)
@@ -231,6 +232,7 @@ def test_folders_shards_and_digits_need_no_tensorflow(photos, tmp_path):
   assert result[photos][1] == 4 and result['digits'][1] == 180  # 1438 / 8
 
 
+@pytest.mark.slow
 def test_benchmark_input_reports_rates_the_ceiling_and_stages(tmp_path):
   record = tmp_path / 'input.json'
   _python(

@@ -20,6 +20,7 @@ import warnings
 from absl import logging
 
 from vit_jax import files
+from vit_jax import workdir as workdir_lib
 
 
 def _format_duration(seconds: float) -> str:
@@ -102,9 +103,11 @@ class RunLog:
       return
     files.makedirs(workdir)
     if tensorboard:
-      self._tb = EventFile(os.path.join(workdir, 'tensorboard'))
+      self._tb = EventFile(os.path.join(workdir, workdir_lib.TENSORBOARD))
     self._jsonl = (
-      None if files.is_remote(workdir) else open(os.path.join(workdir, 'metrics.jsonl'), 'a')
+      None
+      if files.is_remote(workdir)
+      else open(os.path.join(workdir, workdir_lib.METRICS_FILE), 'a', encoding='utf-8')
     )
 
   def scalars(self, step: int, values: dict) -> None:

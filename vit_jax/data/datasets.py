@@ -4,7 +4,7 @@
 - a directory with `info.json`: JFT-style shards (`vit_jax.jft`);
 - any other directory: an image folder DIR/<split>/<class>/<image>;
 - `imagenet21k`: shards in <tfds_data_dir>/imagenet21k, converted by `vit_jax.jft`;
-- a preset (`vit_jax.presets`) or any other TFDS name.
+- a preset (`vit_jax.data.presets`) or any other TFDS name.
 """
 
 import dataclasses
