@@ -13,6 +13,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import types
 
 from conftest import ROOT
 from conftest import subprocess_env
@@ -21,7 +22,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from vit_jax.bench import gpu_record
 from vit_jax.bench import gpus
+from vit_jax.bench import hlo
 from vit_jax.models import vit
 
 needs_gpu_compiler = pytest.mark.skipif(
@@ -98,6 +101,37 @@ def test_the_cards_as_nvidia_specifies_them():
   for line in ('core_count: 132', 'cuda_compute_capability { major: 9 minor: 0 }'):
     assert line in config
   assert 'device_description_str: "NVIDIA H100 80GB HBM3"' in config
+
+
+def test_gpu_program_text_gives_groups_boxes_and_bytes():
+  """The GPU compiler's forms: async gathers and scatters returning (inputs, outputs), named
+  meshes with their own device order, and loops that state their trip count."""
+  text = textwrap.dedent("""\
+    %body (p: (s32[], bf16[4,2])) -> (s32[], bf16[4,2]) {
+      %p = (s32[], bf16[4,2]) parameter(0)
+      %y = bf16[4,2]{1,0} get-tuple-element(%p), index=1
+      %ag = (bf16[4,2]{1,0}, bf16[4,8]{1,0}) all-gather-start(%y), channel_id=2, replica_groups=mesh['axis_0'=2,'axis_1'=4], device_ids=([4,2]T(1,0)) {'axis_1'}, dimensions={1}, use_global_device_ids=true
+      ROOT %t = (s32[], bf16[4,2]) tuple(%i, %y)
+    }
+
+    ENTRY %main (x: bf16[32,5,768]) -> bf16[32,5,48] {
+      %w = (s32[], bf16[4,2]) while(%init), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"3"}}
+      %rs = ((bf16[32,5,768]{1,0,2}), bf16[32,5,48]{1,0,2}) reduce-scatter-start(%x), channel_id=1, replica_groups=mesh['axis_0'=1,'axis_1'=1,'axis_2'=16] {'axis_2'}, use_global_device_ids=true, dimensions={2}, to_apply=%add
+      ROOT %d = bf16[32,5,48]{1,0,2} reduce-scatter-done(%rs)
+    }
+    """)
+  gather, scatter = hlo.collective_instructions(text)
+  # The mesh lists devices 0, 2, 4, 6, 1, 3, 5, 7: groups along its second axis.
+  assert gather['groups'] == [[0, 2, 4, 6], [1, 3, 5, 7]]
+  assert (gather['count'], gather['bytes']) == (3, 3 * 4 * 8 * 2)  # the gathered array, 3 trips
+  assert (scatter['group_size'], scatter['bytes']) == (16, 32 * 5 * 768 * 2)  # the full input
+  # 8 GPUs in boxes of 4: each gather group spans 2 boxes with 2 GPUs in each.
+  devices = [types.SimpleNamespace(process_index=i // 4) for i in range(8)]
+  text_gather_only = text.replace('reduce-scatter-start', 'negate')
+  (row,) = gpu_record.place_collectives(text_gather_only, devices)
+  assert (row['boxes'], row['link']) == (2, 'InfiniBand')
+  assert row['nvlink_bytes'] == 1 / 2 * row['bytes']  # a ring of 2 within the box
+  assert row['network_bytes'] == 1 / 2 * row['bytes'] / 2  # its half of the array, across 2 boxes
 
 
 def test_launch_scripts_give_jax_the_memory_the_compile_command_checks_against():

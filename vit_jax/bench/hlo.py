@@ -134,6 +134,14 @@ def multiplicities(text: str) -> dict:
   return counts
 
 
+# The named form, with the mesh's device order when it is not 0, 1, 2, ...:
+# mesh['a'=2,'b'=4], device_ids=([4,2]T(1,0)) {'b'}
+_MESH_GROUPS = re.compile(
+  r'replica_groups=mesh\[([^\]]*)\]'
+  r'(?:,\s*device_ids=\(\[([\d,]+)\](?:T\(([\d,]+)\))?\))?\s*\{([^}]*)\}'
+)
+
+
 def _group_size(line: str) -> int:
   """Devices taking part in each group of a collective."""
   groups = re.search(r'replica_groups=\{\{([\d,]*)\}', line)
@@ -142,11 +150,19 @@ def _group_size(line: str) -> int:
   iota = re.search(r'replica_groups=\[(\d+),(\d+)\]<=', line)
   if iota:
     return int(iota.group(2))
-  mesh = re.search(r'replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}', line)
+  mesh = _MESH_GROUPS.search(line)
   if mesh:
     sizes = dict(re.findall(r"'(\w+)'=(\d+)", mesh.group(1)))
-    return math.prod(int(sizes[a]) for a in re.findall(r"'(\w+)'", mesh.group(2)))
+    return math.prod(int(sizes[a]) for a in re.findall(r"'(\w+)'", mesh.group(4)))
   return 1
+
+
+def _iota(dims: str, perm) -> np.ndarray:
+  """Ids 0..N-1 shaped `dims`, transposed by `perm` (XLA's iota device lists)."""
+  ids = np.arange(math.prod(int(d) for d in dims.split(','))).reshape(
+    [int(d) for d in dims.split(',')]
+  )
+  return ids.transpose([int(p) for p in perm.split(',')]) if perm else ids
 
 
 def replica_groups(line: str) -> list:
@@ -163,18 +179,17 @@ def replica_groups(line: str) -> list:
     ]
   iota = re.search(r'replica_groups=\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?', line)
   if iota:
-    shape = [int(d) for d in iota.group(1).split(',')]
-    dims = [int(d) for d in iota.group(2).split(',')]
-    ids = np.arange(math.prod(dims)).reshape(dims)
-    if iota.group(3):
-      ids = ids.transpose([int(p) for p in iota.group(3).split(',')])
-    return ids.reshape(shape[0], -1).tolist()
-  mesh = re.search(r'replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}', line)
+    groups = int(iota.group(1).split(',')[0])
+    return _iota(iota.group(2), iota.group(3)).reshape(groups, -1).tolist()
+  mesh = _MESH_GROUPS.search(line)
   if mesh:
     sizes = [(a, int(n)) for a, n in re.findall(r"'(\w+)'=(\d+)", mesh.group(1))]
-    grouped = re.findall(r"'(\w+)'", mesh.group(2))
+    grouped = re.findall(r"'(\w+)'", mesh.group(4))
     names = [a for a, _ in sizes]
-    ids = np.arange(math.prod(n for _, n in sizes)).reshape([n for _, n in sizes])
+    ids = np.arange(math.prod(n for _, n in sizes))
+    if mesh.group(2):
+      ids = _iota(mesh.group(2), mesh.group(3))
+    ids = ids.reshape([n for _, n in sizes])
     order = [names.index(a) for a in names if a not in grouped] + [names.index(a) for a in grouped]
     size = math.prod(n for a, n in sizes if a in grouped)
     return ids.transpose(order).reshape(-1, size).tolist()
@@ -220,9 +235,11 @@ def collective_instructions(text: str) -> list:
       result_type = rest[: op.start()]
       n = _group_size(line)
       size = array_bytes(result_type)
-      if op.group(1).endswith('-start') and kind == 'all-gather':
-        size = max(array_bytes(t) for t in re.findall(r'\w+\[[\d,]*\]', result_type))
-      if kind == 'reduce-scatter':
+      if op.group(1).endswith('-start') and kind in ('all-gather', 'reduce-scatter'):
+        # An async gather or scatter returns (its inputs, its outputs): the full
+        # arrays and their 1/n shards, n / (n + 1) of the tuple.
+        size = size * n // (n + 1)
+      elif kind == 'reduce-scatter':
         size *= n
       out.append(
         {
