@@ -297,17 +297,19 @@ def analyse(c: Compiled) -> dict:
   return record
 
 
-def fit_message(error: DoesNotFit, config, tpu: topology.Slice) -> str:
+def fit_message(error: DoesNotFit, config, tpu) -> str:
   """One line: by how much it does not fit, and what to try."""
   amount = ''
   if error.needed and error.available:
     amount = (
       f' (needs {error.needed / GiB:.2f} GiB per device, has {error.available / GiB:.2f} GiB)'
     )
+  tries = [f'--config.accum_steps={2 * config.accum_steps}', '--config.remat=True']
+  if len(tpu.devices) >= 2 * config.mesh.fsdp:  # FSDP needs devices to shard over
+    tries.append(f'--config.mesh.fsdp={2 * config.mesh.fsdp}')
   return (
     f'{config.model} at batch {config.batch} does not fit {tpu.name}{amount}; run with --fit, '
-    f'or try --config.accum_steps={2 * config.accum_steps}, --config.remat=True or '
-    f'--config.mesh.fsdp={2 * config.mesh.fsdp}'
+    f'or try {", ".join(tries[:-1])} or {tries[-1]}'
   )
 
 
