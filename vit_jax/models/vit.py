@@ -46,8 +46,10 @@ CLASSIFIERS = ('token', 'gap', 'map', 'unpooled', 'token_unpooled')
 # N x N); 'xla' and 'cudnn' are the implementations of
 # `jax.nn.dot_product_attention`. 'auto' takes cuDNN's fused (flash) attention
 # where it applies (CUDA GPUs of compute capability >= 8.0, half precision,
-# head_dim a multiple of 8 up to 128) and 'explicit' elsewhere; on CPU the
-# attention itself runs 3x faster than with 'xla' (docs/speed_and_scale.md).
+# head_dim a multiple of 8 up to 128) on the device the program is traced for
+# (`target_device`; odd token counts padded, `fused_attention`) and 'explicit'
+# elsewhere; on CPU the attention itself runs 3x faster than with 'xla'
+# (docs/speed_and_scale.md).
 ATTENTION = ('auto', 'xla', 'cudnn', 'explicit')
 
 # What a rematerialised block keeps for the backward pass (`jax.checkpoint_policies`):
@@ -71,7 +73,8 @@ def target_device():
   machine's first device.
   """
   local = jax.devices()[0]
-  target = jax.sharding.get_abstract_mesh().abstract_device
+  # None outside a mesh (and in JAX versions whose abstract meshes carry no device).
+  target = getattr(jax.sharding.get_abstract_mesh(), 'abstract_device', None)
   if target is None or target.device_kind == local.device_kind:
     return local
   return target
