@@ -14,9 +14,12 @@ writes to --output:
 
 The resolution is read from the checkpoint's position embeddings. Without
 --images the attention analyses use photos shipped with matplotlib and
-scikit-learn (`evaluation.classify.builtin_images`).
+scikit-learn (`evaluation.classify.builtin_images`). Images are read as
+predict reads them; unreadable ones are named on stderr and left out (exit
+status 1, as predict; when none is readable, one `error:` line).
 """
 
+import os
 import sys
 from typing import List, Optional
 
@@ -48,29 +51,56 @@ def main(argv: Optional[List[str]] = None) -> int:
   args = parser.parse_args(argv)
   run_log.quiet_libraries(args.verbosity)
 
-  import numpy as np
-
   from vit_jax import checkpoint
+  from vit_jax import files
+  from vit_jax.data.sources import DataError
   from vit_jax.evaluation import classify
   from vit_jax.evaluation import figures
   from vit_jax.evaluation import loader
 
-  with cli.reported(checkpoint.CheckpointError, loader.InputError):
+  errors = (checkpoint.CheckpointError, loader.InputError, files.RemoteFilesError, DataError)
+  with cli.reported(*errors):
     digits = args.images == ['digits']
     if not digits:
-      files = classify.image_files(args.images) if args.images else classify.builtin_images()
-      if not files:
+      paths = classify.image_files(args.images) if args.images else classify.builtin_images()
+      if not paths:
         raise loader.InputError('no images: pass --images=FILES or a directory')
+    if os.path.exists(args.output) and not os.path.isdir(args.output):
+      raise loader.InputError(f'--output {args.output} is a file; pass a folder for the figures')
     loaded = loader.load_model(args.checkpoint, args.model)
+    unreadable = []
     if digits:
-      files, images = figures.test_digits(loaded.image_size)
+      paths, images = figures.test_digits(loaded.image_size)
     else:
-      images = np.stack([classify.read_image(f, loaded.image_size) for f in files])
-  result = figures.compute(loaded, images, max(1, args.num_components))
-  written = figures.write_outputs(result, loaded, images, files, args)
+      paths, images = _readable(paths, loaded.image_size, unreadable)
+    result = figures.compute(loaded, images, max(1, args.num_components))
+    written = figures.write_outputs(result, loaded, images, paths, args)
   print(f'wrote {", ".join(written)} to {args.output}')
-  return 0
+  for path, reason in unreadable:
+    print(f'{parser.prog}: skipped {reason}', file=sys.stderr)
+  return 1 if unreadable else 0
+
+
+def _readable(paths, size, unreadable):
+  """(readable paths, their pixels); the others appended to `unreadable` as (path, reason), an
+  InputError when none is readable."""
+  import numpy as np
+
+  from vit_jax.evaluation import classify
+  from vit_jax.evaluation import loader
+
+  kept, pixels = [], []
+  for path in paths:
+    try:
+      pixels.append(classify.read_image(path, size))
+      kept.append(path)
+    except loader.InputError as e:
+      unreadable.append((path, str(e)))
+  if not kept:
+    more = f' (and {len(paths) - 1} more unreadable images)' if len(paths) > 1 else ''
+    raise loader.InputError(unreadable[0][1] + more)
+  return kept, np.stack(pixels)
 
 
 if __name__ == '__main__':
-  sys.exit(main())
+  sys.exit(cli.run(main))

@@ -122,4 +122,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == '__main__':
-  sys.exit(main())
+  sys.exit(cli.run(main))

@@ -11,6 +11,7 @@ scikit-learn's sample photos into --dir (a temp dir by default).
 """
 
 import json
+import sys
 import tempfile
 
 from vit_jax import cli
@@ -62,4 +63,4 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-  main()
+  sys.exit(cli.run(main))

@@ -9,26 +9,44 @@ what they name. Only the error types a command names are caught
 when some images were unreadable and the others predicted: a partial result.)
 
 Commands that take `--config` (main, compile) share `ConfigFlag`: the file is
-checked before absl reads it, an unknown `--config.FIELD` names the closest
-field (or what replaces an official-only one), a `ConfigError` raised by the
-config file is its own line, and a config written for the official vit_jax is
-translated (`configs.official`) once, here, before any command sees it.
+checked before absl reads it (there, a Python file that compiles), an unknown
+`--config.FIELD` names the closest field (or what replaces an official-only
+one), a `ConfigError` raised by the config file is its own line, a config
+written for the official vit_jax is translated (`configs.official`) once,
+here, before any command sees it, and a field the file sets that no run reads
+(`config.total_step = 4`) is refused like a misspelt flag.
+
+Ctrl-C: a command that `run` starts ends in one line, `error: interrupted
+(Ctrl-C)`, with exit status `EXIT_INTERRUPTED` (130, what a shell reports for
+it); a training run first saves a checkpoint (`vit_jax.training.loop`).
+Output: a path whose name is not text in this locale's encoding is printed
+as the bytes it has on disk, other characters the terminal cannot show as
+escapes (`text_streams`), never a UnicodeEncodeError.
 """
 
 import argparse
+import codecs
 import contextlib
+import difflib
 import os
 import re
 import sys
 from typing import NoReturn, Optional
 
 EXIT_ERROR = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT
 
 
 def fail(message) -> NoReturn:
   """Ends the command: `error: message` on stderr, exit status EXIT_ERROR."""
   print(f'error: {message_of(message)}', file=sys.stderr, flush=True)
   sys.exit(EXIT_ERROR)
+
+
+def note(prog: str, text: str) -> None:
+  """`prog: text` on stderr, a remark beside the result; nothing for an empty `text`."""
+  if text:
+    print(f'{prog}: {text}', file=sys.stderr, flush=True)
 
 
 def message_of(error) -> str:
@@ -47,6 +65,36 @@ def reported(*errors):
     fail(e)
 
 
+def run(main, *args, **kwargs) -> int:
+  """`main(*args, **kwargs)`, the command's exit status; a Ctrl-C that reaches here is one line."""
+  try:
+    return main(*args, **kwargs)
+  except KeyboardInterrupt:
+    print('error: interrupted (Ctrl-C)', file=sys.stderr, flush=True)
+    return EXIT_INTERRUPTED
+
+
+def _bytes_or_escapes(error):
+  """Encoding error handler: surrogate-escaped bytes (a file name that is not valid text in the
+  file system's encoding) as those bytes, other characters as backslash escapes."""
+  if not isinstance(error, UnicodeEncodeError):
+    raise error
+  text = error.object[error.start : error.end]
+  if all('\udc80' <= c <= '\udcff' for c in text):
+    return bytes(ord(c) - 0xDC00 for c in text), error.end
+  return codecs.backslashreplace_errors(error)
+
+
+codecs.register_error('vit_jax.text', _bytes_or_escapes)
+
+
+def text_streams() -> None:
+  """stdout and stderr print any path and any class name (see the module docstring)."""
+  for stream in (sys.stdout, sys.stderr):
+    if hasattr(stream, 'reconfigure'):
+      stream.reconfigure(errors='vit_jax.text')
+
+
 class ArgumentParser(argparse.ArgumentParser):
   """argparse whose usage errors are one `error:` line (no usage block) with EXIT_ERROR."""
 
@@ -56,6 +104,7 @@ class ArgumentParser(argparse.ArgumentParser):
 
 def parser(name: str, doc: str, *, whole_doc: bool = True) -> ArgumentParser:
   """The parser of `python -m vit_jax.NAME`, described by the command's docstring."""
+  text_streams()
   return ArgumentParser(
     prog=f'python -m vit_jax.{name}',
     description=doc if whole_doc else doc.strip().split('\n', 1)[0],
@@ -80,6 +129,7 @@ class ConfigFlag:
     self._default = default
     self._example = example
     self._translated = None
+    self._file = default
 
   def parse(self, argv):
     """absl flag parsing, with one-line errors for the user's mistakes (not for bugs)."""
@@ -90,16 +140,15 @@ class ConfigFlag:
 
     # Before anything imports TensorFlow or JAX: their start-up logs stay hidden.
     run_log.quiet_libraries(run_log.verbosity_in(argv))
+    text_streams()
     spec = config_spec(argv)
     if spec is None and self._default is None:
       fail(f'--config is required, e.g. {self._example}')
     if spec is None:
       argv = argv[:1] + [f'--config={self._default}'] + argv[1:]
-    elif not os.path.exists(spec.split(':', 1)[0]):
-      fail(
-        f'config file {spec.split(":", 1)[0]} not found; configs live in configs/ '
-        f'(e.g. {self._example})'
-      )
+    else:
+      check_config_file(spec.split(':', 1)[0], self._example)
+    self._file = (spec or self._default).split(':', 1)[0]
     try:
       argv = flags.FLAGS(argv)
       # ml_collections applies --config.FIELD overrides when the value is first read.
@@ -120,8 +169,62 @@ class ConfigFlag:
       from vit_jax.configs import official
 
       with reported(ConfigError):
-        self._translated = official.translate(self._holder.value)
+        translated = official.translate(self._holder.value)
+      unknown = unknown_fields(translated)
+      if unknown:
+        fail(f'config file {self._file}: {unknown}')
+      self._translated = translated
     return self._translated
+
+
+def check_config_file(path: str, example: str) -> None:
+  """A --config file that absl can load: there, a file, Python that compiles; else one line."""
+  if not os.path.exists(path):
+    fail(f'config file {path} not found; configs live in configs/ (e.g. {example})')
+  if not os.path.isfile(path) or not path.endswith('.py'):
+    fail(
+      f'config file {path} is not a Python file: a config is a .py file whose get_config() '
+      f'returns a ConfigDict (e.g. {example})'
+    )
+  try:
+    with open(path, 'rb') as f:
+      compile(f.read(), path, 'exec')
+  except (SyntaxError, ValueError) as e:  # ValueError: null bytes
+    where = f', line {e.lineno}' if getattr(e, 'lineno', None) else ''
+    text = (getattr(e, 'text', None) or '').strip()
+    shown = f': {text[:80]}' if text else ''
+    fail(
+      f'config file {path}{where}: {type(e).__name__}: {getattr(e, "msg", e)}{shown}; '
+      'fix the file (a config is Python)'
+    )
+
+
+def _field_names(config, prefix: str = '') -> list:
+  """Dotted names of every field of a ConfigDict, parents before their children."""
+  import ml_collections
+
+  names = []
+  for key, value in config.items():
+    names.append(prefix + key)
+    if isinstance(value, ml_collections.ConfigDict):
+      names += _field_names(value, f'{prefix}{key}.')
+  return names
+
+
+def unknown_fields(config) -> str:
+  """'' when every field of `config` is one a run reads (`configs.common.get_config`); else
+  what to say about the first other one: a misspelt field in a config file, as a flag would be."""
+  from vit_jax.configs import common
+
+  known = _field_names(common.get_config())
+  for name in _field_names(config):
+    parent = name.rpartition('.')[0]
+    if name in known or (parent and parent not in known):
+      continue  # a field of a known section, or inside an unknown one (named already)
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    hint = f'did you mean {close[0]}?' if close else 'see vit_jax/configs/common.py for the fields'
+    return f'unknown config field {name!r} (no run reads it); {hint}'
+  return ''
 
 
 def config_spec(argv) -> Optional[str]:

@@ -11,6 +11,7 @@ label. Prints the numbers as JSON, and writes them to --output when given.
 """
 
 import json
+import os
 import sys
 
 from vit_jax import cli
@@ -40,12 +41,17 @@ def main(argv=None) -> int:
   run_log.quiet_libraries(args.verbosity)
 
   from vit_jax import checkpoint
+  from vit_jax import files
   from vit_jax.data import pipeline
   from vit_jax.evaluation import classify
   from vit_jax.evaluation import loader
 
-  with cli.reported(checkpoint.CheckpointError, loader.InputError, pipeline.DataError):
+  if args.output:
+    _check_output(args.output)
+  errors = (checkpoint.CheckpointError, loader.InputError, pipeline.DataError)
+  with cli.reported(*errors, files.RemoteFilesError):
     loaded = loader.load_model(args.checkpoint, args.model)
+    cli.note(parser.prog, loader.unfinished_note(args.checkpoint))
     data = pipeline.data_config()
     data.update(
       dataset=args.dataset,
@@ -67,5 +73,14 @@ def main(argv=None) -> int:
   return 0
 
 
+def _check_output(path: str) -> None:
+  """--output a run can write at its end: checked before the evaluation, not after it."""
+  folder = os.path.dirname(os.path.abspath(path))
+  if os.path.isdir(path):
+    cli.fail(f'--output {path} is a folder; pass a file name for the JSON')
+  if not os.path.isdir(folder):
+    cli.fail(f'--output {path}: no folder {folder}; make it or pass another file name')
+
+
 if __name__ == '__main__':
-  sys.exit(main())
+  sys.exit(cli.run(main))

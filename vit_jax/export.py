@@ -14,7 +14,8 @@ params.npz), a timm state_dict (.safetensors, .pth), a transformers ViT folder
   savedmodel  TF SavedModel via jax2tf; signature: float32 [B, H, W, 3] in [-1, 1]
   onnx        ONNX via timm + torch.onnx; input float32 [B, H, W, 3] in [-1, 1]
 
---model (a MODEL_CONFIGS name) may be left out for workdirs (summary.json
+A folder as --output of a one-file format (timm, npz, onnx) gets the file
+inside it: model.safetensors, params.npz, model.onnx. --model (a MODEL_CONFIGS name) may be left out for workdirs (summary.json
 names it) and for files this tool wrote. Class names for `hf` come from
 --labels, a transformers folder, the workdir's dataset, or the ImageNet
 lists for 1000 / 21843-way heads.
@@ -33,6 +34,7 @@ def main(argv: Optional[List[str]] = None) -> int:
   run_log.quiet_libraries(run_log.verbosity_in(argv))
 
   from vit_jax import checkpoint
+  from vit_jax import files
   from vit_jax.evaluation import loader
   from vit_jax.interop import export
   from vit_jax.interop import torch_layout
@@ -53,17 +55,25 @@ def main(argv: Optional[List[str]] = None) -> int:
     metavar='FORMAT',
     help=f'one of {", ".join(export.FORMATS)}',
   )
-  parser.add_argument('--output', required=True, help='file (timm, npz, onnx) or folder')
+  parser.add_argument(
+    '--output',
+    required=True,
+    help='file (timm, npz, onnx; a folder: model.safetensors, params.npz, model.onnx in it) or '
+    'folder (hf, savedmodel)',
+  )
   parser.add_argument('--labels', help="class names for hf, one per line, in the head's order")
   run_log.add_verbosity_flag(parser)
   args = parser.parse_args(argv)
-  with cli.reported(checkpoint.CheckpointError, loader.InputError, torch_layout.ExportError):
-    notes = export.export(args.checkpoint, args.format, args.output, args.model, args.labels)
-  print(f'wrote {args.format} to {args.output}')
+  errors = (checkpoint.CheckpointError, loader.InputError, torch_layout.ExportError)
+  with cli.reported(*errors, files.RemoteFilesError):
+    output = export.output_path(args.format, args.output)
+    notes = export.export(args.checkpoint, args.format, output, args.model, args.labels)
+    cli.note(parser.prog, loader.unfinished_note(args.checkpoint))
+  print(f'wrote {args.format} to {output}')
   for note in notes:
     print(f'  {note}')
   return 0
 
 
 if __name__ == '__main__':
-  sys.exit(main())
+  sys.exit(cli.run(main))

@@ -46,14 +46,18 @@ def main(argv=None) -> int:
   import jax
 
   from vit_jax import checkpoint
+  from vit_jax import files
   from vit_jax import workdir as workdir_lib
   from vit_jax.data import sources
   from vit_jax.evaluation import fewshot
   from vit_jax.evaluation import loader
 
   errors = (checkpoint.CheckpointError, loader.InputError, sources.DataError, ValueError)
-  with cli.reported(*errors):
+  with cli.reported(*errors, files.RemoteFilesError, workdir_lib.WorkdirError):
+    if args.workdir:
+      workdir_lib.check_folder(args.workdir)  # before the evaluation, not after it
     loaded = loader.load_model(args.checkpoint, args.model)
+    cli.note(parser.prog, loader.unfinished_note(args.checkpoint))
     method = ('shots', 'seeds', 'l2_reg', 'train_split', 'test_split', 'crop', 'batch')
     scalars = fewshot.evaluate_checkpoint(
       loaded,
@@ -67,9 +71,11 @@ def main(argv=None) -> int:
       print(f'{name:40s} {value:.4f}')
   workdir = args.workdir or (args.checkpoint if workdir_lib.is_workdir(args.checkpoint) else None)
   if workdir and jax.process_index() == 0:
-    print(f'wrote {workdir_lib.record_fewshot(workdir, scalars)}')
+    with cli.reported(files.RemoteFilesError, workdir_lib.WorkdirError):
+      with workdir_lib.storage_errors(workdir):
+        print(f'wrote {workdir_lib.record_fewshot(workdir, scalars)}')
   return 0
 
 
 if __name__ == '__main__':
-  raise SystemExit(main())
+  raise SystemExit(cli.run(main))

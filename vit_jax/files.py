@@ -186,6 +186,17 @@ def mtime(path) -> float:
   return float(value)
 
 
+def text(path) -> str:
+  """`path` as text that any UTF-8 writer takes (a figure title, a TensorBoard tag, JSON).
+
+  A name that is not text in the file system's encoding (bytes of another
+  encoding, or any non-ASCII byte in a C locale) reaches Python as surrogate
+  escapes, which UTF-8 writers refuse: its bytes are read as UTF-8 here, and
+  what is not UTF-8 either becomes U+FFFD.
+  """
+  return os.fspath(path).encode('utf-8', 'surrogateescape').decode('utf-8', 'replace')
+
+
 def absolute(path) -> str:
   """An absolute local path; remote paths unchanged."""
   return os.fspath(path) if is_remote(path) else os.path.abspath(path)

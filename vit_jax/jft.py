@@ -55,25 +55,17 @@ def main(argv=None):
   parser.add_argument('--seed', type=int, default=0, help='seed of the example order')
   run_log.add_verbosity_flag(parser)
   args = parser.parse_args(argv)
-  logging.basicConfig(level=logging.INFO, format='%(message)s')
+  # Warnings (corrupt images skipped) on stderr; the result is a line on stdout.
+  logging.basicConfig(level=logging.WARNING, format='%(message)s')
   if args.folder and not os.path.isdir(args.folder):
     cli.fail(f'{args.folder}: no such folder; pass one laid out as DIR/<class>/<image>')
   if args.csv and not os.path.isfile(args.csv):
     cli.fail(f'{args.csv}: no such file; pass a CSV of lines "path,label_id;label_id;..."')
+  if os.path.exists(args.out) and not os.path.isdir(args.out):
+    cli.fail(f'--out {args.out} is a file; pass a folder for info.json and the shards')
   with cli.reported(DataError):
-    if args.folder:
-      examples, names = shards.examples_from_folder(args.folder)
-      num_classes = len(names)
-    else:
-      examples = shards.examples_from_csv(args.csv)
-      names = None
-      if args.class_names:
-        with open(args.class_names) as f:
-          names = [line.strip() for line in f if line.strip()]
-      num_classes = args.num_classes or (
-        len(names) if names else 1 + max(max(l) for _, l in examples)
-      )
-    shards.write_shards(
+    examples, names, num_classes = _examples(args)
+    info = shards.write_shards(
       examples,
       args.out,
       args.split,
@@ -84,7 +76,39 @@ def main(argv=None):
       corrupt_images=args.corrupt_images,
       seed=args.seed,
     )
+  written = info['splits'][args.split]
+  count = sum(s['num_examples'] for s in written)
+  print(
+    f'wrote {count} examples of split {args.split} ({num_classes} classes) in {len(written)} '
+    f'shards to {args.out}; {len(examples) - count} corrupt images skipped'
+  )
+  return 0
+
+
+def _examples(args):
+  """(examples [(path, [label ids])], class names or None, number of classes) of --folder or
+  --csv; class names as text (`files.text`) whatever the file system's encoding."""
+  from vit_jax import files
+  from vit_jax.data import shards
+  from vit_jax.data.sources import DataError
+
+  if args.folder:
+    examples, names = shards.examples_from_folder(args.folder)
+    return examples, [files.text(name) for name in names], len(names)
+  examples = shards.examples_from_csv(args.csv)
+  names = None
+  if args.class_names:
+    try:
+      with open(args.class_names, encoding='utf-8') as f:
+        names = [line.strip() for line in f if line.strip()]
+    except (OSError, UnicodeDecodeError) as e:
+      raise DataError(
+        f'{args.class_names}: cannot read the class names ({e}); pass a UTF-8 text file with '
+        'one name per line'
+      ) from None
+  num_classes = args.num_classes or (len(names) if names else 1 + max(max(l) for _, l in examples))
+  return examples, names, num_classes
 
 
 if __name__ == '__main__':
-  main()
+  sys.exit(cli.run(main))

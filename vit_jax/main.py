@@ -103,8 +103,9 @@ def main(argv):
     )
   _initialize_distributed()
 
-  # Imported here: these pull in TensorFlow for the input pipeline.
+  # Imported here: these pull in JAX and the input pipeline.
   from vit_jax import checkpoint
+  from vit_jax import files
   from vit_jax import workdir as workdir_lib
   from vit_jax.configs import ConfigError
   from vit_jax.data import pipeline
@@ -119,9 +120,11 @@ def main(argv):
     checkpoint.CheckpointError,
     pipeline.DataError,
     workdir_lib.WorkdirError,
+    files.RemoteFilesError,  # a gs:// workdir, dataset or pretrained_path out of reach
   ):
     loop.train_and_evaluate(config, workdir)
 
 
 if __name__ == '__main__':
-  app.run(main, flags_parser=_CONFIG.parse)
+  # A Ctrl-C that training did not turn into a checkpoint (vit_jax.training.loop): one line.
+  sys.exit(cli.run(app.run, main, flags_parser=_CONFIG.parse))

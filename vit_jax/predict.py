@@ -3,10 +3,14 @@
   python -m vit_jax.predict --checkpoint=ViT-B_16.npz --model=ViT-B_16 cat.jpg dog.png
   python -m vit_jax.predict --checkpoint=workdirs/demo photos/     # the workdir names its model
 
-Images are resized to the checkpoint's resolution (read from its position
-embeddings) and scaled to [-1, 1]. Class names: ImageNet-1k for 1000-way
-heads, ImageNet-21k for 21843-way heads (both ship in `vit_jax/data/`),
-`--labels=FILE` for others, else `class_<i>`. Probabilities are the softmax
+Images are read as the evaluation pipeline reads them (`vit_jax.data.images`:
+every PIL mode decoded as in training, EXIF orientation not applied), resized
+to the checkpoint's resolution (read from its position embeddings) and scaled
+to [-1, 1]. A workdir whose run has not finished (stopped, preempted) is read
+from its newest checkpoint. Class names: `--labels=FILE`, else the class
+folders (or labels) of the dataset a workdir was trained on, else ImageNet-1k
+for 1000-way heads, ImageNet-21k for 21843-way heads (both ship in
+`vit_jax/data/`), else `class_<i>`. Probabilities are the softmax
 of the logits. Unreadable images are named on stderr and left out; the exit
 status is then 1 (when none is readable, the one `error:` line of `vit_jax.cli`).
 """
@@ -32,19 +36,23 @@ def main(argv: Optional[List[str]] = None) -> int:
   run_log.quiet_libraries(args.verbosity)
 
   from vit_jax import checkpoint
+  from vit_jax import files as file_system
+  from vit_jax.data.sources import DataError
   from vit_jax.evaluation import classify
   from vit_jax.evaluation import loader
 
   unreadable = []
-  with cli.reported(checkpoint.CheckpointError, loader.InputError):
+  errors = (checkpoint.CheckpointError, loader.InputError, file_system.RemoteFilesError, DataError)
+  with cli.reported(*errors):
     files = classify.image_files(args.images)
     loaded = loader.load_model(args.checkpoint, args.model)
+    cli.note(parser.prog, loader.unfinished_note(args.checkpoint))
     if loaded.model.num_classes is None:
       raise checkpoint.CheckpointError(
         f'{args.checkpoint}: no head/kernel, so it cannot classify; '
         'pass a checkpoint with a classification head'
       )
-    names = classify.class_names(loaded.model.num_classes, args.labels)
+    names = classify.class_names(loaded.model.num_classes, args.labels, args.checkpoint)
     indices, probs = classify.predict(loaded, files, max(1, args.top_k), unreadable=unreadable)
     if len(unreadable) == len(files):
       more = f' (and {len(files) - 1} more unreadable images)' if len(files) > 1 else ''
@@ -67,4 +75,4 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 if __name__ == '__main__':
-  sys.exit(main())
+  sys.exit(cli.run(main))

@@ -10,6 +10,8 @@ TFDS: its extracted release (one folder of JPEGs per synset) becomes JFT-style
 shards in DIR/imagenet21k.
 """
 
+import sys
+
 from vit_jax import cli
 from vit_jax import run_log
 
@@ -33,4 +35,4 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-  main()
+  sys.exit(cli.run(main))

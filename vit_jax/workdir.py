@@ -84,6 +84,21 @@ def is_workdir(path) -> bool:
   return files.isdir(path)
 
 
+def check_folder(workdir: str) -> None:
+  """WorkdirError when `workdir`, or a folder it would be made in, is an existing file."""
+  if files.is_remote(workdir):
+    return
+  path = os.path.abspath(workdir)
+  while not os.path.lexists(path) and os.path.dirname(path) != path:
+    path = os.path.dirname(path)
+  if os.path.exists(path) and not os.path.isdir(path):
+    where = 'is a file' if path == os.path.abspath(workdir) else f'is inside the file {path}'
+    raise WorkdirError(
+      f"{workdir} {where}: a workdir is a folder (made when missing) for the run's checkpoints "
+      'and results; pass another --workdir'
+    )
+
+
 def checkpoints_dir(workdir: str, absolute: bool = False) -> str:
   """Where orbax writes the run's checkpoints (`absolute`: as orbax needs the path)."""
   return os.path.join(files.absolute(workdir) if absolute else workdir, CHECKPOINTS)
@@ -123,11 +138,15 @@ def write_summary(workdir: str, summary: dict) -> None:
 
 
 def recorded(path, field: str):
-  """`field` of a workdir's summary (`model`, `dataset`, ...); None for files, unfinished or
-  unreadable runs."""
+  """`field` (`model`, `dataset`, ...) of a workdir's summary, else of its config (a run not
+  finished); None for files and unreadable runs."""
   path = os.fspath(path)
   try:
-    return (read_summary(path) or {}).get(field) if is_workdir(path) else None
+    if not is_workdir(path):
+      return None
+    return next(
+      (r[field] for r in (read_summary(path), read_config(path)) if r and field in r), None
+    )
   except (OSError, ValueError):
     return None
 

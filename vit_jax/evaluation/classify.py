@@ -44,16 +44,25 @@ def image_files(specs: Sequence[str]) -> List[str]:
 
 
 def read_image(path: str, size: int) -> np.ndarray:
-  """[size, size, 3] float32 in [-1, 1]: RGB, resized (bilinear) like the eval pipeline."""
-  from PIL import Image
+  """[size, size, 3] float32 in [-1, 1]: the pixels the evaluation pipeline gives the same file.
+
+  `vit_jax.data.images` decodes (every PIL mode as training reads it: 16-bit
+  grey by its high byte, alpha dropped, CMYK converted, EXIF orientation not
+  applied, as TensorFlow) and resizes as `tf.image.resize`.
+  """
+  from vit_jax.data import images
 
   try:
-    with Image.open(path) as image:
-      image = image.convert('RGB').resize((size, size), Image.BILINEAR)
-  except (OSError, ValueError, Image.DecompressionBombError) as e:
-    message = str(e).splitlines()[0] if str(e) else type(e).__name__
-    raise InputError(f'{path}: not a readable image ({message}); pass a JPEG or PNG file') from None
-  return np.asarray(image, np.float32) / 127.5 - 1.0
+    with open(path, 'rb') as f:
+      data = f.read()
+    pixels = images.eval_image(data, size)
+  except OSError as e:
+    raise InputError(
+      f'{path}: cannot read it ({e.strerror or e}); pass a JPEG or PNG file'
+    ) from None
+  except images.BadImage as e:
+    raise InputError(f'{path}: not a readable image ({e}); pass a JPEG or PNG file') from None
+  return images.to_float(pixels)
 
 
 def builtin_images() -> List[str]:
@@ -79,26 +88,21 @@ def builtin_images() -> List[str]:
 # Class names.
 
 
-def class_names(num_classes: int, labels_file: Optional[str] = None) -> List[str]:
+def class_names(
+  num_classes: int, labels_file: Optional[str] = None, checkpoint: Optional[str] = None
+) -> List[str]:
   """Names for a head of `num_classes` outputs.
 
-  From `labels_file` (one name per line) if given; else the shipped
-  ImageNet-1k (1000) or ImageNet-21k (21843) names; else `class_<i>`.
+  From `labels_file` (one name per line) if given; else the names of the
+  dataset a training workdir `checkpoint` was trained on (an image folder's
+  class folders, a TFDS dataset's labels) when it opens here and has as many;
+  else the shipped ImageNet-1k (1000) or ImageNet-21k (21843) names; else
+  `class_<i>`.
   """
   if labels_file:
-    try:
-      with open(labels_file, encoding='utf-8') as f:
-        names = [line.rstrip('\n') for line in f if line.strip()]
-    except (OSError, UnicodeDecodeError) as e:
-      raise InputError(
-        f'{labels_file}: cannot read the labels file ({e}); '
-        'pass a UTF-8 text file with one class name per line'
-      ) from None
-    if len(names) != num_classes:
-      raise InputError(
-        f'{labels_file}: {len(names)} names for a head of {num_classes} classes; '
-        "pass one name per class, in the head's order"
-      )
+    return _labels_file(labels_file, num_classes)
+  names = dataset_class_names(checkpoint) if checkpoint else None
+  if names is not None and len(names) == num_classes:
     return names
   if num_classes in LABEL_FILES:
     text = (
@@ -108,6 +112,41 @@ def class_names(num_classes: int, labels_file: Optional[str] = None) -> List[str
     )
     return text.splitlines()
   return [f'class_{i}' for i in range(num_classes)]
+
+
+def _labels_file(path: str, num_classes: int) -> List[str]:
+  try:
+    with open(path, encoding='utf-8') as f:
+      names = [line.rstrip('\n') for line in f if line.strip()]
+  except (OSError, UnicodeDecodeError) as e:
+    raise InputError(
+      f'{path}: cannot read the labels file ({e}); '
+      'pass a UTF-8 text file with one class name per line'
+    ) from None
+  if len(names) != num_classes:
+    raise InputError(
+      f'{path}: {len(names)} names for a head of {num_classes} classes; '
+      "pass one name per class, in the head's order"
+    )
+  return names
+
+
+def dataset_class_names(path: str) -> Optional[List[str]]:
+  """Class names of the dataset a workdir was trained on, if it can be opened here."""
+  from vit_jax import workdir
+
+  dataset = workdir.recorded(path, 'dataset')
+  if not dataset:
+    return None
+  from vit_jax.data import pipeline
+
+  config = pipeline.data_config()
+  config.dataset = dataset
+  try:
+    names = pipeline.get_info(config).class_names
+  except (pipeline.DataError, OSError):
+    return None
+  return list(names) if names else None
 
 
 _PREDICT_BATCH = 16

@@ -28,6 +28,8 @@ from typing import Iterable, Mapping, NamedTuple, Sequence
 import jax
 import numpy as np
 
+from vit_jax import files
+
 DEFAULT_SHOTS = (1, 5, 10, 25)
 DEFAULT_SEEDS = (0, 1, 2)
 DEFAULT_L2_REG = 2.0**10
@@ -348,7 +350,7 @@ def evaluate_datasets(config, model, params, sharding, *, features_fn=None) -> d
       seeds=tuple(config.fewshot.seeds),
       l2_reg=config.fewshot.l2_reg,
     )
-    scalars.update(summary_scalars(results, f'fewshot/{name}'))
+    scalars.update(summary_scalars(results, f'fewshot/{files.text(name)}'))
   return scalars
 
 

@@ -8,10 +8,12 @@ checkpoint and a batch of images; `write_outputs` draws them and writes
 import json
 import os
 from typing import List, Optional
+import warnings
 
 import jax
 import numpy as np
 
+from vit_jax import files
 from vit_jax.evaluation import analysis
 from vit_jax.evaluation import loader
 
@@ -89,6 +91,8 @@ def _pyplot():
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt
 
+  # File names in any script: a letter the font lacks is drawn as a box, not warned about.
+  warnings.filterwarnings('ignore', message='Glyph .* missing from font', category=UserWarning)
   return plt
 
 
@@ -182,7 +186,7 @@ def plot_rollout(
     pixels = (image + 1) / 2
     heat = _upsample(grid_map / max(grid_map.max(), 1e-12), size)
     axes[row, 0].imshow(pixels)
-    axes[row, 0].set_ylabel(os.path.basename(name), fontsize=8)
+    axes[row, 0].set_ylabel(files.text(os.path.basename(name)), fontsize=8)
     axes[row, 1].imshow(pixels)
     axes[row, 1].imshow(heat, cmap='inferno', alpha=0.6, vmin=0, vmax=1)
     axes[row, 2].imshow(pixels * heat[..., None])
@@ -213,19 +217,15 @@ def _rounded(x) -> Optional[list]:
 
 
 def test_digits(size: int, count: int = 4):
-  """(names, [count, size, size, 3] in [-1, 1]): the first test digits of the demo's dataset."""
-  from PIL import Image
-
+  """(names, [count, size, size, 3] in [-1, 1]): the first test digits of the demo's dataset,
+  as its evaluation pipeline gives them."""
   from vit_jax.data import datasets
+  from vit_jax.data import images
 
   pixels, labels = datasets.load_digits()
   index = datasets.digits_split_indices()[1][:count]
-  images = [
-    np.asarray(Image.fromarray(pixels[i]).resize((size, size), Image.BILINEAR), np.float32) / 127.5
-    - 1.0
-    for i in index
-  ]
-  return [f'test digit #{i} (a {labels[i]})' for i in index], np.stack(images)
+  names = [f'test digit #{i} (a {labels[i]})' for i in index]
+  return names, images.to_float(images.eval_array(pixels[index], size))
 
 
 def write_outputs(
@@ -233,7 +233,8 @@ def write_outputs(
 ) -> List[str]:
   os.makedirs(args.output, exist_ok=True)
   out = lambda name: os.path.join(args.output, name)  # noqa: E731
-  title = f'{args.model} ({loaded.image_size}x{loaded.image_size})'
+  model = loaded.config.get('model_name') or args.model
+  title = f'{model} ({loaded.image_size}x{loaded.image_size})'
   written = []
   plot_attention_distance(result['attention_distance'], title, out('attention_distance.png'))
   plot_rollout(images, result['rollout'], names, title, out('attention_rollout.png'))
@@ -254,12 +255,12 @@ def write_outputs(
 
   distances = result['attention_distance']
   summary = {
-    'checkpoint': os.fspath(args.checkpoint),
-    'model': args.model,
+    'checkpoint': files.text(args.checkpoint),
+    'model': model,
     'image_size': loaded.image_size,
     'patch_grid': [loaded.grid_size, loaded.grid_size],
     'pixels_per_patch': loaded.pixels_per_patch,
-    'images': names,
+    'images': [files.text(name) for name in names],
     'mean_attention_distance': {
       'about': 'pixels; [layer][head], mean over images and query patches; class token '
       "excluded, each query's attention over patches renormalised",
@@ -282,6 +283,6 @@ def write_outputs(
       'components': _rounded(result['filter_components']),
     },
   }
-  with open(out('analysis.json'), 'w') as f:
+  with open(out('analysis.json'), 'w', encoding='utf-8') as f:
     json.dump(summary, f)
   return written + ['analysis.json']

@@ -63,7 +63,7 @@ def resolve_model_name(name: Optional[str], path: str, metadata: Optional[dict] 
   if not name:
     raise InputError(
       f'{path}: pass --model (a vit_jax.configs.architectures.MODEL_CONFIGS name such as '
-      'ViT-B_16); only a finished training workdir records its model'
+      'ViT-B_16); only a training workdir records its model'
     )
   return name
 
@@ -76,10 +76,49 @@ def load_model(path: str, model_name: Optional[str] = None) -> LoadedModel:
     model_name: a `MODEL_CONFIGS` name (`ViT-B_16`, `testing`, ...); None
       for a workdir, whose summary names it.
   """
-  checkpoint.resolve(path)  # a missing file is named as such, before a missing --model
+  path = os.fspath(path)
+  step = unfinished_run_step(path)
+  if step is None:
+    checkpoint.resolve(path)  # a missing file is named as such, before a missing --model
   model_name = resolve_model_name(model_name, path)
   _ = model_config(model_name)  # a wrong name fails before the file is read
-  return model_from_flat(checkpoint.flatten(checkpoint.load(path)), model_name, os.fspath(path))
+  if step is None:
+    return model_from_flat(checkpoint.flatten(checkpoint.load(path)), model_name, path)
+  what = f'{path} (the checkpoint at step {step} of an unfinished run)'
+  return model_from_flat(_checkpoint_params(path, step), model_name, what)
+
+
+def unfinished_run_step(path: str) -> Optional[int]:
+  """The step of the newest checkpoint of a workdir whose run has no params.npz yet (stopped
+  or still training), else None."""
+  if not workdir.is_workdir(path) or workdir.has_params(path):
+    return None
+  steps = workdir.saved_steps(path)
+  return steps[-1] if steps else None
+
+
+def unfinished_note(path: str) -> str:
+  """What `load_model(path)` reads when `path` is an unfinished run's workdir, else ''."""
+  step = unfinished_run_step(os.fspath(path))
+  if step is None:
+    return ''
+  return f'{path} has no params.npz (its run has not finished): using its checkpoint at step {step}'
+
+
+def _checkpoint_params(path: str, step: int) -> dict:
+  """{'a/b/c': array}: the parameters of a training checkpoint (`training.hooks`)."""
+  import numpy as np
+  import orbax.checkpoint as ocp
+
+  item = os.path.join(workdir.checkpoints_dir(path, absolute=True), str(step), 'state')
+  try:
+    state = ocp.StandardCheckpointer().restore(item)
+  except Exception as e:  # noqa: BLE001  unreadable files surface as many error types
+    raise checkpoint.CheckpointError(
+      f'{item}: the checkpoint does not restore ({type(e).__name__}); pass a finished run or '
+      'an .npz file'
+    ) from None
+  return checkpoint.flatten(jax.tree.map(np.asarray, state['params']))
 
 
 def model_from_flat(flat: dict, model_name: str, what: str) -> LoadedModel:

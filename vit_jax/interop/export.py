@@ -19,6 +19,8 @@ from vit_jax.interop import timm
 from vit_jax.interop import torch_layout
 
 FORMATS = ('timm', 'hf', 'npz', 'savedmodel', 'onnx')
+# Formats written as one file -> its name inside a folder given as the output.
+_FILE_NAMES = {'timm': 'model.safetensors', 'npz': workdir.PARAMS_FILE, 'onnx': 'model.onnx'}
 _TORCH_SUFFIXES = ('.safetensors', '.pth', '.pt', '.bin')
 
 
@@ -83,24 +85,6 @@ def _from_hf(state, hf_config, model_name, what) -> Source:
   return Source(loader.model_from_flat(flat, model_name, what), hf.class_names(hf_config), notes)
 
 
-def _dataset_class_names(path: str) -> Optional[List[str]]:
-  """Class names of the dataset a workdir was trained on, if it can be opened here."""
-  dataset = workdir.recorded(path, 'dataset')
-  if not dataset:
-    return None
-  import ml_collections
-
-  from vit_jax.data import pipeline
-
-  config = pipeline.add_data_config(ml_collections.ConfigDict())
-  config.dataset = dataset
-  try:
-    names = pipeline.get_info(config).class_names
-  except pipeline.DataError:
-    return None
-  return list(names) if names else None
-
-
 # ---------------------------------------------------------------------------
 # Writing each format.
 
@@ -150,10 +134,21 @@ def _class_names(source: Source, path: str, labels: Optional[str]) -> Optional[L
     return None
   if labels:
     return classify.class_names(num_classes, labels)
-  names = source.class_names or _dataset_class_names(path)
+  names = source.class_names or classify.dataset_class_names(path)
   if names is not None and len(names) == num_classes:
     return names
   return classify.class_names(num_classes) if num_classes in classify.LABEL_FILES else None
+
+
+def output_path(fmt: str, output: str) -> str:
+  """Where `export` writes: a one-file format given a folder (existing, or a path ending in
+  a slash) writes `_FILE_NAMES[fmt]` inside it; a folder format refuses an existing file."""
+  output = os.fspath(output)
+  if fmt in _FILE_NAMES and (os.path.isdir(output) or output.endswith(('/', os.sep))):
+    return os.path.join(output, _FILE_NAMES[fmt])
+  if fmt not in _FILE_NAMES and os.path.isfile(output):
+    raise loader.InputError(f'--output {output} is a file; --format={fmt} writes a folder')
+  return output
 
 
 def export(
@@ -166,6 +161,7 @@ def export(
   """Converts `checkpoint_path` to `fmt` at `output`; returns notes for the user."""
   if fmt not in FORMATS:
     raise loader.InputError(f'--format={fmt!r}: use one of {", ".join(FORMATS)}')
+  output = output_path(fmt, output)
   source = load(checkpoint_path, model_name)
   loaded, notes = source.loaded, list(source.notes)
   if fmt == 'npz':

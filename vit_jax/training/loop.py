@@ -15,6 +15,7 @@ official vit_jax is translated before it gets here (`vit_jax.cli`,
 import contextlib
 import dataclasses
 import signal
+import threading
 import time
 from typing import Any, Callable, Optional
 
@@ -24,6 +25,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from vit_jax import checkpoint
+from vit_jax import files
 from vit_jax import hardware
 from vit_jax import run_log
 from vit_jax import workdir as workdir_lib
@@ -44,40 +46,77 @@ class TrainingError(RuntimeError):
   """A run that cannot go on; the message is one line saying what to do."""
 
 
-class _Preemption:
-  """Preemption: checkpoint at a step boundary, then exit.
+class Stopped(TrainingError):
+  """A run stopped by SIGTERM or Ctrl-C where no checkpoint was due (`_Stop`); one line."""
 
-  One process: SIGTERM sets a flag that the loop reads after every step.
-  Several: JAX's coordination service catches the signal, and every process
-  asks `reached_preemption_sync_point` at the same (boundary) steps, so all
-  agree on the step to stop at.
+
+class _StopNow(BaseException):
+  """What a signal raises where it stops a run at once: a BaseException, as KeyboardInterrupt,
+  so that no `except Exception` on the way (a checkpoint that did not restore) takes it for a
+  failure of its own; `train_and_evaluate` turns it into `Stopped`."""
+
+
+class _Stop:
+  """SIGTERM (preemption) and Ctrl-C: a checkpoint at the next step boundary, then one line.
+
+  One process: the signal sets `requested`, which the loop reads after every
+  step. Where a checkpoint would hold nothing new -- before this session's
+  first step (set-up, compilation) and after the last (final evaluation,
+  whose checkpoint is written) -- and at a second signal, it stops the run at
+  once instead (`Stopped`, one line; the workdir's lock is released on the
+  way out). Several processes: JAX's coordination service catches SIGTERM,
+  and every process asks `reached_preemption_sync_point` at the same
+  (boundary) steps, so all agree on the step to stop at; Ctrl-C is Python's
+  there (`vit_jax.cli.run`: one line).
   """
 
-  def __init__(self):
-    self.requested = False
+  _WHAT = {signal.SIGTERM: 'preempted (SIGTERM)', signal.SIGINT: 'interrupted (Ctrl-C)'}
+
+  def __init__(self, workdir: str):
+    self.workdir = workdir
+    self.requested = None  # the signal that asked for a checkpoint and a stop
+    self.stepping = False  # between this session's first and last step: worth a checkpoint
     self._single = jax.process_count() == 1
-    self._previous = signal.signal(signal.SIGTERM, self._handle) if self._single else None
+    self._previous = {}
+    if self._single and threading.current_thread() is threading.main_thread():
+      self._previous = {sig: signal.signal(sig, self._handle) for sig in self._WHAT}
 
   def _handle(self, signum, frame):
-    del signum, frame
-    self.requested = True
+    del frame
+    if self.stepping and self.requested is None:
+      self.requested = signum
+      return
+    saved = workdir_lib.saved_steps(self.workdir)
+    kept = f'the checkpoint at step {saved[-1]} is kept' if saved else 'no checkpoint yet'
+    again = ' again' if self.requested is not None else ''
+    raise _StopNow(
+      f'{self._WHAT[signum]}{again}: stopped at once, without a new checkpoint ({kept}); '
+      'run the same command again to resume'
+    )
 
   @property
   def pending(self) -> bool:
     """A stop is due now (single process only; hosts agree at boundaries)."""
-    return self._single and self.requested
+    return self._single and self.requested is not None
 
   def reached(self, step: int) -> bool:
     if self._single:
-      return self.requested
+      return self.requested is not None
     try:
       return multihost_utils.reached_preemption_sync_point(step)
     except RuntimeError:  # no preemption service on this platform
       return False
 
+  def stopped_line(self, step: int) -> str:
+    what = self._WHAT.get(self.requested, self._WHAT[signal.SIGTERM])
+    return (
+      f'{what} at step {step}; checkpoint written to {self.workdir}; run the same command '
+      'again to resume'
+    )
+
   def restore(self):
-    if self._single:
-      signal.signal(signal.SIGTERM, self._previous)
+    for sig, previous in self._previous.items():
+      signal.signal(sig, previous)
 
 
 def _host_tree(tree):
@@ -199,13 +238,17 @@ def train_and_evaluate(config, workdir: str) -> dict:
   # Our own one-line errors pass as they are; a failed write becomes one.
   keep = (TrainingError, ConfigError, checkpoint.CheckpointError, pipeline.DataError)
   with workdir_lib.storage_errors(workdir, keep=keep):
+    workdir_lib.check_folder(workdir)
     resume.check_config(workdir, config)
     summary = resume.finished(workdir, config)
     if summary is not None:
       _report_finished(workdir, summary)
       return summary
-    lock = workdir_lib.acquire(workdir)
+    if config.pretrained_path and not workdir_lib.saved_steps(workdir):
+      _check_pretrained(config.pretrained_path)
+    stop, lock = _Stop(workdir), None
     try:
+      lock = workdir_lib.acquire(workdir)
       with jax.set_mesh(mesh):
         if jax.process_index() == 0:
           workdir_lib.write_config(workdir, config)
@@ -222,11 +265,24 @@ def train_and_evaluate(config, workdir: str) -> dict:
           progress=run_log.Progress(config.total_steps, first_step, config.batch),
           clock=clock,
         )
-        train(run, loop, hooks.hooks(run))
+        train(run, loop, hooks.hooks(run), stop)
         return finish(run, loop, first_step=first_step)
+    except _StopNow as e:
+      raise Stopped(str(e)) from None
     finally:
+      stop.restore()
       if lock is not None:
         lock.release()
+
+
+def _check_pretrained(path: str) -> None:
+  """A pretrained checkpoint out of reach stops a new run before its set-up, in one line."""
+  try:
+    checkpoint.resolve(path)
+  except (files.RemoteFilesError, checkpoint.CheckpointError) as e:
+    raise ConfigError(
+      f'--config.pretrained_path: {e} (--config.pretrained_path=LOCAL_COPY.npz)'
+    ) from None
 
 
 def _report_finished(workdir: str, summary: dict) -> None:
@@ -309,13 +365,14 @@ def restore_or_initialize(run: Run):
   return state, None, {}
 
 
-def train(run: Run, loop: Loop, periodic: list) -> None:
+def train(run: Run, loop: Loop, periodic: list, stop: Optional[_Stop] = None) -> None:
   """Steps until `total_steps`, running `periodic` hooks as due.
 
   A step's loss is read while the next one runs, except at steps where hooks
-  are due; the loop's speed is timed by `loop.clock`.
+  are due; the loop's speed is timed by `loop.clock`. `stop` (SIGTERM, Ctrl-C)
+  checkpoints and stops at the next step boundary.
   """
-  preemption = _Preemption()
+  preemption = stop or _Stop(run.workdir)
   try:
     with _out_of_memory_advice(run.config):
       step_fn, pending = None, None  # pending: (step, metrics) of the previous step
@@ -326,6 +383,7 @@ def train(run: Run, loop: Loop, periodic: list) -> None:
           loop.progress.restart_clock(step - 1)
         loop.state, loop.metrics = step_fn(loop.state, batch)
         loop.clock.step_done(loop.metrics)
+        preemption.stepping = True
         if pending is not None:
           loop.losses.add(_check_finite(run.config, *pending))
         pending = (step, loop.metrics)
@@ -335,7 +393,9 @@ def train(run: Run, loop: Loop, periodic: list) -> None:
           pending = None
           _run_hooks(run, loop, step, due, preemption)
   finally:
-    preemption.restore()
+    preemption.stepping = False  # the final checkpoint is written: a signal now stops at once
+    if stop is None:
+      preemption.restore()
     run.manager.wait_until_finished()
 
 
@@ -352,10 +412,7 @@ def _run_hooks(run: Run, loop: Loop, step: int, due: list, preemption) -> None:
   if preemption.reached(step):
     hooks.save_checkpoint(run, loop, step)
     run.manager.wait_until_finished()
-    raise TrainingError(
-      f'preempted (SIGTERM) at step {step}; checkpoint written to '
-      f'{run.workdir}; run the same command again to resume'
-    )
+    raise TrainingError(preemption.stopped_line(step))
   loop.progress.restart_clock(step)
 
 
