@@ -100,8 +100,36 @@ def check_folder(workdir: str) -> None:
 
 
 def checkpoints_dir(workdir: str, absolute: bool = False) -> str:
-  """Where orbax writes the run's checkpoints (`absolute`: as orbax needs the path)."""
-  return os.path.join(files.absolute(workdir) if absolute else workdir, CHECKPOINTS)
+  """Where orbax writes the run's checkpoints (`absolute`: as orbax needs the path, `_text_path`)."""
+  if absolute:
+    return _text_path(os.path.join(files.absolute(workdir), CHECKPOINTS))
+  return os.path.join(workdir, CHECKPOINTS)
+
+
+def _text_path(path: str) -> str:
+  """`path`, or where a path that is not UTF-8 text can be reached under a name that is.
+
+  TensorStore, which writes orbax's arrays, takes paths as UTF-8 text; a
+  local name in bytes of another encoding (or with any non-ASCII letter in a
+  C locale) reaches Python as surrogate escapes. Such a folder is reached
+  through a symlink in the temporary folder, named by a hash of the path.
+  """
+  try:
+    path.encode('utf-8')
+    return path
+  except UnicodeEncodeError:
+    pass
+  import hashlib
+  import tempfile
+
+  files.makedirs(path)
+  digest = hashlib.sha256(os.fsencode(path)).hexdigest()[:16]
+  link = os.path.join(tempfile.gettempdir(), f'vit_jax-checkpoints-{digest}')
+  if not (os.path.islink(link) and os.readlink(link) == path):
+    temporary = f'{link}.{os.getpid()}'
+    os.symlink(path, temporary)
+    os.replace(temporary, link)
+  return link
 
 
 def params_path(workdir: str, ema: bool = False) -> str:

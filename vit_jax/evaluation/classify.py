@@ -55,6 +55,8 @@ def read_image(path: str, size: int) -> np.ndarray:
   try:
     with open(path, 'rb') as f:
       data = f.read()
+    if not data:
+      raise InputError(f'{path}: an empty file, not an image; pass a JPEG or PNG file')
     pixels = images.eval_image(data, size)
   except OSError as e:
     raise InputError(

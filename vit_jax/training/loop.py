@@ -14,10 +14,13 @@ official vit_jax is translated before it gets here (`vit_jax.cli`,
 
 import contextlib
 import dataclasses
+import logging as py_logging
 import signal
+import sys
 import threading
 import time
 from typing import Any, Callable, Optional
+import warnings
 
 import jax
 from jax.experimental import multihost_utils
@@ -64,7 +67,9 @@ class _Stop:
   first step (set-up, compilation) and after the last (final evaluation,
   whose checkpoint is written) -- and at a second signal, it stops the run at
   once instead (`Stopped`, one line; the workdir's lock is released on the
-  way out). Several processes: JAX's coordination service catches SIGTERM,
+  way out; a raise that Python swallows, in a garbage-collector callback say,
+  is raised again at the next `check`). Several processes: JAX's
+  coordination service catches SIGTERM,
   and every process asks `reached_preemption_sync_point` at the same
   (boundary) steps, so all agree on the step to stop at; Ctrl-C is Python's
   there (`vit_jax.cli.run`: one line).
@@ -76,10 +81,14 @@ class _Stop:
     self.workdir = workdir
     self.requested = None  # the signal that asked for a checkpoint and a stop
     self.stepping = False  # between this session's first and last step: worth a checkpoint
+    self.now = ''  # the line of a stop at once, once a signal asked for one
     self._single = jax.process_count() == 1
     self._previous = {}
+    self._unraisable = None
     if self._single and threading.current_thread() is threading.main_thread():
       self._previous = {sig: signal.signal(sig, self._handle) for sig in self._WHAT}
+      self._unraisable = sys.unraisablehook
+      sys.unraisablehook = self._drop_stops
 
   def _handle(self, signum, frame):
     del frame
@@ -89,10 +98,20 @@ class _Stop:
     saved = workdir_lib.saved_steps(self.workdir)
     kept = f'the checkpoint at step {saved[-1]} is kept' if saved else 'no checkpoint yet'
     again = ' again' if self.requested is not None else ''
-    raise _StopNow(
+    self.now = (
       f'{self._WHAT[signum]}{again}: stopped at once, without a new checkpoint ({kept}); '
       'run the same command again to resume'
     )
+    raise _StopNow(self.now)
+
+  def check(self) -> None:
+    """Raises a stop at once that a signal asked for, if its own raise was swallowed."""
+    if self.now:
+      raise _StopNow(self.now)
+
+  def _drop_stops(self, unraisable) -> None:
+    if not isinstance(unraisable.exc_value, _StopNow):  # the next `check` raises it
+      self._unraisable(unraisable)
 
   @property
   def pending(self) -> bool:
@@ -117,6 +136,8 @@ class _Stop:
   def restore(self):
     for sig, previous in self._previous.items():
       signal.signal(sig, previous)
+    if self._unraisable is not None and sys.unraisablehook == self._drop_stops:
+      sys.unraisablehook = self._unraisable
 
 
 def _host_tree(tree):
@@ -255,7 +276,9 @@ def train_and_evaluate(config, workdir: str) -> dict:
         # Orbax logs each unreadable checkpoint file it meets; resume says it in one line.
         with resume.without_orbax_errors():
           run = set_up(config, workdir, mesh, lock=lock)
+          stop.check()
           state, data_state, clock.prior = restore_or_initialize(run)
+        stop.check()
         first_step = int(state.step)
         loop = Loop(
           state=state,
@@ -268,11 +291,20 @@ def train_and_evaluate(config, workdir: str) -> dict:
         train(run, loop, hooks.hooks(run), stop)
         return finish(run, loop, first_step=first_step)
     except _StopNow as e:
+      _quiet_a_write_cut_short()
       raise Stopped(str(e)) from None
     finally:
       stop.restore()
       if lock is not None:
         lock.release()
+
+
+def _quiet_a_write_cut_short() -> None:
+  """Drops what a checkpoint write that a stop at once cut short leaves: orbax's background
+  threads log their failure, Python reports its coroutines at exit (the one line says it all;
+  the half-written checkpoint is a temporary folder that the next run removes)."""
+  warnings.filterwarnings('ignore', "coroutine '.*' was never awaited", RuntimeWarning)
+  py_logging.getLogger('absl').addFilter(lambda record: 'orbax' not in record.pathname)
 
 
 def _check_pretrained(path: str) -> None:
@@ -383,6 +415,7 @@ def train(run: Run, loop: Loop, periodic: list, stop: Optional[_Stop] = None) ->
           loop.progress.restart_clock(step - 1)
         loop.state, loop.metrics = step_fn(loop.state, batch)
         loop.clock.step_done(loop.metrics)
+        preemption.check()
         preemption.stepping = True
         if pending is not None:
           loop.losses.add(_check_finite(run.config, *pending))

@@ -1,0 +1,798 @@
+"""Every input a real user has (issue 25): each case with the one line it must print, or the
+result it must give.
+
+A path, an image, a config value or a signal enters through the commands; the
+tables below hold what a user has typed or has on disk, and what must come
+back. The fast tier runs the argparse commands in this process; the slow tier
+(`@pytest.mark.slow`) runs `python -m vit_jax.main` and the other commands as a
+user does, in a C locale without UTF-8 mode (file names are bytes there), on a
+folder whose path, class and file names are French, Russian, Chinese and
+Latin-1 bytes.
+
+Remote storage is out of reach by construction, not by chance: the host lookup
+of `vit_jax.files` is replaced (in children too), so the tests say the same on
+a machine with network.
+"""
+
+import concurrent.futures
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from conftest import subprocess_env
+import jax
+import jax.numpy as jnp
+import numpy as np
+from PIL import Image
+import pytest
+
+from vit_jax import checkpoint
+from vit_jax import cli
+from vit_jax import files
+from vit_jax import models
+from vit_jax import workdir as workdir_lib
+from vit_jax.configs import architectures
+from vit_jax.configs import demo
+from vit_jax.data import images
+from vit_jax.data import pipeline
+from vit_jax.evaluation import classify
+
+SIZE = 32  # the `testing` model (16 px patches) at a 2 x 2 grid
+# A folder named in three scripts and with spaces; classes and files likewise, and one file
+# whose name is Latin-1 bytes (not UTF-8: Python sees surrogate escapes, in any locale).
+FOLDER = 'données данные 数据'
+CLASSES = ['zéro', 'один', '二 two']
+LATIN1_FILE = b'caf\xe9 latin-1.png'
+OFFLINE = ('storage.googleapis.com', 'Temporary failure in name resolution')
+
+
+def _digit_pngs(root, per_split=(('train', 12), ('test', 4))):
+  """DIR/<split>/<class>/<file> of digits 0, 1, 2 under the non-ASCII names above."""
+  from vit_jax.data import datasets
+
+  pixels, labels = datasets.load_digits()
+  for split, count in per_split:
+    for label, name in enumerate(CLASSES):
+      folder = os.path.join(os.fsencode(root), os.fsencode(split), name.encode('utf-8'))
+      os.makedirs(folder)
+      members = np.flatnonzero(labels == label)[: 2 * count]
+      for i, index in enumerate(members[:count] if split == 'train' else members[count:]):
+        name_bytes = LATIN1_FILE if (split, i) == ('train', 0) else f'échantillon {i} 图.png'
+        if isinstance(name_bytes, str):
+          name_bytes = name_bytes.encode('utf-8')
+        Image.fromarray(pixels[index]).save(os.path.join(folder, name_bytes), format='PNG')
+  return str(root)
+
+
+@pytest.fixture(scope='module')
+def folder(tmp_path_factory):
+  return _digit_pngs(tmp_path_factory.mktemp('data') / FOLDER)
+
+
+def _params(num_classes, favourite=None):
+  config = architectures.MODEL_CONFIGS['testing']
+  model = models.VisionTransformer(num_classes=num_classes, **config)
+  shapes = jax.eval_shape(
+    lambda: model.init(jax.random.key(0), jnp.zeros((1, SIZE, SIZE, 3)), train=False)
+  )['params']
+  rng = np.random.default_rng(0)
+  params = jax.tree.map(lambda s: rng.normal(0, 0.02, s.shape).astype(np.float32), shapes)
+  if favourite is not None:  # the head prefers one class, whatever the image
+    params['head']['kernel'] = np.zeros_like(params['head']['kernel'])
+    params['head']['bias'] = np.where(np.arange(num_classes) == favourite, 20.0, 0.0)
+  return params
+
+
+def _workdir(path, dataset, *, finished=True, favourite=1):
+  """A training workdir of the `testing` model on `dataset`: finished (params.npz) or
+  stopped (only a checkpoint at step 5, as a preempted run leaves it)."""
+  import orbax.checkpoint as ocp
+
+  os.makedirs(path)
+  (path / 'config.json').write_text(json.dumps({'model': 'testing', 'dataset': dataset}))
+  params = _params(len(CLASSES), favourite)
+  if finished:
+    checkpoint.save_npz(params, path / 'params.npz')
+  else:
+    manager = ocp.CheckpointManager(workdir_lib.checkpoints_dir(str(path), absolute=True))
+    state = {'params': params, 'step': np.int32(5)}
+    manager.save(5, args=ocp.args.Composite(state=ocp.args.StandardSave(state)))
+    manager.wait_until_finished()
+    manager.close()
+  return str(path)
+
+
+def _run(main, argv, capsys):
+  """(exit status, stdout, stderr) of a command's `main(argv)` as `python -m` runs it."""
+  capsys.readouterr()
+  try:
+    code = cli.run(main, argv)
+  except SystemExit as e:
+    code = e.code
+  out, err = capsys.readouterr()
+  return code, out, err
+
+
+# ---------------------------------------------------------------------------
+# Item 2: every image mode reaches the model as the same pixels in evaluation, predict and
+# analyze (one decoding function, `vit_jax.data.images`). EXIF orientation is not applied,
+# as TensorFlow and the official pipeline: a file's stored pixels, everywhere.
+
+
+def _exif_rotated(grey):
+  image = Image.fromarray(np.stack([grey, 255 - grey, grey // 2], -1))
+  exif = Image.Exif()
+  exif[0x0112] = 6  # Orientation: rotate 90 degrees clockwise to display
+  buffer = io.BytesIO()
+  image.save(buffer, 'JPEG', quality=95, exif=exif.tobytes())
+  return buffer.getvalue()
+
+
+def _mode_images():
+  """{file name: encoded bytes} of one digit in every mode PIL opens that a folder holds."""
+  from vit_jax.data import datasets
+
+  grey = np.asarray(
+    Image.fromarray(datasets.load_digits()[0][0][..., 0]).resize((24, 20), Image.NEAREST)
+  )
+  rgb = Image.fromarray(np.stack([grey, 255 - grey, grey // 3], -1))
+
+  def encoded(image, fmt, **kw):
+    buffer = io.BytesIO()
+    image.save(buffer, fmt, **kw)
+    return buffer.getvalue()
+
+  grey16 = Image.fromarray(grey.astype(np.uint16) * 257)  # 16-bit samples, mode I;16
+  la = Image.fromarray(grey).convert('LA')
+  la.putalpha(90)
+  rgba = rgb.convert('RGBA')
+  rgba.putalpha(128)
+  palette_alpha = rgb.convert('P', palette=Image.ADAPTIVE, colors=16)
+  palette_alpha.info['transparency'] = 0
+  return {
+    'grey 8-bit.png': encoded(Image.fromarray(grey), 'PNG'),
+    'grey 16-bit.png': encoded(grey16, 'PNG'),
+    'grey and alpha.png': encoded(la, 'PNG'),
+    'palette.png': encoded(rgb.convert('P', palette=Image.ADAPTIVE, colors=16), 'PNG'),
+    'palette transparent.png': encoded(palette_alpha, 'PNG', transparency=0),
+    'rgba.png': encoded(rgba, 'PNG'),
+    'bilevel.png': encoded(Image.fromarray(grey).convert('1'), 'PNG'),
+    'cmyk.jpg': encoded(rgb.convert('CMYK'), 'JPEG', quality=95),
+    'exif rotated.jpg': _exif_rotated(grey),
+    'rgb.jpg': encoded(rgb, 'JPEG', quality=95),
+    'palette.gif': encoded(rgb.convert('P', palette=Image.ADAPTIVE, colors=16), 'GIF'),
+    'rgb.bmp': encoded(rgb, 'BMP'),
+  }
+
+
+MODES = sorted(_mode_images())
+
+
+@pytest.fixture(scope='module')
+def mode_folder(tmp_path_factory):
+  """A folder dataset whose test split holds every mode (class a), and its eval pixels."""
+  root = tmp_path_factory.mktemp('modes')
+  for split in ('train', 'test'):
+    for label in ('a', 'b'):
+      os.makedirs(root / split / label)
+  for name, data in _mode_images().items():
+    (root / 'test' / 'a' / name).write_bytes(data)
+    (root / 'train' / 'a' / name).write_bytes(data)
+  for split in ('train', 'test'):
+    (root / split / 'b' / 'x.bmp').write_bytes(_mode_images()['rgb.bmp'])
+  config = pipeline.data_config()
+  config.update(dataset=str(root), batch_eval=len(MODES) + 1)
+  config.pp.crop = SIZE
+  from conftest import batch_sharding
+
+  batches = list(pipeline.make_eval_iterator(config, batch_sharding(), split='test'))
+  evaluated = [np.asarray(b['image'])[np.asarray(b['mask']).astype(bool)] for b in batches]
+  return root, np.concatenate(evaluated)
+
+
+@pytest.mark.parametrize('name', MODES)
+def test_every_image_mode_gives_the_evaluation_pixels_in_predict_and_analyze(name, mode_folder):
+  from vit_jax import analyze
+
+  root, evaluated = mode_folder
+  path = root / 'test' / 'a' / name
+  predicted = classify.read_image(path, SIZE)
+  assert any(np.array_equal(predicted, e) for e in evaluated), name
+  analysed = analyze._readable([path], SIZE, [])[1][0]
+  np.testing.assert_array_equal(analysed, predicted)
+
+
+def test_a_16_bit_digit_is_the_8_bit_digit_and_exif_is_not_applied(mode_folder):
+  root = mode_folder[0] / 'test' / 'a'
+  # 16-bit samples keep their high byte: the same pixels as the 8-bit file (ba6a7de clipped
+  # them to two grey levels, and predicted another class).
+  np.testing.assert_array_equal(
+    classify.read_image(root / 'grey 16-bit.png', SIZE),
+    classify.read_image(root / 'grey 8-bit.png', SIZE),
+  )
+  rotated = (root / 'exif rotated.jpg').read_bytes()
+  stored = images.decode(rotated)  # the stored pixels, 24 wide and 20 high
+  assert stored.shape == (20, 24, 3)
+  np.testing.assert_array_equal(
+    classify.read_image(root / 'exif rotated.jpg', SIZE),
+    images.to_float(images.eval_array(stored, SIZE)),
+  )
+
+
+# ---------------------------------------------------------------------------
+# The argparse commands, in this process: (command, arguments, the one line it must print).
+# {tmp}: a temporary folder; {npz}: a checkpoint of the `testing` model; {png}: an image;
+# {file}: an existing file; {run}: a finished workdir.
+
+ERRORS = [
+  # Item 6: remote storage out of reach is one line naming the path, the cause and what to do.
+  (
+    'predict',
+    ['--checkpoint=gs://vit_models/imagenet21k/ViT-B_16.npz', '--model=testing', '{png}'],
+    'gs://vit_models/imagenet21k/ViT-B_16.npz: cannot reach storage.googleapis.com (Temporary '
+    'failure in name resolution): no network here; copy the files to a local folder',
+  ),
+  (
+    'evaluate',
+    ['--checkpoint=gs://bucket/run', '--dataset=digits'],
+    'gs://bucket/run: cannot reach storage.googleapis.com',
+  ),
+  (
+    'fewshot',
+    ['--checkpoint=gs://bucket/run', '--datasets=digits'],
+    'gs://bucket/run: cannot reach storage.googleapis.com',
+  ),
+  (
+    'analyze',
+    ['--checkpoint=gs://bucket/run', '--images={png}', '--output={tmp}/a'],
+    'gs://bucket/run: cannot reach storage.googleapis.com',
+  ),
+  (
+    'export',
+    ['--checkpoint=gs://bucket/run', '--format=npz', '--output={tmp}/x.npz'],
+    'gs://bucket/run: cannot reach storage.googleapis.com',
+  ),
+  (
+    'evaluate',
+    ['--checkpoint={npz}', '--model=testing', '--dataset=gs://bucket/shards'],
+    'gs://bucket/shards/info.json: cannot reach storage.googleapis.com',
+  ),
+  # Item 7 and the like: a path that names the wrong kind of thing, said before the work.
+  (
+    'evaluate',
+    ['--checkpoint={npz}', '--model=testing', '--dataset=digits', '--output={tmp}/no/x.json'],
+    '--output {tmp}/no/x.json: no folder {tmp}/no; make it or pass another file name',
+  ),
+  (
+    'evaluate',
+    ['--checkpoint={npz}', '--model=testing', '--dataset=digits', '--output={tmp}'],
+    '--output {tmp} is a folder; pass a file name for the JSON',
+  ),
+  (
+    'fewshot',
+    ['--checkpoint={npz}', '--model=testing', '--datasets=digits', '--workdir={file}'],
+    "{file} is a file: a workdir is a folder (made when missing) for the run's checkpoints",
+  ),
+  (
+    'analyze',
+    ['--checkpoint={npz}', '--model=testing', '--images={png}', '--output={file}'],
+    '--output {file} is a file; pass a folder for the figures',
+  ),
+  (
+    'export',
+    ['--checkpoint={npz}', '--model=testing', '--format=hf', '--output={file}'],
+    '--output {file} is a file; --format=hf writes a folder',
+  ),
+  ('jft', ['--folder={tmp}', '--out={file}'], '--out {file} is a file; pass a folder'),
+  # Images and label files that cannot be read.
+  (
+    'predict',
+    ['--checkpoint={npz}', '--model=testing', '{tmp}/empty.png'],
+    '{tmp}/empty.png: an empty file, not an image; pass a JPEG or PNG file',
+  ),
+  (
+    'predict',
+    ['--checkpoint={npz}', '--model=testing', '{tmp}/text.jpg'],
+    '{tmp}/text.jpg: not a readable image',
+  ),
+  (
+    'predict',
+    ['--checkpoint={npz}', '--model=testing', '{tmp}/notes'],
+    '{tmp}/notes: a directory without images (.jpg, .jpeg, .png',
+  ),
+  (
+    'predict',
+    ['--checkpoint={npz}', '--model=testing', '--labels={tmp}/latin1.txt', '{png}'],
+    "{tmp}/latin1.txt: cannot read the labels file ('utf-8' codec can't decode byte 0xe9",
+  ),
+  (
+    'analyze',
+    ['--checkpoint={npz}', '--model=testing', '--images={tmp}/text.jpg', '--output={tmp}/a'],
+    '{tmp}/text.jpg: not a readable image',
+  ),
+]
+
+
+@pytest.fixture
+def offline(monkeypatch):
+  """gs:// out of reach, as on a machine without network, whatever this one has."""
+  monkeypatch.setattr(files, '_unreachable', lambda scheme: OFFLINE if scheme == 'gs' else None)
+
+
+@pytest.fixture
+def inputs(tmp_path):
+  """The files the ERRORS arguments name."""
+  npz = checkpoint.save_npz(_params(3), tmp_path / 'model.npz')
+  png = tmp_path / 'images' / 'digit.png'
+  png.parent.mkdir()
+  Image.fromarray(np.zeros((8, 8), np.uint8)).save(png)
+  (tmp_path / 'file.txt').write_text('a file')
+  (tmp_path / 'empty.png').write_bytes(b'')
+  (tmp_path / 'text.jpg').write_text('not an image')
+  (tmp_path / 'notes').mkdir()
+  (tmp_path / 'notes' / 'a.txt').write_text('not an image')
+  (tmp_path / 'latin1.txt').write_bytes('café\nthé\nlait\n'.encode('latin-1'))
+  return {'tmp': tmp_path, 'npz': npz, 'png': png, 'file': tmp_path / 'file.txt'}
+
+
+@pytest.mark.parametrize(
+  'name, argv, line', ERRORS, ids=[f'{i}-{case[0]}' for i, case in enumerate(ERRORS)]
+)
+def test_a_bad_input_is_one_line(name, argv, line, inputs, offline, capsys):
+  import importlib
+
+  main = importlib.import_module(f'vit_jax.{name}').main
+  code, _, err = _run(main, [a.format(**inputs) for a in argv], capsys)
+  lines = err.strip().splitlines()
+  assert code == 2 and len(lines) == 1, err
+  assert lines[0].startswith('error: ' + line.format(**inputs)), err
+
+
+# ---------------------------------------------------------------------------
+# Results the commands must give.
+
+
+def test_predict_names_a_folder_trained_workdirs_classes(folder, tmp_path, capsys):
+  """Item 8: the class folders' names, not class_0, class_1, ..."""
+  from vit_jax import predict
+
+  run = _workdir(tmp_path / 'run', folder, favourite=1)
+  code, out, err = _run(
+    predict.main, [f'--checkpoint={run}', f'{folder}/test/{CLASSES[0]}'], capsys
+  )
+  assert code == 0, err
+  assert out.count(f'  1. 100.00%  {CLASSES[1]}  (class 1)') == 4, out
+
+
+def test_an_unfinished_workdir_is_read_from_its_checkpoint(folder, tmp_path, capsys):
+  """Item 8: a preempted run has no params.npz; its newest checkpoint is read, and said so."""
+  from vit_jax import evaluate
+  from vit_jax import predict
+
+  run = _workdir(tmp_path / 'stopped', folder, finished=False, favourite=2)
+  code, out, err = _run(
+    predict.main, [f'--checkpoint={run}', f'{folder}/test/{CLASSES[0]}'], capsys
+  )
+  assert code == 0, err
+  assert (
+    f'{run} has no params.npz (its run has not finished): using its checkpoint at step 5' in err
+  )
+  assert out.count(f'  1. 100.00%  {CLASSES[2]}  (class 2)') == 4, out
+  code, out, err = _run(evaluate.main, [f'--checkpoint={run}', f'--dataset={folder}'], capsys)
+  assert code == 0 and json.loads(out)['top1'] == pytest.approx(1 / 3), err
+
+
+def test_analyze_skips_an_unreadable_image_and_titles_the_model(tmp_path, inputs, capsys):
+  """Item 8: as predict, an unreadable image is named and left out (exit 1); the figures and
+  analysis.json name the model a workdir records, not None."""
+  from vit_jax import analyze
+
+  run = _workdir(tmp_path / 'run', 'digits')
+  argv = [f'--checkpoint={run}', f'--images={inputs["png"]},{tmp_path}/text.jpg']
+  code, out, err = _run(analyze.main, argv + [f'--output={tmp_path}/out'], capsys)
+  assert code == 1 and out.startswith('wrote attention_distance.png'), err
+  assert f'skipped {tmp_path}/text.jpg: not a readable image' in err and 'Traceback' not in err
+  summary = json.loads((tmp_path / 'out' / 'analysis.json').read_text())
+  assert summary['model'] == 'testing' and summary['images'] == [str(inputs['png'])]
+
+
+@pytest.mark.parametrize('fmt, name', [('npz', 'params.npz'), ('timm', 'model.safetensors')])
+def test_export_to_a_folder_writes_the_file_inside(fmt, name, inputs, capsys):
+  """Item 7: a folder as --output of a one-file format (the README shows one for hf)."""
+  from vit_jax import export
+
+  if fmt == 'timm':
+    pytest.importorskip('safetensors')
+  out = inputs['tmp'] / 'exported'
+  out.mkdir()
+  argv = [f'--checkpoint={inputs["npz"]}', '--model=testing', f'--format={fmt}', f'--output={out}']
+  code, said, err = _run(export.main, argv, capsys)
+  assert code == 0 and said.startswith(f'wrote {fmt} to {out / name}'), err
+  assert (out / name).stat().st_size > 1000
+  from vit_jax.interop import export as interop
+
+  assert interop.output_path('onnx', f'{out}/') == f'{out}/model.onnx'
+  assert interop.output_path('onnx', str(out / 'm.onnx')) == str(out / 'm.onnx')
+
+
+def test_jft_prints_its_result_on_stdout(folder, tmp_path, capsys):
+  """Item 8: the result is a line on stdout (ba6a7de logged it on stderr); class names in
+  info.json are the folders' names as text."""
+  from vit_jax import jft
+
+  argv = [f'--folder={folder}/test', f'--out={tmp_path}/shards', '--shards=2']
+  code, out, err = _run(jft.main, argv, capsys)
+  assert code == 0 and err == '', err
+  assert out == (
+    f'wrote 12 examples of split train (3 classes) in 2 shards to {tmp_path}/shards; '
+    '0 corrupt images skipped\n'
+  )
+  info = json.loads((tmp_path / 'shards' / 'info.json').read_text(encoding='utf-8'))
+  assert info['class_names'] == CLASSES
+
+
+def test_ctrl_c_in_a_command_is_one_line(inputs, monkeypatch, capsys):
+  """Item 5, outside training: nothing to save; one line and exit status 130."""
+  from vit_jax import predict
+
+  def interrupted(*args, **kwargs):
+    raise KeyboardInterrupt
+
+  monkeypatch.setattr(classify, 'predict', interrupted)
+  argv = [f'--checkpoint={inputs["npz"]}', '--model=testing', str(inputs['png'])]
+  assert _run(predict.main, argv, capsys)[::2] == (130, 'error: interrupted (Ctrl-C)\n')
+
+
+# ---------------------------------------------------------------------------
+# Config files (item 4 and 7), in this process: what `cli.ConfigFlag` checks before and after
+# absl reads the file. The slow tier runs them through python -m vit_jax.main.
+
+
+def test_a_misspelt_field_in_a_config_file_is_named_with_the_field_it_meant():
+  config = demo.get_config()
+  assert cli.unknown_fields(config) == ''
+  config.total_step = 4
+  assert cli.unknown_fields(config) == (
+    "unknown config field 'total_step' (no run reads it); did you mean total_steps?"
+  )
+  config = demo.get_config()
+  config.pp.crops = 8
+  assert "'pp.crops' (no run reads it); did you mean pp.crop?" in cli.unknown_fields(config)
+  config.fewshots = {'datasets': ('cifar10',)}  # one line: the first unknown field, by name
+  assert "'fewshots' (no run reads it); did you mean fewshot?" in cli.unknown_fields(config)
+
+
+@pytest.mark.parametrize(
+  'name, text, line',
+  [
+    ('syntax.py', 'def get_config(:\n', 'line 1: SyntaxError: invalid syntax: def get_config(:;'),
+    ('config.yaml', 'total_steps: 4\n', 'is not a Python file: a config is a .py file'),
+    ('folder.py/', '', 'is not a Python file'),
+    ('nul.py', 'x = 1\0\n', 'SyntaxError'),
+  ],
+)
+def test_a_config_file_that_is_not_python_is_one_line(name, text, line, tmp_path, capsys):
+  path = tmp_path / name.rstrip('/')
+  if name.endswith('/'):
+    path.mkdir()
+  else:
+    path.write_text(text)
+  with pytest.raises(SystemExit) as e:
+    cli.check_config_file(str(path), 'configs/demo.py')
+  err = capsys.readouterr().err.strip()
+  assert e.value.code == 2 and err.startswith(f'error: config file {path}') and line in err, err
+
+
+def test_a_workdir_that_is_a_file_is_one_line(tmp_path):
+  (tmp_path / 'file').write_text('')
+  workdir_lib.check_folder(str(tmp_path / 'new' / 'run'))  # made when missing: fine
+  for path, where in [('file', 'is a file'), ('file/run', f'is inside the file {tmp_path}/file')]:
+    with pytest.raises(workdir_lib.WorkdirError, match=f'^{tmp_path}/{path} {where}: a workdir'):
+      workdir_lib.check_folder(str(tmp_path / path))
+
+
+# ---------------------------------------------------------------------------
+# Paths that are not text (item 1): file names in bytes of another encoding reach Python as
+# surrogate escapes; they are printed as their bytes and written as UTF-8 text.
+
+
+def test_a_file_name_in_any_encoding_prints_and_writes(folder):
+  latin1 = os.fsdecode(os.path.join(os.fsencode(folder), b'train', 'zéro'.encode(), LATIN1_FILE))
+  assert files.text(latin1).endswith('zéro/caf\ufffd latin-1.png')
+  assert files.text('données') == 'données'
+  for encoding, escaped in [('utf-8', str.encode), ('ascii', _escaped)]:
+    raw = io.BytesIO()
+    stream = io.TextIOWrapper(raw, encoding=encoding)
+    stream.reconfigure(errors='vit_jax.text')
+    print(latin1, CLASSES[1], file=stream)
+    stream.flush()
+    # The Latin-1 name as its own bytes; letters the stream cannot encode as escapes.
+    expected = escaped(os.path.join(folder, 'train', 'zéro')) + b'/' + LATIN1_FILE
+    assert raw.getvalue() == expected + b' ' + escaped(CLASSES[1]) + b'\n'
+
+
+def _escaped(text):
+  return text.encode('ascii', 'backslashreplace')
+
+
+def test_a_decompression_bomb_in_a_training_folder_is_skipped(tmp_path, caplog):
+  """Item 7: a huge image is left out like a corrupt one (ba6a7de: a traceback at set-up)."""
+  import logging
+  import struct
+  import zlib
+
+  root = _digit_pngs(tmp_path / 'bombed', (('train', 2), ('test', 1)))
+  width = height = 14_000  # 196 M pixels, over PIL's limit; 200 kB on disk
+  chunk = lambda kind, data: (  # noqa: E731
+    struct.pack('>I', len(data)) + kind + data + struct.pack('>I', zlib.crc32(kind + data))
+  )
+  packer, rows = zlib.compressobj(9), []
+  for _ in range(height // 1000):
+    rows.append(packer.compress(bytes((width + 1) * 1000)))
+  header = struct.pack('>IIBBBBB', width, height, 8, 0, 0, 0, 0)
+  png = b'\x89PNG\r\n\x1a\n' + chunk(b'IHDR', header)
+  png += chunk(b'IDAT', b''.join(rows) + packer.flush()) + chunk(b'IEND', b'')
+  (tmp_path / 'bombed' / 'train' / CLASSES[0] / 'bomb.png').write_bytes(png)
+  config = pipeline.data_config()
+  config.update(dataset=root, batch=3)
+  config.pp.crop = SIZE
+  with caplog.at_level(logging.WARNING):
+    info = pipeline.get_info(config)
+  assert info.num_train == 6 and 'bomb.png' in caplog.text
+
+
+def test_host_memory_running_out_for_a_batch_is_one_line():
+  """Item 7: a batch the host cannot hold (10^9 images of 4096 px: numpy refuses at once, so
+  the test needs no memory), as the input pipeline allocates each batch."""
+  from vit_jax.data import host
+
+  with pytest.raises(
+    pipeline.DataError, match='^out of host memory for a batch of 1000000000 '
+  ) as e:
+    host.batch_buffer((10**9, 4096, 4096, 3), np.float32)
+  assert '\n' not in str(e.value)
+
+
+# ---------------------------------------------------------------------------
+# python -m vit_jax.main, as a user runs it: (arguments, files to write first, the one line).
+
+LOOKUP_PATCHED = (
+  'import runpy, sys; from vit_jax import files; '
+  f'files._unreachable = lambda scheme: {OFFLINE!r} if scheme == "gs" else None; '
+  'sys.argv[0] = "vit_jax.main"; runpy.run_module("vit_jax.main", run_name="__main__")'
+)
+_TYPO = 'from vit_jax.configs import demo\n\n\ndef get_config():\n  config = demo.get_config()\n'
+MAIN_ERRORS = [
+  # Item 4: as a flag would be (--config.total_step=4: "unknown config field 'total_step'").
+  (
+    ['--config={tmp}/typo.py'],
+    {'typo.py': _TYPO + '  config.total_step = 4\n  return config\n'},
+    "config file {tmp}/typo.py: unknown config field 'total_step' (no run reads it); did you "
+    'mean total_steps?',
+  ),
+  (
+    ['--config={tmp}/typo.py'],
+    {'typo.py': _TYPO + '  config.pp.crops = 8\n  return config\n'},
+    "config file {tmp}/typo.py: unknown config field 'pp.crops' (no run reads it); did you mean "
+    'pp.crop?',
+  ),
+  # Item 7.
+  (
+    ['--config={tmp}/syntax.py'],
+    {'syntax.py': 'def get_config(:\n'},
+    'config file {tmp}/syntax.py, line 1: SyntaxError: invalid syntax: def get_config(:; fix',
+  ),
+  (
+    ['--config={tmp}/config.yaml'],
+    {'config.yaml': 'total_steps: 4\n'},
+    'config file {tmp}/config.yaml is not a Python file',
+  ),
+  (
+    ['--workdir={tmp}/file.txt'],
+    {'file.txt': ''},
+    "{tmp}/file.txt is a file: a workdir is a folder (made when missing) for the run's",
+  ),
+  # Item 3, through the command.
+  (
+    ['--config.dataset={tmp}/data'],
+    {'data/train/circle/a.png': 'png', 'data/train/square/a.png': 'png'}
+    | {'data/test/Circle/a.png': 'png', 'data/test/square/a.png': 'png'},
+    "{tmp}/data: class folder 'Circle' is in test but not in train (is it 'circle' there?)",
+  ),
+  # Item 6: the fine-tuning recipe's default pretrained checkpoint, and a gs:// workdir.
+  (
+    ['--config=configs/finetune.py:testing,digits'],
+    {},
+    '--config.pretrained_path: gs://vit_models/imagenet21k/testing.npz: cannot reach '
+    'storage.googleapis.com (Temporary failure in name resolution): no network here; copy the '
+    'files to a local folder and pass that path instead (--config.pretrained_path=LOCAL_COPY.npz)',
+  ),
+  (
+    ['--workdir=gs://bucket/run'],
+    {},
+    'gs://bucket/run/config.json: cannot reach storage.googleapis.com',
+  ),
+]
+
+
+def _write(tmp_path, written):
+  for name, text in written.items():
+    path = tmp_path / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if text == 'png':
+      Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(path)
+    else:
+      path.write_text(text)
+
+
+def _main(tmp_path, argv, env=None, **kw):
+  args = [a.format(tmp=tmp_path) for a in argv]
+  if not any(a.startswith('--workdir') for a in args):
+    args.append(f'--workdir={tmp_path}/run')
+  return subprocess.run(
+    [sys.executable, '-c', LOOKUP_PATCHED, *args],
+    env=env or subprocess_env(),
+    cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    capture_output=True,
+    text=True,
+    timeout=300,
+    **kw,
+  )
+
+
+@pytest.mark.slow
+def test_main_says_one_line_for_each_bad_input(tmp_path):
+  def case(i):
+    argv, written, _ = MAIN_ERRORS[i]
+    _write(tmp_path / str(i), written)
+    return _main(tmp_path / str(i), argv)
+
+  # A process start each (most of the time): two at a time.
+  with concurrent.futures.ThreadPoolExecutor(2) as pool:
+    results = list(pool.map(case, range(len(MAIN_ERRORS))))
+  for i, result in enumerate(results):
+    said = [x for x in result.stderr.splitlines() if x.strip()]
+    assert result.returncode == 2 and said == [said[-1]], result.stderr[-2000:]
+    assert said[-1].startswith('error: ' + MAIN_ERRORS[i][2].format(tmp=tmp_path / str(i)))
+    assert not os.path.exists(tmp_path / str(i) / 'run' / 'lock.json')
+
+
+# ---------------------------------------------------------------------------
+# Item 1 and 5 end to end, in a C locale without UTF-8 mode (Python's file system encoding is
+# ASCII there: every non-ASCII name is bytes): train on the folder into a workdir named in
+# French, Ctrl-C (a checkpoint and one line), then predict, evaluate, fewshot and analyze the
+# stopped run and convert the folder to shards, then resume to the end.
+
+C_LOCALE = {'LC_ALL': 'C', 'LANG': 'C', 'PYTHONUTF8': '0', 'PYTHONCOERCECLOCALE': '0'}
+TINY = [
+  '--config.model=testing',
+  f'--config.pp.crop={SIZE}',
+  '--config.batch=12',
+  '--config.batch_eval=12',
+  '--config.total_steps=400',
+  '--config.warmup_steps=2',
+  '--config.progress_every=2',
+  '--config.eval_every=1000',
+  '--config.checkpoint_every=1000',
+  '--config.tensorboard=True',
+]
+COMMANDS = """
+import sys
+from vit_jax import analyze, cli, evaluate, fewshot, predict
+folder, images, run, out = sys.argv[1:]  # no letter outside ASCII here: argv brings them as bytes
+for main, argv in [
+  (predict.main, [f'--checkpoint={run}', images]),
+  (evaluate.main, [f'--checkpoint={run}', f'--dataset={folder}']),
+  (fewshot.main, [f'--checkpoint={run}', f'--datasets={folder}', '--shots=1', '--seeds=0']),
+  (analyze.main, [f'--checkpoint={run}', f'--images={images}', f'--output={out}']),
+]:
+  print('exit', main.__module__, cli.run(main, argv), flush=True)
+"""
+
+
+def _wait_for(predicate, process, timeout=300):
+  deadline = time.time() + timeout
+  while time.time() < deadline and not predicate():
+    if process.poll() is not None:
+      raise AssertionError(f'ended early: {process.communicate()[1][-3000:]}')
+    time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_a_folder_named_in_any_script_trains_stops_predicts_and_resumes(folder, tmp_path):
+  env = subprocess_env(**C_LOCALE)
+  run = str(tmp_path / 'exécution')
+  command = [sys.executable, '-m', 'vit_jax.main', f'--config.dataset={folder}', f'--workdir={run}']
+  process = subprocess.Popen(command + TINY, env=env, stderr=subprocess.PIPE, text=True)
+  metrics = os.path.join(run, 'metrics.jsonl')
+  _wait_for(lambda: os.path.exists(metrics) and os.path.getsize(metrics) > 0, process)
+  process.send_signal(signal.SIGINT)
+  stderr = process.communicate(timeout=300)[1]
+  if process.returncode == 0:
+    pytest.skip('the run finished before Ctrl-C arrived')  # a very fast machine
+  said = [x for x in stderr.splitlines() if x.strip()]
+  step = workdir_lib.saved_steps(run)
+  assert process.returncode == 2 and len(step) == 1 and said == [said[-1]], stderr[-3000:]
+  assert said[-1] == (
+    f'error: interrupted (Ctrl-C) at step {step[0]}; checkpoint written to {run}; run the same '
+    'command again to resume'
+  )
+  assert not os.path.exists(os.path.join(run, 'lock.json'))
+
+  # The stopped run, through every command, in the same locale.
+  (tmp_path / 'commands.py').write_text(COMMANDS)
+  images = os.path.join(folder, 'train', CLASSES[0])
+  result = subprocess.run(
+    [sys.executable, tmp_path / 'commands.py', folder, images, run, str(tmp_path / 'analysé')],
+    env=env,
+    capture_output=True,
+    timeout=300,
+  )
+  out = result.stdout.decode('utf-8', 'replace')
+  assert 'Traceback' not in result.stderr.decode('utf-8', 'replace'), result.stderr[-3000:]
+  for name in ('predict', 'evaluate', 'fewshot', 'analyze'):
+    assert f'exit vit_jax.{name} 0' in out, (out, result.stderr[-3000:])
+  assert os.fsencode(os.path.join(folder, 'train', 'zéro')) + b'/' + LATIN1_FILE in result.stdout
+
+  finished = subprocess.run(command + TINY, env=env, capture_output=True, text=True, timeout=300)
+  assert finished.returncode == 0, finished.stderr[-3000:]
+  assert f'Resuming from the checkpoint at step {step[0]}' in finished.stdout
+  assert json.load(open(os.path.join(run, 'summary.json')))['step'] == 400
+
+
+@pytest.mark.slow
+def test_a_second_ctrl_c_or_a_signal_during_set_up_stops_at_once(tmp_path):
+  """Item 5: the second Ctrl-C does not wait for the checkpoint; SIGTERM while the run sets
+  up (compiles) has nothing to save. Both: one line, the lock released."""
+  command = [sys.executable, '-m', 'vit_jax.main', *TINY]
+  cases = [
+    ('second', [signal.SIGINT, signal.SIGINT], 'metrics.jsonl', 'interrupted (Ctrl-C) again'),
+    ('set-up', [signal.SIGTERM], 'lock.json', 'preempted (SIGTERM)'),
+  ]
+
+  def case(name, signals, wait_for):
+    run = str(tmp_path / name)
+    process = subprocess.Popen(
+      [*command, f'--workdir={run}'], env=subprocess_env(), stderr=subprocess.PIPE, text=True
+    )
+    path = os.path.join(run, wait_for)
+    _wait_for(lambda: os.path.exists(path) and os.path.getsize(path) > 0, process)
+    for sig in signals:
+      process.send_signal(sig)
+      time.sleep(0.01)
+    stderr = process.communicate(timeout=300)[1]
+    return process.returncode, stderr, run
+
+  with concurrent.futures.ThreadPoolExecutor(2) as pool:
+    results = list(pool.map(lambda c: case(*c[:3]), cases))
+  for (code, stderr, run), (*_, what) in zip(results, cases):
+    said = [x for x in stderr.splitlines() if x.strip()]
+    assert code == 2 and said == [said[-1]], stderr[-3000:]
+    assert said[-1].startswith(f'error: {what}: stopped at once, without a new checkpoint (')
+    assert said[-1].endswith('); run the same command again to resume')
+    assert not os.path.exists(os.path.join(run, 'lock.json'))
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+  strict=True,
+  reason='vit_jax/data/shards.py writes image/id as str.encode(): a name that is not UTF-8 '
+  'text (surrogate escapes) needs os.fsencode(key)',
+)
+def test_jft_converts_a_folder_named_in_any_script(folder, tmp_path):
+  """Item 1: shards of the folder in a C locale, the Latin-1 file name included."""
+  result = subprocess.run(
+    [sys.executable, '-m', 'vit_jax.jft', f'--folder={folder}/train', f'--out={tmp_path}/é'],
+    env=subprocess_env(**C_LOCALE),
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert result.stdout.startswith('wrote 36 examples of split train (3 classes) in 16 shards')
+  info = json.loads((tmp_path / 'é' / 'info.json').read_text(encoding='utf-8'))
+  assert info['class_names'] == CLASSES
