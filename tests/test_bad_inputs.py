@@ -314,13 +314,53 @@ ERRORS = [
     ['--checkpoint={npz}', '--model=testing', '--images={tmp}/text.jpg', '--output={tmp}/a'],
     '{tmp}/text.jpg: not a readable image',
   ),
+  (
+    'predict',
+    ['--checkpoint={png}', '--model=testing', '{png}'],
+    "{png}: not an .npz checkpoint (an .npz is a zip archive; this file starts with b'\\x89PNG')",
+  ),
+  # Values out of range: said as the flag's, not as an error deep inside.
+  (
+    'evaluate',
+    ['--checkpoint={npz}', '--model=testing', '--dataset=digits', '--batch=0'],
+    'argument --batch: 0 must be at least 1 (see python -m vit_jax.evaluate --help)',
+  ),
+  (
+    'evaluate',
+    ['--checkpoint={npz}', '--model=testing', '--dataset=digits', '--crop=48'],
+    '--crop=48: the checkpoint takes 32 px images (its position embeddings hold a 2x2 patch',
+  ),
+  (
+    'fewshot',
+    ['--checkpoint={npz}', '--model=testing', '--datasets=digits', '--shots=1,five'],
+    "argument --shots: '1,five': pass integers of at least 1, like 1,5,10,25",
+  ),
+  (
+    'fewshot',
+    ['--checkpoint={npz}', '--model=testing', '--datasets=digits,'],
+    "--datasets='digits,': an empty name; pass cifar10,pets",
+  ),
+  ('predict', ['--checkpoint={npz}', '--top_k=0', '{png}'], 'argument --top_k: 0 must be at'),
+  # Where nothing can be written, and a CSV that is not text.
+  (
+    'export',
+    ['--checkpoint={npz}', '--model=testing', '--format=npz', '--output=/proc/x.npz'],
+    '/proc/x.npz: cannot write it (No such file or directory); pass a path you can write',
+  ),
+  (
+    'jft',
+    ['--csv={png}', '--out={tmp}/shards'],
+    "{png}: not text in this locale's encoding (invalid start byte at byte 0); pass a CSV",
+  ),
 ]
 
 
 @pytest.fixture
 def offline(monkeypatch):
   """gs:// out of reach, as on a machine without network, whatever this one has."""
-  monkeypatch.setattr(files, '_unreachable', lambda scheme: OFFLINE if scheme == 'gs' else None)
+  monkeypatch.setattr(
+    files, '_unreachable', lambda scheme: OFFLINE if scheme == 'gs' else None, raising=False
+  )
 
 
 @pytest.fixture

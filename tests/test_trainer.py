@@ -329,7 +329,10 @@ def test_sigkill_and_resume_is_bitwise(reference_run, tmp_path):
 
 
 @pytest.mark.slow
-def test_sigterm_writes_a_checkpoint_and_resumes(reference_run, tmp_path):
+@pytest.mark.parametrize(
+  'sig, said', [(signal.SIGTERM, 'preempted (SIGTERM)'), (signal.SIGINT, 'interrupted (Ctrl-C)')]
+)
+def test_sigterm_or_ctrl_c_writes_a_checkpoint_and_resumes(reference_run, tmp_path, sig, said):
   workdir = str(tmp_path / 'preempted')
   slow = ['--config.total_steps=24', '--config.checkpoint_every=1000']
   process = subprocess.Popen(
@@ -337,13 +340,14 @@ def test_sigterm_writes_a_checkpoint_and_resumes(reference_run, tmp_path):
   )
   metrics = os.path.join(workdir, 'metrics.jsonl')
   _wait_for(lambda: os.path.exists(metrics) and os.path.getsize(metrics) > 0, process)
-  process.send_signal(signal.SIGTERM)
+  process.send_signal(sig)
   stderr = process.communicate(timeout=300)[1]
   steps = os.listdir(os.path.join(workdir, 'checkpoints'))
   if process.returncode == 0:
-    pytest.skip('the run finished before SIGTERM arrived')  # a very fast machine
+    pytest.skip('the run finished before the signal arrived')  # a very fast machine
   assert process.returncode == 2
-  assert 'preempted (SIGTERM) at step' in stderr and 'Traceback' not in stderr
+  assert f'{said} at step' in stderr and 'Traceback' not in stderr
+  assert not os.path.exists(os.path.join(workdir, 'lock.json'))
   assert len(steps) == 1 and 0 < int(steps[0]) < 24
   result = run(workdir, *slow)
   assert f'Resuming from the checkpoint at step {steps[0]}' in result.stdout

@@ -43,7 +43,7 @@ def main(argv: Optional[List[str]] = None) -> int:
   parser.add_argument('--output', required=True, help='directory for the PNGs and analysis.json')
   parser.add_argument(
     '--num_components',
-    type=int,
+    type=cli.positive_int,
     default=28,
     help='principal components of the embedding filters to show',
   )
@@ -73,8 +73,9 @@ def main(argv: Optional[List[str]] = None) -> int:
       paths, images = figures.test_digits(loaded.image_size)
     else:
       paths, images = _readable(paths, loaded.image_size, unreadable)
-    result = figures.compute(loaded, images, max(1, args.num_components))
-    written = figures.write_outputs(result, loaded, images, paths, args)
+    result = figures.compute(loaded, images, args.num_components)
+    with cli.writing(args.output):
+      written = figures.write_outputs(result, loaded, images, paths, args)
   print(f'wrote {", ".join(written)} to {args.output}')
   for path, reason in unreadable:
     print(f'{parser.prog}: skipped {reason}', file=sys.stderr)

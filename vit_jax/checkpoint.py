@@ -320,6 +320,8 @@ def load_flat(path: str) -> dict:
       )
     with np.load(data, allow_pickle=False) as npz:
       return {key: npz[key] for key in npz.files}
+  except CheckpointError:
+    raise
   except (zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError) as e:
     raise CheckpointError(
       f'{path}: not a readable .npz checkpoint ({type(e).__name__}: {e}); '

@@ -95,6 +95,40 @@ def text_streams() -> None:
       stream.reconfigure(errors='vit_jax.text')
 
 
+@contextlib.contextmanager
+def writing(path: str):
+  """An OSError writing `path` (or a file inside it) ends the command as one line; others pass."""
+  try:
+    yield
+  except OSError as e:
+    name = getattr(e, 'filename', None)
+    where = os.path.abspath(path)
+    if name is None or not os.path.abspath(os.fsdecode(name)).startswith(where):
+      raise
+    fail(f'{path}: cannot write it ({e.strerror or e}); pass a path you can write')
+
+
+def positive_int(text: str) -> int:
+  """argparse type: an integer of at least 1 (a batch, a count)."""
+  try:
+    value = int(text)
+  except ValueError:
+    raise argparse.ArgumentTypeError(f'{text!r} is not an integer') from None
+  if value < 1:
+    raise argparse.ArgumentTypeError(f'{value} must be at least 1')
+  return value
+
+
+def positive_ints(text: str) -> tuple:
+  """argparse type: comma-separated integers of at least 1 (`1,5,10,25`)."""
+  try:
+    return tuple(positive_int(part) for part in text.split(','))
+  except argparse.ArgumentTypeError:
+    raise argparse.ArgumentTypeError(
+      f'{text!r}: pass integers of at least 1, like 1,5,10,25'
+    ) from None
+
+
 class ArgumentParser(argparse.ArgumentParser):
   """argparse whose usage errors are one `error:` line (no usage block) with EXIT_ERROR."""
 

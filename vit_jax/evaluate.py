@@ -27,12 +27,12 @@ def main(argv=None) -> int:
   parser.add_argument('--dataset', required=True, help='a dataset the input pipeline reads')
   parser.add_argument('--split', default='test', help="'test', 'train' or a split expression")
   parser.add_argument(
-    '--crop', type=int, default=None, help="resolution (default: the checkpoint's)"
+    '--crop', type=cli.positive_int, default=None, help="resolution (default: the checkpoint's)"
   )
   parser.add_argument(
-    '--resize', type=int, default=None, help='resize to this, then centre-crop to --crop'
+    '--resize', type=cli.positive_int, help='resize to this, then centre-crop to --crop'
   )
-  parser.add_argument('--batch', type=int, default=256)
+  parser.add_argument('--batch', type=cli.positive_int, default=256)
   parser.add_argument('--tfds_data_dir', default=None)
   parser.add_argument('--tfds_manual_dir', default=None)
   parser.add_argument('--output', default=None, help='also write the JSON here')
@@ -59,7 +59,7 @@ def main(argv=None) -> int:
       tfds_data_dir=args.tfds_data_dir,
       tfds_manual_dir=args.tfds_manual_dir,
     )
-    data.pp.crop = args.crop or loaded.image_size
+    data.pp.crop = loader.check_resolution(loaded, args.crop)
     data.pp.resize = args.resize
     numbers = classify.evaluate_checkpoint(
       loaded, data, args.split, warn=lambda line: print(line, file=sys.stderr)
@@ -68,7 +68,7 @@ def main(argv=None) -> int:
   text = json.dumps(result, indent=2)
   print(text)
   if args.output:
-    with open(args.output, 'w', encoding='utf-8') as f:
+    with cli.writing(args.output), open(args.output, 'w', encoding='utf-8') as f:
       f.write(text + '\n')
   return 0
 

@@ -67,7 +67,8 @@ def main(argv: Optional[List[str]] = None) -> int:
   errors = (checkpoint.CheckpointError, loader.InputError, torch_layout.ExportError)
   with cli.reported(*errors, files.RemoteFilesError):
     output = export.output_path(args.format, args.output)
-    notes = export.export(args.checkpoint, args.format, output, args.model, args.labels)
+    with cli.writing(output):
+      notes = export.export(args.checkpoint, args.format, output, args.model, args.labels)
     cli.note(parser.prog, loader.unfinished_note(args.checkpoint))
   print(f'wrote {args.format} to {output}')
   for note in notes:

@@ -9,12 +9,13 @@ and `metrics.jsonl` stay as the run wrote them. The method:
 `vit_jax.evaluation.fewshot`.
 """
 
+import argparse
+
 from vit_jax import cli
 from vit_jax import run_log
 
 
 def main(argv=None) -> int:
-  ints = lambda text: tuple(int(x) for x in text.split(','))  # noqa: E731
   parser = cli.parser('fewshot', __doc__, whole_doc=False)
   parser.add_argument('--checkpoint', required=True, help='.npz file or a workdir')
   parser.add_argument(
@@ -24,13 +25,13 @@ def main(argv=None) -> int:
     '--datasets', required=True, help='comma-separated datasets the input pipeline reads'
   )
   # None: the method's defaults (vit_jax.evaluation.fewshot), read after JAX starts.
-  parser.add_argument('--shots', type=ints, help='default: 1,5,10,25')
-  parser.add_argument('--seeds', type=ints, help='default: 0,1,2')
+  parser.add_argument('--shots', type=cli.positive_ints, help='default: 1,5,10,25')
+  parser.add_argument('--seeds', type=_seeds, help='default: 0,1,2')
   parser.add_argument('--l2_reg', type=float, help='default: 1024')
   parser.add_argument('--train_split', default='train')
   parser.add_argument('--test_split', default='test')
-  parser.add_argument('--crop', type=int, default=None, help="default: the checkpoint's")
-  parser.add_argument('--batch', type=int, default=256)
+  parser.add_argument('--crop', type=cli.positive_int, help="default: the checkpoint's")
+  parser.add_argument('--batch', type=cli.positive_int, default=256)
   parser.add_argument('--tfds_data_dir', default=None)
   parser.add_argument('--tfds_manual_dir', default=None)
   parser.add_argument(
@@ -56,12 +57,16 @@ def main(argv=None) -> int:
   with cli.reported(*errors, files.RemoteFilesError, workdir_lib.WorkdirError):
     if args.workdir:
       workdir_lib.check_folder(args.workdir)  # before the evaluation, not after it
+    datasets = args.datasets.split(',')
+    if not all(datasets):
+      raise loader.InputError(f'--datasets={args.datasets!r}: an empty name; pass cifar10,pets')
     loaded = loader.load_model(args.checkpoint, args.model)
     cli.note(parser.prog, loader.unfinished_note(args.checkpoint))
+    args.crop = loader.check_resolution(loaded, args.crop)
     method = ('shots', 'seeds', 'l2_reg', 'train_split', 'test_split', 'crop', 'batch')
     scalars = fewshot.evaluate_checkpoint(
       loaded,
-      args.datasets.split(','),
+      datasets,
       **{k: getattr(args, k) for k in method},
       tfds_data_dir=args.tfds_data_dir,
       tfds_manual_dir=args.tfds_manual_dir,
@@ -75,6 +80,13 @@ def main(argv=None) -> int:
       with workdir_lib.storage_errors(workdir):
         print(f'wrote {workdir_lib.record_fewshot(workdir, scalars)}')
   return 0
+
+
+def _seeds(text: str) -> tuple:
+  try:
+    return tuple(int(part) for part in text.split(','))
+  except ValueError:
+    raise argparse.ArgumentTypeError(f'{text!r}: pass integers like 0,1,2') from None
 
 
 if __name__ == '__main__':

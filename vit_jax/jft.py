@@ -49,7 +49,7 @@ def main(argv=None):
   parser.add_argument('--split', default='train', help='split name to write (default train)')
   parser.add_argument('--num_classes', type=int, help='CSV: number of classes (default max id + 1)')
   parser.add_argument('--class_names', help='CSV: text file with one class name per line')
-  parser.add_argument('--shards', type=int, default=16, help='number of shard files')
+  parser.add_argument('--shards', type=cli.positive_int, default=16, help='number of shard files')
   parser.add_argument('--format', default='tfrecord', choices=sorted(shards.FORMATS))
   parser.add_argument('--corrupt_images', default='skip', choices=['skip', 'fail'])
   parser.add_argument('--seed', type=int, default=0, help='seed of the example order')
@@ -63,7 +63,7 @@ def main(argv=None):
     cli.fail(f'{args.csv}: no such file; pass a CSV of lines "path,label_id;label_id;..."')
   if os.path.exists(args.out) and not os.path.isdir(args.out):
     cli.fail(f'--out {args.out} is a file; pass a folder for info.json and the shards')
-  with cli.reported(DataError):
+  with cli.reported(DataError), cli.writing(args.out):
     examples, names, num_classes = _examples(args)
     info = shards.write_shards(
       examples,
@@ -95,7 +95,13 @@ def _examples(args):
   if args.folder:
     examples, names = shards.examples_from_folder(args.folder)
     return examples, [files.text(name) for name in names], len(names)
-  examples = shards.examples_from_csv(args.csv)
+  try:
+    examples = shards.examples_from_csv(args.csv)
+  except UnicodeDecodeError as e:
+    raise DataError(
+      f"{args.csv}: not text in this locale's encoding ({e.reason} at byte {e.start}); pass a "
+      'CSV of lines "path,label_id;label_id;..."'
+    ) from None
   names = None
   if args.class_names:
     try:

@@ -29,7 +29,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     '--model', help='model name, e.g. ViT-B_16 (default: the one a workdir records)'
   )
   parser.add_argument('--labels', help="class names, one per line, in the head's order")
-  parser.add_argument('--top_k', type=int, default=5)
+  parser.add_argument('--top_k', type=cli.positive_int, default=5)
   parser.add_argument('images', nargs='+', help='image files or directories')
   run_log.add_verbosity_flag(parser)
   args = parser.parse_args(argv)
@@ -53,7 +53,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         'pass a checkpoint with a classification head'
       )
     names = classify.class_names(loaded.model.num_classes, args.labels, args.checkpoint)
-    indices, probs = classify.predict(loaded, files, max(1, args.top_k), unreadable=unreadable)
+    indices, probs = classify.predict(loaded, files, args.top_k, unreadable=unreadable)
     if len(unreadable) == len(files):
       more = f' (and {len(files) - 1} more unreadable images)' if len(files) > 1 else ''
       raise loader.InputError(unreadable[0][1] + more)

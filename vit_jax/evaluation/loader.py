@@ -88,6 +88,18 @@ def load_model(path: str, model_name: Optional[str] = None) -> LoadedModel:
   return model_from_flat(_checkpoint_params(path, step), model_name, what)
 
 
+def check_resolution(loaded: LoadedModel, crop: Optional[int]) -> int:
+  """`crop`, or the checkpoint's resolution when None; InputError for another one (its
+  position embeddings fix the number of patches)."""
+  if crop is None or crop == loaded.image_size:
+    return loaded.image_size
+  raise InputError(
+    f'--crop={crop}: the checkpoint takes {loaded.image_size} px images (its position '
+    f'embeddings hold a {loaded.grid_size}x{loaded.grid_size} patch grid); leave --crop out, '
+    f'or fine-tune it at {crop} px (--config.pretrained_path resizes them)'
+  )
+
+
 def unfinished_run_step(path: str) -> Optional[int]:
   """The step of the newest checkpoint of a workdir whose run has no params.npz yet (stopped
   or still training), else None."""
