@@ -15,7 +15,7 @@ from vit_jax import cli
 from vit_jax import run_log
 
 
-def main(argv=None) -> int:
+def _parser():
   parser = cli.parser('fewshot', __doc__, whole_doc=False)
   parser.add_argument('--checkpoint', required=True, help='.npz file or a workdir')
   parser.add_argument(
@@ -41,6 +41,11 @@ def main(argv=None) -> int:
     '(default: the checkpoint, when it is a workdir)',
   )
   run_log.add_verbosity_flag(parser)
+  return parser
+
+
+def main(argv=None) -> int:
+  parser = _parser()
   args = parser.parse_args(argv)
   run_log.quiet_libraries(args.verbosity)
 
