@@ -5,8 +5,9 @@ dataset that is not there) ends a command with one line on stderr,
 `error: what is wrong; what to do`, and exit status `EXIT_ERROR` (2, what
 argparse gives a bad command line), whether the mistake is in the flags or in
 what they name. Only the error types a command names are caught
-(`reported`): a bug keeps its traceback. (`python -m vit_jax.predict` exits 1
-when some images were unreadable and the others predicted: a partial result.)
+(`reported`, and an OSError at the path a command writes, `writing`): a bug
+keeps its traceback. (`predict` and `analyze` exit 1 when some images were
+unreadable and the others used: a partial result.)
 
 Commands that take `--config` (main, compile) share `ConfigFlag`: the file is
 checked before absl reads it (there, a Python file that compiles), an unknown
@@ -18,7 +19,8 @@ here, before any command sees it, and a field the file sets that no run reads
 
 Ctrl-C: a command that `run` starts ends in one line, `error: interrupted
 (Ctrl-C)`, with exit status `EXIT_INTERRUPTED` (130, what a shell reports for
-it); a training run first saves a checkpoint (`vit_jax.training.loop`).
+it); a training run handles it itself, as SIGTERM: a checkpoint, one line,
+exit status 2 (`vit_jax.training.loop`).
 Output: a path whose name is not text in this locale's encoding is printed
 as the bytes it has on disk, other characters the terminal cannot show as
 escapes (`text_streams`), never a UnicodeEncodeError.
