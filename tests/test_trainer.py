@@ -330,7 +330,9 @@ def test_sigkill_and_resume_is_bitwise(reference_run, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-  'sig, said', [(signal.SIGTERM, 'preempted (SIGTERM)'), (signal.SIGINT, 'interrupted (Ctrl-C)')]
+  'sig, said',
+  [(signal.SIGTERM, 'preempted (SIGTERM)'), (signal.SIGINT, 'interrupted (Ctrl-C)')],
+  ids=['SIGTERM', 'Ctrl-C'],
 )
 def test_sigterm_or_ctrl_c_writes_a_checkpoint_and_resumes(reference_run, tmp_path, sig, said):
   workdir = str(tmp_path / 'preempted')
