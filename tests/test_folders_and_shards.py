@@ -13,7 +13,9 @@ import pytest
 
 from vit_jax import cli
 from vit_jax import jft
+from vit_jax.data import example_proto
 from vit_jax.data import pipeline
+from vit_jax.data import records
 from vit_jax.data import shards
 
 # Class colours: after any crop/flip/resize an image keeps its colour.
@@ -276,3 +278,23 @@ def test_bad_csv_line_is_named(tmp_path, capsys):
     jft.main(['--csv', str(tmp_path / 'bad.csv'), '--out', str(tmp_path / 'o')])
   assert exit_info.value.code == cli.EXIT_ERROR
   assert re.match(r'error: .*bad.csv:2: expected "path,label_id', capsys.readouterr().err)
+
+
+def test_shards_keep_names_in_any_encoding(tmp_path):
+  """A file named in Latin-1 bytes (not UTF-8: surrogate escapes in Python), a class named so
+  and a CSV in UTF-8: the record's image/id is the file's exact bytes, info.json gives the
+  class name back unchanged, the CSV's paths are the files'."""
+  root = os.fsencode(tmp_path)
+  latin1, utf8 = root + b'/caf\xe9.png', root + '/été.png'.encode()
+  for path in (latin1, utf8):
+    Image.new('RGB', (8, 8), (200, 10, 10)).save(path, format='PNG')
+  (tmp_path / 'labels.csv').write_bytes(b'caf\xe9.png,0\n' + 'été.png,1\n'.encode())
+  examples = shards.examples_from_csv(str(tmp_path / 'labels.csv'))
+  assert [os.fsencode(path) for path, _ in examples] == [latin1, utf8]
+  names = [os.fsdecode(b'caf\xe9'), 'été']
+  shards.write_shards(examples, str(tmp_path / 'out'), 'train', num_classes=2, class_names=names)
+  assert json.load(open(tmp_path / 'out' / 'info.json'))['class_names'] == names
+  (name,) = [f['file'] for f in json.load(open(tmp_path / 'out' / 'info.json'))['splits']['train']]
+  reader = records.open_records([(str(tmp_path / 'out' / name), 0, 2)], 'tfrecord')
+  ids = {bytes(example_proto.parse(r)['image/id'][0]) for r in reader.read([0, 1])}
+  assert ids == {latin1, utf8}

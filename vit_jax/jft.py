@@ -95,13 +95,7 @@ def _examples(args):
   if args.folder:
     examples, names = shards.examples_from_folder(args.folder)
     return examples, [files.text(name) for name in names], len(names)
-  try:
-    examples = shards.examples_from_csv(args.csv)
-  except UnicodeDecodeError as e:
-    raise DataError(
-      f"{args.csv}: not text in this locale's encoding ({e.reason} at byte {e.start}); pass a "
-      'CSV of lines "path,label_id;label_id;..."'
-    ) from None
+  examples = shards.examples_from_csv(args.csv)
   names = None
   if args.class_names:
     try:

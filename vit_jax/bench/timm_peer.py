@@ -25,7 +25,9 @@ def import_torch():
     import torch
   except ImportError as e:
     raise CompareError(
-      f'--compare=timm needs torch and timm ({e}); pip install torch timm'
+      f'--compare=timm needs torch and timm ({e}): on a CPU machine pip install torch '
+      '--index-url https://download.pytorch.org/whl/cpu, then pip install --no-deps '
+      'torchvision==0.15.2 timm (README: Set-up)'
     ) from None
   return torch, timm
 

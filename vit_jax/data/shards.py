@@ -105,30 +105,40 @@ def examples_from_csv(path: str) -> List[Tuple[str, List[int]]]:
   """Lines `image_path,id;id;...`; relative paths are relative to the CSV's folder."""
   base = os.path.dirname(os.path.abspath(path))
   examples = []
-  with open(path) as f:
-    for number, line in enumerate(f, start=1):
-      line = line.strip()
-      if not line:
-        continue
-      image, _, labels = line.rpartition(',')
-      try:
-        ids = [int(x) for x in labels.split(';') if x.strip()]
-      except ValueError:
-        ids = []
-      if not image or not ids or min(ids) < 0:
-        raise DataError(
-          f'{path}:{number}: expected "path,label_id;label_id;..." with ids >= 0, got {line[:80]!r}'
-        )
-      examples.append((os.path.join(base, image), ids))
+  with open(path, 'rb') as f:  # paths as bytes, decoded as the file system's names are
+    data = f.read()
+  if b'\0' in data:
+    raise DataError(f'{path}: not text (a NUL byte); pass a CSV of lines "path,label_id;..."')
+  for number, line in enumerate(data.splitlines(), start=1):
+    line = os.fsdecode(line.strip())
+    if not line:
+      continue
+    image, _, labels = line.rpartition(',')
+    try:
+      ids = [int(x) for x in labels.split(';') if x.strip()]
+    except ValueError:
+      ids = []
+    if not image or not ids or min(ids) < 0:
+      raise DataError(
+        f'{path}:{number}: expected "path,label_id;label_id;..." with ids >= 0, got {line[:80]!r}'
+      )
+    examples.append((os.path.join(base, image), ids))
   if not examples:
     raise DataError(f'{path}: no examples; expected lines "path,label_id;label_id;..."')
   return examples
 
 
 def _serialize(data: bytes, labels: Sequence[int], key: str) -> bytes:
-  """A shard record: the Example (image/encoded, image/labels, image/id)."""
+  """A shard record: the Example (image/encoded, image/labels, image/id).
+
+  The id is the key's bytes as the file system gives them (`os.fsencode`): a file name
+  that is not UTF-8 text keeps its exact bytes."""
   return example_proto.serialize(
-    {'image/encoded': data, 'image/labels': np.asarray(labels, np.int64), 'image/id': key}
+    {
+      'image/encoded': data,
+      'image/labels': np.asarray(labels, np.int64),
+      'image/id': os.fsencode(key),
+    }
   )
 
 
@@ -174,8 +184,12 @@ def write_shards(
     writer.close()
     written.append({'file': name, 'num_examples': int(len(part))})
   info['splits'][split] = written
-  with open(os.path.join(out, 'info.json'), 'w', encoding='utf-8') as f:
-    json.dump(info, f, indent=1, ensure_ascii=False)
+  try:
+    text = json.dumps(info, indent=1, ensure_ascii=False).encode('utf-8')
+  except UnicodeEncodeError:  # a class name that is not UTF-8 text: \u escapes, lossless
+    text = json.dumps(info, indent=1).encode()
+  with open(os.path.join(out, 'info.json'), 'wb') as f:
+    f.write(text)
   logging.info(
     '%s: wrote %d examples of split %s in %d shards (%d corrupt skipped)',
     out,
