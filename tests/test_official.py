@@ -37,6 +37,7 @@ from vit_jax.data import datasets
 from vit_jax.evaluation import metrics
 from vit_jax.training import loop
 from vit_jax.training import optim
+from vit_jax.training import program
 from vit_jax.training import steps
 
 # Class k: a solid image of colour _COLOURS[k].
@@ -291,7 +292,7 @@ def test_accum_steps_zero_is_one_and_negative_is_refused():
   assert official.translate(config).accum_steps == 1
   config.accum_steps = -2
   with pytest.raises(loop.ConfigError, match='accum_steps=-2 must be a positive number'):
-    loop.validate(config, 1)
+    program.validate(config, 1)
 
 
 @pytest.mark.parametrize('decay_type', ['cosine', 'linear'])

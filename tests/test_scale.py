@@ -36,6 +36,7 @@ from vit_jax.configs import ConfigError
 from vit_jax.configs import architectures
 from vit_jax.configs import demo
 from vit_jax.training import loop
+from vit_jax.training import program
 
 # ---------------------------------------------------------------------------
 # Scan over layers.
@@ -130,7 +131,7 @@ def test_a_scanned_run_checkpoints_encoderblocks_and_resumes_either_way(tmp_path
   restored = {}
   for scan in (False, True):
     config = _tiny_run_config(scan_layers=scan, total_steps=3)
-    mesh = loop.make_mesh(config)
+    mesh = program.make_mesh(config)
     with jax.set_mesh(mesh):
       run = loop.set_up(config, workdir, mesh)
       state = loop.restore_or_initialize(run)[0]
@@ -296,7 +297,7 @@ def test_mesh_and_model_misfits_are_one_line():
   config = _tiny_run_config()
   config.mesh.model = 3  # the testing model: 2 heads, MLP 10
   with pytest.raises(ConfigError) as e:
-    loop.validate(config, 1)
+    program.validate(config, 1)
   assert str(e.value) == (
     'testing: mesh.model=3 must divide num_heads=2 (tensor parallelism splits attention heads '
     'and MLP units); use a divisor of 2'

@@ -44,7 +44,7 @@ def _fit_warmup(config, argv) -> None:
   """A warm-up the config file chose but the run is too short for: a tenth of the run.
 
   Only when --config.warmup_steps is not on the command line: a value the
-  user chose is checked, not changed (training.loop.validate).
+  user chose is checked, not changed (training.program.validate).
   """
   if any(a.startswith('--config.warmup_steps') for a in argv):
     return

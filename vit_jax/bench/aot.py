@@ -26,7 +26,6 @@ from vit_jax.bench import topology
 from vit_jax.data import datasets
 from vit_jax.data import pipeline
 from vit_jax.data import presets
-from vit_jax.training import loop
 from vit_jax.training import program
 from vit_jax.training import steps
 
@@ -101,8 +100,8 @@ def compile_run(config, tpu) -> Compiled:
   compiler itself refuses a program that does not fit; a GPU program is
   measured against the memory JAX's allocator gets on the card.
   """
-  mesh = loop.make_mesh(config, devices=tpu.devices)
-  loop.validate(config, mesh.size)
+  mesh = program.make_mesh(config, devices=tpu.devices)
+  program.validate(config, mesh.size)
   num_classes, multi_label = dataset_classes(config)
   on_gpu = isinstance(tpu, gpus.Cluster)
   options = gpus.COMPILER_OPTIONS if on_gpu else None
@@ -210,13 +209,10 @@ def memory(compiled_step) -> dict:
   return out
 
 
-def analyse(c: Compiled) -> dict:
-  """The record of one compiled config: memory, FLOPs, time, collectives, cost."""
-  config, tpu, chip = c.config, c.tpu, c.tpu.chip
-  devices = len(tpu.devices)
-  text = c.train.as_text()
+def _step_estimates(c: Compiled) -> tuple:
+  """(FLOPs, seconds or None) of one optimizer step per device, from the compiler's cost."""
   cost = _cost(c.train)
-  trips = config.accum_steps
+  trips = c.config.accum_steps
   if c.micro_step_flops:
     step_flops = c.micro_step_flops * trips
   else:
@@ -231,6 +227,47 @@ def analyse(c: Compiled) -> dict:
     seconds = None
   elif trips > 1:
     seconds = seconds * trips
+  return step_flops, seconds
+
+
+def _cross_slice(text: str) -> dict:
+  """Multi-slice: what crosses the data-centre network (DCN) between slices."""
+  transfers = hlo.cross_slice_transfers(text)
+  return {
+    'transfers': transfers,
+    'bytes_per_step': sum(r['bytes'] for r in transfers),
+    'kinds': sorted({f'{r["kind"]} {r["reduction"] or ""}'.strip() for r in transfers}),
+  }
+
+
+def _what_was_compiled(c: Compiled) -> dict:
+  """The topology, mesh and config fields of a compiled config's record."""
+  config, tpu = c.config, c.tpu
+  return {
+    'topology': tpu.name,
+    'topology_shape': tpu.topology,
+    'num_slices': tpu.num_slices,
+    'chips': tpu.num_chips,
+    'devices': len(tpu.devices),
+    'mesh': dict(c.program.batch_sharding.mesh.shape),
+    'model': config.model,
+    'batch': config.batch,
+    'accum_steps': config.accum_steps,
+    'remat': bool(config.remat),
+    'remat_policy': config.remat_policy if config.remat else None,
+    'scan_layers': bool(config.scan_layers),
+    'dtype': config.dtype,
+    'image_size': config.pp.crop,
+    'num_classes': c.program.num_classes,
+  }
+
+
+def analyse(c: Compiled) -> dict:
+  """The record of one compiled config: memory, FLOPs, time, collectives, cost."""
+  config, tpu, chip = c.config, c.tpu, c.tpu.chip
+  devices = len(tpu.devices)
+  text = c.train.as_text()
+  step_flops, seconds = _step_estimates(c)
   arch = steps.model_config(config)
   per_image = flops_lib.train_flops_per_image(arch, config.pp.crop, c.program.num_classes)
   model_flops = per_image * config.batch / devices if per_image else None
@@ -245,21 +282,7 @@ def analyse(c: Compiled) -> dict:
   comm_seconds = moved / bandwidth if bandwidth else None
   bound = max([s for s in (seconds, comm_seconds) if s] or [0.0]) or None
   record = {
-    'topology': tpu.name,
-    'topology_shape': tpu.topology,
-    'num_slices': tpu.num_slices,
-    'chips': tpu.num_chips,
-    'devices': devices,
-    'mesh': dict(c.program.batch_sharding.mesh.shape),
-    'model': config.model,
-    'batch': config.batch,
-    'accum_steps': config.accum_steps,
-    'remat': bool(config.remat),
-    'remat_policy': config.remat_policy if config.remat else None,
-    'scan_layers': bool(config.scan_layers),
-    'dtype': config.dtype,
-    'image_size': config.pp.crop,
-    'num_classes': c.program.num_classes,
+    **_what_was_compiled(c),
     'fits': hbm <= chip.hbm_per_device,
     'hbm_bytes_per_device': hbm,
     'hbm_capacity_bytes': chip.hbm_per_device,
@@ -268,7 +291,7 @@ def analyse(c: Compiled) -> dict:
     'flops_per_step_per_device': step_flops,
     'closed_form_flops_per_step_per_device': model_flops,
     'flops_vs_closed_form': step_flops / model_flops if model_flops else None,
-    'accumulation_loop_trips': trips,
+    'accumulation_loop_trips': config.accum_steps,
     'step_seconds_estimate': seconds,
     'img_per_sec_estimate': config.batch / seconds if seconds else None,
     'mfu_upper_bound': model_flops / (seconds * peak) if seconds and model_flops else None,
@@ -283,13 +306,7 @@ def analyse(c: Compiled) -> dict:
     'step time is a lower bound, img/s and MFU upper bounds',
   }
   if tpu.num_slices > 1:
-    # Multi-slice: what crosses the data-centre network (DCN) between slices.
-    transfers = hlo.cross_slice_transfers(text)
-    record['cross_slice'] = {
-      'transfers': transfers,
-      'bytes_per_step': sum(r['bytes'] for r in transfers),
-      'kinds': sorted({f'{r["kind"]} {r["reduction"] or ""}'.strip() for r in transfers}),
-    }
+    record['cross_slice'] = _cross_slice(text)
   if bound:
     days = config.total_steps * bound / 86400
     record['chip_days'] = days * tpu.num_chips

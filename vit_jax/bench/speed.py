@@ -225,6 +225,19 @@ def _side(times, flops_per_image, peak, batch) -> dict:
   return out
 
 
+def _settled_peaks(opts: Options, compare: bool, before: dict) -> dict:
+  """The matmul peaks measured again after the run (the better of each kept), and the
+  peak MFU divides by: the stable one (spec sheet or the recorded best of this CPU),
+  which a busy machine cannot lower."""
+  peaks, again = dict(before), measure_peaks(opts, compare)
+  for key in ('jax_matmul_flops', 'torch_matmul_flops'):
+    if key in peaks:
+      peaks[key] = max(peaks[key], again[key])
+  measured = max(peaks['jax_matmul_flops'], peaks.get('torch_matmul_flops', 0.0))
+  peaks['peak_flops'], peaks['peak_source'] = hardware.stable_peak(jnp.dtype(opts.dtype), measured)
+  return peaks
+
+
 def run(opts: Options) -> dict:
   """Runs the benchmark of `opts`; returns the record (also what `--json` writes)."""
   validate(opts)
@@ -256,15 +269,8 @@ def run(opts: Options) -> dict:
     timm_setup['first_step_s'] = time.perf_counter() - start
     runners['timm'] = timm_step
   times = interleave(runners, opts)
-  # Measured again after the run; MFU divides by the stable peak (spec sheet or
-  # the recorded best of this CPU), which a busy machine cannot lower.
-  again = measure_peaks(opts, compare)
-  for key in ('jax_matmul_flops', 'torch_matmul_flops'):
-    if key in peaks:
-      peaks[key] = max(peaks[key], again[key])
-  measured = max(peaks['jax_matmul_flops'], peaks.get('torch_matmul_flops', 0.0))
-  peak, peaks['peak_source'] = hardware.stable_peak(jnp.dtype(opts.dtype), measured)
-  peaks['peak_flops'] = peak
+  peaks = _settled_peaks(opts, compare, peaks)
+  peak = peaks['peak_flops']
 
   flops = {'xla': xla_flops_per_image(opts), 'analytic': analytic_flops_per_image(opts)}
   record = {

@@ -128,6 +128,12 @@ def make_step(
 
     return step, described
 
+  step, described['optimizer'] = _train_step(torch, model, images, labels, amp, sync)
+  return step, described
+
+
+def _train_step(torch, model, images, labels, amp, sync):
+  """One synchronised Adam step of `model` (clipped to norm 1, as ours), and its optimizer."""
   model.train()
   params = [p for p in model.parameters() if p.requires_grad]
   # The fused CPU/GPU kernel is torch's fastest Adam; give timm its best.
@@ -135,7 +141,6 @@ def make_step(
     opt = torch.optim.Adam(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, fused=True)
   except (RuntimeError, TypeError):
     opt = torch.optim.Adam(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8)
-  described['optimizer'] = f'torch.optim.Adam(fused={opt.defaults.get("fused")})'
 
   def step():
     with amp:
@@ -146,4 +151,4 @@ def make_step(
     opt.step()
     sync()
 
-  return step, described
+  return step, f'torch.optim.Adam(fused={opt.defaults.get("fused")})'

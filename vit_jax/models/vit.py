@@ -174,6 +174,23 @@ class _Projection(nn.Module):
     return kernel, bias
 
 
+def _explicit_attention(q, k, v, dtype, keep=None):
+  """softmax(q k^T / sqrt(head_dim)) v over [batch, heads, tokens, head_dim] arrays, the
+  logits and softmax in float32 for range. `keep(weights)` (recording them, dropout) makes
+  the weights explicit; without it the softmax's division comes after the product."""
+  q = q * jnp.asarray(q.shape[-1] ** -0.5, dtype)
+  logits = jnp.einsum('bhqk,bhsk->bhqs', q, k, preferred_element_type=jnp.float32)
+  if keep is not None:
+    weights = keep(jax.nn.softmax(logits, axis=-1).astype(dtype))
+    return jnp.einsum('bhqs,bhsk->bhqk', weights, v)
+  # softmax(l) @ v == (exp(l - max) @ v) / sum(exp(l - max)). The product is rounded to
+  # `dtype` (accumulated in float32 by the hardware) so that its gradient, and with it
+  # both backward matmuls, are in `dtype` too.
+  e = jnp.exp(logits - jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True)))
+  y = jnp.einsum('bhqs,bhsk->bhqk', e.astype(dtype), v)
+  return (y.astype(jnp.float32) / jnp.sum(e, axis=-1, keepdims=True)).astype(dtype)
+
+
 class MultiHeadDotProductAttention(nn.Module):
   """Multi-head self-attention with the parameter layout of the public files.
 
@@ -235,30 +252,21 @@ class MultiHeadDotProductAttention(nn.Module):
     implementation = self.attention
     if implementation == 'auto':
       implementation = 'cudnn' if cudnn_attention_applies(self.dtype, head_dim) else 'explicit'
-    out_kernel = out_kernel.astype(self.dtype)
-    out_bias = out_bias.astype(self.dtype)
+    out_kernel, out_bias = out_kernel.astype(self.dtype), out_bias.astype(self.dtype)
 
     if implementation in ('xla', 'cudnn') and not (need_weights or use_dropout):
       q, k, v = project('bnhk')
       y = fused_attention(q, k, v, implementation)
       return jnp.einsum('bnhk,hkd->bnd', y, out_kernel) + out_bias
 
-    q, k, v = project('bhnk')
-    q = q * jnp.asarray(head_dim**-0.5, self.dtype)
-    # Logits and softmax in float32 for range.
-    logits = jnp.einsum('bhqk,bhsk->bhqs', q, k, preferred_element_type=jnp.float32)
+    keep = None
     if need_weights or use_dropout:
-      weights = jax.nn.softmax(logits, axis=-1).astype(self.dtype)
-      self.sow('intermediates', 'attention_weights', weights)
-      weights = nn.Dropout(self.dropout_rate)(weights, deterministic=deterministic)
-      y = jnp.einsum('bhqs,bhsk->bhqk', weights, v)
-    else:
-      # softmax(l) @ v == (exp(l - max) @ v) / sum(exp(l - max)). The product is
-      # rounded to `dtype` (accumulated in float32 by the hardware) so that its
-      # gradient, and with it both backward matmuls, are in `dtype` too.
-      e = jnp.exp(logits - jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True)))
-      y = jnp.einsum('bhqs,bhsk->bhqk', e.astype(self.dtype), v)
-      y = (y.astype(jnp.float32) / jnp.sum(e, axis=-1, keepdims=True)).astype(self.dtype)
+
+      def keep(weights):
+        self.sow('intermediates', 'attention_weights', weights)
+        return nn.Dropout(self.dropout_rate)(weights, deterministic=deterministic)
+
+    y = _explicit_attention(*project('bhnk'), self.dtype, keep)
     return jnp.einsum('bhnk,hkd->bnd', y, out_kernel) + out_bias
 
 

@@ -40,10 +40,6 @@ from vit_jax.training import program
 from vit_jax.training import resume
 from vit_jax.training import steps
 
-# Where they used to be (bench/aot.py imports them from here): with `program.build` now.
-make_mesh = program.make_mesh
-validate = program.validate
-
 
 class TrainingError(RuntimeError):
   """A run that cannot go on; the message is one line saying what to do."""
