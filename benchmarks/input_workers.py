@@ -80,7 +80,12 @@ def ours(folder, batch, steps, threads):
 def grain_rate(work, batch, steps, threads, processes):
   import grain
 
-  ds = grain.MapDataset.range(10**9).shuffle(seed=0).map(work.__getitem__).batch(batch, batch_fn=_stack)
+  ds = (
+    grain.MapDataset.range(10**9)
+    .shuffle(seed=0)
+    .map(work.__getitem__)
+    .batch(batch, batch_fn=_stack)
+  )
   ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=threads, prefetch_buffer_size=2 * batch))
   if processes:
     ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=processes))

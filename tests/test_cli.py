@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 from conftest import command_error
+from conftest import said as conftest_said
 from conftest import subprocess_env
 import pytest
 
@@ -96,6 +97,6 @@ def test_every_command_as_a_program(name, tmp_path):
       timeout=300,
     )
     assert result.returncode == cli.EXIT_ERROR == 2, result.stderr[-2000:]
-    lines = result.stderr.strip().splitlines()
+    lines = conftest_said(result.stderr)
     assert len(lines) == 1 and lines[0].startswith(said), result.stderr[-2000:]
     assert 'no_such_flag' in lines[0] or args is argv or 'required' in lines[0]

@@ -15,11 +15,12 @@ official vit_jax is translated before it gets here (`vit_jax.cli`,
 import contextlib
 import dataclasses
 import logging as py_logging
+import os
 import signal
 import sys
 import threading
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NoReturn, Optional
 import warnings
 
 import jax
@@ -28,6 +29,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from vit_jax import checkpoint
+from vit_jax import cli
 from vit_jax import files
 from vit_jax import hardware
 from vit_jax import run_log
@@ -61,10 +63,11 @@ class _Stop:
   One process: the signal sets `requested`, which the loop reads after every
   step. Where a checkpoint would hold nothing new -- before this session's
   first step (set-up, compilation) and after the last (final evaluation,
-  whose checkpoint is written) -- and at a second signal, it stops the run at
-  once instead (`Stopped`, one line; the workdir's lock is released on the
-  way out; a raise that Python swallows, in a garbage-collector callback say,
-  is raised again at the next `check`). Several processes: JAX's
+  whose checkpoint is written) -- it stops the run at once instead (`Stopped`,
+  one line; the workdir's lock is released on the way out; a raise that Python
+  swallows, in a garbage-collector callback say, is raised again at the next
+  `check`). A second signal ends the process there and then, with the same
+  line and the lock released (`_exit_now`). Several processes: JAX's
   coordination service catches SIGTERM,
   and every process asks `reached_preemption_sync_point` at the same
   (boundary) steps, so all agree on the step to stop at; Ctrl-C is Python's
@@ -78,6 +81,7 @@ class _Stop:
     self.requested = None  # the signal that asked for a checkpoint and a stop
     self.stepping = False  # between this session's first and last step: worth a checkpoint
     self.now = ''  # the line of a stop at once, once a signal asked for one
+    self.lock: Optional[workdir_lib.Lock] = None  # released by a stop at once
     self._single = jax.process_count() == 1
     self._previous = {}
     self._unraisable = None
@@ -98,7 +102,19 @@ class _Stop:
       f'{self._WHAT[signum]}{again}: stopped at once, without a new checkpoint ({kept}); '
       'run the same command again to resume'
     )
+    if again:
+      self._exit_now()
     raise _StopNow(self.now)
+
+  def _exit_now(self) -> NoReturn:
+    """The second signal: out at once. An exception raised here would land in whatever runs,
+    typically orbax waiting for its writer threads, which logs it, or waits on them at exit;
+    the half-written checkpoint is a temporary folder that the next run removes."""
+    if self.lock is not None:
+      self.lock.release()
+    sys.stdout.flush()
+    print(f'error: {self.now}', file=sys.stderr, flush=True)
+    os._exit(cli.EXIT_ERROR)
 
   def check(self) -> None:
     """Raises a stop at once that a signal asked for, if its own raise was swallowed."""
@@ -265,7 +281,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
       _check_pretrained(config.pretrained_path)
     stop, lock = _Stop(workdir), None
     try:
-      lock = workdir_lib.acquire(workdir)
+      lock = stop.lock = workdir_lib.acquire(workdir)
       with jax.set_mesh(mesh):
         if jax.process_index() == 0:
           workdir_lib.write_config(workdir, config)
@@ -335,20 +351,23 @@ def set_up(config, workdir: str, mesh, lock: Optional[workdir_lib.Lock] = None) 
     raise ConfigError(f'{info.name} is multi-label: set --config.loss=sigmoid')
   log = run_log.RunLog(workdir, is_main=jax.process_index() == 0, tensorboard=config.tensorboard)
   log.info(pipeline.describe_preprocessing(config))
+  fewshot_model = steps.make_model(config, num_classes=None)
+  built = program.build(config, mesh, info.num_classes, info.multi_label)
+  # Last: its background thread removes unfinished checkpoints, and must not be cut short
+  # by an error in the config.
   manager = ocp.CheckpointManager(
     workdir_lib.checkpoints_dir(workdir, absolute=True),
     options=ocp.CheckpointManagerOptions(
       max_to_keep=config.keep_checkpoints, create=True, cleanup_tmp_directories=True
     ),
   )
-  fewshot_model = steps.make_model(config, num_classes=None)
   return Run(
     config=config,
     workdir=workdir,
     mesh=mesh,
     info=info,
     log=log,
-    program=program.build(config, mesh, info.num_classes, info.multi_label),
+    program=built,
     manager=manager,
     fewshot_model=fewshot_model,
     fewshot_features=fewshot.representation_fn(fewshot_model),
