@@ -1,7 +1,7 @@
 r"""Evaluate a checkpoint on a whole dataset split: exact top-1 and top-5.
 
   python -m vit_jax.evaluate --checkpoint=ViT-B_16.npz --model=ViT-B_16 \
-      --dataset=imagenet2012 --tfds_data_dir=~/tensorflow_datasets
+      --dataset=imagenet2012 --tfds_data_dir=DATA_DIR  # where `vit_jax.prepare` put it
 
 Every example of the split is counted exactly once. For ImageNet, the ReaL
 labels (Beyer et al. 2020) are evaluated too when `imagenet2012_real` is
