@@ -244,8 +244,10 @@ _TENSOR_PARALLEL = textwrap.dedent("""
 @pytest.mark.slow
 @pytest.mark.equivalence
 def test_tensor_parallel_matches_one_device_with_one_reduction_per_sublayer():
-  """model=2 and model=4 (with fsdp) against one device: loss and gradients agree normwise
-  within 1e-5, as sums split over devices and reduced in another order."""
+  """model=2 and model=4 (with fsdp) against one device: the loss agrees normwise within 1e-5
+  and the gradients within 3e-5 (250 float32 ulps), as sums split over devices and reduced in
+  another order; the gradients' spread reached 3.2e-6 across CPU code generations
+  (benchmarks/20261125T1527_equivalence_spread.json)."""
   result = subprocess.run(
     [sys.executable, '-c', _TENSOR_PARALLEL],
     capture_output=True,
@@ -260,7 +262,7 @@ def test_tensor_parallel_matches_one_device_with_one_reduction_per_sublayer():
     r = serial[key]
     assert r['mesh'] == {'slice': 1, 'data': 8 // (fsdp * tp), 'fsdp': fsdp, 'model': tp}
     assert_close(r['loss_error'], 1e-5, f'{key}: loss')
-    assert_close(errors_from_stats(r['grad_stats']), 1e-5, f'{key}: gradients')
+    assert_close(errors_from_stats(r['grad_stats']), 3e-5, f'{key}: gradients')
     # Width 32, 4 heads of 8, MLP 64: heads and MLP units split over `model`,
     # the width over `fsdp` (every array is FSDP-sized here).
     assert r['query'] == [32 // fsdp, 4 // tp, 8]
@@ -284,7 +286,7 @@ def test_tensor_parallel_matches_one_device_with_one_reduction_per_sublayer():
   # head splits heads and MLP units like a block.
   parallel = out['parallel']['1,4,None']
   assert_close(parallel['loss_error'], 1e-5, 'parallel block: loss')
-  assert_close(errors_from_stats(parallel['grad_stats']), 1e-5, 'parallel block: gradients')
+  assert_close(errors_from_stats(parallel['grad_stats']), 3e-5, 'parallel block: gradients')
   assert parallel['map_head'] == [[32, 1, 8], [32, 16]]
   assert [op for op, _, _ in parallel['model_reductions']] == ['all-reduce'] * 4
 

@@ -155,7 +155,7 @@ def test_gradient_clipping_at_global_norm():
 def test_accumulation_matches_one_big_batch():
   """4 micro-batches against one batch of 16, three plain SGD steps: the same sums in another
   order, so loss, gradient norm and parameters agree normwise within 1e-5 (170 float32 ulps,
-  over 10x the spread measured across CPUs: benchmarks/*_equivalence_spread.json)."""
+  over 10x the spread measured across CPUs: benchmarks/20261125T1527_equivalence_spread.json)."""
   data = batch(16)
   results = []
   for accum in (1, 4):

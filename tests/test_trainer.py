@@ -429,7 +429,7 @@ def assert_same_run(workdir, reference, name):
   """Per-step loss and gradient norm, and the parameters after three steps, agree normwise
   within 1e-5: 170 float32 ulps, over 10x the largest spread measured with XLA's CPU code
   held to SSE4.2, AVX and AVX2, at optimisation levels 0 and 2
-  (benchmarks/*_equivalence_spread.json), while a wrong reduction or batch moves them by > 1e-3."""
+  (benchmarks/20261125T1527_equivalence_spread.json), while a wrong reduction or batch moves them by > 1e-3."""
   got, want = progress(workdir), progress(reference)
   assert [s for s, _, _ in got] == [s for s, _, _ in want] == [1, 2, 3]
   for (step, *a), (_, *b) in zip(got, want):
