@@ -208,7 +208,7 @@ def subprocess_env(devices=1, **extra):
 # floored at `floor` times the largest of the whole tree (a tensor that is pure
 # rounding noise, exactly 0 in real arithmetic, is measured against the tree).
 # Every comparison appends what it measured to $VIT_JAX_SPREAD_LOG (JSON lines),
-# which is how the tolerances in the tests were chosen (tests/README.md).
+# which is how the tolerances in the tests were chosen (benchmarks/equivalence_spread.py).
 
 
 def tree_errors(got, want, floor=1e-2):
