@@ -787,9 +787,10 @@ def test_a_folder_named_in_any_script_trains_stops_predicts_and_resumes(folder, 
 
 def test_signals_ask_for_a_checkpoint_only_where_one_holds_something_new(tmp_path):
   """Item 5, the policy (`training.loop._Stop`), signal by signal in this process: before the
-  first step a signal stops at once; while stepping the first asks for a checkpoint at the
-  next step and a second ends the process at once; a stop whose raise Python swallowed (a garbage
-  collector callback) is raised again at the next check."""
+  first step a signal stops at once (inside `held`, once the block is done); while stepping
+  the first asks for a checkpoint at the next step and a second ends the process at once; a
+  stop whose raise Python swallowed (a garbage collector callback) is raised again at the next
+  check."""
   import threading
 
   from vit_jax.training import loop
@@ -799,6 +800,15 @@ def test_signals_ask_for_a_checkpoint_only_where_one_holds_something_new(tmp_pat
   previous = signal.getsignal(signal.SIGINT)
   stop = loop._Stop(str(tmp_path))
   try:
+    # Inside `held` (taking the workdir's lock) a signal waits for the block's end.
+    reached = []
+    with pytest.raises(loop._StopNow, match=r'^preempted \(SIGTERM\): stopped at once'):
+      with stop.held():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.5)
+        reached.append('the end of the block')
+    assert reached == ['the end of the block']
+    stop.now = ''
     with pytest.raises(loop._StopNow, match=r'^preempted \(SIGTERM\): stopped at once, without a'):
       os.kill(os.getpid(), signal.SIGTERM)
       time.sleep(5)

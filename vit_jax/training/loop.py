@@ -85,6 +85,7 @@ class _Stop:
     self._single = jax.process_count() == 1
     self._previous = {}
     self._unraisable = None
+    self._held = None  # the signals that arrived inside `held`, while it lasts
     if self._single and threading.current_thread() is threading.main_thread():
       self._previous = {sig: signal.signal(sig, self._handle) for sig in self._WHAT}
       self._unraisable = sys.unraisablehook
@@ -92,6 +93,9 @@ class _Stop:
 
   def _handle(self, signum, frame):
     del frame
+    if self._held is not None:
+      self._held.append(signum)
+      return
     if self.stepping and self.requested is None:
       self.requested = signum
       return
@@ -115,6 +119,17 @@ class _Stop:
     sys.stdout.flush()
     print(f'error: {self.now}', file=sys.stderr, flush=True)
     os._exit(cli.EXIT_ERROR)
+
+  @contextlib.contextmanager
+  def held(self):
+    """Signals wait until the block is done, then act as if they arrived then."""
+    self._held = []
+    try:
+      yield
+    finally:
+      held, self._held = self._held, None
+    for signum in held:
+      self._handle(signum, None)
 
   def check(self) -> None:
     """Raises a stop at once that a signal asked for, if its own raise was swallowed."""
@@ -281,7 +296,8 @@ def train_and_evaluate(config, workdir: str) -> dict:
       _check_pretrained(config.pretrained_path)
     stop, lock = _Stop(workdir), None
     try:
-      lock = stop.lock = workdir_lib.acquire(workdir)
+      with stop.held():  # a stop raised halfway through taking the lock would leave it
+        lock = stop.lock = workdir_lib.acquire(workdir)
       with jax.set_mesh(mesh):
         if jax.process_index() == 0:
           workdir_lib.write_config(workdir, config)
