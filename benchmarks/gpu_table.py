@@ -13,8 +13,8 @@ bound: not measurements.
 import argparse
 import json
 import os
-import subprocess
-import sys
+
+import tpu_table
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 I21K, FT = 'configs/{}.py:imagenet21k', 'configs/finetune.py:{},cifar10'
@@ -112,28 +112,10 @@ def markdown() -> str:
 
 def compile_entry(name, config, topology, extra, max_compiles) -> None:
   """Runs the compile command for one entry; a run that fits nothing gets a record of its error."""
-  path = os.path.join(ROOT, 'benchmarks', 'gpu', f'{name}.json')
-  command = [
-    sys.executable,
-    '-m',
-    'vit_jax.compile',
-    f'--config={config}',
-    f'--topology={topology}',
-    '--fit',
-    f'--max_compiles={max_compiles}',
-    f'--json={path}',
-    *extra,
-  ]
-  print(' '.join(command[1:]), flush=True)
-  result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
-  lines = [
-    line
-    for line in (result.stdout + result.stderr).splitlines()
-    if line.strip() and not line.startswith(('E0000', 'W0000', 'I0000', 'WARNING'))
-  ]
-  print('\n'.join(lines[-16:]), flush=True)
-  errors = [line for line in lines if line.startswith('error: ')]
-  if result.returncode == 2 and errors and not os.path.exists(path):
+  path, returncode, errors = tpu_table.compile_entry(
+    name, config, topology, extra, max_compiles, folder='gpu'
+  )
+  if returncode == 2 and errors and not os.path.exists(path):
     with open(path, 'w', encoding='utf-8') as f:
       json.dump({'topology': topology, 'fits': False, 'error': errors[-1][7:]}, f, indent=1)
 

@@ -236,6 +236,34 @@ def giant_markdown() -> str:
   return '\n'.join(rows)
 
 
+def compile_entry(name, config, topology, extra, max_compiles, folder='tpu'):
+  """Runs the compile command for one entry (its record: benchmarks/<folder>/<name>.json) and
+  prints the end of what it said; returns the record's path, the exit status and the error
+  lines."""
+  path = os.path.join(ROOT, 'benchmarks', folder, f'{name}.json')
+  command = [
+    sys.executable,
+    '-m',
+    'vit_jax.compile',
+    f'--config={config}',
+    f'--topology={topology}',
+    '--fit',
+    f'--max_compiles={max_compiles}',
+    f'--json={path}',
+    *extra,
+  ]
+  print(' '.join(command[1:]), flush=True)
+  result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+  lines = [
+    line
+    for line in (result.stdout + result.stderr).splitlines()
+    if line.strip()
+    and not line.startswith(('E0000', 'W0000', 'I0000', 'WARNING', '=== ', 'learning/'))
+  ]
+  print('\n'.join(lines[-16:]), flush=True)
+  return path, result.returncode, [line for line in lines if line.startswith('error: ')]
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--only', help='run this entry only')
@@ -251,25 +279,7 @@ def main():
     path = os.path.join(ROOT, 'benchmarks', 'tpu', f'{name}.json')
     if os.path.exists(path):
       continue
-    command = [
-      sys.executable,
-      '-m',
-      'vit_jax.compile',
-      f'--config={config}',
-      f'--topology={topology}',
-      '--fit',
-      f'--max_compiles={args.max_compiles}',
-      f'--json={path}',
-      *extra,
-    ]
-    print(' '.join(command[1:]), flush=True)
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
-    lines = [
-      l
-      for l in (result.stdout + result.stderr).splitlines()
-      if l.strip() and not l.startswith(('E0000', 'WARNING: Logging', '=== ', 'learning/'))
-    ]
-    print('\n'.join(lines[-14:]), flush=True)
+    compile_entry(name, config, topology, extra, args.max_compiles)
 
 
 if __name__ == '__main__':

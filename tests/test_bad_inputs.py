@@ -23,10 +23,10 @@ import subprocess
 import sys
 import time
 
+from conftest import param_shapes
+from conftest import random_like
 from conftest import said
 from conftest import subprocess_env
-import jax
-import jax.numpy as jnp
 import numpy as np
 from PIL import Image
 import pytest
@@ -34,7 +34,6 @@ import pytest
 from vit_jax import checkpoint
 from vit_jax import cli
 from vit_jax import files
-from vit_jax import models
 from vit_jax import workdir as workdir_lib
 from vit_jax.configs import architectures
 from vit_jax.configs import demo
@@ -75,13 +74,8 @@ def folder(tmp_path_factory):
 
 
 def _params(num_classes, favourite=None):
-  config = architectures.MODEL_CONFIGS['testing']
-  model = models.VisionTransformer(num_classes=num_classes, **config)
-  shapes = jax.eval_shape(
-    lambda: model.init(jax.random.key(0), jnp.zeros((1, SIZE, SIZE, 3)), train=False)
-  )['params']
-  rng = np.random.default_rng(0)
-  params = jax.tree.map(lambda s: rng.normal(0, 0.02, s.shape).astype(np.float32), shapes)
+  shapes = param_shapes(architectures.MODEL_CONFIGS['testing'], num_classes, SIZE)
+  params = random_like(shapes, scale=0.02)
   if favourite is not None:  # the head prefers one class, whatever the image
     params['head']['kernel'] = np.zeros_like(params['head']['kernel'])
     params['head']['bias'] = np.where(np.arange(num_classes) == favourite, 20.0, 0.0)
