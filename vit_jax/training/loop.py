@@ -62,16 +62,17 @@ class _Stop:
 
   One process: the signal sets `requested`, which the loop reads after every
   step. Where a checkpoint would hold nothing new -- before this session's
-  first step (set-up, compilation) and after the last (final evaluation,
-  whose checkpoint is written) -- it stops the run at once instead (`Stopped`,
-  one line; the workdir's lock is released on the way out; a raise that Python
-  swallows, in a garbage-collector callback say, is raised again at the next
-  `check`). A second signal ends the process there and then, with the same
+  first step (set-up, compilation) and after the last (final evaluation) --
+  it stops the run at once instead (`Stopped`, one line; the workdir's lock is
+  released on the way out; a raise that Python swallows, in a garbage-collector
+  callback say, is raised again at the next `check`). While the run takes the
+  lock and while it writes its last checkpoint, a signal waits for them
+  (`held`). A second signal ends the process there and then, with the same
   line and the lock released (`_exit_now`). Several processes: JAX's
-  coordination service catches SIGTERM,
-  and every process asks `reached_preemption_sync_point` at the same
-  (boundary) steps, so all agree on the step to stop at; Ctrl-C is Python's
-  there (`vit_jax.cli.run`: one line).
+  coordination service catches SIGTERM, and every process asks
+  `reached_preemption_sync_point` at the same (boundary) steps, so all agree
+  on the step to stop at; Ctrl-C is Python's there (`vit_jax.cli.run`: one
+  line).
   """
 
   _WHAT = {signal.SIGTERM: 'preempted (SIGTERM)', signal.SIGINT: 'interrupted (Ctrl-C)'}
@@ -95,29 +96,34 @@ class _Stop:
     del frame
     if self._held is not None:
       self._held.append(signum)
-      return
+      if len(self._held) == 1:
+        return
+      self._exit_now(self._stopped_line(signum, again=True))  # a second does not wait
     if self.stepping and self.requested is None:
       self.requested = signum
       return
-    saved = workdir_lib.saved_steps(self.workdir)
-    kept = f'the checkpoint at step {saved[-1]} is kept' if saved else 'no checkpoint yet'
-    again = ' again' if self.requested is not None else ''
-    self.now = (
-      f'{self._WHAT[signum]}{again}: stopped at once, without a new checkpoint ({kept}); '
-      'run the same command again to resume'
-    )
+    again = self.requested is not None
+    self.now = self._stopped_line(signum, again=again)
     if again:
-      self._exit_now()
+      self._exit_now(self.now)
     raise _StopNow(self.now)
 
-  def _exit_now(self) -> NoReturn:
+  def _stopped_line(self, signum, again: bool) -> str:
+    saved = workdir_lib.saved_steps(self.workdir)
+    kept = f'the checkpoint at step {saved[-1]} is kept' if saved else 'no checkpoint yet'
+    return (
+      f'{self._WHAT[signum]}{" again" if again else ""}: stopped at once, without a new '
+      f'checkpoint ({kept}); run the same command again to resume'
+    )
+
+  def _exit_now(self, line: str) -> NoReturn:
     """The second signal: out at once. An exception raised here would land in whatever runs,
     typically orbax waiting for its writer threads, which logs it, or waits on them at exit;
     the half-written checkpoint is a temporary folder that the next run removes."""
     if self.lock is not None:
       self.lock.release()
     sys.stdout.flush()
-    print(f'error: {self.now}', file=sys.stderr, flush=True)
+    print(f'error: {line}', file=sys.stderr, flush=True)
     os._exit(cli.EXIT_ERROR)
 
   @contextlib.contextmanager
@@ -457,10 +463,11 @@ def train(run: Run, loop: Loop, periodic: list, stop: Optional[_Stop] = None) ->
           pending = None
           _run_hooks(run, loop, step, due, preemption)
   finally:
-    preemption.stepping = False  # the final checkpoint is written: a signal now stops at once
+    preemption.stepping = False  # the last checkpoint is asked for: a signal now stops at once,
     if stop is None:
       preemption.restore()
-    run.manager.wait_until_finished()
+    with preemption.held():  # once it is written (a second signal does not wait)
+      run.manager.wait_until_finished()
 
 
 def _run_hooks(run: Run, loop: Loop, step: int, due: list, preemption) -> None:
