@@ -107,12 +107,7 @@ GIANT_ENTRIES = [
       '--config.mesh.model=4',
     ],
   ),
-  (
-    'vit_g14_jft_v5e-256',
-    'configs/giant.py:ViT-g_14',
-    'v5e-256',
-    ['--config.mesh.fsdp=16', '--config.accum_steps=4'],
-  ),
+  ('vit_g14_jft_v5e-256', 'configs/giant.py:ViT-g_14', 'v5e-256', ['--config.mesh.fsdp=16']),
   ('vit_G14_jft_v4-256', 'configs/giant.py:ViT-G_14', 'v4-256', ['--config.mesh.fsdp=16']),
   # v5p, whose programs libtpu costs: the compiler's step time.
   ('vit_g14_jft_v5p-256', 'configs/giant.py:ViT-g_14', 'v5p-256', ['--config.mesh.fsdp=16']),

@@ -170,13 +170,17 @@ def check_model_fits(num_heads: int, mlp_dim: int, model: int) -> None:
 
 
 def constrain(x, logical):
-  """`x` laid out as `logical` ('batch', 'model' or None per dimension) under a `model` mesh.
+  """`x` laid out as `logical` ('batch', 'model' or None per dimension) on a sharded mesh.
 
-  A no-op without a mesh, or when the mesh has no `model` axis to split: data
-  and FSDP parallelism need no activation constraints.
+  A no-op without a mesh, or where the mesh splits no parameter (`fsdp` and
+  `model` both 1): data parallelism needs no activation constraints. FSDP
+  does: left free, XLA's GPU partitioner splits the MLPs of the giant ViTs by
+  their weights' FSDP layout and all-gathers the activations instead of the
+  weights (ViT-g/14 on 16 H100s: 677 GiB per GPU and step against 23 GiB;
+  docs/speed_and_scale.md).
   """
   mesh = jax.sharding.get_abstract_mesh()
-  if mesh.empty or 'model' not in mesh.axis_names or mesh.shape['model'] == 1:
+  if mesh.empty or all(mesh.shape.get(axis, 1) == 1 for axis in ('fsdp', 'model')):
     return x
   spec = P(*[BATCH_AXES if a == 'batch' else a for a in logical])
   return jax.lax.with_sharding_constraint(x, spec)
