@@ -16,9 +16,10 @@ rules, not written into the model: `MODEL_RULES` (parameter path pattern ->
 the dimensions split over `model`), then the FSDP rule (an array with at least
 `min_size` elements is split along its largest remaining dimension that `fsdp`
 divides); everything else is replicated. The model only names the logical
-layout of a few activations (`constrain`), which pins where the reductions of
-tensor parallelism happen: one per attention and one per MLP in a serial
-block, one per block with `parallel_block`, forward and backward alike.
+layout of a few activations (`constrain`), which keeps FSDP gathering weights
+rather than activations and pins where the reductions of tensor parallelism
+happen: one per attention and one per MLP in a serial block, one per block
+with `parallel_block`, forward and backward alike.
 """
 
 import math
@@ -174,9 +175,9 @@ def constrain(x, logical):
 
   A no-op without a mesh, or where the mesh splits no parameter (`fsdp` and
   `model` both 1): data parallelism needs no activation constraints. FSDP
-  does: left free, XLA's GPU partitioner splits the MLPs of the giant ViTs by
+  does: left free, XLA's partitioner splits the MLPs of the giant ViTs by
   their weights' FSDP layout and all-gathers the activations instead of the
-  weights (ViT-g/14 on 16 H100s: 677 GiB per GPU and step against 23 GiB;
+  weights (ViT-g/14 on 16 H100s: 677 GiB per GPU and step against 10 GiB;
   docs/speed_and_scale.md).
   """
   mesh = jax.sharding.get_abstract_mesh()
