@@ -482,6 +482,30 @@ def test_ctrl_c_in_a_command_is_one_line(inputs, monkeypatch, capsys):
   assert _run(predict.main, argv, capsys)[::2] == (130, 'error: interrupted (Ctrl-C)\n')
 
 
+def test_a_reader_that_goes_away_ends_a_command_quietly(tmp_path):
+  """`python -m vit_jax.predict ... | head -1`: the command stops without a BrokenPipeError
+  traceback, with a shell's exit status for it (141), as `cat` would."""
+  command = (
+    'import sys\n'
+    'from vit_jax import cli\n'
+    'def main():\n'
+    '  for i in range(10**6):\n'
+    "    print(f'image_{i}.png: class {i % 10}')\n"
+    'sys.exit(cli.run(main))\n'
+  )
+  script = tmp_path / 'lines.py'
+  script.write_text(command)
+  result = subprocess.run(
+    ['bash', '-c', f'set -o pipefail; {sys.executable} {script} | head -1'],
+    capture_output=True,
+    text=True,
+    env=subprocess_env(),
+    timeout=120,
+  )
+  assert result.stdout == 'image_0.png: class 0\n'
+  assert result.returncode == 141 and said(result.stderr) == [], result.stderr[-3000:]
+
+
 # ---------------------------------------------------------------------------
 # Config files (item 4 and 7), in this process: what `cli.ConfigFlag` checks before and after
 # absl reads the file. The slow tier runs them through python -m vit_jax.main.

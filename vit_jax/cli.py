@@ -20,7 +20,8 @@ here, before any command sees it, and a field the file sets that no run reads
 Ctrl-C: a command that `run` starts ends in one line, `error: interrupted
 (Ctrl-C)`, with exit status `EXIT_INTERRUPTED` (130, what a shell reports for
 it); a training run handles it itself, as SIGTERM: a checkpoint, one line,
-exit status 2 (`vit_jax.training.loop`).
+exit status 2 (`vit_jax.training.loop`). A closed stdout (`| head`) ends a
+command quietly with exit status `EXIT_BROKEN_PIPE` (141, a shell's for it).
 Output: a path whose name is not text in this locale's encoding is printed
 as the bytes it has on disk, other characters the terminal cannot show as
 escapes (`text_streams`), never a UnicodeEncodeError.
@@ -37,6 +38,7 @@ from typing import NoReturn, Optional
 
 EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE
 
 
 def fail(message) -> NoReturn:
@@ -68,12 +70,16 @@ def reported(*errors):
 
 
 def run(main, *args, **kwargs) -> int:
-  """`main(*args, **kwargs)`, the command's exit status; a Ctrl-C that reaches here is one line."""
+  """`main(*args, **kwargs)`, the command's exit status; a Ctrl-C that reaches here is one line,
+  a reader of stdout that went away (`| head`) ends the command quietly, as `cat` does."""
   try:
     return main(*args, **kwargs)
   except KeyboardInterrupt:
     print('error: interrupted (Ctrl-C)', file=sys.stderr, flush=True)
     return EXIT_INTERRUPTED
+  except BrokenPipeError:
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's flush at exit
+    return EXIT_BROKEN_PIPE
 
 
 def _bytes_or_escapes(error):

@@ -201,6 +201,14 @@ def verbosity_in(argv) -> int:
   return default_verbosity()
 
 
+_NO_TPU_HOST = {
+  'TPU_SKIP_MDS_QUERY': '1',
+  'TPU_ACCELERATOR_TYPE': 'v4-8',
+  'TPU_WORKER_HOSTNAMES': 'localhost',
+  'TPU_WORKER_ID': '0',
+}
+
+
 def _libtpu_without_tpu() -> bool:
   """libtpu is installed but no PCI device has Google's vendor id (0x1ae0: TPU chips)."""
   if importlib.util.find_spec('libtpu') is None:
@@ -238,13 +246,20 @@ def quiet_libraries(verbosity: int) -> None:
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # TensorFlow/XLA C++: errors only
   os.environ.setdefault('GRPC_VERBOSITY', 'ERROR')
   os.environ.setdefault('GLOG_minloglevel', '2')
-  if 'JAX_PLATFORMS' not in os.environ and _libtpu_without_tpu():
+  if _libtpu_without_tpu():
     # libtpu (the [tpu] extra) on a machine without TPUs prints a screen of
     # errors when JAX tries it; leave it out of the platforms JAX starts.
-    gpu = os.path.exists('/dev/nvidia0') and any(
-      importlib.util.find_spec(name) for name in ('jax_cuda12_plugin', 'jax_cuda13_plugin')
-    )
-    os.environ['JAX_PLATFORMS'] = 'cuda,cpu' if gpu else 'cpu'
+    if 'JAX_PLATFORMS' not in os.environ:
+      gpu = os.path.exists('/dev/nvidia0') and any(
+        importlib.util.find_spec(name) for name in ('jax_cuda12_plugin', 'jax_cuda13_plugin')
+      )
+      os.environ['JAX_PLATFORMS'] = 'cuda,cpu' if gpu else 'cpu'
+    # Describing a slice (`vit_jax.compile`), libtpu asks the cloud's metadata
+    # server about this host and logs five lines, one of them `E0000`, when
+    # there is none: name a one-host TPU VM instead (the compiled programs are
+    # the same, byte for byte in their records).
+    for name, value in _NO_TPU_HOST.items():
+      os.environ.setdefault(name, value)
   logging.set_verbosity(logging.WARNING)
   # Libraries' notes to their own developers (torch.onnx, orbax): not for users.
   warnings.filterwarnings('ignore', category=FutureWarning)
