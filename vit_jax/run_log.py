@@ -256,8 +256,8 @@ def quiet_libraries(verbosity: int) -> None:
       os.environ['JAX_PLATFORMS'] = 'cuda,cpu' if gpu else 'cpu'
     # Describing a slice (`vit_jax.compile`), libtpu asks the cloud's metadata
     # server about this host and logs five lines, one of them `E0000`, when
-    # there is none: name a one-host TPU VM instead (the compiled programs are
-    # the same, byte for byte in their records).
+    # there is none: name a one-host TPU VM instead (the records of programs
+    # compiled either way are the same but for the compile time).
     for name, value in _NO_TPU_HOST.items():
       os.environ.setdefault(name, value)
   logging.set_verbosity(logging.WARNING)
