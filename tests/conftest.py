@@ -18,6 +18,8 @@ import os
 import pathlib
 import re
 import shutil
+import subprocess
+import sys
 import tempfile
 
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
@@ -195,6 +197,20 @@ def subprocess_env(devices=1, **extra):
     [str(ROOT)] + [p for p in env.get('PYTHONPATH', '').split(os.pathsep) if p]
   )
   return env
+
+
+def child_json(script: str, devices=1, timeout=600):
+  """Runs `python -c script` on `devices` CPU devices (`subprocess_env`); the JSON of the last
+  line it prints."""
+  result = subprocess.run(
+    [sys.executable, '-c', script],
+    capture_output=True,
+    text=True,
+    env=subprocess_env(devices=devices),
+    timeout=timeout,
+  )
+  assert result.returncode == 0, result.stderr[-3000:]
+  return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 # ---------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import sys
 import textwrap
 
 from conftest import ROOT
+from conftest import child_json
 from conftest import param_shapes
 from conftest import said
 from conftest import subprocess_env
@@ -186,15 +187,7 @@ _SAME_PROGRAM = textwrap.dedent("""
 @pytest.mark.slow
 def test_trainer_and_compile_command_lower_identical_programs():
   """Same config both ways on 8 CPU devices: identical HLO text, train and eval steps."""
-  result = subprocess.run(
-    [sys.executable, '-c', _SAME_PROGRAM],
-    capture_output=True,
-    text=True,
-    env=subprocess_env(devices=8),
-    timeout=300,
-  )
-  assert result.returncode == 0, result.stderr[-3000:]
-  out = json.loads(result.stdout.strip().splitlines()[-1])
+  out = child_json(_SAME_PROGRAM, devices=8, timeout=300)
   assert out['train_same'] and out['eval_same']
   # Per device, exactly: fp32 parameters and Adam's two moments (no leaf of this
   # small model reaches FSDP's size threshold), the scalars of the state, and

@@ -16,6 +16,7 @@ import textwrap
 import types
 
 from conftest import ROOT
+from conftest import child_json
 from conftest import subprocess_env
 import jax
 import jax.numpy as jnp
@@ -210,15 +211,7 @@ _CHILD = textwrap.dedent("""
 @pytest.fixture(scope='module')
 def child():
   """The library-level GPU compiles, in one child process."""
-  result = subprocess.run(
-    [sys.executable, '-c', _CHILD],
-    capture_output=True,
-    text=True,
-    env=subprocess_env(),
-    timeout=300,
-  )
-  assert result.returncode == 0, result.stderr[-3000:]
-  return json.loads(result.stdout.strip().splitlines()[-1])
+  return child_json(_CHILD, timeout=300)
 
 
 @needs_gpu_compiler

@@ -6,19 +6,16 @@ TPU ones compile tiny models for small topologies with libtpu.
 
 import functools
 import importlib.util
-import json
-import subprocess
-import sys
 import textwrap
 
 from conftest import assert_close
 from conftest import assert_trees_close
+from conftest import child_json
 from conftest import errors_from_stats
 from conftest import map_head_parameter_count
 from conftest import param_shapes
 from conftest import random_like
 from conftest import small_vit_config
-from conftest import subprocess_env
 from conftest import tiny_run_config
 import jax
 import jax.numpy as jnp
@@ -248,15 +245,7 @@ def test_tensor_parallel_matches_one_device_with_one_reduction_per_sublayer():
   and the gradients within 3e-5 (3x the other comparisons' 1e-5), as sums split over devices
   and reduced in another order; the gradients' spread reached 3.2e-6 across CPU code
   generations (benchmarks/20261125T1527_equivalence_spread.json)."""
-  result = subprocess.run(
-    [sys.executable, '-c', _TENSOR_PARALLEL],
-    capture_output=True,
-    text=True,
-    env=subprocess_env(devices=8),
-    timeout=600,
-  )
-  assert result.returncode == 0, result.stderr[-3000:]
-  out = json.loads(result.stdout.strip().splitlines()[-1])
+  out = child_json(_TENSOR_PARALLEL, devices=8)
   serial = out['serial']
   for key, (fsdp, tp) in {'1,2,None': (1, 2), '2,4,1': (2, 4)}.items():
     r = serial[key]
@@ -335,15 +324,7 @@ def test_fsdp_alone_gathers_weights_not_activations():
   were constrained under FSDP too (`sharding.constrain`), the partitioner followed the weights'
   layout into the activations: here 79x the parameters' bytes in all-gathers and 279x in
   all-reduces, and an all-to-all, and 677 GiB per GPU and step for ViT-g/14 on 16 H100s."""
-  result = subprocess.run(
-    [sys.executable, '-c', _FSDP_COLLECTIVES],
-    capture_output=True,
-    text=True,
-    env=subprocess_env(devices=8),
-    timeout=600,
-  )
-  assert result.returncode == 0, result.stderr[-3000:]
-  out = json.loads(result.stdout.strip().splitlines()[-1])
+  out = child_json(_FSDP_COLLECTIVES, devices=8)
   moved = {}
   for row in out['collectives']:
     assert row['group_size'] == 8, row

@@ -22,10 +22,11 @@ from absl import logging
 
 from vit_jax import cli
 from vit_jax import run_log
+from vit_jax.bench import gpus
 
 # On a GPU, JAX takes 75% of its memory by default; `python -m vit_jax.compile --topology=h100-8`
-# and the launch scripts count on 90% (vit_jax.bench.gpus.MEMORY_FRACTION).
-os.environ.setdefault('XLA_PYTHON_CLIENT_MEM_FRACTION', '0.9')
+# and the launch scripts count on 90%.
+os.environ.setdefault('XLA_PYTHON_CLIENT_MEM_FRACTION', str(gpus.MEMORY_FRACTION))
 
 _CONFIG = cli.ConfigFlag(
   'Experiment config file, optionally with `:ARGS` (default: the demo).',
