@@ -98,6 +98,20 @@ def test_flops_match_the_closed_form_for_vit_b16(mode, factor):
   assert analytic < xla < 1.04 * analytic
 
 
+def test_optim_dtype_sets_the_first_moment_of_the_benchmarked_step():
+  def moment_dtypes(optim_dtype):
+    _, (state, _) = speed.build_step(tiny(mode='train', optim_dtype=optim_dtype), abstract=True)
+    leaves = jax.tree_util.tree_leaves_with_path(state)
+    params = sum(1 for path, _ in leaves if 'params' in jax.tree_util.keystr(path[:1]))
+    mu = [x.dtype.name for path, x in leaves if '.mu' in jax.tree_util.keystr(path)]
+    return params, mu
+
+  params, mu = moment_dtypes('float32')
+  assert len(mu) == params and set(mu) == {'float32'}
+  params, mu = moment_dtypes('bfloat16')
+  assert len(mu) == params and set(mu) == {'bfloat16'}
+
+
 def test_largest_search_is_exact_and_cheap():
   for answer in (0, 1, 7, 64, 1000):
     probes = []

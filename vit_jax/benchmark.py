@@ -44,6 +44,12 @@ def _parser():
   p.add_argument('--accum_steps', type=int, default=d.accum_steps)
   p.add_argument('--remat', action='store_true')
   p.add_argument('--optimizer', default=d.optimizer, choices=('adam', 'sgd'))
+  p.add_argument(
+    '--optim_dtype',
+    default=d.optim_dtype,
+    choices=('float32', 'bfloat16'),
+    help="Adam's first moment / SGD's momentum (default: %(default)s, as timm's Adam)",
+  )
   p.add_argument('--num_classes', type=int, default=d.num_classes)
   p.add_argument('--attention', default=d.attention, choices=vit.ATTENTION)
   p.add_argument('--warmup', type=int, default=d.warmup)

@@ -40,6 +40,7 @@ class Options:
   accum_steps: int = 1
   remat: bool = False
   optimizer: str = 'adam'  # 'adam' (pre-training) or 'sgd' (fine-tuning)
+  optim_dtype: str = 'float32'  # Adam's first moment / SGD's momentum: 'float32' or 'bfloat16'
   attention: str = 'auto'  # see vit.ATTENTION
   num_classes: int = 1000
   warmup: int = 2  # untimed steps per side
@@ -57,8 +58,9 @@ class BenchmarkError(ValueError):
 def validate(opts: Options) -> None:
   if opts.mode not in ('infer', 'train'):
     raise BenchmarkError(f"--mode={opts.mode}: use 'infer' or 'train'")
-  if opts.dtype not in ('float32', 'bfloat16'):
-    raise BenchmarkError(f"--dtype={opts.dtype}: use 'float32' or 'bfloat16'")
+  for flag in ('dtype', 'optim_dtype'):
+    if getattr(opts, flag) not in ('float32', 'bfloat16'):
+      raise BenchmarkError(f"--{flag}={getattr(opts, flag)}: use 'float32' or 'bfloat16'")
   if opts.batch < 1 or opts.batch % opts.accum_steps:
     raise BenchmarkError(
       f'--batch={opts.batch} must be a positive multiple of --accum_steps={opts.accum_steps}'
@@ -91,7 +93,7 @@ def validate(opts: Options) -> None:
 
 
 def train_config(opts: Options):
-  """The experiment config of a train step: common defaults, no dropout, fp32 moments."""
+  """The experiment config of a train step: common defaults, no dropout."""
   config = common.get_config()
   config.update(
     model=opts.model,
@@ -101,6 +103,7 @@ def train_config(opts: Options):
     batch=opts.batch,
     accum_steps=opts.accum_steps,
     optimizer=opts.optimizer,
+    optim_dtype=opts.optim_dtype,
     total_steps=10**6,
     warmup_steps=1,
     dropout_rate=0.0,
