@@ -25,6 +25,7 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # vit_jax from this checkout, installed or not (the GPU image has it not)
 B16_TRAIN = ['--model=ViT-B_16', '--mode=train', '--dtype=bfloat16', '--optimizer=adam']
 B16_INFER = ['--model=ViT-B_16', '--mode=infer', '--dtype=bfloat16']
 # (name, benchmark flags, batches, needs timm)
