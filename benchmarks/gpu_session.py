@@ -1,9 +1,10 @@
 r"""The whole GPU measurement of one device lease, in priority order, a record after each item.
 
-  python benchmarks/gpu_session.py --out=$OUT [--budget_s=540] [--only=NAME,...]
+  python benchmarks/gpu_session.py --out=/tmp/records --archive=$OUT/records.tgz \
+      [--budget_s=480] [--only=NAME,...]
   python benchmarks/gpu_session.py --out=/tmp/smoke --smoke     # the same code on a CPU, tiny
 
-A lease is rare and short (30 minutes of device time a session, 10 a command),
+A lease is rare and short (15 minutes of device time a session, 10 a command),
 so this script runs what matters most first and writes each record as soon as
 it exists: (1) ViT-B/16 bf16 training against timm, (2) ViT-B/16 bf16
 inference against timm, (3) the whole loop (`python -m vit_jax.main` on the
@@ -12,9 +13,12 @@ bare step and the host input pipeline alone; no TensorFlow needed), then ViT-L/1
 at 224 px and the fine-tuning resolutions, with their largest batch. Each
 item is `python -m vit_jax.benchmark` (timm in the same process, interleaved,
 the same warm-up and timed steps) at each of its batches, so each side's best
-batch is in the records; `summary.json` collects them. Items that do not fit
-in the time left are skipped and listed, so the next call resumes with
-`--only`.
+batch is in the records; `summary.json` collects them. An item starts only if
+its runs fit in the time left at the seconds per run that the 2026-11-26 H200
+lease took (or a guess, where noted); the ones left are listed, so the next
+call resumes with `--only`. A lease returns at most 8 files: `--archive`
+packs --out into one .tar.gz after every item, so a call cut off at its limit
+still returns what was done.
 """
 
 import argparse
@@ -22,26 +26,41 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 import time
+from typing import NamedTuple, Optional
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # vit_jax from this checkout, installed or not (the GPU image has it not)
 B16_TRAIN = ['--model=ViT-B_16', '--mode=train', '--dtype=bfloat16', '--optimizer=adam']
 B16_INFER = ['--model=ViT-B_16', '--mode=infer', '--dtype=bfloat16']
-# (name, benchmark flags, batches, needs timm)
+
+
+class Item(NamedTuple):
+  name: str
+  flags: Optional[list]  # benchmark flags; None: the whole loop (run_loop)
+  batches: list
+  needs_timm: bool
+  seconds: float  # per run (per batch), process start and compiles included
+
+
+# Seconds per run: the H200 lease of 2026-11-26 (benchmarks/gpu_measured/h200_20261126:
+# 82-92 s with timm's training, 41-44 s with its inference, about 52 s for ours alone at
+# ViT-B/16; the loop outlasted 200 s) scaled by the step's FLOPs; the search a guess.
 ITEMS = [
-  ('b16_train_vs_timm', [*B16_TRAIN, '--compare=timm'], [128, 256, 512], True),
-  ('b16_infer_vs_timm', [*B16_INFER, '--compare=timm'], [256, 512, 1024], True),
-  ('loop', None, [], False),
-  ('l16_train', ['--model=ViT-L_16', '--mode=train', '--dtype=bfloat16'], [64, 128], False),
-  ('h14_train', ['--model=ViT-H_14', '--mode=train', '--dtype=bfloat16'], [32, 64], False),
-  (
+  Item('b16_train_vs_timm', [*B16_TRAIN, '--compare=timm'], [128, 256, 512], True, 90),
+  Item('b16_infer_vs_timm', [*B16_INFER, '--compare=timm'], [256, 512, 1024], True, 45),
+  Item('loop', None, [], False, 300),
+  Item('l16_train', ['--model=ViT-L_16', '--mode=train', '--dtype=bfloat16'], [64, 128], False, 70),
+  Item('h14_train', ['--model=ViT-H_14', '--mode=train', '--dtype=bfloat16'], [32, 64], False, 90),
+  Item(
     'l16_train_384',
     ['--model=ViT-L_16', '--mode=train', '--dtype=bfloat16', '--resolution=384', '--optimizer=sgd'],
     [32],
     False,
+    90,
   ),
-  (
+  Item(
     'h14_train_518',
     [
       '--model=ViT-H_14',
@@ -54,8 +73,9 @@ ITEMS = [
     ],
     [32],
     False,
+    150,
   ),
-  ('b16_train_maxbatch', [*B16_TRAIN, '--find_max_batch'], [None], False),
+  Item('b16_train_maxbatch', [*B16_TRAIN, '--find_max_batch'], [None], False, 300),
 ]
 # On a CPU: the same items, shrunk to seconds (tests/test_gpu_session.py).
 SMOKE = [
@@ -89,22 +109,32 @@ LOOP = dict(model='ViT-B_16', crop=224, batch=256, steps=40, dtype='bfloat16', i
 LOOP_SMOKE = dict(model='testing', crop=32, batch=8, steps=2, dtype='float32', images=8)
 
 
-def _last_line(result) -> str:
-  return (result.stderr.strip().splitlines() or ['(no output)'])[-1]
+def _error(result) -> str:
+  """The end of a failed child's stderr: enough of a traceback to fix it after the lease."""
+  lines = result.stderr.strip().splitlines() or ['(no output)']
+  return '\n'.join(lines[-ERROR_LINES:])
+
+
+ERROR_LINES = 25
 
 
 def _run_module(module, args):
-  """`python -m MODULE ARGS` in the repository; a failure raises its last stderr line."""
+  """`python -m MODULE ARGS` in the repository; a failure raises the end of its stderr."""
   result = subprocess.run(
     [sys.executable, '-m', module, *args], cwd=ROOT, capture_output=True, text=True
   )
   if result.returncode:
-    raise RuntimeError(f'{module}: {_last_line(result)}')
+    raise RuntimeError(f'{module}: {_error(result)}')
 
 
 def _read_json(path):
   with open(path, encoding='utf-8') as f:
     return json.load(f)
+
+
+def _write_json(path, record):
+  with open(path, 'w', encoding='utf-8') as f:
+    json.dump(record, f, indent=1)
 
 
 def _main_rate(flags, workdir) -> float:
@@ -117,16 +147,34 @@ def run_loop(out, smoke) -> dict:
   """`python -m vit_jax.main` on the digits (in memory) and on a JPEG folder, the bare
   step at the same model, batch and resolution, and the host pipeline alone on the
   folder with every core: is the loop within 10% of the step, and if not, is the
-  input the limit? Runs without TensorFlow (the GPU image has none)."""
+  input the limit? Runs without TensorFlow (the GPU image has none). `loop.json` is
+  written after each phase, with the seconds each took, so a run cut short keeps
+  what it measured."""
   import tempfile
-
-  from vit_jax.bench import input_speed
 
   c = LOOP_SMOKE if smoke else LOOP
   work = tempfile.mkdtemp(prefix='vit_jax_loop_')
-  folder = os.path.join(work, 'photos')
-  input_speed.write_photos(folder, c['images'])
-  common = [
+  record = {'item': 'loop', **c, 'phase_seconds': {}}
+  path = os.path.join(out, 'loop.json')
+
+  def phase(name, measure):
+    start = time.perf_counter()
+    try:
+      measure()
+    finally:
+      record['phase_seconds'][name] = round(time.perf_counter() - start, 1)
+      _write_json(path, record)
+
+  try:
+    _measure_loop(record, c, work, out, smoke, phase)
+  except RuntimeError as e:
+    record['error'] = str(e)
+  _write_json(path, record)  # written whatever happened: a lease is rare
+  return record
+
+
+def _loop_flags(c):
+  return [
     '--config=configs/demo.py',
     f'--config.model={c["model"]}',
     f'--config.pp.crop={c["crop"]}',
@@ -140,62 +188,70 @@ def run_loop(out, smoke) -> dict:
     '--config.checkpoint_every=1000000',
     '--config.progress_every=10',
   ]
-  record = {'item': 'loop', **c}
-  try:
-    _measure_loop(record, c, common, folder, work, out, smoke)
-  except RuntimeError as e:
-    record['error'] = str(e)
-  with open(os.path.join(out, 'loop.json'), 'w', encoding='utf-8') as f:
-    json.dump(record, f, indent=1)  # written whatever happened: a lease is rare
-  return record
 
 
-def _measure_loop(record, c, common, folder, work, out, smoke):
-  record['loop_in_memory_img_per_sec'] = _main_rate(common, os.path.join(work, 'digits'))
-  record['loop_jpeg_folder_img_per_sec'] = _main_rate(
-    [*common, f'--config.dataset={folder}', f'--config.pp.test=train[:{c["batch"]}]'],
-    os.path.join(work, 'folder'),
-  )
-  step = os.path.join(out, 'loop_bare_step.json')
-  flags = [f'--model={c["model"]}', '--mode=train', f'--dtype={c["dtype"]}', '--optimizer=adam',
-           f'--resolution={c["crop"]}', '--num_classes=10']  # fmt: skip
-  result = _benchmark(flags, c['batch'], step, smoke)
-  if result.returncode:
-    raise RuntimeError(f'vit_jax.benchmark: {_last_line(result)}')
-  record['bare_step_img_per_sec'] = _read_json(step)['vit_jax']['img_per_sec']
-  pipeline = os.path.join(out, 'loop_host_pipeline.json')
-  _run_module(
-    'vit_jax.benchmark_input',
-    [
-      f'--dataset={folder}',
-      '--quick',
-      f'--batch={c["batch"]}',
-      '--steps=8',
-      '--rounds=1',
-      f'--threads={os.cpu_count()}',
-      f'--json={pipeline}',
-    ],  # fmt: skip
-  )
-  record['host_pipeline_img_per_sec'] = _read_json(pipeline)['img_per_sec']
+def _measure_loop(record, c, work, out, smoke, phase):
+  from vit_jax.bench import input_speed
+
+  folder = os.path.join(work, 'photos')
+  common = _loop_flags(c)
+
+  def main_run(key, flags, workdir):
+    record[key] = _main_rate(flags, os.path.join(work, workdir))
+
+  def bare_step():
+    step = os.path.join(out, 'loop_bare_step.json')
+    flags = [f'--model={c["model"]}', '--mode=train', f'--dtype={c["dtype"]}', '--optimizer=adam',
+             f'--resolution={c["crop"]}', '--num_classes=10']  # fmt: skip
+    result = _benchmark(flags, c['batch'], step, smoke)
+    if result.returncode:
+      raise RuntimeError(f'vit_jax.benchmark: {_error(result)}')
+    record['bare_step_img_per_sec'] = _read_json(step)['vit_jax']['img_per_sec']
+
+  def host_pipeline():
+    pipeline = os.path.join(out, 'loop_host_pipeline.json')
+    _run_module(
+      'vit_jax.benchmark_input',
+      [
+        f'--dataset={folder}',
+        '--quick',
+        f'--batch={c["batch"]}',
+        '--steps=8',
+        '--rounds=1',
+        f'--threads={os.cpu_count()}',
+        f'--json={pipeline}',
+      ],  # fmt: skip
+    )
+    record['host_pipeline_img_per_sec'] = _read_json(pipeline)['img_per_sec']
+
+  phase('bare_step', bare_step)
+  phase('loop_in_memory', lambda: main_run('loop_in_memory_img_per_sec', common, 'digits'))
   bare = record['bare_step_img_per_sec']
-  for case in ('in_memory', 'jpeg_folder'):
-    record[f'loop_over_step_{case}'] = round(record[f'loop_{case}_img_per_sec'] / bare, 3)
+  record['loop_over_step_in_memory'] = round(record['loop_in_memory_img_per_sec'] / bare, 3)
+  phase('write_photos', lambda: input_speed.write_photos(folder, c['images']))
+  folder_flags = [*common, f'--config.dataset={folder}', f'--config.pp.test=train[:{c["batch"]}]']
+  phase(
+    'loop_jpeg_folder', lambda: main_run('loop_jpeg_folder_img_per_sec', folder_flags, 'folder')
+  )
+  record['loop_over_step_jpeg_folder'] = round(record['loop_jpeg_folder_img_per_sec'] / bare, 3)
+  phase('host_pipeline', host_pipeline)
   record['input_is_the_limit'] = record['host_pipeline_img_per_sec'] < bare
 
 
-def run_item(name, flags, batches, needs_timm, out, smoke) -> dict:
-  if flags is None:
+def run_item(item: Item, out, smoke) -> dict:
+  if item.flags is None:
     return run_loop(out, smoke)
-  if needs_timm and not (_has('timm') and _has('torch')):
+  flags = item.flags
+  if item.needs_timm and not (_has('timm') and _has('torch')):
     flags = [f for f in flags if f != '--compare=timm']
   results = []
-  for batch in batches:
-    path = os.path.join(out, f'{name}_b{batch}.json' if batch else f'{name}.json')
+  for batch in item.batches:
+    path = os.path.join(out, f'{item.name}_b{batch}.json' if batch else f'{item.name}.json')
     start = time.perf_counter()
     result = _benchmark(flags, batch, path, smoke)
     entry = {'batch': batch, 'seconds': round(time.perf_counter() - start, 1), 'record': path}
     if result.returncode:
-      entry['error'] = _last_line(result)
+      entry['error'] = _error(result)
     else:
       record = _read_json(path)
       for side in ('vit_jax', 'timm'):
@@ -204,36 +260,49 @@ def run_item(name, flags, batches, needs_timm, out, smoke) -> dict:
       if 'max_batch' in record:
         entry['max_batch'] = record['max_batch']
     results.append(entry)
-  return {'item': name, 'runs': results}
+  return {'item': item.name, 'runs': results}
+
+
+def _archive(out, path):
+  """--out as one .tar.gz at `path` (written aside, then renamed: never half a file)."""
+  with tarfile.open(path + '.part', 'w:gz') as tar:
+    tar.add(out, arcname=os.path.basename(os.path.normpath(out)))
+  os.replace(path + '.part', path)
 
 
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--out', required=True, help='directory for the records ($OUT on a lease)')
-  parser.add_argument('--budget_s', type=float, default=540, help='stop starting items after this')
-  parser.add_argument('--item_estimate_s', type=float, default=60, help='time one run may take')
+  parser.add_argument('--out', required=True, help='directory for the records')
+  parser.add_argument('--archive', help='also pack --out into this .tar.gz after every item')
+  parser.add_argument('--budget_s', type=float, default=480, help='start no item past this')
   parser.add_argument('--only', help='comma-separated item names')
   parser.add_argument('--smoke', action='store_true', help='tiny models, for a CPU')
   args = parser.parse_args(argv)
   os.makedirs(args.out, exist_ok=True)
   only = set(args.only.split(',')) if args.only else None
+  unknown = (only or set()) - {item.name for item in ITEMS}
+  if unknown:
+    parser.error(f'--only: no item {", ".join(sorted(unknown))}; the items: '
+                 + ', '.join(item.name for item in ITEMS))  # fmt: skip
   start, done, skipped = time.perf_counter(), [], []
-  for name, flags, batches, needs_timm in ITEMS:
-    if only and name not in only:
+  for item in ITEMS:
+    if only and item.name not in only:
       continue
-    if time.perf_counter() - start + args.item_estimate_s * max(1, len(batches)) > args.budget_s:
-      skipped.append(name)
+    if time.perf_counter() - start + item.seconds * max(1, len(item.batches)) > args.budget_s:
+      skipped.append(item.name)
       continue
-    done.append(run_item(name, flags, batches, needs_timm, args.out, args.smoke))
+    done.append(run_item(item, args.out, args.smoke))
     print(json.dumps(done[-1]), flush=True)
-    with open(os.path.join(args.out, 'summary.json'), 'w', encoding='utf-8') as f:
-      json.dump({'items': done, 'not_started': skipped}, f, indent=1)
+    _write_json(os.path.join(args.out, 'summary.json'), {'items': done, 'not_started': skipped})
+    if args.archive:
+      _archive(args.out, args.archive)
   if skipped:
     print(
       f'not started (time budget): {",".join(skipped)}; run again with --only={",".join(skipped)}'
     )
-  with open(os.path.join(args.out, 'summary.json'), 'w', encoding='utf-8') as f:
-    json.dump({'items': done, 'not_started': skipped}, f, indent=1)
+  _write_json(os.path.join(args.out, 'summary.json'), {'items': done, 'not_started': skipped})
+  if args.archive:
+    _archive(args.out, args.archive)
 
 
 if __name__ == '__main__':

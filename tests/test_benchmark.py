@@ -46,6 +46,7 @@ def test_infer_record_fields_and_numbers():
   assert record['peak']['jax_matmul_flops'] > 1e9
   assert record['peak']['peak_flops'] == record['peak']['jax_matmul_flops']  # a fresh record
   assert record['peak']['peak_source'].startswith('recorded: fastest float32 matmul')
+  assert record['flops_per_image']['mfu_counts'] == 'xla'  # the CPU compiler counts them
   machine = record['machine']
   assert machine['cpu_cores'] >= 1 and machine['versions']['jax'] == jax.__version__
   assert 'xla_flags' in machine and machine['platform'] == 'cpu'
@@ -84,6 +85,17 @@ def test_mfu_divides_by_a_peak_that_a_busy_machine_cannot_lower(monkeypatch):
   assert 'MFU 0.' in speed.summary(busy) and 'recorded' in speed.summary(busy)
   # The trainer's MFU uses the same record.
   assert hardware.stable_peak()[0] == recorded
+
+
+@pytest.mark.slow
+def test_mfu_counts_the_closed_form_where_xla_counts_nothing(monkeypatch):
+  # JAX 0.11.2's GPU compiler gave no FLOP count (the H200 lease of 2026-11-26).
+  monkeypatch.setattr(speed, 'xla_flops_per_image', lambda opts: 0.0)
+  record = speed.run(tiny(mode='infer'))
+  flops, ours = record['flops_per_image'], record['vit_jax']
+  assert flops['xla'] == 0.0 and flops['mfu_counts'] == 'analytic'
+  assert ours['achieved_flops'] == pytest.approx(flops['analytic'] * ours['img_per_sec'])
+  assert ours['mfu'] == pytest.approx(ours['achieved_flops'] / record['peak']['peak_flops'])
 
 
 @pytest.mark.slow

@@ -1,30 +1,46 @@
-"""The GPU lease script (benchmarks/gpu_session.py) on a CPU, as the GPU image has it: no TensorFlow."""
+"""The GPU lease script (benchmarks/gpu_session.py) on a CPU, as the GPU image has it: no TensorFlow,
+vit_jax not installed."""
 
 import json
 import os
 import subprocess
 import sys
+import tarfile
 
 from conftest import ROOT
 from conftest import subprocess_env
 import pytest
 
+# What the GPU image has: no TensorFlow, and vit_jax not installed (only the checkout,
+# which `python -m` finds from its working directory). Every Python process of the
+# session imports this first.
+GPU_IMAGE = """
+import os, sys
+sys.modules['tensorflow'] = None
+sys.modules['tensorflow_datasets'] = None
+root = os.path.realpath({root!r})
+sys.path[:] = [p for p in sys.path if os.path.realpath(p or '.') != root]
+sys.meta_path[:] = [f for f in sys.meta_path if not getattr(f, '__module__', '').startswith('__editable__')]
+"""
+
 
 @pytest.mark.slow
-def test_the_loop_item_runs_without_tensorflow(tmp_path):
-  # Every Python process of the session imports this first: `import tensorflow` fails there.
+def test_the_loop_item_runs_as_on_the_gpu_image(tmp_path):
   site = tmp_path / 'site'
   site.mkdir()
-  (site / 'sitecustomize.py').write_text(
-    "import sys\nsys.modules['tensorflow'] = None\nsys.modules['tensorflow_datasets'] = None\n"
-  )
+  (site / 'sitecustomize.py').write_text(GPU_IMAGE.format(root=str(ROOT)))
   env = subprocess_env()
-  env['PYTHONPATH'] = os.pathsep.join([str(site), env.get('PYTHONPATH', ''), str(ROOT)]).strip(
-    os.pathsep
-  )
+  env['PYTHONPATH'] = str(site)  # not the checkout: the script must find it itself
   out = tmp_path / 'out'
   proc = subprocess.run(
-    [sys.executable, 'benchmarks/gpu_session.py', f'--out={out}', '--smoke', '--only=loop'],
+    [
+      sys.executable,
+      'benchmarks/gpu_session.py',
+      f'--out={out}',
+      '--smoke',
+      '--only=loop',
+      f'--archive={tmp_path / "records.tgz"}',
+    ],  # fmt: skip
     capture_output=True,
     text=True,
     cwd=ROOT,
@@ -40,5 +56,13 @@ def test_the_loop_item_runs_without_tensorflow(tmp_path):
   bare = loop['bare_step_img_per_sec']
   assert loop['loop_over_step_jpeg_folder'] == round(loop['loop_jpeg_folder_img_per_sec'] / bare, 3)
   assert loop['input_is_the_limit'] == (loop['host_pipeline_img_per_sec'] < bare)
+  assert set(loop['phase_seconds']) == {
+    'bare_step', 'loop_in_memory', 'write_photos', 'loop_jpeg_folder', 'host_pipeline'
+  }  # fmt: skip
   summary = json.loads((out / 'summary.json').read_text())
   assert [item['item'] for item in summary['items']] == ['loop']
+  # The one file a lease brings back holds every record.
+  with tarfile.open(tmp_path / 'records.tgz') as tar:
+    names = sorted(os.path.basename(n) for n in tar.getnames() if n.endswith('.json'))
+  assert names == sorted(p.name for p in out.glob('*.json'))
+  assert 'loop.json' in names and 'summary.json' in names
