@@ -66,3 +66,25 @@ def test_the_loop_item_runs_as_on_the_gpu_image(tmp_path):
     names = sorted(os.path.basename(n) for n in tar.getnames() if n.endswith('.json'))
   assert names == sorted(p.name for p in out.glob('*.json'))
   assert 'loop.json' in names and 'summary.json' in names
+
+
+def test_the_readme_quotes_the_measured_gpu_table_as_the_records_give_it(monkeypatch):
+  monkeypatch.syspath_prepend(str(ROOT / 'benchmarks'))
+  import gpu_measured
+
+  records = gpu_measured.load(gpu_measured.DEFAULT)
+  assert len(records) == 9  # 3 + 3 batches against timm, 3 variants of ours alone
+  table = gpu_measured.table(records)
+  readme = (ROOT / 'README.md').read_text(encoding='utf-8')
+  for line in table.splitlines():
+    assert line in readme, line
+  # Each side at its best batch, straight from the records.
+  train = [r for r in records.values() if r['options']['mode'] == 'train' and 'timm' in r]
+  ours, _, timm, _ = gpu_measured.best(records, 'train')
+  assert ours == max(r['vit_jax']['img_per_sec'] for r in train)
+  assert timm == max(r['timm']['img_per_sec'] for r in train)
+  # MFU on the closed form: ViT-B/16 training is 3 x 2 x 17.6 GMACs per image (paper).
+  record = records['b16_train_vs_timm_b512.json']
+  assert gpu_measured.mfu(record, 'vit_jax') == pytest.approx(
+    record['vit_jax']['img_per_sec'] * 3 * 2 * 17.6e9 / 989e12, rel=0.005
+  )
