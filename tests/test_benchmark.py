@@ -2,6 +2,7 @@
 
 import dataclasses
 import glob
+import gzip
 import json
 import os
 
@@ -12,6 +13,7 @@ import pytest
 from vit_jax import benchmark
 from vit_jax import hardware
 from vit_jax.bench import memory
+from vit_jax.bench import profile
 from vit_jax.bench import speed
 
 
@@ -122,6 +124,46 @@ def test_optim_dtype_sets_the_first_moment_of_the_benchmarked_step():
   assert len(mu) == params and set(mu) == {'float32'}
   params, mu = moment_dtypes('bfloat16')
   assert len(mu) == params and set(mu) == {'bfloat16'}
+
+
+def test_device_time_sums_each_line_of_the_trace(tmp_path):
+  def meta(kind, name, pid, tid=None):
+    return {'ph': 'M', 'name': kind, 'pid': pid, **({'tid': tid} if tid is not None else {}),
+            'args': {'name': name}}  # fmt: skip
+
+  def kernel(name, dur, pid=2, tid=7):
+    return {'ph': 'X', 'name': name, 'pid': pid, 'tid': tid, 'ts': 0, 'dur': dur}
+
+  events = [
+    meta('process_name', '/host:CPU', 1),
+    meta('process_name', '/device:GPU:0', 2),
+    meta('thread_name', 'Stream #7', 2, 7),
+    meta('thread_name', 'XLA Ops', 2, 8),
+    kernel('gemm', 30.0), kernel('gemm', 30.0), kernel('fusion.1', 40.0),
+    kernel('dot.3', 100.0, tid=8),
+    kernel('python step', 500.0, pid=1, tid=1),  # the host's: not device time
+  ]  # fmt: skip
+  path = tmp_path / 'vm.trace.json.gz'
+  with gzip.open(path, 'wt', encoding='utf-8') as f:
+    json.dump({'traceEvents': events}, f)
+  summary = profile.device_time(str(path))
+  assert summary['lines_us'] == {'/device:GPU:0 Stream #7': 100.0, '/device:GPU:0 XLA Ops': 100.0}
+  top = {(k['line'], k['name']): (k['us'], k['count'], k['share']) for k in summary['top']}
+  assert top == {
+    ('/device:GPU:0 Stream #7', 'gemm'): (60.0, 2, 0.6),
+    ('/device:GPU:0 Stream #7', 'fusion.1'): (40.0, 1, 0.4),
+    ('/device:GPU:0 XLA Ops', 'dot.3'): (100.0, 1, 1.0),
+  }
+
+
+@pytest.mark.slow
+def test_profile_traces_the_steps_of_ours(tmp_path):
+  record = speed.run(tiny(mode='infer', profile=str(tmp_path / 'trace')))
+  traced = record['profile']
+  assert traced['steps'] == 2 and os.path.isfile(traced['trace'])
+  assert traced['trace'].startswith(str(tmp_path / 'trace'))
+  assert isinstance(traced['lines_us'], dict)  # a CPU has no device lines to sum
+  json.dumps(record)
 
 
 def test_largest_search_is_exact_and_cheap():

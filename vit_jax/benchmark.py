@@ -6,11 +6,15 @@ r"""Time a ViT step against timm and the machine's peak: `python -m vit_jax.benc
       --compare=timm                                        # on a GPU: timm under torch.compile
   python -m vit_jax.benchmark --model=ViT-H_14 --mode=train --resolution=518 --remat \
       --optimizer=sgd --find_max_batch                      # largest batch that fits
+  python -m vit_jax.benchmark --model=ViT-B_16 --mode=infer --batch=1024 --dtype=bfloat16 \
+      --profile=/tmp/trace                                  # where the device's time goes
 
 `train` times the real train step (`vit_jax.training.steps.train_step`: forward,
 backward, clipping, optimizer, NaN guard) on one device; `infer` times the
 forward pass. Steps are synchronised; the rate is the median over timed steps
-after warm-up. With `--compare=timm` the same network runs in timm in the same
+after warm-up. `--profile=DIR` then traces --steps more steps of ours
+(`jax.profiler`) and lists in the record the kernels that took the most device
+time; `--optim_dtype=bfloat16` keeps Adam's first moment in bf16. With `--compare=timm` the same network runs in timm in the same
 process, ours and timm's steps interleaved (A B A B ...), so both see the same
 machine load. MFU = model FLOPs per second / a stable peak, so it is at most
 1: the vendor's dense bf16 figure on known accelerators, and on CPUs the
@@ -62,6 +66,11 @@ def _parser():
     help='torch.compile the timm model (default: on CUDA only)',
   )
   p.add_argument('--threads', type=int, help='torch threads (default: the cores XLA uses)')
+  p.add_argument(
+    '--profile',
+    help='trace --steps more steps of ours into this directory (jax.profiler); the record '
+    'lists the kernels that took the most device time',
+  )
   p.add_argument('--xla_flags', default='', help='appended to XLA_FLAGS before JAX starts')
   p.add_argument(
     '--find_max_batch',

@@ -22,6 +22,7 @@ from vit_jax import hardware
 from vit_jax import sharding
 from vit_jax.bench import flops
 from vit_jax.bench import memory
+from vit_jax.bench import profile
 from vit_jax.bench import timm_peer
 from vit_jax.configs import common
 from vit_jax.configs import models as model_configs
@@ -49,6 +50,7 @@ class Options:
   compare: Optional[str] = None  # 'timm'
   timm_compile: Optional[bool] = None  # default: on CUDA only
   threads: Optional[int] = None  # torch threads; default: the cores XLA uses
+  profile: Optional[str] = None  # a directory: trace `steps` more steps of ours (bench.profile)
 
 
 class BenchmarkError(ValueError):
@@ -241,23 +243,35 @@ def _settled_peaks(opts: Options, compare: bool, before: dict) -> dict:
   return peaks
 
 
+def _timm_step(opts: Options):
+  """(timm's step, its description) for `--compare=timm`."""
+  cores = hardware.machine_info()['cpu_cores']
+  return timm_peer.make_step(
+    steps.model_config(train_config(opts)),
+    mode=opts.mode,
+    batch=opts.batch,
+    resolution=opts.resolution,
+    dtype=opts.dtype,
+    num_classes=opts.num_classes,
+    compile_model=opts.timm_compile,
+    threads=opts.threads or (cores if jax.default_backend() == 'cpu' else None),
+  )
+
+
+def _flops(opts: Options) -> dict:
+  """FLOPs per image, XLA's and the closed form's, and which one MFU counts: XLA's where it
+  gives them, else the closed form (JAX 0.11.2's GPU compiler counted none: the H200
+  lease of 2026-11-26)."""
+  flops = {'xla': xla_flops_per_image(opts), 'analytic': analytic_flops_per_image(opts)}
+  flops['mfu_counts'] = 'xla' if flops['xla'] else 'analytic'
+  return flops
+
+
 def run(opts: Options) -> dict:
   """Runs the benchmark of `opts`; returns the record (also what `--json` writes)."""
   validate(opts)
   compare = opts.compare == 'timm'
-  cores = hardware.machine_info()['cpu_cores']
-  timm_step = timm_setup = None
-  if compare:
-    timm_step, timm_setup = timm_peer.make_step(
-      steps.model_config(train_config(opts)),
-      mode=opts.mode,
-      batch=opts.batch,
-      resolution=opts.resolution,
-      dtype=opts.dtype,
-      num_classes=opts.num_classes,
-      compile_model=opts.timm_compile,
-      threads=opts.threads or (cores if jax.default_backend() == 'cpu' else None),
-    )
+  timm_step, timm_setup = _timm_step(opts) if compare else (None, None)
   peaks = measure_peaks(opts, compare)
 
   fn, args = build_step(opts)
@@ -272,14 +286,12 @@ def run(opts: Options) -> dict:
     timm_setup['first_step_s'] = time.perf_counter() - start
     runners['timm'] = timm_step
   times = interleave(runners, opts)
+  traced = profile.trace(opts.profile, ours, opts.steps) if opts.profile else None
   peaks = _settled_peaks(opts, compare, peaks)
   peak = peaks['peak_flops']
 
-  flops = {'xla': xla_flops_per_image(opts), 'analytic': analytic_flops_per_image(opts)}
-  # MFU counts XLA's FLOPs where it gives them, else the closed form: JAX 0.11.2's
-  # GPU compiler counted none (the H200 lease of 2026-11-26).
-  flops['mfu_counts'] = 'xla' if flops['xla'] else 'analytic'
-  counted = flops['xla'] or flops['analytic']
+  flops = _flops(opts)
+  counted = flops[flops['mfu_counts']]
   record = {
     'benchmark': 'vit_jax.benchmark',
     'time_utc': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
@@ -294,6 +306,8 @@ def run(opts: Options) -> dict:
       **memory.compiled_memory(compiled),
     },
   }
+  if traced:
+    record['profile'] = traced
   if compare:
     record['timm'] = {
       **_side(times['timm'], counted, peak, opts.batch),
