@@ -46,7 +46,7 @@ class Item(NamedTuple):
 
 # Seconds per run: the H200 lease of 2026-11-26 (benchmarks/gpu_measured/h200_20261126:
 # 82-92 s with timm's training, 41-44 s with its inference, about 52 s for ours alone at
-# ViT-B/16; the loop outlasted 200 s) scaled by the step's FLOPs; the search a guess.
+# ViT-B/16; the loop outlasted 200 s); the larger models and the search are guesses.
 ITEMS = [
   Item('b16_train_vs_timm', [*B16_TRAIN, '--compare=timm'], [128, 256, 512], True, 90),
   Item('b16_infer_vs_timm', [*B16_INFER, '--compare=timm'], [256, 512, 1024], True, 45),
@@ -109,13 +109,13 @@ LOOP = dict(model='ViT-B_16', crop=224, batch=256, steps=40, dtype='bfloat16', i
 LOOP_SMOKE = dict(model='testing', crop=32, batch=8, steps=2, dtype='float32', images=8)
 
 
+ERROR_LINES = 25
+
+
 def _error(result) -> str:
   """The end of a failed child's stderr: enough of a traceback to fix it after the lease."""
   lines = result.stderr.strip().splitlines() or ['(no output)']
   return '\n'.join(lines[-ERROR_LINES:])
-
-
-ERROR_LINES = 25
 
 
 def _run_module(module, args):
