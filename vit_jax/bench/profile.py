@@ -46,9 +46,10 @@ def device_time(path) -> dict:
     if e.get('ph') != 'X' or not names.get((e.get('pid'), None), '').startswith('/device:'):
       continue
     line = f'{names[(e["pid"], None)]} {names.get((e["pid"], e.get("tid")), e.get("tid"))}'
-    by_name[line, e['name']] += float(e.get('dur', 0.0))
+    duration = float(e.get('dur', 0.0))
+    by_name[line, e['name']] += duration
     count[line, e['name']] += 1
-    lines[line] += float(e.get('dur', 0.0))
+    lines[line] += duration
   top = [
     {'line': line, 'name': name, 'us': round(us, 1), 'count': count[line, name],
      'share': round(us / lines[line], 4)}
