@@ -72,6 +72,7 @@ def _add_optimization(config) -> None:
   config.base_lr = 1e-3
   config.warmup_steps = 10_000
   config.decay_type = 'linear'  # 'linear' or 'cosine'
+  config.linear_end = 1e-5  # where the linear decay ends (the official schedule's floor)
   config.weight_decay = 0.0  # decoupled, kernels only
   config.grad_norm_clip = 1.0
   config.label_smoothing = 0.0

@@ -60,11 +60,14 @@ def _interpolation_matrix(start, length, size, out):
 
 
 def train_batch(pixels, uniforms, pp) -> np.ndarray:
-  """uint8 [b, H, W, 3] + uniforms [b, images.DRAWS] -> augmented uint8 [b, crop, crop, 3]."""
+  """uint8 [b, H, W, 3] + uniforms [b, images.draws(pp.crop_sampler)] -> augmented uint8
+  [b, crop, crop, 3]."""
   b, size_h, size_w, _ = pixels.shape
+  n = images.crop_draws(pp.crop_sampler)
   if pp.inception_crop:
-    crop_u = uniforms[:, : images.ATTEMPTS * 4].reshape(b, images.ATTEMPTS, 4)
-    y, x, h, w = images.crop_window(crop_u, np.full(b, size_h), np.full(b, size_w), pp.area_min)
+    y, x, h, w = images.crop_window(
+      uniforms[:, :n], np.full(b, size_h), np.full(b, size_w), pp.area_min, pp.crop_sampler
+    )
     rows = _interpolation_matrix(y, h, size_h, pp.crop)
     cols = _interpolation_matrix(x, w, size_w, pp.crop)
     out = np.einsum('bry,byxc->brxc', rows, pixels.astype(np.float32))
@@ -73,7 +76,7 @@ def train_batch(pixels, uniforms, pp) -> np.ndarray:
   else:
     out = images.resize_exact(pixels, pp.crop, pp.crop)
   if pp.flip:
-    mirror = uniforms[:, images.ATTEMPTS * 4] < 0.5
+    mirror = uniforms[:, n] < 0.5
     out[mirror] = out[mirror, :, ::-1]
   return out
 
@@ -189,8 +192,8 @@ class TrainBatches:
       num_examples=self._source.num_examples,
       order_key=self._order_key,
     )
-    uniforms = order.example_uniforms(self._aug_key, positions, images.DRAWS)
     pp = self._pp
+    uniforms = order.example_uniforms(self._aug_key, positions, images.draws(pp.crop_sampler))
     ra_uniforms = None
     if pp.randaug_layers:  # RandAugment's own draws: 4 per layer
       n = randaug.DRAWS_PER_LAYER * pp.randaug_layers

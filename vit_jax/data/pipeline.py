@@ -82,6 +82,7 @@ class _PP:
   randaug_layers: int
   randaug_magnitude: float
   mixup: float
+  crop_sampler: str = 'tf'  # images.CROP_SAMPLERS
 
 
 def _pp(config) -> _PP:
@@ -90,6 +91,10 @@ def _pp(config) -> _PP:
   area_min = float(pick(pp.area_min, base.area_min))
   if not 0 < area_min <= 1:
     raise DataError(f'pp.area_min={area_min}: use a fraction in (0, 1]')
+  if pp.crop_sampler not in images.CROP_SAMPLERS:
+    raise DataError(
+      f'pp.crop_sampler={pp.crop_sampler!r}: use one of {", ".join(images.CROP_SAMPLERS)}'
+    )
   if pp.resize and pp.resize < pp.crop:
     raise DataError(f'pp.resize={pp.resize} < pp.crop={pp.crop}: resize to at least the crop')
   return _PP(
@@ -101,6 +106,7 @@ def _pp(config) -> _PP:
     int(pp.randaug_layers),
     float(pp.randaug_magnitude),
     float(pp.mixup),
+    pp.crop_sampler,
   )
 
 
