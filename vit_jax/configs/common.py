@@ -54,6 +54,14 @@ def _add_model(config) -> None:
       'qkv_and_norm_biases': ml_collections.config_dict.placeholder(bool),
     }
   )
+  # FlexiViT (Beyer et al. 2023; vit_jax.models.flexi): the patch size to train at,
+  # overriding the model's (None: its own); a pretrained checkpoint's patch
+  # embedding is PI-resized to it and its position embeddings to the new grid.
+  config.patch_size = ml_collections.config_dict.placeholder(int)
+  # Patch sizes to draw one from per training step, the model's kernel and
+  # position embeddings resized to it on the fly (FlexiViT's recipe); () = off.
+  # Evaluation runs at the model's own patch size.
+  config.flexi_patch_sizes = ()
   config.attention = 'auto'  # 'auto', 'xla', 'cudnn' or 'explicit' (vit_jax.models.vit.ATTENTION)
   config.dropout_rate = 0.0
   config.attention_dropout_rate = 0.0

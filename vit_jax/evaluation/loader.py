@@ -19,6 +19,7 @@ from vit_jax import checkpoint
 from vit_jax import models
 from vit_jax import workdir
 from vit_jax.configs import architectures
+from vit_jax.models import flexi
 
 # Layers of masked patch prediction (vit_jax.models.mpp); the backbone is analysed without them.
 _MPP_ONLY = ('mask_token', 'mpp_head/')
@@ -68,13 +69,17 @@ def resolve_model_name(name: Optional[str], path: str, metadata: Optional[dict] 
   return name
 
 
-def load_model(path: str, model_name: Optional[str] = None) -> LoadedModel:
+def load_model(
+  path: str, model_name: Optional[str] = None, patch_size: Optional[int] = None
+) -> LoadedModel:
   """The model a checkpoint holds, checked key by key and shape by shape.
 
   Args:
     path: a `.npz`, or a workdir holding its final parameters (local or gs://).
     model_name: a `MODEL_CONFIGS` name (`ViT-B_16`, `testing`, ...); None
       for a workdir, whose summary names it.
+    patch_size: load it at this patch size (FlexiViT's PI-resize, `models.flexi`),
+      at the checkpoint's resolution; None: its own.
   """
   path = os.fspath(path)
   step = unfinished_run_step(path)
@@ -83,9 +88,10 @@ def load_model(path: str, model_name: Optional[str] = None) -> LoadedModel:
   model_name = resolve_model_name(model_name, path)
   _ = model_config(model_name)  # a wrong name fails before the file is read
   if step is None:
-    return model_from_flat(checkpoint.flatten(checkpoint.load(path)), model_name, path)
+    flat = checkpoint.flatten(checkpoint.load(path))
+    return model_from_flat(flat, model_name, path, patch_size)
   what = f'{path} (the checkpoint at step {step} of an unfinished run)'
-  return model_from_flat(_checkpoint_params(path, step), model_name, what)
+  return model_from_flat(_checkpoint_params(path, step), model_name, what, patch_size)
 
 
 def check_resolution(loaded: LoadedModel, crop: Optional[int]) -> int:
@@ -133,13 +139,20 @@ def _checkpoint_params(path: str, step: int) -> dict:
   return checkpoint.flatten(jax.tree.map(np.asarray, state['params']))
 
 
-def model_from_flat(flat: dict, model_name: str, what: str) -> LoadedModel:
+def model_from_flat(
+  flat: dict, model_name: str, what: str, patch_size: Optional[int] = None
+) -> LoadedModel:
   """`load_model` for parameters already in memory ({'a/b/c': array}, public names).
 
-  `what` names their source in errors (a path, or a converted file).
+  `what` names their source in errors (a path, or a converted file). A plain
+  ViT's patch size is its kernel's (a run may train at another than the
+  model name's: `--config.patch_size`).
   """
   config = model_config(model_name)
   flat = {k: v for k, v in flat.items() if not k.startswith(_MPP_ONLY)}
+  kernel = flat.get('embedding/kernel')
+  if config.get('resnet') is None and kernel is not None and kernel.ndim == 4:
+    config.patches.size = tuple(int(n) for n in kernel.shape[:2])
   if 'pre_logits/kernel' in flat:
     config.representation_size = int(flat['pre_logits/kernel'].shape[-1])
   num_classes = int(flat['head/kernel'].shape[-1]) if 'head/kernel' in flat else None
@@ -160,6 +173,14 @@ def model_from_flat(flat: dict, model_name: str, what: str) -> LoadedModel:
     )
   stride = pixels_per_patch(config)
   image_size = grid * stride
+  if patch_size is not None and patch_size != stride:
+    try:
+      flexi.check_patch_sizes(config, image_size, [patch_size])
+    except flexi.PatchSizeError as e:
+      raise InputError(f'--patch_size={patch_size}: {e}') from None
+    flat = flexi.at_patch_size(flat, patch_size, image_size, num_prefix)
+    config.patches.size = (patch_size, patch_size)
+    stride, grid = patch_size, image_size // patch_size
 
   model = models.VisionTransformer(num_classes=num_classes, **config)
   expected = jax.eval_shape(

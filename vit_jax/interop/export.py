@@ -44,8 +44,9 @@ def _read_torch_file(path: str):
   return torch_layout.load_torch_file(path), {}
 
 
-def load(path: str, model_name: Optional[str] = None) -> Source:
-  """The model that a checkpoint of any supported kind holds, checked against `model_name`."""
+def load(path: str, model_name: Optional[str] = None, patch_size: Optional[int] = None) -> Source:
+  """The model that a checkpoint of any supported kind holds, checked against `model_name`;
+  at `patch_size` when given (FlexiViT's PI-resize)."""
   path = os.fspath(path)
   local = not files.is_remote(path)
   # A transformers folder: its config.json without a run's final parameters (a
@@ -57,7 +58,7 @@ def load(path: str, model_name: Optional[str] = None) -> Source:
     and not workdir.has_params(path)
   ):
     state, hf_config, metadata = hf.read_folder(path)
-    return _from_hf(state, hf_config, _model_name(model_name, path, metadata), path)
+    return _from_hf(state, hf_config, _model_name(model_name, path, metadata), path, patch_size)
   if local and path.endswith(_TORCH_SUFFIXES):
     if not os.path.exists(path):
       raise checkpoint.CheckpointError(f'{path}: no such file')
@@ -65,24 +66,25 @@ def load(path: str, model_name: Optional[str] = None) -> Source:
     model_name = _model_name(model_name, path, metadata)
     if 'patch_embed.proj.weight' in state:
       flat = timm.from_timm(state, loader.model_config(model_name), path)
-      return Source(loader.model_from_flat(flat, model_name, path), None, [])
+      return Source(loader.model_from_flat(flat, model_name, path, patch_size), None, [])
     if any(k.startswith(('vit.', 'embeddings.')) for k in state):
       folder = os.path.dirname(os.path.abspath(path))
       hf_config = (
         hf.read_config(folder) if os.path.exists(os.path.join(folder, hf.CONFIG_FILE)) else {}
       )
-      return _from_hf(hf.canonical_names(state), hf_config, model_name, path)
+      return _from_hf(hf.canonical_names(state), hf_config, model_name, path, patch_size)
     raise checkpoint.CheckpointError(
       f'{path}: neither timm (patch_embed.proj.weight) nor '
       'transformers (vit.embeddings...) ViT weights'
     )
-  return Source(loader.load_model(path, model_name), None, [])
+  return Source(loader.load_model(path, model_name, patch_size), None, [])
 
 
-def _from_hf(state, hf_config, model_name, what) -> Source:
+def _from_hf(state, hf_config, model_name, what, patch_size=None) -> Source:
   config = loader.model_config(model_name)
   flat, notes = hf.from_hf(state, hf_config, config, what)
-  return Source(loader.model_from_flat(flat, model_name, what), hf.class_names(hf_config), notes)
+  loaded = loader.model_from_flat(flat, model_name, what, patch_size)
+  return Source(loaded, hf.class_names(hf_config), notes)
 
 
 # ---------------------------------------------------------------------------
@@ -157,12 +159,14 @@ def export(
   output: str,
   model_name: Optional[str] = None,
   labels: Optional[str] = None,
+  patch_size: Optional[int] = None,
 ) -> List[str]:
-  """Converts `checkpoint_path` to `fmt` at `output`; returns notes for the user."""
+  """Converts `checkpoint_path` (at `patch_size`, when given) to `fmt` at `output`; returns
+  notes for the user."""
   if fmt not in FORMATS:
     raise loader.InputError(f'--format={fmt!r}: use one of {", ".join(FORMATS)}')
   output = output_path(fmt, output)
-  source = load(checkpoint_path, model_name)
+  source = load(checkpoint_path, model_name, patch_size)
   loaded, notes = source.loaded, list(source.notes)
   if fmt == 'npz':
     checkpoint.save_npz(loaded.params, output)

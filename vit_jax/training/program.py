@@ -19,6 +19,7 @@ import numpy as np
 from vit_jax import sharding
 from vit_jax.configs import ConfigError
 from vit_jax.data import spec
+from vit_jax.models import flexi
 from vit_jax.models import vit
 from vit_jax.training import optim
 from vit_jax.training import steps
@@ -56,6 +57,7 @@ def validate(config, num_devices: int) -> None:
       "attention='cudnn' needs a CUDA GPU and --config.dtype=bfloat16; "
       "use attention='auto', which takes cuDNN where it applies"
     )
+  _validate_patch_sizes(config)
   if config.mesh.model > 1:
     arch = steps.model_config(config)
     try:
@@ -64,6 +66,21 @@ def validate(config, num_devices: int) -> None:
       )
     except sharding.MeshError as e:
       raise ConfigError(f'{config.model}: {e}') from None
+
+
+def _validate_patch_sizes(config) -> None:
+  """FlexiViT's patch sizes: each must tile the images of a plain ViT."""
+  if config.patch_size is None and not config.flexi_patch_sizes:
+    return
+  if config.flexi_patch_sizes and config.task != 'classification':
+    raise ConfigError(
+      f'flexi_patch_sizes trains classification only, not task={config.task!r}; leave it empty'
+    )
+  arch = steps.model_config(config)
+  try:
+    flexi.check_patch_sizes(arch, config.pp.crop, [arch.patches.size[0], *config.flexi_patch_sizes])
+  except flexi.PatchSizeError as e:
+    raise ConfigError(f'pp.crop={config.pp.crop}: {e}') from None
 
 
 def _validate_batches(config, num_devices: int) -> None:

@@ -20,6 +20,7 @@ from vit_jax import models
 from vit_jax import sharding
 from vit_jax.configs import architectures
 from vit_jax.evaluation import metrics
+from vit_jax.models import flexi
 from vit_jax.models import mpp
 
 TASKS = ('classification', 'mpp')  # supervised, or masked patch prediction (paper B.1.2)
@@ -46,6 +47,8 @@ def model_config(config):
     arch.representation_size = config.representation_size
   if config.depth is not None:
     arch.transformer.num_layers = config.depth
+  if config.patch_size is not None:  # FlexiViT: the checkpoint's kernel is PI-resized to it
+    arch.patches.size = (config.patch_size, config.patch_size)
   for flag, value in config.block.items():
     if value is not None:
       arch.transformer[flag] = value
@@ -77,9 +80,12 @@ def make_task(config, num_classes: int, multi_label: bool) -> Task:
   """The task named by `config.task`: 'classification' or 'mpp'."""
   if config.task == 'classification':
     model = make_model(config, num_classes)
+    apply = model.apply
+    if config.flexi_patch_sizes:  # FlexiViT: a random patch size per training step
+      apply = flexi.random_patch_apply(model, tuple(config.flexi_patch_sizes), config.pp.crop)
 
     def loss_fn(params, batch, rng, train):
-      logits = model.apply({'params': params}, batch['image'], train=train, rngs={'dropout': rng})
+      logits = apply({'params': params}, batch['image'], train=train, rngs={'dropout': rng})
       return cross_entropy(
         logits, batch['label'], loss=config.loss, label_smoothing=config.label_smoothing
       )
