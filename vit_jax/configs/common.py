@@ -62,6 +62,12 @@ def _add_model(config) -> None:
   # position embeddings resized to it on the fly (FlexiViT's recipe); () = off.
   # Evaluation runs at the model's own patch size.
   config.flexi_patch_sizes = ()
+  # NaFlex (vit_jax.models.naflex): token budgets; each training image keeps its
+  # (cropped) aspect ratio, resized to fit a budget drawn from these, and a
+  # batch holds max(budgets) patches per image; () = off (square crops). The
+  # model then takes images of any size the patch divides (evaluation at
+  # pp.crop) and its position embeddings are a 2D grid of pp.crop / patch.
+  config.naflex_tokens = ()
   config.attention = 'auto'  # 'auto', 'xla', 'cudnn' or 'explicit' (vit_jax.models.vit.ATTENTION)
   config.dropout_rate = 0.0
   config.attention_dropout_rate = 0.0

@@ -33,11 +33,13 @@ from absl import logging
 import jax
 import numpy as np
 
+from vit_jax.configs import architectures
 from vit_jax.configs.data import add_data_config  # noqa: F401  (public API)
 from vit_jax.configs.data import data_config  # noqa: F401  (public API)
 from vit_jax.data import datasets
 from vit_jax.data import host
 from vit_jax.data import images
+from vit_jax.data import naflex
 from vit_jax.data import order
 from vit_jax.data import sources
 from vit_jax.data.order import eval_steps  # noqa: F401  (public API)
@@ -188,6 +190,19 @@ def _local_batch(batch: int, what: str, sharding, process_count: int) -> int:
 
 def _train_batches(config, source, pp, local_batch, step):
   """Process-local NumPy train batches from `step` on."""
+  if config.get('naflex_tokens'):  # packed patches at each image's aspect ratio
+    return naflex.TrainBatches(
+      source,
+      pp,
+      config.naflex_tokens,
+      config.patch_size or architectures.MODEL_CONFIGS[config.model].patches.size[0],
+      local_batch=local_batch,
+      start_step=step,
+      keys=order.keys(int(config.seed)),
+      process_index=jax.process_index(),
+      process_count=jax.process_count(),
+      num_threads=config.get('input_threads', 0),
+    )
   return host.TrainBatches(
     source,
     pp,

@@ -10,6 +10,7 @@ print them without a traceback (`vit_jax.cli`).
 
 import math
 import os
+import re
 from typing import Any, NamedTuple, Optional
 
 import jax
@@ -20,7 +21,9 @@ from vit_jax import models
 from vit_jax import workdir
 from vit_jax.configs import architectures
 from vit_jax.models import flexi
+from vit_jax.models import naflex
 
+_BLOCK = re.compile(r'^Transformer/encoderblock_(\d+)/')
 # Layers of masked patch prediction (vit_jax.models.mpp); the backbone is analysed without them.
 _MPP_ONLY = ('mask_token', 'mpp_head/')
 
@@ -96,9 +99,17 @@ def load_model(
 
 def check_resolution(loaded: LoadedModel, crop: Optional[int]) -> int:
   """`crop`, or the checkpoint's resolution when None; InputError for another one (its
-  position embeddings fix the number of patches)."""
+  position embeddings fix the number of patches), except for NaFlex ViTs, which take
+  any multiple of their patch size."""
   if crop is None or crop == loaded.image_size:
     return loaded.image_size
+  if isinstance(loaded.model, naflex.NaFlexViT):
+    if crop % loaded.pixels_per_patch == 0:
+      return crop
+    raise InputError(
+      f'--crop={crop}: use a multiple of the patch size {loaded.pixels_per_patch} '
+      '(the NaFlex ViT takes any)'
+    )
   raise InputError(
     f'--crop={crop}: the checkpoint takes {loaded.image_size} px images (its position '
     f'embeddings hold a {loaded.grid_size}x{loaded.grid_size} patch grid); leave --crop out, '
@@ -139,6 +150,35 @@ def _checkpoint_params(path: str, step: int) -> dict:
   return checkpoint.flatten(jax.tree.map(np.asarray, state['params']))
 
 
+def _naflex_from_flat(flat, config, num_classes, what, patch_size) -> LoadedModel:
+  """A NaFlex ViT (2D grid of position embeddings, `models.naflex`); at `patch_size` its
+  kernel is PI-resized and the grid, resampled per image anyway, kept."""
+  table = flat['Transformer/posembed_input/pos_embedding']
+  grid = tuple(int(g) for g in table.shape[1:3])
+  image_size = grid[0] * config.patches.size[0]
+  if patch_size is not None and patch_size != config.patches.size[0]:
+    size = (patch_size, patch_size)
+    flat = {
+      **flat,
+      'embedding/kernel': checkpoint.resize_patch_embedding(flat['embedding/kernel'], size),
+    }
+    config.patches.size = size
+  if config.classifier not in naflex.CLASSIFIERS:
+    raise checkpoint.CheckpointError(
+      f'{what} is a NaFlex ViT (2D position embeddings); {config.model_name} pools with '
+      f'{config.classifier!r}, NaFlex with one of {naflex.CLASSIFIERS}: check --model'
+    )
+  model = naflex.NaFlexViT(num_classes=num_classes, posemb_grid=grid, **config)
+  patch = config.patches.size[0]
+  expected = jax.eval_shape(
+    lambda: model.init(jax.random.key(0), jnp.zeros((1, patch, patch, 3)), train=False)
+  )['params']
+  params = checkpoint.unflatten(flat)
+  checkpoint.check_tree(params, expected, what=what)
+  num_prefix = 1 if config.classifier == 'token' else 0
+  return LoadedModel(model, params, config, image_size, image_size // patch, patch, num_prefix)
+
+
 def model_from_flat(
   flat: dict, model_name: str, what: str, patch_size: Optional[int] = None
 ) -> LoadedModel:
@@ -150,6 +190,10 @@ def model_from_flat(
   """
   config = model_config(model_name)
   flat = {k: v for k, v in flat.items() if not k.startswith(_MPP_ONLY)}
+  # A run with --config.depth holds fewer (or more) blocks than its model name.
+  blocks = {m.group(1) for m in map(_BLOCK.match, flat) if m}
+  if blocks:
+    config.transformer.num_layers = len(blocks)
   kernel = flat.get('embedding/kernel')
   if config.get('resnet') is None and kernel is not None and kernel.ndim == 4:
     config.patches.size = tuple(int(n) for n in kernel.shape[:2])
@@ -159,6 +203,8 @@ def model_from_flat(
   num_prefix = 1 if config.classifier in ('token', 'token_unpooled') else 0
 
   posemb = flat.get('Transformer/posembed_input/pos_embedding')
+  if posemb is not None and posemb.ndim == 4:
+    return _naflex_from_flat(flat, config, num_classes, what, patch_size)
   if posemb is None or posemb.ndim != 3:
     raise checkpoint.CheckpointError(
       f'{what}: no Transformer/posembed_input/pos_embedding of '

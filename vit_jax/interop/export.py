@@ -64,8 +64,12 @@ def load(path: str, model_name: Optional[str] = None, patch_size: Optional[int] 
       raise checkpoint.CheckpointError(f'{path}: no such file')
     state, metadata = _read_torch_file(path)
     model_name = _model_name(model_name, path, metadata)
-    if 'patch_embed.proj.weight' in state:
-      flat = timm.from_timm(state, loader.model_config(model_name), path)
+    if 'patch_embed.proj.weight' in state or 'embeds.proj.weight' in state:
+      config = loader.model_config(model_name)
+      if 'embeds.proj.weight' in state:  # timm's NaFlexVit
+        flat = timm.from_timm_naflex(state, config, path)
+      else:
+        flat = timm.from_timm(state, config, path)
       return Source(loader.model_from_flat(flat, model_name, path, patch_size), None, [])
     if any(k.startswith(('vit.', 'embeddings.')) for k in state):
       folder = os.path.dirname(os.path.abspath(path))
@@ -91,8 +95,23 @@ def _from_hf(state, hf_config, model_name, what, patch_size=None) -> Source:
 # Writing each format.
 
 
+def _save_naflex_timm(loaded: loader.LoadedModel, output: str) -> List[str]:
+  """A NaFlex ViT as timm NaFlexVit's state_dict."""
+  flat = checkpoint.flatten(loaded.params)
+  grid = loaded.model.posemb_grid
+  metadata = {'vit_jax_model': loaded.config.model_name or '', 'timm_model': 'naflexvit'}
+  os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+  torch_layout.save_safetensors(timm.to_timm_naflex(flat), output, metadata)
+  return [
+    'timm NaFlexVit weights: build the model with vit_jax.interop.timm.build_naflex_model('
+    f'config, {loaded.model.num_classes}, {tuple(grid)}) and load_state_dict'
+  ]
+
+
 def _save_timm(loaded: loader.LoadedModel, output: str) -> List[str]:
   flat, notes = checkpoint.flatten(loaded.params), []
+  if timm.is_naflex(flat):
+    return _save_naflex_timm(loaded, output)
   num_classes = loaded.model.num_classes
   if 'pre_logits/kernel' in flat:
     flat = {k: v for k, v in flat.items() if not k.startswith(('pre_logits/', 'head/'))}
@@ -168,6 +187,11 @@ def export(
   output = output_path(fmt, output)
   source = load(checkpoint_path, model_name, patch_size)
   loaded, notes = source.loaded, list(source.notes)
+  if timm.is_naflex(checkpoint.flatten(loaded.params)) and fmt in ('hf', 'onnx'):
+    raise torch_layout.ExportError(
+      f'a NaFlex ViT has no {fmt} counterpart here; use --format=timm (timm NaFlexVit), '
+      'npz or savedmodel'
+    )
   if fmt == 'npz':
     checkpoint.save_npz(loaded.params, output)
   elif fmt == 'timm':

@@ -20,6 +20,7 @@ from vit_jax import sharding
 from vit_jax.configs import ConfigError
 from vit_jax.data import spec
 from vit_jax.models import flexi
+from vit_jax.models import naflex
 from vit_jax.models import vit
 from vit_jax.training import optim
 from vit_jax.training import steps
@@ -69,7 +70,9 @@ def validate(config, num_devices: int) -> None:
 
 
 def _validate_patch_sizes(config) -> None:
-  """FlexiViT's patch sizes: each must tile the images of a plain ViT."""
+  """FlexiViT's patch sizes (each must tile the images of a plain ViT) and NaFlex's."""
+  if config.naflex_tokens:
+    _validate_naflex(config)
   if config.patch_size is None and not config.flexi_patch_sizes:
     return
   if config.flexi_patch_sizes and config.task != 'classification':
@@ -81,6 +84,32 @@ def _validate_patch_sizes(config) -> None:
     flexi.check_patch_sizes(arch, config.pp.crop, [arch.patches.size[0], *config.flexi_patch_sizes])
   except flexi.PatchSizeError as e:
     raise ConfigError(f'pp.crop={config.pp.crop}: {e}') from None
+
+
+def _validate_naflex(config) -> None:
+  """NaFlex trains classification of a plain ViT with token or mean pooling, nothing else."""
+  arch = steps.model_config(config)
+  unsupported = [
+    (config.task != 'classification', f'task={config.task!r}'),
+    (arch.classifier not in naflex.CLASSIFIERS, f'classifier={arch.classifier!r}'),
+    (arch.get('resnet') is not None, 'a hybrid'),
+    (bool(config.flexi_patch_sizes), 'flexi_patch_sizes'),
+    (bool(config.pp.randaug_layers or config.pp.mixup), 'RandAugment or Mixup'),
+    (config.attention_dropout_rate > 0, 'attention dropout'),
+    (any(config.block.values()), 'ViT-22B blocks'),
+    (min(config.naflex_tokens) < 1, 'a budget below 1 token'),
+  ]
+  for bad, what in unsupported:
+    if bad:
+      raise ConfigError(
+        f'naflex_tokens={tuple(config.naflex_tokens)}: NaFlex trains classification with a '
+        f'plain ViT (token or gap pooling), not with {what}; change it or leave naflex_tokens empty'
+      )
+  if config.pp.crop % arch.patches.size[0]:
+    raise ConfigError(
+      f'pp.crop={config.pp.crop} is not a multiple of the patch size {arch.patches.size[0]}: '
+      'NaFlex position embeddings are a grid of pp.crop / patch'
+    )
 
 
 def _validate_batches(config, num_devices: int) -> None:

@@ -22,6 +22,7 @@ from vit_jax.configs import architectures
 from vit_jax.evaluation import metrics
 from vit_jax.models import flexi
 from vit_jax.models import mpp
+from vit_jax.models import naflex
 
 TASKS = ('classification', 'mpp')  # supervised, or masked patch prediction (paper B.1.2)
 LOSSES = ('softmax', 'sigmoid')  # sigmoid for multi-label data such as JFT (paper B.1)
@@ -56,6 +57,17 @@ def model_config(config):
 
 
 def make_model(config, num_classes):
+  if config.naflex_tokens:  # images at their own aspect ratio (vit_jax.models.naflex)
+    arch = model_config(config)
+    grid = config.pp.crop // arch.patches.size[0]
+    return naflex.NaFlexViT(
+      num_classes=num_classes,
+      posemb_grid=(grid, grid),
+      head_bias_init=config.head_bias_init,
+      dtype=jnp.dtype(config.dtype),
+      attention=config.attention,
+      **arch,
+    )
   return models.VisionTransformer(
     num_classes=num_classes,
     head_bias_init=config.head_bias_init,
