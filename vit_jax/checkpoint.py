@@ -521,6 +521,7 @@ def load_pretrained(
   stacked = is_stacked(init_params)  # a model with scan_layers=True
   init = flatten(unstack_blocks(init_params))
   num_prefix = 1 if model_config.get('classifier', 'token') in ('token', 'token_unpooled') else 0
+  num_prefix += model_config.get('num_registers', 0)
   out, report = _adapt(restored, init, num_prefix, posemb_resize, pretrained_path)
   if verbose:
     num_kept = sum(int(np.size(out[k])) for k in report['kept'])

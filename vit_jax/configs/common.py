@@ -68,6 +68,9 @@ def _add_model(config) -> None:
   # model then takes images of any size the patch divides (evaluation at
   # pp.crop) and its position embeddings are a 2D grid of pp.crop / patch.
   config.naflex_tokens = ()
+  # Register tokens (Darcet et al. 2023): learned tokens after the class token that
+  # attention may use as scratch space, dropped before the head; 0 = none.
+  config.num_registers = 0
   config.attention = 'auto'  # 'auto', 'xla', 'cudnn' or 'explicit' (vit_jax.models.vit.ATTENTION)
   config.dropout_rate = 0.0
   config.attention_dropout_rate = 0.0

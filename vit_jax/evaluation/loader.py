@@ -155,6 +155,7 @@ def _naflex_from_flat(flat, config, num_classes, what, patch_size) -> LoadedMode
   kernel is PI-resized and the grid, resampled per image anyway, kept."""
   table = flat['Transformer/posembed_input/pos_embedding']
   grid = tuple(int(g) for g in table.shape[1:3])
+  registers = config.get('num_registers', 0)
   image_size = grid[0] * config.patches.size[0]
   if patch_size is not None and patch_size != config.patches.size[0]:
     size = (patch_size, patch_size)
@@ -175,7 +176,7 @@ def _naflex_from_flat(flat, config, num_classes, what, patch_size) -> LoadedMode
   )['params']
   params = checkpoint.unflatten(flat)
   checkpoint.check_tree(params, expected, what=what)
-  num_prefix = 1 if config.classifier == 'token' else 0
+  num_prefix = (1 if config.classifier == 'token' else 0) + registers
   return LoadedModel(model, params, config, image_size, image_size // patch, patch, num_prefix)
 
 
@@ -201,6 +202,9 @@ def model_from_flat(
     config.representation_size = int(flat['pre_logits/kernel'].shape[-1])
   num_classes = int(flat['head/kernel'].shape[-1]) if 'head/kernel' in flat else None
   num_prefix = 1 if config.classifier in ('token', 'token_unpooled') else 0
+  if 'registers' in flat:  # register tokens (models.vit._add_registers)
+    config.num_registers = int(flat['registers'].shape[1])
+    num_prefix += config.num_registers
 
   posemb = flat.get('Transformer/posembed_input/pos_embedding')
   if posemb is not None and posemb.ndim == 4:

@@ -61,6 +61,7 @@ GROUP_NORM_EPS = 1e-6  # flax.linen.GroupNorm's default, as the original code
 _BLOCK = r'^Transformer/encoderblock_(\d+)/'
 _RULES = (
   (r'^cls$', 'cls_token'),
+  (r'^registers$', 'reg_token'),
   (r'^Transformer/posembed_input/pos_embedding$', 'pos_embed'),
   (r'^embedding/', 'patch_embed.proj.'),
   (r'^Transformer/encoder_norm/', 'norm.'),
@@ -131,11 +132,13 @@ def registered_name(config, image_size: int) -> Optional[str]:
 
 def create_model_kwargs(config, num_classes: Optional[int], image_size: int) -> dict:
   """Keyword arguments of `timm.create_model(registered_name(...), **kwargs)`."""
+  registers = config.get('num_registers', 0)
   return {
     'num_classes': num_classes or 0,
     'img_size': image_size,
     'act_layer': 'gelu_tanh',
     **_pooling_kwargs(config.classifier),
+    **({'reg_tokens': registers} if registers else {}),
   }
 
 
@@ -180,6 +183,7 @@ def build_model(config, num_classes: Optional[int], image_size: int):
     mlp_ratio=mlp_dim / hidden,
     num_classes=num_classes or 0,
     act_layer='gelu_tanh',
+    reg_tokens=config.get('num_registers', 0),
     **_pooling_kwargs(config.classifier),
   )
   if config.get('resnet') is not None:
@@ -219,6 +223,8 @@ def from_timm(state: Dict[str, np.ndarray], config, what: str) -> Dict[str, np.n
       f"{what}: normalises after pooling (fc_norm), unlike the paper's ViT; it cannot be converted"
     )
   num_classes = int(state['head.weight'].shape[0]) if 'head.weight' in state else None
+  if 'reg_token' in state:  # timm's register tokens (no_embed_class=False: ours)
+    config.num_registers = int(state['reg_token'].shape[1])
   expected = torch_layout.expected_shapes(
     config, num_classes, int(state['pos_embed'].shape[1]), what
   )
@@ -230,9 +236,10 @@ def from_timm(state: Dict[str, np.ndarray], config, what: str) -> Dict[str, np.n
 
 _NAFLEX_RULES = (
   (r'^cls$', 'embeds.cls_token'),
+  (r'^registers$', 'embeds.reg_token'),
   (r'^Transformer/posembed_input/pos_embedding$', 'embeds.pos_embed'),
   (r'^embedding/bias$', 'embeds.proj.bias'),
-) + _RULES[3:]
+) + _RULES[4:]
 _NAFLEX_KERNEL = ('embedding/kernel', 'embeds.proj.weight')
 
 
@@ -274,6 +281,8 @@ def from_timm_naflex(state: Dict[str, np.ndarray], config, what: str) -> Dict[st
     )
   num_classes = int(state['head.weight'].shape[0]) if 'head.weight' in state else None
   patch = config.patches.size[0]
+  if 'embeds.reg_token' in state:
+    config.num_registers = int(state['embeds.reg_token'].shape[1])
   blocks = {k.split('.')[1] for k in state if k.startswith('blocks.')}
   config.transformer.num_layers = len(blocks) or config.transformer.num_layers
   model = naflex.NaFlexViT(num_classes=num_classes, posemb_grid=posemb.shape[1:3], **config)
@@ -325,4 +334,5 @@ def build_naflex_model(config, num_classes: Optional[int], posemb_grid):
     pos_embed_grid_size=tuple(int(g) for g in posemb_grid),
     pos_embed_interp_mode='bilinear',
     pos_embed_antialias=False,
+    reg_tokens=config.get('num_registers', 0),
   ).eval()

@@ -83,7 +83,7 @@ def random_patch_apply(model, sizes: Sequence[int], image_size: int):
   dropout key, so it is the same on every device and a pure function of the step.
   """
   base = model.patches['size'][0]
-  num_prefix = 1 if model.classifier in ('token', 'token_unpooled') else 0
+  num_prefix = (1 if model.classifier in ('token', 'token_unpooled') else 0) + model.num_registers
   models = [model.clone(patches={'size': (s, s)}) for s in sizes]
 
   def at(index):

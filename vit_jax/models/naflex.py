@@ -235,6 +235,7 @@ class NaFlexViT(nn.Module):
   model_name: Optional[str] = None
   dtype: Any = jnp.float32
   attention: str = 'auto'
+  num_registers: int = 0  # register tokens after the class token (vit._add_registers)
 
   @nn.compact
   def __call__(self, inputs, *, train: bool):
@@ -248,6 +249,7 @@ class NaFlexViT(nn.Module):
     if self.classifier == 'token':
       cls = self.param('cls', nn.initializers.zeros, (1, 1, self.hidden_size), jnp.float32)
       prefix = jnp.broadcast_to(cls.astype(self.dtype), (n, 1, self.hidden_size))
+    prefix = vit._add_registers(self, prefix, self.num_registers, self.classifier)
     x = NaFlexEncoder(
       grid=tuple(self.posemb_grid),
       dtype=self.dtype,
@@ -257,9 +259,11 @@ class NaFlexViT(nn.Module):
     )(x, prefix, rows, cols, real, train=train)
     if self.classifier == 'token':
       x = x[:, 0]
-    else:
+    else:  # the mean of the real patches (registers, padding left out)
       weights = real[..., None].astype(x.dtype)
-      x = jnp.sum(x * weights, axis=1) / jnp.maximum(jnp.sum(weights, axis=1), 1)
+      x = jnp.sum(x[:, prefix.shape[1] :] * weights, axis=1) / jnp.maximum(
+        jnp.sum(weights, axis=1), 1
+      )
     if self.representation_size is not None:
       x = nn.tanh(nn.Dense(self.representation_size, dtype=self.dtype, name='pre_logits')(x))
     if self.num_classes is None:

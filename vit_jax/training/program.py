@@ -58,7 +58,7 @@ def validate(config, num_devices: int) -> None:
       "attention='cudnn' needs a CUDA GPU and --config.dtype=bfloat16; "
       "use attention='auto', which takes cuDNN where it applies"
     )
-  _validate_patch_sizes(config)
+  _validate_tokens(config)
   if config.mesh.model > 1:
     arch = steps.model_config(config)
     try:
@@ -69,8 +69,13 @@ def validate(config, num_devices: int) -> None:
       raise ConfigError(f'{config.model}: {e}') from None
 
 
-def _validate_patch_sizes(config) -> None:
-  """FlexiViT's patch sizes (each must tile the images of a plain ViT) and NaFlex's."""
+def _validate_tokens(config) -> None:
+  """Registers, FlexiViT's patch sizes (each must tile the images of a plain ViT), NaFlex."""
+  if config.num_registers and config.task != 'classification':
+    raise ConfigError(
+      f'num_registers={config.num_registers}: masked patch prediction reads patch tokens at '
+      'fixed positions; train it without registers'
+    )
   if config.naflex_tokens:
     _validate_naflex(config)
   if config.patch_size is None and not config.flexi_patch_sizes:

@@ -48,6 +48,8 @@ def model_config(config):
     arch.representation_size = config.representation_size
   if config.depth is not None:
     arch.transformer.num_layers = config.depth
+  if config.num_registers:
+    arch.num_registers = config.num_registers
   if config.patch_size is not None:  # FlexiViT: the checkpoint's kernel is PI-resized to it
     arch.patches.size = (config.patch_size, config.patch_size)
   for flag, value in config.block.items():
