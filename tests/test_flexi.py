@@ -154,6 +154,7 @@ def test_fine_tuning_at_another_patch_size_pi_resizes_the_kernel(tmp_path, capsy
   )
 
 
+@pytest.mark.equivalence
 def test_random_patch_apply_is_the_model_at_the_drawn_patch_size():
   """In training, each call runs at one of the sizes, the parameters resized in the step
   as `at_patch_size` resizes them on the host (float32 matmuls vs float64: 1e-5 of the
@@ -198,6 +199,7 @@ def steps_config(**overrides):
   return tiny_run_config(**overrides)
 
 
+@pytest.mark.equivalence
 def test_gradients_reach_the_underlying_kernel_and_position_embeddings():
   """The gradient of a step drawn at patch 8 of a patch-16 model is the gradient of the
   patch-8 model at the resized parameters, carried back by the transposed resize maps
@@ -251,3 +253,22 @@ def test_a_run_with_a_random_patch_size_per_step_learns_and_evaluates(tmp_path):
   assert flat['embedding/kernel'].shape == (16, 16, 3, 10)
   for patch in (4, 8):
     assert loader.load_model(workdir, patch_size=patch).grid_size == 16 // patch
+
+
+def test_evaluate_and_predict_take_a_patch_size(tmp_path, capsys):
+  """The commands load a 16 px-patch checkpoint at 8 px patches (a 2x2 grid at 16 px)."""
+  from vit_jax import evaluate
+  from vit_jax import predict
+
+  config = architectures.MODEL_CONFIGS['testing']
+  params = random_like(param_shapes(config, 10, 16), seed=7, scale=0.2)
+  path = str(checkpoint.save_npz(params, tmp_path / 'model.npz'))
+  common = [f'--checkpoint={path}', '--model=testing', '--patch_size=8']
+  assert evaluate.main([*common, '--dataset=digits', '--batch=128']) == 0
+  result = json.loads(capsys.readouterr().out)
+  assert result['examples'] == 359 and 0.0 <= result['top1'] <= 1.0
+  from PIL import Image
+
+  Image.fromarray(np.full((16, 16, 3), 128, np.uint8)).save(tmp_path / 'grey.png')
+  assert predict.main([*common, '--top_k=2', str(tmp_path / 'grey.png')]) == 0
+  assert '1. ' in capsys.readouterr().out
