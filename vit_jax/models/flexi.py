@@ -6,7 +6,7 @@ and the position embeddings resized to the new grid, as fine-tuning at another
 resolution resizes them (`checkpoint.resize_posemb`, 'zoom'). On the host this
 loads any checkpoint at another patch size (`at_patch_size`: predict,
 evaluate, export; fine-tuning does it in `checkpoint.load_pretrained`). In a
-training step, `random_patch_apply` draws one of a list of patch sizes per
+training step, `random_patch_grad` draws one of a list of patch sizes per
 step and resizes the model's own kernel and position embeddings to it on the
 fly (FlexiViT's recipe), so gradients reach the one underlying set.
 """
@@ -74,32 +74,33 @@ def _resized(params, base: int, size: int, image_size: int, num_prefix: int):
   }
 
 
-def random_patch_apply(model, sizes: Sequence[int], image_size: int):
-  """`model.apply` that, in training, runs each call at a patch size drawn uniformly from
-  `sizes` (one per call: per step, or per micro-batch), the parameters staying at the
-  model's own patch size; evaluation runs at the model's own.
+def random_patch_grad(model, sizes: Sequence[int], image_size: int, objective):
+  """A training `grad_fn(params, batch, rng) -> (loss, grads)` that runs each call at a patch
+  size drawn uniformly from `sizes` (one per step, or per micro-batch), the parameters and
+  their gradients staying at the model's own patch size. `objective(logits, batch)` is
+  the loss.
 
-  All sizes are compiled into one program (`lax.switch`); the draw comes from the
-  dropout key, so it is the same on every device and a pure function of the step.
+  One compiled program holds every size; `lax.switch` picks one branch, each branch its
+  own loss and gradient (a switch inside the gradient would carry every branch's saved
+  activations, zeros but as large as the largest patch count's: measured as slow as
+  always drawing the smallest patch). The draw comes from the dropout key, so it is the
+  same on every device and a pure function of the step.
   """
   base = model.patches['size'][0]
   num_prefix = (1 if model.classifier in ('token', 'token_unpooled') else 0) + model.num_registers
-  models = [model.clone(patches={'size': (s, s)}) for s in sizes]
 
-  def at(index):
-    def run(params, images, rng):
-      params = _resized(params, base, sizes[index], image_size, num_prefix)
-      return models[index].apply({'params': params}, images, train=True, rngs={'dropout': rng})
+  def at(size):
+    sized = model.clone(patches={'size': (size, size)})
 
-    return run
+    def loss(params, batch, rng):
+      resized = _resized(params, base, size, image_size, num_prefix)
+      logits = sized.apply({'params': resized}, batch['image'], train=True, rngs={'dropout': rng})
+      return objective(logits, batch)
 
-  def apply(variables, images, *, train, rngs=None, **kw):
-    if not train:
-      return model.apply(variables, images, train=False, rngs=rngs, **kw)
-    rng = rngs['dropout']
+    return jax.value_and_grad(loss)
+
+  def grad_fn(params, batch, rng):
     index = jax.random.randint(jax.random.fold_in(rng, _PATCH_DRAW), (), 0, len(sizes))
-    return jax.lax.switch(
-      index, [at(i) for i in range(len(sizes))], variables['params'], images, rng
-    )
+    return jax.lax.switch(index, [at(s) for s in sizes], params, batch, rng)
 
-  return apply
+  return grad_fn

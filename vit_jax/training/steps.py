@@ -8,7 +8,7 @@ prediction (paper B.1.2).
 """
 
 import functools
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Optional
 
 import flax
 import flax.linen as nn
@@ -88,21 +88,28 @@ class Task(NamedTuple):
   model: nn.Module
   loss_fn: Callable  # (params, batch, rng, train) -> scalar loss
   eval_fn: Callable  # (params, batch) -> {'correct', 'count', ...}: sums over real examples
+  # (params, batch, rng) -> (training loss, gradients); None: value_and_grad of loss_fn.
+  grad_fn: Optional[Callable] = None
 
 
 def make_task(config, num_classes: int, multi_label: bool) -> Task:
   """The task named by `config.task`: 'classification' or 'mpp'."""
   if config.task == 'classification':
     model = make_model(config, num_classes)
-    apply = model.apply
-    if config.flexi_patch_sizes:  # FlexiViT: a random patch size per training step
-      apply = flexi.random_patch_apply(model, tuple(config.flexi_patch_sizes), config.pp.crop)
 
-    def loss_fn(params, batch, rng, train):
-      logits = apply({'params': params}, batch['image'], train=train, rngs={'dropout': rng})
+    def objective(logits, batch):
       return cross_entropy(
         logits, batch['label'], loss=config.loss, label_smoothing=config.label_smoothing
       )
+
+    def loss_fn(params, batch, rng, train):
+      logits = model.apply({'params': params}, batch['image'], train=train, rngs={'dropout': rng})
+      return objective(logits, batch)
+
+    grad_fn = None
+    if config.flexi_patch_sizes:  # FlexiViT: a random patch size per training step
+      sizes = tuple(config.flexi_patch_sizes)
+      grad_fn = flexi.random_patch_grad(model, sizes, config.pp.crop, objective)
 
     def eval_fn(params, batch):
       logits = model.apply({'params': params}, batch['image'], train=False)
@@ -130,9 +137,11 @@ def make_task(config, num_classes: int, multi_label: bool) -> Task:
       correct = (jnp.argmax(logits, axis=-1) == targets) * counted
       return {'correct': jnp.sum(correct), 'count': jnp.sum(counted)}
 
+    grad_fn = None
+
   else:
     raise ValueError(f'task={config.task!r}: use one of {", ".join(TASKS)}')
-  return Task(model, loss_fn, eval_fn)
+  return Task(model, loss_fn, eval_fn, grad_fn)
 
 
 def init_state(rng, *, model, tx, image_size, ema: bool) -> TrainState:
@@ -199,7 +208,7 @@ def accumulated_value_and_grad(grad_fn, params, batch, rng, accum_steps: int):
 def train_step(state: TrainState, batch, *, task: Task, tx, schedule, config):
   """One optimizer step over the global batch (accumulated over micro-batches)."""
   step_rng = jax.random.fold_in(state.rng, state.step)
-  grad_fn = jax.value_and_grad(functools.partial(task.loss_fn, train=True))
+  grad_fn = task.grad_fn or jax.value_and_grad(functools.partial(task.loss_fn, train=True))
   loss, grads = accumulated_value_and_grad(
     grad_fn, state.params, batch, step_rng, config.accum_steps
   )
