@@ -454,6 +454,72 @@ def test_export_to_a_folder_writes_the_file_inside(fmt, name, inputs, capsys):
   assert interop.output_path('onnx', str(out / 'm.onnx')) == str(out / 'm.onnx')
 
 
+# Issue 35, category 2: (command, arguments, what the line says the output is); {run}: a
+# finished workdir, {tmp}, {npz}, {png} as above. Each would have replaced the run's files.
+OVER_A_RUN = [
+  (
+    'export',
+    ['--checkpoint={npz}', '--model=testing', '--format=npz', '--output={run}'],
+    '{run}/params.npz is in {run}, which',
+  ),
+  (
+    'export',
+    ['--checkpoint={npz}', '--model=testing', '--format=npz', '--output={run}/params.npz'],
+    '{run}/params.npz is in {run}, which',
+  ),
+  ('export', ['--checkpoint={npz}', '--model=testing', '--format=hf', '--output={run}'], '{run}'),
+  (
+    'analyze',
+    ['--checkpoint={npz}', '--model=testing', '--images={png}', '--output={run}'],
+    '{run}',
+  ),
+  (
+    'evaluate',
+    ['--checkpoint={npz}', '--model=testing', '--dataset=digits', '--output={run}/summary.json'],
+    '{run}/summary.json is in {run}, which',
+  ),
+  ('jft', ['--folder={tmp}/images', '--out={run}'], '{run}'),
+  (
+    'benchmark',
+    ['--model=testing', '--json={run}/summary.json'],
+    '{run}/summary.json is in {run}, which',
+  ),
+]
+
+
+@pytest.mark.parametrize(
+  'name, argv, what', OVER_A_RUN, ids=[f'{i}-{case[0]}' for i, case in enumerate(OVER_A_RUN)]
+)
+def test_no_command_writes_over_a_runs_work(name, argv, what, inputs, tmp_path, capsys):
+  """`export --format=npz --output=<workdir>` replaced the run's final weights without a word;
+  every command that writes refuses in one line (`workdir.check_output`), before its work."""
+  import importlib
+
+  run = _workdir(tmp_path / 'run', 'digits')
+  workdir_lib.write_summary(run, {'step': 5, 'model': 'testing'})
+  before = {f: (tmp_path / 'run' / f).read_bytes() for f in os.listdir(run)}
+  main = importlib.import_module(f'vit_jax.{name}').main
+  paths = {**inputs, 'run': run}
+  code, out, err = _run(main, [a.format(**paths) for a in argv], capsys)
+  assert code == 2 and out == '' and len(err.strip().splitlines()) == 1, err
+  assert err.startswith(
+    f"error: --{argv[-1][2:].split('=')[0]} {what.format(**paths)} holds a run's work (params.npz"
+  ), err
+  assert {f: (tmp_path / 'run' / f).read_bytes() for f in os.listdir(run)} == before
+
+
+def test_an_export_beside_a_runs_files_is_written(inputs, tmp_path, capsys):
+  """What the guard leaves alone: a file of another name in the run's folder, a sub-folder."""
+  from vit_jax import export
+
+  run = _workdir(tmp_path / 'run', 'digits')
+  for output in (f'{run}/exported.npz', f'{run}/export/'):
+    argv = [f'--checkpoint={run}', '--format=npz', f'--output={output}']
+    code, out, err = _run(export.main, argv, capsys)
+    assert code == 0 and out.startswith('wrote npz to '), err
+  assert sorted(os.listdir(run)) == ['config.json', 'export', 'exported.npz', 'params.npz']
+
+
 def test_jft_prints_its_result_on_stdout(folder, tmp_path, capsys):
   """Item 8: the result is a line on stdout (ba6a7de logged it on stderr); class names in
   info.json are the folders' names as text."""

@@ -359,7 +359,7 @@ def test_sigterm_or_ctrl_c_writes_a_checkpoint_and_resumes(reference_run, tmp_pa
 
 
 @pytest.mark.slow
-def test_nan_loss_stops_and_keeps_the_last_checkpoint(tmp_path, monkeypatch):
+def test_nan_loss_stops_and_keeps_the_last_checkpoint(tmp_path, monkeypatch, capsys):
   config = tiny_run_config(total_steps=12, warmup_steps=2, checkpoint_every=4, eval_every=100)
   make = loop.pipeline.make_train_iterator
 
@@ -391,8 +391,42 @@ def test_nan_loss_stops_and_keeps_the_last_checkpoint(tmp_path, monkeypatch):
   assert sorted(os.listdir(tmp_path / 'checkpoints')) == ['4']
 
   config.skip_nonfinite = True
+  capsys.readouterr()
   summary = loop.train_and_evaluate(config, str(tmp_path / 'skip'))
   assert summary['skipped_steps'] == 1 and summary['step'] == 12
+  # The last line says what was skipped (issue 35: a run that skipped most steps said `Done:`).
+  done = capsys.readouterr().out.splitlines()[-1]
+  assert done.startswith('Done: step 12, ') and ', 1 of 12 steps skipped (NaN/Inf); wrote ' in done
+
+
+@pytest.mark.slow
+def test_a_diverged_run_stops_and_every_line_it_logged_is_json(tmp_path, capsys):
+  """Issue 35: with skip_nonfinite, a run at base_lr=1e4 skipped 297 of 300 steps and ended
+  `Done:` (exit 0, accuracy at chance), and metrics.jsonl held bare NaNs. Now
+  `max_nonfinite_in_a_row` skipped steps in a row stop it in one line; a run that skipped a
+  few says how many in its `Done:` line; NaN is logged as null."""
+  config = tiny_run_config(total_steps=12, warmup_steps=2, checkpoint_every=4, eval_every=100)
+  config.update(base_lr=1e4, skip_nonfinite=True, max_nonfinite_in_a_row=3, progress_every=1)
+  with pytest.raises(loop.TrainingError) as e:
+    loop.train_and_evaluate(config, str(tmp_path / 'diverged'))
+  assert re.fullmatch(
+    r'steps (\d+) to (\d+) were all NaN/Inf and skipped: the run has diverged; stopped, the last '
+    r'checkpoint is kept\. Lower --config\.base_lr or check the data \(--config\.'
+    r'max_nonfinite_in_a_row sets how many in a row stop a run\)',
+    str(e.value),
+  ), str(e.value)
+  first, last = map(int, re.match(r'steps (\d+) to (\d+)', str(e.value)).groups())
+  assert last - first == 2 and last < 12
+  assert not os.path.exists(tmp_path / 'diverged' / 'summary.json')
+
+  def strict(text):
+    raise AssertionError(f'not JSON: {text}')
+
+  lines = open(tmp_path / 'diverged' / 'metrics.jsonl').read().splitlines()
+  logged = [json.loads(line, parse_constant=strict) for line in lines]
+  # Logged up to the step before the one that stopped the run.
+  assert [r['grad_norm'] for r in logged if r['step'] >= first] == [None] * (last - first)
+  assert logged[-1]['skipped_steps'] >= last - first
 
 
 # Runs on other meshes or hosts are compared with one device over three steps

@@ -117,6 +117,7 @@ def _describe(record: dict) -> str:
 def main(argv):
   if len(argv) > 1:
     _exit(f'unexpected arguments {argv[1:]}')
+  from vit_jax import workdir
   from vit_jax.bench import aot
   from vit_jax.bench import gpu_record
   from vit_jax.bench import gpus
@@ -124,6 +125,9 @@ def main(argv):
   from vit_jax.data.sources import DataError
   from vit_jax.training import loop
 
+  if _JSON.value:
+    with cli.reported(workdir.WorkdirError):
+      workdir.check_output(_JSON.value, '--json')
   config = _CONFIG.value
   on_gpu = gpus.is_gpu_name(_TOPOLOGY.value)
   try:

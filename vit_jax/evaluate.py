@@ -80,6 +80,10 @@ def _check_output(path: str) -> None:
     cli.fail(f'--output {path} is a folder; pass a file name for the JSON')
   if not os.path.isdir(folder):
     cli.fail(f'--output {path}: no folder {folder}; make it or pass another file name')
+  from vit_jax import workdir
+
+  with cli.reported(workdir.WorkdirError):
+    workdir.check_output(path, '--output')
 
 
 if __name__ == '__main__':

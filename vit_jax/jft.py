@@ -38,6 +38,7 @@ def main(argv=None):
   # Before TensorFlow starts (the shard writer imports it).
   run_log.quiet_libraries(run_log.verbosity_in(argv))
 
+  from vit_jax import workdir
   from vit_jax.data import shards
   from vit_jax.data.sources import DataError
 
@@ -63,6 +64,8 @@ def main(argv=None):
     cli.fail(f'{args.csv}: no such file; pass a CSV of lines "path,label_id;label_id;..."')
   if os.path.exists(args.out) and not os.path.isdir(args.out):
     cli.fail(f'--out {args.out} is a file; pass a folder for info.json and the shards')
+  with cli.reported(workdir.WorkdirError):
+    workdir.check_output(args.out, '--out', folder=True)
   with cli.reported(DataError), cli.writing(args.out):
     examples, names, num_classes = _examples(args)
     info = shards.write_shards(

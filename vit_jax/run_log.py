@@ -92,7 +92,8 @@ class RunLog:
   """Scalars to TensorBoard (`workdir/tensorboard`) and `workdir/metrics.jsonl`.
 
   `metrics.jsonl` (one JSON object per line) is written for local workdirs
-  only: object stores such as GCS cannot append.
+  only: object stores such as GCS cannot append. It is strict JSON: a NaN or
+  infinite value (a skipped step's gradient norm) is `null` there.
   """
 
   def __init__(self, workdir: str, *, is_main: bool, tensorboard: bool = True):
@@ -115,7 +116,8 @@ class RunLog:
       return
     values = {k: float(v) for k, v in values.items()}
     if self._jsonl is not None:
-      self._jsonl.write(json.dumps({'step': int(step), **values}) + '\n')
+      line = {'step': int(step), **workdir_lib.json_numbers(values)}
+      self._jsonl.write(json.dumps(line, allow_nan=False) + '\n')
       self._jsonl.flush()
     if self._tb is not None:
       self._tb.scalars(step, values)

@@ -212,6 +212,7 @@ class Losses:
   def __init__(self, last_mean: float = float('nan')):
     self._window = []
     self.last_mean = last_mean
+    self.nonfinite_in_a_row = 0  # skipped steps since the last finite one (skip_nonfinite)
 
   def add(self, loss: float) -> None:
     self._window.append(loss)
@@ -455,11 +456,11 @@ def train(run: Run, loop: Loop, periodic: list, stop: Optional[_Stop] = None) ->
         preemption.check()
         preemption.stepping = True
         if pending is not None:
-          loop.losses.add(_check_finite(run.config, *pending))
+          loop.losses.add(_check_finite(run.config, loop.losses, *pending))
         pending = (step, loop.metrics)
         due = [hook for hook in periodic if hook.due(step, run.config.total_steps)]
         if due or preemption.pending:
-          loop.losses.add(_check_finite(run.config, *pending))
+          loop.losses.add(_check_finite(run.config, loop.losses, *pending))
           pending = None
           _run_hooks(run, loop, step, due, preemption)
   finally:
@@ -533,12 +534,14 @@ def finish(run: Run, loop: Loop, *, first_step: int) -> dict:
     summary.update(hooks.fewshot_probe(run, loop, summary['step']))
   run.log.scalars(summary['step'], {'test_accuracy': summary['test_accuracy']})
   _write_results(run, loop, summary)
+  skipped = summary['skipped_steps']
   run.log.info(
-    'Done: step %d, test accuracy %.4f, %.0f img/s, %.0f s; wrote %s',
+    'Done: step %d, test accuracy %.4f, %.0f img/s, %.0f s%s; wrote %s',
     summary['step'],
     summary['test_accuracy'],
     summary['img_per_sec'],
     summary['wall_time_s'],
+    f', {skipped} of {summary["step"]} steps skipped (NaN/Inf)' if skipped else '',
     workdir_lib.summary_path(workdir),
   )
   run.log.close()
@@ -560,13 +563,22 @@ def _write_results(run: Run, loop: Loop, summary: dict) -> None:
     workdir_lib.write_summary(run.workdir, summary)
 
 
-def _check_finite(config, step, metrics_) -> float:
-  """The step's loss as a float; stops the run on NaN/Inf unless skipping is on."""
+def _check_finite(config, losses: Losses, step, metrics_) -> float:
+  """The step's loss as a float; stops the run on NaN/Inf unless skipping is on, and when
+  skipping, after `max_nonfinite_in_a_row` skipped steps in a row (the run has diverged)."""
   loss = float(metrics_['loss'])
-  if not bool(metrics_['finite']) and not config.skip_nonfinite:
+  finite = bool(metrics_['finite'])
+  if not finite and not config.skip_nonfinite:
     raise TrainingError(
       f'loss or gradient is NaN/Inf at step {step}; stopped without applying it, the last '
       'checkpoint is kept. Lower --config.base_lr, check the data, or set '
       '--config.skip_nonfinite=True to skip such steps'
+    )
+  losses.nonfinite_in_a_row = 0 if finite else losses.nonfinite_in_a_row + 1
+  if losses.nonfinite_in_a_row >= config.max_nonfinite_in_a_row:
+    raise TrainingError(
+      f'steps {step - losses.nonfinite_in_a_row + 1} to {step} were all NaN/Inf and skipped: '
+      'the run has diverged; stopped, the last checkpoint is kept. Lower --config.base_lr or '
+      'check the data (--config.max_nonfinite_in_a_row sets how many in a row stop a run)'
     )
   return loss
