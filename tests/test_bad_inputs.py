@@ -297,7 +297,7 @@ ERRORS = [
   (
     'predict',
     ['--checkpoint={npz}', '--model=testing', '{tmp}/notes'],
-    '{tmp}/notes: a directory without images (.jpg, .jpeg, .png',
+    '{tmp}/notes: a directory without images (JPEG, PNG, WebP, TIFF, BMP, GIF or another',
   ),
   (
     'predict',

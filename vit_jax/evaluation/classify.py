@@ -19,23 +19,25 @@ from vit_jax.evaluation import metrics
 from vit_jax.evaluation.loader import InputError
 from vit_jax.evaluation.loader import LoadedModel
 
-IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.bmp', '.gif', '.webp', '.tif', '.tiff')
 # Head sizes of the public checkpoints -> shipped class-name files (vit_jax/data/).
 LABEL_FILES = {1000: 'imagenet2012_labels.txt', 21843: 'imagenet21k_labels.txt'}
 
 
 def image_files(specs: Sequence[str]) -> List[str]:
-  """Files named by `specs`: image files, directories (their images, sorted) or comma lists."""
+  """Files named by `specs`: image files, directories or comma lists. A directory gives its
+  images at any depth (a dataset folder's, in its class folders), sorted, as training reads
+  them (`data.folder.images_under`: tools' folders left out, and said)."""
+  from vit_jax.data import folder
+
   files = []
   for spec in specs:
     for item in filter(None, spec.split(',')):
       if os.path.isdir(item):
-        found = sorted(
-          os.path.join(item, f) for f in os.listdir(item) if f.lower().endswith(IMAGE_EXTENSIONS)
-        )
+        found, tools, others = folder.images_under(item)
         if not found:
-          raise InputError(f'{item}: a directory without images ({", ".join(IMAGE_EXTENSIONS)})')
-        files.extend(found)
+          raise InputError(f'{item}: a directory without images ({folder.IMAGE_KINDS})')
+        folder.warn_once(folder.left_out_line(item, tools, others))
+        files.extend(os.path.join(item, f) for f in found)
       elif os.path.exists(item):
         files.append(item)
       else:
@@ -184,13 +186,13 @@ def evaluate(loaded: LoadedModel, data_config, split: str, batch_sharding) -> di
   """{'top1', 'top5' (single-label), 'examples'} of `loaded` on a whole dataset split."""
   from vit_jax.data import pipeline  # TensorFlow: imported when a dataset is read
 
-  info = pipeline.get_info(data_config)
-  if loaded.model.num_classes != info.num_classes:
+  source = pipeline.split_source(data_config, split)
+  if loaded.model.num_classes != source.num_classes:
     raise InputError(
-      f"{data_config.dataset} has {info.num_classes} classes, the checkpoint's head "
+      f"{data_config.dataset} has {source.num_classes} classes, the checkpoint's head "
       f'{loaded.model.num_classes}; evaluate a checkpoint fine-tuned on it'
     )
-  model, multi_label = loaded.model, info.multi_label
+  model, multi_label = loaded.model, source.multi_label
 
   @jax.jit
   def counts_fn(params, batch):
