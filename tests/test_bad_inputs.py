@@ -391,6 +391,87 @@ def test_a_bad_input_is_one_line(name, argv, line, inputs, offline, capsys):
 # Results the commands must give.
 
 
+@pytest.mark.parametrize(
+  'model, crop, line',
+  [
+    (
+      'ViT-Demo_4',
+      30,
+      'the 4 px that one patch of ViT-Demo_4 covers: the last 2 px of each row '
+      'and column would be dropped; use --config.pp.crop=32 or 28',
+    ),
+    (
+      'R50+ViT-B_16',
+      200,
+      'the 16 px that one patch of R50+ViT-B_16 covers: the last 8 px of each '
+      'row and column would be dropped; use --config.pp.crop=208 or 192',
+    ),
+  ],
+)
+def test_a_resolution_the_patches_do_not_tile_is_one_line(model, crop, line):
+  """Issue 35, category 4: the demo at pp.crop=30 trained with 2 px of each image dropped, and
+  predict then resized to 28 px. The fine-tuning recipe tiles: 392 px for 14 px patches."""
+  from vit_jax.configs import ConfigError
+  from vit_jax.configs import recipes
+  from vit_jax.training import program
+
+  config = demo.get_config()
+  config.update(model=model)
+  config.pp.crop = crop
+  with pytest.raises(ConfigError) as e:
+    program.validate(config, 1)
+  assert str(e.value) == f'pp.crop={crop} is not a multiple of {line}'
+  assert recipes.finetune('ViT-H_14,cifar10').pp.crop == 392
+  program.validate(recipes.finetune('ViT-H_14,cifar10'), 8)
+
+
+def test_predict_says_why_classes_are_class_i(tmp_path, folder, capsys):
+  """Issue 35, category 4: names that fall back to class_<i> say why, and what to do."""
+  import shutil
+
+  from vit_jax import predict
+
+  npz = checkpoint.save_npz(_params(3), tmp_path / 'bare.npz')
+  moved = shutil.copytree(folder, tmp_path / 'data')
+  run = _workdir(tmp_path / 'run', str(moved))
+  shutil.rmtree(moved)  # the dataset the run trained on, gone
+  image = os.path.join(folder, 'test', CLASSES[0])
+  line = 'python -m vit_jax.predict: classes named class_<i>: '
+  code, out, err = _run(predict.main, [f'--checkpoint={npz}', '--model=testing', image], capsys)
+  assert code == 0 and '(class 1)' in out and 'class_1' in out, err
+  assert (
+    err
+    == line
+    + 'a 3-way head, not an ImageNet one (1000 or 21843); pass --labels=FILE, one name per line\n'
+  )
+  code, out, err = _run(predict.main, [f'--checkpoint={run}', image], capsys)
+  assert code == 0 and err.startswith(
+    f'{line}its dataset {moved} does not open here ({moved}: no such folder'
+  ), err
+  assert err.endswith('; pass --labels=FILE, one name per line\n') and err.count('\n') == 1
+
+
+def test_a_class_name_with_a_newline_is_one_line_of_predict(tmp_path, capsys):
+  """Issue 35, category 8: a class folder whose name holds a newline broke predict's lines (the
+  second half read as the next file's name); control characters are shown as escapes."""
+  from vit_jax import predict
+
+  root = tmp_path / 'data'
+  for split in ('train', 'test'):
+    for name in ('a', 'b\nc.png', 'd'):
+      (root / split / name).mkdir(parents=True)
+      Image.fromarray(np.zeros((8, 8), np.uint8)).save(root / split / name / 'x.png')
+  run = _workdir(tmp_path / 'run', str(root), favourite=1)
+  code, out, err = _run(predict.main, [f'--checkpoint={run}', str(root / 'test' / 'a')], capsys)
+  assert code == 0, err
+  assert out.splitlines() == [
+    str(root / 'test' / 'a' / 'x.png'),
+    '  1. 100.00%  b\\nc.png  (class 1)',
+    '  2.   0.00%  a  (class 0)',
+    '  3.   0.00%  d  (class 2)',
+  ]
+
+
 def test_predict_names_a_folder_trained_workdirs_classes(folder, tmp_path, capsys):
   """Item 8: the class folders' names, not class_0, class_1, ..."""
   from vit_jax import predict

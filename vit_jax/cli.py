@@ -116,6 +116,12 @@ def writing(path: str):
     fail(f'{path}: cannot write it ({e.strerror or e}); pass a path you can write')
 
 
+def one_line(text: str) -> str:
+  """`text` with its control characters (a newline in a class folder's name) as escapes: one
+  result, one line."""
+  return re.sub(r'[\x00-\x1f\x7f]', lambda m: repr(m.group())[1:-1], text)
+
+
 def positive_int(text: str) -> int:
   """argparse type: an integer of at least 1 (a batch, a count)."""
   try:

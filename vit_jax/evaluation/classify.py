@@ -101,21 +101,34 @@ def class_names(
   dataset a training workdir `checkpoint` was trained on (an image folder's
   class folders, a TFDS dataset's labels) when it opens here and has as many;
   else the shipped ImageNet-1k (1000) or ImageNet-21k (21843) names; else
-  `class_<i>`.
+  `class_<i>` (`class_names_and_why` says why).
   """
+  return class_names_and_why(num_classes, labels_file, checkpoint)[0]
+
+
+def class_names_and_why(
+  num_classes: int, labels_file: Optional[str] = None, checkpoint: Optional[str] = None
+) -> tuple:
+  """(`class_names`, '' or a line saying why the names are `class_<i>` and what to do)."""
   if labels_file:
-    return _labels_file(labels_file, num_classes)
-  names = dataset_class_names(checkpoint) if checkpoint else None
+    return _labels_file(labels_file, num_classes), ''
+  why = []
+  names = dataset_class_names(checkpoint, why) if checkpoint else None
   if names is not None and len(names) == num_classes:
-    return names
+    return names, ''
   if num_classes in LABEL_FILES:
     text = (
       importlib.resources.files('vit_jax')
       .joinpath('data', LABEL_FILES[num_classes])
       .read_text(encoding='utf-8')
     )
-    return text.splitlines()
-  return [f'class_{i}' for i in range(num_classes)]
+    return text.splitlines(), ''
+  if names is not None:
+    why.append(f'its dataset has {len(names)} classes, the head {num_classes}')
+  reason = why[0] if why else f'a {num_classes}-way head, not an ImageNet one (1000 or 21843)'
+  return [f'class_{i}' for i in range(num_classes)], (
+    f'classes named class_<i>: {reason}; pass --labels=FILE, one name per line'
+  )
 
 
 def _labels_file(path: str, num_classes: int) -> List[str]:
@@ -135,8 +148,9 @@ def _labels_file(path: str, num_classes: int) -> List[str]:
   return names
 
 
-def dataset_class_names(path: str) -> Optional[List[str]]:
-  """Class names of the dataset a workdir was trained on, if it can be opened here."""
+def dataset_class_names(path: str, why: Optional[list] = None) -> Optional[List[str]]:
+  """Class names of the dataset a workdir was trained on, if it can be opened here; else None,
+  and the reason appended to `why` (when given)."""
   from vit_jax import workdir
 
   dataset = workdir.recorded(path, 'dataset')
@@ -147,9 +161,13 @@ def dataset_class_names(path: str) -> Optional[List[str]]:
   config = pipeline.data_config()
   config.dataset = dataset
   try:
-    names = pipeline.get_info(config).class_names
-  except (pipeline.DataError, OSError):
+    names = pipeline.split_source(config, 'train').class_names
+  except (pipeline.DataError, OSError) as e:
+    if why is not None:
+      why.append(f'its dataset {dataset} does not open here ({e})')
     return None
+  if not names and why is not None:
+    why.append(f'its dataset {dataset} names no classes')
   return list(names) if names else None
 
 
