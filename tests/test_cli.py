@@ -100,3 +100,66 @@ def test_every_command_as_a_program(name, tmp_path):
     lines = conftest_said(result.stderr)
     assert len(lines) == 1 and lines[0].startswith(said), result.stderr[-2000:]
     assert 'no_such_flag' in lines[0] or args is argv or 'required' in lines[0]
+
+
+def test_a_long_wait_says_it_goes_on(monkeypatch, tmp_path, capsys):
+  """Issue 35, category 5: compiling for a big topology (10 minutes), evaluating at 384 px (6)
+  and benchmarking (4) printed nothing. `run_log.heartbeat` says what runs at least every 30 s,
+  on stderr (stdout keeps the result alone); here with a fake slow call and 0.05 s beats."""
+  import json
+  import re
+  import time
+
+  from vit_jax import evaluate
+  from vit_jax import run_log
+  from vit_jax.bench import speed
+  from vit_jax.evaluation import classify
+
+  assert run_log.HEARTBEAT_S < 30
+  lines = []
+  with run_log.heartbeat('compiling', say=lines.append, every=0.05):
+    time.sleep(0.5)
+  assert len(lines) >= 3 and all(re.fullmatch(r'compiling: 0m00s so far', l) for l in lines)
+  said_after = len(lines)
+  time.sleep(0.2)
+  assert len(lines) == said_after  # silent once the block is done
+  with run_log.heartbeat('quick', say=lines.append, every=5):
+    pass
+  assert len(lines) == said_after  # a short wait says nothing
+
+  monkeypatch.setattr(run_log, 'HEARTBEAT_S', 0.05)
+
+  def slow(*args, **kwargs):
+    time.sleep(0.5)
+    return {'top1': 0.5, 'examples': 2}
+
+  monkeypatch.setattr(classify, 'evaluate_checkpoint', slow)
+  from conftest import param_shapes
+  from conftest import random_like
+
+  from vit_jax import checkpoint
+  from vit_jax.configs import architectures
+
+  npz = tmp_path / 'testing.npz'
+  checkpoint.save_npz(
+    random_like(param_shapes(architectures.MODEL_CONFIGS['testing'], 10, 16)), npz
+  )
+  capsys.readouterr()
+  assert evaluate.main([f'--checkpoint={npz}', '--model=testing', '--dataset=digits']) == 0
+  out, err = capsys.readouterr()
+  assert json.loads(out)['top1'] == 0.5
+  beats = err.splitlines()
+  assert len(beats) >= 3 and set(beats) == {
+    'python -m vit_jax.evaluate: evaluating on digits test: 0m00s so far'
+  }, err
+
+  from vit_jax import benchmark
+
+  monkeypatch.setattr(speed, 'run', lambda opts: slow() and {})
+  monkeypatch.setattr(speed, 'summary', lambda record: 'timed')
+  assert benchmark.main(['--model=testing', '--no_record']) == 0
+  out, err = capsys.readouterr()
+  assert out == 'timed\n' and len(err.splitlines()) >= 3, err
+  assert set(err.splitlines()) == {
+    'python -m vit_jax.benchmark: testing infer at batch 8: 0m00s so far'
+  }, err

@@ -121,7 +121,8 @@ def main(argv=None) -> int:
       workdir.check_output(args.json, '--json')
   fields = {f.name for f in dataclasses.fields(speed.Options)}
   opts = speed.Options(**{k: v for k, v in vars(args).items() if k in fields})
-  with cli.reported(speed.BenchmarkError, timm_peer.CompareError):
+  doing = f'{parser.prog}: {opts.model} {opts.mode} at batch {opts.batch}'
+  with cli.reported(speed.BenchmarkError, timm_peer.CompareError), run_log.heartbeat(doing):
     if args.find_max_batch:
       speed.validate(opts)
       record = memory.find_max_batch(

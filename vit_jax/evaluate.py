@@ -61,9 +61,10 @@ def main(argv=None) -> int:
     )
     data.pp.crop = loader.check_resolution(loaded, args.crop)
     data.pp.resize = args.resize
-    numbers = classify.evaluate_checkpoint(
-      loaded, data, args.split, warn=lambda line: print(line, file=sys.stderr)
-    )
+    with run_log.heartbeat(f'{parser.prog}: evaluating on {args.dataset} {args.split}'):
+      numbers = classify.evaluate_checkpoint(
+        loaded, data, args.split, warn=lambda line: print(line, file=sys.stderr)
+      )
   result = {'checkpoint': args.checkpoint, 'dataset': args.dataset, 'split': args.split, **numbers}
   text = json.dumps(result, indent=2)
   print(text)

@@ -8,13 +8,17 @@ logs (TensorFlow, XLA, absl INFO) are hidden unless asked for with
 `quiet_libraries` sets that up before TensorFlow or JAX starts.
 """
 
+import contextlib
 import glob
 import importlib.util
 import json
 import logging as py_logging
 import os
 import socket
+import sys
+import threading
 import time
+from typing import Optional
 import warnings
 
 from absl import logging
@@ -175,6 +179,40 @@ class Progress:
       f'step {step}/{self.total_steps}  loss {loss:.4f}  lr {lr:.3g}  '
       f'{self.img_per_sec:,.0f} img/s  ETA {_format_duration(eta)}'
     )
+
+
+# Seconds between the lines of a long wait (`heartbeat`): under 30, so that a compile or an
+# evaluation never looks hung for longer, even when the machine is slow to wake the thread.
+HEARTBEAT_S = 20.0
+
+
+def _to_stderr(line: str) -> None:
+  print(line, file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def heartbeat(what: str, say=_to_stderr, every: Optional[float] = None):
+  """While the block runs, `say('{what}: 1m20s so far')` every `every` s (HEARTBEAT_S).
+
+  For the waits that print nothing of their own (compiling a big program,
+  evaluating a whole split, timing a benchmark). Lines go to stderr by
+  default, where they do not mix with a command's result on stdout; a
+  block shorter than `every` says nothing.
+  """
+  every = HEARTBEAT_S if every is None else every
+  done, start = threading.Event(), time.perf_counter()
+
+  def beat():
+    while not done.wait(every):
+      say(f'{what}: {_format_duration(time.perf_counter() - start)} so far')
+
+  thread = threading.Thread(target=beat, name='heartbeat', daemon=True)
+  thread.start()
+  try:
+    yield
+  finally:
+    done.set()
+    thread.join()
 
 
 # ---------------------------------------------------------------------------

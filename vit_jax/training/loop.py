@@ -449,7 +449,8 @@ def train(run: Run, loop: Loop, periodic: list, stop: Optional[_Stop] = None) ->
       for step in range(int(loop.state.step) + 1, run.config.total_steps + 1):
         batch = next(loop.train_iter)
         if step_fn is None:
-          step_fn, loop.clock.flops = _compile(run.program.train_step, loop.state, batch)
+          with run_log.heartbeat('compiling the train step', say=run.log.info):
+            step_fn, loop.clock.flops = _compile(run.program.train_step, loop.state, batch)
           loop.progress.restart_clock(step - 1)
         loop.state, loop.metrics = step_fn(loop.state, batch)
         loop.clock.step_done(loop.metrics)
@@ -480,7 +481,8 @@ def _run_hooks(run: Run, loop: Loop, step: int, due: list, preemption) -> None:
     )
   for hook in due:
     with loop.clock.evaluation() if hook.evaluation else contextlib.nullcontext():
-      hook.fn(run, loop, step)
+      with run_log.heartbeat(f'step {step}: {hook.name}', say=run.log.info):
+        hook.fn(run, loop, step)
   if preemption.reached(step):
     hooks.save_checkpoint(run, loop, step)
     run.manager.wait_until_finished()
@@ -511,7 +513,8 @@ def finish(run: Run, loop: Loop, *, first_step: int) -> dict:
   """
   config, workdir, state = run.config, run.workdir, loop.state
   totals = loop.totals()
-  final = hooks.accuracy(run, state.params)
+  with run_log.heartbeat(f'step {int(state.step)}: final evaluation', say=run.log.info):
+    final = hooks.accuracy(run, state.params)
   summary = {
     'step': int(state.step),
     'train_loss': totals['train_loss'],
