@@ -617,6 +617,19 @@ def test_jft_prints_its_result_on_stdout(folder, tmp_path, capsys):
   assert info['class_names'] == CLASSES
 
 
+def test_a_run_a_signal_stopped_exits_as_shells_expect(capsys):
+  """Issue 35, category 8: a training run stopped by Ctrl-C exited 2, as a bad input; now 130
+  (128 + SIGINT), and 143 for SIGTERM, as a shell reports a process the signal ended."""
+  from vit_jax.training import loop
+
+  for sig, status in ((signal.SIGINT, 130), (signal.SIGTERM, 143)):
+    with pytest.raises(SystemExit) as e:
+      with cli.reported(loop.TrainingError):
+        raise loop.Stopped('interrupted (Ctrl-C) at step 7; checkpoint written to run', sig)
+    assert e.value.code == status
+  assert capsys.readouterr().err.count('error: interrupted (Ctrl-C) at step 7;') == 2
+
+
 def test_ctrl_c_in_a_command_is_one_line(inputs, monkeypatch, capsys):
   """Item 5, outside training: nothing to save; one line and exit status 130."""
   from vit_jax import predict
@@ -922,7 +935,8 @@ def test_a_folder_named_in_any_script_trains_stops_predicts_and_resumes(folder, 
     pytest.skip('the run finished before Ctrl-C arrived')  # a very fast machine
   lines = said(stderr)
   step = workdir_lib.saved_steps(run)
-  assert process.returncode == 2 and len(step) == 1 and lines == [lines[-1]], stderr[-3000:]
+  # 130: what a shell reports for a process Ctrl-C ended (issue 35; it was 2).
+  assert process.returncode == 130 and len(step) == 1 and lines == [lines[-1]], stderr[-3000:]
   assert lines[-1] == (
     f'error: interrupted (Ctrl-C) at step {step[0]}; checkpoint written to {run}; run the same '
     'command again to resume'
@@ -1069,11 +1083,11 @@ def test_a_second_ctrl_c_or_a_signal_during_set_up_stops_at_once(tmp_path):
 
   with concurrent.futures.ThreadPoolExecutor(2) as pool:
     results = list(pool.map(lambda c: case(*c[:3]), cases))
-  for (code, stderr, run), (name, *_, what) in zip(results, cases):
+  for (code, stderr, run), (name, sig, _, what) in zip(results, cases):
     lines = said(stderr)
     if name == 'second' and 'interrupted (Ctrl-C) at step' in stderr:
       pytest.skip('the checkpoint was written before the second Ctrl-C')  # a very fast machine
-    assert code == 2 and lines == [lines[-1]], stderr[-3000:]
+    assert code == 128 + sig and lines == [lines[-1]], stderr[-3000:]
     assert lines[-1].startswith(f'error: {what}: stopped at once, without a new checkpoint (')
     assert lines[-1].endswith('); run the same command again to resume')
     assert not os.path.exists(os.path.join(run, 'lock.json'))

@@ -163,3 +163,49 @@ def test_a_long_wait_says_it_goes_on(monkeypatch, tmp_path, capsys):
   assert set(err.splitlines()) == {
     'python -m vit_jax.benchmark: testing infer at batch 8: 0m00s so far'
   }, err
+
+
+NOISE = """
+import sys, warnings
+from vit_jax import run_log
+run_log.quiet_libraries(-1)
+try:
+  import torchvision  # noqa: F401  (its image extension does not load beside a CPU-only torch)
+except ImportError:
+  pass
+from PIL import Image
+from vit_jax.evaluation import classify
+Image.MAX_IMAGE_PIXELS = 100  # the image below (144 px) between the limit and twice it
+classify.read_image(sys.argv[1], 16)
+print('read')
+"""
+
+
+@pytest.mark.slow
+def test_start_up_noise_the_readme_says_is_hidden_is_hidden(tmp_path):
+  """Issue 35, category 8: TensorFlow's native start-up lines in `prepare` (absl's notice and
+  `I... oneDNN custom operations are on`), torchvision's warnings beside a CPU-only torch, PIL's
+  decompression-bomb warning in predict: stderr holds only what the command says."""
+  from PIL import Image
+
+  pytest.importorskip('tensorflow')
+  image = tmp_path / 'big.png'
+  Image.new('RGB', (12, 12)).save(image)
+  (tmp_path / 'noise.py').write_text(NOISE)
+  runs = [
+    [sys.executable, '-m', 'vit_jax.prepare', 'no_such_dataset', f'--data_dir={tmp_path}'],
+    [sys.executable, str(tmp_path / 'noise.py'), str(image)],
+  ]
+  results = [
+    subprocess.run(r, env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    for r in runs
+  ]
+  # Only the lines of the GPU plugin, which CI installs on machines without a GPU, pass.
+  from conftest import gpu_plugin_notice
+
+  errors = [[x for x in r.stderr.splitlines() if not gpu_plugin_notice(x)] for r in results]
+  assert errors[0] == [
+    "error: unknown dataset 'no_such_dataset': use a prepared TFDS name, a "
+    'preset (docs/data.md), digits, or a folder path'
+  ], results[0].stderr
+  assert results[1].stdout == 'read\n' and errors[1] == [], results[1].stderr

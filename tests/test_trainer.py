@@ -349,7 +349,7 @@ def test_sigterm_or_ctrl_c_writes_a_checkpoint_and_resumes(reference_run, tmp_pa
   steps = os.listdir(os.path.join(workdir, 'checkpoints'))
   if process.returncode == 0:
     pytest.skip('the run finished before the signal arrived')  # a very fast machine
-  assert process.returncode == 2
+  assert process.returncode == 128 + sig  # as a shell reports a process the signal ended
   assert f'{said} at step' in stderr and 'Traceback' not in stderr
   assert not os.path.exists(os.path.join(workdir, 'lock.json'))
   assert len(steps) == 1 and 0 < int(steps[0]) < 24

@@ -43,10 +43,11 @@ def main(argv=None):
   from vit_jax.data.sources import DataError
 
   parser = cli.parser('jft', __doc__, whole_doc=False)
-  group = parser.add_mutually_exclusive_group(required=True)
+  # Required, but checked after parsing: argparse names the group only once --out is given.
+  group = parser.add_mutually_exclusive_group()
   group.add_argument('--folder', help='DIR/<class>/<image>: one label per image')
   group.add_argument('--csv', help='lines "path,label_id;label_id;..."')
-  parser.add_argument('--out', required=True, help='shard directory to write (info.json + shards)')
+  parser.add_argument('--out', help='shard directory to write (info.json + shards), required')
   parser.add_argument('--split', default='train', help='split name to write (default train)')
   parser.add_argument('--num_classes', type=int, help='CSV: number of classes (default max id + 1)')
   parser.add_argument('--class_names', help='CSV: text file with one class name per line')
@@ -56,6 +57,13 @@ def main(argv=None):
   parser.add_argument('--seed', type=int, default=0, help='seed of the example order')
   run_log.add_verbosity_flag(parser)
   args = parser.parse_args(argv)
+  missing = [
+    name
+    for name, given in (('--folder or --csv', args.folder or args.csv), ('--out', args.out))
+    if not given
+  ]
+  if missing:
+    parser.error(f'the following arguments are required: {", ".join(missing)}')
   # Warnings (corrupt images skipped) on stderr; the result is a line on stdout.
   logging.basicConfig(level=logging.WARNING, format='%(message)s')
   if args.folder and not os.path.isdir(args.folder):

@@ -55,7 +55,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     names, why = classify.class_names_and_why(
       loaded.model.num_classes, args.labels, args.checkpoint
     )
-    cli.note(parser.prog, why)
     indices, probs = classify.predict(loaded, files, args.top_k, unreadable=unreadable)
     if len(unreadable) == len(files):
       more = f' (and {len(files) - 1} more unreadable images)' if len(files) > 1 else ''
@@ -65,6 +64,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(cli.one_line(f))
     for rank, (i, p) in enumerate(zip(idx, prob), 1):
       print(f'  {rank}. {100 * p:6.2f}%  {cli.one_line(names[i])}  (class {i})')
+  cli.note(parser.prog, why)
   for _, reason in unreadable:
     print(f'{parser.prog}: skipped {reason}', file=sys.stderr)
   if unreadable:

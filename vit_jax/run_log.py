@@ -14,8 +14,10 @@ import importlib.util
 import json
 import logging as py_logging
 import os
+import re
 import socket
 import sys
+import tempfile
 import threading
 import time
 from typing import Optional
@@ -263,6 +265,39 @@ def _libtpu_without_tpu() -> bool:
   return True
 
 
+# What native libraries log before absl's logging is set up, whatever TF_CPP_MIN_LOG_LEVEL says:
+# INFO lines (`I1126 12:00:00.123456  4242 port.cc:153] oneDNN custom operations are on ...`)
+# and absl's notice that comes before them.
+_NATIVE_INFO = re.compile(
+  r'I\d{4} [\d:.]+ +\d+ \S+:\d+\] |WARNING: All log messages before absl::InitializeLog\(\)'
+)
+
+
+@contextlib.contextmanager
+def native_info_hidden():
+  """Drops the native INFO lines written to stderr (file descriptor 2) inside the block, as
+  TensorFlow's import does, when `quiet_libraries` (or the user) hid INFO logs; the block's
+  other stderr lines are written after it, in their order."""
+  if os.environ.get('TF_CPP_MIN_LOG_LEVEL', '0') in ('', '0'):
+    yield
+    return
+  sys.stderr.flush()
+  saved = os.dup(2)
+  with tempfile.TemporaryFile() as caught:
+    os.dup2(caught.fileno(), 2)
+    try:
+      yield
+    finally:
+      sys.stderr.flush()
+      os.dup2(saved, 2)
+      os.close(saved)
+      caught.seek(0)
+      for line in caught.read().decode('utf-8', 'replace').splitlines(keepends=True):
+        if not _NATIVE_INFO.match(line):
+          sys.stderr.write(line)
+      sys.stderr.flush()
+
+
 def add_verbosity_flag(parser) -> None:
   """`--verbosity` for an argparse command, with the same scale as absl's."""
   parser.add_argument(
@@ -304,6 +339,11 @@ def quiet_libraries(verbosity: int) -> None:
   # Libraries' notes to their own developers (torch.onnx, orbax): not for users.
   warnings.filterwarnings('ignore', category=FutureWarning)
   warnings.filterwarnings('ignore', category=DeprecationWarning)
+  # torchvision, which transformers and torch.onnx may import, warns that its image extension
+  # does not load beside a CPU-only torch, and of its beta namespaces; PIL that a large image
+  # could be a decompression bomb (predict reads it, or refuses it past twice the limit).
+  warnings.filterwarnings('ignore', category=UserWarning, module=r'torchvision(\.|$)')
+  warnings.filterwarnings('ignore', message=r'Image size \(\d+ pixels\) exceeds limit')
   # TFDS warns that an unprepared dataset's folder "has no dataset_info.json"
   # before our own one-line error says what to do about it.
   py_logging.getLogger('absl').addFilter(

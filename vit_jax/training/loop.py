@@ -48,7 +48,12 @@ class TrainingError(RuntimeError):
 
 
 class Stopped(TrainingError):
-  """A run stopped by SIGTERM or Ctrl-C where no checkpoint was due (`_Stop`); one line."""
+  """A run stopped by SIGTERM or Ctrl-C (`_Stop`); one line, and the exit status a shell gives
+  a process that signal ended (`exit_status`: 130 for Ctrl-C, 143 for SIGTERM)."""
+
+  def __init__(self, line: str, signum: int):
+    super().__init__(line)
+    self.exit_status = cli.signal_status(signum)
 
 
 class _StopNow(BaseException):
@@ -82,6 +87,7 @@ class _Stop:
     self.requested = None  # the signal that asked for a checkpoint and a stop
     self.stepping = False  # between this session's first and last step: worth a checkpoint
     self.now = ''  # the line of a stop at once, once a signal asked for one
+    self.signum = signal.SIGTERM  # the signal that stops the run (its exit status)
     self.lock: Optional[workdir_lib.Lock] = None  # released by a stop at once
     self._single = jax.process_count() == 1
     self._previous = {}
@@ -94,6 +100,7 @@ class _Stop:
 
   def _handle(self, signum, frame):
     del frame
+    self.signum = signum
     if self._held is not None:
       self._held.append(signum)
       if len(self._held) == 1:
@@ -124,7 +131,7 @@ class _Stop:
       self.lock.release()
     sys.stdout.flush()
     print(f'error: {line}', file=sys.stderr, flush=True)
-    os._exit(cli.EXIT_ERROR)
+    os._exit(cli.signal_status(self.signum))
 
   @contextlib.contextmanager
   def held(self):
@@ -327,7 +334,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
         return finish(run, loop, first_step=first_step)
     except _StopNow as e:
       _quiet_a_write_cut_short()
-      raise Stopped(str(e)) from None
+      raise Stopped(str(e), stop.signum) from None
     finally:
       stop.restore()
       if lock is not None:
@@ -486,7 +493,7 @@ def _run_hooks(run: Run, loop: Loop, step: int, due: list, preemption) -> None:
   if preemption.reached(step):
     hooks.save_checkpoint(run, loop, step)
     run.manager.wait_until_finished()
-    raise TrainingError(preemption.stopped_line(step))
+    raise Stopped(preemption.stopped_line(step), preemption.requested or signal.SIGTERM)
   loop.progress.restart_clock(step)
 
 
