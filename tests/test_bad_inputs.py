@@ -283,6 +283,13 @@ ERRORS = [
     '--output {file} is a file; --format=hf writes a folder',
   ),
   ('jft', ['--folder={tmp}', '--out={file}'], '--out {file} is a file; pass a folder'),
+  # Issue 35, category 8: every missing flag at once (argparse named --out, then the group).
+  (
+    'jft',
+    [],
+    'the following arguments are required: --folder or --csv, --out (see python -m vit_jax.jft',
+  ),
+  ('jft', ['--out={tmp}/s'], 'the following arguments are required: --folder or --csv (see'),
   # Images and label files that cannot be read.
   (
     'predict',
