@@ -209,3 +209,24 @@ def test_start_up_noise_the_readme_says_is_hidden_is_hidden(tmp_path):
     'preset (docs/data.md), digits, or a folder path'
   ], results[0].stderr
   assert results[1].stdout == 'read\n' and errors[1] == [], results[1].stderr
+
+
+def test_setup_py_admits_the_oldest_versions_ci_tests():
+  """Issue 35, category 6: `jax>=0.5` admitted 0.5.3, where the main job died (no
+  jax.set_mesh). Each lower bound in setup.py is the version .ci/oldest.txt pins, which
+  .ci/run installs and tests; the versions installed here are at least those."""
+  import importlib.metadata
+  import re
+
+  from conftest import ROOT
+
+  setup = (ROOT / 'setup.py').read_text(encoding='utf-8')
+  pinned = dict(
+    re.findall(r'^([\w-]+)==([\d.]+)$', (ROOT / '.ci' / 'oldest.txt').read_text(), re.M)
+  )
+  assert sorted(pinned) == ['flax', 'jax', 'jaxlib', 'numpy', 'optax', 'orbax-checkpoint']
+  as_tuple = lambda v: (*(int(x) for x in v.split('.')[:3]), 0, 0)[:3]  # noqa: E731
+  for name, version in pinned.items():
+    bound = re.search(rf"'{name}>=([\d.]+)'", setup)
+    assert bound and as_tuple(bound.group(1)) == as_tuple(version), name
+    assert as_tuple(importlib.metadata.version(name)) >= as_tuple(version), name

@@ -580,6 +580,29 @@ def test_bugs_keep_their_tracebacks(tmp_path):
     assert 'unknown config field' not in result.stderr
 
 
+def test_the_readmes_demo_figures_are_records_and_hold_the_target(monkeypatch):
+  """Issue 35, category 9: the README said 98.33% and "the accuracy does not vary", but the
+  demo ends at 97.77% where XLA generates AVX-512 code (Intel Xeon, AMD EPYC) and 98.33% with
+  AVX2. Each figure is now a record's sentence (`benchmarks/measure_demo.py`) naming its CPU,
+  vector instructions and load, and what is tested is the bound, the target of at least 97%."""
+  from conftest import ROOT
+
+  monkeypatch.syspath_prepend(str(ROOT / 'benchmarks'))
+  import measure_demo
+
+  readme = (ROOT / 'README.md').read_text(encoding='utf-8')
+  said = re.findall(r'\d+\.\d\d% test accuracy on a .*?`benchmarks/[^`]+_demo\.json`\)', readme)
+  isas = set()
+  for sentence in said:
+    name = re.search(r'`benchmarks/([^`]+)`', sentence).group(1)
+    record = json.loads((ROOT / 'benchmarks' / name).read_text(encoding='utf-8'))
+    assert sentence == measure_demo.readme_sentence(record, name)
+    assert record['runs'][-1]['test_accuracy'] >= 0.97  # the bound; the time varies with load
+    isas.add(measure_demo.vector_isa(record['machine']))
+  assert isas == {'AVX2', 'AVX-512'}, said
+  assert 'the accuracy does not' not in readme
+
+
 @pytest.mark.slow
 def test_a_short_demo_run_reads_cleanly(tmp_path):
   """The demo config for 2 steps: its warm-up is fitted, and the output is plain lines on stdout."""
