@@ -94,7 +94,7 @@ def _workdir(path, dataset, *, finished=True, favourite=1):
     checkpoint.save_npz(params, path / 'params.npz')
   else:
     manager = ocp.CheckpointManager(workdir_lib.checkpoints_dir(str(path), absolute=True))
-    state = {'params': params, 'step': np.int32(5)}
+    state = {'params': params, 'step': np.asarray(5, np.int32)}  # (orbax 0.11: no numpy scalars)
     manager.save(5, args=ocp.args.Composite(state=ocp.args.StandardSave(state)))
     manager.wait_until_finished()
     manager.close()
