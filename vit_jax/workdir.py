@@ -469,8 +469,20 @@ def _create_whole(path: str, text: str, temporary: str) -> bool:
   that is there but still empty ("pid ?"). File systems without hard links
   get O_EXCL and the write after it.
   """
-  with open(temporary, 'w', encoding='utf-8') as f:
-    f.write(text)
+  try:
+    try:
+      with open(temporary, 'w', encoding='utf-8') as f:
+        f.write(text)
+    except OSError as e:
+      e.filename = path  # what this writes, for the one line of a failed write (storage_errors)
+      raise
+    return _link_or_create(temporary, path, text)
+  finally:
+    if os.path.lexists(temporary):
+      os.remove(temporary)
+
+
+def _link_or_create(temporary: str, path: str, text: str) -> bool:
   try:
     os.link(temporary, path)
     return True
@@ -479,15 +491,13 @@ def _create_whole(path: str, text: str, temporary: str) -> bool:
   except OSError as e:
     if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
       raise
-    try:
-      fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-    except FileExistsError:
-      return False
-    with os.fdopen(fd, 'w', encoding='utf-8') as f:
-      f.write(text)
-    return True
-  finally:
-    os.remove(temporary)
+  try:
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+  except FileExistsError:
+    return False
+  with os.fdopen(fd, 'w', encoding='utf-8') as f:
+    f.write(text)
+  return True
 
 
 def _mtime(path: str) -> float:
