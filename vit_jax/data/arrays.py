@@ -193,12 +193,14 @@ def _classes(what: str, labels: dict, class_names) -> dict:
 
 def from_arrays(name: str, arrays: dict) -> dict:
   """`load`'s result for arrays handed over in Python ({'x_train': ..., 'y_train': ...})."""
+  splits = split_names(arrays)
+  if not splits:
+    raise DataError(
+      f'{name}: no x_<split> arrays (has {", ".join(sorted(arrays))}); pass {_LAYOUT}'
+    )
   unknown = sorted(k for k in arrays if not k.startswith(('x_', 'y_')) and k != 'class_names')
   if unknown:
     raise DataError(f'{name}: unknown array {unknown[0]!r}; pass {_LAYOUT}')
-  splits = split_names(arrays)
-  if not splits:
-    raise DataError(f'{name}: no x_<split> arrays; pass {_LAYOUT}')
   labels = {}
   for split in splits:
     if f'y_{split}' not in arrays:
