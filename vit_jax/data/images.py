@@ -241,14 +241,13 @@ def train_array(image: np.ndarray, uniforms, pp, out=None) -> np.ndarray:
 
 
 def _resize_and_flip(region, uniforms, pp, out):
+  """`region` resized to [crop, crop, 3] and maybe mirrored, written into `out` (a batch's row:
+  no copy) where given."""
   # Bilinear with half-pixel centres and no antialiasing, as tf.image.resize.
   cv2 = _cv2()
-  resized = cv2.resize(region, (pp.crop, pp.crop), interpolation=cv2.INTER_LINEAR)
+  out = cv2.resize(region, (pp.crop, pp.crop), dst=out, interpolation=cv2.INTER_LINEAR)
   if pp.flip and uniforms[ATTEMPTS * 4] < 0.5:
-    return cv2.flip(resized, 1, dst=out)
-  if out is None:
-    return resized
-  out[...] = resized
+    cv2.flip(out, 1, dst=out)  # in place
   return out
 
 
