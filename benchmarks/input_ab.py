@@ -29,6 +29,7 @@ _ONE_RUN = r"""
 import inspect, json, sys, time
 import ml_collections
 from vit_jax.data import pipeline
+print(repr(pipeline.__file__))
 dataset, threads, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 config = pipeline.add_data_config(ml_collections.ConfigDict())
 config.dataset, config.batch, config.pp.crop, config.input_threads = dataset, 128, 224, threads
@@ -44,11 +45,13 @@ print('RESULT' + json.dumps({'img_per_sec': steps * 128 / wall, 'cpu_ms_per_img'
 
 
 def one_run(tree, dataset, threads, steps) -> dict:
-  env = {**os.environ, 'PYTHONPATH': os.path.abspath(tree), 'JAX_PLATFORMS': 'cpu'}
-  result = subprocess.run(
+  tree = os.path.abspath(tree)
+  env = {**os.environ, 'PYTHONPATH': tree, 'JAX_PLATFORMS': 'cpu'}
+  result = subprocess.run(  # in the checkout: `python -c` puts its working directory first
     [sys.executable, '-c', _ONE_RUN, dataset, str(threads), str(steps)],
-    env=env, capture_output=True, text=True, check=True,
+    env=env, cwd=tree, capture_output=True, text=True, check=True,
   )  # fmt: skip
+  assert f"'{tree}/vit_jax" in result.stdout, result.stdout[-500:]
   return json.loads(result.stdout.split('RESULT', 1)[1])
 
 
