@@ -16,14 +16,16 @@ setuptools.setup(
   install_requires=[
     'absl-py',
     'array-record',  # index-addressable shards for the input pipeline
+    # Lower bounds: the oldest versions that pass (.ci/oldest.txt, tested by .ci/run).
     'flax>=0.10',
-    'jax>=0.5',
+    'jax>=0.7.2',  # jax.set_mesh (0.7.1); 0.7.1 compiles tensor parallelism with 2x the all-reduces
+    'jaxlib>=0.7.2',
     'matplotlib',  # analysis figures
     'ml-collections',
-    'numpy',
+    'numpy>=2.0',
     'opencv-python-headless',  # training crops: SIMD bilinear resize (host pipeline)
-    'optax',
-    'orbax-checkpoint',
+    'optax>=0.1.8',  # optax.scale_by_learning_rate
+    'orbax-checkpoint>=0.11.17',  # older ones name jax.experimental.layout members jax 0.7 lacks
     'pillow',  # image folders, prediction
     'scikit-learn',  # the built-in digits dataset
     'simplejpeg',  # libjpeg-turbo decoding with DCT scaling (host pipeline)

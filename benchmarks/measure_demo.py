@@ -25,14 +25,22 @@ from vit_jax import hardware
 from vit_jax import workdir as workdir_lib
 
 
+def vector_isa(machine: dict) -> str:
+  """The widest vector instructions XLA generated CPU code for: 'AVX-512' or 'AVX2'. The demo's
+  float32 sums round differently with each, so its accuracy depends on it (README)."""
+  held = 'xla_cpu_max_isa=AVX2' in machine.get('xla_flags', '')
+  return 'AVX-512' if 'avx512f' in machine.get('cpu_flags', []) and not held else 'AVX2'
+
+
 def readme_sentence(record: dict, path: str) -> str:
-  """The README's demo figures, from a record of this script (its last run)."""
-  run = record['runs'][-1]
+  """The README's demo figures, from a record of this script (its last run): the accuracy with
+  the CPU and vector instructions it was reached on, the time with the machine's load."""
+  run, machine = record['runs'][-1], record['machine']
   return (
-    f"On this project's 2-core CPU it reaches {100 * run['test_accuracy']:.2f}% test accuracy "
-    f'in {run["end_to_end_s"]:.0f} s end to end, compilation and evaluations included, training '
-    f'at {run["img_per_sec"]:,.0f} img/s (`python benchmarks/measure_demo.py`, '
-    f'`benchmarks/{os.path.basename(path)}`).'
+    f'{100 * run["test_accuracy"]:.2f}% test accuracy on a {machine["cpu_cores"]}-core '
+    f'{machine["cpu"]} with {vector_isa(machine)}, in {run["end_to_end_s"]:.0f} s end to end '
+    f'(compilation and evaluations included; training at {run["img_per_sec"]:,.0f} img/s, load '
+    f'average {machine["load_average_1min"]:.1f}; `benchmarks/{os.path.basename(path)}`)'
   )
 
 

@@ -143,16 +143,24 @@ def gpu_plugin_notice(line: str) -> bool:
 
 # absl's format: our progress lines at INFO, `I1123 05:40:37.529582 139918316010368 x.py:56] `.
 _INFO_LINE = re.compile(r'I\d{4} [\d:.]+ +\d+ \S+:\d+\] ')
+_HEARTBEAT_LINE = re.compile(r'.*: (\d+h\d\dm|\d+m\d\ds) so far$')
+
+
+def heartbeat_line(line: str) -> bool:
+  """A line `vit_jax.run_log.heartbeat` prints during a long wait (`compiling ...: 0m20s so
+  far`): on a busy machine a small compile or evaluation may take that long too."""
+  return bool(_HEARTBEAT_LINE.match(line))
 
 
 def said(stderr) -> list:
-  """The non-blank lines of a child process's stderr, less INFO lines and the GPU plugin's."""
+  """The non-blank lines of a child process's stderr, less INFO lines, the GPU plugin's and the
+  heartbeat's."""
   if isinstance(stderr, bytes):
     stderr = stderr.decode('utf-8', 'replace')
   return [
     x
     for x in stderr.splitlines()
-    if x.strip() and not _INFO_LINE.match(x) and not gpu_plugin_notice(x)
+    if x.strip() and not _INFO_LINE.match(x) and not gpu_plugin_notice(x) and not heartbeat_line(x)
   ]
 
 

@@ -94,7 +94,7 @@ def _workdir(path, dataset, *, finished=True, favourite=1):
     checkpoint.save_npz(params, path / 'params.npz')
   else:
     manager = ocp.CheckpointManager(workdir_lib.checkpoints_dir(str(path), absolute=True))
-    state = {'params': params, 'step': np.int32(5)}
+    state = {'params': params, 'step': np.asarray(5, np.int32)}  # (orbax 0.11: no numpy scalars)
     manager.save(5, args=ocp.args.Composite(state=ocp.args.StandardSave(state)))
     manager.wait_until_finished()
     manager.close()
@@ -283,6 +283,13 @@ ERRORS = [
     '--output {file} is a file; --format=hf writes a folder',
   ),
   ('jft', ['--folder={tmp}', '--out={file}'], '--out {file} is a file; pass a folder'),
+  # Issue 35, category 8: every missing flag at once (argparse named --out, then the group).
+  (
+    'jft',
+    [],
+    'the following arguments are required: --folder or --csv, --out (see python -m vit_jax.jft',
+  ),
+  ('jft', ['--out={tmp}/s'], 'the following arguments are required: --folder or --csv (see'),
   # Images and label files that cannot be read.
   (
     'predict',
@@ -297,7 +304,7 @@ ERRORS = [
   (
     'predict',
     ['--checkpoint={npz}', '--model=testing', '{tmp}/notes'],
-    '{tmp}/notes: a directory without images (.jpg, .jpeg, .png',
+    '{tmp}/notes: a directory without images (JPEG, PNG, WebP, TIFF, BMP, GIF or another',
   ),
   (
     'predict',
@@ -391,6 +398,87 @@ def test_a_bad_input_is_one_line(name, argv, line, inputs, offline, capsys):
 # Results the commands must give.
 
 
+@pytest.mark.parametrize(
+  'model, crop, line',
+  [
+    (
+      'ViT-Demo_4',
+      30,
+      'the 4 px that one patch of ViT-Demo_4 covers: the last 2 px of each row '
+      'and column would be dropped; use --config.pp.crop=32 or 28',
+    ),
+    (
+      'R50+ViT-B_16',
+      200,
+      'the 16 px that one patch of R50+ViT-B_16 covers: the last 8 px of each '
+      'row and column would be dropped; use --config.pp.crop=208 or 192',
+    ),
+  ],
+)
+def test_a_resolution_the_patches_do_not_tile_is_one_line(model, crop, line):
+  """Issue 35, category 4: the demo at pp.crop=30 trained with 2 px of each image dropped, and
+  predict then resized to 28 px. The fine-tuning recipe tiles: 392 px for 14 px patches."""
+  from vit_jax.configs import ConfigError
+  from vit_jax.configs import recipes
+  from vit_jax.training import program
+
+  config = demo.get_config()
+  config.update(model=model)
+  config.pp.crop = crop
+  with pytest.raises(ConfigError) as e:
+    program.validate(config, 1)
+  assert str(e.value) == f'pp.crop={crop} is not a multiple of {line}'
+  assert recipes.finetune('ViT-H_14,cifar10').pp.crop == 392
+  program.validate(recipes.finetune('ViT-H_14,cifar10'), 8)
+
+
+def test_predict_says_why_classes_are_class_i(tmp_path, folder, capsys):
+  """Issue 35, category 4: names that fall back to class_<i> say why, and what to do."""
+  import shutil
+
+  from vit_jax import predict
+
+  npz = checkpoint.save_npz(_params(3), tmp_path / 'bare.npz')
+  moved = shutil.copytree(folder, tmp_path / 'data')
+  run = _workdir(tmp_path / 'run', str(moved))
+  shutil.rmtree(moved)  # the dataset the run trained on, gone
+  image = os.path.join(folder, 'test', CLASSES[0])
+  line = 'python -m vit_jax.predict: classes named class_<i>: '
+  code, out, err = _run(predict.main, [f'--checkpoint={npz}', '--model=testing', image], capsys)
+  assert code == 0 and '(class 1)' in out and 'class_1' in out, err
+  assert (
+    err
+    == line
+    + 'a 3-way head, not an ImageNet one (1000 or 21843); pass --labels=FILE, one name per line\n'
+  )
+  code, out, err = _run(predict.main, [f'--checkpoint={run}', image], capsys)
+  assert code == 0 and err.startswith(
+    f'{line}its dataset {moved} does not open here ({moved}: no such folder'
+  ), err
+  assert err.endswith('; pass --labels=FILE, one name per line\n') and err.count('\n') == 1
+
+
+def test_a_class_name_with_a_newline_is_one_line_of_predict(tmp_path, capsys):
+  """Issue 35, category 8: a class folder whose name holds a newline broke predict's lines (the
+  second half read as the next file's name); control characters are shown as escapes."""
+  from vit_jax import predict
+
+  root = tmp_path / 'data'
+  for split in ('train', 'test'):
+    for name in ('a', 'b\nc.png', 'd'):
+      (root / split / name).mkdir(parents=True)
+      Image.fromarray(np.zeros((8, 8), np.uint8)).save(root / split / name / 'x.png')
+  run = _workdir(tmp_path / 'run', str(root), favourite=1)
+  code, out, err = _run(predict.main, [f'--checkpoint={run}', str(root / 'test' / 'a')], capsys)
+  assert code == 0, err
+  assert out.splitlines() == [
+    str(root / 'test' / 'a' / 'x.png'),
+    '  1. 100.00%  b\\nc.png  (class 1)',
+    '  2.   0.00%  a  (class 0)',
+    '  3.   0.00%  d  (class 2)',
+  ]
+
+
 def test_predict_names_a_folder_trained_workdirs_classes(folder, tmp_path, capsys):
   """Item 8: the class folders' names, not class_0, class_1, ..."""
   from vit_jax import predict
@@ -454,6 +542,72 @@ def test_export_to_a_folder_writes_the_file_inside(fmt, name, inputs, capsys):
   assert interop.output_path('onnx', str(out / 'm.onnx')) == str(out / 'm.onnx')
 
 
+# Issue 35, category 2: (command, arguments, what the line says the output is); {run}: a
+# finished workdir, {tmp}, {npz}, {png} as above. Each would have replaced the run's files.
+OVER_A_RUN = [
+  (
+    'export',
+    ['--checkpoint={npz}', '--model=testing', '--format=npz', '--output={run}'],
+    '{run}/params.npz is in {run}, which',
+  ),
+  (
+    'export',
+    ['--checkpoint={npz}', '--model=testing', '--format=npz', '--output={run}/params.npz'],
+    '{run}/params.npz is in {run}, which',
+  ),
+  ('export', ['--checkpoint={npz}', '--model=testing', '--format=hf', '--output={run}'], '{run}'),
+  (
+    'analyze',
+    ['--checkpoint={npz}', '--model=testing', '--images={png}', '--output={run}'],
+    '{run}',
+  ),
+  (
+    'evaluate',
+    ['--checkpoint={npz}', '--model=testing', '--dataset=digits', '--output={run}/summary.json'],
+    '{run}/summary.json is in {run}, which',
+  ),
+  ('jft', ['--folder={tmp}/images', '--out={run}'], '{run}'),
+  (
+    'benchmark',
+    ['--model=testing', '--json={run}/summary.json'],
+    '{run}/summary.json is in {run}, which',
+  ),
+]
+
+
+@pytest.mark.parametrize(
+  'name, argv, what', OVER_A_RUN, ids=[f'{i}-{case[0]}' for i, case in enumerate(OVER_A_RUN)]
+)
+def test_no_command_writes_over_a_runs_work(name, argv, what, inputs, tmp_path, capsys):
+  """`export --format=npz --output=<workdir>` replaced the run's final weights without a word;
+  every command that writes refuses in one line (`workdir.check_output`), before its work."""
+  import importlib
+
+  run = _workdir(tmp_path / 'run', 'digits')
+  workdir_lib.write_summary(run, {'step': 5, 'model': 'testing'})
+  before = {f: (tmp_path / 'run' / f).read_bytes() for f in os.listdir(run)}
+  main = importlib.import_module(f'vit_jax.{name}').main
+  paths = {**inputs, 'run': run}
+  code, out, err = _run(main, [a.format(**paths) for a in argv], capsys)
+  assert code == 2 and out == '' and len(err.strip().splitlines()) == 1, err
+  assert err.startswith(
+    f"error: --{argv[-1][2:].split('=')[0]} {what.format(**paths)} holds a run's work (params.npz"
+  ), err
+  assert {f: (tmp_path / 'run' / f).read_bytes() for f in os.listdir(run)} == before
+
+
+def test_an_export_beside_a_runs_files_is_written(inputs, tmp_path, capsys):
+  """What the guard leaves alone: a file of another name in the run's folder, a sub-folder."""
+  from vit_jax import export
+
+  run = _workdir(tmp_path / 'run', 'digits')
+  for output in (f'{run}/exported.npz', f'{run}/export/'):
+    argv = [f'--checkpoint={run}', '--format=npz', f'--output={output}']
+    code, out, err = _run(export.main, argv, capsys)
+    assert code == 0 and out.startswith('wrote npz to '), err
+  assert sorted(os.listdir(run)) == ['config.json', 'export', 'exported.npz', 'params.npz']
+
+
 def test_jft_prints_its_result_on_stdout(folder, tmp_path, capsys):
   """Item 8: the result is a line on stdout (ba6a7de logged it on stderr); class names in
   info.json are the folders' names as text."""
@@ -468,6 +622,19 @@ def test_jft_prints_its_result_on_stdout(folder, tmp_path, capsys):
   )
   info = json.loads((tmp_path / 'shards' / 'info.json').read_text(encoding='utf-8'))
   assert info['class_names'] == CLASSES
+
+
+def test_a_run_a_signal_stopped_exits_as_shells_expect(capsys):
+  """Issue 35, category 8: a training run stopped by Ctrl-C exited 2, as a bad input; now 130
+  (128 + SIGINT), and 143 for SIGTERM, as a shell reports a process the signal ended."""
+  from vit_jax.training import loop
+
+  for sig, status in ((signal.SIGINT, 130), (signal.SIGTERM, 143)):
+    with pytest.raises(SystemExit) as e:
+      with cli.reported(loop.TrainingError):
+        raise loop.Stopped('interrupted (Ctrl-C) at step 7; checkpoint written to run', sig)
+    assert e.value.code == status
+  assert capsys.readouterr().err.count('error: interrupted (Ctrl-C) at step 7;') == 2
 
 
 def test_ctrl_c_in_a_command_is_one_line(inputs, monkeypatch, capsys):
@@ -775,7 +942,8 @@ def test_a_folder_named_in_any_script_trains_stops_predicts_and_resumes(folder, 
     pytest.skip('the run finished before Ctrl-C arrived')  # a very fast machine
   lines = said(stderr)
   step = workdir_lib.saved_steps(run)
-  assert process.returncode == 2 and len(step) == 1 and lines == [lines[-1]], stderr[-3000:]
+  # 130: what a shell reports for a process Ctrl-C ended (issue 35; it was 2).
+  assert process.returncode == 130 and len(step) == 1 and lines == [lines[-1]], stderr[-3000:]
   assert lines[-1] == (
     f'error: interrupted (Ctrl-C) at step {step[0]}; checkpoint written to {run}; run the same '
     'command again to resume'
@@ -922,11 +1090,11 @@ def test_a_second_ctrl_c_or_a_signal_during_set_up_stops_at_once(tmp_path):
 
   with concurrent.futures.ThreadPoolExecutor(2) as pool:
     results = list(pool.map(lambda c: case(*c[:3]), cases))
-  for (code, stderr, run), (name, *_, what) in zip(results, cases):
+  for (code, stderr, run), (name, sig, _, what) in zip(results, cases):
     lines = said(stderr)
     if name == 'second' and 'interrupted (Ctrl-C) at step' in stderr:
       pytest.skip('the checkpoint was written before the second Ctrl-C')  # a very fast machine
-    assert code == 2 and lines == [lines[-1]], stderr[-3000:]
+    assert code == 128 + sig and lines == [lines[-1]], stderr[-3000:]
     assert lines[-1].startswith(f'error: {what}: stopped at once, without a new checkpoint (')
     assert lines[-1].endswith('); run the same command again to resume')
     assert not os.path.exists(os.path.join(run, 'lock.json'))

@@ -139,10 +139,16 @@ def test_truncated_and_missing_files(tmp_path):
 
 
 def test_pickled_npz_is_refused(tmp_path):
+  """Issue 35, category 8: refused as what it is, not as "may be truncated, download it again"."""
   path = tmp_path / 'pickle.npz'
   np.savez(path, obj=np.array([{'a': 1}], dtype=object))
-  with pytest.raises(checkpoint.CheckpointError, match='not a readable .npz'):
+  with pytest.raises(checkpoint.CheckpointError) as e:
     checkpoint.load(path)
+  assert str(e.value) == (
+    f"{path}: 'obj' is an array of Python objects (a pickle), not numbers; it is not loaded, "
+    'since unpickling can run any code. Pass a checkpoint of numeric arrays (numpy.savez of '
+    'the parameters)'
+  )
 
 
 def test_a_file_that_is_not_an_npz_is_named_so(tmp_path):

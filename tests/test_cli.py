@@ -100,3 +100,133 @@ def test_every_command_as_a_program(name, tmp_path):
     lines = conftest_said(result.stderr)
     assert len(lines) == 1 and lines[0].startswith(said), result.stderr[-2000:]
     assert 'no_such_flag' in lines[0] or args is argv or 'required' in lines[0]
+
+
+def test_a_long_wait_says_it_goes_on(monkeypatch, tmp_path, capsys):
+  """Issue 35, category 5: compiling for a big topology (10 minutes), evaluating at 384 px (6)
+  and benchmarking (4) printed nothing. `run_log.heartbeat` says what runs at least every 30 s,
+  on stderr (stdout keeps the result alone); here with a fake slow call and 0.05 s beats."""
+  import json
+  import re
+  import time
+
+  from vit_jax import evaluate
+  from vit_jax import run_log
+  from vit_jax.bench import speed
+  from vit_jax.evaluation import classify
+
+  assert run_log.HEARTBEAT_S < 30
+  lines = []
+  with run_log.heartbeat('compiling', say=lines.append, every=0.05):
+    time.sleep(0.5)
+  assert len(lines) >= 3 and all(re.fullmatch(r'compiling: 0m00s so far', l) for l in lines)
+  said_after = len(lines)
+  time.sleep(0.2)
+  assert len(lines) == said_after  # silent once the block is done
+  with run_log.heartbeat('quick', say=lines.append, every=5):
+    pass
+  assert len(lines) == said_after  # a short wait says nothing
+
+  monkeypatch.setattr(run_log, 'HEARTBEAT_S', 0.05)
+
+  def slow(*args, **kwargs):
+    time.sleep(0.5)
+    return {'top1': 0.5, 'examples': 2}
+
+  monkeypatch.setattr(classify, 'evaluate_checkpoint', slow)
+  from conftest import param_shapes
+  from conftest import random_like
+
+  from vit_jax import checkpoint
+  from vit_jax.configs import architectures
+
+  npz = tmp_path / 'testing.npz'
+  checkpoint.save_npz(
+    random_like(param_shapes(architectures.MODEL_CONFIGS['testing'], 10, 16)), npz
+  )
+  capsys.readouterr()
+  assert evaluate.main([f'--checkpoint={npz}', '--model=testing', '--dataset=digits']) == 0
+  out, err = capsys.readouterr()
+  assert json.loads(out)['top1'] == 0.5
+  beats = err.splitlines()
+  assert len(beats) >= 3 and set(beats) == {
+    'python -m vit_jax.evaluate: evaluating on digits test: 0m00s so far'
+  }, err
+
+  from vit_jax import benchmark
+
+  monkeypatch.setattr(speed, 'run', lambda opts: slow() and {})
+  monkeypatch.setattr(speed, 'summary', lambda record: 'timed')
+  assert benchmark.main(['--model=testing', '--no_record']) == 0
+  out, err = capsys.readouterr()
+  assert out == 'timed\n' and len(err.splitlines()) >= 3, err
+  assert set(err.splitlines()) == {
+    'python -m vit_jax.benchmark: testing infer at batch 8: 0m00s so far'
+  }, err
+
+
+NOISE = """
+import sys, warnings
+from vit_jax import run_log
+run_log.quiet_libraries(-1)
+try:
+  import torchvision  # noqa: F401  (its image extension does not load beside a CPU-only torch)
+except ImportError:
+  pass
+from PIL import Image
+from vit_jax.evaluation import classify
+Image.MAX_IMAGE_PIXELS = 100  # the image below (144 px) between the limit and twice it
+classify.read_image(sys.argv[1], 16)
+print('read')
+"""
+
+
+@pytest.mark.slow
+def test_start_up_noise_the_readme_says_is_hidden_is_hidden(tmp_path):
+  """Issue 35, category 8: TensorFlow's native start-up lines in `prepare` (absl's notice and
+  `I... oneDNN custom operations are on`), torchvision's warnings beside a CPU-only torch, PIL's
+  decompression-bomb warning in predict: stderr holds only what the command says."""
+  from PIL import Image
+
+  pytest.importorskip('tensorflow')
+  image = tmp_path / 'big.png'
+  Image.new('RGB', (12, 12)).save(image)
+  (tmp_path / 'noise.py').write_text(NOISE)
+  runs = [
+    [sys.executable, '-m', 'vit_jax.prepare', 'no_such_dataset', f'--data_dir={tmp_path}'],
+    [sys.executable, str(tmp_path / 'noise.py'), str(image)],
+  ]
+  results = [
+    subprocess.run(r, env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    for r in runs
+  ]
+  # Only the lines of the GPU plugin, which CI installs on machines without a GPU, pass.
+  from conftest import gpu_plugin_notice
+
+  errors = [[x for x in r.stderr.splitlines() if not gpu_plugin_notice(x)] for r in results]
+  assert errors[0] == [
+    "error: unknown dataset 'no_such_dataset': use a prepared TFDS name, a "
+    'preset (docs/data.md), digits, or a folder path'
+  ], results[0].stderr
+  assert results[1].stdout == 'read\n' and errors[1] == [], results[1].stderr
+
+
+def test_setup_py_admits_the_oldest_versions_ci_tests():
+  """Issue 35, category 6: `jax>=0.5` admitted 0.5.3, where the main job died (no
+  jax.set_mesh). Each lower bound in setup.py is the version .ci/oldest.txt pins, which
+  .ci/run installs and tests; the versions installed here are at least those."""
+  import importlib.metadata
+  import re
+
+  from conftest import ROOT
+
+  setup = (ROOT / 'setup.py').read_text(encoding='utf-8')
+  pinned = dict(
+    re.findall(r'^([\w-]+)==([\d.]+)$', (ROOT / '.ci' / 'oldest.txt').read_text(), re.M)
+  )
+  assert sorted(pinned) == ['flax', 'jax', 'jaxlib', 'numpy', 'optax', 'orbax-checkpoint']
+  as_tuple = lambda v: (*(int(x) for x in v.split('.')[:3]), 0, 0)[:3]  # noqa: E731
+  for name, version in pinned.items():
+    bound = re.search(rf"'{name}>=([\d.]+)'", setup)
+    assert bound and as_tuple(bound.group(1)) == as_tuple(version), name
+    assert as_tuple(importlib.metadata.version(name)) >= as_tuple(version), name

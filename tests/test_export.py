@@ -292,6 +292,27 @@ def test_hf_folder_loads_with_from_pretrained_and_matches(tmp_path, capsys):
     assert_flat_equal(checkpoint.flatten(checkpoint.load(tmp_path / 'back.npz')), flat)
 
 
+def test_an_exports_files_share_one_mode(tmp_path):
+  """Issue 35, category 8: safetensors wrote model.safetensors readable by its owner alone
+  (0600) beside an hf folder's 0644 JSON files; every exported file now gets the mode `open`
+  gives a new file here."""
+  _, npz = write_npz(tmp_path, architectures.MODEL_CONFIGS['testing'], 3, 32)
+  (tmp_path / 'probe').write_text('')
+  mode = (tmp_path / 'probe').stat().st_mode & 0o777
+  for fmt, output in (('hf', 'hf'), ('timm', 'timm.safetensors'), ('npz', 'back.npz')):
+    argv = (
+      ('checkpoint', npz),
+      ('model', 'testing'),
+      ('format', fmt),
+      ('output', tmp_path / output),
+    )
+    assert run(*argv) == 0
+  written = [p for p in (tmp_path / 'hf').iterdir()] + [tmp_path / 'timm.safetensors']
+  assert len(written) == 4
+  assert {p.name: p.stat().st_mode & 0o777 for p in written} == {p.name: mode for p in written}
+  assert not [p for p in tmp_path.iterdir() if '.mode-' in p.name]
+
+
 def test_hf_preprocessor_reproduces_our_eval_preprocessing(tmp_path):
   from PIL import Image
 

@@ -93,6 +93,96 @@ def test_folder_formats_labels_and_exact_eval(tmp_path):
   np.testing.assert_array_equal(labels[:12], [0] * 4 + [1] * 4 + [2] * 4)
 
 
+def _as_users_have_it(root):
+  """A folder as tools leave it (issue 35): notebook checkpoints, macOS archive metadata, a git
+  folder, dot-files and a note beside the images; WebP and TIFF images, and JPEGs in a
+  sub-folder of their class folder; the colour of each image says its class."""
+  rng = np.random.default_rng(0)
+  for split in ('train', 'test'):
+    for name, colour in list(_COLOURS.items())[:2]:
+      folder = root / split / name
+      (folder / 'phone').mkdir(parents=True)
+      for file, fmt in (('a.png', 'PNG'), ('b.webp', 'WEBP'), ('c.tiff', 'TIFF')):
+        _image(colour, 'RGB', rng).save(folder / file, format=fmt, lossless=True)
+      _image(colour, 'RGB', rng).save(folder / 'phone' / 'd.jpg', quality=95)
+      (folder / '.ipynb_checkpoints').mkdir()
+      _image(_COLOURS['eel'], 'RGB', rng).save(folder / '.ipynb_checkpoints' / 'a-checkpoint.png')
+      (folder / '.DS_Store').write_bytes(b'\0\0\0\1Bud1')
+      (folder / 'notes.txt').write_text('taken on 2026-11-26')
+    (root / split / '.git' / 'objects').mkdir(parents=True)
+    (root / split / '.ipynb_checkpoints').mkdir()
+  (root / '__MACOSX' / 'train' / 'cat').mkdir(parents=True)
+  (root / '__MACOSX' / 'train' / 'cat' / '._a.png').write_bytes(b'\0\5\x16\7')
+  return root
+
+
+def test_a_folder_as_users_have_it(tmp_path, caplog, capsys):
+  """Issue 35, category 1: tools' folders are neither splits, classes nor images (and said, once
+  per split); WebP and TIFF train as predict reads them (one list of endings, from `decode`);
+  images in a class folder's sub-folders are that class's; `predict DIR` finds the images in
+  the class folders; `evaluate` on a folder with only test/ works."""
+  from conftest import param_shapes
+  from conftest import random_like
+
+  from vit_jax import checkpoint
+  from vit_jax import evaluate
+  from vit_jax.configs import architectures
+  from vit_jax.data import images
+  from vit_jax.evaluation import classify
+
+  assert {'.jpg', '.jpeg', '.png', '.webp', '.tif', '.tiff', '.bmp', '.gif'} <= set(
+    images.extensions()
+  )
+  root = _as_users_have_it(tmp_path / 'photos')
+  config = _config(root)
+  with caplog.at_level(logging.WARNING):
+    info = pipeline.get_info(config)
+    batches = list(pipeline.make_eval_iterator(config, batch_sharding()))
+  assert (info.num_train, info.num_test, info.class_names) == (8, 8, ['cat', 'dog'])
+  images_ = np.concatenate([b['image'] for b in batches])[:8]
+  np.testing.assert_array_equal(_colour_class(images_), [0] * 4 + [1] * 4)
+  said = [r.getMessage() for r in caplog.records]
+  assert (
+    said.count(
+      f"{root}: left out tools' folders and files (__MACOSX); images are JPEG, PNG, WebP, TIFF, BMP, GIF or another format PIL reads"
+    )
+    == 1
+  )
+  for split in ('train', 'test'):
+    assert (
+      said.count(
+        f"{root}/{split}: left out tools' folders and files (.git, .ipynb_checkpoints, "
+        'cat/.DS_Store, cat/.ipynb_checkpoints, dog/.DS_Store, ... (6 in all)) and files that '
+        'are not images (cat/notes.txt, dog/notes.txt); images are JPEG, PNG, WebP, TIFF, BMP, '
+        'GIF or another format PIL reads'
+      )
+      == 1
+    ), said
+  assert len(said) == 3, said
+
+  examples, names = shards.examples_from_folder(str(root / 'train'))
+  assert names == ['cat', 'dog'] and [l for _, l in examples] == [[0]] * 4 + [[1]] * 4
+  assert [os.path.relpath(p, root) for p, _ in examples][:4] == [
+    'train/cat/a.png',
+    'train/cat/b.webp',
+    'train/cat/c.tiff',
+    'train/cat/phone/d.jpg',
+  ]
+  assert len(classify.image_files([str(root)])) == 16
+
+  # evaluate on a copy that has only the test split.
+  import shutil
+
+  shutil.copytree(root / 'test', tmp_path / 'test only' / 'test')
+  npz = tmp_path / 'testing.npz'
+  shapes = param_shapes(architectures.MODEL_CONFIGS['testing'], 2, 16)
+  checkpoint.save_npz(random_like(shapes, scale=0.02), npz)
+  capsys.readouterr()
+  argv = [f'--checkpoint={npz}', '--model=testing', f'--dataset={tmp_path / "test only"}']
+  code = evaluate.main(argv)
+  assert code == 0 and json.loads(capsys.readouterr().out)['examples'] == 8
+
+
 def test_rgba_and_grey_become_rgb_like_pil(tmp_path):
   root = make_folder(tmp_path / 'f', splits=(('train', 3), ('test', 3)))
   config = _config(root, crop=40)  # no resize: 40x30 -> 40x40 only stretches rows

@@ -112,11 +112,16 @@ def test_official_train_checkpoint_is_a_starting_point(tmp_path, orbax):
   )
   official_params = _official_layout(params)
   opt_state = tx.init(jax.tree.map(jnp.asarray, params))
-  with flax.config.temp_flip_flag('use_orbax_checkpointing', orbax):
+  # (flax.config.temp_flip_flag is newer than the oldest flax setup.py admits.)
+  before = flax.config.flax_use_orbax_checkpointing
+  flax.config.update('flax_use_orbax_checkpointing', orbax)
+  try:
     for step in (5, 10):  # keep=2: two files, so that the workdir's latest is chosen
       flax_checkpoints.save_checkpoint(
         str(tmp_path), (official_params, opt_state, step), step, keep=2
       )
+  finally:
+    flax.config.update('flax_use_orbax_checkpointing', before)
 
   assert sorted(p.name for p in tmp_path.iterdir()) == ['checkpoint_10', 'checkpoint_5']
   assert (tmp_path / 'checkpoint_10').is_dir() == orbax

@@ -20,6 +20,7 @@ from conftest import assert_trees_close
 from conftest import batch_sharding
 from conftest import data_config
 from conftest import gpu_plugin_notice
+from conftest import heartbeat_line
 from conftest import said
 from conftest import subprocess_env
 from conftest import tiny_run_config
@@ -394,7 +395,7 @@ def test_sigterm_or_ctrl_c_writes_a_checkpoint_and_resumes(reference_run, tmp_pa
   steps = os.listdir(os.path.join(workdir, 'checkpoints'))
   if process.returncode == 0:
     pytest.skip('the run finished before the signal arrived')  # a very fast machine
-  assert process.returncode == 2
+  assert process.returncode == 128 + sig  # as a shell reports a process the signal ended
   assert f'{said} at step' in stderr and 'Traceback' not in stderr
   assert not os.path.exists(os.path.join(workdir, 'lock.json'))
   assert len(steps) == 1 and 0 < int(steps[0]) < 24
@@ -404,7 +405,7 @@ def test_sigterm_or_ctrl_c_writes_a_checkpoint_and_resumes(reference_run, tmp_pa
 
 
 @pytest.mark.slow
-def test_nan_loss_stops_and_keeps_the_last_checkpoint(tmp_path, monkeypatch):
+def test_nan_loss_stops_and_keeps_the_last_checkpoint(tmp_path, monkeypatch, capsys):
   config = tiny_run_config(total_steps=12, warmup_steps=2, checkpoint_every=4, eval_every=100)
   config.pp.mixup = 0.2
   make = loop.pipeline.make_train_iterator
@@ -437,8 +438,42 @@ def test_nan_loss_stops_and_keeps_the_last_checkpoint(tmp_path, monkeypatch):
   assert sorted(os.listdir(tmp_path / 'checkpoints')) == ['4']
 
   config.skip_nonfinite = True
+  capsys.readouterr()
   summary = loop.train_and_evaluate(config, str(tmp_path / 'skip'))
   assert summary['skipped_steps'] == 1 and summary['step'] == 12
+  # The last line says what was skipped (issue 35: a run that skipped most steps said `Done:`).
+  done = capsys.readouterr().out.splitlines()[-1]
+  assert done.startswith('Done: step 12, ') and ', 1 of 12 steps skipped (NaN/Inf); wrote ' in done
+
+
+@pytest.mark.slow
+def test_a_diverged_run_stops_and_every_line_it_logged_is_json(tmp_path, capsys):
+  """Issue 35: with skip_nonfinite, a run at base_lr=1e4 skipped 297 of 300 steps and ended
+  `Done:` (exit 0, accuracy at chance), and metrics.jsonl held bare NaNs. Now
+  `max_nonfinite_in_a_row` skipped steps in a row stop it in one line; a run that skipped a
+  few says how many in its `Done:` line; NaN is logged as null."""
+  config = tiny_run_config(total_steps=12, warmup_steps=2, checkpoint_every=4, eval_every=100)
+  config.update(base_lr=1e4, skip_nonfinite=True, max_nonfinite_in_a_row=3, progress_every=1)
+  with pytest.raises(loop.TrainingError) as e:
+    loop.train_and_evaluate(config, str(tmp_path / 'diverged'))
+  assert re.fullmatch(
+    r'steps (\d+) to (\d+) were all NaN/Inf and skipped: the run has diverged; stopped, the last '
+    r'checkpoint is kept\. Lower --config\.base_lr or check the data \(--config\.'
+    r'max_nonfinite_in_a_row sets how many in a row stop a run\)',
+    str(e.value),
+  ), str(e.value)
+  first, last = map(int, re.match(r'steps (\d+) to (\d+)', str(e.value)).groups())
+  assert last - first == 2 and last < 12
+  assert not os.path.exists(tmp_path / 'diverged' / 'summary.json')
+
+  def strict(text):
+    raise AssertionError(f'not JSON: {text}')
+
+  lines = open(tmp_path / 'diverged' / 'metrics.jsonl').read().splitlines()
+  logged = [json.loads(line, parse_constant=strict) for line in lines]
+  # Logged up to the step before the one that stopped the run.
+  assert [r['grad_norm'] for r in logged if r['step'] >= first] == [None] * (last - first)
+  assert logged[-1]['skipped_steps'] >= last - first
 
 
 # Runs on other meshes or hosts are compared with one device over three steps
@@ -592,6 +627,29 @@ def test_bugs_keep_their_tracebacks(tmp_path):
     assert 'unknown config field' not in result.stderr
 
 
+def test_the_readmes_demo_figures_are_records_and_hold_the_target(monkeypatch):
+  """Issue 35, category 9: the README said 98.33% and "the accuracy does not vary", but the
+  demo ends at 97.77% where XLA generates AVX-512 code (Intel Xeon, AMD EPYC) and 98.33% with
+  AVX2. Each figure is now a record's sentence (`benchmarks/measure_demo.py`) naming its CPU,
+  vector instructions and load, and what is tested is the bound, the target of at least 97%."""
+  from conftest import ROOT
+
+  monkeypatch.syspath_prepend(str(ROOT / 'benchmarks'))
+  import measure_demo
+
+  readme = (ROOT / 'README.md').read_text(encoding='utf-8')
+  said = re.findall(r'\d+\.\d\d% test accuracy on a .*?`benchmarks/[^`]+_demo\.json`\)', readme)
+  isas = set()
+  for sentence in said:
+    name = re.search(r'`benchmarks/([^`]+)`', sentence).group(1)
+    record = json.loads((ROOT / 'benchmarks' / name).read_text(encoding='utf-8'))
+    assert sentence == measure_demo.readme_sentence(record, name)
+    assert record['runs'][-1]['test_accuracy'] >= 0.97  # the bound; the time varies with load
+    isas.add(measure_demo.vector_isa(record['machine']))
+  assert isas == {'AVX2', 'AVX-512'}, said
+  assert 'the accuracy does not' not in readme
+
+
 @pytest.mark.slow
 def test_a_short_demo_run_reads_cleanly(tmp_path):
   """The demo config for 2 steps: its warm-up is fitted, and the output is plain lines on stdout."""
@@ -612,7 +670,7 @@ def test_a_short_demo_run_reads_cleanly(tmp_path):
     timeout=300,
   )
   assert result.returncode == 0, result.stderr[-3000:]
-  lines = result.stdout.splitlines()
+  lines = [line for line in result.stdout.splitlines() if not heartbeat_line(line)]
   assert lines[0].startswith('warmup_steps 200 -> 0: ') and 'total_steps=2' in lines[0]
   assert lines[1].startswith('preprocessing: train inception crop (area 0.5-1) to 16 px, no flip;')
   assert 'dataset defaults (built-in digits)' in lines[1] and '--config.pp.flip' in lines[1]

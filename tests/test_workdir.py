@@ -92,6 +92,42 @@ def test_the_heartbeat_refreshes_and_notices_a_replaced_lock(tmp_path, monkeypat
   assert read_lock(tmp_path)['token'] == 'someone-else'
 
 
+def test_the_lock_is_whole_whenever_it_is_there(tmp_path):
+  """Issue 35: a second run that reads lock.json the moment it appears finds the holder's pid,
+  never an empty file ("pid ?", seen on a loaded machine). Checked at every line our code runs
+  while taking the lock and refreshing it, not by racing a reader."""
+  import threading
+
+  package = os.path.dirname(workdir.__file__)
+  path = tmp_path / workdir.LOCK_FILE
+  seen = []
+
+  def each_line(frame, event, arg):
+    if event == 'line' and os.path.exists(path):
+      seen.append(path.read_text())
+    return each_line
+
+  def in_our_code(frame, event, arg):
+    return each_line if frame.f_code.co_filename.startswith(package) else None
+
+  lock = workdir.Lock(str(tmp_path))
+  sys.settrace(in_our_code)
+  try:
+    lock.acquire()
+    lock._stop.set()  # the heartbeat's refresh, in this thread (traced)
+    lock._thread.join()
+    lock._stop = threading.Event()
+    lock._stop.wait = lambda timeout, calls=iter([False, True]): next(calls)
+    lock._beat()
+  finally:
+    sys.settrace(None)
+  holders = [json.loads(text) for text in seen]
+  assert len(holders) > 5 and {h['pid'] for h in holders} == {os.getpid()}
+  assert len({h['heartbeat'] for h in holders}) == 2  # taken, then refreshed
+  lock.release()
+  assert os.listdir(tmp_path) == []  # no temporary file left
+
+
 def test_object_store_lock_reads_back_what_it_wrote(tmp_path, monkeypatch):
   """`file://` goes through tf.io.gfile, the path `gs://` workdirs take."""
   monkeypatch.setattr(workdir, 'REMOTE_SETTLE_S', 0.0)

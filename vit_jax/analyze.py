@@ -53,13 +53,14 @@ def main(argv: Optional[List[str]] = None) -> int:
 
   from vit_jax import checkpoint
   from vit_jax import files
+  from vit_jax import workdir
   from vit_jax.data.sources import DataError
   from vit_jax.evaluation import classify
   from vit_jax.evaluation import figures
   from vit_jax.evaluation import loader
 
   errors = (checkpoint.CheckpointError, loader.InputError, files.RemoteFilesError, DataError)
-  with cli.reported(*errors):
+  with cli.reported(*errors, workdir.WorkdirError):
     digits = args.images == ['digits']
     if not digits:
       paths = classify.image_files(args.images) if args.images else classify.builtin_images()
@@ -67,6 +68,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         raise loader.InputError('no images: pass --images=FILES or a directory')
     if os.path.exists(args.output) and not os.path.isdir(args.output):
       raise loader.InputError(f'--output {args.output} is a file; pass a folder for the figures')
+    workdir.check_output(args.output, '--output', folder=True)
     loaded = loader.load_model(args.checkpoint, args.model)
     unreadable = []
     if digits:

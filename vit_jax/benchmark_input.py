@@ -54,9 +54,16 @@ def main(argv=None):
   args = _parser().parse_args(argv)
   run_log.quiet_libraries(args.verbosity)
 
+  from vit_jax import workdir
   from vit_jax.bench import input_speed
   from vit_jax.data import datasets
   from vit_jax.data import sources
+
+  with cli.reported(workdir.WorkdirError):
+    if args.json:
+      workdir.check_output(args.json, '--json')
+    if args.dir:
+      workdir.check_output(args.dir, '--dir', folder=True)
 
   threads = [int(t) for t in args.threads.split(',')]
   with cli.reported(input_speed.FolderError, sources.DataError):

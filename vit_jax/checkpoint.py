@@ -319,13 +319,28 @@ def load_flat(path: str) -> dict:
         "workdir's params.npz"
       )
     with np.load(data, allow_pickle=False) as npz:
-      return {key: npz[key] for key in npz.files}
+      return {key: _array(npz, key, path) for key in npz.files}
   except CheckpointError:
     raise
   except (zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError) as e:
     raise CheckpointError(
       f'{path}: not a readable .npz checkpoint ({type(e).__name__}: {e}); '
       'the file may be truncated, download it again'
+    ) from None
+
+
+def _array(npz, key: str, path: str) -> np.ndarray:
+  """`npz[key]`; an array of Python objects (a pickle: loading it could run any code) is
+  refused as such, not as a damaged file."""
+  try:
+    return npz[key]
+  except ValueError as e:
+    if 'allow_pickle' not in str(e):
+      raise
+    raise CheckpointError(
+      f'{path}: {key!r} is an array of Python objects (a pickle), not numbers; it is not '
+      'loaded, since unpickling can run any code. Pass a checkpoint of numeric arrays '
+      '(numpy.savez of the parameters)'
     ) from None
 
 

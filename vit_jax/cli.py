@@ -20,7 +20,7 @@ here, before any command sees it, and a field the file sets that no run reads
 Ctrl-C: a command that `run` starts ends in one line, `error: interrupted
 (Ctrl-C)`, with exit status `EXIT_INTERRUPTED` (130, what a shell reports for
 it); a training run handles it itself, as SIGTERM: a checkpoint, one line,
-exit status 2 (`vit_jax.training.loop`). A closed stdout (`| head`) ends a
+and the same exit status, 130 (143 for SIGTERM; `vit_jax.training.loop`). A closed stdout (`| head`) ends a
 command quietly with exit status `EXIT_BROKEN_PIPE` (141, a shell's for it).
 Output: a path whose name is not text in this locale's encoding is printed
 as the bytes it has on disk, other characters the terminal cannot show as
@@ -37,14 +37,20 @@ import sys
 from typing import NoReturn, Optional
 
 EXIT_ERROR = 2
-EXIT_INTERRUPTED = 130  # 128 + SIGINT
+EXIT_INTERRUPTED = 130  # 128 + SIGINT (signal_status)
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE
 
 
 def fail(message) -> NoReturn:
-  """Ends the command: `error: message` on stderr, exit status EXIT_ERROR."""
+  """Ends the command: `error: message` on stderr, exit status EXIT_ERROR (or the error's own
+  `exit_status`: a run stopped by a signal, `signal_status`)."""
   print(f'error: {message_of(message)}', file=sys.stderr, flush=True)
-  sys.exit(EXIT_ERROR)
+  sys.exit(getattr(message, 'exit_status', EXIT_ERROR))
+
+
+def signal_status(signum: int) -> int:
+  """The exit status a shell gives a process that signal `signum` ended: 128 + signum."""
+  return 128 + int(signum)
 
 
 def note(prog: str, text: str) -> None:
@@ -114,6 +120,12 @@ def writing(path: str):
     if name is None or not os.path.abspath(os.fsdecode(name)).startswith(where):
       raise
     fail(f'{path}: cannot write it ({e.strerror or e}); pass a path you can write')
+
+
+def one_line(text: str) -> str:
+  """`text` with its control characters (a newline in a class folder's name) as escapes: one
+  result, one line."""
+  return re.sub(r'[\x00-\x1f\x7f]', lambda m: repr(m.group())[1:-1], text)
 
 
 def positive_int(text: str) -> int:

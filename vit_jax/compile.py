@@ -33,6 +33,7 @@ from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 
 from vit_jax import cli  # noqa: E402
+from vit_jax import run_log  # noqa: E402
 
 _CONFIG = cli.ConfigFlag(
   'Experiment config file, optionally with `:ARGS`.',
@@ -117,6 +118,7 @@ def _describe(record: dict) -> str:
 def main(argv):
   if len(argv) > 1:
     _exit(f'unexpected arguments {argv[1:]}')
+  from vit_jax import workdir
   from vit_jax.bench import aot
   from vit_jax.bench import gpu_record
   from vit_jax.bench import gpus
@@ -124,20 +126,25 @@ def main(argv):
   from vit_jax.data.sources import DataError
   from vit_jax.training import loop
 
+  if _JSON.value:
+    with cli.reported(workdir.WorkdirError):
+      workdir.check_output(_JSON.value, '--json')
   config = _CONFIG.value
   on_gpu = gpus.is_gpu_name(_TOPOLOGY.value)
+  doing = f'python -m vit_jax.compile: compiling {config.model} for {_TOPOLOGY.value}'
   try:
     if on_gpu and _NUM_SLICES.value > 1:
       _exit('--num_slices is for TPU slices; name GPUs by their count, e.g. --topology=h100-32')
     target = gpus.describe(_TOPOLOGY.value) if on_gpu else None
     target = target or topology.describe(_TOPOLOGY.value, _NUM_SLICES.value)
     overrides = {}
-    try:
-      compiled = aot.compile_run(config, target)
-    except aot.DoesNotFit as error:
-      if not _FIT.value:
-        _exit(aot.fit_message(error, config, target))
-      compiled, overrides = _fit(config, target, error)
+    with run_log.heartbeat(doing):  # a big topology compiles for minutes
+      try:
+        compiled = aot.compile_run(config, target)
+      except aot.DoesNotFit as error:
+        if not _FIT.value:
+          _exit(aot.fit_message(error, config, target))
+        compiled, overrides = _fit(config, target, error)
   except (topology.TopologyError, gpus.GpuError, loop.ConfigError, DataError) as e:
     _exit(str(e))
   record = gpu_record.analyse(compiled) if on_gpu else aot.analyse(compiled)

@@ -61,9 +61,10 @@ def main(argv=None) -> int:
     )
     data.pp.crop = loader.check_resolution(loaded, args.crop)
     data.pp.resize = args.resize
-    numbers = classify.evaluate_checkpoint(
-      loaded, data, args.split, warn=lambda line: print(line, file=sys.stderr)
-    )
+    with run_log.heartbeat(f'{parser.prog}: evaluating on {args.dataset} {args.split}'):
+      numbers = classify.evaluate_checkpoint(
+        loaded, data, args.split, warn=lambda line: print(line, file=sys.stderr)
+      )
   result = {'checkpoint': args.checkpoint, 'dataset': args.dataset, 'split': args.split, **numbers}
   text = json.dumps(result, indent=2)
   print(text)
@@ -80,6 +81,10 @@ def _check_output(path: str) -> None:
     cli.fail(f'--output {path} is a folder; pass a file name for the JSON')
   if not os.path.isdir(folder):
     cli.fail(f'--output {path}: no folder {folder}; make it or pass another file name')
+  from vit_jax import workdir
+
+  with cli.reported(workdir.WorkdirError):
+    workdir.check_output(path, '--output')
 
 
 if __name__ == '__main__':

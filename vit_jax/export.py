@@ -35,6 +35,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
   from vit_jax import checkpoint
   from vit_jax import files
+  from vit_jax import workdir
   from vit_jax.evaluation import loader
   from vit_jax.interop import export
   from vit_jax.interop import torch_layout
@@ -65,7 +66,7 @@ def main(argv: Optional[List[str]] = None) -> int:
   run_log.add_verbosity_flag(parser)
   args = parser.parse_args(argv)
   errors = (checkpoint.CheckpointError, loader.InputError, torch_layout.ExportError)
-  with cli.reported(*errors, files.RemoteFilesError):
+  with cli.reported(*errors, files.RemoteFilesError, workdir.WorkdirError):
     output = export.output_path(args.format, args.output)
     with cli.writing(output):
       notes = export.export(args.checkpoint, args.format, output, args.model, args.labels)

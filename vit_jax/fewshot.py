@@ -69,13 +69,14 @@ def main(argv=None) -> int:
     cli.note(parser.prog, loader.unfinished_note(args.checkpoint))
     args.crop = loader.check_resolution(loaded, args.crop)
     method = ('shots', 'seeds', 'l2_reg', 'train_split', 'test_split', 'crop', 'batch')
-    scalars = fewshot.evaluate_checkpoint(
-      loaded,
-      datasets,
-      **{k: getattr(args, k) for k in method},
-      tfds_data_dir=args.tfds_data_dir,
-      tfds_manual_dir=args.tfds_manual_dir,
-    )
+    with run_log.heartbeat(f'{parser.prog}: few-shot probes on {args.datasets}'):
+      scalars = fewshot.evaluate_checkpoint(
+        loaded,
+        datasets,
+        **{k: getattr(args, k) for k in method},
+        tfds_data_dir=args.tfds_data_dir,
+        tfds_manual_dir=args.tfds_manual_dir,
+      )
   for name, value in scalars.items():
     if '-seed' not in name:
       print(f'{name:40s} {value:.4f}')

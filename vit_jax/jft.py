@@ -38,23 +38,19 @@ def main(argv=None):
   # Before TensorFlow starts (the shard writer imports it).
   run_log.quiet_libraries(run_log.verbosity_in(argv))
 
+  from vit_jax import workdir
   from vit_jax.data import shards
   from vit_jax.data.sources import DataError
 
-  parser = cli.parser('jft', __doc__, whole_doc=False)
-  group = parser.add_mutually_exclusive_group(required=True)
-  group.add_argument('--folder', help='DIR/<class>/<image>: one label per image')
-  group.add_argument('--csv', help='lines "path,label_id;label_id;..."')
-  parser.add_argument('--out', required=True, help='shard directory to write (info.json + shards)')
-  parser.add_argument('--split', default='train', help='split name to write (default train)')
-  parser.add_argument('--num_classes', type=int, help='CSV: number of classes (default max id + 1)')
-  parser.add_argument('--class_names', help='CSV: text file with one class name per line')
-  parser.add_argument('--shards', type=cli.positive_int, default=16, help='number of shard files')
-  parser.add_argument('--format', default='tfrecord', choices=sorted(shards.FORMATS))
-  parser.add_argument('--corrupt_images', default='skip', choices=['skip', 'fail'])
-  parser.add_argument('--seed', type=int, default=0, help='seed of the example order')
-  run_log.add_verbosity_flag(parser)
+  parser = _parser(shards.FORMATS)
   args = parser.parse_args(argv)
+  missing = [
+    name
+    for name, given in (('--folder or --csv', args.folder or args.csv), ('--out', args.out))
+    if not given
+  ]
+  if missing:
+    parser.error(f'the following arguments are required: {", ".join(missing)}')
   # Warnings (corrupt images skipped) on stderr; the result is a line on stdout.
   logging.basicConfig(level=logging.WARNING, format='%(message)s')
   if args.folder and not os.path.isdir(args.folder):
@@ -63,6 +59,8 @@ def main(argv=None):
     cli.fail(f'{args.csv}: no such file; pass a CSV of lines "path,label_id;label_id;..."')
   if os.path.exists(args.out) and not os.path.isdir(args.out):
     cli.fail(f'--out {args.out} is a file; pass a folder for info.json and the shards')
+  with cli.reported(workdir.WorkdirError):
+    workdir.check_output(args.out, '--out', folder=True)
   with cli.reported(DataError), cli.writing(args.out):
     examples, names, num_classes = _examples(args)
     info = shards.write_shards(
@@ -83,6 +81,25 @@ def main(argv=None):
     f'shards to {args.out}; {len(examples) - count} corrupt images skipped'
   )
   return 0
+
+
+def _parser(formats):
+  """The command line; `formats`: `shards.FORMATS`, imported once the libraries are quiet."""
+  parser = cli.parser('jft', __doc__, whole_doc=False)
+  # Required, but checked after parsing: argparse names the group only once --out is given.
+  group = parser.add_mutually_exclusive_group()
+  group.add_argument('--folder', help='DIR/<class>/<image>: one label per image')
+  group.add_argument('--csv', help='lines "path,label_id;label_id;..."')
+  parser.add_argument('--out', help='shard directory to write (info.json + shards), required')
+  parser.add_argument('--split', default='train', help='split name to write (default train)')
+  parser.add_argument('--num_classes', type=int, help='CSV: number of classes (default max id + 1)')
+  parser.add_argument('--class_names', help='CSV: text file with one class name per line')
+  parser.add_argument('--shards', type=cli.positive_int, default=16, help='number of shard files')
+  parser.add_argument('--format', default='tfrecord', choices=sorted(formats))
+  parser.add_argument('--corrupt_images', default='skip', choices=['skip', 'fail'])
+  parser.add_argument('--seed', type=int, default=0, help='seed of the example order')
+  run_log.add_verbosity_flag(parser)
+  return parser
 
 
 def _examples(args):

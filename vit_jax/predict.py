@@ -52,16 +52,19 @@ def main(argv: Optional[List[str]] = None) -> int:
         f'{args.checkpoint}: no head/kernel, so it cannot classify; '
         'pass a checkpoint with a classification head'
       )
-    names = classify.class_names(loaded.model.num_classes, args.labels, args.checkpoint)
+    names, why = classify.class_names_and_why(
+      loaded.model.num_classes, args.labels, args.checkpoint
+    )
     indices, probs = classify.predict(loaded, files, args.top_k, unreadable=unreadable)
     if len(unreadable) == len(files):
       more = f' (and {len(files) - 1} more unreadable images)' if len(files) > 1 else ''
       raise loader.InputError(unreadable[0][1] + more)
   bad = {path for path, _ in unreadable}
   for f, idx, prob in zip([f for f in files if f not in bad], indices, probs):
-    print(f)
+    print(cli.one_line(f))
     for rank, (i, p) in enumerate(zip(idx, prob), 1):
-      print(f'  {rank}. {100 * p:6.2f}%  {names[i]}  (class {i})')
+      print(f'  {rank}. {100 * p:6.2f}%  {cli.one_line(names[i])}  (class {i})')
+  cli.note(parser.prog, why)
   for _, reason in unreadable:
     print(f'{parser.prog}: skipped {reason}', file=sys.stderr)
   if unreadable:

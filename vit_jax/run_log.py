@@ -8,13 +8,19 @@ logs (TensorFlow, XLA, absl INFO) are hidden unless asked for with
 `quiet_libraries` sets that up before TensorFlow or JAX starts.
 """
 
+import contextlib
 import glob
 import importlib.util
 import json
 import logging as py_logging
 import os
+import re
 import socket
+import sys
+import tempfile
+import threading
 import time
+from typing import Optional
 import warnings
 
 from absl import logging
@@ -92,7 +98,8 @@ class RunLog:
   """Scalars to TensorBoard (`workdir/tensorboard`) and `workdir/metrics.jsonl`.
 
   `metrics.jsonl` (one JSON object per line) is written for local workdirs
-  only: object stores such as GCS cannot append.
+  only: object stores such as GCS cannot append. It is strict JSON: a NaN or
+  infinite value (a skipped step's gradient norm) is `null` there.
   """
 
   def __init__(self, workdir: str, *, is_main: bool, tensorboard: bool = True):
@@ -115,7 +122,8 @@ class RunLog:
       return
     values = {k: float(v) for k, v in values.items()}
     if self._jsonl is not None:
-      self._jsonl.write(json.dumps({'step': int(step), **values}) + '\n')
+      line = {'step': int(step), **workdir_lib.json_numbers(values)}
+      self._jsonl.write(json.dumps(line, allow_nan=False) + '\n')
       self._jsonl.flush()
     if self._tb is not None:
       self._tb.scalars(step, values)
@@ -175,6 +183,40 @@ class Progress:
     )
 
 
+# Seconds between the lines of a long wait (`heartbeat`): under 30, so that a compile or an
+# evaluation never looks hung for longer, even when the machine is slow to wake the thread.
+HEARTBEAT_S = 20.0
+
+
+def _to_stderr(line: str) -> None:
+  print(line, file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def heartbeat(what: str, say=_to_stderr, every: Optional[float] = None):
+  """While the block runs, `say('{what}: 1m20s so far')` every `every` s (HEARTBEAT_S).
+
+  For the waits that print nothing of their own (compiling a big program,
+  evaluating a whole split, timing a benchmark). Lines go to stderr by
+  default, where they do not mix with a command's result on stdout; a
+  block shorter than `every` says nothing.
+  """
+  every = HEARTBEAT_S if every is None else every
+  done, start = threading.Event(), time.perf_counter()
+
+  def beat():
+    while not done.wait(every):
+      say(f'{what}: {_format_duration(time.perf_counter() - start)} so far')
+
+  thread = threading.Thread(target=beat, name='heartbeat', daemon=True)
+  thread.start()
+  try:
+    yield
+  finally:
+    done.set()
+    thread.join()
+
+
 # ---------------------------------------------------------------------------
 # What the commands show of the libraries' logs.
 
@@ -223,6 +265,39 @@ def _libtpu_without_tpu() -> bool:
   return True
 
 
+# What native libraries log before absl's logging is set up, whatever TF_CPP_MIN_LOG_LEVEL says:
+# INFO lines (`I1126 12:00:00.123456  4242 port.cc:153] oneDNN custom operations are on ...`)
+# and absl's notice that comes before them.
+_NATIVE_INFO = re.compile(
+  r'I\d{4} [\d:.]+ +\d+ \S+:\d+\] |WARNING: All log messages before absl::InitializeLog\(\)'
+)
+
+
+@contextlib.contextmanager
+def native_info_hidden():
+  """Drops the native INFO lines written to stderr (file descriptor 2) inside the block, as
+  TensorFlow's import does, when `quiet_libraries` (or the user) hid INFO logs; the block's
+  other stderr lines are written after it, in their order."""
+  if os.environ.get('TF_CPP_MIN_LOG_LEVEL', '0') in ('', '0'):
+    yield
+    return
+  sys.stderr.flush()
+  saved = os.dup(2)
+  with tempfile.TemporaryFile() as caught:
+    os.dup2(caught.fileno(), 2)
+    try:
+      yield
+    finally:
+      sys.stderr.flush()
+      os.dup2(saved, 2)
+      os.close(saved)
+      caught.seek(0)
+      for line in caught.read().decode('utf-8', 'replace').splitlines(keepends=True):
+        if not _NATIVE_INFO.match(line):
+          sys.stderr.write(line)
+      sys.stderr.flush()
+
+
 def add_verbosity_flag(parser) -> None:
   """`--verbosity` for an argparse command, with the same scale as absl's."""
   parser.add_argument(
@@ -264,6 +339,11 @@ def quiet_libraries(verbosity: int) -> None:
   # Libraries' notes to their own developers (torch.onnx, orbax): not for users.
   warnings.filterwarnings('ignore', category=FutureWarning)
   warnings.filterwarnings('ignore', category=DeprecationWarning)
+  # torchvision, which transformers and torch.onnx may import, warns that its image extension
+  # does not load beside a CPU-only torch, and of its beta namespaces; PIL that a large image
+  # could be a decompression bomb (predict reads it, or refuses it past twice the limit).
+  warnings.filterwarnings('ignore', category=UserWarning, module=r'torchvision(\.|$)')
+  warnings.filterwarnings('ignore', message=r'Image size \(\d+ pixels\) exceeds limit')
   # TFDS warns that an unprepared dataset's folder "has no dataset_info.json"
   # before our own one-line error says what to do about it.
   py_logging.getLogger('absl').addFilter(

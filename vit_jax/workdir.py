@@ -36,6 +36,7 @@ import errno
 import functools
 import json
 import logging as py_logging
+import math
 import os
 import re
 import socket
@@ -99,6 +100,36 @@ def check_folder(workdir: str) -> None:
     )
 
 
+# What makes a folder a run's, for the commands that write elsewhere (`check_output`).
+_RUN_WORK = (PARAMS_FILE, PARAMS_EMA_FILE, CHECKPOINTS, SUMMARY_FILE, LOCK_FILE)
+_RUN_FILES = _RUN_WORK + (CONFIG_FILE, CORRUPT_CHECKPOINTS, FEWSHOT_FILE, METRICS_FILE, TENSORBOARD)
+
+
+def check_output(path, flag: str, *, folder: bool = False) -> None:
+  """WorkdirError when a command's output `path` could replace a training run's work.
+
+  `folder`: the command writes files into `path` (export to hf or savedmodel,
+  analyze, jft, ...), refused when `path` holds a run's work (params.npz,
+  params_ema.npz, checkpoints/, summary.json or lock.json); a file `path` is
+  refused when it is one of a run's own files in such a folder. Files beside
+  a run's (`--output=RUN/model.onnx`) and sub-folders (`RUN/export/`) are fine.
+  """
+  path = os.fspath(path)
+  target = path if folder else os.path.dirname(path) or '.'
+  if not folder and os.path.basename(path) not in _RUN_FILES:
+    return
+  held = [name for name in _RUN_WORK if files.exists(os.path.join(target, name))]
+  if held:
+    shown = ', '.join(f'{name}/' if name == CHECKPOINTS else name for name in held)
+    if folder:
+      what, instead = path, f'a new folder (such as {os.path.join(path, "export")})'
+    else:
+      what, instead = f'{path} is in {target}, which', 'another file name'
+    raise WorkdirError(
+      f"{flag} {what} holds a run's work ({shown}) that this would replace; pass {instead}"
+    )
+
+
 def checkpoints_dir(workdir: str, absolute: bool = False) -> str:
   """Where orbax writes the run's checkpoints (`absolute`: as orbax needs the path, `_text_path`)."""
   if absolute:
@@ -152,8 +183,15 @@ def _read_json(path: str) -> Optional[dict]:
     return json.load(f)
 
 
+def json_numbers(data: dict) -> dict:
+  """`data` with NaN and infinite floats as None: strict JSON (`null`), which every reader
+  parses, where Python's json would write the bare `NaN` that most refuse."""
+  return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in data.items()}
+
+
 def _write_json(path: str, data: dict) -> None:
-  files.write_text(path, json.dumps(data, indent=2, sort_keys=True) + '\n')
+  text = json.dumps(json_numbers(data), indent=2, sort_keys=True, allow_nan=False)
+  files.write_text(path, text + '\n')
 
 
 def read_summary(workdir: str) -> Optional[dict]:
@@ -364,13 +402,7 @@ class Lock:
     """Writes this run's lock where there is none; whether it is now this run's."""
     text = json.dumps(self._record(), indent=2)
     if not files.is_remote(self.path):
-      try:
-        fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-      except FileExistsError:
-        return False
-      with os.fdopen(fd, 'w', encoding='utf-8') as f:
-        f.write(text)
-      return True
+      return _create_whole(self.path, text, f'{self.path}.{self._token}.tmp')
     with files.open_file(self.path, 'w') as f:
       f.write(text)
     time.sleep(REMOTE_SETTLE_S)
@@ -427,6 +459,45 @@ def acquire(workdir: str) -> Optional[Lock]:
       flush=True,
     )
   return held
+
+
+def _create_whole(path: str, text: str, temporary: str) -> bool:
+  """Creates the local file `path` holding `text` unless it exists; whether this call made it.
+
+  The text is written to `temporary` first and hard-linked to `path` (which,
+  like O_EXCL, fails when `path` exists): a second run never reads a lock
+  that is there but still empty ("pid ?"). File systems without hard links
+  get O_EXCL and the write after it.
+  """
+  try:
+    try:
+      with open(temporary, 'w', encoding='utf-8') as f:
+        f.write(text)
+    except OSError as e:
+      e.filename = path  # what this writes, for the one line of a failed write (storage_errors)
+      raise
+    return _link_or_create(temporary, path, text)
+  finally:
+    if os.path.lexists(temporary):
+      os.remove(temporary)
+
+
+def _link_or_create(temporary: str, path: str, text: str) -> bool:
+  try:
+    os.link(temporary, path)
+    return True
+  except FileExistsError:
+    return False
+  except OSError as e:
+    if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
+      raise
+  try:
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+  except FileExistsError:
+    return False
+  with os.fdopen(fd, 'w', encoding='utf-8') as f:
+    f.write(text)
+  return True
 
 
 def _mtime(path: str) -> float:

@@ -61,12 +61,7 @@ def image_files(root):
   """Sorted paths of the images (any extension image folders accept) under `root`."""
   from vit_jax.data import folder
 
-  return sorted(
-    os.path.join(d, f)
-    for d, _, fs in os.walk(root)
-    for f in fs
-    if f.lower().endswith(folder.EXTENSIONS)
-  )
+  return [os.path.join(root, f) for f in folder.images_under(root)[0]]
 
 
 def _read(path):

@@ -80,6 +80,9 @@ def _add_optimization(config) -> None:
   config.total_steps = 10_000
   config.accum_steps = 1  # micro-batches per step (same math, less memory)
   config.skip_nonfinite = False  # skip NaN/Inf steps instead of stopping
+  # With skip_nonfinite: this many skipped steps in a row stop the run (one error: line). A
+  # diverged run skips every step from then on (297 of 300 at base_lr=1e4), a bad batch one.
+  config.max_nonfinite_in_a_row = 10
 
 
 def _add_fewshot_devices_and_loop(config) -> None:

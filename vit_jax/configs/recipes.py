@@ -156,7 +156,9 @@ def finetune(arg: str) -> ml_collections.ConfigDict:
   # Released ImageNet-21k weights; set --config.pretrained_path to another
   # .npz or to one of our workdirs.
   config.pretrained_path = f'gs://vit_models/imagenet21k/{model}.npz'
-  config.pp.crop = 384
+  # Paper B.1.1: fine-tune at 384 px; 392 for 14 px patches (384 would drop 6 px per side).
+  patch = architectures.MODEL_CONFIGS[model].patches.size[0]
+  config.pp.crop = -(-384 // patch) * patch
   config.batch = 512
   config.batch_eval = 512
   config.optimizer = 'sgd'

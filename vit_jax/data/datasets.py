@@ -146,14 +146,9 @@ def _folder_image_side(root: str):
   if not os.path.isdir(split):
     return None
   paths = []
-  for name in sorted(os.listdir(split)):
+  for name in folder.subfolders(split):
     class_dir = os.path.join(split, name)
-    if os.path.isdir(class_dir):
-      paths += [
-        os.path.join(class_dir, f)
-        for f in sorted(os.listdir(class_dir))
-        if f.lower().endswith(folder.EXTENSIONS)
-      ]
+    paths += [os.path.join(class_dir, f) for f in folder.images_under(class_dir)[0]]
   step = max(1, len(paths) // _SIZE_SAMPLE)
   sides = []
   for path in paths[::step][:_SIZE_SAMPLE]:

@@ -1,50 +1,106 @@
 """Image folders: DIR/<split>/<class>/<image>, classes numbered in sorted order.
 
-Images are .jpg/.jpeg/.png/.bmp/.gif (any case); grayscale and RGBA become RGB
-when decoded. Every file is checked once when the folder is opened, so a
-corrupt or truncated image never reaches training: by default it is left out,
-counted and named in the log; with `corrupt_images='fail'` the first one stops
-the run with its name. Checking is cheap for JPEGs (PIL decodes at 1/8 scale,
-which still reads every entropy-coded byte) and a full PIL decode for the
-other formats, run in a thread pool.
+Images are the files whose names end as a format `vit_jax.data.images.decode`
+reads (`images.extensions()`: JPEG, PNG, WebP, TIFF, BMP, GIF and PIL's other
+formats, any case), wherever they lie in a class folder: images in its
+sub-folders are that class's images. What tools leave in a dataset -- notebook
+checkpoints, macOS archive metadata, version-control and editor folders,
+dot-files (`is_tool_entry`) -- is neither a split, a class nor an image; it is
+left out, and so are files of other kinds, and one warning per split names
+what was left out. Grayscale and RGBA become RGB when decoded. Every file is
+checked once when the folder is opened, so a corrupt or truncated image never
+reaches training: by default it is left out, counted and named in the log;
+with `corrupt_images='fail'` the first one stops the run with its name.
+Checking is cheap for JPEGs (PIL decodes at 1/8 scale, which still reads
+every entropy-coded byte) and a full PIL decode for the other formats, run in
+a thread pool.
 """
 
 import concurrent.futures
 import difflib
+import functools
 import logging
 import os
 from typing import List, Optional, Sequence, Tuple
 
+from vit_jax.data import images
 from vit_jax.data.sources import DataError
 
-EXTENSIONS = ('.jpg', '.jpeg', '.png', '.bmp', '.gif')
 _MAX_NAMED = 20  # corrupt files named in the log line; the count is always exact
+# Folders and files that tools make beside data; any name starting with a dot is one too
+# (.ipynb_checkpoints, .git, .svn, .hg, .idea, .vscode, .DS_Store, ._* AppleDouble files).
+_TOOL_NAMES = frozenset(
+  ('__MACOSX', '__pycache__', 'Thumbs.db', 'desktop.ini', '$RECYCLE.BIN', 'lost+found')
+)
+IMAGE_KINDS = 'JPEG, PNG, WebP, TIFF, BMP, GIF or another format PIL reads'
 
 
 def is_image_folder(path: str) -> bool:
   return os.path.isdir(path) and not os.path.exists(os.path.join(path, 'info.json'))
 
 
+def is_tool_entry(name: str) -> bool:
+  """Whether a file or folder name is one a tool made (see `_TOOL_NAMES`), not data."""
+  return os.fsdecode(name).startswith('.') or os.fsdecode(name) in _TOOL_NAMES
+
+
+def is_image_name(name: str) -> bool:
+  return os.fsdecode(name).lower().endswith(images.extensions())
+
+
+def subfolders(path: str) -> List[str]:
+  """Sorted names of the folders in `path` that hold data (tools' folders left out)."""
+  return sorted(
+    d for d in os.listdir(path) if not is_tool_entry(d) and os.path.isdir(os.path.join(path, d))
+  )
+
+
+def images_under(folder: str) -> Tuple[List[str], List[str], List[str]]:
+  """(images, tools' entries, other files) under `folder`, at any depth, as sorted paths
+  relative to it; nothing inside a tool's folder is looked at."""
+  found, tools, others = [], [], []
+  for top, dirs, names in os.walk(folder):
+    where = os.path.relpath(top, folder)
+    relative = lambda name: name if where == '.' else os.path.join(where, name)  # noqa: E731
+    tools += [relative(d) for d in dirs if is_tool_entry(d)]
+    dirs[:] = sorted(d for d in dirs if not is_tool_entry(d))
+    for name in names:
+      kind = tools if is_tool_entry(name) else found if is_image_name(name) else others
+      kind.append(relative(name))
+  return sorted(found), sorted(tools), sorted(others)
+
+
+def left_out_line(where: str, tools: Sequence[str], others: Sequence[str]) -> str:
+  """One line naming what a listing of `where` left out; '' when nothing."""
+  parts = []
+  for paths, what in ((tools, "tools' folders and files"), (others, 'files that are not images')):
+    if paths:
+      more = f', ... ({len(paths)} in all)' if len(paths) > 5 else ''
+      parts.append(f'{what} ({", ".join(os.fsdecode(p) for p in paths[:5])}{more})')
+  if not parts:
+    return ''
+  return f'{where}: left out {" and ".join(parts)}; images are {IMAGE_KINDS}'
+
+
+@functools.lru_cache(maxsize=None)
+def warn_once(line: str) -> None:
+  """Logs `line` the first time this process says it (a split is listed more than once)."""
+  if line:
+    logging.warning('%s', line)
+
+
 def class_names(root: str) -> List[str]:
   """Sorted class folder names over the splits of `root` (train, test, ...)."""
   names = set()
-  for split in sorted(os.listdir(root)):
-    split_dir = os.path.join(root, split)
-    if os.path.isdir(split_dir):
-      names.update(d for d in os.listdir(split_dir) if os.path.isdir(os.path.join(split_dir, d)))
+  for split in subfolders(root):
+    names.update(subfolders(os.path.join(root, split)))
   return sorted(names)
 
 
 def check_same_classes(root: str) -> None:
   """Refuses a class folder that only some splits have: a typo (`Circle` / `circle`) or a class
   without training images, which the head would learn nothing of and the accuracy would count."""
-  by_split = {}
-  for split in sorted(os.listdir(root)):
-    split_dir = os.path.join(root, split)
-    if os.path.isdir(split_dir):
-      by_split[split] = {
-        d for d in os.listdir(split_dir) if os.path.isdir(os.path.join(split_dir, d))
-      }
+  by_split = {split: set(subfolders(os.path.join(root, split))) for split in subfolders(root)}
   every = set().union(*by_split.values()) if by_split else set()
   for split, names in sorted(by_split.items(), key=lambda item: item[0] != 'train'):
     missing = sorted(every - names)
@@ -84,24 +140,13 @@ def list_split(
     raise DataError(f"corrupt_images={corrupt_images!r}: use 'skip' or 'fail'")
   split_dir = os.path.join(root, split)
   if not os.path.isdir(split_dir):
-    have = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
+    have = subfolders(root)
     raise DataError(
       f'{root}: no split folder {split!r} (has {", ".join(have) or "none"}); '
       f'expected {root}/{split}/<class>/<image>'
     )
-  paths, labels = [], []
-  for label, name in enumerate(classes):
-    class_dir = os.path.join(split_dir, name)
-    if not os.path.isdir(class_dir):
-      continue  # a class may be absent from a split (e.g. no test images)
-    files = sorted(f for f in os.listdir(class_dir) if f.lower().endswith(EXTENSIONS))
-    if not files:
-      raise DataError(
-        f'{class_dir}: empty class folder (no {", ".join(EXTENSIONS)} files); '
-        'add images or remove the folder'
-      )
-    paths += [os.path.join(class_dir, f) for f in files]
-    labels += [label] * len(files)
+  warn_once(left_out_line(root, *_loose_entries(root)))  # beside the splits
+  paths, labels = labelled_images(split_dir, classes)
   if not paths:
     raise DataError(
       f'{split_dir}: no class folders with images; expected {split_dir}/<class>/<image>'
@@ -130,3 +175,33 @@ def list_split(
         'replace them or remove the folder'
       )
   return paths, labels
+
+
+def labelled_images(parent: str, classes: Sequence[str]) -> Tuple[List[str], List[int]]:
+  """(paths, labels) of every image in the class folders `classes` of `parent` (a split of an
+  image folder, or the folder `vit_jax.jft` converts), by class; what is left out said once."""
+  paths, labels = [], []
+  tools, others = _loose_entries(parent)  # beside the class folders
+  for label, name in enumerate(classes):
+    class_dir = os.path.join(parent, name)
+    if not os.path.isdir(class_dir):
+      continue  # a class may be absent from a split (e.g. no test images)
+    found, tool_entries, other_files = images_under(class_dir)
+    tools += [os.path.join(name, p) for p in tool_entries]
+    others += [os.path.join(name, p) for p in other_files]
+    if not found:
+      raise DataError(
+        f'{class_dir}: empty class folder (no {IMAGE_KINDS} files); add images or remove the folder'
+      )
+    paths += [os.path.join(class_dir, f) for f in found]
+    labels += [label] * len(found)
+  warn_once(left_out_line(parent, sorted(tools), sorted(others)))
+  return paths, labels
+
+
+def _loose_entries(folder: str) -> Tuple[List[str], List[str]]:
+  """(tools' entries, files) directly in `folder`: what is neither a split nor a class there."""
+  names = sorted(os.listdir(folder))
+  tools = [n for n in names if is_tool_entry(n)]
+  files = [n for n in names if n not in tools and not os.path.isdir(os.path.join(folder, n))]
+  return tools, files

@@ -95,6 +95,29 @@ def decode(data: bytes, min_height: int = 0, min_width: int = 0, fast: bool = Fa
     raise BadImage((reason.strip().splitlines() or [type(e).__name__])[0][:200]) from None
 
 
+# Formats PIL opens but does not decode by itself: EPS (Ghostscript), MPEG (identified only).
+_NOT_DECODED = ('EPS', 'MPEG')
+
+
+@functools.lru_cache(maxsize=1)
+def extensions() -> tuple:
+  """File name endings (lower case) of the formats `decode` reads: the one list that image
+  folders, shards (`vit_jax.jft`) and `predict` accept, so that every image one of them reads
+  the others read too. PIL's own decoders (JPEG, PNG, GIF, BMP, TIFF, WebP, ...), without its
+  stubs (which decode only through a handler an application installs) and `_NOT_DECODED`."""
+  from PIL import Image
+  from PIL import ImageFile
+
+  Image.init()
+  found = set()
+  for ending, name in Image.registered_extensions().items():
+    opener = Image.OPEN.get(name, (None,))[0]
+    stub = isinstance(opener, type) and issubclass(opener, ImageFile.StubImageFile)
+    if opener is not None and not stub and name not in _NOT_DECODED:
+      found.add(ending.lower())
+  return tuple(sorted(found))
+
+
 def image_size(data: bytes):
   """(height, width) from the header of a JPEG, else None (`decode` then tells)."""
   if not _is_jpeg(data):

@@ -85,19 +85,11 @@ def open_split(root: str, split: str) -> sources.Source:
 
 def examples_from_folder(root: str) -> Tuple[List[Tuple[str, List[int]]], List[str]]:
   """ROOT/<class>/<image> -> ([(path, [label])], class names)."""
-  names = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
+  names = folder.subfolders(root)
   if not names:
     raise DataError(f'{root}: no class folders; expected {root}/<class>/<image>')
-  examples = []
-  for label, name in enumerate(names):
-    class_dir = os.path.join(root, name)
-    images = sorted(f for f in os.listdir(class_dir) if f.lower().endswith(folder.EXTENSIONS))
-    if not images:
-      raise DataError(
-        f'{class_dir}: empty class folder (no {", ".join(folder.EXTENSIONS)} '
-        'files); add images or remove the folder'
-      )
-    examples += [(os.path.join(class_dir, f), [label]) for f in images]
+  paths, labels = folder.labelled_images(root, names)
+  examples = [(path, [label]) for path, label in zip(paths, labels)]
   return examples, names
 
 

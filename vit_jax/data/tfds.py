@@ -25,6 +25,7 @@ import urllib.parse
 import numpy as np
 
 from vit_jax import files
+from vit_jax import run_log
 from vit_jax.data import example_proto
 from vit_jax.data import presets
 from vit_jax.data import records
@@ -230,8 +231,9 @@ def _not_prepared(dataset, tfds_name, preset, tfds_data_dir, tfds_manual_dir):
 def _in_catalog(tfds_name: str) -> bool:
   """Whether TFDS has a builder of this name; False when TFDS cannot be imported."""
   try:
-    import tensorflow  # noqa: F401  TFDS's catalog needs it; without, it retries for a minute
-    import tensorflow_datasets
+    with run_log.native_info_hidden():
+      import tensorflow  # noqa: F401  TFDS's catalog needs it; without, it retries for a minute
+      import tensorflow_datasets
   except ImportError:
     return False
   return tfds_name.split('/')[0].split(':')[0] in tensorflow_datasets.list_builders()
@@ -260,8 +262,9 @@ def unknown_dataset(dataset, tfds_data_dir=None):
 
 def _tensorflow_datasets():
   try:
-    import tensorflow  # noqa: F401
-    import tensorflow_datasets
+    with run_log.native_info_hidden():
+      import tensorflow  # noqa: F401
+      import tensorflow_datasets
   except ImportError:
     raise DataError(f'preparing TFDS datasets needs TensorFlow: {INSTALL}') from None
   return tensorflow_datasets

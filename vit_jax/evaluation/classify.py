@@ -20,23 +20,25 @@ from vit_jax.evaluation import metrics
 from vit_jax.evaluation.loader import InputError
 from vit_jax.evaluation.loader import LoadedModel
 
-IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.bmp', '.gif', '.webp', '.tif', '.tiff')
 # Head sizes of the public checkpoints -> shipped class-name files (vit_jax/data/).
 LABEL_FILES = {1000: 'imagenet2012_labels.txt', 21843: 'imagenet21k_labels.txt'}
 
 
 def image_files(specs: Sequence[str]) -> List[str]:
-  """Files named by `specs`: image files, directories (their images, sorted) or comma lists."""
+  """Files named by `specs`: image files, directories or comma lists. A directory gives its
+  images at any depth (a dataset folder's, in its class folders), sorted, as training reads
+  them (`data.folder.images_under`: tools' folders left out, and said)."""
+  from vit_jax.data import folder
+
   files = []
   for spec in specs:
     for item in filter(None, spec.split(',')):
       if os.path.isdir(item):
-        found = sorted(
-          os.path.join(item, f) for f in os.listdir(item) if f.lower().endswith(IMAGE_EXTENSIONS)
-        )
+        found, tools, others = folder.images_under(item)
         if not found:
-          raise InputError(f'{item}: a directory without images ({", ".join(IMAGE_EXTENSIONS)})')
-        files.extend(found)
+          raise InputError(f'{item}: a directory without images ({folder.IMAGE_KINDS})')
+        folder.warn_once(folder.left_out_line(item, tools, others))
+        files.extend(os.path.join(item, f) for f in found)
       elif os.path.exists(item):
         files.append(item)
       else:
@@ -107,21 +109,34 @@ def class_names(
   dataset a training workdir `checkpoint` was trained on (an image folder's
   class folders, a TFDS dataset's labels) when it opens here and has as many;
   else the shipped ImageNet-1k (1000) or ImageNet-21k (21843) names; else
-  `class_<i>`.
+  `class_<i>` (`class_names_and_why` says why).
   """
+  return class_names_and_why(num_classes, labels_file, checkpoint)[0]
+
+
+def class_names_and_why(
+  num_classes: int, labels_file: Optional[str] = None, checkpoint: Optional[str] = None
+) -> tuple:
+  """(`class_names`, '' or a line saying why the names are `class_<i>` and what to do)."""
   if labels_file:
-    return _labels_file(labels_file, num_classes)
-  names = dataset_class_names(checkpoint) if checkpoint else None
+    return _labels_file(labels_file, num_classes), ''
+  why = []
+  names = dataset_class_names(checkpoint, why) if checkpoint else None
   if names is not None and len(names) == num_classes:
-    return names
+    return names, ''
   if num_classes in LABEL_FILES:
     text = (
       importlib.resources.files('vit_jax')
       .joinpath('data', LABEL_FILES[num_classes])
       .read_text(encoding='utf-8')
     )
-    return text.splitlines()
-  return [f'class_{i}' for i in range(num_classes)]
+    return text.splitlines(), ''
+  if names is not None:
+    why.append(f'its dataset has {len(names)} classes, the head {num_classes}')
+  reason = why[0] if why else f'a {num_classes}-way head, not an ImageNet one (1000 or 21843)'
+  return [f'class_{i}' for i in range(num_classes)], (
+    f'classes named class_<i>: {reason}; pass --labels=FILE, one name per line'
+  )
 
 
 def _labels_file(path: str, num_classes: int) -> List[str]:
@@ -141,8 +156,9 @@ def _labels_file(path: str, num_classes: int) -> List[str]:
   return names
 
 
-def dataset_class_names(path: str) -> Optional[List[str]]:
-  """Class names of the dataset a workdir was trained on, if it can be opened here."""
+def dataset_class_names(path: str, why: Optional[list] = None) -> Optional[List[str]]:
+  """Class names of the dataset a workdir was trained on, if it can be opened here; else None,
+  and the reason appended to `why` (when given)."""
   from vit_jax import workdir
 
   dataset = workdir.recorded(path, 'dataset')
@@ -153,9 +169,13 @@ def dataset_class_names(path: str) -> Optional[List[str]]:
   config = pipeline.data_config()
   config.dataset = dataset
   try:
-    names = pipeline.get_info(config).class_names
-  except (pipeline.DataError, OSError):
+    names = pipeline.split_source(config, 'train').class_names
+  except (pipeline.DataError, OSError) as e:
+    if why is not None:
+      why.append(f'its dataset {dataset} does not open here ({e})')
     return None
+  if not names and why is not None:
+    why.append(f'its dataset {dataset} names no classes')
   return list(names) if names else None
 
 
@@ -193,13 +213,13 @@ def evaluate(loaded: LoadedModel, data_config, split: str, batch_sharding) -> di
   """{'top1', 'top5' (single-label), 'examples'} of `loaded` on a whole dataset split."""
   from vit_jax.data import pipeline  # TensorFlow: imported when a dataset is read
 
-  info = pipeline.get_info(data_config)
-  if loaded.model.num_classes != info.num_classes:
+  source = pipeline.split_source(data_config, split)
+  if loaded.model.num_classes != source.num_classes:
     raise InputError(
-      f"{data_config.dataset} has {info.num_classes} classes, the checkpoint's head "
+      f"{data_config.dataset} has {source.num_classes} classes, the checkpoint's head "
       f'{loaded.model.num_classes}; evaluate a checkpoint fine-tuned on it'
     )
-  model, multi_label = loaded.model, info.multi_label
+  model, multi_label = loaded.model, source.multi_label
 
   @jax.jit
   def counts_fn(params, batch):

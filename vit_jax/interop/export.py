@@ -142,12 +142,14 @@ def _class_names(source: Source, path: str, labels: Optional[str]) -> Optional[L
 
 def output_path(fmt: str, output: str) -> str:
   """Where `export` writes: a one-file format given a folder (existing, or a path ending in
-  a slash) writes `_FILE_NAMES[fmt]` inside it; a folder format refuses an existing file."""
+  a slash) writes `_FILE_NAMES[fmt]` inside it; a folder format refuses an existing file.
+  Never over a run's work (`workdir.check_output`: a WorkdirError)."""
   output = os.fspath(output)
   if fmt in _FILE_NAMES and (os.path.isdir(output) or output.endswith(('/', os.sep))):
-    return os.path.join(output, _FILE_NAMES[fmt])
+    output = os.path.join(output, _FILE_NAMES[fmt])
   if fmt not in _FILE_NAMES and os.path.isfile(output):
     raise loader.InputError(f'--output {output} is a file; --format={fmt} writes a folder')
+  workdir.check_output(output, '--output', folder=fmt not in _FILE_NAMES)
   return output
 
 

@@ -18,6 +18,7 @@ our key -> (its key, (chunk, chunks) of a fused q/k/v or k/v, or None).
 
 import importlib
 import math
+import os
 import re
 from typing import Callable, Dict, Mapping, Optional, Tuple
 
@@ -218,6 +219,14 @@ def save_safetensors(state: Mapping[str, np.ndarray], path: str, metadata: Mappi
   """Writes a .safetensors file; `format: pt` tells transformers the layout is PyTorch's."""
   safetensors_numpy = require('safetensors.numpy', 'safetensors')
   safetensors_numpy.save_file(dict(state), path, metadata={'format': 'pt', **metadata})
+  # safetensors creates its file readable by its owner alone (0600); give it the mode every
+  # other file of an export gets, that of a file `open` creates (0644 under umask 022).
+  probe = f'{path}.mode-{os.getpid()}'
+  open(probe, 'wb').close()
+  try:
+    os.chmod(path, os.stat(probe).st_mode & 0o777)
+  finally:
+    os.remove(probe)
   return path
 
 

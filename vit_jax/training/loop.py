@@ -48,7 +48,12 @@ class TrainingError(RuntimeError):
 
 
 class Stopped(TrainingError):
-  """A run stopped by SIGTERM or Ctrl-C where no checkpoint was due (`_Stop`); one line."""
+  """A run stopped by SIGTERM or Ctrl-C (`_Stop`); one line, and the exit status a shell gives
+  a process that signal ended (`exit_status`: 130 for Ctrl-C, 143 for SIGTERM)."""
+
+  def __init__(self, line: str, signum: int):
+    super().__init__(line)
+    self.exit_status = cli.signal_status(signum)
 
 
 class _StopNow(BaseException):
@@ -82,6 +87,7 @@ class _Stop:
     self.requested = None  # the signal that asked for a checkpoint and a stop
     self.stepping = False  # between this session's first and last step: worth a checkpoint
     self.now = ''  # the line of a stop at once, once a signal asked for one
+    self.signum = signal.SIGTERM  # the signal that stops the run (its exit status)
     self.lock: Optional[workdir_lib.Lock] = None  # released by a stop at once
     self._single = jax.process_count() == 1
     self._previous = {}
@@ -94,6 +100,7 @@ class _Stop:
 
   def _handle(self, signum, frame):
     del frame
+    self.signum = signum
     if self._held is not None:
       self._held.append(signum)
       if len(self._held) == 1:
@@ -124,7 +131,7 @@ class _Stop:
       self.lock.release()
     sys.stdout.flush()
     print(f'error: {line}', file=sys.stderr, flush=True)
-    os._exit(cli.EXIT_ERROR)
+    os._exit(cli.signal_status(self.signum))
 
   @contextlib.contextmanager
   def held(self):
@@ -212,6 +219,7 @@ class Losses:
   def __init__(self, last_mean: float = float('nan')):
     self._window = []
     self.last_mean = last_mean
+    self.nonfinite_in_a_row = 0  # skipped steps since the last finite one (skip_nonfinite)
 
   def add(self, loss: float) -> None:
     self._window.append(loss)
@@ -326,7 +334,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
         return finish(run, loop, first_step=first_step)
     except _StopNow as e:
       _quiet_a_write_cut_short()
-      raise Stopped(str(e)) from None
+      raise Stopped(str(e), stop.signum) from None
     finally:
       stop.restore()
       if lock is not None:
@@ -448,18 +456,19 @@ def train(run: Run, loop: Loop, periodic: list, stop: Optional[_Stop] = None) ->
       for step in range(int(loop.state.step) + 1, run.config.total_steps + 1):
         batch = next(loop.train_iter)
         if step_fn is None:
-          step_fn, loop.clock.flops = _compile(run.program.train_step, loop.state, batch)
+          with run_log.heartbeat('compiling the train step', say=run.log.info):
+            step_fn, loop.clock.flops = _compile(run.program.train_step, loop.state, batch)
           loop.progress.restart_clock(step - 1)
         loop.state, loop.metrics = step_fn(loop.state, batch)
         loop.clock.step_done(loop.metrics)
         preemption.check()
         preemption.stepping = True
         if pending is not None:
-          loop.losses.add(_check_finite(run.config, *pending))
+          loop.losses.add(_check_finite(run.config, loop.losses, *pending))
         pending = (step, loop.metrics)
         due = [hook for hook in periodic if hook.due(step, run.config.total_steps)]
         if due or preemption.pending:
-          loop.losses.add(_check_finite(run.config, *pending))
+          loop.losses.add(_check_finite(run.config, loop.losses, *pending))
           pending = None
           _run_hooks(run, loop, step, due, preemption)
   finally:
@@ -479,11 +488,12 @@ def _run_hooks(run: Run, loop: Loop, step: int, due: list, preemption) -> None:
     )
   for hook in due:
     with loop.clock.evaluation() if hook.evaluation else contextlib.nullcontext():
-      hook.fn(run, loop, step)
+      with run_log.heartbeat(f'step {step}: {hook.name}', say=run.log.info):
+        hook.fn(run, loop, step)
   if preemption.reached(step):
     hooks.save_checkpoint(run, loop, step)
     run.manager.wait_until_finished()
-    raise TrainingError(preemption.stopped_line(step))
+    raise Stopped(preemption.stopped_line(step), preemption.requested or signal.SIGTERM)
   loop.progress.restart_clock(step)
 
 
@@ -510,7 +520,8 @@ def finish(run: Run, loop: Loop, *, first_step: int) -> dict:
   """
   config, workdir, state = run.config, run.workdir, loop.state
   totals = loop.totals()
-  final = hooks.accuracy(run, state.params)
+  with run_log.heartbeat(f'step {int(state.step)}: final evaluation', say=run.log.info):
+    final = hooks.accuracy(run, state.params)
   summary = {
     'step': int(state.step),
     'train_loss': totals['train_loss'],
@@ -533,12 +544,14 @@ def finish(run: Run, loop: Loop, *, first_step: int) -> dict:
     summary.update(hooks.fewshot_probe(run, loop, summary['step']))
   run.log.scalars(summary['step'], {'test_accuracy': summary['test_accuracy']})
   _write_results(run, loop, summary)
+  skipped = summary['skipped_steps']
   run.log.info(
-    'Done: step %d, test accuracy %.4f, %.0f img/s, %.0f s; wrote %s',
+    'Done: step %d, test accuracy %.4f, %.0f img/s, %.0f s%s; wrote %s',
     summary['step'],
     summary['test_accuracy'],
     summary['img_per_sec'],
     summary['wall_time_s'],
+    f', {skipped} of {summary["step"]} steps skipped (NaN/Inf)' if skipped else '',
     workdir_lib.summary_path(workdir),
   )
   run.log.close()
@@ -560,13 +573,22 @@ def _write_results(run: Run, loop: Loop, summary: dict) -> None:
     workdir_lib.write_summary(run.workdir, summary)
 
 
-def _check_finite(config, step, metrics_) -> float:
-  """The step's loss as a float; stops the run on NaN/Inf unless skipping is on."""
+def _check_finite(config, losses: Losses, step, metrics_) -> float:
+  """The step's loss as a float; stops the run on NaN/Inf unless skipping is on, and when
+  skipping, after `max_nonfinite_in_a_row` skipped steps in a row (the run has diverged)."""
   loss = float(metrics_['loss'])
-  if not bool(metrics_['finite']) and not config.skip_nonfinite:
+  finite = bool(metrics_['finite'])
+  if not finite and not config.skip_nonfinite:
     raise TrainingError(
       f'loss or gradient is NaN/Inf at step {step}; stopped without applying it, the last '
       'checkpoint is kept. Lower --config.base_lr, check the data, or set '
       '--config.skip_nonfinite=True to skip such steps'
+    )
+  losses.nonfinite_in_a_row = 0 if finite else losses.nonfinite_in_a_row + 1
+  if losses.nonfinite_in_a_row >= config.max_nonfinite_in_a_row:
+    raise TrainingError(
+      f'steps {step - losses.nonfinite_in_a_row + 1} to {step} were all NaN/Inf and skipped: '
+      'the run has diverged; stopped, the last checkpoint is kept. Lower --config.base_lr or '
+      'check the data (--config.max_nonfinite_in_a_row sets how many in a row stop a run)'
     )
   return loss

@@ -18,6 +18,7 @@ import numpy as np
 
 from vit_jax import sharding
 from vit_jax.configs import ConfigError
+from vit_jax.configs import architectures
 from vit_jax.data import spec
 from vit_jax.models import vit
 from vit_jax.training import optim
@@ -56,6 +57,7 @@ def validate(config, num_devices: int) -> None:
       "attention='cudnn' needs a CUDA GPU and --config.dtype=bfloat16; "
       "use attention='auto', which takes cuDNN where it applies"
     )
+  _validate_resolution(config)
   if config.mesh.model > 1:
     arch = steps.model_config(config)
     try:
@@ -64,6 +66,26 @@ def validate(config, num_devices: int) -> None:
       )
     except sharding.MeshError as e:
       raise ConfigError(f'{config.model}: {e}') from None
+
+
+def _validate_resolution(config) -> None:
+  """pp.crop a multiple of the pixels one patch covers: the patch embedding (a strided conv)
+  would drop the rest at the right and bottom edges, and predict would later resize to the
+  size the position embeddings give, not to this one."""
+  if config.model not in architectures.MODEL_CONFIGS:
+    return  # said by the model's own check, with the closest names
+  arch = architectures.MODEL_CONFIGS[config.model]
+  stride = arch.patches.size[0]
+  if arch.get('resnet') is not None:  # root /4, then /2 per stage after the first
+    stride *= 4 * 2 ** max(len(arch.resnet.num_layers) - 1, 0)
+  crop = config.pp.crop
+  if crop % stride:
+    lower, upper = crop - crop % stride, crop - crop % stride + stride
+    raise ConfigError(
+      f'pp.crop={crop} is not a multiple of the {stride} px that one patch of {config.model} '
+      f'covers: the last {crop % stride} px of each row and column would be dropped; use '
+      f'--config.pp.crop={upper}' + (f' or {lower}' if lower else '')
+    )
 
 
 def _validate_batches(config, num_devices: int) -> None:

@@ -34,6 +34,7 @@ MAY_CHANGE = (
   'attention',
   'mesh',  # another device layout; checkpoints reshard on restore
   'skip_nonfinite',  # the NaN advice
+  'max_nonfinite_in_a_row',
   'pretrained_path',  # read only when a run starts
   'batch_eval',
   'prefetch',
