@@ -21,17 +21,26 @@ entries again and holds them to this record.
 """
 
 import argparse
+import contextlib
+import dataclasses
 import datetime
 import json
 import os
 import time
+from unittest import mock
 
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 
+import flax.linen as nn  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
 from vit_jax import hardware  # noqa: E402
+from vit_jax import sharding  # noqa: E402
 from vit_jax.bench import gpu_record  # noqa: E402
 from vit_jax.bench import gpus  # noqa: E402
 from vit_jax.bench.speed import Options  # noqa: E402
+from vit_jax.models import vit  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 B16_TRAIN = Options(model='ViT-B_16', mode='train', dtype='bfloat16', optimizer='adam')
@@ -40,11 +49,12 @@ B16_INFER = Options(model='ViT-B_16', mode='infer', dtype='bfloat16')
 ENTRIES = {
   'vit_b16_train': (B16_TRAIN, [256, 512]),
   'vit_b16_infer': (B16_INFER, [512, 1024]),
-  'vit_l16_train': (Options(model='ViT-L_16', mode='train', dtype='bfloat16'), [64, 128]),
+  # At batch 64 XLA merges ViT-L/16's q, k and v matmuls into one (each output under 32 MB).
+  'vit_l16_train': (Options(model='ViT-L_16', mode='train', dtype='bfloat16'), [128]),
   # ViT-B/16's block, twice: what the tests compile (a batch at which XLA keeps q, k and v
   # three matmuls, as at the full size; below 32 MB per output it merges them into one).
-  'vit_b16_depth2_train': (Options(**{**vars(B16_TRAIN), 'depth': 2}), [128]),
-  'vit_b16_depth2_infer': (Options(**{**vars(B16_INFER), 'depth': 2}), [128]),
+  'vit_b16_depth2_train': (dataclasses.replace(B16_TRAIN, depth=2), [128]),
+  'vit_b16_depth2_infer': (dataclasses.replace(B16_INFER, depth=2), [128]),
 }
 # Issue 33 item 4: each XLA option against the programs as built, ViT-B/16 at one batch.
 CANDIDATES = {
@@ -52,6 +62,71 @@ CANDIDATES = {
   'cublaslt_off': {'xla_gpu_enable_cublaslt': False},
   'latency_hiding_scheduler_off': {'xla_gpu_enable_latency_hiding_scheduler': False},
 }
+
+
+def _pad_in_every_layer(q, k, v, implementation, num_tokens=None):
+  """The attention before issue 33: an odd sequence padded in every layer (q, k and v padded,
+  the output sliced), so that cuDNN's backward pass takes it."""
+  del num_tokens
+  n = q.shape[1]
+  if implementation != 'cudnn' or n % 2 == 0:
+    return jax.nn.dot_product_attention(q, k, v, implementation=implementation)
+  q, k, v = (jnp.pad(t, ((0, 0), (0, 1), (0, 0), (0, 0))) for t in (q, k, v))
+  lengths = jnp.full((q.shape[0],), n, jnp.int32)
+  y = jax.nn.dot_product_attention(
+    q, k, v, query_seq_lengths=lengths, key_value_seq_lengths=lengths, implementation=implementation
+  )
+  return y[:, :n]
+
+
+class _ConvolutionEmbedding(nn.Module):
+  """The patch embedding before issue 33: a convolution with stride = kernel = patch."""
+
+  features: int
+  patch_size: tuple
+  dtype: object
+
+  @nn.compact
+  def __call__(self, x):
+    p = self.patch_size
+    y = nn.Conv(self.features, p, strides=p, padding='VALID', dtype=self.dtype)(x)
+    return y.reshape(y.shape[0], -1, self.features)
+
+
+# Each of issue 33's changes undone on its own: (module, attribute, what replaces it).
+ABLATIONS = {
+  '1_pad_in_every_layer': [
+    (vit, 'pads_sequence', lambda *args, **kwargs: False),
+    (vit, 'fused_attention', _pad_in_every_layer),
+  ],
+  '2_patch_embedding_as_convolution': [(vit, 'PatchEmbedding', _ConvolutionEmbedding)],
+  '3_float32_parameters_in_the_program': [(vit, 'compute_params', lambda params, dtype: params)],
+  '5_qkv_as_one_einsum': [(sharding, 'splits_model', lambda: True)],
+  '5_layout_left_to_xla': [(sharding, 'batch_outermost', lambda x: x)],
+  '5_gelu_keeps_its_tanh': [(vit, 'gelu', nn.gelu)],
+}
+ABLATIONS['all_undone'] = [change for changes in ABLATIONS.values() for change in changes]
+
+
+def record_ablations(gpu: str, device) -> dict:
+  """Kernels and bytes written per block of ViT-B/16 (training at batch 512, inference at
+  1024) with each change of issue 33 undone, beside the programs as built."""
+  out = {**_header(gpu), 'results': {}}
+  for opts, batch in ((B16_TRAIN, 512), (B16_INFER, 1024)):
+    opts = dataclasses.replace(opts, batch=batch)
+    for name, changes in {'as_built': [], **ABLATIONS}.items():
+      with contextlib.ExitStack() as stack:
+        for module, attribute, value in changes:
+          stack.enter_context(mock.patch.object(module, attribute, value))
+        row = gpu_record.step_kernels(dataclasses.replace(opts, depth=2), device)
+      keep = ('kernels_per_block', 'bytes_written_per_block', 'kernels', 'bytes_written', 'pads',
+              'convolutions', 'parameter_casts')  # fmt: skip
+      out['results'].setdefault(f'{opts.mode} b{batch}', {})[name] = {
+        **{key: row[key] for key in keep},
+        'per_block_by_name': row['per_block_by_name'],
+      }
+      print(opts.mode, name, row['kernels_per_block'], row['bytes_written_per_block'], flush=True)
+  return out
 
 
 def _versions() -> dict:
@@ -75,11 +150,14 @@ def record_entry(name: str, gpu: str, device) -> dict:
   rows = []
   for batch in batches:
     start = time.perf_counter()
-    row = {'batch': batch, **gpu_record.step_kernels(Options(**{**vars(opts), 'batch': batch}), device)}
+    row = {
+      'batch': batch,
+      **gpu_record.step_kernels(dataclasses.replace(opts, batch=batch), device),
+    }
     row['compile_seconds'] = round(time.perf_counter() - start, 1)
     print(name, batch, row['kernels'], row['kernels_per_block'], flush=True)
     rows.append(row)
-  return {**_header(gpu), 'entry': name, 'options': vars(opts), 'batches': rows}
+  return {**_header(gpu), 'entry': name, 'options': dataclasses.asdict(opts), 'batches': rows}
 
 
 def record_candidates(gpu: str, device) -> dict:
@@ -87,7 +165,7 @@ def record_candidates(gpu: str, device) -> dict:
   candidate option, beside the programs as built."""
   out = {**_header(gpu), 'candidates': CANDIDATES, 'results': {}}
   for opts, batch in ((B16_TRAIN, 512), (B16_INFER, 1024)):
-    opts = Options(**{**vars(opts), 'batch': batch})
+    opts = dataclasses.replace(opts, batch=batch)
     for name, options in {'as_built': {}, **CANDIDATES}.items():
       try:
         row = gpu_record.step_kernels(opts, device, options)
@@ -101,14 +179,18 @@ def record_candidates(gpu: str, device) -> dict:
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--gpu', default='h100-1')
-  parser.add_argument('--only', help=f'comma-separated: {", ".join([*ENTRIES, "options"])}')
+  parser.add_argument(
+    '--only', help=f'comma-separated: {", ".join([*ENTRIES, "options", "ablations"])}'
+  )
   args = parser.parse_args()
-  names = args.only.split(',') if args.only else [*ENTRIES, 'options']
+  names = args.only.split(',') if args.only else [*ENTRIES, 'options', 'ablations']
   device = gpus.describe(args.gpu).devices[0]
   os.makedirs(os.path.join(ROOT, 'benchmarks', 'gpu_hlo'), exist_ok=True)
   for name in names:
     if name == 'options':
       record = record_candidates(args.gpu, device)
+    elif name == 'ablations':
+      record = record_ablations(args.gpu, device)
     else:
       record = record_entry(name, args.gpu, device)
     path = os.path.join(ROOT, 'benchmarks', 'gpu_hlo', f'{name}_{args.gpu}.json')

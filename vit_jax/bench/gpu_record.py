@@ -6,6 +6,10 @@ The GPU compiler reports memory (`memory_analysis`) but no FLOPs and no time
 the card's dense peak, or the collectives' bytes at NVLink and InfiniBand
 bandwidth, whichever is longer. Nothing here is a measurement.
 
+What the program launches is read from it too (`kernel_counts`, per encoder
+block `step_kernels`; benchmarks/gpu_hlo.py records them for issue 33): its
+kernels, the bytes they write, pads, convolutions, parameter casts.
+
 Collectives are read from the compiled program and placed on the links they
 use: a replica group within one box moves over NVLink; one spanning boxes
 crosses InfiniBand (NCCL's network transport). The traffic per GPU assumes the
@@ -151,17 +155,19 @@ def analyse(c: aot.Compiled) -> dict:
 
 def kernel_counts(text: str) -> dict:
   """What a compiled GPU program launches per call (issue 33): its kernels by name
-  (`hlo.kernels`), the convolutions (XLA's or cuDNN's), the `pad`s inside any kernel, the
+  (`hlo.kernels`) and the bytes they write, the convolutions (XLA's or cuDNN's), the `pad`s
+  inside any kernel by shape (`hlo.pads`), the
   arguments cast to a narrower float type in the program (`hlo.parameter_converts`; the
   parameters among them are named `...params[...]`), and cuBLASLt's fused epilogues."""
   kernels, ops = hlo.kernels(text), hlo.op_counts(text)
   casts = hlo.parameter_converts(text)
   return {
     'kernels': sum(kernels.values()),
+    'bytes_written': hlo.kernel_bytes(text),
     'by_name': dict(sorted(kernels.items())),
     'convolutions': ops.get('convolution', 0)
     + sum(n for name, n in kernels.items() if name.startswith('__cudnn$conv')),
-    'pads': ops.get('pad', 0),
+    'pads': hlo.pads(text),
     'parameter_casts': sum(n for name, n in casts.items() if 'params[' in name),
     'other_argument_casts': sorted(name for name in casts if 'params[' not in name),
     'cublaslt_epilogues': {
@@ -197,6 +203,7 @@ def step_kernels(opts, device, options=None) -> dict:
     'depth': depth,
     **counts,
     'kernels_per_block': (counts['kernels'] - first['kernels']) / blocks,
+    'bytes_written_per_block': (counts['bytes_written'] - first['bytes_written']) / blocks,
     'per_block_by_name': {n: v / blocks for n, v in per_block.items() if v},
     'memory_estimate_bytes': memory.estimate_bytes(whole),
   }

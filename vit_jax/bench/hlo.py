@@ -441,16 +441,33 @@ def kernel_name(name: str, op: str, line: str) -> str:
   return op
 
 
+def _kernel_rows(text: str):
+  """(kernel name, launches per call, bytes it writes per launch) of every kernel-level
+  instruction (`kernel_name`); a library call's workspace is not counted as written."""
+  computations = _computations(text)
+  for computation, times in _kernel_computations(computations).items():
+    for name, (op, result, _, line) in _parsed(computations.get(computation, ())).items():
+      if op in _NO_KERNEL or op.endswith('-done'):
+        continue
+      if op == 'custom-call':  # (outputs..., s8[workspace]): the scratch space is not output
+        result = re.sub(r',\s*s8\[\d+\]\{0\}\s*\)$', ')', result)
+      yield kernel_name(name, op, line), times, array_bytes(result)
+
+
 def kernels(text: str) -> dict:
   """{kernel name (`kernel_name`): launches per call} of a compiled GPU program: its fusions,
   library calls (cuBLAS, cuDNN) and unfused ops, loops counted by their trip counts."""
-  computations = _computations(text)
   out = collections.Counter()
-  for computation, times in _kernel_computations(computations).items():
-    for name, (op, _, _, line) in _parsed(computations.get(computation, ())).items():
-      if op not in _NO_KERNEL and not op.endswith('-done'):
-        out[kernel_name(name, op, line)] += times
+  for name, times, _ in _kernel_rows(text):
+    out[name] += times
   return dict(out)
+
+
+def kernel_bytes(text: str) -> int:
+  """Bytes that a compiled GPU program's kernels write per call: the size of every kernel's
+  outputs, a proxy for the memory traffic of the elementwise and copy kernels between the
+  matmuls (what a transpose, a pad or an unfused bias add costs)."""
+  return sum(times * size for _, times, size in _kernel_rows(text))
 
 
 def op_counts(text: str) -> dict:
@@ -463,6 +480,21 @@ def op_counts(text: str) -> dict:
       continue
     for op, *_ in _parsed(lines).values():
       out[op] += counts[name]
+  return dict(out)
+
+
+def pads(text: str) -> dict:
+  """{'<result type> <padding>': runs per call} of the program's `pad`s, inside fusions too
+  (`bf16[512,198,768] 0_0x0_1x0_0`: one token appended to 197)."""
+  counts = multiplicities(text)
+  out = collections.Counter()
+  for name, lines in _computations(text).items():
+    if name is None or not counts.get(name):
+      continue
+    for op, result, _, line in _parsed(lines).values():
+      padding = re.search(r'padding=([\d_x\-]+)', line)
+      if op == 'pad' and padding:
+        out[f'{re.sub(r"[{][^}]*[}]", "", result)} {padding.group(1)}'] += counts[name]
   return dict(out)
 
 
