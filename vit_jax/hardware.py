@@ -1,4 +1,4 @@
-"""The machine: peak arithmetic rates (for MFU), out-of-memory errors, versions.
+"""The machine: peak rates (for MFU), XLA options for GPUs, out-of-memory errors, versions.
 
 MFU divides by a peak that does not move with the machine's load, so it
 stays at most 1: for accelerators the vendor's dense bf16 figure (spec sheet);

@@ -5,7 +5,9 @@ Module names are the parameter names of the public `.npz` checkpoints
 `LayerNorm_0`, `MultiHeadDotProductAttention_1`, `LayerNorm_2`, `MlpBlock_3`,
 `encoder_norm`, `pre_logits`, `head`), so the parameter tree is the file format.
 
-Every layer computes in `dtype` (e.g. bfloat16) and keeps float32 parameters.
+Every layer computes in `dtype` (e.g. bfloat16) and keeps float32 parameters;
+`compute_params` casts them to `dtype` once (per training step, or for good
+for inference) instead of in every layer on every call.
 For analysis, call `apply(..., mutable=['intermediates'])`: each encoder block
 then sows its attention weights (`attention_weights`, [B, heads, N, N]) and its
 output tokens (`tokens`, [B, N, D]). Without that collection nothing extra is
@@ -48,7 +50,7 @@ CLASSIFIERS = ('token', 'gap', 'map', 'unpooled', 'token_unpooled')
 # `jax.nn.dot_product_attention`. 'auto' takes cuDNN's fused (flash) attention
 # where it applies (CUDA GPUs of compute capability >= 8.0, half precision,
 # head_dim a multiple of 8 up to 128) on the device the program is traced for
-# (`target_device`; odd token counts padded, `fused_attention`) and 'explicit'
+# (`target_device`; an odd token count padded once, `pads_sequence`) and 'explicit'
 # elsewhere; on CPU the attention itself runs 3x faster than with 'xla'
 # (docs/speed_and_scale.md).
 ATTENTION = ('auto', 'xla', 'cudnn', 'explicit')
