@@ -11,7 +11,8 @@ inference against timm, each with the kernels that took the most device time
 (`--profile`) and the step's memory as the GPU compiler predicted it on a CPU
 (benchmarks/gpu_hlo) beside the peak measured on the card; (3, 4) the XLA
 options of issue 33 item 4 A/B, ours alone: each candidate against the
-programs as built (`hardware.GPU_COMPILER_OPTIONS`), run after run; (5) the whole loop (`python -m vit_jax.main` on the
+programs as built (`hardware.GPU_COMPILER_OPTIONS`), run after run; (5) the
+whole loop (`python -m vit_jax.main` on the
 digits in memory and on a JPEG folder read by the host's cores, against the
 bare step and the host input pipeline alone; no TensorFlow needed), then ViT-L/16 and ViT-H/14
 at 224 px and the fine-tuning resolutions, with their largest batch. Each
