@@ -103,7 +103,6 @@ ABLATIONS = {
   '3_float32_parameters_in_the_program': [(vit, 'compute_params', lambda params, dtype: params)],
   '5_qkv_as_one_einsum': [(sharding, 'splits_model', lambda: True)],
   '5_layout_left_to_xla': [(sharding, 'batch_outermost', lambda x: x)],
-  '5_gelu_keeps_its_tanh': [(vit, 'gelu', nn.gelu)],
 }
 ABLATIONS['all_undone'] = [change for changes in ABLATIONS.values() for change in changes]
 

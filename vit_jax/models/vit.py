@@ -317,19 +317,6 @@ class MultiHeadDotProductAttention(nn.Module):
     return jnp.einsum('bhnk,hkd->bnd', y, out_kernel) + out_bias
 
 
-@jax.checkpoint
-def gelu(x):
-  """Flax's GELU (tanh approximation), recomputed from its input in the backward pass.
-
-  Its input is then all that the backward pass keeps, which cuBLASLt's
-  BIAS_GELU_AUX epilogue writes beside the GELU, so on a GPU the GELU runs inside
-  the matmul in training too. With the tanh kept for the backward pass instead,
-  the GELU was a kernel of its own (issue 33: 5.0% of ViT-B/16 training on an
-  H100, 1.2 GB written per block at batch 512).
-  """
-  return nn.gelu(x)
-
-
 class MlpBlock(nn.Module):
   """Transformer MLP: Dense, GELU (tanh approximation, as the original), Dense."""
 
@@ -346,7 +333,7 @@ class MlpBlock(nn.Module):
       bias_init=nn.initializers.normal(stddev=1e-6),
       name=name,
     )
-    y = gelu(dense(self.mlp_dim, 'Dense_0')(x))
+    y = nn.gelu(dense(self.mlp_dim, 'Dense_0')(x))
     y = sharding.constrain(y, ('batch', None, 'model'))
     y = nn.Dropout(self.dropout_rate)(y, deterministic=deterministic)
     y = dense(x.shape[-1], 'Dense_1')(y)
