@@ -7,11 +7,15 @@ r"""The whole GPU measurement of one device lease, in priority order, a record a
 A lease is rare and short (15 minutes of device time a session, 10 a command),
 so this script runs what matters most first and writes each record as soon as
 it exists: (1) ViT-B/16 bf16 training against timm, (2) ViT-B/16 bf16
-inference against timm, (3) the whole loop (`python -m vit_jax.main` for 160
-steps on the digits in memory, on a JPEG folder read by the host's cores and
-on TFRecord shards of it, each against the bare step, steady state and whole
-run; the host input pipeline alone by threads and processes; no TensorFlow
-needed), then ViT-L/16 and ViT-H/14
+inference against timm, each with the kernels that took the most device time
+(`--profile`) and the step's memory as the GPU compiler predicted it on a CPU
+(benchmarks/gpu_hlo) beside the peak measured on the card; (3, 4) the XLA
+options of issue 33 item 4 A/B, ours alone: each candidate against the
+programs as built (`hardware.GPU_COMPILER_OPTIONS`), run after run; (5) the
+whole loop (`python -m vit_jax.main` for 160 steps on the digits in memory, on
+a JPEG folder read by the host's cores and on TFRecord shards of it, each
+against the bare step, steady state and whole run; the host input pipeline
+alone by threads and processes; no TensorFlow needed), then ViT-L/16 and ViT-H/14
 at 224 px and the fine-tuning resolutions, with their largest batch. Each
 item is `python -m vit_jax.benchmark` (timm in the same process, interleaved,
 the same warm-up and timed steps) at each of its batches, so each side's best
@@ -29,6 +33,7 @@ import os
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 from typing import NamedTuple, Optional
 
@@ -43,17 +48,33 @@ class Item(NamedTuple):
   flags: Optional[list]  # benchmark flags; None: the whole loop (run_loop)
   batches: list
   needs_timm: bool
-  seconds: float  # per run (per batch), process start and compiles included
+  seconds: float  # per run (per batch and variant), process start and compiles included
+  variants: Optional[dict] = None  # name: extra flags, each run at every batch (A/B)
+  profile: bool = False  # --profile: the kernels that took the most device time, in the record
+
+
+# Issue 33 item 4: XLA options not yet timed on a GPU, each against the programs as built.
+XLA_OPTIONS = {
+  'as_built': [],
+  'triton_gemm_on': ['--xla_flags=--xla_gpu_enable_triton_gemm=true'],
+  'command_buffers_off': ['--xla_flags=--xla_gpu_enable_command_buffer='],
+}
 
 
 # Seconds per run: the H200 lease of 2026-11-26 (benchmarks/gpu_measured/h200_20261126:
 # 82-92 s with timm's training, 41-44 s with its inference, about 52 s for ours alone at
-# ViT-B/16); the loop: its H100 phases of 2026-11-26 (../shared/measured/h100_20261126: bare
-# step 46 s, a 40-step run 52-89 s, 4,096 photos 22 s) at 160 steps and three sources, a guess;
-# the larger models and the search are guesses.
+# ViT-B/16), 5 s more where --profile traces 3 more steps (a guess); the loop: its H100
+# phases of 2026-11-26 (../shared/measured/h100_20261126: bare step 46 s, a 40-step run
+# 52-89 s, 4,096 photos 22 s) at 160 steps and three sources, a guess; the larger models
+# and the search are guesses.
+# The B/16 batches are those benchmarks/gpu_hlo.py compiles (the predicted memory). Each
+# side's best batch was among them on the H200 (ours 512 training, 1024 inference; timm 512
+# both); training at 128 and inference at 256 were slower for both and are left out.
 ITEMS = [
-  Item('b16_train_vs_timm', [*B16_TRAIN, '--compare=timm'], [128, 256, 512], True, 90),
-  Item('b16_infer_vs_timm', [*B16_INFER, '--compare=timm'], [256, 512, 1024], True, 45),
+  Item('b16_train_vs_timm', [*B16_TRAIN, '--compare=timm'], [256, 512], True, 95, profile=True),
+  Item('b16_infer_vs_timm', [*B16_INFER, '--compare=timm'], [512, 1024], True, 50, profile=True),
+  Item('b16_train_xla_options', B16_TRAIN, [512], False, 55, XLA_OPTIONS),
+  Item('b16_infer_xla_options', B16_INFER, [1024], False, 45, XLA_OPTIONS),
   Item('loop', None, [], False, 420),
   Item('l16_train', ['--model=ViT-L_16', '--mode=train', '--dtype=bfloat16'], [64, 128], False, 70),
   Item('h14_train', ['--model=ViT-H_14', '--mode=train', '--dtype=bfloat16'], [32, 64], False, 90),
@@ -267,6 +288,45 @@ def _measure_loop(record, c, work, out, smoke, phase):
   )
 
 
+GPU_HLO = os.path.join(ROOT, 'benchmarks', 'gpu_hlo')
+
+
+def predicted_memory(flags, batch) -> Optional[int]:
+  """The compiler's estimate of a ViT-B/16 step's memory, compiled for an H100 on a CPU
+  (benchmarks/gpu_hlo, the same step and batch), or None where it has no record."""
+  if '--model=ViT-B_16' not in flags or batch is None:
+    return None
+  mode = 'train' if '--mode=train' in flags else 'infer'
+  try:
+    record = _read_json(os.path.join(GPU_HLO, f'vit_b16_{mode}_h100-1.json'))
+  except OSError:
+    return None
+  rows = [row for row in record['batches'] if row['batch'] == batch]
+  return rows[0]['memory_estimate_bytes'] if rows else None
+
+
+def _entry(record, flags, batch) -> dict:
+  """What a run's record says: img/s of each side, the profile's top kernels, and the memory
+  measured on the card beside the compiler's estimates (here and on the card)."""
+  entry = {}
+  for side in ('vit_jax', 'timm'):
+    if side in record:
+      entry[f'{side}_img_per_sec'] = record[side]['img_per_sec']
+  if 'max_batch' in record:
+    entry['max_batch'] = record['max_batch']
+  if 'profile' in record:
+    entry['top_kernels'] = [(k['name'], k['share']) for k in record['profile'].get('top', [])[:10]]
+  ours, predicted = record.get('vit_jax', {}), predicted_memory(flags, batch)
+  if predicted and ours.get('memory_source', '').startswith('device peak'):
+    entry['memory'] = {
+      'measured_peak_bytes': ours['memory_bytes'],
+      'predicted_bytes': predicted,  # compiled for an H100 on a CPU, no autotuning
+      'estimate_on_the_card_bytes': ours['memory_estimate_bytes'],
+      'predicted_over_measured': round(predicted / ours['memory_bytes'], 4),
+    }
+  return entry
+
+
 def run_item(item: Item, out, smoke) -> dict:
   if item.flags is None:
     return run_loop(out, smoke)
@@ -275,20 +335,22 @@ def run_item(item: Item, out, smoke) -> dict:
     flags = [f for f in flags if f != '--compare=timm']
   results = []
   for batch in item.batches:
-    path = os.path.join(out, f'{item.name}_b{batch}.json' if batch else f'{item.name}.json')
-    start = time.perf_counter()
-    result = _benchmark(flags, batch, path, smoke)
-    entry = {'batch': batch, 'seconds': round(time.perf_counter() - start, 1), 'record': path}
-    if result.returncode:
-      entry['error'] = _error(result)
-    else:
-      record = _read_json(path)
-      for side in ('vit_jax', 'timm'):
-        if side in record:
-          entry[f'{side}_img_per_sec'] = record[side]['img_per_sec']
-      if 'max_batch' in record:
-        entry['max_batch'] = record['max_batch']
-    results.append(entry)
+    for variant, extra in (item.variants or {'': []}).items():
+      name = '_'.join(
+        [item.name, *([f'b{batch}'] if batch else []), *([variant] if variant else [])]
+      )
+      path = os.path.join(out, f'{name}.json')
+      profile = ['--profile=' + os.path.join(tempfile.gettempdir(), name)] if item.profile else []
+      start = time.perf_counter()
+      result = _benchmark([*flags, *extra, *profile], batch, path, smoke)
+      entry = {'batch': batch, 'seconds': round(time.perf_counter() - start, 1), 'record': path}
+      if variant:
+        entry['variant'] = variant
+      if result.returncode:
+        entry['error'] = _error(result)
+      else:
+        entry.update(_entry(_read_json(path), flags, batch))
+      results.append(entry)
   return {'item': item.name, 'runs': results}
 
 
@@ -317,7 +379,8 @@ def main(argv=None):
   for item in ITEMS:
     if only and item.name not in only:
       continue
-    if time.perf_counter() - start + item.seconds * max(1, len(item.batches)) > args.budget_s:
+    runs = max(1, len(item.batches)) * len(item.variants or [None])
+    if time.perf_counter() - start + item.seconds * runs > args.budget_s:
       skipped.append(item.name)
       continue
     done.append(run_item(item, args.out, args.smoke))

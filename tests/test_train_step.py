@@ -349,3 +349,35 @@ def test_every_pixel_value_normalises_as_on_the_host():
   assert on_device.normalise(floats) is floats  # already the model's input
   with pytest.raises(TypeError, match='uint8 pixels or floats'):
     on_device.normalise(np.zeros(3, np.int32))
+
+
+@pytest.mark.equivalence
+def test_parameters_cast_once_per_step_train_as_the_layers_casting_them():
+  """bf16 training casts the float32 parameters to bf16 once, at the top of the loss
+  (`vit.compute_params`, issue 33), instead of in every layer: the layers compute with the
+  very same bf16 values, so loss and gradients equal those of the model applied to the
+  float32 parameters (normwise within 1e-6: the same operations, fused differently), the
+  gradients come back float32, and both stay within bf16's 5% of float32 training."""
+  config = small_config(dtype='bfloat16', dropout_rate=0.0, attention_dropout_rate=0.0)
+  task = steps.make_task(config, 5, multi_label=False)
+  f32_task = steps.make_task(small_config(dropout_rate=0.0, attention_dropout_rate=0.0), 5, False)
+  params = jax.tree.map(
+    lambda x: x + 0.05 * jnp.sin(jnp.arange(x.size, dtype=jnp.float32)).reshape(x.shape),
+    init_state(task, optax.sgd(0.1), ema=False).params,
+  )  # every leaf non-zero, the head too
+  data, rng = batch(), jax.random.PRNGKey(1)
+
+  def per_layer_casts(p, b, r, train):  # the bf16 model given the float32 parameters
+    logits = task.model.apply({'params': p}, b['image'], train=train, rngs={'dropout': r})
+    return steps.cross_entropy(logits, b['label'], loss='softmax')
+
+  def grad(loss_fn):
+    return jax.jit(jax.value_and_grad(functools.partial(loss_fn, train=True)))(params, data, rng)
+
+  (loss, grads), (loss_layers, grads_layers) = grad(task.loss_fn), grad(per_layer_casts)
+  (loss_f32, grads_f32) = grad(f32_task.loss_fn)
+  assert {x.dtype for x in jax.tree.leaves(grads)} == {jnp.dtype('float32')}
+  assert_close(abs(loss - loss_layers) / loss_layers, 1e-6, 'loss against per-layer casts')
+  assert_trees_close(grads, grads_layers, 1e-6, 'gradients against per-layer casts')
+  assert_close(abs(loss - loss_f32) / loss_f32, 0.05, 'bf16 loss against float32')
+  assert_trees_close(grads, grads_f32, 0.05, 'bf16 gradients against float32')

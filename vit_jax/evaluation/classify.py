@@ -14,6 +14,7 @@ from typing import List, Optional, Sequence
 import jax
 import numpy as np
 
+from vit_jax import hardware
 from vit_jax import sharding
 from vit_jax.data import on_device
 from vit_jax.evaluation import metrics
@@ -189,7 +190,10 @@ def predict(loaded: LoadedModel, files: Sequence[str], k: int = 5, *, unreadable
   appended there as (path, reason) instead and left out of the results.
   """
   model = loaded.model
-  apply = jax.jit(lambda p, x: model.apply({'params': p}, on_device.normalise(x), train=False))
+  apply = jax.jit(
+    lambda p, x: model.apply({'params': p}, on_device.normalise(x), train=False),
+    compiler_options=hardware.compiler_options(jax.devices()),
+  )
   indices, probs = [], []
   for start in range(0, len(files), _PREDICT_BATCH):
     images = []
@@ -221,10 +225,12 @@ def evaluate(loaded: LoadedModel, data_config, split: str, batch_sharding) -> di
     )
   model, multi_label = loaded.model, source.multi_label
 
-  @jax.jit
   def counts_fn(params, batch):
     logits = model.apply({'params': params}, on_device.normalise(batch['image']), train=False)
     return metrics.classification_counts(logits, batch['label'], batch['mask'], multi_label)
+
+  options = hardware.compiler_options(batch_sharding.mesh.devices.flat)
+  counts_fn = jax.jit(counts_fn, compiler_options=options)
 
   params = jax.device_put(loaded.params, sharding.replicated(batch_sharding.mesh))
   batches = pipeline.make_eval_iterator(data_config, batch_sharding, split=split, raw=True)

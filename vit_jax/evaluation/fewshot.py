@@ -26,10 +26,13 @@ the data pipeline only has to supply an iterable of batches for
 from typing import Iterable, Mapping, NamedTuple, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from vit_jax import files
+from vit_jax import hardware
 from vit_jax.data import on_device
+from vit_jax.models import vit
 
 DEFAULT_SHOTS = (1, 5, 10, 25)
 DEFAULT_SEEDS = (0, 1, 2)
@@ -249,13 +252,12 @@ def representation_fn(model):
   """
   feature_model = model.clone(num_classes=None)
 
-  @jax.jit
   def fn(params, images):
     # The head, and the masked-patch-prediction parts of an MPP model, are unused.
     params = {k: v for k, v in params.items() if k not in ('head', 'mask_token', 'mpp_head')}
     return feature_model.apply({'params': params}, on_device.normalise(images), train=False)
 
-  return fn
+  return jax.jit(fn, compiler_options=hardware.compiler_options(jax.devices()))
 
 
 def _host(x) -> np.ndarray:
@@ -284,6 +286,8 @@ def extract_features(model, params, batches: Iterable[Mapping], *, features_fn=N
     (features [N, D] float32, labels [N] int64) as numpy arrays, padding dropped.
   """
   features_fn = features_fn or representation_fn(model)
+  # Cast once for every batch, not in every layer of every call (vit.compute_params).
+  params = jax.jit(vit.compute_params, static_argnums=1)(params, jnp.dtype(model.dtype))
   features, labels = [], []
   for batch in batches:
     out = _host(features_fn(params, batch['image']))

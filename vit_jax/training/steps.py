@@ -16,12 +16,14 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from vit_jax import hardware
 from vit_jax import models
 from vit_jax import sharding
 from vit_jax.configs import architectures
 from vit_jax.data import on_device
 from vit_jax.evaluation import metrics
 from vit_jax.models import mpp
+from vit_jax.models import vit
 
 TASKS = ('classification', 'mpp')  # supervised, or masked patch prediction (paper B.1.2)
 LOSSES = ('softmax', 'sigmoid')  # sigmoid for multi-label data such as JFT (paper B.1)
@@ -78,18 +80,25 @@ class Task(NamedTuple):
 
 
 def make_task(config, num_classes: int, multi_label: bool) -> Task:
-  """The task named by `config.task`: 'classification' or 'mpp'."""
+  """The task named by `config.task`: 'classification' or 'mpp'.
+
+  Its loss and evaluation take the float32 parameters and cast them to the
+  compute dtype once, at the top (`vit.compute_params`): gradients flow back
+  through that cast to float32, and no layer casts on every call.
+  """
+  compute = lambda params: vit.compute_params(params, config.dtype)  # noqa: E731
   if config.task == 'classification':
     model = make_model(config, num_classes)
 
     def loss_fn(params, batch, rng, train):
-      logits = model.apply({'params': params}, batch['image'], train=train, rngs={'dropout': rng})
+      variables = {'params': compute(params)}
+      logits = model.apply(variables, batch['image'], train=train, rngs={'dropout': rng})
       return cross_entropy(
         logits, batch['label'], loss=config.loss, label_smoothing=config.label_smoothing
       )
 
     def eval_fn(params, batch):
-      logits = model.apply({'params': params}, batch['image'], train=False)
+      logits = model.apply({'params': compute(params)}, batch['image'], train=False)
       return metrics.classification_counts(logits, batch['label'], batch['mask'], multi_label)
 
   elif config.task == 'mpp':
@@ -103,13 +112,14 @@ def make_task(config, num_classes: int, multi_label: bool) -> Task:
     )
 
     def loss_fn(params, batch, rng, train):
-      return mpp.loss_fn(params, batch['image'], rng, model=model, train=train)[0]
+      return mpp.loss_fn(compute(params), batch['image'], rng, model=model, train=train)[0]
 
     def eval_fn(params, batch):
       # A fixed corruption pattern, so evaluations of one run are comparable.
       targets = mpp.colour_targets(batch['image'], tuple(model.patches['size']))
       corruption = mpp.sample_corruption(jax.random.PRNGKey(0), *targets.shape)
-      logits = model.apply({'params': params}, batch['image'], corruption, train=False)
+      variables = {'params': compute(params)}
+      logits = model.apply(variables, batch['image'], corruption, train=False)
       counted = corruption.corrupted * batch['mask'][:, None]
       correct = (jnp.argmax(logits, axis=-1) == targets) * counted
       return {'correct': jnp.sum(correct), 'count': jnp.sum(counted)}
@@ -232,6 +242,7 @@ def jit_train_step(*, task, tx, schedule, config, state_shardings, batch_shardin
     in_shardings=(state_shardings, batch_sharding),
     out_shardings=(state_shardings, metric_sharding),
     donate_argnums=0,
+    compiler_options=hardware.compiler_options(batch_sharding.mesh.devices.flat),
   )
 
 
@@ -240,6 +251,7 @@ def jit_eval_step(*, task, params_shardings, batch_sharding):
     lambda params, batch: task.eval_fn(params, task.prepare(batch)),
     in_shardings=(params_shardings, batch_sharding),
     out_shardings=sharding.replicated(batch_sharding.mesh),
+    compiler_options=hardware.compiler_options(batch_sharding.mesh.devices.flat),
   )
 
 
@@ -265,4 +277,6 @@ def make_update_fn(*, apply_fn, accum_steps, tx):
     updates, opt_state = tx.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, loss, rng
 
-  return jax.jit(update_fn, donate_argnums=0)
+  return jax.jit(
+    update_fn, donate_argnums=0, compiler_options=hardware.compiler_options(jax.devices())
+  )
