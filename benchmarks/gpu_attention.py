@@ -5,7 +5,7 @@ r"""How ViT's training step compiles on a GPU with each attention: the evidence 
 Compiles the gradient of a ViT's loss (bfloat16, training mode, one GPU) with
 the GPU compiler for each attention implementation, at 224 px (197 tokens)
 and 384 px (577): cuDNN as JAX offers it, cuDNN with the odd sequence padded
-by one masked token (what `attention='auto'` does, `models.vit.fused_attention`),
+by one masked token (what `attention='auto'` does, `models.vit.pads_sequence`),
 JAX's XLA implementation, and ours written out ('explicit'). Records whether
 it compiles (or JAX's refusal), the temporaries the compiler allots and the
 library kernels in the program, in `benchmarks/gpu/attention_<model>_<gpu>.json`.
@@ -15,7 +15,6 @@ measurements of speed or of memory on the card.
 
 import argparse
 import datetime
-import functools
 import json
 import os
 import time
@@ -31,7 +30,6 @@ from vit_jax import models  # noqa: E402
 from vit_jax.bench import gpus  # noqa: E402
 from vit_jax.bench import hlo  # noqa: E402
 from vit_jax.configs import architectures  # noqa: E402
-from vit_jax.models import vit  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # (name, implementation, pad odd sequences)
@@ -48,10 +46,8 @@ def compile_gradient(model_name, implementation, pad, size, batch, devices) -> d
   mesh = jax.sharding.Mesh(np.array(devices[:1]), ('batch',))
   arch = architectures.MODEL_CONFIGS[model_name]
   model = models.VisionTransformer(
-    num_classes=1000, dtype=jnp.bfloat16, attention=implementation, **arch
+    num_classes=1000, dtype=jnp.bfloat16, attention=implementation, pad_odd=pad, **arch
   )
-  attend = vit.fused_attention
-  vit.fused_attention = functools.partial(attend, pad_odd=pad)
   try:
     with jax.set_mesh(mesh):
       images = jax.ShapeDtypeStruct((batch, size, size, 3), jnp.float32)
@@ -68,8 +64,6 @@ def compile_gradient(model_name, implementation, pad, size, batch, devices) -> d
       compiled = lowered.compile(compiler_options=gpus.COMPILER_OPTIONS)
   except NotImplementedError as e:  # JAX's own check, at trace time
     return {'compiles': False, 'error': str(e).splitlines()[0]}
-  finally:
-    vit.fused_attention = attend
   memory = compiled.memory_analysis()
   return {
     'compiles': True,

@@ -10,12 +10,14 @@ the CUDA plugin leaves this session's CPU backend as it is.
 import functools
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 import textwrap
 import types
 
 from conftest import ROOT
+from conftest import assert_trees_close
 from conftest import child_json
 from conftest import subprocess_env
 import jax
@@ -23,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from vit_jax import hardware
 from vit_jax.bench import gpu_record
 from vit_jax.bench import gpus
 from vit_jax.bench import hlo
@@ -142,23 +145,43 @@ def test_launch_scripts_give_jax_the_memory_the_compile_command_checks_against()
   assert float(common.GPU_ENV['XLA_PYTHON_CLIENT_MEM_FRACTION']) == gpus.MEMORY_FRACTION
 
 
+@pytest.mark.equivalence
 def test_padded_attention_matches_the_unpadded_one():
-  """cuDNN's path pads 197 tokens to 198 under a padding mask; run with 'xla' it must not change
-  the values or the gradients."""
+  """cuDNN's path takes 197 tokens padded to 198 (once, by the encoder) and masks the padding
+  (`num_tokens`); run with 'xla' that must not change the real tokens' values or gradients:
+  the masked key adds exp(-inf) = 0 to each softmax sum, so they are the same float32 sums in
+  another order, normwise within 1e-5."""
   rng = np.random.default_rng(0)
   q, k, v = (jnp.asarray(rng.normal(size=(2, 197, 3, 16)), jnp.float32) for _ in range(3))
   cot = jnp.asarray(rng.normal(size=(2, 197, 3, 16)), jnp.float32)
+  pad = lambda t: jnp.pad(t, ((0, 0), (0, 1), (0, 0), (0, 0)))  # noqa: E731
 
   @functools.partial(jax.jit, static_argnums=0)
-  def run(pad):
-    attend = functools.partial(vit.fused_attention, implementation='xla', pad_odd=pad)
+  def run(padded):
+    def attend(q, k, v):
+      if not padded:
+        return vit.fused_attention(q, k, v, 'xla')
+      return vit.fused_attention(pad(q), pad(k), pad(v), 'xla', num_tokens=197)[:, :197]
+
     y, pullback = jax.vjp(attend, q, k, v)
     return (y, *pullback(cot))
 
   padded, plain = run(True), run(False)
-  for got, want in zip(padded, plain):
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  assert_trees_close(padded, plain, 1e-5, 'padded attention')
   assert max(float(jnp.max(jnp.abs(g))) for g in plain[1:]) > 0.1  # gradients are not all zero
+  assert vit.pads_sequence(197, 'cudnn') and not vit.pads_sequence(198, 'cudnn')
+  assert not vit.pads_sequence(197, 'explicit', pad_odd=True)  # it masks nothing: never padded
+
+
+def test_gpu_programs_are_built_with_their_xla_options(monkeypatch):
+  """Triton's matmuls off on GPUs (`hardware.GPU_COMPILER_OPTIONS`), where the program is built;
+  a flag that XLA_FLAGS names is left to it; no options elsewhere."""
+  gpu = types.SimpleNamespace(platform='gpu')
+  monkeypatch.setenv('XLA_FLAGS', '--xla_gpu_autotune_level=0')
+  assert hardware.compiler_options([gpu]) == {'xla_gpu_enable_triton_gemm': False}
+  assert hardware.compiler_options(jax.devices()) == {}  # this CPU
+  monkeypatch.setenv('XLA_FLAGS', '--xla_gpu_enable_triton_gemm=true')
+  assert hardware.compiler_options([gpu]) == {}
 
 
 def test_cudnn_is_not_chosen_for_this_cpu():
@@ -198,7 +221,7 @@ _CHILD = textwrap.dedent("""
   out['t577'] = record('h100-1', **tiny, **{'pp.crop': 384})
   out['t197_f32'] = record('h100-1', **tiny, **{'pp.crop': 224, 'dtype': 'float32'})
   # Without the padding: JAX's own check refuses cuDNN's backward pass.
-  vit.fused_attention = functools.partial(vit.fused_attention, pad_odd=False)
+  vit.pads_sequence = lambda *args, **kwargs: False
   try:
     record('h100-1', **tiny, **{'pp.crop': 224})
     out['unpadded'] = 'compiled'
@@ -318,3 +341,112 @@ def test_an_unknown_gpu_is_one_line():
   assert result.returncode == 2 and 'Traceback' not in result.stderr
   (line,) = result.stderr.strip().splitlines()[-1:]
   assert line.startswith('error: --topology=b200-8: unknown GPU or slice; use one of h100-8')
+
+
+# ViT-B/16's block, twice, at batch 128 (as in benchmarks/gpu_hlo/vit_b16_depth2_*): the
+# steps `vit_jax.benchmark` times, compiled for one H100; and the inference step once more
+# with no compile-time options but autotuning off, to see the ones it was built with.
+_KERNELS_CHILD = textwrap.dedent("""
+  import json, os
+  import jax, jax.numpy as jnp
+  from vit_jax import sharding
+  from vit_jax.bench import gpu_record, gpus, hlo, speed
+
+  device = gpus.describe('h100-1').devices[0]
+  out = {}
+  for mode in ('train', 'infer'):
+    opts = speed.Options(model='ViT-B_16', mode=mode, batch=128, dtype='bfloat16', depth=2)
+    out[mode] = gpu_record.step_kernels(opts, device)
+  # The parameters the inference step stores in bfloat16: the ones training casts.
+  _, (params, _) = speed.build_step(opts, abstract=True, device=device)
+  out['cast_leaves'] = sum(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(params))
+
+  def triton_kernels():
+    opts = speed.Options(model='ViT-B_16', mode='infer', batch=64, dtype='bfloat16', depth=1)
+    with jax.set_mesh(sharding.make_mesh(devices=[device])):
+      fn, args = speed.build_step(opts, abstract=True, device=device)
+      text = fn.lower(*args).compile(compiler_options={'xla_gpu_autotune_level': 0}).as_text()
+    return sum(n for name, n in hlo.kernels(text).items() if name.startswith('gemm_fusion'))
+
+  out['triton'] = [triton_kernels()]
+  os.environ['XLA_FLAGS'] += ' --xla_gpu_enable_triton_gemm=true'  # read as the step is built
+  out['triton'].append(triton_kernels())
+  print(json.dumps(out))
+""")
+
+
+@pytest.fixture(scope='module')
+def kernels():
+  return child_json(_KERNELS_CHILD, timeout=600)
+
+
+def gpu_hlo_record(name):
+  return json.loads((ROOT / 'benchmarks' / 'gpu_hlo' / f'{name}_h100-1.json').read_text())
+
+
+def token_pads(pads, tokens=198):
+  """How many `pad`s lengthen the token sequence to `tokens` (`hlo.pads`' keys)."""
+  return sum(n for shape, n in pads.items() if re.match(rf'bf16\[\d+,{tokens},\d+\] ', shape))
+
+
+@needs_gpu_compiler
+def test_vit_b16_inference_on_an_h100_as_issue_33_left_it(kernels):
+  """No convolution (the patch embedding is one matmul), one pad of the token sequence per
+  forward pass (197 -> 198 for cuDNN), no parameter cast inside the program (they are stored
+  in bfloat16), and per block 13 kernels: the three q, k, v matmuls and the attention output
+  and second MLP matmul with their biases in cuBLASLt's epilogue, the first MLP matmul with
+  bias and GELU, cuDNN's attention, two LayerNorms (statistics, then normalise) and the
+  normalisation's rsqrt per LayerNorm; no more than the committed record."""
+  r = kernels['infer']
+  assert r['convolutions'] == 0
+  assert r['pads'] == {'bf16[128,198,768] 0_0x0_1x0_0': 1}
+  assert (r['parameter_casts'], r['other_argument_casts']) == (0, ['images'])
+  block = r['per_block_by_name']
+  assert (block['__cublas$lt$matmul:BIAS'], block['__cublas$lt$matmul:BIAS_GELU']) == (5, 1)
+  assert block['__cudnn$fmhaSoftmax'] == 1 and r['kernels_per_block'] == sum(block.values())
+  (record,) = gpu_hlo_record('vit_b16_depth2_infer')['batches']
+  assert r['kernels_per_block'] <= record['kernels_per_block'] == 13
+  assert r['bytes_written_per_block'] <= record['bytes_written_per_block']
+
+
+@needs_gpu_compiler
+def test_vit_b16_training_on_an_h100_as_issue_33_left_it(kernels):
+  """No convolution; the token sequence padded once (its transpose pads the gradient once, going
+  back) and nowhere in a block; each cast parameter cast once per step; the three q, k, v
+  matmuls with their biases in cuBLASLt's epilogue; no transposes of activations in a block;
+  kernels and bytes written per block no more than the committed record."""
+  r = kernels['train']
+  assert r['convolutions'] == 0
+  assert token_pads(r['pads']) == 2 and 'loop_pad_fusion' not in r['per_block_by_name']
+  assert r['parameter_casts'] == kernels['cast_leaves'] == 30  # 12 per block, 6 outside
+  block = r['per_block_by_name']
+  assert block['__cublas$lt$matmul:BIAS'] == 6  # q, k, v, attention out, both MLP matmuls
+  assert not {name for name in block if 'transpose' in name}, block
+  (record,) = gpu_hlo_record('vit_b16_depth2_train')['batches']
+  assert r['kernels_per_block'] <= record['kernels_per_block']
+  assert r['bytes_written_per_block'] <= record['bytes_written_per_block']
+
+
+@needs_gpu_compiler
+def test_gpu_steps_are_built_without_triton_matmuls_unless_xla_flags_asks(kernels):
+  assert kernels['triton'][0] == 0 and kernels['triton'][1] > 0
+
+
+@pytest.mark.parametrize(
+  'name, layers', [('vit_b16_train', 12), ('vit_b16_infer', 12), ('vit_l16_train', 24)]
+)
+def test_the_committed_gpu_records_hold_issue_33s_properties(name, layers):
+  """The full-size records (benchmarks/gpu_hlo.py): no convolution, the token sequence padded
+  once per forward pass, no parameter cast in inference and each cast once per training
+  step (12 per block, 6 outside), and ViT-B/16's block the same as the tests' two-block
+  copy of it."""
+  training = name.endswith('train')
+  small = gpu_hlo_record(f'vit_b16_depth2_{"train" if training else "infer"}')['batches'][0]
+  for row in gpu_hlo_record(name)['batches']:
+    assert row['depth'] == layers and row['convolutions'] == 0
+    assert token_pads(row['pads']) == (2 if training else 1), row['pads']
+    assert row['parameter_casts'] == (12 * layers + 6 if training else 0)
+    if name.startswith('vit_b16'):  # the optimizer's last kernels vary by a fraction per block
+      whole = lambda counts: {k: round(v) for k, v in counts.items() if round(v)}  # noqa: E731
+      assert whole(row['per_block_by_name']) == whole(small['per_block_by_name'])
+      assert abs(row['kernels_per_block'] - small['kernels_per_block']) <= 0.5

@@ -1,9 +1,12 @@
 """Model structure and numerics: exact parameter counts, dtype, intermediates."""
 
+import re
+
 from conftest import assert_close
 from conftest import assert_trees_close
 from conftest import map_head_parameter_count
 from conftest import random_like
+from conftest import small_vit_config
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -15,6 +18,7 @@ from vit_jax import models
 from vit_jax.configs import architectures
 from vit_jax.configs import models as official_models
 from vit_jax.models import resnet
+from vit_jax.models import vit
 
 # ../shared/REFERENCE.md section 1: 1000 classes, 224 px, no pre-logits.
 REFERENCE_PARAM_COUNTS = {
@@ -534,3 +538,105 @@ def test_bit_stem_matches_the_official_formula_in_numpy():
   # The test tells the formulas apart: sqrt(var + eps) is 10% away here.
   variance_form = _np_bit_stem(params64, images.astype(np.float64), _np_standardize_var)
   assert relative(variance_form, official) > 0.05
+
+
+def test_patch_embedding_is_the_strided_convolution():
+  """The patch embedding as a reshape and one matmul (issue 33) against the original
+  convolution with stride = kernel = patch, `lax.conv_general_dilated`: the same parameters
+  with the same initial values for a key (nn.Conv's), and the same tokens for a 35x37 image
+  in 4x5 patches (8x7 of them; the last 3 rows and 2 columns dropped, as VALID padding drops
+  them). float32 sums of the same 60 products in another order: normwise within 1e-5."""
+  images = jax.random.uniform(jax.random.key(0), (2, 35, 37, 3), minval=-1, maxval=1)
+  embedding = vit.PatchEmbedding(24, (4, 5))
+  convolution = nn.Conv(24, (4, 5), strides=(4, 5), padding='VALID')
+  init = embedding.init(jax.random.key(1), images)['params']
+  conv_init = convolution.init(jax.random.key(1), images)['params']
+  assert jax.tree.map(jnp.shape, init) == {'kernel': (4, 5, 3, 24), 'bias': (24,)}
+  for name in ('kernel', 'bias'):
+    np.testing.assert_array_equal(init[name], conv_init[name])  # bitwise: same initialiser
+
+  params = random_like(init, seed=2)
+  params = jax.tree.map(jnp.asarray, params)
+  tokens = embedding.apply({'params': params}, images)
+  reference = jax.lax.conv_general_dilated(
+    images, params['kernel'], (4, 5), 'VALID', dimension_numbers=('NHWC', 'HWIO', 'NHWC')
+  )
+  reference = (reference + params['bias']).reshape(2, 8 * 7, 24)
+  assert tokens.shape == (2, 56, 24)
+  assert_trees_close(tokens, reference, 1e-5, 'patch tokens')
+
+
+def _padded_and_plain(classifier, size):
+  """The same ViT with attention='xla', an odd sequence padded once (pad_odd) and not."""
+  config = _tiny(classifier=classifier)
+  return [
+    models.VisionTransformer(num_classes=7, attention='xla', pad_odd=pad, **config)
+    for pad in (True, False)
+  ], jax.random.uniform(jax.random.key(5), (2, size, size, 3), minval=-1, maxval=1)
+
+
+@pytest.mark.equivalence
+@pytest.mark.parametrize(
+  'classifier, size', [('token', 16), ('gap', 12), ('map', 12), ('unpooled', 12)]
+)
+def test_sequence_padded_once_gives_the_unpadded_values_and_gradients(classifier, size):
+  """An odd sequence (17 tokens with the class token at 16 px, 9 patches at 12 px) padded to
+  even once before the blocks, the padding masked in every attention and dropped before the
+  pooling (issue 33), against no padding: the masked key adds exp(-inf) = 0 to each softmax
+  sum, so values and gradients are the same float32 sums in another order, normwise within
+  1e-5. Only one `pad` in the whole forward pass."""
+  (padded, plain), images = _padded_and_plain(classifier, size)
+  params = _random_params(plain, images)
+  cotangent = jax.random.normal(
+    jax.random.key(6), plain.apply({'params': params}, images, train=False).shape
+  )
+
+  def value_and_grad(model):
+    loss = lambda p: jnp.sum(model.apply({'params': p}, images, train=False) * cotangent)  # noqa: E731
+    return jax.jit(jax.value_and_grad(loss))(params)
+
+  results = [value_and_grad(model) for model in (padded, plain)]
+  (value_a, grads_a), (value_b, grads_b) = results
+  assert_close(abs(value_a - value_b) / abs(value_b), 1e-5, 'loss')
+  assert_trees_close(grads_a, grads_b, 1e-5, 'gradients')
+  jaxprs = [str(jax.make_jaxpr(lambda p, m=m: m.apply({'params': p}, images, train=False))(params))
+            for m in (padded, plain)]  # fmt: skip
+  assert [j.count(' pad[') for j in jaxprs] == [1, 0]
+
+
+def test_padding_leaves_the_sown_intermediates_as_they_were():
+  """Capturing attention weights takes the written-out attention, which pads nothing: the
+  sown tokens and weights keep the real sequence length (17 at 16 px)."""
+  (padded, _), images = _padded_and_plain('token', 16)
+  params = _random_params(padded, images)
+  _, state = padded.apply({'params': params}, images, train=False, mutable=['intermediates'])
+  block = state['intermediates']['Transformer']['encoderblock_0']
+  assert block['tokens'][0].shape == (2, 17, 32)
+  weights = block['MultiHeadDotProductAttention_1']['attention_weights'][0]
+  assert weights.shape == (2, 4, 17, 17)
+
+
+def test_compute_params_casts_what_the_model_casts_and_keeps_the_rest_float32():
+  """`vit.compute_params` casts once what the layers would cast on every call (kernels,
+  biases, embeddings, class token, MAP probe) and leaves what they compute with in float32:
+  LayerNorm and GroupNorm scales and biases (q/k norms too), the hybrid stem's
+  weight-standardised kernels."""
+  config = small_vit_config('R50+ViT-B_16', hybrid_units=(1,), classifier='map')
+  config.transformer.qk_norm = True
+  model = models.VisionTransformer(num_classes=5, **config)
+  images = jnp.zeros((1, 32, 32, 3))
+  shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), images, train=False))['params']
+  cast = jax.eval_shape(lambda p: vit.compute_params(p, jnp.bfloat16), shapes)
+  kept = {path for path, x in checkpoint.flatten(cast).items() if x.dtype == jnp.float32}
+  assert {p for p in checkpoint.flatten(cast) if p.endswith(('/scale',))} <= kept
+  assert kept == {
+    p for p in checkpoint.flatten(shapes)
+    if re.search(r'(LayerNorm_\d|_norm|gn\w*)/(scale|bias)$|conv\w*/kernel$', p)
+  }  # fmt: skip
+  assert {'embedding/kernel', 'MAPHead_0/probe', 'head/bias'} <= (
+    set(checkpoint.flatten(cast)) - kept
+  )
+  same = jax.eval_shape(lambda p: vit.compute_params(p, jnp.float32), shapes)
+  assert jax.tree.leaves(jax.tree.map(lambda a, b: a.dtype == b.dtype, same, shapes)) == [
+    True
+  ] * len(jax.tree.leaves(shapes))

@@ -1,4 +1,4 @@
-"""The machine: peak arithmetic rates (for MFU), out-of-memory errors, versions.
+"""The machine: peak rates (for MFU), XLA options for GPUs, out-of-memory errors, versions.
 
 MFU divides by a peak that does not move with the machine's load, so it
 stays at most 1: for accelerators the vendor's dense bf16 figure (spec sheet);
@@ -11,6 +11,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import re
 import time
 from typing import Optional
 
@@ -156,6 +157,29 @@ def machine_info() -> dict:
     # Other work on the machine skews timings: record how busy it was.
     'load_average_1min': os.getloadavg()[0] if hasattr(os, 'getloadavg') else None,
   }
+
+
+# XLA options of the programs built for NVIDIA GPUs (train, eval, benchmark and
+# inference steps; issue 33). Triton's matmuls off: with them on, XLA turns each
+# matmul into a Triton fusion before it matches cuBLASLt's epilogues, so a
+# matmul that the autotuner then gives to cuBLAS keeps its bias, GELU and
+# residual add as kernels of their own (ViT-B/16 inference on an H100: GELU
+# 11.3%, adds 6.3% of the time). Compiled for an H100 on this CPU
+# (benchmarks/gpu_hlo), ViT-B/16 then has no GELU or bias kernel left. Not yet
+# timed on a GPU: benchmarks/gpu_session.py measures it against Triton on.
+# MaxText's and JAX-Toolbox's GPU flags set it too; the latency-hiding
+# scheduler they also set compiled to the same program here (it is on by default).
+GPU_COMPILER_OPTIONS = {'xla_gpu_enable_triton_gemm': False}
+
+
+def compiler_options(devices) -> dict:
+  """The XLA options for a program on `devices`: GPU_COMPILER_OPTIONS on GPUs, less any flag
+  that XLA_FLAGS sets (a user's choice, or a benchmark's A/B run, wins); {} elsewhere."""
+  devices = list(devices)
+  if not devices or devices[0].platform != 'gpu':
+    return {}
+  given = set(re.findall(r'--(\w+)', os.environ.get('XLA_FLAGS', '')))
+  return {key: value for key, value in GPU_COMPILER_OPTIONS.items() if key not in given}
 
 
 def is_out_of_memory(error: Exception) -> bool:

@@ -170,6 +170,42 @@ def check_model_fits(num_heads: int, mlp_dim: int, model: int) -> None:
       )
 
 
+def batch_outermost(x):
+  """`x` [batch, ...] stored row-major (batch outermost) in the compiled program, forward and
+  backward, where a GPU runs it.
+
+  XLA lays a reduction's operand out with the reduced axis innermost, and the
+  sums over the batch in a ViT's gradients (of the position embeddings, the
+  class token) are taken from the token activations; unless something pins
+  their layout, XLA:GPU then stores every activation of a training step batch
+  innermost and transposes it before each matmul (ViT-B/16 on an H100, issue
+  33: 34 such arrays in two blocks). The patch embedding's convolution pinned
+  it (cuDNN's fixed layout); as a matmul it needs this. XLA's partitioner
+  cannot split a layout constraint (it gathers the whole array first), so on a
+  mesh of several devices it is applied per device (`shard_map` over the batch);
+  outside `jax.set_mesh` only where JAX has one device.
+  """
+  from jax.experimental import layout
+
+  def pin(y):
+    return layout.with_layout_constraint(y, layout.Layout(tuple(range(y.ndim))))
+
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return pin(x) if jax.device_count() == 1 else x
+  if mesh.size == 1:
+    return pin(x)
+  if x.shape[0] % math.prod(mesh.shape[axis] for axis in BATCH_AXES):
+    return x  # a batch the mesh does not split (model.init's one image): nothing to pin
+  return jax.shard_map(pin, in_specs=P(BATCH_AXES), out_specs=P(BATCH_AXES))(x)
+
+
+def splits_model() -> bool:
+  """Whether the mesh being traced under splits parameters over `model` (tensor parallelism)."""
+  mesh = jax.sharding.get_abstract_mesh()
+  return not mesh.empty and mesh.shape.get('model', 1) > 1
+
+
 def constrain(x, logical):
   """`x` laid out as `logical` ('batch', 'model' or None per dimension) on a sharded mesh.
 

@@ -6,6 +6,10 @@ The GPU compiler reports memory (`memory_analysis`) but no FLOPs and no time
 the card's dense peak, or the collectives' bytes at NVLink and InfiniBand
 bandwidth, whichever is longer. Nothing here is a measurement.
 
+What the program launches is read from it too (`kernel_counts`, per encoder
+block `step_kernels`; benchmarks/gpu_hlo.py records them for issue 33): its
+kernels, the bytes they write, pads, convolutions, parameter casts.
+
 Collectives are read from the compiled program and placed on the links they
 use: a replica group within one box moves over NVLink; one spanning boxes
 crosses InfiniBand (NCCL's network transport). The traffic per GPU assumes the
@@ -14,10 +18,17 @@ ring over its g GPUs, and between b boxes a ring over each GPU's 1/g share,
 one NIC per GPU (NVIDIA's DGX/HGX boxes have 8).
 """
 
+import dataclasses
+
+import jax
+
+from vit_jax import sharding
 from vit_jax.bench import aot
 from vit_jax.bench import flops as flops_lib
 from vit_jax.bench import gpus
 from vit_jax.bench import hlo
+from vit_jax.bench import memory
+from vit_jax.bench import speed
 from vit_jax.training import steps
 
 
@@ -140,6 +151,62 @@ def analyse(c: aot.Compiled) -> dict:
     'bound; not measurements',
   }
   return record
+
+
+def kernel_counts(text: str) -> dict:
+  """What a compiled GPU program launches per call (issue 33): its kernels by name
+  (`hlo.kernels`) and the bytes they write, the convolutions (XLA's or cuDNN's), the `pad`s
+  inside any kernel by shape (`hlo.pads`), the
+  arguments cast to a narrower float type in the program (`hlo.parameter_converts`; the
+  parameters among them are named `...params[...]`), and cuBLASLt's fused epilogues."""
+  kernels, ops = hlo.kernels(text), hlo.op_counts(text)
+  casts = hlo.parameter_converts(text)
+  return {
+    'kernels': sum(kernels.values()),
+    'bytes_written': hlo.kernel_bytes(text),
+    'by_name': dict(sorted(kernels.items())),
+    'convolutions': ops.get('convolution', 0)
+    + sum(n for name, n in kernels.items() if name.startswith('__cudnn$conv')),
+    'pads': hlo.pads(text),
+    'parameter_casts': sum(n for name, n in casts.items() if 'params[' in name),
+    'other_argument_casts': sorted(name for name in casts if 'params[' not in name),
+    'cublaslt_epilogues': {
+      name.split(':', 1)[1]: n
+      for name, n in sorted(kernels.items())
+      if name.startswith('__cublas$lt')
+    },
+  }
+
+
+def compile_benchmark_step(opts, device, options=None):
+  """The step `python -m vit_jax.benchmark` times for `opts` (`bench.speed.Options`), compiled for
+  `device`, a GPU this machine may lack (`gpus.describe(...).devices[0]`), with the compiler
+  options of a compile without the card (`gpus.COMPILER_OPTIONS`) and `options` over them."""
+  with jax.set_mesh(sharding.make_mesh(devices=[device])):
+    fn, args = speed.build_step(opts, abstract=True, device=device)
+    return fn.lower(*args).compile(compiler_options={**gpus.COMPILER_OPTIONS, **(options or {})})
+
+
+def step_kernels(opts, device, options=None) -> dict:
+  """`kernel_counts` of the benchmark's step for `opts` on `device`, of its whole program and
+  per encoder block (the whole program less its one-block copy, over the other blocks), and
+  the compiler's estimate of its memory (`bench.memory.estimate_bytes`, what the benchmark's
+  record on the card calls `memory_estimate_bytes`)."""
+  depth = opts.depth or steps.model_config(speed.train_config(opts)).transformer.num_layers
+  whole = compile_benchmark_step(dataclasses.replace(opts, depth=depth), device, options)
+  one = compile_benchmark_step(dataclasses.replace(opts, depth=1), device, options)
+  counts, first = kernel_counts(whole.as_text()), kernel_counts(one.as_text())
+  names = sorted(set(counts['by_name']) | set(first['by_name']))
+  per_block = {n: counts['by_name'].get(n, 0) - first['by_name'].get(n, 0) for n in names}
+  blocks = max(depth - 1, 1)
+  return {
+    'depth': depth,
+    **counts,
+    'kernels_per_block': (counts['kernels'] - first['kernels']) / blocks,
+    'bytes_written_per_block': (counts['bytes_written'] - first['bytes_written']) / blocks,
+    'per_block_by_name': {n: v / blocks for n, v in per_block.items() if v},
+    'memory_estimate_bytes': memory.estimate_bytes(whole),
+  }
 
 
 def launch_command(cluster: gpus.Cluster, argv, overrides: dict) -> str:

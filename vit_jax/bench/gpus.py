@@ -18,9 +18,9 @@ import re
 MiB = 2**20
 
 # Without a GPU the compiler cannot time candidate kernels: no autotuning, and
-# cuBLAS matmuls instead of Triton ones (with Triton on, deviceless compiles of
-# a ViT block fail: "Couldn't find output tile sizes"). Kernels may therefore
-# differ from a compile on the card, and with them the temporaries.
+# cuBLAS matmuls instead of Triton ones, as the programs are built for GPUs
+# anyway (hardware.GPU_COMPILER_OPTIONS). Kernels may therefore differ from a
+# compile on the card, and with them the temporaries.
 COMPILER_OPTIONS = {'xla_gpu_autotune_level': 0, 'xla_gpu_enable_triton_gemm': False}
 
 # The share of a GPU's memory JAX's allocator takes when the run sets

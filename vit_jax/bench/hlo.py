@@ -357,3 +357,197 @@ def cross_slice_transfers(text: str) -> list:
         }
       )
   return rows
+
+
+# Instructions of a GPU program that launch no kernel of their own: they name,
+# wrap or sequence the work of others (a `*-done` waits for its `*-start`).
+_NO_KERNEL = frozenset(
+  (
+    'parameter',
+    'constant',
+    'get-tuple-element',
+    'tuple',
+    'bitcast',
+    'while',
+    'conditional',
+    'call',
+    'after-all',
+    'add-dependency',
+    'opt-barrier',
+    'partition-id',
+    'replica-id',
+  )
+)
+_FLOAT_BITS = {'f64': 64, 'f32': 32, 'bf16': 16, 'f16': 16}
+# Ops that move an array without changing its values: a parameter seen through them is still it.
+_PASS_THROUGH = ('bitcast', 'reshape', 'transpose', 'copy', 'get-tuple-element')
+
+
+def _parsed(lines) -> dict:
+  """{instruction name: (op, result type, operand names, line)} of one computation."""
+  out = {}
+  for line in lines:
+    match = _INSTRUCTION.match(line)
+    op = _OP.search(match.group(2)) if match else None
+    if not op:
+      continue
+    rest = match.group(2)
+    depth, end = 1, op.end()
+    while end < len(rest) and depth:  # the operand list: up to its closing parenthesis
+      depth += {'(': 1, ')': -1}.get(rest[end], 0)
+      end += 1
+    operands = re.findall(r'%([\w.\-]+)', rest[op.end() : end])
+    out[match.group(1)] = (op.group(1), rest[: op.start()].strip(), operands, line)
+  return out
+
+
+def _kernel_computations(computations: dict) -> dict:
+  """{computation: runs per call} of the computations whose instructions are kernels: the
+  entry and what it runs through `while`, `conditional` and `call` (not fusions' bodies)."""
+  entry = computations.get(None)
+  counts = collections.Counter()
+
+  def visit(name, times):
+    counts[name] += times
+    for line in computations.get(name, ()):
+      if ' while(' in line:
+        trips = _while_trips(line, computations)
+        for key, factor in (('body', trips), ('condition', trips + 1)):
+          callee = re.search(key + r'=%([\w.\-]+)', line)
+          if callee:
+            visit(callee.group(1), times * factor)
+      elif ' conditional(' in line or re.search(r' call\(', line):
+        for group in re.findall(
+          r'(?:branch_computations|to_apply)=\{?([^}]*?)(?:\}|,\s*\w+=|$)', line
+        ):
+          for callee in re.findall(r'%([\w.\-]+)', group):
+            visit(callee, times)
+
+  if entry:
+    visit(entry, 1)
+  return counts
+
+
+def kernel_name(name: str, op: str, line: str) -> str:
+  """What a profile calls one kernel-level instruction: a fusion by its instruction name without
+  its number (`loop_multiply_fusion.11` -> `loop_multiply_fusion`), a library call by its target
+  and, for cuBLASLt, its epilogue (`__cublas$lt$matmul:BIAS_GELU`), other ops by their op."""
+  if op == 'custom-call':
+    target = re.search(r'custom_call_target="([^"]+)"', line)
+    epilogue = re.search(r'"epilogue":"(\w+)"', line)
+    return (target.group(1) if target else op) + (f':{epilogue.group(1)}' if epilogue else '')
+  if op == 'fusion':
+    return re.sub(r'(\.\d+)+$', '', name)
+  return op
+
+
+def _kernel_rows(text: str):
+  """(kernel name, launches per call, bytes it writes per launch) of every kernel-level
+  instruction (`kernel_name`); a library call's workspace is not counted as written."""
+  computations = _computations(text)
+  for computation, times in _kernel_computations(computations).items():
+    for name, (op, result, _, line) in _parsed(computations.get(computation, ())).items():
+      if op in _NO_KERNEL or op.endswith('-done'):
+        continue
+      if op == 'custom-call':  # (outputs..., s8[workspace]): the scratch space is not output
+        result = re.sub(r',\s*s8\[\d+\]\{0\}\s*\)$', ')', result)
+      yield kernel_name(name, op, line), times, array_bytes(result)
+
+
+def kernels(text: str) -> dict:
+  """{kernel name (`kernel_name`): launches per call} of a compiled GPU program: its fusions,
+  library calls (cuBLAS, cuDNN) and unfused ops, loops counted by their trip counts."""
+  out = collections.Counter()
+  for name, times, _ in _kernel_rows(text):
+    out[name] += times
+  return dict(out)
+
+
+def kernel_bytes(text: str) -> int:
+  """Bytes that a compiled GPU program's kernels write per call: the size of every kernel's
+  outputs, a proxy for the memory traffic of the elementwise and copy kernels between the
+  matmuls (what a transpose, a pad or an unfused bias add costs)."""
+  return sum(times * size for _, times, size in _kernel_rows(text))
+
+
+def op_counts(text: str) -> dict:
+  """{HLO op: runs per call}, inside fusions too: how many `pad`s or `convolution`s a
+  program does, whichever kernel they ended up in."""
+  counts = multiplicities(text)
+  out = collections.Counter()
+  for name, lines in _computations(text).items():
+    if name is None or not counts.get(name):
+      continue
+    for op, *_ in _parsed(lines).values():
+      out[op] += counts[name]
+  return dict(out)
+
+
+def pads(text: str) -> dict:
+  """{'<result type> <padding>': runs per call} of the program's `pad`s, inside fusions too
+  (`bf16[512,198,768] 0_0x0_1x0_0`: one token appended to 197)."""
+  counts = multiplicities(text)
+  out = collections.Counter()
+  for name, lines in _computations(text).items():
+    if name is None or not counts.get(name):
+      continue
+    for op, result, _, line in _parsed(lines).values():
+      padding = re.search(r'padding=([\d_x\-]+)', line)
+      if op == 'pad' and padding:
+        out[f'{re.sub(r"[{][^}]*[}]", "", result)} {padding.group(1)}'] += counts[name]
+  return dict(out)
+
+
+def _source_parameter(name: str, instructions: dict):
+  """The `parameter(i)` that `name` is, seen through ops that only move values; i or None."""
+  while name in instructions:
+    op, _, operands, line = instructions[name]
+    if op == 'parameter':
+      return int(re.search(r'parameter\((\d+)\)', line).group(1))
+    if op not in _PASS_THROUGH or not operands:
+      return None
+    name = operands[0]
+  return None
+
+
+def _narrows(convert_type: str, operand_type: str) -> bool:
+  new, old = _ARRAY.search(convert_type), _ARRAY.search(operand_type)
+  return bool(new and old) and _FLOAT_BITS.get(new.group(1), 99) < _FLOAT_BITS.get(old.group(1), 0)
+
+
+def parameter_converts(text: str) -> dict:
+  """{entry parameter: times per call} of the program's arguments cast to a narrower float type
+  (f32 -> bf16) in the entry computation, fused or not; a parameter is named by its `op_name`
+  (JAX writes the argument's path, `p['head']['kernel']`), else by its instruction name."""
+  computations = _computations(text)
+  entry = _parsed(computations.get(computations.get(None), ()))
+  names = {}
+  for name, (op, _, _, line) in entry.items():
+    if op == 'parameter':
+      label = re.search(r'op_name="([^"]*)"', line)
+      names[name] = label.group(1).replace("\\'", "'") if label else name
+  out = collections.Counter()
+  for name, (op, _, operands, line) in entry.items():
+    if op == 'convert':
+      body, args = {name: entry[name]}, [name]
+    elif op == 'fusion':
+      body = _parsed(computations.get(re.search(r'calls=%([\w.\-]+)', line).group(1), ()))
+      args = [n for n, (o, *_) in body.items() if o == 'convert']
+    else:
+      continue
+    for convert in args:
+      c_op, c_type, c_operands, _ = body[convert]
+      inner = c_operands[0] if c_operands else None
+      if inner is None or inner not in body or not _narrows(c_type, body[inner][1]):
+        continue
+      if op == 'fusion':
+        index = _source_parameter(inner, body)
+        if index is None or index >= len(operands):
+          continue
+        inner = operands[index]
+      source = inner
+      while source in entry and entry[source][0] in _PASS_THROUGH and entry[source][2]:
+        source = entry[source][2][0]
+      if source in names:
+        out[names[source]] += 1
+  return dict(out)

@@ -51,6 +51,7 @@ class Options:
   timm_compile: Optional[bool] = None  # default: on CUDA only
   threads: Optional[int] = None  # torch threads; default: the cores XLA uses
   profile: Optional[str] = None  # a directory: trace `steps` more steps of ours (bench.profile)
+  depth: Optional[int] = None  # encoder blocks (default: the model's); kernels per block, gpu_hlo
 
 
 class BenchmarkError(ValueError):
@@ -110,40 +111,57 @@ def train_config(opts: Options):
     warmup_steps=1,
     dropout_rate=0.0,
     attention_dropout_rate=0.0,
+    depth=opts.depth,
   )
   config.pp.crop = opts.resolution
   return config
 
 
-def build_step(opts: Options, abstract: bool = False):
+def build_step(opts: Options, abstract: bool = False, device=None):
   """(jitted function, its arguments) for one step of `opts`.
 
   `abstract`: the arguments are shapes only (`jax.ShapeDtypeStruct`), enough to
   lower and compile without allocating parameters or optimizer state.
+  `device`: where the step runs (default: this machine's first device); a GPU
+  this machine lacks (`bench.gpus.describe`) with `abstract`, lowered under
+  `jax.set_mesh` of it, gives the program the GPU would run (benchmarks/gpu_hlo.py).
   """
-  device = jax.devices()[0]
+  device = device or jax.devices()[0]
   config = train_config(opts)
   task = steps.make_task(config, opts.num_classes, multi_label=False)
   model = task.model
   shape = (opts.batch, opts.resolution, opts.resolution, 3)
+  # Training takes what the trainer passes (uint8 pixels, made [-1, 1] inside the step),
+  # inference the model's own input, as timm's does.
+  dtype = jnp.float32 if opts.mode == 'infer' else jnp.uint8
   if abstract:
     data = {
-      'image': jax.ShapeDtypeStruct(shape, jnp.float32),
+      'image': jax.ShapeDtypeStruct(shape, dtype),
       'label': jax.ShapeDtypeStruct((opts.batch,), jnp.int32),
     }
   else:
     rng = np.random.default_rng(0)
+    pixels = rng.integers(0, 256, shape, dtype=np.uint8)
     data = {
-      'image': rng.uniform(-1, 1, shape).astype(np.float32),
+      'image': pixels if dtype == jnp.uint8 else (pixels / 127.5 - 1).astype(np.float32),
       'label': rng.integers(0, opts.num_classes, opts.batch).astype(np.int32),
     }
   if opts.mode == 'infer':
-    init = jax.jit(
-      lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1,) + shape[1:]), train=False)['params']
+    # Inference keeps its parameters in the compute dtype (vit.compute_params): no casts in the step.
+    def init():
+      params = model.init(jax.random.PRNGKey(0), jnp.zeros((1,) + shape[1:]), train=False)
+      return vit.compute_params(params['params'], opts.dtype)
+
+    on_device = jax.sharding.SingleDeviceSharding(device)
+    init = jax.jit(init, out_shardings=on_device)
+    fn = jax.jit(
+      lambda params, images: model.apply({'params': params}, images, train=False),
+      compiler_options=hardware.compiler_options([device]),
     )
-    params = jax.eval_shape(init) if abstract else init()
-    fn = jax.jit(lambda p, x: model.apply({'params': p}, x, train=False))
-    return fn, (params, data['image'] if abstract else jax.device_put(data['image'], device))
+    if abstract:
+      struct = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=on_device)  # noqa: E731
+      return fn, (jax.tree.map(struct, jax.eval_shape(init)), struct(data['image']))
+    return fn, (init(), jax.device_put(data['image'], device))
   mesh = sharding.make_mesh(devices=[device])
   built = program.build(config, mesh, opts.num_classes, multi_label=False)
   if abstract:

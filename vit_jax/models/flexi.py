@@ -74,11 +74,12 @@ def _resized(params, base: int, size: int, image_size: int, num_prefix: int):
   }
 
 
-def random_patch_grad(model, sizes: Sequence[int], image_size: int, objective):
+def random_patch_grad(model, sizes: Sequence[int], image_size: int, objective, compute=None):
   """A training `grad_fn(params, batch, rng) -> (loss, grads)` that runs each call at a patch
   size drawn uniformly from `sizes` (one per step, or per micro-batch), the parameters and
   their gradients staying at the model's own patch size. `objective(logits, batch)` is
-  the loss.
+  the loss; `compute(params)` casts the resized float32 parameters to the compute dtype
+  (`vit.compute_params`), once per call.
 
   One compiled program holds every size; `lax.switch` picks one branch, each branch its
   own loss and gradient (a switch inside the gradient would carry every branch's saved
@@ -94,6 +95,7 @@ def random_patch_grad(model, sizes: Sequence[int], image_size: int, objective):
 
     def loss(params, batch, rng):
       resized = _resized(params, base, size, image_size, num_prefix)
+      resized = compute(resized) if compute else resized
       logits = sized.apply({'params': resized}, batch['image'], train=True, rngs={'dropout': rng})
       return objective(logits, batch)
 

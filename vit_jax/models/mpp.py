@@ -146,11 +146,10 @@ class MppViT(nn.Module):
     if self.classifier not in ('token', 'gap'):
       raise ValueError(f'classifier={self.classifier!r}; MPP models use token or gap')
     patch = tuple(self.patches['size'])
-    x = nn.Conv(
-      self.hidden_size, patch, strides=patch, padding='VALID', dtype=self.dtype, name='embedding'
-    )(images.astype(self.dtype))
-    n, h, w, c = x.shape
-    x = x.reshape(n, h * w, c)
+    x = vit.PatchEmbedding(self.hidden_size, patch, self.dtype, name='embedding')(
+      images.astype(self.dtype)
+    )
+    n, _, c = x.shape
     mask_token = self.param(
       'mask_token', nn.initializers.normal(stddev=0.02), (1, 1, c), jnp.float32
     )

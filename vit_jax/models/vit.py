@@ -5,7 +5,9 @@ Module names are the parameter names of the public `.npz` checkpoints
 `LayerNorm_0`, `MultiHeadDotProductAttention_1`, `LayerNorm_2`, `MlpBlock_3`,
 `encoder_norm`, `pre_logits`, `head`), so the parameter tree is the file format.
 
-Every layer computes in `dtype` (e.g. bfloat16) and keeps float32 parameters.
+Every layer computes in `dtype` (e.g. bfloat16) and keeps float32 parameters;
+`compute_params` casts them to `dtype` once (per training step, or for good
+for inference) instead of in every layer on every call.
 For analysis, call `apply(..., mutable=['intermediates'])`: each encoder block
 then sows its attention weights (`attention_weights`, [B, heads, N, N]) and its
 output tokens (`tokens`, [B, N, D]). Without that collection nothing extra is
@@ -26,6 +28,7 @@ sub-layer needs one reduction (vit_jax.sharding.constrain).
 """
 
 import math
+import re
 from typing import Any, Callable, Mapping, Optional
 
 import flax.linen as nn
@@ -47,7 +50,7 @@ CLASSIFIERS = ('token', 'gap', 'map', 'unpooled', 'token_unpooled')
 # `jax.nn.dot_product_attention`. 'auto' takes cuDNN's fused (flash) attention
 # where it applies (CUDA GPUs of compute capability >= 8.0, half precision,
 # head_dim a multiple of 8 up to 128) on the device the program is traced for
-# (`target_device`; odd token counts padded, `fused_attention`) and 'explicit'
+# (`target_device`; an odd token count padded once, `pads_sequence`) and 'explicit'
 # elsewhere; on CPU the attention itself runs 3x faster than with 'xla'
 # (docs/speed_and_scale.md).
 ATTENTION = ('auto', 'xla', 'cudnn', 'explicit')
@@ -101,24 +104,44 @@ def cudnn_attention_applies(dtype, head_dim: int, device=None) -> bool:
     return False
 
 
-def fused_attention(q, k, v, implementation: str, pad_odd: Optional[bool] = None):
-  """`jax.nn.dot_product_attention` of [batch, tokens, heads, head_dim] inputs.
+def resolve_attention(attention: str, dtype, head_dim: int, weights_needed: bool) -> str:
+  """The implementation that `attention` (see ATTENTION) runs with: 'explicit' wherever the
+  weights themselves are needed (captured, or dropped out), 'auto' as cuDNN where it applies."""
+  if weights_needed:
+    return 'explicit'
+  if attention == 'auto':
+    return 'cudnn' if cudnn_attention_applies(dtype, head_dim) else 'explicit'
+  return attention
+
+
+def pads_sequence(num_tokens: int, implementation: str, pad_odd: Optional[bool] = None) -> bool:
+  """Whether the encoder appends one padding token to a sequence of `num_tokens`.
 
   cuDNN's backward pass is refused at an odd number of tokens (JAX's check in
   `jax/_src/cudnn/fused_attention_stablehlo.py` takes its placeholder bias for
   a bias), and ViT has odd counts: 197 tokens at 224 px, 577 at 384. So an odd
-  sequence gets one padding token, which cuDNN's padding mask hides from every
-  query (`key_value_seq_lengths`); its output row is dropped. `pad_odd`
-  (default: for cuDNN only) lets the tests run the padded path with 'xla'.
+  sequence is padded to even once, before the first block, and every block's
+  attention hides the padding token from every query (`fused_attention`'s
+  `num_tokens`); it is dropped after the last block. Padding in every layer
+  instead (pad q, k, v, slice the output) cost 9.6% of ViT-B/16 inference on
+  an H100 (issue 33). `pad_odd` (default: for cuDNN only) lets the tests run the
+  padded path with 'xla'; the written-out attention masks nothing, so never pads.
   """
-  n = q.shape[1]
   if pad_odd is None:
     pad_odd = implementation == 'cudnn'
-  if not (pad_odd and n % 2):
+  return bool(pad_odd and num_tokens % 2 and implementation in ('xla', 'cudnn'))
+
+
+def fused_attention(q, k, v, implementation: str, num_tokens: Optional[int] = None):
+  """`jax.nn.dot_product_attention` of [batch, tokens, heads, head_dim] inputs.
+
+  `num_tokens`: the real tokens, when the sequence ends in padding (`pads_sequence`);
+  the padding is masked as a key and its own output row is meaningless.
+  """
+  if num_tokens is None or num_tokens == q.shape[1]:
     return jax.nn.dot_product_attention(q, k, v, implementation=implementation)
-  q, k, v = (jnp.pad(t, ((0, 0), (0, 1), (0, 0), (0, 0))) for t in (q, k, v))
-  lengths = jnp.full((q.shape[0],), n, jnp.int32)
-  y = jax.nn.dot_product_attention(
+  lengths = jnp.full((q.shape[0],), num_tokens, jnp.int32)
+  return jax.nn.dot_product_attention(
     q,
     k,
     v,
@@ -126,7 +149,6 @@ def fused_attention(q, k, v, implementation: str, pad_odd: Optional[bool] = None
     key_value_seq_lengths=lengths,
     implementation=implementation,
   )
-  return y[:, :n]
 
 
 def _layer_norm(name, dtype, use_bias=True):
@@ -191,6 +213,43 @@ def _explicit_attention(q, k, v, dtype, keep=None):
   return (y.astype(jnp.float32) / jnp.sum(e, axis=-1, keepdims=True)).astype(dtype)
 
 
+def _project_qkv(x, inputs_kv, params, norms, layout: str, dtype):
+  """q, k and v of `x` (k and v of `inputs_kv` when given) in `layout` ('bnhk' or 'bhnk'), each
+  with its bias (`params`: (kernel, bias or None) of q, k, v) and q, k normalised (`norms`).
+
+  Straight into the layout the attention reads: XLA needs no transposes between
+  the projections and the attention (docs/speed_and_scale.md). Self-attention in
+  the fused attention's layout without tensor parallelism takes three matmuls,
+  each writing [batch, tokens, heads, head_dim] with its bias in its epilogue
+  (cuBLASLt on a GPU); one einsum over the stacked kernels would write
+  [3, batch, ...] through a transpose and add each bias in a kernel of its own
+  (4 kernels per layer on an H100, issue 33). Otherwise it is that one einsum:
+  under tensor parallelism its backward pass sums the three input gradients
+  before its one all-reduce instead of reducing each.
+  """
+  kernels = [kernel.astype(dtype) for kernel, _ in params]
+  biases = [None if bias is None else bias.astype(dtype) for _, bias in params]
+  if inputs_kv is None and layout == 'bnhk' and not sharding.splits_model():
+    (b, n, d), qkv = x.shape, []
+    for kernel, bias in zip(kernels, biases):
+      y = x @ kernel.reshape(d, -1)
+      y = y if bias is None else y + bias.reshape(-1)
+      qkv.append(y.reshape(b, n, *kernel.shape[1:]))
+    biases = [None] * 3
+  elif inputs_kv is None:
+    qkv = jnp.einsum(f'bnd,tdhk->t{layout}', x, jnp.stack(kernels))
+  else:
+    kv = jnp.einsum(f'bnd,tdhk->t{layout}', inputs_kv.astype(dtype), jnp.stack(kernels[1:]))
+    qkv = [jnp.einsum(f'bnd,dhk->{layout}', x, kernels[0]), *kv]
+  heads = ('batch', None, 'model', None) if layout == 'bnhk' else ('batch', 'model', None, None)
+  out = []
+  for y, bias, norm in zip(qkv, biases, norms):
+    if bias is not None:
+      y = y + (bias if layout == 'bnhk' else bias[:, None])
+    out.append(sharding.constrain(norm(y), heads))
+  return out
+
+
 class MultiHeadDotProductAttention(nn.Module):
   """Multi-head self-attention with the parameter layout of the public files.
 
@@ -208,8 +267,11 @@ class MultiHeadDotProductAttention(nn.Module):
   norm_bias: bool = True  # of the q/k LayerNorms
 
   @nn.compact
-  def __call__(self, x, *, deterministic: bool, inputs_kv=None):
-    """Self-attention over `x`, or (`inputs_kv` given) queries from `x` attending over `inputs_kv`."""
+  def __call__(self, x, *, deterministic: bool, inputs_kv=None, num_tokens=None):
+    """Self-attention over `x`, or (`inputs_kv` given) queries from `x` attending over `inputs_kv`.
+
+    `num_tokens`: the real tokens of `x` when padding follows them (`pads_sequence`).
+    """
     if self.attention not in ATTENTION:
       raise ValueError(f'attention={self.attention!r}; use one of {ATTENTION}')
     d = x.shape[-1]
@@ -227,37 +289,22 @@ class MultiHeadDotProductAttention(nn.Module):
       for n in ('query', 'key')
     ] + [lambda y: y]
 
-    def project(layout):
-      # q, k and v straight into the layout the attention reads; XLA needs no
-      # transposes between the projections and the attention (docs/speed_and_scale.md).
-      # One einsum over the three kernels: under tensor parallelism the
-      # backward pass then sums the three input gradients before its one
-      # all-reduce instead of reducing each.
-      kernels = jnp.stack([kernel for kernel, _ in qkv_params]).astype(self.dtype)
-      if inputs_kv is None:
-        qkv = jnp.einsum(f'bnd,tdhk->t{layout}', x, kernels)
-      else:
-        kv = jnp.einsum(f'bnd,tdhk->t{layout}', inputs_kv.astype(self.dtype), kernels[1:])
-        qkv = [jnp.einsum(f'bnd,dhk->{layout}', x, kernels[0]), *kv]
-      heads = ('batch', None, 'model', None) if layout == 'bnhk' else ('batch', 'model', None, None)
-      out = []
-      for y, (_, bias), norm in zip(qkv, qkv_params, norms):
-        if self.qkv_bias:
-          y = y + (bias if layout == 'bnhk' else bias[:, None]).astype(self.dtype)
-        out.append(sharding.constrain(norm(y), heads))
-      return out
+    qkv_params = [(k, b if self.qkv_bias else None) for k, b in qkv_params]
+    project = lambda layout: _project_qkv(x, inputs_kv, qkv_params, norms, layout, self.dtype)  # noqa: E731
 
     need_weights = self.is_mutable_collection('intermediates')
     use_dropout = not deterministic and self.dropout_rate > 0.0
-    implementation = self.attention
-    if implementation == 'auto':
-      implementation = 'cudnn' if cudnn_attention_applies(self.dtype, head_dim) else 'explicit'
+    implementation = resolve_attention(
+      self.attention, self.dtype, head_dim, need_weights or use_dropout
+    )
     out_kernel, out_bias = out_kernel.astype(self.dtype), out_bias.astype(self.dtype)
 
-    if implementation in ('xla', 'cudnn') and not (need_weights or use_dropout):
+    if implementation in ('xla', 'cudnn'):
       q, k, v = project('bnhk')
-      y = fused_attention(q, k, v, implementation)
+      y = fused_attention(q, k, v, implementation, num_tokens)
       return jnp.einsum('bnhk,hkd->bnd', y, out_kernel) + out_bias
+    if num_tokens is not None and num_tokens != x.shape[1]:
+      raise ValueError(f'the {implementation} attention cannot mask padding; see pads_sequence')
 
     keep = None
     if need_weights or use_dropout:
@@ -337,6 +384,7 @@ class Encoder1DBlock(nn.Module):
   parallel_block: bool = False
   qk_norm: bool = False
   qkv_and_norm_biases: bool = True
+  num_tokens: Optional[int] = None  # the real tokens when padding follows (pads_sequence)
 
   @nn.compact
   def __call__(self, x, deterministic: bool):
@@ -352,7 +400,7 @@ class Encoder1DBlock(nn.Module):
       qkv_bias=bias,
       norm_bias=bias,
       name='MultiHeadDotProductAttention_1',
-    )(y, deterministic=deterministic)
+    )(y, deterministic=deterministic, num_tokens=self.num_tokens)
     mlp = MlpBlock(self.mlp_dim, self.dropout_rate, self.dtype, name='MlpBlock_3')
     x = x + nn.Dropout(self.dropout_rate)(attention, deterministic=deterministic)
     if self.parallel_block:  # the MLP reads the same normalised input as attention
@@ -390,6 +438,7 @@ class Encoder(nn.Module):
   parallel_block: bool = False
   qk_norm: bool = False
   qkv_and_norm_biases: bool = True
+  pad_odd: Optional[bool] = None  # see pads_sequence; None: where attention runs on cuDNN
 
   @nn.compact
   def __call__(self, x, *, train: bool):
@@ -397,6 +446,16 @@ class Encoder(nn.Module):
       raise ValueError(f'remat_policy={self.remat_policy!r}; use one of {REMAT_POLICIES}')
     x = AddPositionEmbs(dtype=self.dtype, name='posembed_input')(x)
     x = nn.Dropout(self.dropout_rate)(x, deterministic=not train)
+    num_tokens = x.shape[1]
+    implementation = resolve_attention(
+      self.attention,
+      self.dtype,
+      x.shape[-1] // self.num_heads,
+      self.is_mutable_collection('intermediates') or (train and self.attention_dropout_rate > 0),
+    )
+    padded = pads_sequence(num_tokens, implementation, self.pad_odd)
+    if padded:  # a zero token: finite through every block, and never attended to
+      x = jnp.pad(x, ((0, 0), (0, 1), (0, 0)))
     block = dict(
       mlp_dim=self.mlp_dim,
       num_heads=self.num_heads,
@@ -407,6 +466,7 @@ class Encoder(nn.Module):
       parallel_block=self.parallel_block,
       qk_norm=self.qk_norm,
       qkv_and_norm_biases=self.qkv_and_norm_biases,
+      num_tokens=num_tokens if padded else None,
     )
     block_cls = _ScannedBlock if self.scan else Encoder1DBlock
     if self.remat:
@@ -428,6 +488,8 @@ class Encoder(nn.Module):
     else:
       for i in range(self.num_layers):
         x = block_cls(name=f'encoderblock_{i}', **block)(x, not train)
+    if padded:
+      x = sharding.constrain(x[:, :num_tokens], ('batch', None, None))
     return _layer_norm('encoder_norm', self.dtype, self.qkv_and_norm_biases)(x)
 
 
@@ -457,6 +519,7 @@ class VisionTransformer(nn.Module):
   scan: bool = False  # the blocks as one nn.scan, parameters stacked
   attention: str = 'auto'  # see ATTENTION
   num_registers: int = 0  # register tokens (Darcet et al. 2023): `_add_registers`
+  pad_odd: Optional[bool] = None  # see pads_sequence; None: where attention runs on cuDNN
 
   @nn.compact
   def __call__(self, inputs, *, train: bool):
@@ -466,7 +529,9 @@ class VisionTransformer(nn.Module):
     if self.resnet is not None:
       x = resnet.resnet_stem(x, self.resnet['num_layers'], self.resnet['width_factor'], self.dtype)
 
-    x = _patch_embedding(x, self.hidden_size, self.patches['size'], self.dtype)
+    x = PatchEmbedding(self.hidden_size, tuple(self.patches['size']), self.dtype, name='embedding')(
+      x
+    )
     n, _, c = x.shape
 
     if self.classifier in ('token', 'token_unpooled'):
@@ -480,6 +545,7 @@ class VisionTransformer(nn.Module):
       remat_policy=self.remat_policy,
       scan=self.scan,
       attention=self.attention,
+      pad_odd=self.pad_odd,
       name='Transformer',
       **self.transformer,
     )(x, train=train)
@@ -504,12 +570,59 @@ class VisionTransformer(nn.Module):
     return x.astype(jnp.float32)
 
 
-def _patch_embedding(x, hidden_size: int, patch_size, dtype):
-  """Paper 3.1: the image as non-overlapping patches, each linearly projected; [n, tokens, D]."""
-  patch = tuple(patch_size)
-  x = nn.Conv(hidden_size, patch, strides=patch, padding='VALID', dtype=dtype, name='embedding')(x)
-  n, h, w, c = x.shape
-  return x.reshape(n, h * w, c)
+class PatchEmbedding(nn.Module):
+  """Paper 3.1: the image as non-overlapping patches, each flattened and linearly projected.
+
+  [n, H, W, C] -> [n, (H/ph) (W/pw), features], tokens in row-major order. The
+  parameters are those of the original stride-p convolution (`kernel`
+  [ph, pw, C, features] with nn.Conv's initialiser, `bias` [features]), so
+  checkpoints and initial values are unchanged; edges that are not a multiple
+  of the patch are dropped, as its VALID padding did. Computed as a reshape and
+  one matmul: a GPU ran the convolution as cuDNN's implicit GEMM with an indexed
+  gather and a padding kernel, 7.3% of ViT-B/16 inference on an H100 (issue 33).
+  """
+
+  features: int
+  patch_size: tuple  # (ph, pw)
+  dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x):
+    (ph, pw), (n, h, w, c) = self.patch_size, x.shape
+    shape = (ph, pw, c, self.features)
+    kernel = self.param('kernel', nn.initializers.lecun_normal(), shape, jnp.float32)
+    bias = self.param('bias', nn.initializers.zeros, (self.features,), jnp.float32)
+    gh, gw = h // ph, w // pw
+    x = x[:, : gh * ph, : gw * pw].reshape(n, gh, ph, gw, pw, c)
+    x = x.transpose(0, 1, 3, 2, 4, 5).reshape(n, gh * gw, ph * pw * c).astype(self.dtype)
+    x = sharding.constrain(x, ('batch', None, None))
+    kernel = kernel.reshape(ph * pw * c, self.features).astype(self.dtype)
+    x = sharding.constrain(x @ kernel + bias.astype(self.dtype), ('batch', None, None))
+    return sharding.batch_outermost(x) if target_device().platform == 'gpu' else x
+
+
+# Parameters that the model computes with in float32 whatever its dtype, named
+# by their module (the names are the checkpoint format): LayerNorm's and
+# GroupNorm's scales and biases (their statistics are float32) and the hybrid
+# stem's convolution kernels (weight-standardised in float32, resnet.StdConv).
+_FLOAT32_MODULES = re.compile(r'LayerNorm_\d+|\w+_norm|gn\w*|conv\w*')
+
+
+def compute_params(params, dtype):
+  """`params` as the model computes with them in `dtype`: each parameter that it would cast to
+  `dtype` wherever it is used (kernels, biases, embeddings, the class token) cast once here,
+  the float32 ones (`_FLOAT32_MODULES`) left as they are. The model then computes exactly as
+  with float32 parameters, without a cast per layer and call. Training casts inside the loss
+  (gradients stay float32); inference stores the parameters so (issue 33)."""
+  dtype = jnp.dtype(dtype)
+
+  def cast(path, x):
+    module = getattr(path[-2], 'key', '') if len(path) > 1 else ''
+    if dtype == x.dtype or not jnp.issubdtype(x.dtype, jnp.floating):
+      return x
+    return x if _FLOAT32_MODULES.fullmatch(str(module)) else x.astype(dtype)
+
+  return jax.tree_util.tree_map_with_path(cast, params)
 
 
 def _add_registers(module, x, num_registers: int, classifier: str):

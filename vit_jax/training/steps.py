@@ -16,13 +16,16 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from vit_jax import hardware
 from vit_jax import models
 from vit_jax import sharding
 from vit_jax.configs import architectures
+from vit_jax.data import on_device
 from vit_jax.evaluation import metrics
 from vit_jax.models import flexi
 from vit_jax.models import mpp
 from vit_jax.models import naflex
+from vit_jax.models import vit
 
 TASKS = ('classification', 'mpp')  # supervised, or masked patch prediction (paper B.1.2)
 LOSSES = ('softmax', 'sigmoid')  # sigmoid for multi-label data such as JFT (paper B.1)
@@ -88,12 +91,21 @@ class Task(NamedTuple):
   model: nn.Module
   loss_fn: Callable  # (params, batch, rng, train) -> scalar loss
   eval_fn: Callable  # (params, batch) -> {'correct', 'count', ...}: sums over real examples
+  # A batch as it crosses to the devices (uint8 pixels, Mixup's weights) -> the batch
+  # loss_fn and eval_fn take ([-1, 1] floats, soft labels): `on_device.prepare`.
+  prepare: Callable
   # (params, batch, rng) -> (training loss, gradients); None: value_and_grad of loss_fn.
   grad_fn: Optional[Callable] = None
 
 
 def make_task(config, num_classes: int, multi_label: bool) -> Task:
-  """The task named by `config.task`: 'classification' or 'mpp'."""
+  """The task named by `config.task`: 'classification' or 'mpp'.
+
+  Its loss and evaluation take the float32 parameters and cast them to the
+  compute dtype once, at the top (`vit.compute_params`): gradients flow back
+  through that cast to float32, and no layer casts on every call.
+  """
+  compute = lambda params: vit.compute_params(params, config.dtype)  # noqa: E731
   if config.task == 'classification':
     model = make_model(config, num_classes)
 
@@ -103,16 +115,17 @@ def make_task(config, num_classes: int, multi_label: bool) -> Task:
       )
 
     def loss_fn(params, batch, rng, train):
-      logits = model.apply({'params': params}, batch['image'], train=train, rngs={'dropout': rng})
+      variables = {'params': compute(params)}
+      logits = model.apply(variables, batch['image'], train=train, rngs={'dropout': rng})
       return objective(logits, batch)
 
     grad_fn = None
     if config.flexi_patch_sizes:  # FlexiViT: a random patch size per training step
       sizes = tuple(config.flexi_patch_sizes)
-      grad_fn = flexi.random_patch_grad(model, sizes, config.pp.crop, objective)
+      grad_fn = flexi.random_patch_grad(model, sizes, config.pp.crop, objective, compute)
 
     def eval_fn(params, batch):
-      logits = model.apply({'params': params}, batch['image'], train=False)
+      logits = model.apply({'params': compute(params)}, batch['image'], train=False)
       return metrics.classification_counts(logits, batch['label'], batch['mask'], multi_label)
 
   elif config.task == 'mpp':
@@ -126,13 +139,14 @@ def make_task(config, num_classes: int, multi_label: bool) -> Task:
     )
 
     def loss_fn(params, batch, rng, train):
-      return mpp.loss_fn(params, batch['image'], rng, model=model, train=train)[0]
+      return mpp.loss_fn(compute(params), batch['image'], rng, model=model, train=train)[0]
 
     def eval_fn(params, batch):
       # A fixed corruption pattern, so evaluations of one run are comparable.
       targets = mpp.colour_targets(batch['image'], tuple(model.patches['size']))
       corruption = mpp.sample_corruption(jax.random.PRNGKey(0), *targets.shape)
-      logits = model.apply({'params': params}, batch['image'], corruption, train=False)
+      variables = {'params': compute(params)}
+      logits = model.apply(variables, batch['image'], corruption, train=False)
       counted = corruption.corrupted * batch['mask'][:, None]
       correct = (jnp.argmax(logits, axis=-1) == targets) * counted
       return {'correct': jnp.sum(correct), 'count': jnp.sum(counted)}
@@ -141,7 +155,8 @@ def make_task(config, num_classes: int, multi_label: bool) -> Task:
 
   else:
     raise ValueError(f'task={config.task!r}: use one of {", ".join(TASKS)}')
-  return Task(model, loss_fn, eval_fn, grad_fn)
+  prepare = functools.partial(on_device.prepare, num_classes=num_classes)
+  return Task(model, loss_fn, eval_fn, prepare, grad_fn)
 
 
 def init_state(rng, *, model, tx, image_size, ema: bool) -> TrainState:
@@ -206,7 +221,12 @@ def accumulated_value_and_grad(grad_fn, params, batch, rng, accum_steps: int):
 
 
 def train_step(state: TrainState, batch, *, task: Task, tx, schedule, config):
-  """One optimizer step over the global batch (accumulated over micro-batches)."""
+  """One optimizer step over the global batch (accumulated over micro-batches).
+
+  `batch` as it crosses to the devices: prepared here, once for the whole
+  batch (Mixup pairs neighbours, which micro-batches would separate).
+  """
+  batch = task.prepare(batch)
   step_rng = jax.random.fold_in(state.rng, state.step)
   grad_fn = task.grad_fn or jax.value_and_grad(functools.partial(task.loss_fn, train=True))
   loss, grads = accumulated_value_and_grad(
@@ -250,14 +270,16 @@ def jit_train_step(*, task, tx, schedule, config, state_shardings, batch_shardin
     in_shardings=(state_shardings, batch_sharding),
     out_shardings=(state_shardings, metric_sharding),
     donate_argnums=0,
+    compiler_options=hardware.compiler_options(batch_sharding.mesh.devices.flat),
   )
 
 
 def jit_eval_step(*, task, params_shardings, batch_sharding):
   return jax.jit(
-    task.eval_fn,
+    lambda params, batch: task.eval_fn(params, task.prepare(batch)),
     in_shardings=(params_shardings, batch_sharding),
     out_shardings=sharding.replicated(batch_sharding.mesh),
+    compiler_options=hardware.compiler_options(batch_sharding.mesh.devices.flat),
   )
 
 
@@ -283,4 +305,6 @@ def make_update_fn(*, apply_fn, accum_steps, tx):
     updates, opt_state = tx.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, loss, rng
 
-  return jax.jit(update_fn, donate_argnums=0)
+  return jax.jit(
+    update_fn, donate_argnums=0, compiler_options=hardware.compiler_options(jax.devices())
+  )
