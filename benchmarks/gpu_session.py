@@ -12,9 +12,10 @@ inference against timm, each with the kernels that took the most device time
 (benchmarks/gpu_hlo) beside the peak measured on the card; (3, 4) the XLA
 options of issue 33 item 4 A/B, ours alone: each candidate against the
 programs as built (`hardware.GPU_COMPILER_OPTIONS`), run after run; (5) the
-whole loop (`python -m vit_jax.main` on the
-digits in memory and on a JPEG folder read by the host's cores, against the
-bare step and the host input pipeline alone; no TensorFlow needed), then ViT-L/16 and ViT-H/14
+whole loop (`python -m vit_jax.main` for 160 steps on the digits in memory, on
+a JPEG folder read by the host's cores and on TFRecord shards of it, each
+against the bare step, steady state and whole run; the host input pipeline
+alone by threads and processes; no TensorFlow needed), then ViT-L/16 and ViT-H/14
 at 224 px and the fine-tuning resolutions, with their largest batch. Each
 item is `python -m vit_jax.benchmark` (timm in the same process, interleaved,
 the same warm-up and timed steps) at each of its batches, so each side's best
@@ -62,8 +63,10 @@ XLA_OPTIONS = {
 
 # Seconds per run: the H200 lease of 2026-11-26 (benchmarks/gpu_measured/h200_20261126:
 # 82-92 s with timm's training, 41-44 s with its inference, about 52 s for ours alone at
-# ViT-B/16; the loop outlasted 200 s), 5 s more where --profile traces 3 more steps (a
-# guess); the larger models and the search are guesses.
+# ViT-B/16), 5 s more where --profile traces 3 more steps (a guess); the loop: its H100
+# phases of 2026-11-26 (../shared/measured/h100_20261126: bare step 46 s, a 40-step run
+# 52-89 s, 4,096 photos 22 s) at 160 steps and three sources, a guess; the larger models
+# and the search are guesses.
 # The B/16 batches are those benchmarks/gpu_hlo.py compiles (the predicted memory). Each
 # side's best batch was among them on the H200 (ours 512 training, 1024 inference; timm 512
 # both); training at 128 and inference at 256 were slower for both and are left out.
@@ -72,7 +75,7 @@ ITEMS = [
   Item('b16_infer_vs_timm', [*B16_INFER, '--compare=timm'], [512, 1024], True, 50, profile=True),
   Item('b16_train_xla_options', B16_TRAIN, [512], False, 55, XLA_OPTIONS),
   Item('b16_infer_xla_options', B16_INFER, [1024], False, 45, XLA_OPTIONS),
-  Item('loop', None, [], False, 300),
+  Item('loop', None, [], False, 420),
   Item('l16_train', ['--model=ViT-L_16', '--mode=train', '--dtype=bfloat16'], [64, 128], False, 70),
   Item('h14_train', ['--model=ViT-H_14', '--mode=train', '--dtype=bfloat16'], [32, 64], False, 90),
   Item(
@@ -126,9 +129,15 @@ def _has(module):
 
 
 # The whole loop: the model, resolution, batch and steps of `python -m vit_jax.main`
-# against the bare step, on in-memory data and on a JPEG folder.
-LOOP = dict(model='ViT-B_16', crop=224, batch=256, steps=40, dtype='bfloat16', images=4096)
-LOOP_SMOKE = dict(model='testing', crop=32, batch=8, steps=2, dtype='float32', images=8)
+# against the bare step, on in-memory data, a JPEG folder and shards of it. 160 steps with a
+# progress line every 20: the steady state is the median rate of the intervals after step 40
+# (compilation, the first batches and the pipeline's ramp before it); the whole run's rate
+# (summary.json: every step after the first) is kept next to it.
+LOOP = dict(model='ViT-B_16', crop=224, batch=256, steps=160, dtype='bfloat16', images=4096,
+            progress_every=20, steady_after=40)  # fmt: skip
+LOOP_SMOKE = dict(model='testing', crop=32, batch=8, steps=6, dtype='float32', images=16,
+                  progress_every=2, steady_after=2)  # fmt: skip
+LOOP_THREADS = '1,2,4,8,16'  # benchmark_input on the GPU machine's cores (16 on the H100s)
 
 
 ERROR_LINES = 25
@@ -159,19 +168,30 @@ def _write_json(path, record):
     json.dump(record, f, indent=1)
 
 
-def _main_rate(flags, workdir) -> float:
-  """img/s of `python -m vit_jax.main` (its summary: wall time after the first step)."""
-  _run_module('vit_jax.main', [f'--workdir={workdir}', *flags])
-  return _read_json(os.path.join(workdir, 'summary.json'))['img_per_sec']
+def loop_rates(workdir, steady_after: int) -> dict:
+  """The rates of a finished `python -m vit_jax.main` run: the median of its progress
+  intervals after step `steady_after` (metrics.jsonl), and the whole run's (summary.json)."""
+  with open(os.path.join(workdir, 'metrics.jsonl'), encoding='utf-8') as f:
+    lines = [json.loads(line) for line in f]
+  intervals = [l['img_per_sec'] for l in lines if 'img_per_sec' in l and l['step'] > steady_after]
+  intervals.sort()
+  middle = len(intervals) // 2
+  steady = (intervals[middle] + intervals[~middle]) / 2 if intervals else 0.0
+  return {
+    'steady_img_per_sec': round(steady, 1),
+    'interval_img_per_sec': [round(r, 1) for r in intervals],
+    'whole_run_img_per_sec': round(_read_json(os.path.join(workdir, 'summary.json'))[
+      'img_per_sec'], 1),
+  }  # fmt: skip
 
 
 def run_loop(out, smoke) -> dict:
-  """`python -m vit_jax.main` on the digits (in memory) and on a JPEG folder, the bare
-  step at the same model, batch and resolution, and the host pipeline alone on the
-  folder with every core: is the loop within 10% of the step, and if not, is the
-  input the limit? Runs without TensorFlow (the GPU image has none). `loop.json` is
-  written after each phase, with the seconds each took, so a run cut short keeps
-  what it measured."""
+  """`python -m vit_jax.main` on the digits (in memory), a JPEG folder and TFRecord shards of
+  it, each against the bare step at the same model, batch and resolution (steady state and
+  whole run); then the host pipeline alone on the folder by threads (LOOP_THREADS), the bare
+  decode in as many processes, and the cores split into processes x threads. Runs without
+  TensorFlow (the GPU image has none). `loop.json` is written after each phase, with the
+  seconds each took, so a run cut short keeps what it measured."""
   import tempfile
 
   c = LOOP_SMOKE if smoke else LOOP
@@ -208,18 +228,25 @@ def _loop_flags(c):
     '--config.optimizer=adam',
     '--config.eval_every=1000000',
     '--config.checkpoint_every=1000000',
-    '--config.progress_every=10',
+    f'--config.progress_every={c["progress_every"]}',
   ]
 
 
 def _measure_loop(record, c, work, out, smoke, phase):
   from vit_jax.bench import input_speed
 
-  folder = os.path.join(work, 'photos')
+  folder, shards = os.path.join(work, 'photos'), os.path.join(work, 'shards')
   common = _loop_flags(c)
+  some = f'--config.pp.test=train[:{c["batch"]}]'  # a test split of one batch
 
-  def main_run(key, flags, workdir):
-    record[key] = _main_rate(flags, os.path.join(work, workdir))
+  def main_run(name, flags):
+    workdir = os.path.join(work, name)
+    _run_module('vit_jax.main', [f'--workdir={workdir}', *common, *flags])
+    rates = loop_rates(workdir, c['steady_after'])
+    bare = record['bare_step_img_per_sec']
+    rates['steady_over_step'] = round(rates['steady_img_per_sec'] / bare, 3)
+    rates['whole_run_over_step'] = round(rates['whole_run_img_per_sec'] / bare, 3)
+    record[name] = rates
 
   def bare_step():
     step = os.path.join(out, 'loop_bare_step.json')
@@ -232,32 +259,33 @@ def _measure_loop(record, c, work, out, smoke, phase):
 
   def host_pipeline():
     pipeline = os.path.join(out, 'loop_host_pipeline.json')
-    _run_module(
-      'vit_jax.benchmark_input',
-      [
-        f'--dataset={folder}',
-        '--quick',
-        f'--batch={c["batch"]}',
-        '--steps=8',
-        '--rounds=1',
-        f'--threads={os.cpu_count()}',
-        f'--json={pipeline}',
-      ],  # fmt: skip
-    )
-    record['host_pipeline_img_per_sec'] = _read_json(pipeline)['img_per_sec']
+    threads = '1,2' if smoke else LOOP_THREADS
+    cores = max(int(t) for t in threads.split(','))
+    _run_module('vit_jax.benchmark_input', [
+      f'--dataset={folder}', '--quick', f'--batch={c["batch"]}', '--steps=8', '--rounds=1',
+      f'--threads={threads}', f'--processes={",".join(str(p) for p in (2, 4, 8, 16) if p <= cores)}',
+      f'--json={pipeline}'])  # fmt: skip
+    measured = _read_json(pipeline)
+    record['host_pipeline_img_per_sec'] = measured['img_per_sec']
+    record['host_pipeline_by_threads'] = {
+      n: t['img_per_sec'] for n, t in measured['threads'].items()
+    }
 
   phase('bare_step', bare_step)
-  phase('loop_in_memory', lambda: main_run('loop_in_memory_img_per_sec', common, 'digits'))
-  bare = record['bare_step_img_per_sec']
-  record['loop_over_step_in_memory'] = round(record['loop_in_memory_img_per_sec'] / bare, 3)
+  phase('loop_in_memory', lambda: main_run('loop_in_memory', []))
   phase('write_photos', lambda: input_speed.write_photos(folder, c['images']))
-  folder_flags = [*common, f'--config.dataset={folder}', f'--config.pp.test=train[:{c["batch"]}]']
   phase(
-    'loop_jpeg_folder', lambda: main_run('loop_jpeg_folder_img_per_sec', folder_flags, 'folder')
+    'loop_jpeg_folder', lambda: main_run('loop_jpeg_folder', [f'--config.dataset={folder}', some])
   )
-  record['loop_over_step_jpeg_folder'] = round(record['loop_jpeg_folder_img_per_sec'] / bare, 3)
+  phase('write_shards', lambda: _run_module('vit_jax.jft', [
+    f'--folder={os.path.join(folder, "train")}', f'--out={shards}']))  # fmt: skip
+  # Shards are JFT-style, multi-label: the paper's sigmoid loss (B.1).
+  shard_flags = [f'--config.dataset={shards}', some, '--config.loss=sigmoid']
+  phase('loop_shards', lambda: main_run('loop_shards', shard_flags))
   phase('host_pipeline', host_pipeline)
-  record['input_is_the_limit'] = record['host_pipeline_img_per_sec'] < bare
+  record['input_is_the_limit'] = (
+    record['host_pipeline_img_per_sec'] < record['bare_step_img_per_sec']
+  )
 
 
 GPU_HLO = os.path.join(ROOT, 'benchmarks', 'gpu_hlo')

@@ -163,8 +163,8 @@ _SAME_PROGRAM = textwrap.dedent("""
     # As the trainer does: real state, a real batch from the input pipeline.
     run = loop.set_up(config, tempfile.mkdtemp(), mesh)
     state = loop.restore_or_initialize(run)[0]
-    batch = next(pipeline.make_train_iterator(config, run.program.batch_sharding))
-    eval_batch = next(pipeline.make_eval_iterator(config, run.program.batch_sharding))
+    batch = next(pipeline.make_train_iterator(config, run.program.batch_sharding, raw=True))
+    eval_batch = next(pipeline.make_eval_iterator(config, run.program.batch_sharding, raw=True))
     trainer_train = run.program.train_step.lower(state, batch)
     trainer_eval = run.program.eval_step.lower(state.params, eval_batch)
     # As the compile command does: abstract inputs only.
@@ -205,9 +205,9 @@ def test_compile_command_reports_flops_memory_and_collectives(tmp_path):
   assert record['fits'] and record['devices'] == 4
   assert 0.95 <= record['flops_vs_closed_form'] <= 1.25
   # Arguments: at least fp32 parameters + two Adam moments + a quarter of the
-  # batch; TPU tiling pads some small dimensions (measured: 10% here).
+  # batch (uint8 pixels, int32 labels); TPU tiling pads some small dimensions.
   arch = model_configs.MODEL_CONFIGS['ViT-Demo_4']
-  logical = 12 * _param_count(arch, 32, 10) + 64 // 4 * (32 * 32 * 3 * 4 + 4)
+  logical = 12 * _param_count(arch, 32, 10) + 64 // 4 * (32 * 32 * 3 + 4)
   assert logical <= record['train_memory']['argument_bytes'] <= 1.2 * logical
   # Data parallel: one gradient all-reduce over the 4 chips, sized like the gradients.
   (reduce,) = [c for c in record['collectives'] if c['group_size'] == 4]

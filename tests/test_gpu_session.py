@@ -9,6 +9,7 @@ import tarfile
 
 from conftest import ROOT
 from conftest import subprocess_env
+import numpy as np
 import pytest
 
 # What the GPU image has: no TensorFlow, and vit_jax not installed (only the checkout,
@@ -50,14 +51,22 @@ def test_the_loop_item_runs_as_on_the_gpu_image(tmp_path):
   assert proc.returncode == 0, proc.stderr[-3000:]
   loop = json.loads((out / 'loop.json').read_text())
   assert 'error' not in loop, loop
-  for key in ('loop_in_memory_img_per_sec', 'loop_jpeg_folder_img_per_sec',
-              'bare_step_img_per_sec', 'host_pipeline_img_per_sec'):  # fmt: skip
-    assert loop[key] > 0, key
   bare = loop['bare_step_img_per_sec']
-  assert loop['loop_over_step_jpeg_folder'] == round(loop['loop_jpeg_folder_img_per_sec'] / bare, 3)
+  assert bare > 0 and loop['host_pipeline_img_per_sec'] > 0
+  for source in ('loop_in_memory', 'loop_jpeg_folder', 'loop_shards'):
+    rates = loop[source]
+    # 6 steps, a progress line every 2: the intervals after step 2 are those ending at 4 and 6.
+    assert len(rates['interval_img_per_sec']) == 2, source
+    assert rates['steady_img_per_sec'] == pytest.approx(
+      np.mean(rates['interval_img_per_sec']), 1e-3
+    )
+    assert rates['steady_over_step'] == round(rates['steady_img_per_sec'] / bare, 3)
+    assert rates['whole_run_over_step'] == round(rates['whole_run_img_per_sec'] / bare, 3)
+  assert set(loop['host_pipeline_by_threads']) == {'1', '2'}
   assert loop['input_is_the_limit'] == (loop['host_pipeline_img_per_sec'] < bare)
   assert set(loop['phase_seconds']) == {
-    'bare_step', 'loop_in_memory', 'write_photos', 'loop_jpeg_folder', 'host_pipeline'
+    'bare_step', 'loop_in_memory', 'write_photos', 'loop_jpeg_folder', 'write_shards',
+    'loop_shards', 'host_pipeline'
   }  # fmt: skip
   summary = json.loads((out / 'summary.json').read_text())
   assert [item['item'] for item in summary['items']] == ['loop']
@@ -88,6 +97,23 @@ def test_the_readme_quotes_the_measured_gpu_table_as_the_records_give_it(monkeyp
   assert gpu_measured.mfu(record, 'vit_jax') == pytest.approx(
     record['vit_jax']['img_per_sec'] * 3 * 2 * 17.6e9 / 989e12, rel=0.005
   )
+
+
+def test_the_loops_steady_state_is_the_median_interval_after_step_40(tmp_path, monkeypatch):
+  monkeypatch.syspath_prepend(str(ROOT / 'benchmarks'))
+  import gpu_session
+
+  rates = {20: 2506.0, 40: 3115.0, 60: 3203.0, 80: 3223.0, 100: 3259.0, 120: 3258.0, 140: 3226.0}
+  lines = [{'step': s, 'train_loss': 1.0, 'img_per_sec': r} for s, r in rates.items()]
+  lines.insert(3, {'step': 60, 'test_accuracy': 0.5})  # an evaluation line has no rate
+  (tmp_path / 'metrics.jsonl').write_text(''.join(json.dumps(l) + '\n' for l in lines))
+  (tmp_path / 'summary.json').write_text(json.dumps({'img_per_sec': 2760.08}))
+  got = gpu_session.loop_rates(str(tmp_path), steady_after=40)
+  assert got['interval_img_per_sec'] == [3203.0, 3223.0, 3226.0, 3258.0, 3259.0]
+  assert (got['steady_img_per_sec'], got['whole_run_img_per_sec']) == (3226.0, 2760.1)
+  lines.append({'step': 160, 'img_per_sec': 3203.0})  # six intervals: the middle two's mean
+  (tmp_path / 'metrics.jsonl').write_text(''.join(json.dumps(l) + '\n' for l in lines))
+  assert gpu_session.loop_rates(str(tmp_path), 40)['steady_img_per_sec'] == (3223 + 3226) / 2
 
 
 def _session(monkeypatch):

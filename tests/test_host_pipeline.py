@@ -237,21 +237,38 @@ def test_benchmark_input_reports_rates_the_ceiling_and_stages(tmp_path):
   record = tmp_path / 'input.json'
   _python(
     '-m', 'vit_jax.benchmark_input', '--images=24', '--batch=8', '--steps=1', '--rounds=1',
-    '--threads=1,2', f'--dir={tmp_path}', f'--json={record}',
+    '--threads=1,2', '--processes=2', f'--dir={tmp_path}', f'--json={record}',
   )  # fmt: skip
   out = json.loads(record.read_text())
   assert out['files'] == 24 and 60 < out['mean_file_kB'] < 120  # ImageNet-like JPEGs
+  assert out['machine']['logical_cpus'] >= out['machine']['physical_cores'] >= 1
   for n in ('1', '2'):
     t = out['threads'][n]
     assert abs(t['img_per_sec_per_core'] - t['img_per_sec'] / int(n)) <= 1  # each rounded
     ratio = t['img_per_sec'] / int(n) / out['decode_only_img_per_sec']
     assert t['ratio_per_core_to_decode_only'] == pytest.approx(ratio, rel=0.01)
+    for name in ('photos', 'digits'):  # in memory, against the folder at the same threads
+      m = out['in_memory'][name][n]
+      assert m['ratio_to_jpeg_folder'] == pytest.approx(m['img_per_sec'] / t['img_per_sec'], 0.01)
   assert out['img_per_sec_per_core'] == out['threads']['2']['img_per_sec_per_core']
+  ratio = out['threads']['2']['img_per_sec_per_core'] / out['decode_in_parallel']['2']
+  assert out['threads']['2']['ratio_per_core_to_parallel_decode'] == pytest.approx(ratio, 0.01)
+  grid = out['processes']['2x1']
+  assert len(grid['per_process']) == 2 and abs(grid['img_per_sec'] - sum(grid['per_process'])) <= 2
   assert set(out['stage_ms_per_image']) == {
-    'read', 'header_and_crop', 'entropy_decode', 'idct_and_colour', 'resize', 'flip_and_float'
+    'read', 'header_and_crop', 'entropy_decode', 'idct_and_colour', 'resize', 'flip'
   }  # fmt: skip
   for key in ('randaugment_mixup_img_per_sec', 'eval_img_per_sec', 'tfrecord_shards_img_per_sec'):
     assert out[key] > 0, key
+  # An in-memory dataset by itself: threads only.
+  arrays = tmp_path / 'digits.npz'
+  np.savez(arrays, x_train=np.zeros((16, 8, 8), np.uint8), y_train=np.arange(16) % 2)
+  _python(
+    '-m', 'vit_jax.benchmark_input', f'--dataset={arrays}', '--batch=8', '--steps=1',
+    '--rounds=1', '--threads=1,2', f'--json={record}',
+  )  # fmt: skip
+  out = json.loads(record.read_text())
+  assert out['examples'] == 16 and set(out['threads']) == {'1', '2'}
 
 
 def test_a_state_from_the_tf_data_backend_resumes_on_the_same_examples(photos, caplog):

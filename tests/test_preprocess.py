@@ -141,6 +141,13 @@ def test_flip_mirrors_the_same_crop():
   plain = images.train_image(data, u, pp)
   u[-1] = 0.1
   np.testing.assert_array_equal(images.train_image(data, u, pp), plain[:, ::-1])
+  # Into a batch's row (resized there, mirrored in place), and from the decoded array.
+  batch = np.zeros((3, 32, 32, 3), np.uint8)
+  images.train_image(data, u, pp, out=batch[1])
+  np.testing.assert_array_equal(batch[1], plain[:, ::-1])
+  images.train_array(images.decode(data), u, pp, out=batch[2])
+  np.testing.assert_array_equal(batch[2], plain[:, ::-1])
+  assert not batch[0].any()
 
 
 def _image(seed=0):

@@ -271,6 +271,86 @@ def test_mpp_task_trains_and_counts_corrupted_patches():
   assert not np.allclose(new_state.params['mask_token'], state.params['mask_token'])
 
 
+# ---------------------------------------------------------------------------
+# What crosses to the devices: uint8 pixels, made [-1, 1] (and mixed) inside the step.
+
+
+def _host_floats(pixels):
+  """The [-1, 1] floats the host used to send: uint8 / 127.5 - 1 in NumPy's float32."""
+  return np.subtract(np.divide(pixels, np.float32(127.5), dtype=np.float32), np.float32(1.0))
+
+
+def _capturing(task, seen):
+  """`task` whose loss hands the batch it is given (inside the jitted step) to `seen`."""
+
+  def keep(image, label):
+    seen.append((np.asarray(image), np.asarray(label)))
+
+  def loss_fn(params, batch, rng, train):
+    jax.debug.callback(keep, batch['image'], batch['label'])
+    return task.loss_fn(params, batch, rng, train)
+
+  return task._replace(loss_fn=loss_fn)
+
+
+@pytest.mark.equivalence  # Mixup: NumPy's float32 mix against XLA's (see below)
+@pytest.mark.parametrize('mixup', [0.0, 0.4])
+def test_the_device_gets_uint8_and_the_step_the_hosts_floats(mixup):
+  from vit_jax.data import pipeline
+  from vit_jax.training import program
+
+  config = small_config(batch=32, dataset='digits', input_threads=2)
+  config.pp.mixup = mixup
+  mesh = sharding.make_mesh()
+  built = program.build(config, mesh, num_classes=10, multi_label=False)
+  raw = next(pipeline.make_train_iterator(config, built.batch_sharding, raw=True))
+  # What crosses: uint8 pixels laid out over the batch axis, as the compiled step expects.
+  assert raw['image'].dtype == np.uint8 and raw['image'].sharding == built.batch_sharding
+  spec = built.abstract_batch()
+  assert {k: (v.shape, v.dtype) for k, v in raw.items()} == {
+    k: (v.shape, v.dtype) for k, v in spec.items()
+  }
+  assert ('mixup' in raw) == (mixup > 0)
+  seen = []
+  step = steps.jit_train_step(
+    task=_capturing(built.task, seen), tx=built.tx, schedule=built.schedule, config=config,
+    state_shardings=built.state_shardings, batch_sharding=built.batch_sharding,
+  )  # fmt: skip
+  with jax.set_mesh(mesh):
+    state = jax.jit(built.init, out_shardings=built.state_shardings)(jax.random.PRNGKey(0))
+    jax.block_until_ready(step(state, raw))
+  (image, label), = seen  # fmt: skip
+  pixels, labels = np.asarray(raw['image']), np.asarray(raw['label'])
+  want = _host_floats(pixels)
+  if not mixup:  # the very floats the host computed: bitwise
+    np.testing.assert_array_equal(image.view(np.uint32), want.view(np.uint32))
+    np.testing.assert_array_equal(label, labels)
+    return
+  # Mixup as the host did it: each image with its neighbour, p >= 1/2 for the whole step.
+  p = np.asarray(raw['mixup'])
+  assert np.all(p == p[0]) and 0.5 <= p[0] < 1
+  pair = lambda x: x.reshape(-1, 2, *x.shape[1:])[:, ::-1].reshape(x.shape)  # noqa: E731
+  one_hot = np.eye(10, dtype=np.float32)[labels]
+  np.testing.assert_array_equal(label, p[0] * one_hot + (np.float32(1) - p[0]) * pair(one_hot))
+  # XLA may fuse p * x + (1 - p) * y into a multiply-add: one rounding instead of three,
+  # within 2 ulps of values in [-1, 1] (2 * 2^-24 relative to 1).
+  mixed = p[0] * want + (np.float32(1) - p[0]) * pair(want)
+  assert np.abs(image - mixed).max() <= 2**-23
+
+
+def test_every_pixel_value_normalises_as_on_the_host():
+  from vit_jax.data import on_device
+
+  pixels = np.arange(256, dtype=np.uint8).reshape(1, 16, 16, 1)
+  got = np.asarray(jax.jit(on_device.normalise)(pixels))
+  np.testing.assert_array_equal(got.view(np.uint32), _host_floats(pixels).view(np.uint32))
+  assert got.min() == -1.0 and got.max() == 1.0
+  floats = np.linspace(-1, 1, 8, dtype=np.float32)
+  assert on_device.normalise(floats) is floats  # already the model's input
+  with pytest.raises(TypeError, match='uint8 pixels or floats'):
+    on_device.normalise(np.zeros(3, np.int32))
+
+
 @pytest.mark.equivalence
 def test_parameters_cast_once_per_step_train_as_the_layers_casting_them():
   """bf16 training casts the float32 parameters to bf16 once, at the top of the loss

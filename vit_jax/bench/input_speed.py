@@ -1,11 +1,15 @@
 """Throughput of the input pipeline alone, where its time goes, and the decode ceiling.
 
 `write_photos` makes an ImageNet-like folder of JPEGs from scikit-learn's two
-sample photographs; `measure` times the train pipeline with 1, 2, ... threads, the
-evaluation pipeline and a bare single-thread PIL decode of the same files (the
-ceiling), splits one training image's time into stages, and times RandAugment
-with mixup, record shards and a restore far into a run.
-`python -m vit_jax.benchmark_input` is the command line.
+sample photographs; `measure` times the train pipeline with 1, 2, ... threads
+(uint8 host batches, as they cross to the devices), the same photos held in
+memory and the built-in digits at the same threads, the evaluation pipeline
+and a bare single-thread PIL decode of the same files (the ceiling); the bare
+decode in n processes at once (the machine's own per-core rate with n cores
+busy), optionally the cores split into processes x threads; it splits one
+training image's time into stages, and times RandAugment with mixup, record
+shards and a restore far into a run. `python -m vit_jax.benchmark_input` is
+the command line.
 """
 
 import io
@@ -17,6 +21,7 @@ import ml_collections
 import numpy as np
 from PIL import Image
 
+from vit_jax.data import datasets
 from vit_jax.data import images
 from vit_jax.data import pipeline
 
@@ -84,7 +89,7 @@ def stages(paths, crop=224, area_min=0.05, limit=200):
   if not paths:
     return {}
   timings = dict.fromkeys(
-    ['read', 'header_and_crop', 'entropy_decode', 'idct_and_colour', 'resize', 'flip_and_float'],
+    ['read', 'header_and_crop', 'entropy_decode', 'idct_and_colour', 'resize', 'flip'],
     0.0,
   )
   uniforms = order.example_uniforms(1, np.arange(len(paths)), images.ATTEMPTS * 4 + 1)
@@ -104,7 +109,7 @@ def stages(paths, crop=224, area_min=0.05, limit=200):
     region = image[round(y * sy) : round((y + h) * sy), round(x * sx) : round((x + w) * sx)]
     out = cv2.resize(region, (crop, crop), interpolation=cv2.INTER_LINEAR)
     t.append(time.perf_counter())
-    images.to_float(cv2.flip(out, 1))
+    cv2.flip(out, 1, dst=out)  # in place, as the pipeline (floats are made on the devices)
     t.append(time.perf_counter())
     for name, a, b in zip(timings, t, t[1:]):
       timings[name] += b - a
@@ -122,9 +127,10 @@ def _config(dataset, batch, **overrides):
 
 
 def time_train(dataset, batch, steps, start_step=0, **overrides):
-  """(first batch seconds, img/s, process CPU seconds per image) of host train batches."""
+  """(first batch seconds, img/s, process CPU seconds per image) of host train batches (uint8,
+  as they cross to the devices)."""
   config = _config(dataset, batch, **overrides)
-  it = pipeline.make_train_iterator(config, None, state={'step': start_step})
+  it = pipeline.make_train_iterator(config, None, state={'step': start_step}, raw=True)
   t0 = time.perf_counter()
   next(it)
   first = time.perf_counter() - t0
@@ -139,16 +145,16 @@ def time_eval(dataset, batch, **overrides):
   """img/s of one evaluation pass (resize + centre crop, exact pixels), no cache."""
   config = _config(dataset, batch, **overrides)
   t0, n = time.perf_counter(), 0
-  for b in pipeline.make_eval_iterator(config, None, split='train'):
+  for b in pipeline.make_eval_iterator(config, None, split='train', raw=True):
     n += len(b['mask'])
   return n / (time.perf_counter() - t0)
 
 
-def to_device_seconds(batch):
-  """Seconds to hand one host batch to the default device (`jax.device_put`)."""
+def to_device_seconds(batch, dtype=np.uint8):
+  """Seconds to hand one host batch of `dtype` to the default device (`jax.device_put`)."""
   import jax
 
-  x = np.zeros((batch, 224, 224, 3), np.float32)
+  x = np.zeros((batch, 224, 224, 3), dtype)
   jax.device_put(x).block_until_ready()
   t0 = time.perf_counter()
   for _ in range(5):
@@ -157,13 +163,116 @@ def to_device_seconds(batch):
 
 
 # ---------------------------------------------------------------------------
+# The same photos in memory, and the machine's cores.
+
+PHOTO_SHAPE = (375, 500)  # (height, width): ImageNet's most common size
+ARRAYS_NAME = 'benchmark_input_photos'
+
+
+def register_photo_arrays(paths, limit=1024):
+  """The first `limit` images of `paths` decoded, at one size, as in-memory dataset ARRAYS_NAME:
+  the JPEG folder's pixels without its decoding (`datasets.register_arrays`)."""
+  cv2 = images._cv2()
+  x = np.empty((min(limit, len(paths)), *PHOTO_SHAPE, 3), np.uint8)
+  for i, path in enumerate(paths[: len(x)]):
+    image = images.decode(_read(path))
+    if image.shape[:2] != PHOTO_SHAPE:
+      image = cv2.resize(image, PHOTO_SHAPE[::-1], interpolation=cv2.INTER_AREA)
+    x[i] = image
+  labels = np.arange(len(x)) % 10
+  return datasets.register_arrays(ARRAYS_NAME, x_train=x, y_train=labels)
+
+
+def topology() -> dict:
+  """Logical CPUs, physical cores and sockets (/proc/cpuinfo), and the CPUs this process may
+  use: a per-core rate means something else on hyperthreads."""
+  logical, cores, model = 0, set(), ''
+  try:
+    with open('/proc/cpuinfo', encoding='utf-8') as f:
+      block = {}
+      for line in f.read().splitlines() + ['']:
+        if line.strip():
+          key, _, value = line.partition(':')
+          block[key.strip()] = value.strip()
+          continue
+        if 'processor' in block:
+          logical += 1
+          cores.add((block.get('physical id', '0'), block.get('core id', str(logical))))
+          model = block.get('model name', model)
+        block = {}
+  except OSError:
+    pass
+  return {
+    'model': model,
+    'logical_cpus': logical or os.cpu_count(),
+    'physical_cores': len(cores) or None,
+    'sockets': len({socket for socket, _ in cores}) or None,
+    'usable_cpus': len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else None,
+  }
+
+
+# ---------------------------------------------------------------------------
+# Several processes at once: the machine's own scaling, and processes against threads.
+
+
+def _decode_unit(paths):
+  state = {'i': 0}
+
+  def unit():
+    path = paths[state['i'] % len(paths)]
+    state['i'] += 1
+    with Image.open(io.BytesIO(_read(path))) as image:
+      image.convert('RGB').load()
+    return 1
+
+  return unit
+
+
+def _train_unit(dataset, batch, threads):
+  it = pipeline.make_train_iterator(_config(dataset, batch, input_threads=threads), None, raw=True)
+  return lambda: len(next(it)['image'])
+
+
+def _one_process(kind, args, barrier, seconds, results):
+  """One of several processes timed together: set up, wait for all, count for `seconds`."""
+  import jax
+
+  # Host work only: no process of many may take an accelerator (JAX would claim its memory).
+  jax.config.update('jax_platforms', 'cpu')
+  unit = _decode_unit(*args) if kind == 'decode' else _train_unit(*args)
+  unit()  # warm: imports, the folder's check, the first batch
+  barrier.wait()
+  count, t0 = 0, time.perf_counter()
+  while time.perf_counter() - t0 < seconds:
+    count += unit()
+  results.put(count / (time.perf_counter() - t0))
+
+
+def concurrent_rates(kind, args, processes: int, seconds: float) -> list:
+  """img/s of each of `processes` processes running at once: 'decode' (a bare single-thread PIL
+  decode of `args` = (paths,)) or 'train' (the pipeline, `args` = (dataset, batch, threads))."""
+  import multiprocessing
+
+  context = multiprocessing.get_context('spawn')  # no fork of a process that runs JAX
+  barrier, results = context.Barrier(processes), context.Queue()
+  workers = [
+    context.Process(target=_one_process, args=(kind, args, barrier, seconds, results))
+    for _ in range(processes)
+  ]
+  for worker in workers:
+    worker.start()
+  rates = [results.get(timeout=600) for _ in workers]
+  for worker in workers:
+    worker.join()
+  return sorted(rates)
+
+
+# ---------------------------------------------------------------------------
 # The whole measurement (python -m vit_jax.benchmark_input).
 
 
 def training_folder(dataset, images: int, work_dir: str):
   """(folder, its train images): `dataset`, or `images` photos written into `work_dir`."""
-  from vit_jax.data import datasets
-
   folder = dataset or os.path.join(work_dir, 'folder')
   if not dataset and not os.path.isdir(folder):
     write_photos(folder, images)
@@ -178,7 +287,8 @@ def training_folder(dataset, images: int, work_dir: str):
   return folder, paths
 
 
-def measure(folder, paths, *, batch, steps, threads, rounds, quick, work_dir, say=print) -> dict:
+def measure(folder, paths, *, batch, steps, threads, rounds, quick, work_dir, processes=(),
+            say=print) -> dict:  # fmt: skip
   """The record of `python -m vit_jax.benchmark_input`; `say` prints its lines."""
   size = sum(os.path.getsize(p) for p in paths) / len(paths)
   out = {
@@ -187,46 +297,132 @@ def measure(folder, paths, *, batch, steps, threads, rounds, quick, work_dir, sa
     'mean_file_kB': round(size / 1024, 1),
     'batch': batch,
     'cores': os.cpu_count(),
+    'machine': topology(),
     'load_average_before': os.getloadavg()[0],
     'python': platform.python_version(),
   }
-  say(f'{len(paths)} images, {size / 1024:.0f} kB each, {os.cpu_count()} cores')
-  ceiling, by_threads = _rounds(folder, paths, batch, steps, threads, rounds)
+  say(f'{len(paths)} images, {size / 1024:.0f} kB each, {os.cpu_count()} cores: {out["machine"]}')
+  in_memory = {'photos': register_photo_arrays(paths), 'digits': 'digits'}
+  ceiling, by_threads, memory = _rounds(folder, paths, batch, steps, threads, rounds, in_memory)
   out.update(decode_only_img_per_sec=round(ceiling), rounds=rounds)
   say(f'ceiling: bare PIL decode to RGB, 1 thread: {ceiling:.0f} img/s (best of {rounds})')
-  out['threads'] = {}
-  for n, (rate, cpu) in sorted(by_threads.items()):
-    say(
-      f'input pipeline, {n} thread(s): {rate:.0f} img/s = {rate / n:.0f} per core '
-      f'({1 / cpu:.0f} per CPU-second of the process); {rate / n / ceiling:.2f} x the ceiling '
-      'per core'
-    )
-    out['threads'][n] = {
-      'img_per_sec': round(rate),
-      'img_per_sec_per_core': round(rate / n),
-      'img_per_cpu_second': round(1 / cpu),
-      'ratio_per_core_to_decode_only': round(rate / n / ceiling, 3),
-    }
+  out['threads'] = _thread_records(by_threads, ceiling, say)
   best = max(by_threads)
   for key in ('img_per_sec', 'img_per_sec_per_core', 'ratio_per_core_to_decode_only'):
     out[key] = out['threads'][best][key]
+  out['in_memory'] = _in_memory_records(memory, by_threads, say)
+  if any(n > 1 for n in threads):
+    out['decode_in_parallel'] = _parallel_ceiling(paths, threads, out['threads'], say)
+  if processes:
+    out['processes'] = _process_grid(folder, batch, max(threads), processes, say)
   if not quick:
     out.update(_beyond_plain_training(folder, paths, batch, steps, best, work_dir, out, say))
   out['load_average_after'] = os.getloadavg()[0]
   return out
 
 
-def _rounds(folder, paths, batch, steps, threads, rounds):
-  """(ceiling, {threads: (img/s, CPU s per image)}), each the best of `rounds`: the machine
-  may be shared, so measurements alternate and each keeps its best."""
-  ceiling, by_threads = 0.0, {}
+def _rounds(folder, paths, batch, steps, threads, rounds, in_memory):
+  """(ceiling, {threads: (img/s, CPU s per image)}, {name: {threads: (img/s, CPU s)}}), each the
+  best of `rounds`: the machine may be shared, so measurements alternate and each keeps its
+  best; in-memory data is timed right after the folder at the same threads."""
+  ceiling, by_threads, memory = 0.0, {}, {name: {} for name in in_memory}
+
+  def keep(table, n, result):
+    if result[1] > table.get(n, (0, 0))[0]:
+      table[n] = result[1:]
+
   for _ in range(rounds):
     ceiling = max(ceiling, bare_decode_rate(paths, seconds=2.0))
     for n in threads:
-      _, rate, cpu = time_train(folder, batch, steps, input_threads=n)
+      keep(by_threads, n, time_train(folder, batch, steps, input_threads=n))
+      for name, dataset in in_memory.items():
+        keep(memory[name], n, time_train(dataset, batch, steps * 4, input_threads=n))
+  return ceiling, by_threads, memory
+
+
+def _thread_records(by_threads, ceiling, say) -> dict:
+  records = {}
+  for n, (rate, cpu) in sorted(by_threads.items()):
+    say(
+      f'input pipeline, {n} thread(s): {rate:.0f} img/s = {rate / n:.0f} per core '
+      f'({1 / cpu:.0f} per CPU-second of the process); {rate / n / ceiling:.2f} x the ceiling '
+      'per core'
+    )
+    records[n] = {
+      'img_per_sec': round(rate),
+      'img_per_sec_per_core': round(rate / n),
+      'img_per_cpu_second': round(1 / cpu),
+      'ratio_per_core_to_decode_only': round(rate / n / ceiling, 3),
+    }
+  return records
+
+
+def _in_memory_records(memory, by_threads, say) -> dict:
+  """Each in-memory dataset against the JPEG folder at the same threads (the same rounds)."""
+  records = {}
+  for name, table in memory.items():
+    records[name] = {}
+    for n, (rate, cpu) in sorted(table.items()):
+      ratio = rate / by_threads[n][0]
+      say(
+        f'in memory ({name}), {n} thread(s): {rate:.0f} img/s ({1 / cpu:.0f} per CPU-second), '
+        f'{ratio:.2f} x the JPEG folder'
+      )
+      records[name][n] = {
+        'img_per_sec': round(rate),
+        'img_per_cpu_second': round(1 / cpu),
+        'ratio_to_jpeg_folder': round(ratio, 2),
+      }
+  return records
+
+
+def _parallel_ceiling(paths, threads, records, say) -> dict:
+  """The bare decode in n processes at once (no GIL, no pipeline): the machine's own per-core
+  rate at n busy cores (turbo, shared caches, hyperthreads), against the pipeline's."""
+  out = {}
+  for n in sorted(t for t in set(threads) if t > 1):
+    rates = concurrent_rates('decode', (paths,), n, seconds=2.0)
+    per_core = sum(rates) / n
+    ratio = records[n]['img_per_sec_per_core'] / per_core
+    records[n]['ratio_per_core_to_parallel_decode'] = round(ratio, 3)
+    out[n] = round(per_core)
+    say(
+      f'bare decode in {n} processes at once: {per_core:.0f} img/s per process; the pipeline '
+      f'at {n} threads: {ratio:.2f} x that per core'
+    )
+  return out
+
+
+def _process_grid(folder, batch, cores, processes, say) -> dict:
+  """`cores` split as P processes x cores / P threads, all at once: processes against threads."""
+  out = {}
+  for p in processes:
+    rates = concurrent_rates('train', (folder, batch, max(1, cores // p)), p, seconds=6.0)
+    out[f'{p}x{max(1, cores // p)}'] = {'img_per_sec': round(sum(rates)), 'per_process': [
+      round(r) for r in rates]}  # fmt: skip
+    say(
+      f'{p} process(es) x {max(1, cores // p)} threads: {sum(rates):.0f} img/s '
+      f'({sum(rates) / cores:.0f} per core)'
+    )
+  return out
+
+
+def measure_arrays(dataset, *, batch, steps, threads, rounds, say=print) -> dict:
+  """The pipeline on an in-memory dataset (`.npz`, `.npy` folder, digits) by threads."""
+  info = pipeline.get_info(_config(dataset, batch, **{'pp.test': 'train[:1]'}))
+  by_threads = {}
+  for _ in range(rounds):
+    for n in threads:
+      _, rate, cpu = time_train(dataset, batch, steps, input_threads=n)
       if rate > by_threads.get(n, (0, 0))[0]:
         by_threads[n] = (rate, cpu)
-  return ceiling, by_threads
+  out = {'dataset': dataset, 'examples': info.num_train, 'batch': batch, 'cores': os.cpu_count(),
+         'machine': topology(), 'rounds': rounds, 'threads': {}}  # fmt: skip
+  for n, (rate, cpu) in sorted(by_threads.items()):
+    say(f'{dataset}, {n} thread(s): {rate:.0f} img/s ({1 / cpu:.0f} per CPU-second)')
+    out['threads'][n] = {'img_per_sec': round(rate), 'img_per_cpu_second': round(1 / cpu)}
+  out['img_per_sec'] = out['threads'][max(by_threads)]['img_per_sec']
+  return out
 
 
 def _beyond_plain_training(folder, paths, batch, steps, threads, work_dir, out, say) -> dict:
@@ -242,9 +438,13 @@ def _beyond_plain_training(folder, paths, batch, steps, threads, work_dir, out, 
     'one training image, 1 thread: '
     + ', '.join(f'{k} {v * 1e3:.2f} ms ({v / total:.0%})' for k, v in stage.items())
   )
-  put = to_device_seconds(batch)
+  put, put_float = to_device_seconds(batch), to_device_seconds(batch, np.float32)
   more['host_to_device_ms_per_batch'] = round(put * 1e3, 2)
-  say(f'host to device (jax.device_put, CPU here): {put * 1e3:.1f} ms per batch')
+  more['host_to_device_ms_per_batch_float32'] = round(put_float * 1e3, 2)
+  say(
+    f'host to device (jax.device_put, CPU here): {put * 1e3:.1f} ms per uint8 batch, '
+    f'{put_float * 1e3:.1f} ms as float32'
+  )
 
   augmented = {'pp.randaug_layers': 2, 'pp.randaug_magnitude': 15, 'pp.mixup': 0.2}
   _, rate, _ = time_train(folder, batch, steps, input_threads=threads, **augmented)

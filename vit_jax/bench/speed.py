@@ -131,15 +131,19 @@ def build_step(opts: Options, abstract: bool = False, device=None):
   task = steps.make_task(config, opts.num_classes, multi_label=False)
   model = task.model
   shape = (opts.batch, opts.resolution, opts.resolution, 3)
+  # Training takes what the trainer passes (uint8 pixels, made [-1, 1] inside the step),
+  # inference the model's own input, as timm's does.
+  dtype = jnp.float32 if opts.mode == 'infer' else jnp.uint8
   if abstract:
     data = {
-      'image': jax.ShapeDtypeStruct(shape, jnp.float32),
+      'image': jax.ShapeDtypeStruct(shape, dtype),
       'label': jax.ShapeDtypeStruct((opts.batch,), jnp.int32),
     }
   else:
     rng = np.random.default_rng(0)
+    pixels = rng.integers(0, 256, shape, dtype=np.uint8)
     data = {
-      'image': rng.uniform(-1, 1, shape).astype(np.float32),
+      'image': pixels if dtype == jnp.uint8 else (pixels / 127.5 - 1).astype(np.float32),
       'label': rng.integers(0, opts.num_classes, opts.batch).astype(np.int32),
     }
   if opts.mode == 'infer':

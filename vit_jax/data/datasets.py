@@ -1,6 +1,9 @@
-"""`config.dataset` -> a `Source` for a split: names, presets and the four kinds of data.
+"""`config.dataset` -> a `Source` for a split: names, presets and the five kinds of data.
 
 - `digits`: the built-in dataset (UCI handwritten digits shipped by scikit-learn);
+- NumPy arrays (`vit_jax.data.arrays`): an `.npz` file, a directory of
+  `x_<split>.npy` / `y_<split>.npy` files, or a name given to arrays in Python
+  (`register_arrays`);
 - a directory with `info.json`: JFT-style shards (`vit_jax.jft`);
 - any other directory: an image folder DIR/<split>/<class>/<image>;
 - `imagenet21k`: shards in <tfds_data_dir>/imagenet21k, converted by `vit_jax.jft`;
@@ -14,6 +17,7 @@ import os
 import numpy as np
 
 from vit_jax import files
+from vit_jax.data import arrays
 from vit_jax.data import folder
 from vit_jax.data import presets
 from vit_jax.data import shards
@@ -22,6 +26,9 @@ from vit_jax.data import tfds
 from vit_jax.data.sources import DataError
 
 BUILTIN = ('digits',)
+# Arrays handed over in Python, by name (`register_arrays`). A config names its dataset
+# with a string (it is saved with the run), so arrays in memory get a name: this process's.
+_REGISTERED = {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,11 +66,31 @@ def _small_images(side: int) -> Defaults:
   )
 
 
+def register_arrays(name: str, **splits) -> str:
+  """Names NumPy arrays as a dataset in this process: `config.dataset = name` then reads them.
+
+  `splits` as an `.npz` holds them (`vit_jax.data.arrays`): x_train=uint8 [N, H, W, 3]
+  (or grey [N, H, W]), y_train=int [N], x_test=..., y_test=..., optionally class_names.
+  Arrays are checked here (one-line `DataError`s) and read where they are, not copied.
+  A resumed run in another process registers them again first. Returns `name`.
+  """
+  if name in BUILTIN or name in presets.PRESETS or not name or os.sep in name or '.' in name:
+    raise DataError(
+      f'register_arrays: {name!r} names a dataset or a path already; pick a plain new name'
+    )
+  _REGISTERED[name] = arrays.from_arrays(name, splits)
+  open_split.cache_clear()
+  defaults.cache_clear()
+  return name
+
+
 def kind(dataset: str) -> str:
-  """'builtin', 'shards', 'folder' or 'tfds'."""
+  """'builtin', 'arrays', 'shards', 'folder' or 'tfds'."""
   if dataset in BUILTIN:
     return 'builtin'
   path = os.path.expanduser(dataset)
+  if dataset in _REGISTERED or arrays.is_arrays(path):
+    return 'arrays'
   if os.path.isdir(path) or dataset.startswith(('/', '.', '~')) or files.is_remote(dataset):
     if shards.is_shard_dir(path):
       return 'shards'
@@ -100,7 +127,9 @@ def defaults(dataset: str, tfds_data_dir=None) -> Defaults:
     )
   which = kind(dataset)
   side = None
-  if which == 'folder':
+  if which == 'arrays':
+    side = arrays.image_side(_arrays(dataset))
+  elif which == 'folder':
     side = _folder_image_side(os.path.expanduser(dataset))
   elif which == 'tfds':
     side = tfds.image_side(dataset, tfds_data_dir)
@@ -144,6 +173,8 @@ def open_split(
   which = kind(dataset)
   if which == 'builtin':
     return _digits(split)
+  if which == 'arrays':
+    return _array_split(dataset, split)
   if which == 'folder':
     return _folder(os.path.expanduser(dataset), split, corrupt_images, allow_missing_classes)
   if which == 'shards':
@@ -196,6 +227,31 @@ def _digits(split):
   index = digits_split_indices()[0 if name == 'train' else 1]
   source = sources.array_source(
     f'digits {name}', images[index], labels[index], 10, [str(d) for d in range(10)]
+  )
+  lo, hi = sources.slice_bounds(start, stop, source.num_examples)
+  return sources.sliced(source, lo, hi, f'[{start or ""}:{stop or ""}]')
+
+
+# ---------------------------------------------------------------------------
+# NumPy arrays.
+
+
+def _arrays(dataset: str) -> dict:
+  return _REGISTERED.get(dataset) or arrays.load(os.path.expanduser(dataset))
+
+
+def _array_split(dataset, split):
+  name, start, stop = sources.parse_split(split)
+  data = _arrays(dataset)
+  if name not in data['splits']:
+    have = ', '.join(sorted(data['splits']))
+    raise DataError(
+      f'{dataset}: no split {name!r} (has {have}); add x_{name} and y_{name}, or split '
+      'one: --config.pp.train=train[:90%] --config.pp.test=train[90%:]'
+    )
+  load_images, labels = data['splits'][name]
+  source = sources.array_source(
+    f'{dataset} {name}', load_images(), labels, data['num_classes'], data['class_names']
   )
   lo, hi = sources.slice_bounds(start, stop, source.num_examples)
   return sources.sliced(source, lo, hi, f'[{start or ""}:{stop or ""}]')

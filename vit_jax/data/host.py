@@ -2,8 +2,10 @@
 
 A thread pool reads, decodes and augments the images of the next steps while
 the devices train (`images.py` holds what happens to one image); decoders and
-OpenCV release the GIL. In-memory datasets of one image size (the digits) are
-cropped and resized as whole batches.
+OpenCV release the GIL. Every kind of source goes the same way, images in
+memory included: a job takes `_CHUNK` images of a batch and writes them into
+the batch's uint8 array. Batches stay uint8: the [-1, 1] floats and Mixup are
+made on the devices, inside the jitted step (`on_device.py`).
 
 Order and randomness. Step s reads the examples `order.train_indices` names;
 each example's crop and flip come from `order.example_uniforms(key,
@@ -37,65 +39,11 @@ def threads(requested: int = 0) -> int:
     return os.cpu_count() or 1
 
 
-# ---------------------------------------------------------------------------
-# One image.
-
-
-# ---------------------------------------------------------------------------
-# Batches of in-memory decoded images of one size (the digits): vectorised.
-
-
-def _interpolation_matrix(start, length, size, out):
-  """[b, out, size] weights of a bilinear resize of rows [start, start+length) to `out`."""
-  start = start.astype(np.float32)[:, None]
-  length = length.astype(np.float32)[:, None]
-  centres = (np.arange(out, dtype=np.float32)[None] + 0.5) * length / out - 0.5
-  src = start + np.clip(centres, 0.0, length - 1.0)
-  lo = np.floor(src)
-  frac = src - lo
-  hi = np.minimum(lo + 1.0, start + length - 1.0)
-  grid = np.arange(size, dtype=np.float32)
-  one_hot = lambda i: (i[..., None] == grid).astype(np.float32)
-  return one_hot(lo) * (1.0 - frac)[..., None] + one_hot(hi) * frac[..., None]
-
-
-def train_batch(pixels, uniforms, pp) -> np.ndarray:
-  """uint8 [b, H, W, 3] + uniforms [b, images.DRAWS] -> augmented uint8 [b, crop, crop, 3]."""
-  b, size_h, size_w, _ = pixels.shape
-  if pp.inception_crop:
-    crop_u = uniforms[:, : images.ATTEMPTS * 4].reshape(b, images.ATTEMPTS, 4)
-    y, x, h, w = images.crop_window(crop_u, np.full(b, size_h), np.full(b, size_w), pp.area_min)
-    rows = _interpolation_matrix(y, h, size_h, pp.crop)
-    cols = _interpolation_matrix(x, w, size_w, pp.crop)
-    out = np.einsum('bry,byxc->brxc', rows, pixels.astype(np.float32))
-    out = np.einsum('bsx,brxc->brsc', cols, out)
-    out = np.clip(np.round(out), 0, 255).astype(np.uint8)
-  else:
-    out = images.resize_exact(pixels, pp.crop, pp.crop)
-  if pp.flip:
-    mirror = uniforms[:, images.ATTEMPTS * 4] < 0.5
-    out[mirror] = out[mirror, :, ::-1]
-  return out
-
-
-# ---------------------------------------------------------------------------
-# Mixup.
-
-
-def mixup(pixels, labels, step: int, key: int, alpha: float, num_classes: int, multi_label: bool):
-  """Mixup (Zhang et al. 2018) as in AugReg: each image with its batch neighbour (pairs
-  (2k, 2k+1) never straddle two processes' shares), weight max(p, 1-p), p ~ Beta(alpha, alpha)
-  per step; labels become soft [b, K]."""
+def mixup_weight(step: int, key: int, alpha: float) -> np.float32:
+  """Mixup's weight p of `step` (AugReg: max(p, 1 - p), p ~ Beta(alpha, alpha), one per step);
+  the devices mix (`on_device.mixup`)."""
   p = np.random.default_rng([key, step]).beta(alpha, alpha)
-  p = np.float32(max(p, 1.0 - p))
-  if not multi_label:
-    labels = np.eye(num_classes, dtype=np.float32)[labels]
-
-  def mix(x):
-    partner = x.reshape(-1, 2, *x.shape[1:])[:, ::-1].reshape(x.shape)
-    return p * x + (np.float32(1.0) - p) * partner
-
-  return mix(pixels), mix(labels)
+  return np.float32(max(p, 1.0 - p))
 
 
 # ---------------------------------------------------------------------------
@@ -148,20 +96,14 @@ def _chunks(n: int):
   return np.array_split(np.arange(n), -(-n // _CHUNK))
 
 
-def _collect(jobs, out):
-  """(images, labels) of a submitted batch: one vectorised job's, or `out` filled by the
-  chunk jobs, which return their labels."""
-  if out is None:
-    return jobs[0].result()
-  return out, np.concatenate([job.result() for job in jobs])
-
-
 class TrainBatches:
-  """Process-local host batches {'image': f32, 'label'} of steps start, start+1, ...
+  """Process-local host batches {'image': uint8, 'label'(, 'mixup')} of steps start, start+1, ...
 
   A thread pool prepares the next `ahead` steps while the caller trains; a
   job reads, decodes and augments `_CHUNK` images of a batch (records are
-  fetched by the job too), writing them into the batch's float array.
+  fetched by the job too, images in memory gathered), writing them into the
+  batch's uint8 array. Under Mixup, 'mixup' holds each example's weight
+  (`mixup_weight`, the same for the whole step).
   """
 
   def __init__(self, source, pp, *, local_batch, start_step, keys, process_index=0,
@@ -195,9 +137,7 @@ class TrainBatches:
     if pp.randaug_layers:  # RandAugment's own draws: 4 per layer
       n = randaug.DRAWS_PER_LAYER * pp.randaug_layers
       ra_uniforms = order.example_uniforms(self._aug_key ^ _RANDAUG_KEY, positions, n)
-    if self._source.decoded:  # in memory: one vectorised job for the batch
-      return step, [self._pool.submit(self._decoded_batch, idx, uniforms, ra_uniforms)], None
-    out = batch_buffer((self._b, pp.crop, pp.crop, 3), np.float32)
+    out = batch_buffer((self._b, pp.crop, pp.crop, 3), np.uint8)
     jobs = [
       self._pool.submit(self._images, idx[r], uniforms[r], ra_uniforms, r, out)
       for r in _chunks(self._b)
@@ -206,77 +146,57 @@ class TrainBatches:
 
   def _images(self, idx, uniforms, ra_uniforms, rows, out):
     """Images `rows` of the batch into `out`; returns their labels."""
-    pp = self._pp
-    items, labels = self._source.fetch(idx)
+    pp, source = self._pp, self._source
+    items, labels = source.fetch(idx)
     for k, i in enumerate(rows):
-      image = _decoded(
-        self._source, idx[k], items[k], lambda d: images.train_image(d, uniforms[k], pp)
-      )
+      if source.decoded:
+        image = images.train_array(items[k], uniforms[k], pp, out[i])
+      else:
+        image = _decoded(
+          source, idx[k], items[k], lambda d: images.train_image(d, uniforms[k], pp, out[i])
+        )
       if ra_uniforms is not None:
-        image = randaug.randaugment(image, ra_uniforms[i], pp.randaug_layers, pp.randaug_magnitude)
-      images.to_float(image, out[i])
+        out[i] = randaug.randaugment(image, ra_uniforms[i], pp.randaug_layers, pp.randaug_magnitude)
     return labels
-
-  def _decoded_batch(self, idx, uniforms, ra_uniforms):
-    pp = self._pp
-    pixels, labels = self._source.fetch(idx)
-    pixels = train_batch(pixels, uniforms, pp)
-    if ra_uniforms is not None:
-      pixels = np.stack(
-        [
-          randaug.randaugment(a, u, pp.randaug_layers, pp.randaug_magnitude)
-          for a, u in zip(pixels, ra_uniforms)
-        ]
-      )
-    return images.to_float(pixels), labels
 
   def __next__(self):
     while len(self._queue) < self._ahead:
       self._queue.append(self._submit(self._next_step))
       self._next_step += 1
     step, jobs, out = self._queue.popleft()
-    pixels, labels = _collect(jobs, out)
+    batch = {'image': out, 'label': np.concatenate([job.result() for job in jobs])}
     if self._pp.mixup > 0:
-      pixels, labels = mixup(
-        pixels,
-        labels,
-        step,
-        self._mix_key,
-        self._pp.mixup,
-        self._source.num_classes,
-        self._source.multi_label,
-      )
-    return {'image': pixels, 'label': labels}
+      weight = mixup_weight(step, self._mix_key, self._pp.mixup)
+      batch['mixup'] = np.full(self._b, weight, np.float32)
+    return batch
 
 
 def eval_batches(source, pp, *, positions_fn, num_threads=0, ahead=2):
   """Host eval batches (uint8 images, labels, mask) at the (indices, mask) of `positions_fn()`.
 
-  The next `ahead` batches are read and decoded while the caller evaluates one.
+  The next `ahead` batches are read and decoded while the caller evaluates one,
+  `_CHUNK` images a job (images in memory: each chunk resized as one array).
   """
   pool = concurrent.futures.ThreadPoolExecutor(threads(num_threads))
 
   def decode_rows(idx, rows, out):
     items, labels = source.fetch(idx)
+    if source.decoded:
+      out[rows[0] : rows[-1] + 1] = images.eval_array(items, pp.crop, pp.resize)
+      return labels
     for k, i in enumerate(rows):
       out[i] = _decoded(
         source, idx[k], items[k], lambda d: images.eval_image(d, pp.crop, pp.resize)
       )
     return labels
 
-  def decoded(idx):
-    items, labels = source.fetch(idx)
-    return images.eval_array(items, pp.crop, pp.resize), labels
-
   def submit(idx, mask):
-    if source.decoded:
-      return [pool.submit(decoded, idx)], None, mask
     out = batch_buffer((len(idx), pp.crop, pp.crop, 3), np.uint8)
     return [pool.submit(decode_rows, idx[r], r, out) for r in _chunks(len(idx))], out, mask
 
   def result(jobs, out, mask):
-    batch, labels = _collect(jobs, out)
-    return {'image': batch, 'label': labels, 'mask': mask}
+    labels = np.concatenate([job.result() for job in jobs])
+    return {'image': out, 'label': labels, 'mask': mask}
 
   queue = collections.deque()
   try:

@@ -230,8 +230,8 @@ def dct_scale(crop_height: int, crop_width: int, size: int) -> int:
   return scale
 
 
-def train_image(data: bytes, uniforms, pp) -> np.ndarray:
-  """Encoded image + its `DRAWS` uniforms -> augmented uint8 [crop, crop, 3]."""
+def train_image(data: bytes, uniforms, pp, out=None) -> np.ndarray:
+  """Encoded image + its `DRAWS` uniforms -> augmented uint8 [crop, crop, 3] (into `out`)."""
   size = image_size(data)
   image = None
   if size is None:
@@ -249,13 +249,28 @@ def train_image(data: bytes, uniforms, pp) -> np.ndarray:
   top, left = round(y * sy), round(x * sx)
   bottom = max(top + 1, min(image.shape[0], round((y + h) * sy)))
   right = max(left + 1, min(image.shape[1], round((x + w) * sx)))
+  return _resize_and_flip(image[top:bottom, left:right], uniforms, pp, out)
+
+
+def train_array(image: np.ndarray, uniforms, pp, out=None) -> np.ndarray:
+  """Decoded uint8 [h, w, 3] + its `DRAWS` uniforms -> augmented uint8 [crop, crop, 3]:
+  `train_image` of an image already in memory (the same crop, resize and flip)."""
+  height, width = image.shape[:2]
+  if pp.inception_crop:
+    y, x, h, w = crop_window_one(uniforms, height, width, pp.area_min)
+  else:
+    y, x, h, w = 0, 0, height, width
+  return _resize_and_flip(image[y : y + h, x : x + w], uniforms, pp, out)
+
+
+def _resize_and_flip(region, uniforms, pp, out):
+  """`region` resized to [crop, crop, 3] and maybe mirrored, written into `out` (a batch's row:
+  no copy) where given."""
   # Bilinear with half-pixel centres and no antialiasing, as tf.image.resize.
   cv2 = _cv2()
-  out = cv2.resize(
-    image[top:bottom, left:right], (pp.crop, pp.crop), interpolation=cv2.INTER_LINEAR
-  )
+  out = cv2.resize(region, (pp.crop, pp.crop), dst=out, interpolation=cv2.INTER_LINEAR)
   if pp.flip and uniforms[ATTEMPTS * 4] < 0.5:
-    out = cv2.flip(out, 1)
+    cv2.flip(out, 1, dst=out)  # in place
   return out
 
 

@@ -10,6 +10,13 @@
 One implementation delivers them for every kind of data (`host.py`: NumPy,
 libjpeg-turbo, OpenCV, PIL and threads; no TensorFlow).
 
+Batches cross to the devices as uint8 pixels. With `raw=True` they stay so
+({'image': uint8, 'label': int32 [B] or multi-hot [B, K], under Mixup 'mixup':
+f32 [B], each example's weight}) for a jitted step that prepares them itself
+(`on_device.prepare`: what the trainer, evaluate and few-shot do, one pass
+over the batch fused into the step); otherwise the iterator prepares them on
+the devices with the same function ([-1, 1] floats, Mixup's soft labels).
+
 Order. The example stream is epoch after epoch of the split, each epoch a
 seeded permutation (`order.index_shuffle`, computed per index; TensorFlow's
 `index_shuffle`, bit for bit, fixed for 2^k + 1 examples); global step s takes the
@@ -37,9 +44,10 @@ from vit_jax.configs.data import add_data_config  # noqa: F401  (public API)
 from vit_jax.configs.data import data_config  # noqa: F401  (public API)
 from vit_jax.data import datasets
 from vit_jax.data import host
-from vit_jax.data import images
+from vit_jax.data import on_device
 from vit_jax.data import order
 from vit_jax.data import sources
+from vit_jax.data.datasets import register_arrays  # noqa: F401  (public API)
 from vit_jax.data.order import eval_steps  # noqa: F401  (public API)
 from vit_jax.data.order import process_part  # noqa: F401  (public API)
 from vit_jax.data.order import train_indices  # noqa: F401  (public API)
@@ -210,6 +218,14 @@ def _to_device(batch, sharding):
   return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in batch.items()}
 
 
+@functools.lru_cache(maxsize=16)
+def _prepare_fn(num_classes: int, on_host: bool):
+  """`on_device.prepare`, jitted: on the batch's devices, or with host (NumPy) batches in and
+  out (`sharding=None`: the iterators then deliver NumPy arrays)."""
+  fn = jax.jit(functools.partial(on_device.prepare, num_classes=num_classes))
+  return (lambda batch: jax.device_get(fn(batch))) if on_host else fn
+
+
 class TrainIterator:
   """Infinite iterator of global train batches with a restorable position.
 
@@ -217,13 +233,14 @@ class TrainIterator:
   `make_train_iterator(..., state=...)` to continue with exactly the next batch.
   """
 
-  def __init__(self, batches, sharding, step, prefetch, fingerprint):
+  def __init__(self, batches, sharding, step, prefetch, fingerprint, prepare=None):
     self._batches = batches  # process-local NumPy batches from `step` on
     self._sharding = sharding
     self._step = step  # batches handed to the caller
     self._prefetch = max(0, int(prefetch))
     self._queue = collections.deque()
     self._fingerprint = fingerprint
+    self._prepare = prepare  # None: batches as they cross to the devices (raw)
 
   def __iter__(self):
     return self
@@ -232,14 +249,16 @@ class TrainIterator:
     while len(self._queue) <= self._prefetch:
       self._queue.append(_to_device(next(self._batches), self._sharding))
     self._step += 1
-    return self._queue.popleft()
+    batch = self._queue.popleft()
+    return batch if self._prepare is None else self._prepare(batch)
 
   def get_state(self) -> dict:
     return {'step': self._step, **self._fingerprint}
 
 
-def make_train_iterator(config, sharding, *, state=None) -> TrainIterator:
-  """Global train batches of `config.batch` (see module docstring)."""
+def make_train_iterator(config, sharding, *, state=None, raw=False) -> TrainIterator:
+  """Global train batches of `config.batch` (see module docstring); `raw`: uint8, for a step
+  that prepares them (`on_device.prepare`)."""
   source = _open(config, 'train')
   pp = _pp(config)
   local_batch = _local_batch(config.batch, 'batch', sharding, jax.process_count())
@@ -269,7 +288,8 @@ def make_train_iterator(config, sharding, *, state=None) -> TrainIterator:
       )
     step = int(state['step'])
   batches = _train_batches(config, source, pp, local_batch, step)
-  return TrainIterator(batches, sharding, step, config.prefetch, fingerprint)
+  prepare = None if raw else _prepare_fn(source.num_classes, sharding is None)
+  return TrainIterator(batches, sharding, step, config.prefetch, fingerprint, prepare)
 
 
 @functools.lru_cache(maxsize=8)
@@ -286,7 +306,7 @@ def _host_eval(source, pp, local_batch, process_index, process_count, threads):
 
 
 def _eval_batches(config, source, pp, local_batch):
-  """NumPy eval batches {'image' f32, 'label', 'mask'} of one pass."""
+  """NumPy eval batches {'image' uint8, 'label', 'mask'} of one pass."""
   p, n_proc = jax.process_index(), jax.process_count()
   threads = int(config.get('input_threads', 0))
   total = order.eval_steps(source.num_examples, local_batch, n_proc) * local_batch
@@ -298,12 +318,14 @@ def _eval_batches(config, source, pp, local_batch):
     mask = batch['mask']
     if source.mask_empty_labels:
       mask = mask * (batch['label'].sum(axis=-1) > 0).astype(np.float32)
-    yield {'image': images.to_float(batch['image']), 'label': batch['label'], 'mask': mask}
+    yield {'image': batch['image'], 'label': batch['label'], 'mask': mask}
 
 
-def make_eval_iterator(config, sharding, split='test') -> Iterator[dict]:
-  """One pass over `split` ('test', 'train' or a split expression), every example once."""
+def make_eval_iterator(config, sharding, split='test', *, raw=False) -> Iterator[dict]:
+  """One pass over `split` ('test', 'train' or a split expression), every example once;
+  `raw`: uint8 images, for a step that prepares them (`on_device.prepare`)."""
   source = _open(config, split)
+  prepare = None if raw else _prepare_fn(source.num_classes, sharding is None)
   pp = _pp(config)
   local_batch = _local_batch(config.batch_eval, 'batch_eval', sharding, jax.process_count())
   queue = collections.deque()
@@ -318,4 +340,5 @@ def make_eval_iterator(config, sharding, split='test') -> Iterator[dict]:
         queue.append(_to_device(batch, sharding))
     if not queue:
       return
-    yield queue.popleft()
+    batch = queue.popleft()
+    yield batch if prepare is None else prepare(batch)

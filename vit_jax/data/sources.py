@@ -4,7 +4,8 @@ The pipeline (`vit_jax.data.pipeline`) asks a `Source` for examples by index,
 so the batch at any step is a pure function of (seed, step) and no reader
 keeps hidden position state. Three kinds cover every format:
 
-- arrays in memory (the built-in digits): `fetch` gathers decoded images;
+- arrays in memory or memory-mapped (the built-in digits, `.npz` and `.npy`
+  datasets, arrays handed over in Python): `fetch` gathers decoded images;
 - files (image folders): `fetch` gathers paths, which the pipeline reads;
 - records (TFRecord / ArrayRecord shards, prepared TFDS datasets): `fetch`
   reads serialized records by index and parses each into encoded image bytes
@@ -42,21 +43,29 @@ class Source:
 
 
 def array_source(name, images, labels, num_classes, class_names=None):
-  """Decoded uint8 images [N, h, w, 3] and int labels [N] held in memory."""
-  images = np.asarray(images, np.uint8)
+  """Decoded uint8 images [N, h, w, 3] (or grey: [N, h, w, 1], [N, h, w]) and int labels [N]
+  held in memory or memory-mapped (`vit_jax.data.arrays` checks what users hand over)."""
   labels = np.asarray(labels, np.int32)
-  if images.ndim != 4 or images.shape[-1] != 3 or len(images) != len(labels):
+  if images.dtype != np.uint8 or images.ndim not in (3, 4) or len(images) != len(labels):
     raise DataError(
-      f'{name}: in-memory images must be [N, h, w, 3] with N labels, '
-      f'got {images.shape} and {labels.shape}'
+      f'{name}: in-memory images must be uint8 [N, h, w, 3] with N labels, '
+      f'got {images.dtype} {images.shape} and {labels.shape}'
     )
+  grey = images.ndim == 3 or images.shape[-1] == 1
+
+  def fetch(idx):
+    pixels = images[idx]
+    if grey:  # RGB a batch at a time: the dataset stays a third of the size
+      pixels = np.repeat(pixels.reshape(pixels.shape[:3] + (1,)), 3, axis=-1)
+    return pixels, labels[idx]
+
   return Source(
     name,
     len(images),
     num_classes,
     False,
     class_names,
-    fetch=lambda idx: (images[idx], labels[idx]),
+    fetch=fetch,
     decoded=True,
     describe=lambda i: f'{name}[{i}]',
   )

@@ -9,21 +9,23 @@ import numpy as np
 
 
 def batch_spec(config, num_classes: int, multi_label: bool, *, train: bool) -> dict:
-  """Shapes and dtypes of the global batches the iterators below deliver, without reading data.
+  """Shapes and dtypes of the global batches the trainer's steps take, without reading data.
 
-  Images are float32 [B, crop, crop, 3]; labels int32 [B], or float32 [B, K]
-  for multi-label data and for mixup (soft labels); eval batches add a float32
-  mask [B].
+  As they cross to the devices (`make_train_iterator(..., raw=True)`): images
+  uint8 [B, crop, crop, 3]; labels int32 [B], or float32 [B, K] for
+  multi-label data; under Mixup (train) each example's weight, float32 [B];
+  eval batches add a float32 mask [B].
   """
   batch = config.batch if train else config.batch_eval
   crop = config.pp.crop
-  soft = multi_label or (train and float(config.pp.mixup) > 0)
   spec = {
-    'image': jax.ShapeDtypeStruct((batch, crop, crop, 3), np.float32),
+    'image': jax.ShapeDtypeStruct((batch, crop, crop, 3), np.uint8),
     'label': jax.ShapeDtypeStruct(
-      (batch, num_classes) if soft else (batch,), np.float32 if soft else np.int32
+      (batch, num_classes) if multi_label else (batch,), np.float32 if multi_label else np.int32
     ),
   }
+  if train and float(config.pp.mixup) > 0:
+    spec['mixup'] = jax.ShapeDtypeStruct((batch,), np.float32)
   if not train:
     spec['mask'] = jax.ShapeDtypeStruct((batch,), np.float32)
   return spec

@@ -4,7 +4,7 @@
 `evaluate` the exact top-1 and top-5 accuracy over a split (`python -m
 vit_jax.evaluate`, with ImageNet's ReaL labels in `evaluate_checkpoint`).
 Images are read as the evaluation pipeline reads them: RGB, a bilinear resize
-to the checkpoint's resolution, values in [-1, 1].
+to the checkpoint's resolution, uint8 pixels made [-1, 1] on the device.
 """
 
 import importlib.resources
@@ -16,6 +16,7 @@ import numpy as np
 
 from vit_jax import hardware
 from vit_jax import sharding
+from vit_jax.data import on_device
 from vit_jax.evaluation import metrics
 from vit_jax.evaluation.loader import InputError
 from vit_jax.evaluation.loader import LoadedModel
@@ -47,7 +48,14 @@ def image_files(specs: Sequence[str]) -> List[str]:
 
 
 def read_image(path: str, size: int) -> np.ndarray:
-  """[size, size, 3] float32 in [-1, 1]: the pixels the evaluation pipeline gives the same file.
+  """[size, size, 3] float32 in [-1, 1]: the pixels the evaluation pipeline gives the same file."""
+  from vit_jax.data import images
+
+  return images.to_float(read_pixels(path, size))
+
+
+def read_pixels(path: str, size: int) -> np.ndarray:
+  """`read_image` as uint8 pixels [size, size, 3], before the [-1, 1] scaling.
 
   `vit_jax.data.images` decodes (every PIL mode as training reads it: 16-bit
   grey by its high byte, alpha dropped, CMYK converted, EXIF orientation not
@@ -67,7 +75,7 @@ def read_image(path: str, size: int) -> np.ndarray:
     ) from None
   except images.BadImage as e:
     raise InputError(f'{path}: not a readable image ({e}); pass a JPEG or PNG file') from None
-  return images.to_float(pixels)
+  return pixels
 
 
 def builtin_images() -> List[str]:
@@ -181,8 +189,9 @@ def predict(loaded: LoadedModel, files: Sequence[str], k: int = 5, *, unreadable
   An unreadable file raises InputError; with a list as `unreadable`, it is
   appended there as (path, reason) instead and left out of the results.
   """
+  model = loaded.model
   apply = jax.jit(
-    lambda p, x: loaded.model.apply({'params': p}, x, train=False),
+    lambda p, x: model.apply({'params': p}, on_device.normalise(x), train=False),
     compiler_options=hardware.compiler_options(jax.devices()),
   )
   indices, probs = [], []
@@ -190,7 +199,7 @@ def predict(loaded: LoadedModel, files: Sequence[str], k: int = 5, *, unreadable
     images = []
     for f in files[start : start + _PREDICT_BATCH]:
       try:
-        images.append(read_image(f, loaded.image_size))
+        images.append(read_pixels(f, loaded.image_size))
       except InputError as e:
         if unreadable is None:
           raise
@@ -217,16 +226,15 @@ def evaluate(loaded: LoadedModel, data_config, split: str, batch_sharding) -> di
   model, multi_label = loaded.model, source.multi_label
 
   def counts_fn(params, batch):
-    logits = model.apply({'params': params}, batch['image'], train=False)
+    logits = model.apply({'params': params}, on_device.normalise(batch['image']), train=False)
     return metrics.classification_counts(logits, batch['label'], batch['mask'], multi_label)
 
   options = hardware.compiler_options(batch_sharding.mesh.devices.flat)
   counts_fn = jax.jit(counts_fn, compiler_options=options)
 
   params = jax.device_put(loaded.params, sharding.replicated(batch_sharding.mesh))
-  result = metrics.accuracy(
-    counts_fn, params, pipeline.make_eval_iterator(data_config, batch_sharding, split=split)
-  )
+  batches = pipeline.make_eval_iterator(data_config, batch_sharding, split=split, raw=True)
+  result = metrics.accuracy(counts_fn, params, batches)
   top5 = result.pop('accuracy_top5', None)
   return {
     'top1': result['accuracy'],

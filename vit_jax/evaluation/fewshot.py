@@ -31,6 +31,7 @@ import numpy as np
 
 from vit_jax import files
 from vit_jax import hardware
+from vit_jax.data import on_device
 from vit_jax.models import vit
 
 DEFAULT_SHOTS = (1, 5, 10, 25)
@@ -245,7 +246,8 @@ def representation_fn(model):
   """A jitted `fn(params, images) -> [B, D]` of the features the head would read.
 
   That is the `pre_logits` output when the model has one, else the pooled
-  token. Build it once and pass it to `extract_features` when evaluating
+  token. Images are uint8 pixels (made [-1, 1] on the devices) or floats
+  in [-1, 1]. Build it once and pass it to `extract_features` when evaluating
   repeatedly (during training), so the compiled function is reused.
   """
   feature_model = model.clone(num_classes=None)
@@ -253,7 +255,7 @@ def representation_fn(model):
   def fn(params, images):
     # The head, and the masked-patch-prediction parts of an MPP model, are unused.
     params = {k: v for k, v in params.items() if k not in ('head', 'mask_token', 'mpp_head')}
-    return feature_model.apply({'params': params}, images, train=False)
+    return feature_model.apply({'params': params}, on_device.normalise(images), train=False)
 
   return jax.jit(fn, compiler_options=hardware.compiler_options(jax.devices()))
 
@@ -274,7 +276,7 @@ def extract_features(model, params, batches: Iterable[Mapping], *, features_fn=N
     model: a `models.VisionTransformer` (any `num_classes`; the head is not
       evaluated).
     params: its parameters.
-    batches: dicts with `image` [B, H, W, 3] in [-1, 1], `label` ([B] ids or
+    batches: dicts with `image` [B, H, W, 3] (uint8, or floats in [-1, 1]), `label` ([B] ids or
       [B, K] one-hot/multi-hot, reduced by argmax) and optionally `mask` [B]
       (0 marks padding added to fill the last batch).
     features_fn: `representation_fn(model)`, built once by callers that
@@ -337,13 +339,13 @@ def evaluate_datasets(config, model, params, sharding, *, features_fn=None) -> d
     train = extract_features(
       model,
       params,
-      pipeline.make_eval_iterator(data, sharding, split=config.fewshot.train_split),
+      pipeline.make_eval_iterator(data, sharding, split=config.fewshot.train_split, raw=True),
       features_fn=features_fn,
     )
     test = extract_features(
       model,
       params,
-      pipeline.make_eval_iterator(data, sharding, split=config.fewshot.test_split),
+      pipeline.make_eval_iterator(data, sharding, split=config.fewshot.test_split, raw=True),
       features_fn=features_fn,
     )
     results = fewshot_accuracy(

@@ -325,7 +325,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
         loop = Loop(
           state=state,
           train_iter=pipeline.make_train_iterator(
-            config, run.program.batch_sharding, state=data_state
+            config, run.program.batch_sharding, state=data_state, raw=True
           ),
           progress=run_log.Progress(config.total_steps, first_step, config.batch),
           clock=clock,

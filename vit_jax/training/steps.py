@@ -20,6 +20,7 @@ from vit_jax import hardware
 from vit_jax import models
 from vit_jax import sharding
 from vit_jax.configs import architectures
+from vit_jax.data import on_device
 from vit_jax.evaluation import metrics
 from vit_jax.models import mpp
 from vit_jax.models import vit
@@ -73,6 +74,9 @@ class Task(NamedTuple):
   model: nn.Module
   loss_fn: Callable  # (params, batch, rng, train) -> scalar loss
   eval_fn: Callable  # (params, batch) -> {'correct', 'count', ...}: sums over real examples
+  # A batch as it crosses to the devices (uint8 pixels, Mixup's weights) -> the batch
+  # loss_fn and eval_fn take ([-1, 1] floats, soft labels): `on_device.prepare`.
+  prepare: Callable
 
 
 def make_task(config, num_classes: int, multi_label: bool) -> Task:
@@ -122,7 +126,9 @@ def make_task(config, num_classes: int, multi_label: bool) -> Task:
 
   else:
     raise ValueError(f'task={config.task!r}: use one of {", ".join(TASKS)}')
-  return Task(model, loss_fn, eval_fn)
+  return Task(
+    model, loss_fn, eval_fn, functools.partial(on_device.prepare, num_classes=num_classes)
+  )
 
 
 def init_state(rng, *, model, tx, image_size, ema: bool) -> TrainState:
@@ -187,7 +193,12 @@ def accumulated_value_and_grad(grad_fn, params, batch, rng, accum_steps: int):
 
 
 def train_step(state: TrainState, batch, *, task: Task, tx, schedule, config):
-  """One optimizer step over the global batch (accumulated over micro-batches)."""
+  """One optimizer step over the global batch (accumulated over micro-batches).
+
+  `batch` as it crosses to the devices: prepared here, once for the whole
+  batch (Mixup pairs neighbours, which micro-batches would separate).
+  """
+  batch = task.prepare(batch)
   step_rng = jax.random.fold_in(state.rng, state.step)
   grad_fn = jax.value_and_grad(functools.partial(task.loss_fn, train=True))
   loss, grads = accumulated_value_and_grad(
@@ -237,7 +248,7 @@ def jit_train_step(*, task, tx, schedule, config, state_shardings, batch_shardin
 
 def jit_eval_step(*, task, params_shardings, batch_sharding):
   return jax.jit(
-    task.eval_fn,
+    lambda params, batch: task.eval_fn(params, task.prepare(batch)),
     in_shardings=(params_shardings, batch_sharding),
     out_shardings=sharding.replicated(batch_sharding.mesh),
     compiler_options=hardware.compiler_options(batch_sharding.mesh.devices.flat),
