@@ -260,9 +260,9 @@ def test_tiny_vit_on_one_h100(child):
   r = child['small']
   assert (r['devices'], r['boxes'], r['fits'], r['collectives']) == (1, 1, True, [])
   # Exactly: fp32 parameters and Adam's two moments, the state's scalars, the
-  # batch (64 images of 32x32x3 float32 and their int32 labels); donated.
+  # batch (64 images of 32x32x3 uint8 and their int32 labels); donated.
   tm = r['train_memory']
-  assert tm['argument_bytes'] == 12 * r['params'] + r['scalar_bytes'] + 64 * (32 * 32 * 3 * 4 + 4)
+  assert tm['argument_bytes'] == 12 * r['params'] + r['scalar_bytes'] + 64 * (32 * 32 * 3 + 4)
   assert tm['alias_bytes'] == 12 * r['params'] + r['scalar_bytes']
   assert r['hbm_bytes_per_device'] <= r['usable_bytes'] == int(0.9 * 81_559 * 2**20)
   # 65 tokens, padded to 66: cuDNN's fused attention forward and backward in each of 4 blocks.
