@@ -109,24 +109,12 @@ def main(argv):
   _initialize_distributed()
 
   # Imported here: these pull in JAX and the input pipeline.
-  from vit_jax import checkpoint
-  from vit_jax import files
-  from vit_jax import workdir as workdir_lib
-  from vit_jax.configs import ConfigError
-  from vit_jax.data import pipeline
   from vit_jax.training import loop
 
   config = _CONFIG.value  # an official vit_jax config already translated
   _fit_warmup(config, sys.argv)
   workdir = _WORKDIR.value or _default_workdir(sys.argv)
-  with cli.reported(
-    loop.TrainingError,
-    ConfigError,  # also an unknown model name (a KeyError of MODEL_CONFIGS)
-    checkpoint.CheckpointError,
-    pipeline.DataError,
-    workdir_lib.WorkdirError,
-    files.RemoteFilesError,  # a gs:// workdir, dataset or pretrained_path out of reach
-  ):
+  with cli.reported():
     loop.train_and_evaluate(config, workdir)
 
 

@@ -49,6 +49,7 @@ import uuid
 from absl import logging
 
 from vit_jax import files
+from vit_jax.errors import UserError
 
 CONFIG_FILE = 'config.json'
 CHECKPOINTS = 'checkpoints'
@@ -72,7 +73,7 @@ STALE_AFTER_S = 600.0
 REMOTE_SETTLE_S = 2.0
 
 
-class WorkdirError(RuntimeError):
+class WorkdirError(UserError, RuntimeError):
   """The workdir cannot be used as asked (in use, full, read-only, ...); one line."""
 
 

@@ -15,6 +15,8 @@ import dataclasses
 import importlib.util
 import re
 
+from vit_jax.errors import UserError
+
 MiB = 2**20
 
 # Without a GPU the compiler cannot time candidate kernels: no autotuning, and
@@ -31,7 +33,7 @@ MEMORY_FRACTION = 0.9
 GPUS_PER_BOX = 8
 
 
-class GpuError(ValueError):
+class GpuError(UserError, ValueError):
   """An unknown GPU or box count, or no GPU compiler; one line."""
 
 

@@ -36,6 +36,7 @@ from vit_jax import run_log
 from vit_jax import workdir as workdir_lib
 from vit_jax.configs import ConfigError  # noqa: F401  (the commands catch it as loop.ConfigError)
 from vit_jax.data import pipeline
+from vit_jax.errors import UserError
 from vit_jax.evaluation import fewshot
 from vit_jax.training import hooks
 from vit_jax.training import program
@@ -43,7 +44,7 @@ from vit_jax.training import resume
 from vit_jax.training import steps
 
 
-class TrainingError(RuntimeError):
+class TrainingError(UserError, RuntimeError):
   """A run that cannot go on; the message is one line saying what to do."""
 
 
