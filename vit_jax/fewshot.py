@@ -85,7 +85,7 @@ def main(argv=None) -> int:
   if workdir and jax.process_index() == 0:
     with cli.reported():
       with workdir_lib.storage_errors(workdir):
-        print(f'wrote {workdir_lib.record_fewshot(workdir, scalars)}')
+        print(f'wrote {run_log.record_fewshot(workdir, scalars)}')
   return 0
 
 
