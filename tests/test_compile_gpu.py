@@ -191,7 +191,7 @@ def test_cudnn_is_not_chosen_for_this_cpu():
 _CHILD = textwrap.dedent("""
   import functools, json
   import jax, jax.numpy as jnp
-  from vit_jax.bench import aot, gpu_record, gpus
+  from vit_jax.bench import aot, gpu_record, gpus, hlo
   from vit_jax.configs import demo
   from vit_jax.models import vit
 
@@ -202,6 +202,7 @@ _CHILD = textwrap.dedent("""
     state = compiled.program.abstract_state()
     out['params'] = sum(x.size for x in jax.tree.leaves(state.params))
     out['scalar_bytes'] = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state) if x.size <= 2)
+    out['pads'] = hlo.pads(compiled.train.as_text())
     return out
 
   out = {'cards': {}}
@@ -220,6 +221,8 @@ _CHILD = textwrap.dedent("""
   out['t197'] = record('h100-1', **tiny, **{'pp.crop': 224})
   out['t577'] = record('h100-1', **tiny, **{'pp.crop': 384})
   out['t197_f32'] = record('h100-1', **tiny, **{'pp.crop': 224, 'dtype': 'float32'})
+  # One register token (issue 37): 196 patches + class token + register = 198, even.
+  out['t198_register'] = record('h100-1', **tiny, **{'pp.crop': 224, 'num_registers': 1})
   # Without the padding: JAX's own check refuses cuDNN's backward pass.
   vit.pads_sequence = lambda *args, **kwargs: False
   try:
@@ -279,6 +282,24 @@ def test_attention_auto_compiles_training_steps_with_cudnn(child, case, tokens):
   assert r['image_size'] == {197: 224, 577: 384}[tokens]
   assert r['attention']['kernel'] == 'cuDNN fused attention'
   assert r['attention']['custom_calls'] == {
+    '__cudnn$fmhaSoftmax': 1,
+    '__cudnn$fmhaSoftmaxBackward': 1,
+  }
+
+
+def _odd_sequence_pads(pads) -> dict:
+  """The `pad`s (`hlo.pads`' keys) that lengthen the token axis of a [batch, tokens, width] by
+  one: an odd sequence made even for cuDNN (a concatenation can be a pad too, of many)."""
+  return {k: n for k, n in pads.items() if re.match(r'\w+\[\d+,\d+,\d+\] 0_0x0_1x0_0$', k)}
+
+
+@needs_gpu_compiler
+def test_one_register_makes_the_sequence_even_and_the_padding_goes(child):
+  """197 tokens are padded to 198 once each way for cuDNN's attention; with one register the
+  sequence is 198 tokens and the training step has no pad on the token axis at all."""
+  assert set(_odd_sequence_pads(child['t197']['pads'])) == {'bf16[8,198,192] 0_0x0_1x0_0'}
+  assert _odd_sequence_pads(child['t198_register']['pads']) == {}
+  assert child['t198_register']['attention']['custom_calls'] == {
     '__cudnn$fmhaSoftmax': 1,
     '__cudnn$fmhaSoftmaxBackward': 1,
   }

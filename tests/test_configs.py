@@ -132,8 +132,24 @@ def test_epochs_argument_and_bad_arguments():
     load('finetune.py', 'ViT-B_16')
   with pytest.raises(ConfigError, match='use imagenet21k, jft or imagenet2012'):
     load('vit_b16.py', 'imagenet')
-  with pytest.raises(ConfigError, match='EPOCHS after the comma must be a positive integer'):
-    load('vit_b16.py', 'imagenet21k,ten')
+  for bad in ('imagenet21k,ten', 'imagenet21k,sigmoid,90', 'imagenet21k,0'):
+    with pytest.raises(ConfigError, match='EPOCHS must be a positive integer and LOSS one of'):
+      load('vit_b16.py', bad)
+
+
+def test_the_imagenet21k_loss_is_a_choice_with_big_visions_sigmoid_as_an_option():
+  softmax = load('vit_b16.py', 'imagenet21k')
+  assert (softmax.loss, softmax.head_bias_init) == ('softmax', 0.0)
+  sigmoid = load('vit_b16.py', 'imagenet21k,30,sigmoid')
+  assert (sigmoid.loss, sigmoid.head_bias_init, sigmoid.total_steps) == (
+    'sigmoid',
+    -10.0,
+    30 * 14_197_122 // 4096 + 1,
+  )
+  assert (load('vit_b16.py', 'jft').loss, load('vit_b16.py', 'jft,softmax').loss) == (
+    'sigmoid',
+    'softmax',
+  )
 
 
 # The official model configs' transformer.dropout_rate, which the official

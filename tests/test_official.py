@@ -313,9 +313,9 @@ def test_learning_rate_schedule_is_the_official_one(decay_type):
   else:
     official = 1e-5 + (0.03 - 1e-5) * (1 - progress)
   official = official * np.minimum(1.0, step / 10)
-  # Equal but for the official linear decay's floor of 1e-5.
-  tolerance = 1e-5 if decay_type == 'linear' else 0.0
-  np.testing.assert_allclose(ours, official, rtol=1e-6, atol=tolerance + 1e-9)
+  np.testing.assert_allclose(ours, official, rtol=1e-6, atol=1e-9)
+  if decay_type == 'linear':  # the official floor, not 0
+    assert ours[-1] == pytest.approx(1e-5, rel=1e-6)
 
 
 # ---------------------------------------------------------------------------

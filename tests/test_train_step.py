@@ -91,7 +91,7 @@ def test_sigmoid_cross_entropy_sums_classes():
   )
 
 
-@pytest.mark.parametrize('decay_type, end', [('linear', 0.0), ('cosine', 0.0)])
+@pytest.mark.parametrize('decay_type, end', [('linear', 1e-5), ('cosine', 0.0)])
 def test_schedule(decay_type, end):
   config = small_config(decay_type=decay_type)
   schedule = optim.learning_rate_schedule(config)
@@ -99,7 +99,7 @@ def test_schedule(decay_type, end):
   np.testing.assert_allclose(schedule(5), 0.5e-3, rtol=1e-6)
   np.testing.assert_allclose(schedule(10), 1e-3, rtol=1e-6)
   np.testing.assert_allclose(schedule(100), end, atol=1e-9)
-  half = 0.5e-3  # both decays are at half the peak halfway through the decay
+  half = (1e-3 + end) / 2  # both decays are halfway to their end halfway through the decay
   np.testing.assert_allclose(schedule(55), half, rtol=1e-5)
 
 

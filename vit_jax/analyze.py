@@ -34,6 +34,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     '--model', help='model name, e.g. ViT-B_16 (default: the one a workdir records)'
   )
   parser.add_argument(
+    '--patch_size',
+    type=cli.positive_int,
+    help="load the checkpoint at this patch size (FlexiViT's PI-resize; default: its own)",
+  )
+  parser.add_argument(
     '--images',
     nargs='*',
     default=[],
@@ -69,7 +74,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if os.path.exists(args.output) and not os.path.isdir(args.output):
       raise loader.InputError(f'--output {args.output} is a file; pass a folder for the figures')
     workdir.check_output(args.output, '--output', folder=True)
-    loaded = loader.load_model(args.checkpoint, args.model)
+    loaded = loader.load_model(args.checkpoint, args.model, args.patch_size)
     unreadable = []
     if digits:
       paths, images = figures.test_digits(loaded.image_size)

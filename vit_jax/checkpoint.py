@@ -8,6 +8,7 @@ parameter paths (`Transformer/encoderblock_0/MlpBlock_3/Dense_0/kernel`).
 parameter tree of `vit_jax.models.VisionTransformer` as numpy arrays.
 """
 
+import functools
 import io
 import math
 import os
@@ -31,6 +32,7 @@ _NEW_BLOCK_NAMES = {
   'MlpBlock_0': 'MlpBlock_3',
 }
 _POSEMB = 'Transformer/posembed_input/pos_embedding'
+_EMBEDDING = 'embedding/kernel'
 _ZIP_MAGIC = b'PK\x03\x04'  # every .npz (numpy.savez) starts with it
 # Layers only pre-training uses (paper 3.1 pre-logits; B.1.2 masked patch
 # prediction); fine-tuning drops them when the new model has none.
@@ -418,6 +420,47 @@ def _zoom_axis(grid: np.ndarray, axis: int, size: int) -> np.ndarray:
   return np.take(grid, lo, axis=axis) * (1 - frac) + np.take(grid, hi, axis=axis) * frac
 
 
+def zoom_matrix(old: int, new: int) -> np.ndarray:
+  """[new, old] float64: the 'zoom' resize of one grid axis as a matrix."""
+  return _zoom_axis(np.eye(old), 0, new)
+
+
+def bilinear_matrix(old: int, new: int) -> np.ndarray:
+  """[new, old] float64: bilinear resampling of one axis at half-pixel centres, edges
+  clamped, no antialiasing (tf.image.resize; torch's interpolate, align_corners=False)."""
+  src = np.maximum((np.arange(new) + 0.5) * (old / new) - 0.5, 0.0)
+  lo = np.minimum(np.floor(src).astype(np.int64), old - 1)
+  hi = np.minimum(lo + 1, old - 1)
+  frac = src - lo
+  matrix = np.zeros((new, old))
+  np.add.at(matrix, (np.arange(new), lo), 1.0 - frac)
+  np.add.at(matrix, (np.arange(new), hi), frac)
+  return matrix
+
+
+@functools.lru_cache(maxsize=32)
+def pi_resize_matrix(old: int, new: int) -> np.ndarray:
+  """[new, old] float64: FlexiViT's PI-resize of one axis of a patch-embedding kernel.
+
+  With B the bilinear resize of a patch (`bilinear_matrix`), the new kernel is
+  pinv(B^T) @ kernel: tokens of a resized patch equal the old tokens whenever
+  B has full column rank (upsampling), a least-squares fit when shrinking.
+  Bilinear resizing is separable, so the 2D matrix is the Kronecker product of
+  the two axes' and its pseudo-inverse the product of theirs.
+  """
+  return np.linalg.pinv(bilinear_matrix(old, new).T)
+
+
+def resize_patch_embedding(kernel: np.ndarray, patch_size) -> np.ndarray:
+  """PI-resize (FlexiViT, Beyer et al. 2023) of an `embedding/kernel` [ph, pw, C, D] to
+  [patch_size[0], patch_size[1], C, D], in float64; big_vision's `flexi` and timm's
+  `resample_patch_embed(..., interpolation='bilinear', antialias=False)` compute the same."""
+  rows = pi_resize_matrix(kernel.shape[0], int(patch_size[0]))
+  cols = pi_resize_matrix(kernel.shape[1], int(patch_size[1]))
+  resized = np.einsum('ah,bw,hwcd->abcd', rows, cols, np.asarray(kernel, np.float64))
+  return resized.astype(np.asarray(kernel).dtype)
+
+
 def resize_posemb(
   posemb: np.ndarray, num_tokens: int, num_prefix_tokens: int, method: str = 'zoom'
 ) -> np.ndarray:
@@ -493,6 +536,7 @@ def load_pretrained(
   stacked = is_stacked(init_params)  # a model with scan_layers=True
   init = flatten(unstack_blocks(init_params))
   num_prefix = 1 if model_config.get('classifier', 'token') in ('token', 'token_unpooled') else 0
+  num_prefix += model_config.get('num_registers', 0)
   out, report = _adapt(restored, init, num_prefix, posemb_resize, pretrained_path)
   if verbose:
     num_kept = sum(int(np.size(out[k])) for k in report['kept'])
@@ -524,6 +568,11 @@ def _adapt(restored: dict, init: dict, num_prefix: int, posemb_resize: str, what
       report['resized'].append(
         f'{key} {_shape(restored[key])} -> {_shape(value)} ({posemb_resize})'
       )
+    elif key == _EMBEDDING and _shape(restored[key]) != _shape(value) == (
+      _shape(value)[:2] + _shape(restored[key])[2:]
+    ):  # another patch size (FlexiViT)
+      out[key] = resize_patch_embedding(restored[key], value.shape[:2])
+      report['resized'].append(f'{key} {_shape(restored[key])} -> {_shape(value)} (PI-resize)')
     elif _shape(restored[key]) != _shape(value):
       raise CheckpointError(
         f'{what}: {key} has shape {_shape(restored[key])}, the '

@@ -24,6 +24,11 @@ def main(argv=None) -> int:
   parser.add_argument(
     '--model', help='MODEL_CONFIGS name, e.g. ViT-B_16 (default: the one a workdir records)'
   )
+  parser.add_argument(
+    '--patch_size',
+    type=cli.positive_int,
+    help="load the checkpoint at this patch size (FlexiViT's PI-resize; default: its own)",
+  )
   parser.add_argument('--dataset', required=True, help='a dataset the input pipeline reads')
   parser.add_argument('--split', default='test', help="'test', 'train' or a split expression")
   parser.add_argument(
@@ -50,7 +55,7 @@ def main(argv=None) -> int:
     _check_output(args.output)
   errors = (checkpoint.CheckpointError, loader.InputError, pipeline.DataError)
   with cli.reported(*errors, files.RemoteFilesError):
-    loaded = loader.load_model(args.checkpoint, args.model)
+    loaded = loader.load_model(args.checkpoint, args.model, args.patch_size)
     cli.note(parser.prog, loader.unfinished_note(args.checkpoint))
     data = pipeline.data_config()
     data.update(

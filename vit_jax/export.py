@@ -50,6 +50,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     '--model', help='MODEL_CONFIGS name, e.g. ViT-B_16 (default: the one a workdir records)'
   )
   parser.add_argument(
+    '--patch_size',
+    type=cli.positive_int,
+    help="load the checkpoint at this patch size (FlexiViT's PI-resize; default: its own)",
+  )
+  parser.add_argument(
     '--format',
     required=True,
     choices=export.FORMATS,
@@ -69,7 +74,9 @@ def main(argv: Optional[List[str]] = None) -> int:
   with cli.reported(*errors, files.RemoteFilesError, workdir.WorkdirError):
     output = export.output_path(args.format, args.output)
     with cli.writing(output):
-      notes = export.export(args.checkpoint, args.format, output, args.model, args.labels)
+      notes = export.export(
+        args.checkpoint, args.format, output, args.model, args.labels, args.patch_size
+      )
     cli.note(parser.prog, loader.unfinished_note(args.checkpoint))
   print(f'wrote {args.format} to {output}')
   for note in notes:

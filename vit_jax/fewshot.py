@@ -22,6 +22,11 @@ def _parser():
     '--model', help='MODEL_CONFIGS name, e.g. ViT-B_16 (default: the one a workdir records)'
   )
   parser.add_argument(
+    '--patch_size',
+    type=cli.positive_int,
+    help="load the checkpoint at this patch size (FlexiViT's PI-resize; default: its own)",
+  )
+  parser.add_argument(
     '--datasets', required=True, help='comma-separated datasets the input pipeline reads'
   )
   # None: the method's defaults (vit_jax.evaluation.fewshot), read after JAX starts.
@@ -65,7 +70,7 @@ def main(argv=None) -> int:
     datasets = args.datasets.split(',')
     if not all(datasets):
       raise loader.InputError(f'--datasets={args.datasets!r}: an empty name; pass cifar10,pets')
-    loaded = loader.load_model(args.checkpoint, args.model)
+    loaded = loader.load_model(args.checkpoint, args.model, args.patch_size)
     cli.note(parser.prog, loader.unfinished_note(args.checkpoint))
     args.crop = loader.check_resolution(loaded, args.crop)
     method = ('shots', 'seeds', 'l2_reg', 'train_split', 'test_split', 'crop', 'batch')

@@ -28,6 +28,11 @@ def main(argv: Optional[List[str]] = None) -> int:
   parser.add_argument(
     '--model', help='model name, e.g. ViT-B_16 (default: the one a workdir records)'
   )
+  parser.add_argument(
+    '--patch_size',
+    type=cli.positive_int,
+    help="load the checkpoint at this patch size (FlexiViT's PI-resize; default: its own)",
+  )
   parser.add_argument('--labels', help="class names, one per line, in the head's order")
   parser.add_argument('--top_k', type=cli.positive_int, default=5)
   parser.add_argument('images', nargs='+', help='image files or directories')
@@ -45,7 +50,7 @@ def main(argv: Optional[List[str]] = None) -> int:
   errors = (checkpoint.CheckpointError, loader.InputError, file_system.RemoteFilesError, DataError)
   with cli.reported(*errors):
     files = classify.image_files(args.images)
-    loaded = loader.load_model(args.checkpoint, args.model)
+    loaded = loader.load_model(args.checkpoint, args.model, args.patch_size)
     cli.note(parser.prog, loader.unfinished_note(args.checkpoint))
     if loaded.model.num_classes is None:
       raise checkpoint.CheckpointError(

@@ -4,9 +4,10 @@ The input pipeline (vit_jax/data/images.py) must give these pixels: the
 tests compare the two where TensorFlow is installed. This was the tf.data
 backend's preprocessing until the package dropped TensorFlow.
 
-Train: inception crop (random area in [area_min, 1] of the image, aspect ratio
-log-uniform in [3/4, 4/3]; Szegedy et al. 2015), random horizontal flip,
-bilinear resize to `crop`. Eval: bilinear resize to `crop`, or to `resize`
+Train: inception crop (Szegedy et al. 2015) as the official input pipeline
+draws it, `tf.image.sample_distorted_bounding_box` with area_range
+(area_min, 1), no boxes and TensorFlow's default aspect ratios and attempts;
+random horizontal flip, bilinear resize to `crop`. Eval: bilinear resize to `crop`, or to `resize`
 followed by a centre crop. Pixels end in [-1, 1].
 
 Every random choice comes from a stateless RNG seeded by the caller with
@@ -16,42 +17,30 @@ Images stay uint8 [h, w, 3] between steps (rounded after each resize), which
 is also what RandAugment's ops expect.
 """
 
-import math
-
 import tensorflow as tf
 
-_LOG_RATIO = (math.log(3 / 4), math.log(4 / 3))
-ATTEMPTS = 10  # crop candidates per image; the first that fits is taken
 
+def inception_crop_window(seed, height, width, area_min):
+  """(y, x, h, w) int32 of one inception crop of a [height, width] image; seed [2].
 
-def random_uniforms(seed, shape=()):
-  """[..., ATTEMPTS, 4] uniforms that `inception_crop_window` turns into a crop."""
-  return tf.random.stateless_uniform(list(shape) + [ATTEMPTS, 4], seed)
-
-
-def inception_crop_window(uniforms, height, width, area_min):
-  """(y, x, h, w) int32 of an inception crop of [height, width] images.
-
-  `uniforms` [..., ATTEMPTS, 4] in [0, 1); `height`/`width` broadcast against
-  its leading dims. Works on one image or a batch. Each attempt draws an area
-  and a log aspect ratio; the first attempt whose box fits is used, else the
-  whole image (as Szegedy et al. and torchvision do after 10 misses).
+  The official input pipeline's call (vit_jax/input_pipeline.py there), stateless.
   """
-  height = tf.cast(height, tf.float32)[..., None]
-  width = tf.cast(width, tf.float32)[..., None]
-  area = height * width * (area_min + (1.0 - area_min) * uniforms[..., 0])
-  ratio = tf.exp(_LOG_RATIO[0] + (_LOG_RATIO[1] - _LOG_RATIO[0]) * uniforms[..., 1])
-  w = tf.round(tf.sqrt(area * ratio))
-  h = tf.round(tf.sqrt(area / ratio))
-  fits = (w <= width) & (h <= height) & (w >= 1) & (h >= 1)
-  first = tf.argmax(tf.cast(fits, tf.int32), axis=-1, output_type=tf.int32)
-  take = lambda t: tf.gather(t, first[..., None], axis=-1, batch_dims=len(first.shape))[..., 0]
-  any_fit = tf.reduce_any(fits, axis=-1)
-  h = tf.where(any_fit, take(h), height[..., 0])
-  w = tf.where(any_fit, take(w), width[..., 0])
-  y = tf.floor(take(uniforms[..., 2]) * (height[..., 0] - h + 1))
-  x = tf.floor(take(uniforms[..., 3]) * (width[..., 0] - w + 1))
-  return tuple(tf.cast(v, tf.int32) for v in (y, x, h, w))
+  begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
+    tf.stack([height, width, 3]),
+    tf.zeros([0, 0, 4], tf.float32),
+    seed=seed,
+    min_object_covered=0.0,
+    area_range=(area_min, 1.0),
+    use_image_if_no_bounding_boxes=True,
+  )
+  return begin[0], begin[1], size[0], size[1]
+
+
+def inception_crop_windows(seeds, height, width, area_min):
+  """`inception_crop_window` of [n, 2] seeds: four int32 [n]."""
+  one = lambda seed: inception_crop_window(seed, height, width, area_min)
+  spec = (tf.TensorSpec([], tf.int32),) * 4
+  return tf.map_fn(one, seeds, fn_output_signature=spec)
 
 
 def decode(encoded):
@@ -70,18 +59,18 @@ def resize(image, size):
   return to_uint8(tf.image.resize(image, [size, size], method='bilinear'))
 
 
-def decode_inception_crop(encoded, uniforms, area_min, crop):
+def decode_inception_crop(encoded, seed, area_min, crop):
   """Decodes only the crop window of JPEGs (DCT-domain crop), any format otherwise."""
 
   def crop_jpeg():
     shape = tf.io.extract_jpeg_shape(encoded)
-    y, x, h, w = inception_crop_window(uniforms, shape[0], shape[1], area_min)
+    y, x, h, w = inception_crop_window(seed, shape[0], shape[1], area_min)
     return tf.io.decode_and_crop_jpeg(encoded, tf.stack([y, x, h, w]), channels=3)
 
   def crop_other():
     image = decode(encoded)
     shape = tf.shape(image)
-    y, x, h, w = inception_crop_window(uniforms, shape[0], shape[1], area_min)
+    y, x, h, w = inception_crop_window(seed, shape[0], shape[1], area_min)
     return image[y : y + h, x : x + w]
 
   image = tf.cond(tf.io.is_jpeg(encoded), crop_jpeg, crop_other)
@@ -102,7 +91,7 @@ def train_image(encoded, seed, *, crop, inception_crop, area_min, flip):
   """Encoded image + seed [2] -> augmented uint8 [crop, crop, 3] (before RandAugment)."""
   crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
   if inception_crop:
-    image = decode_inception_crop(encoded, random_uniforms(crop_seed), area_min, crop)
+    image = decode_inception_crop(encoded, crop_seed, area_min, crop)
   else:
     image = resize(decode(encoded), crop)
   if flip:
@@ -157,10 +146,9 @@ def train_batch(images, seed, *, crop, inception_crop, area_min, flip, offset=0,
   total = b if global_batch is None else global_batch
   size_h, size_w = images.shape[1], images.shape[2]
   crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
-  full = tf.ones([b], tf.int32)
   if inception_crop:
-    uniforms = random_uniforms(crop_seed, [total])[offset : offset + b]
-    y, x, h, w = inception_crop_window(uniforms, full * size_h, full * size_w, area_min)
+    seeds = tf.random.experimental.stateless_split(crop_seed, total)[offset : offset + b]
+    y, x, h, w = inception_crop_windows(seeds, size_h, size_w, area_min)
     images = crop_and_resize_batch(images, y, x, h, w, crop)
   else:
     images = resize(images, crop)  # exactly the eval resize

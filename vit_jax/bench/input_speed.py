@@ -92,7 +92,7 @@ def stages(paths, crop=224, area_min=0.05, limit=200):
     ['read', 'header_and_crop', 'entropy_decode', 'idct_and_colour', 'resize', 'flip'],
     0.0,
   )
-  uniforms = order.example_uniforms(1, np.arange(len(paths)), images.ATTEMPTS * 4 + 1)
+  uniforms = order.example_uniforms(1, np.arange(len(paths)), images.DRAWS)
   for path, u in zip(paths, uniforms):
     t = [time.perf_counter()]
     data = _read(path)

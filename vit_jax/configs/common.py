@@ -54,6 +54,23 @@ def _add_model(config) -> None:
       'qkv_and_norm_biases': ml_collections.config_dict.placeholder(bool),
     }
   )
+  # FlexiViT (Beyer et al. 2023; vit_jax.models.flexi): the patch size to train at,
+  # overriding the model's (None: its own); a pretrained checkpoint's patch
+  # embedding is PI-resized to it and its position embeddings to the new grid.
+  config.patch_size = ml_collections.config_dict.placeholder(int)
+  # Patch sizes to draw one from per training step, the model's kernel and
+  # position embeddings resized to it on the fly (FlexiViT's recipe); () = off.
+  # Evaluation runs at the model's own patch size.
+  config.flexi_patch_sizes = ()
+  # NaFlex (vit_jax.models.naflex): token budgets; each training image keeps its
+  # (cropped) aspect ratio, resized to fit a budget drawn from these, and a
+  # batch holds max(budgets) patches per image; () = off (square crops). The
+  # model then takes images of any size the patch divides (evaluation at
+  # pp.crop) and its position embeddings are a 2D grid of pp.crop / patch.
+  config.naflex_tokens = ()
+  # Register tokens (Darcet et al. 2023): learned tokens after the class token that
+  # attention may use as scratch space, dropped before the head; 0 = none.
+  config.num_registers = 0
   config.attention = 'auto'  # 'auto', 'xla', 'cudnn' or 'explicit' (vit_jax.models.vit.ATTENTION)
   config.dropout_rate = 0.0
   config.attention_dropout_rate = 0.0
@@ -72,6 +89,7 @@ def _add_optimization(config) -> None:
   config.base_lr = 1e-3
   config.warmup_steps = 10_000
   config.decay_type = 'linear'  # 'linear' or 'cosine'
+  config.linear_end = 1e-5  # where the linear decay ends (the official schedule's floor)
   config.weight_decay = 0.0  # decoupled, kernels only
   config.grad_norm_clip = 1.0
   config.label_smoothing = 0.0

@@ -38,6 +38,9 @@ def data_config() -> ml_collections.ConfigDict:
           bool
         ),  # train: random area/aspect crop; False = resize like eval
         'area_min': placeholder(float),  # inception crop: smallest crop area (default 0.05)
+        # Inception crop boxes: 'tf' as tf.image.sample_distorted_bounding_box in the
+        # official pipeline; 'log_ratio_10' as runs before it (vit_jax.data.images).
+        'crop_sampler': 'tf',
         'flip': placeholder(bool),  # train: random horizontal flip (default True)
         'randaug_layers': 0,  # RandAugment ops per image (AugReg: 2); 0 = off
         'randaug_magnitude': 10,  # RandAugment magnitude, 10 = the ops' full range

@@ -55,16 +55,39 @@ def _table3(model: str, dataset: str):
   )
 
 
+# Losses a pre-training recipe may name after its dataset (`:imagenet21k,sigmoid`).
+PRETRAIN_LOSSES = ('softmax', 'sigmoid')
+
+
+def _pretrain_arg(arg: str):
+  """'DATASET[,EPOCHS][,LOSS]' -> (dataset, epochs or None, loss or None)."""
+  dataset, *rest = arg.split(',')
+  epochs = loss = None
+  for part in rest:
+    if part in PRETRAIN_LOSSES and loss is None:
+      loss = part
+    elif epochs is None and loss is None and part.isdigit() and int(part) >= 1:
+      epochs = int(part)
+    else:
+      raise ConfigError(
+        f'config argument {arg!r}: after the dataset, EPOCHS must be a positive integer and '
+        f'LOSS one of {", ".join(PRETRAIN_LOSSES)} (DATASET[,EPOCHS][,LOSS])'
+      )
+  return dataset, epochs, loss
+
+
 def pretrain(model: str, arg: str = 'imagenet21k') -> ml_collections.ConfigDict:
-  """Pre-training (paper B.1, Table 3). `arg`: DATASET[,EPOCHS]."""
-  dataset, _, epochs_arg = arg.partition(',')
+  """Pre-training (paper B.1, Table 3). `arg`: DATASET[,EPOCHS][,LOSS].
+
+  LOSS chooses softmax or sigmoid cross-entropy; sigmoid comes with the head
+  bias at -10 (paper B.1). Defaults: sigmoid for JFT (multi-label), softmax
+  for ImageNet-21k and ImageNet (one label per image in TFDS); big_vision's
+  ImageNet-21k recipe (AugReg) trains with sigmoid: `imagenet21k,sigmoid`.
+  """
+  dataset, epochs_arg, loss = _pretrain_arg(arg)
   epochs, base_lr, decay_type, weight_decay, dropout = _table3(model, dataset)
   if epochs_arg:
-    if not epochs_arg.isdigit() or int(epochs_arg) < 1:
-      raise ConfigError(
-        f'config argument {arg!r}: EPOCHS after the comma must be a positive integer'
-      )
-    epochs = int(epochs_arg)
+    epochs = epochs_arg
   hidden = architectures.MODEL_CONFIGS[model].hidden_size
 
   config = common.get_config()
@@ -87,13 +110,14 @@ def pretrain(model: str, arg: str = 'imagenet21k') -> ml_collections.ConfigDict:
   config.eval_every = 5000
   config.checkpoint_every = 2000
   if dataset == 'jft':
-    # JFT is multi-label: sigmoid cross-entropy, head bias -10 (B.1). The data
-    # is the user's own shards: a directory with info.json (docs/data.md).
+    # The data is the user's own shards: a directory with info.json (docs/data.md).
     config.dataset = ml_collections.config_dict.placeholder(str)
-    config.loss = 'sigmoid'
-    config.head_bias_init = -10.0
   else:
     config.dataset = dataset
+  # JFT is multi-label: sigmoid cross-entropy, head bias -10 so that the
+  # initial predictions are near 0 for each of its ~18k classes (B.1).
+  config.loss = loss or ('sigmoid' if dataset == 'jft' else 'softmax')
+  config.head_bias_init = -10.0 if config.loss == 'sigmoid' else 0.0
   return config
 
 

@@ -131,8 +131,8 @@ class TrainBatches:
       num_examples=self._source.num_examples,
       order_key=self._order_key,
     )
-    uniforms = order.example_uniforms(self._aug_key, positions, images.DRAWS)
     pp = self._pp
+    uniforms = order.example_uniforms(self._aug_key, positions, images.draws(pp.crop_sampler))
     ra_uniforms = None
     if pp.randaug_layers:  # RandAugment's own draws: 4 per layer
       n = randaug.DRAWS_PER_LAYER * pp.randaug_layers

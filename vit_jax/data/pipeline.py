@@ -40,10 +40,13 @@ from absl import logging
 import jax
 import numpy as np
 
+from vit_jax.configs import architectures
 from vit_jax.configs.data import add_data_config  # noqa: F401  (public API)
 from vit_jax.configs.data import data_config  # noqa: F401  (public API)
 from vit_jax.data import datasets
 from vit_jax.data import host
+from vit_jax.data import images
+from vit_jax.data import naflex
 from vit_jax.data import on_device
 from vit_jax.data import order
 from vit_jax.data import sources
@@ -90,6 +93,7 @@ class _PP:
   randaug_layers: int
   randaug_magnitude: float
   mixup: float
+  crop_sampler: str = 'tf'  # images.CROP_SAMPLERS
 
 
 def _pp(config) -> _PP:
@@ -98,6 +102,10 @@ def _pp(config) -> _PP:
   area_min = float(pick(pp.area_min, base.area_min))
   if not 0 < area_min <= 1:
     raise DataError(f'pp.area_min={area_min}: use a fraction in (0, 1]')
+  if pp.crop_sampler not in images.CROP_SAMPLERS:
+    raise DataError(
+      f'pp.crop_sampler={pp.crop_sampler!r}: use one of {", ".join(images.CROP_SAMPLERS)}'
+    )
   if pp.resize and pp.resize < pp.crop:
     raise DataError(f'pp.resize={pp.resize} < pp.crop={pp.crop}: resize to at least the crop')
   return _PP(
@@ -109,6 +117,7 @@ def _pp(config) -> _PP:
     int(pp.randaug_layers),
     float(pp.randaug_magnitude),
     float(pp.mixup),
+    pp.crop_sampler,
   )
 
 
@@ -196,6 +205,19 @@ def _local_batch(batch: int, what: str, sharding, process_count: int) -> int:
 
 def _train_batches(config, source, pp, local_batch, step):
   """Process-local NumPy train batches from `step` on."""
+  if config.get('naflex_tokens'):  # packed patches at each image's aspect ratio
+    return naflex.TrainBatches(
+      source,
+      pp,
+      config.naflex_tokens,
+      config.patch_size or architectures.MODEL_CONFIGS[config.model].patches.size[0],
+      local_batch=local_batch,
+      start_step=step,
+      keys=order.keys(int(config.seed)),
+      process_index=jax.process_index(),
+      process_count=jax.process_count(),
+      num_threads=config.get('input_threads', 0),
+    )
   return host.TrainBatches(
     source,
     pp,

@@ -10,6 +10,7 @@ print them without a traceback (`vit_jax.cli`).
 
 import math
 import os
+import re
 from typing import Any, NamedTuple, Optional
 
 import jax
@@ -19,7 +20,10 @@ from vit_jax import checkpoint
 from vit_jax import models
 from vit_jax import workdir
 from vit_jax.configs import architectures
+from vit_jax.models import flexi
+from vit_jax.models import naflex
 
+_BLOCK = re.compile(r'^Transformer/encoderblock_(\d+)/')
 # Layers of masked patch prediction (vit_jax.models.mpp); the backbone is analysed without them.
 _MPP_ONLY = ('mask_token', 'mpp_head/')
 
@@ -68,13 +72,17 @@ def resolve_model_name(name: Optional[str], path: str, metadata: Optional[dict] 
   return name
 
 
-def load_model(path: str, model_name: Optional[str] = None) -> LoadedModel:
+def load_model(
+  path: str, model_name: Optional[str] = None, patch_size: Optional[int] = None
+) -> LoadedModel:
   """The model a checkpoint holds, checked key by key and shape by shape.
 
   Args:
     path: a `.npz`, or a workdir holding its final parameters (local or gs://).
     model_name: a `MODEL_CONFIGS` name (`ViT-B_16`, `testing`, ...); None
       for a workdir, whose summary names it.
+    patch_size: load it at this patch size (FlexiViT's PI-resize, `models.flexi`),
+      at the checkpoint's resolution; None: its own.
   """
   path = os.fspath(path)
   step = unfinished_run_step(path)
@@ -83,16 +91,25 @@ def load_model(path: str, model_name: Optional[str] = None) -> LoadedModel:
   model_name = resolve_model_name(model_name, path)
   _ = model_config(model_name)  # a wrong name fails before the file is read
   if step is None:
-    return model_from_flat(checkpoint.flatten(checkpoint.load(path)), model_name, path)
+    flat = checkpoint.flatten(checkpoint.load(path))
+    return model_from_flat(flat, model_name, path, patch_size)
   what = f'{path} (the checkpoint at step {step} of an unfinished run)'
-  return model_from_flat(_checkpoint_params(path, step), model_name, what)
+  return model_from_flat(_checkpoint_params(path, step), model_name, what, patch_size)
 
 
 def check_resolution(loaded: LoadedModel, crop: Optional[int]) -> int:
   """`crop`, or the checkpoint's resolution when None; InputError for another one (its
-  position embeddings fix the number of patches)."""
+  position embeddings fix the number of patches), except for NaFlex ViTs, which take
+  any multiple of their patch size."""
   if crop is None or crop == loaded.image_size:
     return loaded.image_size
+  if isinstance(loaded.model, naflex.NaFlexViT):
+    if crop % loaded.pixels_per_patch == 0:
+      return crop
+    raise InputError(
+      f'--crop={crop}: use a multiple of the patch size {loaded.pixels_per_patch} '
+      '(the NaFlex ViT takes any)'
+    )
   raise InputError(
     f'--crop={crop}: the checkpoint takes {loaded.image_size} px images (its position '
     f'embeddings hold a {loaded.grid_size}x{loaded.grid_size} patch grid); leave --crop out, '
@@ -133,19 +150,65 @@ def _checkpoint_params(path: str, step: int) -> dict:
   return checkpoint.flatten(jax.tree.map(np.asarray, state['params']))
 
 
-def model_from_flat(flat: dict, model_name: str, what: str) -> LoadedModel:
+def _naflex_from_flat(flat, config, num_classes, what, patch_size) -> LoadedModel:
+  """A NaFlex ViT (2D grid of position embeddings, `models.naflex`); at `patch_size` its
+  kernel is PI-resized and the grid, resampled per image anyway, kept."""
+  table = flat['Transformer/posembed_input/pos_embedding']
+  grid = tuple(int(g) for g in table.shape[1:3])
+  registers = config.get('num_registers', 0)
+  image_size = grid[0] * config.patches.size[0]
+  if patch_size is not None and patch_size != config.patches.size[0]:
+    size = (patch_size, patch_size)
+    flat = {
+      **flat,
+      'embedding/kernel': checkpoint.resize_patch_embedding(flat['embedding/kernel'], size),
+    }
+    config.patches.size = size
+  if config.classifier not in naflex.CLASSIFIERS:
+    raise checkpoint.CheckpointError(
+      f'{what} is a NaFlex ViT (2D position embeddings); {config.model_name} pools with '
+      f'{config.classifier!r}, NaFlex with one of {naflex.CLASSIFIERS}: check --model'
+    )
+  model = naflex.NaFlexViT(num_classes=num_classes, posemb_grid=grid, **config)
+  patch = config.patches.size[0]
+  expected = jax.eval_shape(
+    lambda: model.init(jax.random.key(0), jnp.zeros((1, patch, patch, 3)), train=False)
+  )['params']
+  params = checkpoint.unflatten(flat)
+  checkpoint.check_tree(params, expected, what=what)
+  num_prefix = (1 if config.classifier == 'token' else 0) + registers
+  return LoadedModel(model, params, config, image_size, image_size // patch, patch, num_prefix)
+
+
+def model_from_flat(
+  flat: dict, model_name: str, what: str, patch_size: Optional[int] = None
+) -> LoadedModel:
   """`load_model` for parameters already in memory ({'a/b/c': array}, public names).
 
-  `what` names their source in errors (a path, or a converted file).
+  `what` names their source in errors (a path, or a converted file). A plain
+  ViT's patch size is its kernel's (a run may train at another than the
+  model name's: `--config.patch_size`).
   """
   config = model_config(model_name)
   flat = {k: v for k, v in flat.items() if not k.startswith(_MPP_ONLY)}
+  # A run with --config.depth holds fewer (or more) blocks than its model name.
+  blocks = {m.group(1) for m in map(_BLOCK.match, flat) if m}
+  if blocks:
+    config.transformer.num_layers = len(blocks)
+  kernel = flat.get('embedding/kernel')
+  if config.get('resnet') is None and kernel is not None and kernel.ndim == 4:
+    config.patches.size = tuple(int(n) for n in kernel.shape[:2])
   if 'pre_logits/kernel' in flat:
     config.representation_size = int(flat['pre_logits/kernel'].shape[-1])
   num_classes = int(flat['head/kernel'].shape[-1]) if 'head/kernel' in flat else None
   num_prefix = 1 if config.classifier in ('token', 'token_unpooled') else 0
+  if 'registers' in flat:  # register tokens (models.vit._add_registers)
+    config.num_registers = int(flat['registers'].shape[1])
+    num_prefix += config.num_registers
 
   posemb = flat.get('Transformer/posembed_input/pos_embedding')
+  if posemb is not None and posemb.ndim == 4:
+    return _naflex_from_flat(flat, config, num_classes, what, patch_size)
   if posemb is None or posemb.ndim != 3:
     raise checkpoint.CheckpointError(
       f'{what}: no Transformer/posembed_input/pos_embedding of '
@@ -160,6 +223,14 @@ def model_from_flat(flat: dict, model_name: str, what: str) -> LoadedModel:
     )
   stride = pixels_per_patch(config)
   image_size = grid * stride
+  if patch_size is not None and patch_size != stride:
+    try:
+      flexi.check_patch_sizes(config, image_size, [patch_size])
+    except flexi.PatchSizeError as e:
+      raise InputError(f'--patch_size={patch_size}: {e}') from None
+    flat = flexi.at_patch_size(flat, patch_size, image_size, num_prefix)
+    config.patches.size = (patch_size, patch_size)
+    stride, grid = patch_size, image_size // patch_size
 
   model = models.VisionTransformer(num_classes=num_classes, **config)
   expected = jax.eval_shape(

@@ -44,8 +44,9 @@ def _read_torch_file(path: str):
   return torch_layout.load_torch_file(path), {}
 
 
-def load(path: str, model_name: Optional[str] = None) -> Source:
-  """The model that a checkpoint of any supported kind holds, checked against `model_name`."""
+def load(path: str, model_name: Optional[str] = None, patch_size: Optional[int] = None) -> Source:
+  """The model that a checkpoint of any supported kind holds, checked against `model_name`;
+  at `patch_size` when given (FlexiViT's PI-resize)."""
   path = os.fspath(path)
   local = not files.is_remote(path)
   # A transformers folder: its config.json without a run's final parameters (a
@@ -57,40 +58,60 @@ def load(path: str, model_name: Optional[str] = None) -> Source:
     and not workdir.has_params(path)
   ):
     state, hf_config, metadata = hf.read_folder(path)
-    return _from_hf(state, hf_config, _model_name(model_name, path, metadata), path)
+    return _from_hf(state, hf_config, _model_name(model_name, path, metadata), path, patch_size)
   if local and path.endswith(_TORCH_SUFFIXES):
     if not os.path.exists(path):
       raise checkpoint.CheckpointError(f'{path}: no such file')
     state, metadata = _read_torch_file(path)
     model_name = _model_name(model_name, path, metadata)
-    if 'patch_embed.proj.weight' in state:
-      flat = timm.from_timm(state, loader.model_config(model_name), path)
-      return Source(loader.model_from_flat(flat, model_name, path), None, [])
+    if 'patch_embed.proj.weight' in state or 'embeds.proj.weight' in state:
+      config = loader.model_config(model_name)
+      if 'embeds.proj.weight' in state:  # timm's NaFlexVit
+        flat = timm.from_timm_naflex(state, config, path)
+      else:
+        flat = timm.from_timm(state, config, path)
+      return Source(loader.model_from_flat(flat, model_name, path, patch_size), None, [])
     if any(k.startswith(('vit.', 'embeddings.')) for k in state):
       folder = os.path.dirname(os.path.abspath(path))
       hf_config = (
         hf.read_config(folder) if os.path.exists(os.path.join(folder, hf.CONFIG_FILE)) else {}
       )
-      return _from_hf(hf.canonical_names(state), hf_config, model_name, path)
+      return _from_hf(hf.canonical_names(state), hf_config, model_name, path, patch_size)
     raise checkpoint.CheckpointError(
       f'{path}: neither timm (patch_embed.proj.weight) nor '
       'transformers (vit.embeddings...) ViT weights'
     )
-  return Source(loader.load_model(path, model_name), None, [])
+  return Source(loader.load_model(path, model_name, patch_size), None, [])
 
 
-def _from_hf(state, hf_config, model_name, what) -> Source:
+def _from_hf(state, hf_config, model_name, what, patch_size=None) -> Source:
   config = loader.model_config(model_name)
   flat, notes = hf.from_hf(state, hf_config, config, what)
-  return Source(loader.model_from_flat(flat, model_name, what), hf.class_names(hf_config), notes)
+  loaded = loader.model_from_flat(flat, model_name, what, patch_size)
+  return Source(loaded, hf.class_names(hf_config), notes)
 
 
 # ---------------------------------------------------------------------------
 # Writing each format.
 
 
+def _save_naflex_timm(loaded: loader.LoadedModel, output: str) -> List[str]:
+  """A NaFlex ViT as timm NaFlexVit's state_dict."""
+  flat = checkpoint.flatten(loaded.params)
+  grid = loaded.model.posemb_grid
+  metadata = {'vit_jax_model': loaded.config.model_name or '', 'timm_model': 'naflexvit'}
+  os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+  torch_layout.save_safetensors(timm.to_timm_naflex(flat), output, metadata)
+  return [
+    'timm NaFlexVit weights: build the model with vit_jax.interop.timm.build_naflex_model('
+    f'config, {loaded.model.num_classes}, {tuple(grid)}) and load_state_dict'
+  ]
+
+
 def _save_timm(loaded: loader.LoadedModel, output: str) -> List[str]:
   flat, notes = checkpoint.flatten(loaded.params), []
+  if timm.is_naflex(flat):
+    return _save_naflex_timm(loaded, output)
   num_classes = loaded.model.num_classes
   if 'pre_logits/kernel' in flat:
     flat = {k: v for k, v in flat.items() if not k.startswith(('pre_logits/', 'head/'))}
@@ -159,13 +180,20 @@ def export(
   output: str,
   model_name: Optional[str] = None,
   labels: Optional[str] = None,
+  patch_size: Optional[int] = None,
 ) -> List[str]:
-  """Converts `checkpoint_path` to `fmt` at `output`; returns notes for the user."""
+  """Converts `checkpoint_path` (at `patch_size`, when given) to `fmt` at `output`; returns
+  notes for the user."""
   if fmt not in FORMATS:
     raise loader.InputError(f'--format={fmt!r}: use one of {", ".join(FORMATS)}')
   output = output_path(fmt, output)
-  source = load(checkpoint_path, model_name)
+  source = load(checkpoint_path, model_name, patch_size)
   loaded, notes = source.loaded, list(source.notes)
+  if timm.is_naflex(checkpoint.flatten(loaded.params)) and fmt in ('hf', 'onnx'):
+    raise torch_layout.ExportError(
+      f'a NaFlex ViT has no {fmt} counterpart here; use --format=timm (timm NaFlexVit), '
+      'npz or savedmodel'
+    )
   if fmt == 'npz':
     checkpoint.save_npz(loaded.params, output)
   elif fmt == 'timm':

@@ -82,6 +82,10 @@ def check_exportable(config) -> None:
       f"{config.model_name}: transformers' ViT pools with a class token "
       f'only, not classifier={config.classifier}; use --format=timm'
     )
+  if config.get('num_registers', 0):
+    raise torch_layout.ExportError(
+      f"{config.model_name}: transformers' ViT has no register tokens; use --format=timm"
+    )
 
 
 def hf_config(

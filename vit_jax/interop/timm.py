@@ -61,6 +61,7 @@ GROUP_NORM_EPS = 1e-6  # flax.linen.GroupNorm's default, as the original code
 _BLOCK = r'^Transformer/encoderblock_(\d+)/'
 _RULES = (
   (r'^cls$', 'cls_token'),
+  (r'^registers$', 'reg_token'),
   (r'^Transformer/posembed_input/pos_embedding$', 'pos_embed'),
   (r'^embedding/', 'patch_embed.proj.'),
   (r'^Transformer/encoder_norm/', 'norm.'),
@@ -131,11 +132,13 @@ def registered_name(config, image_size: int) -> Optional[str]:
 
 def create_model_kwargs(config, num_classes: Optional[int], image_size: int) -> dict:
   """Keyword arguments of `timm.create_model(registered_name(...), **kwargs)`."""
+  registers = config.get('num_registers', 0)
   return {
     'num_classes': num_classes or 0,
     'img_size': image_size,
     'act_layer': 'gelu_tanh',
     **_pooling_kwargs(config.classifier),
+    **({'reg_tokens': registers} if registers else {}),
   }
 
 
@@ -180,6 +183,7 @@ def build_model(config, num_classes: Optional[int], image_size: int):
     mlp_ratio=mlp_dim / hidden,
     num_classes=num_classes or 0,
     act_layer='gelu_tanh',
+    reg_tokens=config.get('num_registers', 0),
     **_pooling_kwargs(config.classifier),
   )
   if config.get('resnet') is not None:
@@ -219,7 +223,116 @@ def from_timm(state: Dict[str, np.ndarray], config, what: str) -> Dict[str, np.n
       f"{what}: normalises after pooling (fc_norm), unlike the paper's ViT; it cannot be converted"
     )
   num_classes = int(state['head.weight'].shape[0]) if 'head.weight' in state else None
+  if 'reg_token' in state:  # timm's register tokens (no_embed_class=False: ours)
+    config.num_registers = int(state['reg_token'].shape[1])
   expected = torch_layout.expected_shapes(
     config, num_classes, int(state['pos_embed'].shape[1]), what
   )
   return torch_layout.from_torch_state(state, expected, timm_name, what)
+
+
+# ---------------------------------------------------------------------------
+# NaFlex (vit_jax.models.naflex) <-> timm's NaFlexVit (timm.models.naflexvit).
+
+_NAFLEX_RULES = (
+  (r'^cls$', 'embeds.cls_token'),
+  (r'^registers$', 'embeds.reg_token'),
+  (r'^Transformer/posembed_input/pos_embedding$', 'embeds.pos_embed'),
+  (r'^embedding/bias$', 'embeds.proj.bias'),
+) + _RULES[4:]
+_NAFLEX_KERNEL = ('embedding/kernel', 'embeds.proj.weight')
+
+
+def is_naflex(flat) -> bool:
+  """Whether flat parameters are a NaFlex ViT's: a 2D grid of position embeddings."""
+  posemb = flat.get('Transformer/posembed_input/pos_embedding')
+  return posemb is not None and np.ndim(posemb) == 4
+
+
+def _naflex_name(key: str):
+  name, chunk = timm_name(key)
+  return torch_layout.rename(key, _NAFLEX_RULES), chunk
+
+
+def to_timm_naflex(flat: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+  """A NaFlex ViT's flat parameters -> timm NaFlexVit's state_dict: the patch embedding a
+  Linear over (row, column, channel)-flattened patches (timm's channels-last layout)."""
+  if 'pre_logits/kernel' in flat:
+    raise torch_layout.ExportError(
+      "timm's NaFlexVit has no pre-logits layer; drop pre_logits and the head first"
+    )
+  ours, theirs = _NAFLEX_KERNEL
+  kernel = np.asarray(flat[ours])
+  state = torch_layout.to_torch_state({k: v for k, v in flat.items() if k != ours}, _naflex_name)
+  state[theirs] = np.ascontiguousarray(kernel.reshape(-1, kernel.shape[-1]).T, np.float32)
+  return state
+
+
+def from_timm_naflex(state: Dict[str, np.ndarray], config, what: str) -> Dict[str, np.ndarray]:
+  """timm NaFlexVit's state_dict -> our NaFlex flat parameters for `config`."""
+  from vit_jax.models import naflex
+
+  ours, theirs = _NAFLEX_KERNEL
+  posemb = state.get('embeds.pos_embed')
+  if posemb is None or np.ndim(posemb) != 4 or theirs not in state:
+    raise checkpoint.CheckpointError(
+      f'{what}: no embeds.pos_embed [1, rows, columns, width] with a linear embeds.proj; '
+      "is it a timm NaFlexVit with learned position embeddings (embed_proj_type='linear')?"
+    )
+  num_classes = int(state['head.weight'].shape[0]) if 'head.weight' in state else None
+  patch = config.patches.size[0]
+  if 'embeds.reg_token' in state:
+    config.num_registers = int(state['embeds.reg_token'].shape[1])
+  blocks = {k.split('.')[1] for k in state if k.startswith('blocks.')}
+  config.transformer.num_layers = len(blocks) or config.transformer.num_layers
+  model = naflex.NaFlexViT(num_classes=num_classes, posemb_grid=posemb.shape[1:3], **config)
+  shapes = checkpoint.flatten(
+    jax_eval_shape(model, (1, posemb.shape[1] * patch, posemb.shape[2] * patch, 3))
+  )
+  expected = {k: tuple(v.shape) for k, v in shapes.items() if k != ours}
+  rest = {k: v for k, v in state.items() if k != theirs}
+  flat = torch_layout.from_torch_state(rest, expected, _naflex_name, what)
+  weight = np.asarray(state[theirs])
+  if weight.size != np.prod(shapes[ours].shape):
+    raise checkpoint.CheckpointError(
+      f'{what}: {theirs} has shape {weight.shape}, {ours} needs {shapes[ours].shape}; check --model'
+    )
+  flat[ours] = np.ascontiguousarray(weight.T.reshape(shapes[ours].shape))
+  return flat
+
+
+def jax_eval_shape(model, image_shape):
+  """The parameter shapes of `model` at an image of `image_shape`."""
+  import jax
+  import jax.numpy as jnp
+
+  return jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros(image_shape), train=False))[
+    'params'
+  ]
+
+
+def build_naflex_model(config, num_classes: Optional[int], posemb_grid):
+  """timm's `NaFlexVit` of a NaFlex `config`, numerically ours: tanh GELU, the final
+  LayerNorm before pooling (fc_norm=False), position embeddings resampled bilinearly
+  without antialiasing (ours: vit_jax.models.naflex.resample_grid)."""
+  torch_layout.require('timm')
+  from timm.models import naflexvit
+
+  hidden, mlp_dim = config.hidden_size, config.transformer.mlp_dim
+  return naflexvit.NaFlexVit(
+    num_classes=num_classes or 0,
+    patch_size=tuple(config.patches.size),
+    embed_dim=hidden,
+    depth=config.transformer.num_layers,
+    num_heads=config.transformer.num_heads,
+    mlp_ratio=mlp_dim / hidden,
+    class_token=config.classifier == 'token',
+    global_pool='token' if config.classifier == 'token' else 'avg',
+    fc_norm=False,
+    act_layer='gelu_tanh',
+    embed_proj_type='linear',
+    pos_embed_grid_size=tuple(int(g) for g in posemb_grid),
+    pos_embed_interp_mode='bilinear',
+    pos_embed_antialias=False,
+    reg_tokens=config.get('num_registers', 0),
+  ).eval()

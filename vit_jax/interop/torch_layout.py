@@ -197,6 +197,7 @@ def from_torch_state(
 def expected_shapes(config, num_classes: Optional[int], num_tokens: int, what: str) -> dict:
   """{key: shape} of `config` with a head of `num_classes` and `num_tokens` positions."""
   num_prefix = 1 if config.classifier in ('token', 'token_unpooled') else 0
+  num_prefix += config.get('num_registers', 0)
   grid = math.isqrt(max(num_tokens - num_prefix, 0))
   if num_tokens <= num_prefix or grid * grid != num_tokens - num_prefix:
     raise checkpoint.CheckpointError(

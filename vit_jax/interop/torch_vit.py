@@ -114,8 +114,13 @@ def _forward(ops, images, config):
     x = _resnet(ops, x, config.resnet.num_layers)
   x = ops.conv(x, 'embedding', config.patches.size[0], 'VALID')
   x = x.flatten(2).transpose(1, 2)  # [b, tokens, width], row-major over the grid
+  first = 1 if 'cls' in ops.flat else 0
   if 'cls' in ops.flat:
     x = ops.torch.cat([ops.p('cls').expand(x.shape[0], -1, -1), x], dim=1)
+  registers = ops.flat['registers'].shape[1] if 'registers' in ops.flat else 0
+  if registers:  # models.vit._add_registers: after the class token
+    reg = ops.p('registers').expand(x.shape[0], -1, -1)
+    x = ops.torch.cat([x[:, :first], reg, x[:, first:]], dim=1)
   x = x + ops.p('Transformer/posembed_input/pos_embedding')
   for i in range(config.transformer.num_layers):
     block = f'Transformer/encoderblock_{i}'
@@ -123,7 +128,10 @@ def _forward(ops, images, config):
       ops.layer_norm(x, f'{block}/LayerNorm_0'), f'{block}/MultiHeadDotProductAttention_1'
     )
     x = x + ops.mlp(ops.layer_norm(x, f'{block}/LayerNorm_2'), f'{block}/MlpBlock_3')
-  x = _pool(ops, ops.layer_norm(x, 'Transformer/encoder_norm'), config.classifier)
+  x = ops.layer_norm(x, 'Transformer/encoder_norm')
+  if registers:  # dropped before pooling
+    x = ops.torch.cat([x[:, :first], x[:, first + registers :]], dim=1)
+  x = _pool(ops, x, config.classifier)
   if 'pre_logits/kernel' in ops.flat:
     x = ops.torch.tanh(ops.dense(x, 'pre_logits'))  # paper 3.1
   return ops.dense(x, 'head') if 'head/kernel' in ops.flat else x

@@ -518,6 +518,7 @@ class VisionTransformer(nn.Module):
   remat_policy: str = 'nothing_saveable'  # see REMAT_POLICIES
   scan: bool = False  # the blocks as one nn.scan, parameters stacked
   attention: str = 'auto'  # see ATTENTION
+  num_registers: int = 0  # register tokens (Darcet et al. 2023): `_add_registers`
   pad_odd: Optional[bool] = None  # see pads_sequence; None: where attention runs on cuDNN
 
   @nn.compact
@@ -536,6 +537,7 @@ class VisionTransformer(nn.Module):
     if self.classifier in ('token', 'token_unpooled'):
       cls = self.param('cls', nn.initializers.zeros, (1, 1, c), jnp.float32)
       x = jnp.concatenate([jnp.tile(cls.astype(self.dtype), (n, 1, 1)), x], axis=1)
+    x = _add_registers(self, x, self.num_registers, self.classifier)
 
     x = Encoder(
       dtype=self.dtype,
@@ -548,6 +550,7 @@ class VisionTransformer(nn.Module):
       **self.transformer,
     )(x, train=train)
 
+    x = _drop_registers(x, self.num_registers, self.classifier)
     x = _pool(x, self.classifier, self.transformer, self.dtype)
 
     if self.representation_size is not None:
@@ -620,6 +623,27 @@ def compute_params(params, dtype):
     return x if _FLOAT32_MODULES.fullmatch(str(module)) else x.astype(dtype)
 
   return jax.tree_util.tree_map_with_path(cast, params)
+
+
+def _add_registers(module, x, num_registers: int, classifier: str):
+  """Register tokens (Darcet et al. 2023), learned [1, R, D] `registers`, after the class
+  token and before the patches, position-embedded like them: timm's `reg_token` with
+  `no_embed_class=False`, so weights convert both ways. They only give attention somewhere
+  to write; `_drop_registers` removes them before pooling."""
+  if not num_registers:
+    return x
+  shape = (1, num_registers, x.shape[-1])
+  registers = module.param('registers', nn.initializers.normal(stddev=1e-6), shape, jnp.float32)
+  registers = jnp.broadcast_to(registers.astype(x.dtype), (x.shape[0], *shape[1:]))
+  first = 1 if classifier in ('token', 'token_unpooled') else 0
+  return jnp.concatenate([x[:, :first], registers, x[:, first:]], axis=1)
+
+
+def _drop_registers(x, num_registers: int, classifier: str):
+  if not num_registers:
+    return x
+  first = 1 if classifier in ('token', 'token_unpooled') else 0
+  return jnp.concatenate([x[:, :first], x[:, first + num_registers :]], axis=1)
 
 
 def _pool(x, classifier: str, transformer, dtype):

@@ -14,12 +14,16 @@ DECAY_TYPES = ('linear', 'cosine')
 
 
 def learning_rate_schedule(config):
-  """Linear warm-up from 0 to `base_lr`, then linear or cosine decay to 0."""
+  """Linear warm-up from 0 to `base_lr`, then linear decay to `linear_end` or cosine to 0.
+
+  As the official `utils.create_learning_rate_schedule`, whose linear decay
+  ends at linear_end=1e-5 (the paper's pre-training runs).
+  """
   total, warmup = config.total_steps, config.warmup_steps
   if not 0 <= warmup < total:
     raise ValueError(f'warmup_steps={warmup} must be in [0, total_steps={total})')
   if config.decay_type == 'linear':
-    decay = optax.linear_schedule(config.base_lr, 0.0, total - warmup)
+    decay = optax.linear_schedule(config.base_lr, config.linear_end, total - warmup)
   elif config.decay_type == 'cosine':
     decay = optax.cosine_decay_schedule(config.base_lr, total - warmup)
   else:

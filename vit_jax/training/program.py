@@ -20,6 +20,8 @@ from vit_jax import sharding
 from vit_jax.configs import ConfigError
 from vit_jax.configs import architectures
 from vit_jax.data import spec
+from vit_jax.models import flexi
+from vit_jax.models import naflex
 from vit_jax.models import vit
 from vit_jax.training import optim
 from vit_jax.training import steps
@@ -58,6 +60,7 @@ def validate(config, num_devices: int) -> None:
       "use attention='auto', which takes cuDNN where it applies"
     )
   _validate_resolution(config)
+  _validate_tokens(config)
   if config.mesh.model > 1:
     arch = steps.model_config(config)
     try:
@@ -75,7 +78,7 @@ def _validate_resolution(config) -> None:
   if config.model not in architectures.MODEL_CONFIGS:
     return  # said by the model's own check, with the closest names
   arch = architectures.MODEL_CONFIGS[config.model]
-  stride = arch.patches.size[0]
+  stride = config.get('patch_size') or arch.patches.size[0]
   if arch.get('resnet') is not None:  # root /4, then /2 per stage after the first
     stride *= 4 * 2 ** max(len(arch.resnet.num_layers) - 1, 0)
   crop = config.pp.crop
@@ -86,6 +89,49 @@ def _validate_resolution(config) -> None:
       f'covers: the last {crop % stride} px of each row and column would be dropped; use '
       f'--config.pp.crop={upper}' + (f' or {lower}' if lower else '')
     )
+
+
+def _validate_tokens(config) -> None:
+  """Registers, FlexiViT's patch sizes (each must tile the images of a plain ViT), NaFlex."""
+  if config.num_registers and config.task != 'classification':
+    raise ConfigError(
+      f'num_registers={config.num_registers}: masked patch prediction reads patch tokens at '
+      'fixed positions; train it without registers'
+    )
+  if config.naflex_tokens:
+    _validate_naflex(config)
+  if config.patch_size is None and not config.flexi_patch_sizes:
+    return
+  if config.flexi_patch_sizes and config.task != 'classification':
+    raise ConfigError(
+      f'flexi_patch_sizes trains classification only, not task={config.task!r}; leave it empty'
+    )
+  arch = steps.model_config(config)
+  try:
+    flexi.check_patch_sizes(arch, config.pp.crop, [arch.patches.size[0], *config.flexi_patch_sizes])
+  except flexi.PatchSizeError as e:
+    raise ConfigError(f'pp.crop={config.pp.crop}: {e}') from None
+
+
+def _validate_naflex(config) -> None:
+  """NaFlex trains classification of a plain ViT with token or mean pooling, nothing else."""
+  arch = steps.model_config(config)
+  unsupported = [
+    (config.task != 'classification', f'task={config.task!r}'),
+    (arch.classifier not in naflex.CLASSIFIERS, f'classifier={arch.classifier!r}'),
+    (arch.get('resnet') is not None, 'a hybrid'),
+    (bool(config.flexi_patch_sizes), 'flexi_patch_sizes'),
+    (bool(config.pp.randaug_layers or config.pp.mixup), 'RandAugment or Mixup'),
+    (config.attention_dropout_rate > 0, 'attention dropout'),
+    (any(config.block.values()), 'ViT-22B blocks'),
+    (min(config.naflex_tokens) < 1, 'a budget below 1 token'),
+  ]
+  for bad, what in unsupported:
+    if bad:
+      raise ConfigError(
+        f'naflex_tokens={tuple(config.naflex_tokens)}: NaFlex trains classification with a '
+        f'plain ViT (token or gap pooling), not with {what}; change it or leave naflex_tokens empty'
+      )
 
 
 def _validate_batches(config, num_devices: int) -> None:

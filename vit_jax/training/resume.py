@@ -54,6 +54,19 @@ MAY_CHANGE = (
 )
 
 
+# Fields added since runs were first recorded that change what a run learns:
+# (the value a run recorded without the field had, whether it matters given
+# the recorded config). Such a run resumes as it was only with that value, so
+# the one line below names it like any other difference.
+ADDED = {
+  # Before 'tf' (TensorFlow's sample_distorted_bounding_box), inception crops
+  # were drawn with a log-uniform aspect ratio in 10 attempts.
+  'pp.crop_sampler': ('log_ratio_10', lambda flat: flat.get('pp.inception_crop') is not False),
+  # Before the official floor of 1e-5, the linear decay ended at 0.
+  'linear_end': (0.0, lambda flat: flat.get('decay_type') == 'linear'),
+}
+
+
 class ResumeError(workdir_lib.WorkdirError):
   """The workdir holds a run this command cannot continue; one line with what to do."""
 
@@ -94,6 +107,9 @@ def check_config(workdir: str, config) -> None:
   if not workdir_lib.saved_steps(workdir) and workdir_lib.read_summary(workdir) is None:
     return
   before, now = _flat(recorded), _flat(workdir_lib.config_as_json(config))
+  for name, (value, matters) in ADDED.items():
+    if name not in before and matters(before):
+      before[name] = value
   # Fields only one side knows (another version of the code) are not compared.
   differ = sorted(
     k for k in before.keys() & now.keys() if before[k] != now[k] and not _may_change(k)

@@ -8,7 +8,7 @@ prediction (paper B.1.2).
 """
 
 import functools
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Optional
 
 import flax
 import flax.linen as nn
@@ -22,7 +22,9 @@ from vit_jax import sharding
 from vit_jax.configs import architectures
 from vit_jax.data import on_device
 from vit_jax.evaluation import metrics
+from vit_jax.models import flexi
 from vit_jax.models import mpp
+from vit_jax.models import naflex
 from vit_jax.models import vit
 
 TASKS = ('classification', 'mpp')  # supervised, or masked patch prediction (paper B.1.2)
@@ -49,6 +51,10 @@ def model_config(config):
     arch.representation_size = config.representation_size
   if config.depth is not None:
     arch.transformer.num_layers = config.depth
+  if config.num_registers:
+    arch.num_registers = config.num_registers
+  if config.patch_size is not None:  # FlexiViT: the checkpoint's kernel is PI-resized to it
+    arch.patches.size = (config.patch_size, config.patch_size)
   for flag, value in config.block.items():
     if value is not None:
       arch.transformer[flag] = value
@@ -56,6 +62,17 @@ def model_config(config):
 
 
 def make_model(config, num_classes):
+  if config.naflex_tokens:  # images at their own aspect ratio (vit_jax.models.naflex)
+    arch = model_config(config)
+    grid = config.pp.crop // arch.patches.size[0]
+    return naflex.NaFlexViT(
+      num_classes=num_classes,
+      posemb_grid=(grid, grid),
+      head_bias_init=config.head_bias_init,
+      dtype=jnp.dtype(config.dtype),
+      attention=config.attention,
+      **arch,
+    )
   return models.VisionTransformer(
     num_classes=num_classes,
     head_bias_init=config.head_bias_init,
@@ -77,6 +94,8 @@ class Task(NamedTuple):
   # A batch as it crosses to the devices (uint8 pixels, Mixup's weights) -> the batch
   # loss_fn and eval_fn take ([-1, 1] floats, soft labels): `on_device.prepare`.
   prepare: Callable
+  # (params, batch, rng) -> (training loss, gradients); None: value_and_grad of loss_fn.
+  grad_fn: Optional[Callable] = None
 
 
 def make_task(config, num_classes: int, multi_label: bool) -> Task:
@@ -90,12 +109,20 @@ def make_task(config, num_classes: int, multi_label: bool) -> Task:
   if config.task == 'classification':
     model = make_model(config, num_classes)
 
-    def loss_fn(params, batch, rng, train):
-      variables = {'params': compute(params)}
-      logits = model.apply(variables, batch['image'], train=train, rngs={'dropout': rng})
+    def objective(logits, batch):
       return cross_entropy(
         logits, batch['label'], loss=config.loss, label_smoothing=config.label_smoothing
       )
+
+    def loss_fn(params, batch, rng, train):
+      variables = {'params': compute(params)}
+      logits = model.apply(variables, batch['image'], train=train, rngs={'dropout': rng})
+      return objective(logits, batch)
+
+    grad_fn = None
+    if config.flexi_patch_sizes:  # FlexiViT: a random patch size per training step
+      sizes = tuple(config.flexi_patch_sizes)
+      grad_fn = flexi.random_patch_grad(model, sizes, config.pp.crop, objective, compute)
 
     def eval_fn(params, batch):
       logits = model.apply({'params': compute(params)}, batch['image'], train=False)
@@ -124,11 +151,12 @@ def make_task(config, num_classes: int, multi_label: bool) -> Task:
       correct = (jnp.argmax(logits, axis=-1) == targets) * counted
       return {'correct': jnp.sum(correct), 'count': jnp.sum(counted)}
 
+    grad_fn = None
+
   else:
     raise ValueError(f'task={config.task!r}: use one of {", ".join(TASKS)}')
-  return Task(
-    model, loss_fn, eval_fn, functools.partial(on_device.prepare, num_classes=num_classes)
-  )
+  prepare = functools.partial(on_device.prepare, num_classes=num_classes)
+  return Task(model, loss_fn, eval_fn, prepare, grad_fn)
 
 
 def init_state(rng, *, model, tx, image_size, ema: bool) -> TrainState:
@@ -200,7 +228,7 @@ def train_step(state: TrainState, batch, *, task: Task, tx, schedule, config):
   """
   batch = task.prepare(batch)
   step_rng = jax.random.fold_in(state.rng, state.step)
-  grad_fn = jax.value_and_grad(functools.partial(task.loss_fn, train=True))
+  grad_fn = task.grad_fn or jax.value_and_grad(functools.partial(task.loss_fn, train=True))
   loss, grads = accumulated_value_and_grad(
     grad_fn, state.params, batch, step_rng, config.accum_steps
   )

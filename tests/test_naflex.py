@@ -1,0 +1,211 @@
+"""NaFlex: images at their own aspect ratio up to a token budget (models/naflex.py, data/naflex.py).
+
+The model is checked against timm's NaFlexVit (an independent implementation:
+per-image interpolation of the position table with torch, an additive
+attention mask) on batches that mix grids and padding, and against itself on
+each image alone; the host batches against a resize and patchify written out;
+a run on the digits at mixed budgets trains and evaluates at three resolutions.
+"""
+
+import json
+import os
+
+from conftest import assert_close
+from conftest import small_vit_config
+from conftest import tiny_run_config
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from vit_jax import checkpoint
+from vit_jax.data import images
+from vit_jax.data import naflex as naflex_data
+from vit_jax.data import order
+from vit_jax.data import pipeline
+from vit_jax.data import spec
+from vit_jax.evaluation import classify
+from vit_jax.evaluation import loader
+from vit_jax.interop import export
+from vit_jax.interop import timm as interop_timm
+from vit_jax.models import naflex
+
+try:
+  import timm
+  import torch
+except ImportError:
+  timm = None
+needs_timm = pytest.mark.skipif(timm is None, reason='timm is not installed (README: Set-up)')
+
+# Max |ours - theirs| / max |theirs| of the logits, as the export tests (tests/test_export.py).
+BOUND = 1e-5
+PATCH = 4
+GRIDS = ((2, 3), (4, 4), (5, 2), (1, 1))  # (rows, columns) of the images of one batch
+LENGTH = 20  # the batch's token budget: the largest grid, 16 patches, plus padding
+
+
+def relative_error(a, b):
+  return float(np.max(np.abs(np.asarray(a) - b)) / np.max(np.abs(b)))
+
+
+def model_and_params(classifier, seed=0):
+  config = small_vit_config('ViT-Ti_16', patches={'size': (PATCH, PATCH)}, classifier=classifier)
+  model = naflex.NaFlexViT(num_classes=5, posemb_grid=(4, 4), **config)
+  shapes = jax.eval_shape(
+    lambda: model.init(jax.random.key(0), jnp.zeros((1, 16, 16, 3)), train=False)
+  )['params']
+  rng = np.random.default_rng(seed)
+  # LayerNorm scales near 1 keep activations in a realistic range; every leaf non-zero.
+  flat = {
+    k: (0.05 * rng.normal(size=v.shape) + k.endswith('/scale')).astype(np.float32)
+    for k, v in checkpoint.flatten(shapes).items()
+  }
+  return config, model, flat
+
+
+def packed_batch(seed=1):
+  """(packed [4, LENGTH, P*P*3 + 3], the images alone) for GRIDS, padding rows random."""
+  rng = np.random.default_rng(seed)
+  alone, rows = [], []
+  for gh, gw in GRIDS:
+    image = rng.uniform(-1, 1, (1, gh * PATCH, gw * PATCH, 3)).astype(np.float32)
+    pixels, r, c, real = (np.asarray(a)[0] for a in naflex.patchify(image, PATCH))
+    # Padding that is not zero: it must not reach the real tokens.
+    pad = LENGTH - len(pixels)
+    noise = rng.normal(size=(pad, pixels.shape[1])).astype(np.float32)
+    zeros = np.zeros(pad)
+    rows.append(
+      naflex.pack(
+        np.concatenate([pixels, noise])[None],
+        np.concatenate([r, zeros])[None],
+        np.concatenate([c, zeros])[None],
+        np.concatenate([real, zeros])[None],
+      )[0]
+    )
+    alone.append(image)
+  return np.stack(rows), alone
+
+
+@pytest.mark.equivalence
+@pytest.mark.parametrize('classifier', ['token', 'gap'])
+def test_a_packed_batch_gives_each_image_its_own_logits(classifier):
+  """Padding, and the other images' grids, change nothing: an image in a packed batch has
+  the logits of that image alone (the image path: one full grid). The same math in
+  another order (padding in the reductions): normwise within 1e-5, 80x float32 epsilon."""
+  _, model, flat = model_and_params(classifier)
+  params = checkpoint.unflatten(flat)
+  packed, alone = packed_batch()
+  logits = model.apply({'params': params}, packed, train=False)
+  for i, image in enumerate(alone):
+    want = model.apply({'params': params}, image, train=False)[0]
+    assert_close(relative_error(logits[i], want), BOUND, f'logits of image {i}')
+
+
+@needs_timm
+@pytest.mark.parametrize('classifier', ['token', 'gap'])
+def test_naflex_matches_timms_naflexvit_and_converts_both_ways(tmp_path, classifier):
+  config, model, flat = model_and_params(classifier)
+  packed, _ = packed_batch()
+  ours = model.apply({'params': checkpoint.unflatten(flat)}, packed, train=False)
+  state = interop_timm.to_timm_naflex(flat)
+  theirs_model = interop_timm.build_naflex_model(config, 5, (4, 4))
+  theirs_model.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()}, strict=True)
+  coords = torch.from_numpy(packed[..., -3:-1].astype(np.int64))
+  with torch.no_grad():
+    theirs = theirs_model(
+      torch.from_numpy(packed[..., :-3]),
+      patch_coord=coords,
+      patch_valid=torch.from_numpy(packed[..., -1] > 0),
+    ).numpy()
+  assert np.abs(theirs).max() > 0.05  # a non-trivial head
+  assert_close(relative_error(ours, theirs), BOUND, 'logits against the peer')
+  back = interop_timm.from_timm_naflex(state, config, 'timm state')
+  assert sorted(back) == sorted(flat)
+  for key in flat:
+    np.testing.assert_array_equal(back[key], flat[key], err_msg=key)
+
+
+def test_grids_keep_the_aspect_ratio_within_the_budget():
+  for height, width in ((8, 8), (6, 8), (7, 5), (3, 30), (100, 1)):
+    for budget in (1, 4, 9, 16, 64):
+      rows, cols = naflex_data.grid_for(height, width, budget)
+      assert 1 <= rows * cols <= budget, (height, width, budget)
+      if min(rows, cols) > 1 and rows < budget and cols < budget:
+        # Each side rounded down from the exact scale: the ratio within one patch.
+        assert abs(rows / cols - height / width) <= height / width * (1 / rows + 1 / cols)
+  assert naflex_data.grid_for(8, 8, 16) == (4, 4) and naflex_data.grid_for(6, 8, 16) == (3, 4)
+
+
+def test_a_packed_image_is_its_resize_cut_into_patches_in_row_order():
+  image = np.random.default_rng(2).integers(0, 256, (7, 5, 3), np.uint8)
+  packed = naflex_data.pack_image(image, PATCH, 9, 12)
+  rows, cols = naflex_data.grid_for(7, 5, 9)
+  resized = images.to_float(images.resize_exact(image, rows * PATCH, cols * PATCH))
+  for k in range(rows * cols):
+    r, c = divmod(k, cols)
+    block = resized[r * PATCH : (r + 1) * PATCH, c * PATCH : (c + 1) * PATCH]
+    np.testing.assert_array_equal(packed[k, :-3], block.reshape(-1))
+    np.testing.assert_array_equal(packed[k, -3:], [r, c, 1])
+  np.testing.assert_array_equal(packed[rows * cols :], 0)
+
+
+def test_train_batches_are_fixed_shape_mixed_budgets_and_a_function_of_seed_and_step():
+  config = tiny_run_config(model='ViT-Demo_4', naflex_tokens=(4, 9, 16), batch=64)
+  source = pipeline._open(config, 'train')
+  pp = pipeline._pp(config)
+
+  def batch(step):
+    it = naflex_data.TrainBatches(
+      source, pp, (4, 9, 16), PATCH, local_batch=64, start_step=step, keys=order.keys(0)
+    )
+    return next(it)
+
+  first = batch(3)
+  assert first['image'].shape == (64, 16, PATCH * PATCH * 3 + 3) and first['label'].shape == (64,)
+  real = first['image'][..., -1].sum(axis=1)
+  assert {int(n) for n in real} - {1, 2, 3, 4, 6, 9, 12, 16} == set() and len(set(real)) >= 3
+  again = batch(3)
+  np.testing.assert_array_equal(first['image'], again['image'])
+  assert not np.array_equal(first['image'], batch(4)['image'])
+  shape = spec.batch_spec(config, 10, False, train=True)['image'].shape
+  assert shape == (config.batch, 16, PATCH * PATCH * 3 + 3)
+
+
+def test_a_naflex_run_trains_at_mixed_budgets_and_evaluates_at_three_resolutions(tmp_path):
+  """One layer of the demo model, 48 steps at budgets of 4, 9 and 16 patches: the loss
+  falls by 0.1 (measured 0.23), and the run's parameters evaluate on all 359 test digits
+  at 8, 16 and 24 px (its position grid resampled), and export to timm and back."""
+  from vit_jax.training import loop
+
+  workdir = str(tmp_path / 'run')
+  config = tiny_run_config(
+    model='ViT-Demo_4',
+    depth=1,
+    naflex_tokens=(4, 9, 16),
+    total_steps=48,
+    eval_every=48,
+    progress_every=8,
+    optimizer='adam',
+    base_lr=1e-3,
+    dropout_rate=0.0,
+  )
+  loop.train_and_evaluate(config, workdir)
+  logged = [json.loads(line) for line in open(os.path.join(workdir, 'metrics.jsonl'))]
+  losses = [entry['train_loss'] for entry in logged if 'train_loss' in entry]
+  assert losses[-1] < losses[0] - 0.1, losses
+  loaded = loader.load_model(workdir)
+  assert isinstance(loaded.model, naflex.NaFlexViT) and loaded.model.posemb_grid == (4, 4)
+  for crop in (8, 16, 24):
+    data = pipeline.data_config()
+    data.update(dataset='digits', batch_eval=128)
+    data.pp.crop = loader.check_resolution(loaded, crop)
+    numbers = classify.evaluate_checkpoint(loaded, data, 'test')
+    assert numbers['examples'] == 359 and 0.0 <= numbers['top1'] <= 1.0, (crop, numbers)
+  with pytest.raises(loader.InputError, match='use a multiple of the patch size 4'):
+    loader.check_resolution(loaded, 10)
+  if timm is not None:
+    out = str(tmp_path / 'naflex.safetensors')
+    export.export(workdir, 'timm', out)
+    back = checkpoint.flatten(export.load(out, 'ViT-Demo_4').loaded.params)
+    for key, value in checkpoint.flatten(loaded.params).items():
+      np.testing.assert_array_equal(back[key], value, err_msg=key)

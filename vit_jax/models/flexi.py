@@ -1,0 +1,108 @@
+"""FlexiViT (Beyer et al., CVPR 2023): one set of ViT weights at many patch sizes.
+
+The patch-embedding kernel is PI-resized to another patch size (the
+pseudo-inverse of the bilinear resize of a patch, `checkpoint.pi_resize_matrix`)
+and the position embeddings resized to the new grid, as fine-tuning at another
+resolution resizes them (`checkpoint.resize_posemb`, 'zoom'). On the host this
+loads any checkpoint at another patch size (`at_patch_size`: predict,
+evaluate, export; fine-tuning does it in `checkpoint.load_pretrained`). In a
+training step, `random_patch_grad` draws one of a list of patch sizes per
+step and resizes the model's own kernel and position embeddings to it on the
+fly (FlexiViT's recipe), so gradients reach the one underlying set.
+"""
+
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+
+from vit_jax import checkpoint
+
+_KERNEL = 'embedding/kernel'
+_POSEMB = 'Transformer/posembed_input/pos_embedding'
+_PATCH_DRAW = 0x50415443  # the patch-size draw's key: the dropout key folded with this
+
+
+class PatchSizeError(ValueError):
+  """A patch size that does not fit the model or the images; one line."""
+
+
+def check_patch_sizes(config, image_size: int, sizes: Sequence[int]) -> None:
+  """PatchSizeError unless every size tiles `image_size` px images of a plain ViT."""
+  if config.get('resnet') is not None:
+    raise PatchSizeError(
+      f'{config.model_name}: a hybrid embeds ResNet features, not pixels; patch sizes apply '
+      'to plain ViTs only'
+    )
+  for size in sizes:
+    if size < 1 or image_size % size:
+      raise PatchSizeError(
+        f'patch size {size} does not tile {image_size} px images; use one that divides {image_size}'
+      )
+
+
+def at_patch_size(flat: dict, patch_size: int, image_size: int, num_prefix: int) -> dict:
+  """Flat parameters {'a/b': array} moved to `patch_size` at `image_size` px (NumPy).
+
+  The kernel is PI-resized, the position embeddings zoomed to the new grid.
+  """
+  out = dict(flat)
+  out[_KERNEL] = checkpoint.resize_patch_embedding(flat[_KERNEL], (patch_size, patch_size))
+  grid = image_size // patch_size
+  out[_POSEMB] = checkpoint.resize_posemb(flat[_POSEMB], num_prefix + grid * grid, num_prefix)
+  return out
+
+
+def _resized(params, base: int, size: int, image_size: int, num_prefix: int):
+  """`at_patch_size` inside a traced step: the same linear maps as float32 matmuls."""
+  if size == base:
+    return params
+  kernel = params['embedding']['kernel']
+  pinv = jnp.asarray(checkpoint.pi_resize_matrix(base, size), jnp.float32)
+  kernel = jnp.einsum('ah,bw,hwcd->abcd', pinv, pinv, kernel, precision='highest')
+  posemb = params['Transformer']['posembed_input']['pos_embedding']
+  old, new = image_size // base, image_size // size
+  zoom = jnp.asarray(checkpoint.zoom_matrix(old, new), jnp.float32)
+  grid = posemb[0, num_prefix:].reshape(old, old, -1)
+  grid = jnp.einsum('ah,bw,hwd->abd', zoom, zoom, grid, precision='highest')
+  posemb = jnp.concatenate([posemb[:, :num_prefix], grid.reshape(1, new * new, -1)], axis=1)
+  transformer = {**params['Transformer'], 'posembed_input': {'pos_embedding': posemb}}
+  return {
+    **params,
+    'embedding': {**params['embedding'], 'kernel': kernel},
+    'Transformer': transformer,
+  }
+
+
+def random_patch_grad(model, sizes: Sequence[int], image_size: int, objective, compute=None):
+  """A training `grad_fn(params, batch, rng) -> (loss, grads)` that runs each call at a patch
+  size drawn uniformly from `sizes` (one per step, or per micro-batch), the parameters and
+  their gradients staying at the model's own patch size. `objective(logits, batch)` is
+  the loss; `compute(params)` casts the resized float32 parameters to the compute dtype
+  (`vit.compute_params`), once per call.
+
+  One compiled program holds every size; `lax.switch` picks one branch, each branch its
+  own loss and gradient (a switch inside the gradient would carry every branch's saved
+  activations, zeros but as large as the largest patch count's: measured as slow as
+  always drawing the smallest patch). The draw comes from the dropout key, so it is the
+  same on every device and a pure function of the step.
+  """
+  base = model.patches['size'][0]
+  num_prefix = (1 if model.classifier in ('token', 'token_unpooled') else 0) + model.num_registers
+
+  def at(size):
+    sized = model.clone(patches={'size': (size, size)})
+
+    def loss(params, batch, rng):
+      resized = _resized(params, base, size, image_size, num_prefix)
+      resized = compute(resized) if compute else resized
+      logits = sized.apply({'params': resized}, batch['image'], train=True, rngs={'dropout': rng})
+      return objective(logits, batch)
+
+    return jax.value_and_grad(loss)
+
+  def grad_fn(params, batch, rng):
+    index = jax.random.randint(jax.random.fold_in(rng, _PATCH_DRAW), (), 0, len(sizes))
+    return jax.lax.switch(index, [at(s) for s in sizes], params, batch, rng)
+
+  return grad_fn
