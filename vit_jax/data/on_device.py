@@ -31,8 +31,10 @@ def normalise(pixels):
     return pixels
   if pixels.dtype != jnp.uint8:
     raise TypeError(f'images must be uint8 pixels or floats in [-1, 1], not {pixels.dtype}')
-  table = images.to_float(np.arange(256, dtype=np.uint8))
-  return jnp.asarray(table)[pixels]
+  table = jnp.asarray(images.to_float(np.arange(256, dtype=np.uint8)))
+  # The output laid out as the pixels are: under a mesh of Explicit axes (jax.make_mesh's
+  # default) a gather from the replicated table needs its output's sharding said.
+  return table.at[pixels].get(out_sharding=jax.typeof(pixels).sharding)
 
 
 def mixup(inputs, labels, weights, num_classes: int):
