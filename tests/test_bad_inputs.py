@@ -627,12 +627,12 @@ def test_jft_prints_its_result_on_stdout(folder, tmp_path, capsys):
 def test_a_run_a_signal_stopped_exits_as_shells_expect(capsys):
   """Issue 35, category 8: a training run stopped by Ctrl-C exited 2, as a bad input; now 130
   (128 + SIGINT), and 143 for SIGTERM, as a shell reports a process the signal ended."""
-  from vit_jax.training import loop
+  from vit_jax.training import stopping
 
   for sig, status in ((signal.SIGINT, 130), (signal.SIGTERM, 143)):
     with pytest.raises(SystemExit) as e:
-      with cli.reported(loop.TrainingError):
-        raise loop.Stopped('interrupted (Ctrl-C) at step 7; checkpoint written to run', sig)
+      with cli.reported():
+        raise stopping.Stopped('interrupted (Ctrl-C) at step 7; checkpoint written to run', sig)
     assert e.value.code == status
   assert capsys.readouterr().err.count('error: interrupted (Ctrl-C) at step 7;') == 2
 
@@ -972,33 +972,35 @@ def test_a_folder_named_in_any_script_trains_stops_predicts_and_resumes(folder, 
 
 
 def test_signals_ask_for_a_checkpoint_only_where_one_holds_something_new(tmp_path):
-  """Item 5, the policy (`training.loop._Stop`), signal by signal in this process: before the
+  """Item 5, the policy (`training.stopping.Stop`), signal by signal in this process: before the
   first step a signal stops at once (inside `held`, once the block is done); while stepping
   the first asks for a checkpoint at the next step and a second ends the process at once; a
   stop whose raise Python swallowed (a garbage collector callback) is raised again at the next
   check."""
   import threading
 
-  from vit_jax.training import loop
+  from vit_jax.training import stopping
 
   if threading.current_thread() is not threading.main_thread():
     pytest.skip('signal handlers run in the main thread only')
   previous = signal.getsignal(signal.SIGINT)
-  stop = loop._Stop(str(tmp_path))
+  stop = stopping.Stop(str(tmp_path))
   try:
     # Inside `held` (taking the workdir's lock) a signal waits for the block's end.
     reached = []
-    with pytest.raises(loop._StopNow, match=r'^preempted \(SIGTERM\): stopped at once'):
+    with pytest.raises(stopping.StopNow, match=r'^preempted \(SIGTERM\): stopped at once'):
       with stop.held():
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(0.5)
         reached.append('the end of the block')
     assert reached == ['the end of the block']
     stop.now = ''
-    with pytest.raises(loop._StopNow, match=r'^preempted \(SIGTERM\): stopped at once, without a'):
+    with pytest.raises(
+      stopping.StopNow, match=r'^preempted \(SIGTERM\): stopped at once, without a'
+    ):
       os.kill(os.getpid(), signal.SIGTERM)
       time.sleep(5)
-    with pytest.raises(loop._StopNow, match=r'^preempted \(SIGTERM\): stopped at once'):
+    with pytest.raises(stopping.StopNow, match=r'^preempted \(SIGTERM\): stopped at once'):
       stop.check()  # had the raise been lost
     stop.now = ''
     stop.stepping = True
@@ -1008,13 +1010,13 @@ def test_signals_ask_for_a_checkpoint_only_where_one_holds_something_new(tmp_pat
     assert stop.stopped_line(7).startswith('interrupted (Ctrl-C) at step 7; checkpoint written')
     exits = []  # the second signal ends the process (os._exit): here, it is only counted
     stop._exit_now = exits.append
-    with pytest.raises(loop._StopNow, match=r'^interrupted \(Ctrl-C\) again: stopped at once'):
+    with pytest.raises(stopping.StopNow, match=r'^interrupted \(Ctrl-C\) again: stopped at once'):
       os.kill(os.getpid(), signal.SIGINT)
       time.sleep(5)
     assert exits == [stop.now]
     # Inside `held`, a second signal does not wait for the block either.
     stop.now, stop.stepping, stop.requested = '', False, None
-    with pytest.raises(loop._StopNow, match=r'^preempted \(SIGTERM\): stopped at once'):
+    with pytest.raises(stopping.StopNow, match=r'^preempted \(SIGTERM\): stopped at once'):
       with stop.held():  # (the counting `_exit_now` returns, and the handler raises)
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(0.1)
@@ -1034,6 +1036,7 @@ def test_a_signal_while_the_last_checkpoint_is_written_waits_for_it(tmp_path):
   import types
 
   from vit_jax.training import loop
+  from vit_jax.training import stopping
 
   if threading.current_thread() is not threading.main_thread():
     pytest.skip('signal handlers run in the main thread only')
@@ -1050,9 +1053,9 @@ def test_a_signal_while_the_last_checkpoint_is_written_waits_for_it(tmp_path):
     workdir=str(tmp_path), manager=Manager(), config=types.SimpleNamespace(total_steps=30)
   )
   steps_done = types.SimpleNamespace(state=types.SimpleNamespace(step=30))
-  stop = loop._Stop(str(tmp_path))
+  stop = stopping.Stop(str(tmp_path))
   try:
-    with pytest.raises(loop._StopNow) as stopped:
+    with pytest.raises(stopping.StopNow) as stopped:
       loop.train(run, steps_done, [], stop)
   finally:
     stop.restore()

@@ -185,7 +185,7 @@ def test_gpu_programs_are_built_with_their_xla_options(monkeypatch):
 
 
 def test_cudnn_is_not_chosen_for_this_cpu():
-  assert not vit.cudnn_attention_applies(jnp.bfloat16, 64)
+  assert not hardware.cudnn_attention_applies(jnp.bfloat16, 64)
 
 
 _CHILD = textwrap.dedent("""
@@ -193,6 +193,7 @@ _CHILD = textwrap.dedent("""
   import jax, jax.numpy as jnp
   from vit_jax.bench import aot, gpu_record, gpus, hlo
   from vit_jax.configs import demo
+  from vit_jax import hardware
   from vit_jax.models import vit
 
   def record(topology, **overrides):
@@ -210,7 +211,7 @@ _CHILD = textwrap.dedent("""
     devices = gpus.describe(f'{name}-16').devices
     d = devices[0]
     with jax.set_mesh(jax.sharding.Mesh(devices[:1], ('batch',))):
-      choices = [vit.cudnn_attention_applies(t, h) for t, h in
+      choices = [hardware.cudnn_attention_applies(t, h) for t, h in
                  ((jnp.bfloat16, 64), (jnp.float32, 64), (jnp.bfloat16, 12))]
     out['cards'][name] = [len(devices), d.device_kind, d.compute_capability,
                           [x.process_index for x in devices], choices]

@@ -56,16 +56,12 @@ def main(argv: Optional[List[str]] = None) -> int:
   args = parser.parse_args(argv)
   run_log.quiet_libraries(args.verbosity)
 
-  from vit_jax import checkpoint
-  from vit_jax import files
   from vit_jax import workdir
-  from vit_jax.data.sources import DataError
   from vit_jax.evaluation import classify
   from vit_jax.evaluation import figures
   from vit_jax.evaluation import loader
 
-  errors = (checkpoint.CheckpointError, loader.InputError, files.RemoteFilesError, DataError)
-  with cli.reported(*errors, workdir.WorkdirError):
+  with cli.reported():
     digits = args.images == ['digits']
     if not digits:
       paths = classify.image_files(args.images) if args.images else classify.builtin_images()

@@ -104,7 +104,6 @@ def main(argv=None) -> int:
   from vit_jax import workdir
   from vit_jax.bench import memory
   from vit_jax.bench import speed
-  from vit_jax.bench import timm_peer
 
   parser = _parser()
   args = parser.parse_args(argv)
@@ -116,13 +115,13 @@ def main(argv=None) -> int:
     if jax._src.xla_bridge.backends_are_initialized():
       cli.fail('--xla_flags must be set before JAX starts')
     os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') + ' ' + args.xla_flags).strip()
-  with cli.reported(workdir.WorkdirError):
+  with cli.reported():
     if args.json:
       workdir.check_output(args.json, '--json')
   fields = {f.name for f in dataclasses.fields(speed.Options)}
   opts = speed.Options(**{k: v for k, v in vars(args).items() if k in fields})
   doing = f'{parser.prog}: {opts.model} {opts.mode} at batch {opts.batch}'
-  with cli.reported(speed.BenchmarkError, timm_peer.CompareError), run_log.heartbeat(doing):
+  with cli.reported(), run_log.heartbeat(doing):
     if args.find_max_batch:
       speed.validate(opts)
       record = memory.find_max_batch(

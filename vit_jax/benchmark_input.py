@@ -57,16 +57,15 @@ def main(argv=None):
   from vit_jax import workdir
   from vit_jax.bench import input_speed
   from vit_jax.data import datasets
-  from vit_jax.data import sources
 
-  with cli.reported(workdir.WorkdirError):
+  with cli.reported():
     if args.json:
       workdir.check_output(args.json, '--json')
     if args.dir:
       workdir.check_output(args.dir, '--dir', folder=True)
 
   threads = [int(t) for t in args.threads.split(',')]
-  with cli.reported(input_speed.FolderError, sources.DataError):
+  with cli.reported():
     if args.dataset and datasets.kind(args.dataset) in ('arrays', 'builtin'):
       out = input_speed.measure_arrays(
         args.dataset, batch=args.batch, steps=args.steps, threads=threads, rounds=args.rounds

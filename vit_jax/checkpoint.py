@@ -21,6 +21,7 @@ import numpy as np
 
 from vit_jax import files
 from vit_jax import workdir
+from vit_jax.errors import UserError
 
 Params = Mapping[str, Any]
 
@@ -39,7 +40,7 @@ _ZIP_MAGIC = b'PK\x03\x04'  # every .npz (numpy.savez) starts with it
 _PRETRAINING_ONLY = ('pre_logits/', 'mask_token', 'mpp_head/')
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError, ValueError):
   """A checkpoint that cannot be read or does not fit the model; one line."""
 
 

@@ -4,10 +4,11 @@ An error a user can cause (a flag, a file, a config that cannot run, a
 dataset that is not there) ends a command with one line on stderr,
 `error: what is wrong; what to do`, and exit status `EXIT_ERROR` (2, what
 argparse gives a bad command line), whether the mistake is in the flags or in
-what they name. Only the error types a command names are caught
-(`reported`, and an OSError at the path a command writes, `writing`): a bug
-keeps its traceback. (`predict` and `analyze` exit 1 when some images were
-unreadable and the others used: a partial result.)
+what they name. Only `errors.UserError`, the base of every error raised on
+purpose, is caught (`reported`, and an OSError at the path a command writes,
+`writing`): an error of any other type is a bug and keeps its traceback.
+(`predict` and `analyze` exit 1 when some images were unreadable and the
+others used: a partial result.)
 
 Commands that take `--config` (main, compile) share `ConfigFlag`: the file is
 checked before absl reads it (there, a Python file that compiles), an unknown
@@ -35,6 +36,8 @@ import os
 import re
 import sys
 from typing import NoReturn, Optional
+
+from vit_jax.errors import UserError
 
 EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT (signal_status)
@@ -67,11 +70,12 @@ def message_of(error) -> str:
 
 
 @contextlib.contextmanager
-def reported(*errors):
-  """Errors of the types `errors` end the command as one line (`fail`); others pass."""
+def reported():
+  """A `UserError` ends the command as one line (`fail`); any other error passes, with its
+  traceback."""
   try:
     yield
-  except errors as e:
+  except UserError as e:
     fail(e)
 
 
@@ -219,10 +223,9 @@ class ConfigFlag:
   def value(self):
     """The config, an official vit_jax one read as this package's (`configs.official`)."""
     if self._translated is None:
-      from vit_jax.configs import ConfigError
       from vit_jax.configs import official
 
-      with reported(ConfigError):
+      with reported():
         translated = official.translate(self._holder.value)
       unknown = unknown_fields(translated)
       if unknown:

@@ -123,11 +123,10 @@ def main(argv):
   from vit_jax.bench import gpu_record
   from vit_jax.bench import gpus
   from vit_jax.bench import topology
-  from vit_jax.data.sources import DataError
-  from vit_jax.training import loop
+  from vit_jax.errors import UserError
 
   if _JSON.value:
-    with cli.reported(workdir.WorkdirError):
+    with cli.reported():
       workdir.check_output(_JSON.value, '--json')
   config = _CONFIG.value
   on_gpu = gpus.is_gpu_name(_TOPOLOGY.value)
@@ -145,7 +144,7 @@ def main(argv):
         if not _FIT.value:
           _exit(aot.fit_message(error, config, target))
         compiled, overrides = _fit(config, target, error)
-  except (topology.TopologyError, gpus.GpuError, loop.ConfigError, DataError) as e:
+  except UserError as e:
     _exit(str(e))
   record = gpu_record.analyse(compiled) if on_gpu else aot.analyse(compiled)
   if overrides:

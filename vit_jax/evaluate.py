@@ -45,16 +45,13 @@ def main(argv=None) -> int:
   args = parser.parse_args(argv)
   run_log.quiet_libraries(args.verbosity)
 
-  from vit_jax import checkpoint
-  from vit_jax import files
   from vit_jax.data import pipeline
   from vit_jax.evaluation import classify
   from vit_jax.evaluation import loader
 
   if args.output:
     _check_output(args.output)
-  errors = (checkpoint.CheckpointError, loader.InputError, pipeline.DataError)
-  with cli.reported(*errors, files.RemoteFilesError):
+  with cli.reported():
     loaded = loader.load_model(args.checkpoint, args.model, args.patch_size)
     cli.note(parser.prog, loader.unfinished_note(args.checkpoint))
     data = pipeline.data_config()
@@ -88,7 +85,7 @@ def _check_output(path: str) -> None:
     cli.fail(f'--output {path}: no folder {folder}; make it or pass another file name')
   from vit_jax import workdir
 
-  with cli.reported(workdir.WorkdirError):
+  with cli.reported():
     workdir.check_output(path, '--output')
 
 

@@ -33,12 +33,8 @@ def main(argv: Optional[List[str]] = None) -> int:
   # Before TensorFlow and JAX start (the formats' modules import them).
   run_log.quiet_libraries(run_log.verbosity_in(argv))
 
-  from vit_jax import checkpoint
-  from vit_jax import files
-  from vit_jax import workdir
   from vit_jax.evaluation import loader
   from vit_jax.interop import export
-  from vit_jax.interop import torch_layout
 
   parser = cli.parser('export', __doc__)
   parser.add_argument(
@@ -70,8 +66,7 @@ def main(argv: Optional[List[str]] = None) -> int:
   parser.add_argument('--labels', help="class names for hf, one per line, in the head's order")
   run_log.add_verbosity_flag(parser)
   args = parser.parse_args(argv)
-  errors = (checkpoint.CheckpointError, loader.InputError, torch_layout.ExportError)
-  with cli.reported(*errors, files.RemoteFilesError, workdir.WorkdirError):
+  with cli.reported():
     output = export.output_path(args.format, args.output)
     with cli.writing(output):
       notes = export.export(

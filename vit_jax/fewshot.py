@@ -56,15 +56,11 @@ def main(argv=None) -> int:
 
   import jax
 
-  from vit_jax import checkpoint
-  from vit_jax import files
   from vit_jax import workdir as workdir_lib
-  from vit_jax.data import sources
   from vit_jax.evaluation import fewshot
   from vit_jax.evaluation import loader
 
-  errors = (checkpoint.CheckpointError, loader.InputError, sources.DataError, ValueError)
-  with cli.reported(*errors, files.RemoteFilesError, workdir_lib.WorkdirError):
+  with cli.reported():
     if args.workdir:
       workdir_lib.check_folder(args.workdir)  # before the evaluation, not after it
     datasets = args.datasets.split(',')
@@ -87,9 +83,9 @@ def main(argv=None) -> int:
       print(f'{name:40s} {value:.4f}')
   workdir = args.workdir or (args.checkpoint if workdir_lib.is_workdir(args.checkpoint) else None)
   if workdir and jax.process_index() == 0:
-    with cli.reported(files.RemoteFilesError, workdir_lib.WorkdirError):
+    with cli.reported():
       with workdir_lib.storage_errors(workdir):
-        print(f'wrote {workdir_lib.record_fewshot(workdir, scalars)}')
+        print(f'wrote {run_log.record_fewshot(workdir, scalars)}')
   return 0
 
 

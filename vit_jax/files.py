@@ -13,12 +13,14 @@ import os
 import socket
 import urllib.parse
 
+from vit_jax.errors import UserError
+
 # Hosts that serve each scheme; a scheme not listed here (memory://, file://) is not checked.
 _HOSTS = {'gs': 'storage.googleapis.com', 's3': 's3.amazonaws.com'}
 _LOOKUP_TIMEOUT_S = 5
 
 
-class RemoteFilesError(OSError):
+class RemoteFilesError(UserError, OSError):
   """A remote path that cannot be reached; the message is one line with what to do."""
 
 

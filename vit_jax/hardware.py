@@ -169,6 +169,12 @@ def machine_info() -> dict:
 # timed on a GPU: benchmarks/gpu_session.py measures it against Triton on.
 # MaxText's and JAX-Toolbox's GPU flags set it too; the latency-hiding
 # scheduler they also set compiled to the same program here (it is on by default).
+# The share of a GPU's memory JAX's allocator takes when the run sets
+# XLA_PYTHON_CLIENT_MEM_FRACTION to it (`python -m vit_jax.main` and the launch
+# scripts do; JAX's default is 0.75). The rest is the CUDA context, cuDNN/cuBLAS
+# handles and NCCL's buffers, which XLA does not see; `bench.gpus` sizes runs by it.
+GPU_MEMORY_FRACTION = 0.9
+
 GPU_COMPILER_OPTIONS = {'xla_gpu_enable_triton_gemm': False}
 
 
@@ -186,3 +192,49 @@ def is_out_of_memory(error: Exception) -> bool:
   """Whether a JAX runtime or compile error says device memory ran out."""
   text = str(error)
   return 'RESOURCE_EXHAUSTED' in text or 'out of memory' in text.lower()
+
+
+# ---------------------------------------------------------------------------
+# The device a program is traced for, and the kernels it can use there.
+
+
+# GPUs that a program may be compiled for on a machine without them
+# (`python -m vit_jax.compile --topology=h100-8`): CUDA, compute capability >= 8.0.
+# Their device kinds are as CUDA names them (vit_jax.bench.gpus).
+_CUDA_SM80_KINDS = ('NVIDIA A100', 'NVIDIA H100', 'NVIDIA H200')
+
+
+def target_device():
+  """The device a program is being traced for.
+
+  Under `jax.set_mesh` (the trainer, and the compile command) the mesh's
+  devices, which may be GPUs this machine does not have; otherwise this
+  machine's first device.
+  """
+  local = jax.devices()[0]
+  # None outside a mesh (and in JAX versions whose abstract meshes carry no device).
+  target = getattr(jax.sharding.get_abstract_mesh(), 'abstract_device', None)
+  if target is None or target.device_kind == local.device_kind:
+    return local
+  return target
+
+
+def cudnn_attention_applies(dtype, head_dim: int, device=None) -> bool:
+  """Whether cuDNN's fused attention can run on `device`: CUDA, sm80+, half precision.
+
+  `device` defaults to `target_device()`, so that a program compiled here for a
+  GPU makes the choice the trainer makes on that GPU.
+  """
+  device = device or target_device()
+  if jnp.dtype(dtype) not in (jnp.bfloat16, jnp.float16) or device.platform != 'gpu':
+    return False
+  if not (head_dim % 8 == 0 and head_dim <= 128):
+    return False
+  if not hasattr(device, 'compute_capability'):  # a GPU this machine lacks: known by name
+    return device.device_kind.startswith(_CUDA_SM80_KINDS)
+  if 'cuda' not in getattr(device.client, 'platform_version', '').lower():
+    return False  # e.g. ROCm
+  try:
+    return float(device.compute_capability) >= 8.0
+  except ValueError:
+    return False

@@ -40,7 +40,6 @@ def main(argv=None):
 
   from vit_jax import workdir
   from vit_jax.data import shards
-  from vit_jax.data.sources import DataError
 
   parser = _parser(shards.FORMATS)
   args = parser.parse_args(argv)
@@ -59,9 +58,9 @@ def main(argv=None):
     cli.fail(f'{args.csv}: no such file; pass a CSV of lines "path,label_id;label_id;..."')
   if os.path.exists(args.out) and not os.path.isdir(args.out):
     cli.fail(f'--out {args.out} is a file; pass a folder for info.json and the shards')
-  with cli.reported(workdir.WorkdirError):
+  with cli.reported():
     workdir.check_output(args.out, '--out', folder=True)
-  with cli.reported(DataError), cli.writing(args.out):
+  with cli.reported(), cli.writing(args.out):
     examples, names, num_classes = _examples(args)
     info = shards.write_shards(
       examples,

@@ -22,11 +22,6 @@ from absl import logging
 
 from vit_jax import cli
 from vit_jax import run_log
-from vit_jax.bench import gpus
-
-# On a GPU, JAX takes 75% of its memory by default; `python -m vit_jax.compile --topology=h100-8`
-# and the launch scripts count on 90%.
-os.environ.setdefault('XLA_PYTHON_CLIENT_MEM_FRACTION', str(gpus.MEMORY_FRACTION))
 
 _CONFIG = cli.ConfigFlag(
   'Experiment config file, optionally with `:ARGS` (default: the demo).',
@@ -106,27 +101,20 @@ def main(argv):
     logging.get_absl_handler().addFilter(
       lambda record: record.levelno >= py_logging.WARNING or 'orbax' not in record.pathname
     )
+  from vit_jax import hardware  # imports JAX: after quiet_libraries
+
+  # On a GPU, JAX takes 75% of its memory by default; `python -m vit_jax.compile
+  # --topology=h100-8` and the launch scripts count on 90% (read as its backends start).
+  os.environ.setdefault('XLA_PYTHON_CLIENT_MEM_FRACTION', str(hardware.GPU_MEMORY_FRACTION))
   _initialize_distributed()
 
   # Imported here: these pull in JAX and the input pipeline.
-  from vit_jax import checkpoint
-  from vit_jax import files
-  from vit_jax import workdir as workdir_lib
-  from vit_jax.configs import ConfigError
-  from vit_jax.data import pipeline
   from vit_jax.training import loop
 
   config = _CONFIG.value  # an official vit_jax config already translated
   _fit_warmup(config, sys.argv)
   workdir = _WORKDIR.value or _default_workdir(sys.argv)
-  with cli.reported(
-    loop.TrainingError,
-    ConfigError,  # also an unknown model name (a KeyError of MODEL_CONFIGS)
-    checkpoint.CheckpointError,
-    pipeline.DataError,
-    workdir_lib.WorkdirError,
-    files.RemoteFilesError,  # a gs:// workdir, dataset or pretrained_path out of reach
-  ):
+  with cli.reported():
     loop.train_and_evaluate(config, workdir)
 
 

@@ -41,14 +41,11 @@ def main(argv: Optional[List[str]] = None) -> int:
   run_log.quiet_libraries(args.verbosity)
 
   from vit_jax import checkpoint
-  from vit_jax import files as file_system
-  from vit_jax.data.sources import DataError
   from vit_jax.evaluation import classify
   from vit_jax.evaluation import loader
 
   unreadable = []
-  errors = (checkpoint.CheckpointError, loader.InputError, file_system.RemoteFilesError, DataError)
-  with cli.reported(*errors):
+  with cli.reported():
     files = classify.image_files(args.images)
     loaded = loader.load_model(args.checkpoint, args.model, args.patch_size)
     cli.note(parser.prog, loader.unfinished_note(args.checkpoint))

@@ -27,9 +27,8 @@ def main(argv=None):
   run_log.quiet_libraries(args.verbosity)
 
   from vit_jax.data.prepare import prepare
-  from vit_jax.data.sources import DataError
 
-  with cli.reported(DataError):
+  with cli.reported():
     where = prepare(args.name, args.data_dir, args.manual_dir, args.file_format)
   print(f'{args.name} is prepared in {where}')
 

@@ -87,6 +87,14 @@ class EventFile:
       self._file.close()
 
 
+def record_fewshot(workdir: str, scalars: dict) -> str:
+  """Few-shot `scalars` into `workdir`: `fewshot.json` (`workdir.add_fewshot`, other datasets'
+  results kept) and TensorBoard under `tensorboard/fewshot`; the JSON's path."""
+  path = workdir_lib.add_fewshot(workdir, scalars)
+  write_scalars(os.path.join(workdir, workdir_lib.FEWSHOT_TENSORBOARD), 0, scalars)
+  return path
+
+
 def write_scalars(logdir: str, step: int, values: dict) -> None:
   """One event file in `logdir` holding `values` at `step`."""
   events = EventFile(logdir)

@@ -32,6 +32,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 import numpy as np
 
+from vit_jax.errors import UserError
+
 AXES = ('slice', 'data', 'fsdp', 'model')
 BATCH_AXES = ('slice', 'data', 'fsdp')
 
@@ -52,7 +54,7 @@ MODEL_RULES = (
 )
 
 
-class MeshError(ValueError):
+class MeshError(UserError, ValueError):
   """A mesh that does not fit the devices or the model; one line saying what divides what."""
 
 

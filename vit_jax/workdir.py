@@ -49,6 +49,7 @@ import uuid
 from absl import logging
 
 from vit_jax import files
+from vit_jax.errors import UserError
 
 CONFIG_FILE = 'config.json'
 CHECKPOINTS = 'checkpoints'
@@ -72,7 +73,7 @@ STALE_AFTER_S = 600.0
 REMOTE_SETTLE_S = 2.0
 
 
-class WorkdirError(RuntimeError):
+class WorkdirError(UserError, RuntimeError):
   """The workdir cannot be used as asked (in use, full, read-only, ...); one line."""
 
 
@@ -264,18 +265,15 @@ def corrupt_checkpoints_dir(workdir: str) -> str:
   return os.path.join(workdir, CORRUPT_CHECKPOINTS)
 
 
-def record_fewshot(workdir: str, scalars: dict) -> str:
-  """Adds few-shot `scalars` to `fewshot.json` (other datasets' results kept) and to
-  TensorBoard under `tensorboard/fewshot`; the JSON's path. A training run's own files
-  (summary, metrics) stay as the run wrote them."""
-  from vit_jax import run_log
-
+def add_fewshot(workdir: str, scalars: dict) -> str:
+  """Adds few-shot `scalars` to `fewshot.json` (other datasets' results kept); its path. A
+  training run's own files (summary, metrics) stay as the run wrote them; the TensorBoard
+  copy is `run_log.record_fewshot`'s."""
   path = os.path.join(workdir, FEWSHOT_FILE)
   results = _read_json(path) or {}
   results.update(scalars)
   files.makedirs(workdir)
   _write_json(path, results)
-  run_log.write_scalars(os.path.join(workdir, FEWSHOT_TENSORBOARD), 0, scalars)
   return path
 
 

@@ -15,6 +15,9 @@ import dataclasses
 import importlib.util
 import re
 
+from vit_jax import hardware
+from vit_jax.errors import UserError
+
 MiB = 2**20
 
 # Without a GPU the compiler cannot time candidate kernels: no autotuning, and
@@ -23,15 +26,11 @@ MiB = 2**20
 # compile on the card, and with them the temporaries.
 COMPILER_OPTIONS = {'xla_gpu_autotune_level': 0, 'xla_gpu_enable_triton_gemm': False}
 
-# The share of a GPU's memory JAX's allocator takes when the run sets
-# XLA_PYTHON_CLIENT_MEM_FRACTION to it (the launch scripts do; JAX's default
-# is 0.75). The rest is the CUDA context, cuDNN/cuBLAS handles and NCCL's
-# buffers, which XLA does not see.
-MEMORY_FRACTION = 0.9
+MEMORY_FRACTION = hardware.GPU_MEMORY_FRACTION  # of each GPU, what the programs may use
 GPUS_PER_BOX = 8
 
 
-class GpuError(ValueError):
+class GpuError(UserError, ValueError):
   """An unknown GPU or box count, or no GPU compiler; one line."""
 
 

@@ -26,6 +26,7 @@ from vit_jax.bench import profile
 from vit_jax.bench import timm_peer
 from vit_jax.configs import common
 from vit_jax.configs import models as model_configs
+from vit_jax.errors import UserError
 from vit_jax.models import vit
 from vit_jax.training import program
 from vit_jax.training import steps
@@ -54,7 +55,7 @@ class Options:
   depth: Optional[int] = None  # encoder blocks (default: the model's); kernels per block, gpu_hlo
 
 
-class BenchmarkError(ValueError):
+class BenchmarkError(UserError, ValueError):
   """Options that cannot run; one line saying what to change."""
 
 

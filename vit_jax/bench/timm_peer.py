@@ -14,8 +14,10 @@ import contextlib
 import functools
 import time
 
+from vit_jax.errors import UserError
 
-class CompareError(ValueError):
+
+class CompareError(UserError, ValueError):
   """timm cannot run this comparison; one line."""
 
 

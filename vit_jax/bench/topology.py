@@ -15,10 +15,12 @@ import os
 import re
 from typing import Optional
 
+from vit_jax.errors import UserError
+
 GiB = 2**30
 
 
-class TopologyError(ValueError):
+class TopologyError(UserError, ValueError):
   """An unknown or impossible TPU slice, or no TPU compiler; one line."""
 
 

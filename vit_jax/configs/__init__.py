@@ -4,8 +4,10 @@ The experiment files users pass to `--config` live in the repository's
 `configs/` folder; they call `recipes` and `common` here.
 """
 
+from vit_jax.errors import UserError
 
-class ConfigError(ValueError):
+
+class ConfigError(UserError, ValueError):
   """A config that cannot run: a bad recipe argument, an unknown model, values that clash; one line."""
 
 

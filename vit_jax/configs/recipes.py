@@ -8,7 +8,6 @@ recipe of B.1.2. The files in the repository's `configs/` call these.
 (`common.with_dataset`), for config files written for that code.
 """
 
-import copy
 import math
 from typing import Optional
 
@@ -17,6 +16,8 @@ import ml_collections
 from vit_jax.configs import ConfigError
 from vit_jax.configs import architectures
 from vit_jax.configs import common
+from vit_jax.configs.common import finetune_steps
+from vit_jax.configs.common import with_dataset  # noqa: F401  (official API: common.with_dataset)
 
 # Training-set sizes the epochs of Table 3 refer to.
 _DATASET_SIZES = {
@@ -121,23 +122,6 @@ def pretrain(model: str, arg: str = 'imagenet21k') -> ml_collections.ConfigDict:
   return config
 
 
-# Fine-tuning steps per dataset (paper Table 4; VTAB-1k: 2,500, Appendix B.1.1).
-_FINETUNE_STEPS = {
-  'imagenet2012': 20_000,
-  'cifar10': 10_000,
-  'cifar100': 10_000,
-  'oxford_iiit_pet': 500,
-  'oxford_flowers102': 500,
-}
-
-
-def finetune_steps(dataset: str) -> int:
-  """The paper's fine-tuning steps for `dataset`; 10k (its CIFAR figure) for others."""
-  if dataset.startswith('vtab/'):
-    return 2_500
-  return _FINETUNE_STEPS.get(dataset, 10_000)
-
-
 # A micro-batch per device at which ViT-B/16 fine-tuning (384 px, bf16, SGD)
 # fits, per TPU generation as JAX names its devices: the answer of the TPU
 # compiler's --fit search (`python benchmarks/tpu_table.py`, records
@@ -198,53 +182,6 @@ def finetune(arg: str) -> ml_collections.ConfigDict:
   config.progress_every = 50
   config.eval_every = 1000
   config.checkpoint_every = 1000
-  return config
-
-
-def with_dataset(config: ml_collections.ConfigDict, dataset: str) -> ml_collections.ConfigDict:
-  """The official fine-tuning config for `dataset` (official `common.with_dataset`).
-
-  A copy of `config` with the official `common.get_config()` fine-tuning
-  choices where this package's defaults (pre-training ones) differ, and the
-  official dataset preset: the paper's steps, 384 px, the preset's splits.
-  Set fields after calling it. As in the official configs, `config.model` is
-  then assigned an official model config (`models.get_b16_config()`) or a
-  registry name, whose dropout the run trains with, and `pretrained_dir`
-  (default '.') is where `{model_name}.npz` is read from; the trainer reads
-  both (`official.translate`).
-  """
-  config = copy.deepcopy(config)
-  config.unlock()
-  # Official defaults: SGD with momentum 0.9 kept in bfloat16 (train.py),
-  # float32 compute, no weight decay, cosine decay after 500 warm-up steps.
-  config.update(
-    optimizer='sgd',
-    momentum=0.9,
-    optim_dtype='bfloat16',
-    dtype='float32',
-    weight_decay=0.0,
-    base_lr=0.03,
-    decay_type='cosine',
-    warmup_steps=500,
-    grad_norm_clip=1.0,
-    batch=512,
-    batch_eval=512,
-    eval_every=100,
-    progress_every=10,
-    checkpoint_every=1000,
-    representation_size=None,
-    dataset=dataset,
-    total_steps=finetune_steps(dataset),
-  )
-  config.pp.update(crop=384, train=None, test=None)  # None: the preset's splits
-  # The official trainer takes dropout from the model config, which the config
-  # file assigns to `model` (the official configs have no other dropout field).
-  for field in ('model', 'dropout_rate', 'attention_dropout_rate'):
-    if field in config:
-      del config[field]
-  config.model = None
-  # Where {model_name}.npz is read from, as the official train.py ('.' there too).
-  config.pretrained_dir = '.'
   return config
 
 

@@ -25,7 +25,7 @@ from vit_jax.data import sources
 from vit_jax.data import tfds
 from vit_jax.data.sources import DataError
 
-BUILTIN = ('digits',)
+BUILTIN = presets.BUILTIN
 # Arrays handed over in Python, by name (`register_arrays`). A config names its dataset
 # with a string (it is saved with the run), so arrays in memory get a name: this process's.
 _REGISTERED = {}

@@ -161,6 +161,9 @@ VTAB_TASKS = tuple(_VTAB)
 
 _IMAGENET_TARS = ('ILSVRC2012_img_train.tar', 'ILSVRC2012_img_val.tar')
 
+# Datasets that ship inside the package (scikit-learn's UCI digits): no download, no preset.
+BUILTIN = ('digits',)
+
 PRESETS = {
   'imagenet2012': Preset(
     'imagenet2012', 'train[:99%]', 'validation', 1000, manual=True, manual_files=_IMAGENET_TARS

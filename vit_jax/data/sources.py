@@ -18,8 +18,10 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
+from vit_jax.errors import UserError
 
-class DataError(ValueError):
+
+class DataError(UserError, ValueError):
   """Bad data or data config; the message is one line naming what and what to do."""
 
 

@@ -240,9 +240,7 @@ def _in_catalog(tfds_name: str) -> bool:
 
 
 def _suggestions(dataset, tfds_data_dir):
-  from vit_jax.data import datasets
-
-  known = [*datasets.BUILTIN, 'imagenet21k', *presets.PRESETS, *prepared_names(tfds_data_dir)]
+  known = [*presets.BUILTIN, 'imagenet21k', *presets.PRESETS, *prepared_names(tfds_data_dir)]
   return difflib.get_close_matches(dataset, list(dict.fromkeys(known)), n=3, cutoff=0.6)
 
 

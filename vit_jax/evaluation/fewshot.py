@@ -32,12 +32,19 @@ import numpy as np
 from vit_jax import files
 from vit_jax import hardware
 from vit_jax.data import on_device
+from vit_jax.errors import UserError
 from vit_jax.models import vit
 
 DEFAULT_SHOTS = (1, 5, 10, 25)
 DEFAULT_SEEDS = (0, 1, 2)
 DEFAULT_L2_REG = 2.0**10
 DEFAULT_L2_GRID = tuple(2.0**i for i in range(-10, 21, 2))
+
+
+class FewShotError(UserError, ValueError):
+  """Labels, shots or a split that the probes cannot use; one line saying what to change."""
+
+
 _STD_EPS = 1e-5  # keeps constant feature dimensions finite (they get zero weight)
 
 
@@ -62,12 +69,12 @@ def signed_one_hot(labels: np.ndarray, num_classes: int) -> np.ndarray:
 def _check_labels(labels: np.ndarray, num_classes: int, what: str) -> np.ndarray:
   labels = np.asarray(labels)
   if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
-    raise ValueError(
+    raise FewShotError(
       f'{what}: expected a 1-D integer array of class ids, got '
       f'{labels.dtype} with shape {labels.shape}; pass integer labels, not one-hot'
     )
   if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
-    raise ValueError(
+    raise FewShotError(
       f'{what}: class ids span [{labels.min()}, {labels.max()}] but '
       f"num_classes={num_classes}; pass the dataset's number of classes"
     )
@@ -91,11 +98,11 @@ def fit_path(
   features = np.asarray(features, np.float64)
   labels = _check_labels(labels, num_classes, 'fit labels')
   if features.ndim != 2 or len(features) != len(labels) or not len(labels):
-    raise ValueError(
+    raise FewShotError(
       f'fit: features {features.shape} and labels {labels.shape} must be [N, D] and [N] with N > 0'
     )
   if any(l2 <= 0 for l2 in l2_regs):
-    raise ValueError(f'l2_regs={list(l2_regs)}: every strength must be > 0')
+    raise FewShotError(f'l2_regs={list(l2_regs)}: every strength must be > 0')
   mean = features.mean(axis=0)
   std = features.std(axis=0) + _STD_EPS
   x = standardize(features, mean, std)  # columns have zero mean
@@ -143,7 +150,7 @@ def sample_shots(labels: np.ndarray, num_classes: int, shots: int, seed: int) ->
   for c in range(num_classes):
     members = np.flatnonzero(labels == c)
     if len(members) < shots:
-      raise ValueError(
+      raise FewShotError(
         f'class {c} has {len(members)} training examples, fewer than '
         f'{shots} shots; use fewer shots or a larger training split'
       )
@@ -212,7 +219,7 @@ def select_l2_reg(
   held_out = np.ones(len(train_labels), bool)
   held_out[idx] = False
   if not held_out.any():
-    raise ValueError(
+    raise FewShotError(
       f'{shots} shots use every training example; nothing is left to '
       'select l2 on: use fewer shots or a larger training split'
     )
@@ -298,7 +305,7 @@ def extract_features(model, params, batches: Iterable[Mapping], *, features_fn=N
     features.append(out.reshape(len(out), -1)[keep])
     labels.append(label[keep].astype(np.int64))
   if not features:
-    raise ValueError('extract_features: the batch iterable is empty; check the split')
+    raise FewShotError('extract_features: the batch iterable is empty; check the split')
   return np.concatenate(features), np.concatenate(labels)
 
 

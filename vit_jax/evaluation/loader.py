@@ -20,6 +20,7 @@ from vit_jax import checkpoint
 from vit_jax import models
 from vit_jax import workdir
 from vit_jax.configs import architectures
+from vit_jax.errors import UserError
 from vit_jax.models import flexi
 from vit_jax.models import naflex
 
@@ -28,7 +29,7 @@ _BLOCK = re.compile(r'^Transformer/encoderblock_(\d+)/')
 _MPP_ONLY = ('mask_token', 'mpp_head/')
 
 
-class InputError(ValueError):
+class InputError(UserError, ValueError):
   """A bad command-line input (model name, image, label file); one line."""
 
 

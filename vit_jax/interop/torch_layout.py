@@ -28,12 +28,13 @@ import numpy as np
 
 from vit_jax import checkpoint
 from vit_jax import models
+from vit_jax.errors import UserError
 from vit_jax.evaluation import loader
 
 NameFn = Callable[[str], Tuple[Optional[str], Optional[Tuple[int, int]]]]
 
 
-class ExportError(ValueError):
+class ExportError(UserError, ValueError):
   """A model that a format cannot hold, or a missing optional package; one line."""
 
 

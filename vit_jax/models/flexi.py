@@ -17,13 +17,14 @@ import jax
 import jax.numpy as jnp
 
 from vit_jax import checkpoint
+from vit_jax.errors import UserError
 
 _KERNEL = 'embedding/kernel'
 _POSEMB = 'Transformer/posembed_input/pos_embedding'
 _PATCH_DRAW = 0x50415443  # the patch-size draw's key: the dropout key folded with this
 
 
-class PatchSizeError(ValueError):
+class PatchSizeError(UserError, ValueError):
   """A patch size that does not fit the model or the images; one line."""
 
 

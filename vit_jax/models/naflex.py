@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vit_jax import hardware
 from vit_jax import sharding
 from vit_jax.models import vit
 
@@ -128,7 +129,7 @@ class MaskedAttention(nn.Module):
     )
     implementation = self.attention
     if implementation in ('auto', 'explicit'):
-      implementation = 'cudnn' if vit.cudnn_attention_applies(self.dtype, head_dim) else 'xla'
+      implementation = 'cudnn' if hardware.cudnn_attention_applies(self.dtype, head_dim) else 'xla'
     y = jax.nn.dot_product_attention(
       q,
       k,

@@ -35,6 +35,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from vit_jax import hardware
 from vit_jax import sharding
 from vit_jax.models import resnet
 
@@ -50,7 +51,7 @@ CLASSIFIERS = ('token', 'gap', 'map', 'unpooled', 'token_unpooled')
 # `jax.nn.dot_product_attention`. 'auto' takes cuDNN's fused (flash) attention
 # where it applies (CUDA GPUs of compute capability >= 8.0, half precision,
 # head_dim a multiple of 8 up to 128) on the device the program is traced for
-# (`target_device`; an odd token count padded once, `pads_sequence`) and 'explicit'
+# (`hardware.target_device`; an odd token count padded once, `pads_sequence`) and 'explicit'
 # elsewhere; on CPU the attention itself runs 3x faster than with 'xla'
 # (docs/speed_and_scale.md).
 ATTENTION = ('auto', 'xla', 'cudnn', 'explicit')
@@ -62,55 +63,13 @@ ATTENTION = ('auto', 'xla', 'cudnn', 'explicit')
 REMAT_POLICIES = ('nothing_saveable', 'dots_saveable', 'dots_with_no_batch_dims_saveable')
 
 
-# GPUs that a program may be compiled for on a machine without them
-# (`python -m vit_jax.compile --topology=h100-8`): CUDA, compute capability >= 8.0.
-# Their device kinds are as CUDA names them (vit_jax.bench.gpus).
-_CUDA_SM80_KINDS = ('NVIDIA A100', 'NVIDIA H100', 'NVIDIA H200')
-
-
-def target_device():
-  """The device a program is being traced for.
-
-  Under `jax.set_mesh` (the trainer, and the compile command) the mesh's
-  devices, which may be GPUs this machine does not have; otherwise this
-  machine's first device.
-  """
-  local = jax.devices()[0]
-  # None outside a mesh (and in JAX versions whose abstract meshes carry no device).
-  target = getattr(jax.sharding.get_abstract_mesh(), 'abstract_device', None)
-  if target is None or target.device_kind == local.device_kind:
-    return local
-  return target
-
-
-def cudnn_attention_applies(dtype, head_dim: int, device=None) -> bool:
-  """Whether cuDNN's fused attention can run on `device`: CUDA, sm80+, half precision.
-
-  `device` defaults to `target_device()`, so that a program compiled here for a
-  GPU makes the choice the trainer makes on that GPU.
-  """
-  device = device or target_device()
-  if jnp.dtype(dtype) not in (jnp.bfloat16, jnp.float16) or device.platform != 'gpu':
-    return False
-  if not (head_dim % 8 == 0 and head_dim <= 128):
-    return False
-  if not hasattr(device, 'compute_capability'):  # a GPU this machine lacks: known by name
-    return device.device_kind.startswith(_CUDA_SM80_KINDS)
-  if 'cuda' not in getattr(device.client, 'platform_version', '').lower():
-    return False  # e.g. ROCm
-  try:
-    return float(device.compute_capability) >= 8.0
-  except ValueError:
-    return False
-
-
 def resolve_attention(attention: str, dtype, head_dim: int, weights_needed: bool) -> str:
   """The implementation that `attention` (see ATTENTION) runs with: 'explicit' wherever the
   weights themselves are needed (captured, or dropped out), 'auto' as cuDNN where it applies."""
   if weights_needed:
     return 'explicit'
   if attention == 'auto':
-    return 'cudnn' if cudnn_attention_applies(dtype, head_dim) else 'explicit'
+    return 'cudnn' if hardware.cudnn_attention_applies(dtype, head_dim) else 'explicit'
   return attention
 
 
@@ -598,7 +557,7 @@ class PatchEmbedding(nn.Module):
     x = sharding.constrain(x, ('batch', None, None))
     kernel = kernel.reshape(ph * pw * c, self.features).astype(self.dtype)
     x = sharding.constrain(x @ kernel + bias.astype(self.dtype), ('batch', None, None))
-    return sharding.batch_outermost(x) if target_device().platform == 'gpu' else x
+    return sharding.batch_outermost(x) if hardware.target_device().platform == 'gpu' else x
 
 
 # Parameters that the model computes with in float32 whatever its dtype, named

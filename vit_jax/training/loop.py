@@ -15,12 +15,9 @@ official vit_jax is translated before it gets here (`vit_jax.cli`,
 import contextlib
 import dataclasses
 import logging as py_logging
-import os
 import signal
-import sys
-import threading
 import time
-from typing import Any, Callable, NoReturn, Optional
+from typing import Any, Callable, Optional
 import warnings
 
 import jax
@@ -29,171 +26,102 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from vit_jax import checkpoint
-from vit_jax import cli
 from vit_jax import files
 from vit_jax import hardware
 from vit_jax import run_log
 from vit_jax import workdir as workdir_lib
-from vit_jax.configs import ConfigError  # noqa: F401  (the commands catch it as loop.ConfigError)
+from vit_jax.configs import ConfigError
 from vit_jax.data import pipeline
+from vit_jax.errors import UserError
 from vit_jax.evaluation import fewshot
 from vit_jax.training import hooks
 from vit_jax.training import program
 from vit_jax.training import resume
 from vit_jax.training import steps
+from vit_jax.training import stopping
 
 
-class TrainingError(RuntimeError):
+class TrainingError(UserError, RuntimeError):
   """A run that cannot go on; the message is one line saying what to do."""
 
 
-class Stopped(TrainingError):
-  """A run stopped by SIGTERM or Ctrl-C (`_Stop`); one line, and the exit status a shell gives
-  a process that signal ended (`exit_status`: 130 for Ctrl-C, 143 for SIGTERM)."""
-
-  def __init__(self, line: str, signum: int):
-    super().__init__(line)
-    self.exit_status = cli.signal_status(signum)
-
-
-class _StopNow(BaseException):
-  """What a signal raises where it stops a run at once: a BaseException, as KeyboardInterrupt,
-  so that no `except Exception` on the way (a checkpoint that did not restore) takes it for a
-  failure of its own; `train_and_evaluate` turns it into `Stopped`."""
-
-
-class _Stop:
-  """SIGTERM (preemption) and Ctrl-C: a checkpoint at the next step boundary, then one line.
-
-  One process: the signal sets `requested`, which the loop reads after every
-  step. Where a checkpoint would hold nothing new -- before this session's
-  first step (set-up, compilation) and after the last (final evaluation) --
-  it stops the run at once instead (`Stopped`, one line; the workdir's lock is
-  released on the way out; a raise that Python swallows, in a garbage-collector
-  callback say, is raised again at the next `check`). While the run takes the
-  lock and while it writes its last checkpoint, a signal waits for them
-  (`held`). A second signal ends the process there and then, with the same
-  line and the lock released (`_exit_now`). Several processes: JAX's
-  coordination service catches SIGTERM, and every process asks
-  `reached_preemption_sync_point` at the same (boundary) steps, so all agree
-  on the step to stop at; Ctrl-C is Python's there (`vit_jax.cli.run`: one
-  line).
-  """
-
-  _WHAT = {signal.SIGTERM: 'preempted (SIGTERM)', signal.SIGINT: 'interrupted (Ctrl-C)'}
-
-  def __init__(self, workdir: str):
-    self.workdir = workdir
-    self.requested = None  # the signal that asked for a checkpoint and a stop
-    self.stepping = False  # between this session's first and last step: worth a checkpoint
-    self.now = ''  # the line of a stop at once, once a signal asked for one
-    self.signum = signal.SIGTERM  # the signal that stops the run (its exit status)
-    self.lock: Optional[workdir_lib.Lock] = None  # released by a stop at once
-    self._single = jax.process_count() == 1
-    self._previous = {}
-    self._unraisable = None
-    self._held = None  # the signals that arrived inside `held`, while it lasts
-    if self._single and threading.current_thread() is threading.main_thread():
-      self._previous = {sig: signal.signal(sig, self._handle) for sig in self._WHAT}
-      self._unraisable = sys.unraisablehook
-      sys.unraisablehook = self._drop_stops
-
-  def _handle(self, signum, frame):
-    del frame
-    self.signum = signum
-    if self._held is not None:
-      self._held.append(signum)
-      if len(self._held) == 1:
-        return
-      self._exit_now(self._stopped_line(signum, again=True))  # a second does not wait
-    if self.stepping and self.requested is None:
-      self.requested = signum
-      return
-    again = self.requested is not None
-    self.now = self._stopped_line(signum, again=again)
-    if again:
-      self._exit_now(self.now)
-    raise _StopNow(self.now)
-
-  def _stopped_line(self, signum, again: bool) -> str:
-    saved = workdir_lib.saved_steps(self.workdir)
-    kept = f'the checkpoint at step {saved[-1]} is kept' if saved else 'no checkpoint yet'
-    return (
-      f'{self._WHAT[signum]}{" again" if again else ""}: stopped at once, without a new '
-      f'checkpoint ({kept}); run the same command again to resume'
-    )
-
-  def _exit_now(self, line: str) -> NoReturn:
-    """The second signal: out at once. An exception raised here would land in whatever runs,
-    typically orbax waiting for its writer threads, which logs it, or waits on them at exit;
-    the half-written checkpoint is a temporary folder that the next run removes."""
-    if self.lock is not None:
-      self.lock.release()
-    sys.stdout.flush()
-    print(f'error: {line}', file=sys.stderr, flush=True)
-    os._exit(cli.signal_status(self.signum))
-
-  @contextlib.contextmanager
-  def held(self):
-    """Signals wait until the block is done, then act as if they arrived then."""
-    self._held = []
+def train_and_evaluate(config, workdir: str) -> dict:
+  """Trains and evaluates `config` in `workdir`; returns the summary dict."""
+  clock = Clock()
+  mesh = program.make_mesh(config)
+  program.validate(config, mesh.size)
+  # Our own one-line errors pass as they are; a failed write becomes one.
+  keep = (TrainingError, ConfigError, checkpoint.CheckpointError, pipeline.DataError)
+  with workdir_lib.storage_errors(workdir, keep=keep):
+    workdir_lib.check_folder(workdir)
+    resume.check_config(workdir, config)
+    summary = resume.finished(workdir, config)
+    if summary is not None:
+      _report_finished(workdir, summary)
+      return summary
+    if config.pretrained_path and not workdir_lib.saved_steps(workdir):
+      _check_pretrained(config.pretrained_path)
+    stop, lock = stopping.Stop(workdir), None
     try:
-      yield
+      with stop.held():  # a stop raised halfway through taking the lock would leave it
+        lock = stop.lock = workdir_lib.acquire(workdir)
+      with jax.set_mesh(mesh):
+        if jax.process_index() == 0:
+          workdir_lib.write_config(workdir, config)
+        # Orbax logs each unreadable checkpoint file it meets; resume says it in one line.
+        with resume.without_orbax_errors():
+          run = set_up(config, workdir, mesh, lock=lock)
+          stop.check()
+          state, data_state, clock.prior = restore_or_initialize(run)
+        stop.check()
+        first_step = int(state.step)
+        loop = Loop(
+          state=state,
+          train_iter=pipeline.make_train_iterator(
+            config, run.program.batch_sharding, state=data_state, raw=True
+          ),
+          progress=run_log.Progress(config.total_steps, first_step, config.batch),
+          clock=clock,
+        )
+        train(run, loop, hooks.hooks(run), stop)
+        return finish(run, loop, first_step=first_step)
+    except stopping.StopNow as e:
+      _quiet_a_write_cut_short()
+      raise stopping.Stopped(str(e), stop.signum) from None
     finally:
-      held, self._held = self._held, None
-    for signum in held:
-      self._handle(signum, None)
+      stop.restore()
+      if lock is not None:
+        lock.release()
 
-  def check(self) -> None:
-    """Raises a stop at once that a signal asked for, if its own raise was swallowed."""
-    if self.now:
-      raise _StopNow(self.now)
 
-  def _drop_stops(self, unraisable) -> None:
-    if not isinstance(unraisable.exc_value, _StopNow):  # the next `check` raises it
-      self._unraisable(unraisable)
+def _quiet_a_write_cut_short() -> None:
+  """Drops what a checkpoint write that a stop at once cut short leaves: orbax's background
+  threads log their failure, Python reports its coroutines at exit (the one line says it all;
+  the half-written checkpoint is a temporary folder that the next run removes)."""
+  warnings.filterwarnings('ignore', "coroutine '.*' was never awaited", RuntimeWarning)
+  py_logging.getLogger('absl').addFilter(lambda record: 'orbax' not in record.pathname)
 
-  @property
-  def pending(self) -> bool:
-    """A stop is due now (single process only; hosts agree at boundaries)."""
-    return self._single and self.requested is not None
 
-  def reached(self, step: int) -> bool:
-    if self._single:
-      return self.requested is not None
-    try:
-      return multihost_utils.reached_preemption_sync_point(step)
-    except RuntimeError:  # no preemption service on this platform
-      return False
+def _check_pretrained(path: str) -> None:
+  """A pretrained checkpoint out of reach stops a new run before its set-up, in one line."""
+  try:
+    checkpoint.resolve(path)
+  except (files.RemoteFilesError, checkpoint.CheckpointError) as e:
+    raise ConfigError(
+      f'--config.pretrained_path: {e} (--config.pretrained_path=LOCAL_COPY.npz)'
+    ) from None
 
-  def stopped_line(self, step: int) -> str:
-    what = self._WHAT.get(self.requested, self._WHAT[signal.SIGTERM])
-    return (
-      f'{what} at step {step}; checkpoint written to {self.workdir}; run the same command '
-      'again to resume'
+
+def _report_finished(workdir: str, summary: dict) -> None:
+  if jax.process_index() == 0:
+    print(
+      f'{workdir} has finished: step {summary["step"]}, test accuracy '
+      f'{summary.get("test_accuracy", float("nan")):.4f}, {summary.get("img_per_sec", 0.0):.0f} '
+      f'img/s, {summary.get("wall_time_s", 0.0):.0f} s '
+      f'({workdir_lib.summary_path(workdir)}). Nothing to do: raise '
+      '--config.total_steps to train on, or use another --workdir',
+      flush=True,
     )
-
-  def restore(self):
-    for sig, previous in self._previous.items():
-      signal.signal(sig, previous)
-    if self._unraisable is not None and sys.unraisablehook == self._drop_stops:
-      sys.unraisablehook = self._unraisable
-
-
-def _host_tree(tree):
-  """A (possibly sharded, multi-process) pytree as host numpy arrays."""
-  if jax.process_count() > 1:
-    return multihost_utils.process_allgather(tree, tiled=True)
-  return jax.device_get(tree)
-
-
-def _compile(fn, *args):
-  """AOT-compiles `fn` for `args`; returns it and its FLOPs per device and call."""
-  compiled = fn.lower(*args).compile()
-  analysis = compiled.cost_analysis()
-  if isinstance(analysis, (list, tuple)):
-    analysis = analysis[0] if analysis else {}
-  return compiled, float((analysis or {}).get('flops', 0.0))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -292,85 +220,6 @@ class Loop:
     return self.clock.totals(self.losses.last_mean)
 
 
-def train_and_evaluate(config, workdir: str) -> dict:
-  """Trains and evaluates `config` in `workdir`; returns the summary dict."""
-  clock = Clock()
-  mesh = program.make_mesh(config)
-  program.validate(config, mesh.size)
-  # Our own one-line errors pass as they are; a failed write becomes one.
-  keep = (TrainingError, ConfigError, checkpoint.CheckpointError, pipeline.DataError)
-  with workdir_lib.storage_errors(workdir, keep=keep):
-    workdir_lib.check_folder(workdir)
-    resume.check_config(workdir, config)
-    summary = resume.finished(workdir, config)
-    if summary is not None:
-      _report_finished(workdir, summary)
-      return summary
-    if config.pretrained_path and not workdir_lib.saved_steps(workdir):
-      _check_pretrained(config.pretrained_path)
-    stop, lock = _Stop(workdir), None
-    try:
-      with stop.held():  # a stop raised halfway through taking the lock would leave it
-        lock = stop.lock = workdir_lib.acquire(workdir)
-      with jax.set_mesh(mesh):
-        if jax.process_index() == 0:
-          workdir_lib.write_config(workdir, config)
-        # Orbax logs each unreadable checkpoint file it meets; resume says it in one line.
-        with resume.without_orbax_errors():
-          run = set_up(config, workdir, mesh, lock=lock)
-          stop.check()
-          state, data_state, clock.prior = restore_or_initialize(run)
-        stop.check()
-        first_step = int(state.step)
-        loop = Loop(
-          state=state,
-          train_iter=pipeline.make_train_iterator(
-            config, run.program.batch_sharding, state=data_state, raw=True
-          ),
-          progress=run_log.Progress(config.total_steps, first_step, config.batch),
-          clock=clock,
-        )
-        train(run, loop, hooks.hooks(run), stop)
-        return finish(run, loop, first_step=first_step)
-    except _StopNow as e:
-      _quiet_a_write_cut_short()
-      raise Stopped(str(e), stop.signum) from None
-    finally:
-      stop.restore()
-      if lock is not None:
-        lock.release()
-
-
-def _quiet_a_write_cut_short() -> None:
-  """Drops what a checkpoint write that a stop at once cut short leaves: orbax's background
-  threads log their failure, Python reports its coroutines at exit (the one line says it all;
-  the half-written checkpoint is a temporary folder that the next run removes)."""
-  warnings.filterwarnings('ignore', "coroutine '.*' was never awaited", RuntimeWarning)
-  py_logging.getLogger('absl').addFilter(lambda record: 'orbax' not in record.pathname)
-
-
-def _check_pretrained(path: str) -> None:
-  """A pretrained checkpoint out of reach stops a new run before its set-up, in one line."""
-  try:
-    checkpoint.resolve(path)
-  except (files.RemoteFilesError, checkpoint.CheckpointError) as e:
-    raise ConfigError(
-      f'--config.pretrained_path: {e} (--config.pretrained_path=LOCAL_COPY.npz)'
-    ) from None
-
-
-def _report_finished(workdir: str, summary: dict) -> None:
-  if jax.process_index() == 0:
-    print(
-      f'{workdir} has finished: step {summary["step"]}, test accuracy '
-      f'{summary.get("test_accuracy", float("nan")):.4f}, {summary.get("img_per_sec", 0.0):.0f} '
-      f'img/s, {summary.get("wall_time_s", 0.0):.0f} s '
-      f'({workdir_lib.summary_path(workdir)}). Nothing to do: raise '
-      '--config.total_steps to train on, or use another --workdir',
-      flush=True,
-    )
-
-
 def set_up(config, workdir: str, mesh, lock: Optional[workdir_lib.Lock] = None) -> Run:
   """Checks the config against the data; builds the task, optimizer and checkpoint manager.
 
@@ -442,14 +291,14 @@ def restore_or_initialize(run: Run):
   return state, None, {}
 
 
-def train(run: Run, loop: Loop, periodic: list, stop: Optional[_Stop] = None) -> None:
+def train(run: Run, loop: Loop, periodic: list, stop: Optional[stopping.Stop] = None) -> None:
   """Steps until `total_steps`, running `periodic` hooks as due.
 
   A step's loss is read while the next one runs, except at steps where hooks
   are due; the loop's speed is timed by `loop.clock`. `stop` (SIGTERM, Ctrl-C)
   checkpoints and stops at the next step boundary.
   """
-  preemption = stop or _Stop(run.workdir)
+  preemption = stop or stopping.Stop(run.workdir)
   try:
     with _out_of_memory_advice(run.config):
       step_fn, pending = None, None  # pending: (step, metrics) of the previous step
@@ -493,7 +342,7 @@ def _run_hooks(run: Run, loop: Loop, step: int, due: list, preemption) -> None:
   if preemption.reached(step):
     hooks.save_checkpoint(run, loop, step)
     run.manager.wait_until_finished()
-    raise Stopped(preemption.stopped_line(step), preemption.requested or signal.SIGTERM)
+    raise stopping.Stopped(preemption.stopped_line(step), preemption.requested or signal.SIGTERM)
   loop.progress.restart_clock(step)
 
 
@@ -592,3 +441,19 @@ def _check_finite(config, losses: Losses, step, metrics_) -> float:
       'check the data (--config.max_nonfinite_in_a_row sets how many in a row stop a run)'
     )
   return loss
+
+
+def _host_tree(tree):
+  """A (possibly sharded, multi-process) pytree as host numpy arrays."""
+  if jax.process_count() > 1:
+    return multihost_utils.process_allgather(tree, tiled=True)
+  return jax.device_get(tree)
+
+
+def _compile(fn, *args):
+  """AOT-compiles `fn` for `args`; returns it and its FLOPs per device and call."""
+  compiled = fn.lower(*args).compile()
+  analysis = compiled.cost_analysis()
+  if isinstance(analysis, (list, tuple)):
+    analysis = analysis[0] if analysis else {}
+  return compiled, float((analysis or {}).get('flops', 0.0))

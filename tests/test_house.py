@@ -1,0 +1,76 @@
+"""The package's import graph, computed from its source: no module imports one that imports it
+back, directly or around a circle (issue 36). Imports inside functions count: a lazy import
+hides a circle from Python, not from the reader."""
+
+import ast
+import pathlib
+
+import vit_jax
+
+PACKAGE = pathlib.Path(vit_jax.__file__).parent
+
+
+def module_name(path: pathlib.Path) -> str:
+  parts = path.relative_to(PACKAGE.parent).with_suffix('').parts
+  return '.'.join(parts[:-1] if parts[-1] == '__init__' else parts)
+
+
+def import_graph() -> dict:
+  """{module: set of vit_jax modules it imports}, package __init__s included."""
+  paths = {module_name(p): p for p in PACKAGE.rglob('*.py')}
+  graph = {}
+  for name, path in paths.items():
+    targets = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding='utf-8'))):
+      if isinstance(node, ast.Import):
+        targets.update(a.name for a in node.names)
+      elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+        for a in node.names:  # `from P import m`: the module P.m where there is one, else P
+          targets.add(
+            f'{node.module}.{a.name}' if f'{node.module}.{a.name}' in paths else node.module
+          )
+    graph[name] = {t for t in targets if t in paths and t != name}
+  return graph
+
+
+def circles(graph: dict) -> list:
+  """The strongly connected components of more than one module (Tarjan), each sorted."""
+  index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+  def visit(v):
+    index[v] = low[v] = len(index)
+    stack.append(v)
+    on_stack.add(v)
+    for w in sorted(graph[v]):
+      if w not in index:
+        visit(w)
+        low[v] = min(low[v], low[w])
+      elif w in on_stack:
+        low[v] = min(low[v], index[w])
+    if low[v] == index[v]:
+      component = []
+      while True:
+        w = stack.pop()
+        on_stack.discard(w)
+        component.append(w)
+        if w == v:
+          break
+      if len(component) > 1:
+        found.append(sorted(component))
+
+  for v in sorted(graph):
+    if v not in index:
+      visit(v)
+  return found
+
+
+def test_the_import_graph_has_no_circles():
+  graph = import_graph()
+  assert len(graph) > 80 and sum(map(len, graph.values())) > 250  # the whole package was read
+  assert circles(graph) == []
+
+
+def test_a_circle_is_found():
+  graph = {'a': {'b'}, 'b': {'c'}, 'c': {'a'}, 'd': {'a'}, 'e': set()}
+  assert circles(graph) == [['a', 'b', 'c']]
+  assert circles({'a': {'b'}, 'b': set()}) == []
