@@ -11,6 +11,7 @@ missing credentials are one line too.
 import functools
 import os
 import socket
+import struct
 import urllib.parse
 
 from vit_jax.errors import UserError
@@ -202,3 +203,27 @@ def text(path) -> str:
 def absolute(path) -> str:
   """An absolute local path; remote paths unchanged."""
   return os.fspath(path) if is_remote(path) else os.path.abspath(path)
+
+
+# ---------------------------------------------------------------------------
+# The TFRecord frame around each record.
+
+
+def _masked_crc32c(data: bytes) -> int:
+  """The CRC32C TFRecord files store: rotated right by 15 bits plus a constant."""
+  import google_crc32c
+
+  crc = google_crc32c.value(data)
+  return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def tfrecord_frame(data: bytes) -> bytes:
+  """One record as a TFRecord file stores it: the data's shards (`data.records`) and
+  TensorBoard's event files (`run_log`)."""
+  length = struct.pack('<Q', len(data))
+  return (
+    length
+    + struct.pack('<I', _masked_crc32c(length))
+    + data
+    + struct.pack('<I', _masked_crc32c(data))
+  )

@@ -58,9 +58,7 @@ class EventFile:
     self._write(event_pb2.Event(wall_time=time.time(), file_version='brain.Event:2'))
 
   def _write(self, event) -> None:
-    from vit_jax.data import records
-
-    data = records.frame(event.SerializeToString())
+    data = files.tfrecord_frame(event.SerializeToString())
     if self._remote:
       self._records.append(data)
     else:

@@ -6,9 +6,9 @@ with one positioned read. Only the files a process touches are walked, so a
 host of a pod reads the headers of its own share of the shards. ArrayRecord
 files carry their own index.
 
-Framing of a TFRecord (the TensorFlow format): uint64 length, uint32 masked
-CRC of the length, `length` data bytes, uint32 masked CRC of the data; all
-little-endian.
+Framing of a TFRecord (the TensorFlow format, `files.tfrecord_frame`): uint64
+length, uint32 masked CRC of the length, `length` data bytes, uint32 masked CRC
+of the data; all little-endian.
 """
 
 import bisect
@@ -26,25 +26,6 @@ _HEADER = 12
 _FOOTER = 4
 
 
-def masked_crc32c(data: bytes) -> int:
-  """The CRC32C TFRecord files store: rotated right by 15 bits plus a constant."""
-  import google_crc32c
-
-  crc = google_crc32c.value(data)
-  return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-
-
-def frame(data: bytes) -> bytes:
-  """One record as a TFRecord file stores it (also TensorBoard's event files)."""
-  length = struct.pack('<Q', len(data))
-  return (
-    length
-    + struct.pack('<I', masked_crc32c(length))
-    + data
-    + struct.pack('<I', masked_crc32c(data))
-  )
-
-
 class TFRecordWriter:
   """Writes records to a new TFRecord file (local or remote)."""
 
@@ -52,7 +33,7 @@ class TFRecordWriter:
     self._file = files.open_file(path, 'wb')
 
   def write(self, data: bytes) -> None:
-    self._file.write(frame(data))
+    self._file.write(files.tfrecord_frame(data))
 
   def close(self) -> None:
     self._file.close()
