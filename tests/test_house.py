@@ -1,6 +1,8 @@
 """The package's import graph, computed from its source: no module imports one that imports it
-back, directly or around a circle (issue 36). Imports inside functions count: a lazy import
-hides a circle from Python, not from the reader."""
+back, directly or around a circle, and no folder of modules (a subpackage) imports a module
+that imports back into that folder: every import runs down the house's floors (issue 36).
+Imports inside functions count: a lazy import hides a circle from Python, not from the
+reader."""
 
 import ast
 import pathlib
@@ -68,6 +70,23 @@ def test_the_import_graph_has_no_circles():
   graph = import_graph()
   assert len(graph) > 80 and sum(map(len, graph.values())) > 250  # the whole package was read
   assert circles(graph) == []
+
+
+def room(module: str) -> str:
+  """A module's room: its subpackage (`vit_jax.data`), or itself at the package's top."""
+  return '.'.join(module.split('.')[:2])
+
+
+def test_no_import_runs_back_up_between_rooms():
+  """Rooms (subpackages and top-level modules) in a circle would mean an import up a floor,
+  as `run_log` -> `data.records` was while `data.tfds` used `run_log`."""
+  rooms = {}
+  for module, targets in import_graph().items():
+    rooms.setdefault(room(module), set()).update(
+      room(t) for t in targets if room(t) != room(module)
+    )
+  assert len(rooms) > 25
+  assert circles(rooms) == []
 
 
 def test_a_circle_is_found():
