@@ -204,3 +204,70 @@ def test_finetuning_accumulation_per_tpu_is_what_the_compiler_found():
     steps = recipes.finetune_accum_steps(kind, record['devices'], record['batch'])
     assert steps == record['accum_steps'], path
   assert recipes.finetune_accum_steps('cpu', 1) is None
+
+
+# ---------------------------------------------------------------------------
+# The fields with choices, declared once (configs/schema.py).
+
+
+def test_every_choice_field_has_its_default_in_every_config_and_one_check():
+  import dataclasses
+
+  from vit_jax.configs import common
+  from vit_jax.configs import data
+  from vit_jax.configs import schema
+  from vit_jax.data import images
+  from vit_jax.models import vit
+  from vit_jax.training import optim
+
+  config, data_only = common.get_config(), data.data_config()
+  for choice in schema.CHOICES:
+    assert choice.default in choice.allowed, choice
+    value = config
+    for part in choice.field.split('.'):
+      value = value[part]
+    assert value == choice.default, choice.field
+    assert (choice.field.split('.')[0] in data_only) == choice.data, choice.field
+    bad = config.copy_and_resolve_references()
+    target = bad
+    *parents, name = choice.field.split('.')
+    for part in parents:
+      target = target[part]
+    target[name] = 'nonsense'
+    with pytest.raises(ConfigError) as e:
+      schema.check(bad)
+    assert str(e.value) == f"{choice.field}='nonsense': use one of {', '.join(choice.allowed)}"
+  schema.check(config)  # the defaults pass
+  # The tuples the code reads are the schema's.
+  assert steps.TASKS == schema.allowed('task') and steps.LOSSES == schema.allowed('loss')
+  assert (optim.OPTIMIZERS, optim.DECAY_TYPES) == (
+    schema.allowed('optimizer'),
+    schema.allowed('decay_type'),
+  )
+  assert (vit.ATTENTION, vit.REMAT_POLICIES) == (
+    schema.allowed('attention'),
+    schema.allowed('remat_policy'),
+  )
+  assert images.CROP_SAMPLERS == schema.allowed('pp.crop_sampler')
+  # A new field with choices is one entry: it reaches the defaults and the check.
+  extra = schema.Choice('colour', 'red', ('red', 'blue'), 'a field added for this test')
+  fields = schema.CHOICES
+  try:
+    schema.CHOICES = (*fields, extra)
+    schema._BY_FIELD['colour'] = extra
+    added = common.get_config()
+    assert added.colour == 'red'
+    added.colour = 'green'
+    with pytest.raises(ConfigError, match="colour='green': use one of red, blue"):
+      schema.check(added)
+  finally:
+    schema.CHOICES = fields
+    schema._BY_FIELD.pop('colour')
+  assert dataclasses.is_dataclass(extra)
+
+
+def test_the_docs_table_of_choices_is_the_schemas():
+  from vit_jax.configs import schema
+
+  docs = open(os.path.join(os.path.dirname(__file__), '..', 'docs', 'training.md')).read()
+  assert schema.markdown_table() in docs

@@ -12,34 +12,30 @@ import ml_collections
 
 from vit_jax import configs
 from vit_jax.configs import data
+from vit_jax.configs import schema
 
 # The config errors of this package, named here too for the official-style helpers.
 ConfigError = configs.ConfigError
 
 
 def get_config():
-  """Every field of a run, each with its default; the sections below, in order."""
+  """Every field of a run, each with its default; the sections below, in order, then the
+  fields that take one of a set of values (task, dtype, remat_policy, attention, optimizer,
+  optim_dtype, decay_type, loss: `configs.schema`)."""
   config = ml_collections.ConfigDict()
   config.seed = 0
   _add_model(config)
   data.add_data_config(config)  # dataset, splits, preprocessing (vit_jax/configs/data.py)
   _add_optimization(config)
   _add_fewshot_devices_and_loop(config)
+  schema.fill_defaults(config, data=False)
   return config
 
 
 def _add_model(config) -> None:
-  # What is learnt: 'classification' (labels) or 'mpp' (masked patch
-  # prediction, paper B.1.2, self-supervised: labels unused).
-  config.task = 'classification'
-
   # Model: a `vit_jax.configs.architectures.MODEL_CONFIGS` name plus run-time choices.
   config.model = 'ViT-B_16'
-  config.dtype = 'float32'  # compute dtype: 'float32' or 'bfloat16'
   config.remat = False  # recompute blocks in the backward pass
-  # What remat keeps: 'nothing_saveable', 'dots_saveable' or
-  # 'dots_with_no_batch_dims_saveable' (vit_jax.models.vit.REMAT_POLICIES).
-  config.remat_policy = 'nothing_saveable'
   # The encoder blocks as one nn.scan: compile time and program size flat in
   # depth; checkpoints and exports still name encoderblock_{i}.
   config.scan_layers = False
@@ -73,7 +69,6 @@ def _add_model(config) -> None:
   # Register tokens (Darcet et al. 2023): learned tokens after the class token that
   # attention may use as scratch space, dropped before the head; 0 = none.
   config.num_registers = 0
-  config.attention = 'auto'  # 'auto', 'xla', 'cudnn' or 'explicit' (vit_jax.models.vit.ATTENTION)
   config.dropout_rate = 0.0
   config.attention_dropout_rate = 0.0
   config.representation_size = ml_collections.config_dict.placeholder(int)  # pre-logits
@@ -83,19 +78,15 @@ def _add_model(config) -> None:
 
 def _add_optimization(config) -> None:
   # Optimisation (paper Appendix B.1).
-  config.optimizer = 'adam'  # 'adam' (pre-training) or 'sgd' (fine-tuning)
   config.b1 = 0.9
   config.b2 = 0.999
   config.momentum = 0.9
-  config.optim_dtype = 'float32'  # dtype of Adam's first moment / SGD's momentum
   config.base_lr = 1e-3
   config.warmup_steps = 10_000
-  config.decay_type = 'linear'  # 'linear' or 'cosine'
   config.linear_end = 1e-5  # where the linear decay ends (the official schedule's floor)
   config.weight_decay = 0.0  # decoupled, kernels only
   config.grad_norm_clip = 1.0
   config.label_smoothing = 0.0
-  config.loss = 'softmax'  # 'softmax' or 'sigmoid' (multi-label data)
   config.ema_decay = 0.0  # Polyak averaging factor; 0 = off
   config.total_steps = 10_000
   config.accum_steps = 1  # micro-batches per step (same math, less memory)

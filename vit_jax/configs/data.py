@@ -10,6 +10,8 @@ had one (`dataset`, `tfds_data_dir`, `tfds_manual_dir`, `pp.train`, `pp.test`,
 import ml_collections
 from ml_collections.config_dict import placeholder
 
+from vit_jax.configs import schema
+
 
 def data_config() -> ml_collections.ConfigDict:
   """A fresh ConfigDict holding only the data fields, at their defaults.
@@ -17,7 +19,7 @@ def data_config() -> ml_collections.ConfigDict:
   Fields that default to None are typed placeholders, so they can still be
   set from the command line (`--config.pp.train=train[:10%]`).
   """
-  return ml_collections.ConfigDict(
+  config = ml_collections.ConfigDict(
     {
       # What to read (docs/data.md): a TFDS name or preset
       # ('cifar10', 'imagenet2012', 'vtab/dtd'), the built-in 'digits', a
@@ -38,9 +40,6 @@ def data_config() -> ml_collections.ConfigDict:
           bool
         ),  # train: random area/aspect crop; False = resize like eval
         'area_min': placeholder(float),  # inception crop: smallest crop area (default 0.05)
-        # Inception crop boxes: 'tf' as tf.image.sample_distorted_bounding_box in the
-        # official pipeline; 'log_ratio_10' as runs before it (vit_jax.data.images).
-        'crop_sampler': 'tf',
         'flip': placeholder(bool),  # train: random horizontal flip (default True)
         'randaug_layers': 0,  # RandAugment ops per image (AugReg: 2); 0 = off
         'randaug_magnitude': 10,  # RandAugment magnitude, 10 = the ops' full range
@@ -51,12 +50,14 @@ def data_config() -> ml_collections.ConfigDict:
       'prefetch': 2,  # batches transferred to the devices ahead of use
       'input_threads': 0,  # decode threads of the input pipeline; 0 = every core this process may use
       'seed': 0,  # data order and augmentation are a pure function of (seed, step)
-      'corrupt_images': 'skip',  # image folders: 'skip' (log and count) or 'fail'
       # Image folders: True lets a class folder be absent from a split (else a one-line error).
       'allow_missing_classes': False,
       'eval_cache_mb': 1024,  # keep preprocessed eval data in host memory when below this
     }
   )
+  # pp.crop_sampler and corrupt_images: the fields with choices (`configs.schema`).
+  schema.fill_defaults(config, data=True)
+  return config
 
 
 def add_data_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:

@@ -20,6 +20,7 @@ from typing import Optional
 
 import numpy as np
 
+from vit_jax.configs import schema
 from vit_jax.data.sources import DataError
 
 # How an inception crop's box is drawn (`pp.crop_sampler`). 'tf' is
@@ -31,7 +32,7 @@ from vit_jax.data.sources import DataError
 # area in range and fits, then the offsets. 'log_ratio_10' is this package's
 # crop before it (an area uniform in [area_min, 1], a log-uniform ratio in
 # [3/4, 4/3], 10 attempts), kept for runs started with it (training/resume.py).
-CROP_SAMPLERS = ('tf', 'log_ratio_10')
+CROP_SAMPLERS = schema.allowed('pp.crop_sampler')
 TF_ATTEMPTS = 100
 _TF_RATIO = (0.75, 1.33)
 _LOG_ATTEMPTS = 10

@@ -45,7 +45,6 @@ from vit_jax.configs.data import add_data_config  # noqa: F401  (public API)
 from vit_jax.configs.data import data_config  # noqa: F401  (public API)
 from vit_jax.data import datasets
 from vit_jax.data import host
-from vit_jax.data import images
 from vit_jax.data import naflex
 from vit_jax.data import on_device
 from vit_jax.data import order
@@ -102,10 +101,6 @@ def _pp(config) -> _PP:
   area_min = float(pick(pp.area_min, base.area_min))
   if not 0 < area_min <= 1:
     raise DataError(f'pp.area_min={area_min}: use a fraction in (0, 1]')
-  if pp.crop_sampler not in images.CROP_SAMPLERS:
-    raise DataError(
-      f'pp.crop_sampler={pp.crop_sampler!r}: use one of {", ".join(images.CROP_SAMPLERS)}'
-    )
   if pp.resize and pp.resize < pp.crop:
     raise DataError(f'pp.resize={pp.resize} < pp.crop={pp.crop}: resize to at least the crop')
   return _PP(

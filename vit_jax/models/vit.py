@@ -37,6 +37,7 @@ import jax.numpy as jnp
 
 from vit_jax import hardware
 from vit_jax import sharding
+from vit_jax.configs import schema
 from vit_jax.models import resnet
 
 Dtype = Any
@@ -54,13 +55,13 @@ CLASSIFIERS = ('token', 'gap', 'map', 'unpooled', 'token_unpooled')
 # (`hardware.target_device`; an odd token count padded once, `pads_sequence`) and 'explicit'
 # elsewhere; on CPU the attention itself runs 3x faster than with 'xla'
 # (docs/speed_and_scale.md).
-ATTENTION = ('auto', 'xla', 'cudnn', 'explicit')
+ATTENTION = schema.allowed('attention')
 
 # What a rematerialised block keeps for the backward pass (`jax.checkpoint_policies`):
 # 'nothing_saveable' recomputes the whole block, 'dots_with_no_batch_dims_saveable'
 # keeps the matmul outputs that have no batch dimension (big_vision's choice for
 # ViT-22B-sized models), 'dots_saveable' keeps every matmul output.
-REMAT_POLICIES = ('nothing_saveable', 'dots_saveable', 'dots_with_no_batch_dims_saveable')
+REMAT_POLICIES = schema.allowed('remat_policy')
 
 
 def resolve_attention(attention: str, dtype, head_dim: int, weights_needed: bool) -> str:

@@ -9,8 +9,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
-OPTIMIZERS = ('adam', 'sgd')  # pre-training, fine-tuning (paper B.1)
-DECAY_TYPES = ('linear', 'cosine')
+from vit_jax.configs import schema
+
+OPTIMIZERS = schema.allowed('optimizer')  # pre-training, fine-tuning (paper B.1)
+DECAY_TYPES = schema.allowed('decay_type')
 
 
 def learning_rate_schedule(config):

@@ -19,10 +19,10 @@ import numpy as np
 from vit_jax import sharding
 from vit_jax.configs import ConfigError
 from vit_jax.configs import architectures
+from vit_jax.configs import schema
 from vit_jax.data import spec
 from vit_jax.models import flexi
 from vit_jax.models import naflex
-from vit_jax.models import vit
 from vit_jax.training import optim
 from vit_jax.training import steps
 
@@ -32,7 +32,9 @@ _KEY = jax.ShapeDtypeStruct((2,), np.uint32)
 
 
 def validate(config, num_devices: int) -> None:
-  """Raises ConfigError (one line) for values that cannot run together."""
+  """Raises ConfigError (one line) for values that cannot run together (first, a field's value
+  outside its choices: `configs.schema.check`)."""
+  schema.check(config)
   _validate_batches(config, num_devices)
   if config.total_steps < 1:
     raise ConfigError(f'total_steps={config.total_steps} must be positive')
@@ -41,17 +43,6 @@ def validate(config, num_devices: int) -> None:
       f'warmup_steps={config.warmup_steps} must be in [0, total_steps={config.total_steps}): '
       f'add --config.warmup_steps={config.total_steps // 10}'
     )
-  choices = {
-    'task': steps.TASKS,
-    'loss': steps.LOSSES,
-    'optimizer': optim.OPTIMIZERS,
-    'decay_type': optim.DECAY_TYPES,
-    'attention': vit.ATTENTION,
-    'remat_policy': vit.REMAT_POLICIES,
-  }
-  for field, allowed in choices.items():
-    if config[field] not in allowed:
-      raise ConfigError(f'{field}={config[field]!r}: use one of {", ".join(allowed)}')
   if config.attention == 'cudnn' and (
     config.dtype not in ('bfloat16', 'float16') or jax.default_backend() != 'gpu'
   ):

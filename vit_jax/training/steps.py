@@ -20,6 +20,7 @@ from vit_jax import hardware
 from vit_jax import models
 from vit_jax import sharding
 from vit_jax.configs import architectures
+from vit_jax.configs import schema
 from vit_jax.data import on_device
 from vit_jax.evaluation import metrics
 from vit_jax.models import flexi
@@ -27,8 +28,8 @@ from vit_jax.models import mpp
 from vit_jax.models import naflex
 from vit_jax.models import vit
 
-TASKS = ('classification', 'mpp')  # supervised, or masked patch prediction (paper B.1.2)
-LOSSES = ('softmax', 'sigmoid')  # sigmoid for multi-label data such as JFT (paper B.1)
+TASKS = schema.allowed('task')  # supervised, or masked patch prediction (paper B.1.2)
+LOSSES = schema.allowed('loss')  # sigmoid for multi-label data such as JFT (paper B.1)
 
 
 @flax.struct.dataclass
