@@ -14,6 +14,7 @@ from vit_jax import checkpoint
 from vit_jax.data import pipeline
 from vit_jax.evaluation import fewshot
 from vit_jax.evaluation import metrics
+from vit_jax.training import steps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,11 +46,16 @@ def hooks(run) -> list:
     Hook(
       'fewshot',
       config.fewshot.every if config.fewshot.datasets else 0,
-      fewshot_probe,
+      FewShotProbe(config),
       evaluation=True,
     ),
     Hook('checkpoint', config.checkpoint_every, save_checkpoint, at_end=True),
   ]
+
+
+def named(periodic: list, name: str) -> Hook:
+  """The hook of `periodic` called `name`."""
+  return next(hook for hook in periodic if hook.name == name)
 
 
 def log_progress(run, loop, step: int) -> None:
@@ -87,20 +93,31 @@ def evaluate(run, loop, step: int) -> None:
   )
 
 
-def fewshot_probe(run, loop, step: int) -> dict:
-  """Few-shot accuracies of the current parameters, logged; returns them."""
-  scalars = fewshot.evaluate_datasets(
-    run.config,
-    run.fewshot_model,
-    loop.state.params,
-    run.program.batch_sharding,
-    features_fn=run.fewshot_features,
-  )
-  run.log.scalars(step, scalars)
-  run.log.info(
-    'step %d: %s', step, ', '.join(f'{k} {v:.4f}' for k, v in scalars.items() if '-seed' not in k)
-  )
-  return scalars
+class FewShotProbe:
+  """The few-shot hook (paper 4.1): its state, the backbone as a plain ViT (also for MPP runs)
+  and its jitted pre-logits features, built on first use and kept for the run."""
+
+  def __init__(self, config):
+    self._config = config
+    self._model = self._features = None
+
+  def __call__(self, run, loop, step: int) -> dict:
+    """Few-shot accuracies of the current parameters, logged; returns them."""
+    if self._model is None:
+      self._model = steps.make_model(self._config, num_classes=None)
+      self._features = fewshot.representation_fn(self._model)
+    scalars = fewshot.evaluate_datasets(
+      run.config,
+      self._model,
+      loop.state.params,
+      run.program.batch_sharding,
+      features_fn=self._features,
+    )
+    run.log.scalars(step, scalars)
+    run.log.info(
+      'step %d: %s', step, ', '.join(f'{k} {v:.4f}' for k, v in scalars.items() if '-seed' not in k)
+    )
+    return scalars
 
 
 def save_checkpoint(run, loop, step: int) -> None:

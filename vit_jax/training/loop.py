@@ -17,7 +17,7 @@ import dataclasses
 import logging as py_logging
 import signal
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 import warnings
 
 import jax
@@ -33,7 +33,6 @@ from vit_jax import workdir as workdir_lib
 from vit_jax.configs import ConfigError
 from vit_jax.data import pipeline
 from vit_jax.errors import UserError
-from vit_jax.evaluation import fewshot
 from vit_jax.training import hooks
 from vit_jax.training import program
 from vit_jax.training import resume
@@ -83,8 +82,9 @@ def train_and_evaluate(config, workdir: str) -> dict:
           progress=run_log.Progress(config.total_steps, first_step, config.batch),
           clock=clock,
         )
-        train(run, loop, hooks.hooks(run), stop)
-        return finish(run, loop, first_step=first_step)
+        periodic = hooks.hooks(run)
+        train(run, loop, periodic, stop)
+        return finish(run, loop, periodic, first_step=first_step)
     except stopping.StopNow as e:
       _quiet_a_write_cut_short()
       raise stopping.Stopped(str(e), stop.signum) from None
@@ -135,8 +135,6 @@ class Run:
   log: run_log.RunLog
   program: program.Program  # the jitted steps, the state's init and layout, the batch layout
   manager: ocp.CheckpointManager
-  fewshot_model: Any  # the backbone as a plain ViT (also for MPP runs)
-  fewshot_features: Callable  # its jitted pre-logits features
   peak_flops: Optional[float]
   lock: Optional[workdir_lib.Lock] = None  # process 0's hold on the workdir
 
@@ -230,7 +228,6 @@ def set_up(config, workdir: str, mesh, lock: Optional[workdir_lib.Lock] = None) 
     raise ConfigError(f'{info.name} is multi-label: set --config.loss=sigmoid')
   log = run_log.RunLog(workdir, is_main=jax.process_index() == 0, tensorboard=config.tensorboard)
   log.info(pipeline.describe_preprocessing(config))
-  fewshot_model = steps.make_model(config, num_classes=None)
   built = program.build(config, mesh, info.num_classes, info.multi_label)
   # Last: its background thread removes unfinished checkpoints, and must not be cut short
   # by an error in the config.
@@ -248,8 +245,6 @@ def set_up(config, workdir: str, mesh, lock: Optional[workdir_lib.Lock] = None) 
     log=log,
     program=built,
     manager=manager,
-    fewshot_model=fewshot_model,
-    fewshot_features=fewshot.representation_fn(fewshot_model),
     # A peak that does not drop on a busy machine: MFU stays at most 1 (vit_jax.hardware).
     peak_flops=config.peak_flops or hardware.stable_peak()[0],
     lock=lock,
@@ -361,7 +356,7 @@ def _out_of_memory_advice(config):
     raise
 
 
-def finish(run: Run, loop: Loop, *, first_step: int) -> dict:
+def finish(run: Run, loop: Loop, periodic: list, *, first_step: int) -> dict:
   """Final evaluation, the summary and the final parameters; returns the summary.
 
   The summary covers the whole run, over every session: its wall time, img/s
@@ -390,7 +385,7 @@ def finish(run: Run, loop: Loop, *, first_step: int) -> dict:
   if config.ema_decay:
     summary['test_accuracy_ema'] = hooks.accuracy(run, state.ema_params)['accuracy']
   if config.fewshot.datasets:
-    summary.update(hooks.fewshot_probe(run, loop, summary['step']))
+    summary.update(hooks.named(periodic, 'fewshot').fn(run, loop, summary['step']))
   run.log.scalars(summary['step'], {'test_accuracy': summary['test_accuracy']})
   _write_results(run, loop, summary)
   skipped = summary['skipped_steps']
