@@ -17,7 +17,7 @@ from vit_jax.configs import ConfigError
 from vit_jax.configs import architectures
 from vit_jax.configs import common
 from vit_jax.configs.common import finetune_steps
-from vit_jax.configs.common import with_dataset  # noqa: F401  (official API: common.with_dataset)
+from vit_jax.configs.common import with_dataset  # noqa: F401  (recipes.with_dataset, as before)
 
 # Training-set sizes the epochs of Table 3 refer to.
 _DATASET_SIZES = {

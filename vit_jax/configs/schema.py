@@ -56,7 +56,7 @@ CHOICES = (
     'adam',
     ('adam', 'sgd'),
     'Adam (pre-training) or SGD with momentum (fine-tuning), paper B.1',
-  ),  # fmt: skip
+  ),
   Choice(
     'optim_dtype',
     'float32',
