@@ -10,7 +10,7 @@ patch size of 2, 4 or 8 per step (--config.flexi_patch_sizes) and NaFlex
 patches), each in ROOT/<variant> (a finished run there is read, not run
 again), evaluates every run on the 359 test digits at the patch sizes or
 resolutions it takes, times each variant's train step in this one process
-(batch 128, interleaved rounds, so that the machine's load touches all alike;
+(batch 128, six interleaved rounds, the best of each, so that the machine's load touches all alike;
 the runs' own img/s depend on what else ran then), and writes a record
 benchmarks/<time>_variants.json whose table docs/registers_flexi_naflex.md
 quotes (`--table` prints it again).
@@ -75,7 +75,7 @@ def _config(name: str):
   return config
 
 
-def step_speeds(rounds: int = 3, steps: int = 5) -> dict:
+def step_speeds(rounds: int = 6, steps: int = 5) -> dict:
   """{variant: train img/s} of the demo's jitted step, timed in interleaved rounds."""
   import jax
   import numpy as np

@@ -763,3 +763,18 @@ def test_out_of_memory_suggests_accumulation(tmp_path, monkeypatch):
   message = str(e.value)
   assert message.startswith('out of device memory at batch 16 per step')
   assert '--config.accum_steps (now 2' in message and '\n' not in message
+
+
+def test_the_variants_table_in_the_docs_is_its_records(monkeypatch):
+  """docs/registers_flexi_naflex.md quotes the table `benchmarks/measure_variants.py --table`
+  prints for the record it names (issue 37: the demo each way)."""
+  from conftest import ROOT
+
+  monkeypatch.syspath_prepend(str(ROOT / 'benchmarks'))
+  import measure_variants
+
+  docs = (ROOT / 'docs' / 'registers_flexi_naflex.md').read_text(encoding='utf-8')
+  (name,) = re.findall(r'`benchmarks/([^`]+_variants\.json)`', docs)
+  record = json.loads((ROOT / 'benchmarks' / name).read_text(encoding='utf-8'))
+  assert set(record['runs']) == set(measure_variants.VARIANTS)
+  assert measure_variants.table(record) in docs
