@@ -21,8 +21,8 @@ here, before any command sees it, and a field the file sets that no run reads
 Ctrl-C: a command that `run` starts ends in one line, `error: interrupted
 (Ctrl-C)`, with exit status `EXIT_INTERRUPTED` (130, what a shell reports for
 it); a training run handles it itself, as SIGTERM: a checkpoint, one line,
-and the same exit status, 130 (143 for SIGTERM; `vit_jax.training.loop`). A closed stdout (`| head`) ends a
-command quietly with exit status `EXIT_BROKEN_PIPE` (141, a shell's for it).
+and the same exit status, 130 (143 for SIGTERM; `vit_jax.training.stopping`). A closed stdout (`| head`)
+ends a command quietly with exit status `EXIT_BROKEN_PIPE` (141, a shell's for it).
 Output: a path whose name is not text in this locale's encoding is printed
 as the bytes it has on disk, other characters the terminal cannot show as
 escapes (`text_streams`), never a UnicodeEncodeError.

@@ -169,13 +169,13 @@ def machine_info() -> dict:
 # timed on a GPU: benchmarks/gpu_session.py measures it against Triton on.
 # MaxText's and JAX-Toolbox's GPU flags set it too; the latency-hiding
 # scheduler they also set compiled to the same program here (it is on by default).
+GPU_COMPILER_OPTIONS = {'xla_gpu_enable_triton_gemm': False}
+
 # The share of a GPU's memory JAX's allocator takes when the run sets
 # XLA_PYTHON_CLIENT_MEM_FRACTION to it (`python -m vit_jax.main` and the launch
 # scripts do; JAX's default is 0.75). The rest is the CUDA context, cuDNN/cuBLAS
 # handles and NCCL's buffers, which XLA does not see; `bench.gpus` sizes runs by it.
 GPU_MEMORY_FRACTION = 0.9
-
-GPU_COMPILER_OPTIONS = {'xla_gpu_enable_triton_gemm': False}
 
 
 def compiler_options(devices) -> dict:

@@ -119,5 +119,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  # A Ctrl-C that training did not turn into a checkpoint (vit_jax.training.loop): one line.
+  # A Ctrl-C that training did not turn into a checkpoint (vit_jax.training.stopping): one line.
   sys.exit(cli.run(app.run, main, flags_parser=_CONFIG.parse))

@@ -60,7 +60,7 @@ CHOICES = (
   Choice(
     'optim_dtype',
     'float32',
-    ('float32', 'bfloat16'),
+    ('float32', 'bfloat16', 'float16'),
     "the dtype of Adam's first moment / SGD's momentum",
   ),
   Choice('decay_type', 'linear', ('linear', 'cosine'), 'the learning rate after warm-up'),

@@ -136,6 +136,8 @@ def list_split(
   root: str, split: str, classes: Sequence[str], corrupt_images: str, threads: int = 8
 ) -> Tuple[List[str], List[int]]:
   """(paths, labels) of the valid images of DIR/split, sorted by class then file name."""
+  if corrupt_images not in ('skip', 'fail'):  # an argument of this function, as the config's
+    raise DataError(f"corrupt_images={corrupt_images!r}: use 'skip' or 'fail'")
   split_dir = os.path.join(root, split)
   if not os.path.isdir(split_dir):
     have = subfolders(root)

@@ -41,6 +41,7 @@ import jax
 import numpy as np
 
 from vit_jax.configs import architectures
+from vit_jax.configs import schema
 from vit_jax.configs.data import add_data_config  # noqa: F401  (public API)
 from vit_jax.configs.data import data_config  # noqa: F401  (public API)
 from vit_jax.data import datasets
@@ -96,6 +97,9 @@ class _PP:
 
 
 def _pp(config) -> _PP:
+  # The fields with choices, as the trainer checks them (`program.validate`), for the callers of
+  # the iterators that do not go through it.
+  schema.check(config)
   pp, base = config.pp, datasets.defaults(config.dataset, config.tfds_data_dir)
   pick = lambda value, default: default if value is None else value
   area_min = float(pick(pp.area_min, base.area_min))

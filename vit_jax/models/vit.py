@@ -37,6 +37,7 @@ import jax.numpy as jnp
 
 from vit_jax import hardware
 from vit_jax import sharding
+from vit_jax.configs import ConfigError
 from vit_jax.configs import schema
 from vit_jax.models import resnet
 
@@ -233,7 +234,7 @@ class MultiHeadDotProductAttention(nn.Module):
     `num_tokens`: the real tokens of `x` when padding follows them (`pads_sequence`).
     """
     if self.attention not in ATTENTION:
-      raise ValueError(f'attention={self.attention!r}; use one of {ATTENTION}')
+      raise ConfigError(f'attention={self.attention!r}; use one of {ATTENTION}')
     d = x.shape[-1]
     if d % self.num_heads:
       raise ValueError(f'hidden size {d} is not divisible by num_heads={self.num_heads}')
@@ -403,7 +404,7 @@ class Encoder(nn.Module):
   @nn.compact
   def __call__(self, x, *, train: bool):
     if self.remat_policy not in REMAT_POLICIES:
-      raise ValueError(f'remat_policy={self.remat_policy!r}; use one of {REMAT_POLICIES}')
+      raise ConfigError(f'remat_policy={self.remat_policy!r}; use one of {REMAT_POLICIES}')
     x = AddPositionEmbs(dtype=self.dtype, name='posembed_input')(x)
     x = nn.Dropout(self.dropout_rate)(x, deterministic=not train)
     num_tokens = x.shape[1]

@@ -50,8 +50,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
   mesh = program.make_mesh(config)
   program.validate(config, mesh.size)
   # Our own one-line errors pass as they are; a failed write becomes one.
-  keep = (TrainingError, ConfigError, checkpoint.CheckpointError, pipeline.DataError)
-  with workdir_lib.storage_errors(workdir, keep=keep):
+  with workdir_lib.storage_errors(workdir, keep=(UserError,)):
     workdir_lib.check_folder(workdir)
     resume.check_config(workdir, config)
     summary = resume.finished(workdir, config)

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from vit_jax.configs import ConfigError
 from vit_jax.configs import schema
 
 OPTIMIZERS = schema.allowed('optimizer')  # pre-training, fine-tuning (paper B.1)
@@ -23,13 +24,13 @@ def learning_rate_schedule(config):
   """
   total, warmup = config.total_steps, config.warmup_steps
   if not 0 <= warmup < total:
-    raise ValueError(f'warmup_steps={warmup} must be in [0, total_steps={total})')
+    raise ConfigError(f'warmup_steps={warmup} must be in [0, total_steps={total})')
   if config.decay_type == 'linear':
     decay = optax.linear_schedule(config.base_lr, config.linear_end, total - warmup)
   elif config.decay_type == 'cosine':
     decay = optax.cosine_decay_schedule(config.base_lr, total - warmup)
   else:
-    raise ValueError(f'decay_type={config.decay_type!r}: use one of {", ".join(DECAY_TYPES)}')
+    raise ConfigError(f'decay_type={config.decay_type!r}: use one of {", ".join(DECAY_TYPES)}')
   warm = optax.linear_schedule(0.0, config.base_lr, warmup)
   return optax.join_schedules([warm, decay], [warmup])
 
@@ -54,7 +55,7 @@ def make_optimizer(config):
   elif config.optimizer == 'sgd':
     direction = optax.trace(decay=config.momentum, accumulator_dtype=moment_dtype)
   else:
-    raise ValueError(f'optimizer={config.optimizer!r}: use one of {", ".join(OPTIMIZERS)}')
+    raise ConfigError(f'optimizer={config.optimizer!r}: use one of {", ".join(OPTIMIZERS)}')
   parts = []
   if config.grad_norm_clip:
     parts.append(optax.clip_by_global_norm(config.grad_norm_clip))

@@ -19,6 +19,7 @@ import optax
 from vit_jax import hardware
 from vit_jax import models
 from vit_jax import sharding
+from vit_jax.configs import ConfigError
 from vit_jax.configs import architectures
 from vit_jax.configs import schema
 from vit_jax.data import on_device
@@ -155,7 +156,7 @@ def make_task(config, num_classes: int, multi_label: bool) -> Task:
     grad_fn = None
 
   else:
-    raise ValueError(f'task={config.task!r}: use one of {", ".join(TASKS)}')
+    raise ConfigError(f'task={config.task!r}: use one of {", ".join(TASKS)}')
   prepare = functools.partial(on_device.prepare, num_classes=num_classes)
   return Task(model, loss_fn, eval_fn, prepare, grad_fn)
 
@@ -185,7 +186,7 @@ def cross_entropy(logits, labels, *, loss: str, label_smoothing: float = 0.0):
   if loss == 'sigmoid':
     # Paper B.1: sigmoid cross-entropy for multi-label JFT, summed over classes.
     return jnp.mean(jnp.sum(optax.sigmoid_binary_cross_entropy(logits, targets), axis=-1))
-  raise ValueError(f'loss={loss!r}: use one of {", ".join(LOSSES)}')
+  raise ConfigError(f'loss={loss!r}: use one of {", ".join(LOSSES)}')
 
 
 def _micro_batches(x, accum_steps):
