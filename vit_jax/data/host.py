@@ -132,17 +132,25 @@ class TrainBatches:
       order_key=self._order_key,
     )
     pp = self._pp
-    uniforms = order.example_uniforms(self._aug_key, positions, images.draws(pp.crop_sampler))
+    uniforms = order.example_uniforms(self._aug_key, positions, self._draws())
     ra_uniforms = None
     if pp.randaug_layers:  # RandAugment's own draws: 4 per layer
       n = randaug.DRAWS_PER_LAYER * pp.randaug_layers
       ra_uniforms = order.example_uniforms(self._aug_key ^ _RANDAUG_KEY, positions, n)
-    out = batch_buffer((self._b, pp.crop, pp.crop, 3), np.uint8)
+    out = self._buffer()
     jobs = [
       self._pool.submit(self._images, idx[r], uniforms[r], ra_uniforms, r, out)
       for r in _chunks(self._b)
     ]
     return step, jobs, out
+
+  def _draws(self) -> int:
+    """Uniforms per example: the crop's and the flip's."""
+    return images.draws(self._pp.crop_sampler)
+
+  def _buffer(self) -> np.ndarray:
+    """A step's batch of images, written by the jobs."""
+    return batch_buffer((self._b, self._pp.crop, self._pp.crop, 3), np.uint8)
 
   def _images(self, idx, uniforms, ra_uniforms, rows, out):
     """Images `rows` of the batch into `out`; returns their labels."""

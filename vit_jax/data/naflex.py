@@ -14,16 +14,12 @@ Order and randomness as `host.TrainBatches`: a batch is a pure function of
 (seed, step); each example's crop, flip and budget come from its own uniforms.
 """
 
-import collections
-import concurrent.futures
 import math
-import weakref
 
 import numpy as np
 
 from vit_jax.data import host
 from vit_jax.data import images
-from vit_jax.data import order
 
 
 def grid_for(height: int, width: int, budget: int):
@@ -59,45 +55,22 @@ def _augment(image, uniforms, pp, tokens):
   return image, tokens[min(int(uniforms[n + 1] * len(tokens)), len(tokens) - 1)]
 
 
-class TrainBatches:
+class TrainBatches(host.TrainBatches):
   """Process-local packed NaFlex batches {'image': f32 [b, N, P*P*3 + 3], 'label'} of steps
-  start, start + 1, ...; the next `ahead` steps are prepared by a thread pool."""
+  start, start + 1, ...: the host's train batches (order, threads, steps ahead) with each
+  image packed at its own aspect ratio instead of cropped square."""
 
-  def __init__(self, source, pp, tokens, patch, *, local_batch, start_step, keys,
-               process_index=0, process_count=1, num_threads=0, ahead=2):  # fmt: skip
-    self._source, self._pp, self._b = source, pp, local_batch
+  def __init__(self, source, pp, tokens, patch, **kwargs):
+    super().__init__(source, pp, **kwargs)
     self._tokens, self._patch = tuple(int(t) for t in tokens), int(patch)
-    self._order_key, self._aug_key, _ = keys
-    self._global, self._offset = local_batch * process_count, local_batch * process_index
-    self._next_step = start_step
-    self._pool = concurrent.futures.ThreadPoolExecutor(host.threads(num_threads))
-    weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=True)
-    self._ahead = max(1, ahead)
-    self._queue = collections.deque()
 
-  def __iter__(self):
-    return self
+  def _draws(self) -> int:
+    return images.draws(self._pp.crop_sampler) + 1  # the crop's and flip's, then the budget's
 
-  def _submit(self, step):
-    positions, idx = order.train_indices(
-      step,
-      global_batch=self._global,
-      local_batch=self._b,
-      offset=self._offset,
-      num_examples=self._source.num_examples,
-      order_key=self._order_key,
-    )
-    # The crop's and flip's draws, then the budget's.
-    uniforms = order.example_uniforms(
-      self._aug_key, positions, images.draws(self._pp.crop_sampler) + 1
-    )
-    out = host.batch_buffer((self._b, max(self._tokens), self._patch**2 * 3 + 3), np.float32)
-    jobs = [
-      self._pool.submit(self._images, idx[r], uniforms[r], r, out) for r in host._chunks(self._b)
-    ]
-    return jobs, out
+  def _buffer(self) -> np.ndarray:
+    return host.batch_buffer((self._b, max(self._tokens), self._patch**2 * 3 + 3), np.float32)
 
-  def _images(self, idx, uniforms, rows, out):
+  def _images(self, idx, uniforms, ra_uniforms, rows, out):
     items, labels = self._source.fetch(idx)
     for k, i in enumerate(rows):
       if self._source.decoded:
@@ -107,10 +80,3 @@ class TrainBatches:
       image, budget = _augment(image, uniforms[k], self._pp, self._tokens)
       out[i] = pack_image(np.ascontiguousarray(image), self._patch, budget, out.shape[1])
     return labels
-
-  def __next__(self):
-    while len(self._queue) < self._ahead:
-      self._queue.append(self._submit(self._next_step))
-      self._next_step += 1
-    jobs, out = self._queue.popleft()
-    return {'image': out, 'label': np.concatenate([job.result() for job in jobs])}

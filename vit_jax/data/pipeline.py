@@ -204,22 +204,7 @@ def _local_batch(batch: int, what: str, sharding, process_count: int) -> int:
 
 def _train_batches(config, source, pp, local_batch, step):
   """Process-local NumPy train batches from `step` on."""
-  if config.get('naflex_tokens'):  # packed patches at each image's aspect ratio
-    return naflex.TrainBatches(
-      source,
-      pp,
-      config.naflex_tokens,
-      config.patch_size or architectures.MODEL_CONFIGS[config.model].patches.size[0],
-      local_batch=local_batch,
-      start_step=step,
-      keys=order.keys(int(config.seed)),
-      process_index=jax.process_index(),
-      process_count=jax.process_count(),
-      num_threads=config.get('input_threads', 0),
-    )
-  return host.TrainBatches(
-    source,
-    pp,
+  where = dict(
     local_batch=local_batch,
     start_step=step,
     keys=order.keys(int(config.seed)),
@@ -227,6 +212,10 @@ def _train_batches(config, source, pp, local_batch, step):
     process_count=jax.process_count(),
     num_threads=config.get('input_threads', 0),
   )
+  if config.get('naflex_tokens'):  # packed patches at each image's aspect ratio
+    patch = config.patch_size or architectures.MODEL_CONFIGS[config.model].patches.size[0]
+    return naflex.TrainBatches(source, pp, config.naflex_tokens, patch, **where)
+  return host.TrainBatches(source, pp, **where)
 
 
 # ---------------------------------------------------------------------------
