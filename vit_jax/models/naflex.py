@@ -265,15 +265,4 @@ class NaFlexViT(nn.Module):
       x = jnp.sum(x[:, prefix.shape[1] :] * weights, axis=1) / jnp.maximum(
         jnp.sum(weights, axis=1), 1
       )
-    if self.representation_size is not None:
-      x = nn.tanh(nn.Dense(self.representation_size, dtype=self.dtype, name='pre_logits')(x))
-    if self.num_classes is None:
-      return x.astype(jnp.float32)
-    x = nn.Dense(
-      self.num_classes,
-      dtype=self.dtype,
-      kernel_init=nn.initializers.zeros,
-      bias_init=nn.initializers.constant(self.head_bias_init),
-      name='head',
-    )(x)
-    return x.astype(jnp.float32)
+    return vit.head(x, self.num_classes, self.representation_size, self.head_bias_init, self.dtype)

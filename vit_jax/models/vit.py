@@ -513,22 +513,26 @@ class VisionTransformer(nn.Module):
 
     x = _drop_registers(x, self.num_registers, self.classifier)
     x = _pool(x, self.classifier, self.transformer, self.dtype)
+    return head(x, self.num_classes, self.representation_size, self.head_bias_init, self.dtype)
 
-    if self.representation_size is not None:
-      # Paper 3.1: the pre-training head is an MLP with one hidden layer.
-      x = nn.tanh(nn.Dense(self.representation_size, dtype=self.dtype, name='pre_logits')(x))
 
-    if self.num_classes is None:
-      return x.astype(jnp.float32)
-    # Paper 3.2: a zero-initialised head; bias -10 for sigmoid pre-training.
-    x = nn.Dense(
-      self.num_classes,
-      dtype=self.dtype,
-      kernel_init=nn.initializers.zeros,
-      bias_init=nn.initializers.constant(self.head_bias_init),
-      name='head',
-    )(x)
+def head(x, num_classes, representation_size, head_bias_init, dtype):
+  """The pooled features -> float32 logits, inside the calling module: the pre-logits MLP
+  where `representation_size` is set (paper 3.1: the pre-training head has one hidden layer),
+  then the zero-initialised head (3.2; bias -10 for sigmoid pre-training), or the features
+  themselves where `num_classes` is None."""
+  if representation_size is not None:
+    x = nn.tanh(nn.Dense(representation_size, dtype=dtype, name='pre_logits')(x))
+  if num_classes is None:
     return x.astype(jnp.float32)
+  x = nn.Dense(
+    num_classes,
+    dtype=dtype,
+    kernel_init=nn.initializers.zeros,
+    bias_init=nn.initializers.constant(head_bias_init),
+    name='head',
+  )(x)
+  return x.astype(jnp.float32)
 
 
 class PatchEmbedding(nn.Module):
