@@ -99,10 +99,15 @@ def test_the_readme_quotes_the_measured_gpu_table_as_the_records_give_it(monkeyp
   )
 
 
-def test_the_loops_steady_state_is_the_median_interval_after_step_40(tmp_path, monkeypatch):
+def _session(monkeypatch):
   monkeypatch.syspath_prepend(str(ROOT / 'benchmarks'))
   import gpu_session
 
+  return gpu_session
+
+
+def test_the_loops_steady_state_is_the_median_interval_after_step_40(tmp_path, monkeypatch):
+  gpu_session = _session(monkeypatch)
   rates = {20: 2506.0, 40: 3115.0, 60: 3203.0, 80: 3223.0, 100: 3259.0, 120: 3258.0, 140: 3226.0}
   lines = [{'step': s, 'train_loss': 1.0, 'img_per_sec': r} for s, r in rates.items()]
   lines.insert(3, {'step': 60, 'test_accuracy': 0.5})  # an evaluation line has no rate
@@ -114,13 +119,6 @@ def test_the_loops_steady_state_is_the_median_interval_after_step_40(tmp_path, m
   lines.append({'step': 160, 'img_per_sec': 3203.0})  # six intervals: the middle two's mean
   (tmp_path / 'metrics.jsonl').write_text(''.join(json.dumps(l) + '\n' for l in lines))
   assert gpu_session.loop_rates(str(tmp_path), 40)['steady_img_per_sec'] == (3223 + 3226) / 2
-
-
-def _session(monkeypatch):
-  monkeypatch.syspath_prepend(str(ROOT / 'benchmarks'))
-  import gpu_session
-
-  return gpu_session
 
 
 def test_every_b16_run_has_the_compilers_memory_prediction_for_its_batch(monkeypatch):
