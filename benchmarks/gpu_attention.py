@@ -25,11 +25,11 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from vit_jax import hardware  # noqa: E402
 from vit_jax import models  # noqa: E402
 from vit_jax.bench import gpus  # noqa: E402
 from vit_jax.bench import hlo  # noqa: E402
 from vit_jax.configs import architectures  # noqa: E402
+from vit_jax.core import hardware  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # (name, implementation, pad odd sequences)

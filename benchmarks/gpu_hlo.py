@@ -35,11 +35,11 @@ import flax.linen as nn  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from vit_jax import hardware  # noqa: E402
-from vit_jax import sharding  # noqa: E402
 from vit_jax.bench import gpu_record  # noqa: E402
 from vit_jax.bench import gpus  # noqa: E402
 from vit_jax.bench.speed import Options  # noqa: E402
+from vit_jax.core import hardware  # noqa: E402
+from vit_jax.core import sharding  # noqa: E402
 from vit_jax.models import vit  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -74,8 +74,8 @@ def main():
   args = parser.parse_args()
 
   sys.path.insert(0, REPO)
-  from vit_jax import hardware
   from vit_jax.bench import input_speed
+  from vit_jax.core import hardware
 
   folder = args.folder or os.path.join(tempfile.mkdtemp(prefix='vit_jax_ab_'), 'folder')
   if not args.folder:

@@ -21,8 +21,8 @@ import sys
 import tempfile
 import time
 
-from vit_jax import hardware
 from vit_jax import workdir as workdir_lib
+from vit_jax.core import hardware
 
 
 def vector_isa(machine: dict) -> str:

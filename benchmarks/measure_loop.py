@@ -19,8 +19,8 @@ import subprocess
 import sys
 import tempfile
 
-from vit_jax import hardware
 from vit_jax.bench import speed
+from vit_jax.core import hardware
 
 # name -> (config overrides for vit_jax.main, benchmark options of the same step)
 CASES = {

@@ -80,7 +80,7 @@ def step_speeds(rounds: int = 6, steps: int = 5) -> dict:
   import jax
   import numpy as np
 
-  from vit_jax import sharding
+  from vit_jax.core import sharding
   from vit_jax.data import spec
   from vit_jax.training import program
 
@@ -132,7 +132,7 @@ def main():
     with open(args.table, encoding='utf-8') as f:
       print(table(json.load(f)))
     return
-  from vit_jax import hardware
+  from vit_jax.core import hardware
 
   runs = {}
   speeds = step_speeds()

@@ -35,8 +35,8 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from vit_jax import models  # noqa: E402
-from vit_jax import sharding  # noqa: E402
 from vit_jax.configs import architectures  # noqa: E402
+from vit_jax.core import sharding  # noqa: E402
 from vit_jax.data import pipeline  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -147,7 +147,7 @@ _HEARTBEAT_LINE = re.compile(r'.*: (\d+h\d\dm|\d+m\d\ds) so far$')
 
 
 def heartbeat_line(line: str) -> bool:
-  """A line `vit_jax.run_log.heartbeat` prints during a long wait (`compiling ...: 0m20s so
+  """A line `vit_jax.core.console.heartbeat` prints during a long wait (`compiling ...: 0m20s so
   far`): on a busy machine a small compile or evaluation may take that long too."""
   return bool(_HEARTBEAT_LINE.match(line))
 
@@ -165,7 +165,7 @@ def said(stderr) -> list:
 
 
 def command_error(main, argv, capsys) -> str:
-  """The one `error:` line of a command's `main(argv)` that must fail (vit_jax.cli), after
+  """The one `error:` line of a command's `main(argv)` that must fail (vit_jax.core.cli), after
   checking its exit status (2) and that it says nothing else on stderr."""
   capsys.readouterr()
   with pytest.raises(SystemExit) as exit_info:

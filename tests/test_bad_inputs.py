@@ -10,7 +10,7 @@ folder whose path, class and file names are French, Russian, Chinese and
 Latin-1 bytes.
 
 Remote storage is out of reach by construction, not by chance: the host lookup
-of `vit_jax.files` is replaced (in children too), so the tests say the same on
+of `vit_jax.core.files` is replaced (in children too), so the tests say the same on
 a machine with network.
 """
 
@@ -32,11 +32,12 @@ from PIL import Image
 import pytest
 
 from vit_jax import checkpoint
-from vit_jax import cli
-from vit_jax import files
 from vit_jax import workdir as workdir_lib
 from vit_jax.configs import architectures
 from vit_jax.configs import demo
+from vit_jax.configs import flag
+from vit_jax.core import cli
+from vit_jax.core import files
 from vit_jax.data import images
 from vit_jax.data import pipeline
 from vit_jax.evaluation import classify
@@ -654,7 +655,7 @@ def test_a_reader_that_goes_away_ends_a_command_quietly(tmp_path):
   traceback, with a shell's exit status for it (141), as `cat` would."""
   command = (
     'import sys\n'
-    'from vit_jax import cli\n'
+    'from vit_jax.core import cli\n'
     'def main():\n'
     '  for i in range(10**6):\n'
     "    print(f'image_{i}.png: class {i % 10}')\n"
@@ -674,22 +675,22 @@ def test_a_reader_that_goes_away_ends_a_command_quietly(tmp_path):
 
 
 # ---------------------------------------------------------------------------
-# Config files (item 4 and 7), in this process: what `cli.ConfigFlag` checks before and after
+# Config files (item 4 and 7), in this process: what `flag.ConfigFlag` checks before and after
 # absl reads the file. The slow tier runs them through python -m vit_jax.main.
 
 
 def test_a_misspelt_field_in_a_config_file_is_named_with_the_field_it_meant():
   config = demo.get_config()
-  assert cli.unknown_fields(config) == ''
+  assert flag.unknown_fields(config) == ''
   config.total_step = 4
-  assert cli.unknown_fields(config) == (
+  assert flag.unknown_fields(config) == (
     "unknown config field 'total_step' (no run reads it); did you mean total_steps?"
   )
   config = demo.get_config()
   config.pp.crops = 8
-  assert "'pp.crops' (no run reads it); did you mean pp.crop?" in cli.unknown_fields(config)
+  assert "'pp.crops' (no run reads it); did you mean pp.crop?" in flag.unknown_fields(config)
   config.fewshots = {'datasets': ('cifar10',)}  # one line: the first unknown field, by name
-  assert "'fewshots' (no run reads it); did you mean fewshot?" in cli.unknown_fields(config)
+  assert "'fewshots' (no run reads it); did you mean fewshot?" in flag.unknown_fields(config)
 
 
 @pytest.mark.parametrize(
@@ -708,7 +709,7 @@ def test_a_config_file_that_is_not_python_is_one_line(name, text, line, tmp_path
   else:
     path.write_text(text)
   with pytest.raises(SystemExit) as e:
-    cli.check_config_file(str(path), 'configs/demo.py')
+    flag.check_config_file(str(path), 'configs/demo.py')
   err = capsys.readouterr().err.strip()
   assert e.value.code == 2 and err.startswith(f'error: config file {path}') and line in err, err
 
@@ -787,7 +788,7 @@ def test_host_memory_running_out_for_a_batch_is_one_line():
 # python -m vit_jax.main, as a user runs it: (arguments, files to write first, the one line).
 
 LOOKUP_PATCHED = (
-  'import runpy, sys; from vit_jax import files; '
+  'import runpy, sys; from vit_jax.core import files; '
   f'files._unreachable = lambda scheme: {OFFLINE!r} if scheme == "gs" else None; '
   'sys.argv[0] = "vit_jax.main"; runpy.run_module("vit_jax.main", run_name="__main__")'
 )
@@ -908,7 +909,8 @@ TINY = [
 ]
 COMMANDS = """
 import sys
-from vit_jax import analyze, cli, evaluate, fewshot, predict
+from vit_jax import analyze, evaluate, fewshot, predict
+from vit_jax.core import cli
 folder, images, run, out = sys.argv[1:]  # no letter outside ASCII here: argv brings them as bytes
 for main, argv in [
   (predict.main, [f'--checkpoint={run}', images]),

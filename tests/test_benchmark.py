@@ -11,10 +11,10 @@ import jax
 import pytest
 
 from vit_jax import benchmark
-from vit_jax import hardware
 from vit_jax.bench import memory
 from vit_jax.bench import profile
 from vit_jax.bench import speed
+from vit_jax.core import hardware
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""Every command's errors: one `error:` line on stderr and exit status 2 (`vit_jax.cli`).
+"""Every command's errors: one `error:` line on stderr and exit status 2 (`vit_jax.core.cli`).
 
 An input error (a file that is not there, an unknown model or dataset) and a
 usage error (an unknown flag) of each command. In-process for the argparse
@@ -18,7 +18,7 @@ from conftest import said as conftest_said
 from conftest import subprocess_env
 import pytest
 
-from vit_jax import cli
+from vit_jax.core import cli
 
 # command: (arguments of an input error, what its line says)
 INPUT_ERRORS = {
@@ -107,30 +107,30 @@ def test_every_command_as_a_program(name, tmp_path):
 
 def test_a_long_wait_says_it_goes_on(monkeypatch, tmp_path, capsys):
   """Issue 35, category 5: compiling for a big topology (10 minutes), evaluating at 384 px (6)
-  and benchmarking (4) printed nothing. `run_log.heartbeat` says what runs at least every 30 s,
+  and benchmarking (4) printed nothing. `console.heartbeat` says what runs at least every 30 s,
   on stderr (stdout keeps the result alone); here with a fake slow call and 0.05 s beats."""
   import json
   import re
   import time
 
   from vit_jax import evaluate
-  from vit_jax import run_log
   from vit_jax.bench import speed
+  from vit_jax.core import console
   from vit_jax.evaluation import classify
 
-  assert run_log.HEARTBEAT_S < 30
+  assert console.HEARTBEAT_S < 30
   lines = []
-  with run_log.heartbeat('compiling', say=lines.append, every=0.05):
+  with console.heartbeat('compiling', say=lines.append, every=0.05):
     time.sleep(0.5)
   assert len(lines) >= 3 and all(re.fullmatch(r'compiling: 0m00s so far', l) for l in lines)
   said_after = len(lines)
   time.sleep(0.2)
   assert len(lines) == said_after  # silent once the block is done
-  with run_log.heartbeat('quick', say=lines.append, every=5):
+  with console.heartbeat('quick', say=lines.append, every=5):
     pass
   assert len(lines) == said_after  # a short wait says nothing
 
-  monkeypatch.setattr(run_log, 'HEARTBEAT_S', 0.05)
+  monkeypatch.setattr(console, 'HEARTBEAT_S', 0.05)
 
   def slow(*args, **kwargs):
     time.sleep(0.5)
@@ -170,8 +170,8 @@ def test_a_long_wait_says_it_goes_on(monkeypatch, tmp_path, capsys):
 
 NOISE = """
 import sys, warnings
-from vit_jax import run_log
-run_log.quiet_libraries(-1)
+from vit_jax.core import console
+console.quiet_libraries(-1)
 try:
   import torchvision  # noqa: F401  (its image extension does not load beside a CPU-only torch)
 except ImportError:
@@ -246,7 +246,7 @@ _PLANTED = textwrap.dedent("""
     raise {error}('a planted bug')
   module = importlib.import_module(command)
   setattr(module if owner == command else importlib.import_module(owner), name, bug)
-  from vit_jax import cli
+  from vit_jax.core import cli
   if hasattr(module, '_CONFIG'):  # absl commands (main, compile)
     from absl import app
     sys.argv = [command] + argv
@@ -297,7 +297,7 @@ def test_every_command_reports_a_user_error_in_one_line_and_a_bug_with_its_trace
   for error in ('UserError', 'ValueError'):
     script = _PLANTED.format(error=error)
     if error == 'UserError':
-      script = 'from vit_jax.errors import UserError\n' + script
+      script = 'from vit_jax.core.errors import UserError\n' + script
     proc = subprocess.run(
       [sys.executable, '-c', script, f'vit_jax.{command}', target, *argv],
       capture_output=True,
@@ -323,7 +323,7 @@ def test_every_error_a_command_catches_is_a_user_error():
   import pathlib
 
   bases = {}
-  for path in sorted(pathlib.Path(cli.__file__).parent.rglob('*.py')):
+  for path in sorted(pathlib.Path(cli.__file__).parent.parent.rglob('*.py')):
     for node in ast.walk(ast.parse(path.read_text(encoding='utf-8'))):
       if isinstance(node, ast.ClassDef) and node.name.endswith('Error'):
         bases[node.name] = [getattr(b, 'id', getattr(b, 'attr', '')) for b in node.bases]

@@ -148,7 +148,7 @@ def test_closed_form_flops_of_the_map_head():
 _SAME_PROGRAM = textwrap.dedent("""
   import json, sys, tempfile
   import jax
-  from vit_jax import sharding
+  from vit_jax.core import sharding
   from vit_jax.bench import aot
   from vit_jax.configs import demo
   from vit_jax.data import pipeline

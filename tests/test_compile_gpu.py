@@ -25,10 +25,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vit_jax import hardware
 from vit_jax.bench import gpu_record
 from vit_jax.bench import gpus
 from vit_jax.bench import hlo
+from vit_jax.core import hardware
 from vit_jax.models import vit
 
 needs_gpu_compiler = pytest.mark.skipif(
@@ -193,7 +193,7 @@ _CHILD = textwrap.dedent("""
   import jax, jax.numpy as jnp
   from vit_jax.bench import aot, gpu_record, gpus, hlo
   from vit_jax.configs import demo
-  from vit_jax import hardware
+  from vit_jax.core import hardware
   from vit_jax.models import vit
 
   def record(topology, **overrides):
@@ -371,7 +371,7 @@ def test_an_unknown_gpu_is_one_line():
 _KERNELS_CHILD = textwrap.dedent("""
   import json, os
   import jax, jax.numpy as jnp
-  from vit_jax import sharding
+  from vit_jax.core import sharding
   from vit_jax.bench import gpu_record, gpus, hlo, speed
 
   device = gpus.describe('h100-1').devices[0]

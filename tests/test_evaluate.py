@@ -13,8 +13,8 @@ from vit_jax import checkpoint
 from vit_jax import evaluate
 from vit_jax import fewshot as fewshot_cli
 from vit_jax import models
-from vit_jax import sharding
 from vit_jax.configs import architectures
+from vit_jax.core import sharding
 from vit_jax.data import pipeline
 
 

@@ -11,8 +11,8 @@ import numpy as np
 from PIL import Image
 import pytest
 
-from vit_jax import cli
 from vit_jax import jft
+from vit_jax.core import cli
 from vit_jax.data import example_proto
 from vit_jax.data import pipeline
 from vit_jax.data import records

@@ -85,7 +85,7 @@ def test_no_import_runs_back_up_between_rooms():
     rooms.setdefault(room(module), set()).update(
       room(t) for t in targets if room(t) != room(module)
     )
-  assert len(rooms) > 25
+  assert len(rooms) > 20  # 14 commands and facades at the top, 10 subpackages
   assert circles(rooms) == []
 
 
@@ -93,3 +93,30 @@ def test_a_circle_is_found():
   graph = {'a': {'b'}, 'b': {'c'}, 'c': {'a'}, 'd': {'a'}, 'e': set()}
   assert circles(graph) == [['a', 'b', 'c']]
   assert circles({'a': {'b'}, 'b': set()}) == []
+
+
+def test_the_package_top_holds_only_commands_and_the_official_modules():
+  """`ls vit_jax/` tells commands from libraries: each module at the top is a command
+  (`python -m vit_jax.NAME`) or a module of the official vit_jax API; every library lives in a
+  subpackage (issue 36: the top held 11 commands, 2 official facades and 7 libraries)."""
+  official = {'checkpoint', 'input_pipeline', 'train'}
+  commands, others = [], []
+  for path in sorted(PACKAGE.glob('*.py')):
+    if path.stem == '__init__' or path.stem in official:
+      continue
+    is_command = "if __name__ == '__main__':" in path.read_text(encoding='utf-8')
+    (commands if is_command else others).append(path.stem)
+  assert others == []
+  assert commands == [
+    'analyze',
+    'benchmark',
+    'benchmark_input',
+    'compile',
+    'evaluate',
+    'export',
+    'fewshot',
+    'jft',
+    'main',
+    'predict',
+    'prepare',
+  ]

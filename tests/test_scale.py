@@ -25,13 +25,13 @@ import pytest
 
 from vit_jax import checkpoint
 from vit_jax import models
-from vit_jax import sharding
 from vit_jax.bench import aot
 from vit_jax.bench import hlo
 from vit_jax.bench import topology
 from vit_jax.configs import ConfigError
 from vit_jax.configs import architectures
 from vit_jax.configs import demo
+from vit_jax.core import sharding
 from vit_jax.training import loop
 from vit_jax.training import program
 
@@ -157,7 +157,8 @@ def test_a_scanned_run_checkpoints_encoderblocks_and_resumes_either_way(tmp_path
 _TENSOR_PARALLEL = textwrap.dedent("""
   import json
   import jax, jax.numpy as jnp, numpy as np
-  from vit_jax import models, sharding
+  from vit_jax import models
+  from vit_jax.core import sharding
   from vit_jax.bench import hlo
   from vit_jax.configs import architectures
 
@@ -283,7 +284,8 @@ def test_tensor_parallel_matches_one_device_with_one_reduction_per_sublayer():
 _FSDP_COLLECTIVES = textwrap.dedent("""
   import json
   import jax, jax.numpy as jnp, numpy as np
-  from vit_jax import models, sharding
+  from vit_jax import models
+  from vit_jax.core import sharding
   from vit_jax.bench import hlo
   from vit_jax.configs import architectures
 

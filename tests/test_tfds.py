@@ -13,9 +13,9 @@ from conftest import subprocess_env
 import numpy as np
 import pytest
 
-from vit_jax import cli
 from vit_jax import prepare as prepare_cli
 from vit_jax.configs import recipes
+from vit_jax.core import cli
 from vit_jax.data import datasets
 from vit_jax.data import pipeline
 from vit_jax.data import presets

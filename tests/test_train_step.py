@@ -10,8 +10,8 @@ import numpy as np
 import optax
 import pytest
 
-from vit_jax import sharding
 from vit_jax.configs import common
+from vit_jax.core import sharding
 from vit_jax.evaluation import metrics
 from vit_jax.training import optim
 from vit_jax.training import steps

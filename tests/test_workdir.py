@@ -49,7 +49,7 @@ def test_a_held_lock_refuses_a_second_run_until_released(tmp_path):
 def test_the_lock_of_a_process_that_is_gone_is_taken_over(tmp_path):
   gone = subprocess.Popen([sys.executable, '-c', 'pass'])
   gone.wait()
-  write_lock(tmp_path, pid=gone.pid, boot_id=workdir._boot_id())
+  write_lock(tmp_path, pid=gone.pid, boot_id=workdir.lock._boot_id())
   lock = workdir.Lock(str(tmp_path)).acquire()
   assert lock.took_over['pid'] == gone.pid
   assert read_lock(tmp_path)['token'] == lock._token
@@ -59,29 +59,29 @@ def test_the_lock_of_a_process_that_is_gone_is_taken_over(tmp_path):
 def test_staleness_by_process_boot_and_heartbeat():
   here, boot = socket.gethostname(), 'boot-a'
   alive = {'host': here, 'pid': os.getpid(), 'boot_id': boot}
-  assert not workdir.is_stale(alive, now=0.0, host=here, boot_id=boot)
+  assert not workdir.lock.is_stale(alive, now=0.0, host=here, boot_id=boot)
   # The same pid before the machine rebooted is another process.
-  assert workdir.is_stale(alive, now=0.0, host=here, boot_id='boot-b')
+  assert workdir.lock.is_stale(alive, now=0.0, host=here, boot_id='boot-b')
   # Another host: only the heartbeat's age tells.
   now = 1e9
-  fresh = {'host': 'elsewhere', 'pid': 1, 'heartbeat': now - workdir.STALE_AFTER_S + 5}
-  old = {'host': 'elsewhere', 'pid': 1, 'heartbeat': now - workdir.STALE_AFTER_S - 5}
-  assert not workdir.is_stale(fresh, now=now, host=here, boot_id=boot)
-  assert workdir.is_stale(old, now=now, host=here, boot_id=boot)
+  fresh = {'host': 'elsewhere', 'pid': 1, 'heartbeat': now - workdir.lock.STALE_AFTER_S + 5}
+  old = {'host': 'elsewhere', 'pid': 1, 'heartbeat': now - workdir.lock.STALE_AFTER_S - 5}
+  assert not workdir.lock.is_stale(fresh, now=now, host=here, boot_id=boot)
+  assert workdir.lock.is_stale(old, now=now, host=here, boot_id=boot)
 
 
 def test_a_lock_from_another_host_is_refused_until_its_heartbeat_is_old(tmp_path):
   write_lock(tmp_path, host='tpu-worker-3', heartbeat=time.time() - 60)
   with pytest.raises(workdir.WorkdirError, match='on tpu-worker-3'):
     workdir.Lock(str(tmp_path)).acquire()
-  write_lock(tmp_path, host='tpu-worker-3', heartbeat=time.time() - workdir.STALE_AFTER_S - 1)
+  write_lock(tmp_path, host='tpu-worker-3', heartbeat=time.time() - workdir.lock.STALE_AFTER_S - 1)
   lock = workdir.Lock(str(tmp_path)).acquire()
   assert lock.took_over['host'] == 'tpu-worker-3'
   lock.release()
 
 
 def test_the_heartbeat_refreshes_and_notices_a_replaced_lock(tmp_path, monkeypatch):
-  monkeypatch.setattr(workdir, 'HEARTBEAT_S', 0.02)
+  monkeypatch.setattr(workdir.lock, 'HEARTBEAT_S', 0.02)
   lock = workdir.Lock(str(tmp_path)).acquire()
   first = read_lock(tmp_path)['heartbeat']
   wait_until(lambda: read_lock(tmp_path)['heartbeat'] > first)
@@ -130,7 +130,7 @@ def test_the_lock_is_whole_whenever_it_is_there(tmp_path):
 
 def test_object_store_lock_reads_back_what_it_wrote(tmp_path, monkeypatch):
   """`file://` goes through tf.io.gfile, the path `gs://` workdirs take."""
-  monkeypatch.setattr(workdir, 'REMOTE_SETTLE_S', 0.0)
+  monkeypatch.setattr(workdir.lock, 'REMOTE_SETTLE_S', 0.0)
   url = f'file://{tmp_path}/run'
   lock = workdir.Lock(url).acquire()
   with pytest.raises(workdir.WorkdirError, match='is in use by another run'):
@@ -142,7 +142,7 @@ def test_object_store_lock_reads_back_what_it_wrote(tmp_path, monkeypatch):
   def other_run_writes(seconds):
     write_lock(tmp_path / 'run', token='later-writer')
 
-  monkeypatch.setattr(workdir.time, 'sleep', other_run_writes)
+  monkeypatch.setattr(workdir.lock.time, 'sleep', other_run_writes)
   with pytest.raises(workdir.WorkdirError, match=f'pid {os.getpid()}'):
     workdir.Lock(url).acquire()
   assert read_lock(tmp_path / 'run')['token'] == 'later-writer'
@@ -180,7 +180,7 @@ def test_failed_writes_are_named_through_library_wrappers():
 
 
 def test_a_workdir_on_another_file_system_names_its_model_and_holds_its_results(tmp_path):
-  """Every read and write of the run's files goes through vit_jax.files: an in-memory file
+  """Every read and write of the run's files goes through vit_jax.core.files: an in-memory file
   system (as gs:// would be) gives the commands the model the summary names."""
   import jax
   import jax.numpy as jnp
@@ -212,10 +212,10 @@ def test_a_workdir_on_another_file_system_names_its_model_and_holds_its_results(
 
 
 def test_each_file_of_a_run_is_named_in_this_module_only():
-  """The run directory's file names appear as literals in vit_jax/workdir.py alone."""
+  """The run directory's file names appear as literals in vit_jax/workdir/layout.py alone."""
   import pathlib
 
-  package = pathlib.Path(workdir.__file__).parent
+  package = pathlib.Path(workdir.__file__).parent.parent
   names = [
     workdir.CONFIG_FILE,
     workdir.CHECKPOINTS,
@@ -228,7 +228,7 @@ def test_each_file_of_a_run_is_named_in_this_module_only():
     workdir.METRICS_FILE,
   ]  # (workdir.TENSORBOARD is also the name of a config field: not a file name there)
   for path in package.rglob('*.py'):
-    if path.name == 'workdir.py':
+    if path == pathlib.Path(workdir.layout.__file__):
       continue
     text = path.read_text()
     for name in names:

@@ -23,8 +23,8 @@ import os
 import sys
 from typing import List, Optional
 
-from vit_jax import cli
-from vit_jax import run_log
+from vit_jax.core import cli
+from vit_jax.core import console
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -52,9 +52,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     default=28,
     help='principal components of the embedding filters to show',
   )
-  run_log.add_verbosity_flag(parser)
+  console.add_verbosity_flag(parser)
   args = parser.parse_args(argv)
-  run_log.quiet_libraries(args.verbosity)
+  console.quiet_libraries(args.verbosity)
 
   from vit_jax import workdir
   from vit_jax.evaluation import classify

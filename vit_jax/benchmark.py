@@ -30,8 +30,8 @@ import json
 import os
 import sys
 
-from vit_jax import cli
-from vit_jax import run_log
+from vit_jax.core import cli
+from vit_jax.core import console
 
 
 def _parser():
@@ -91,14 +91,14 @@ def _parser():
   )
   p.add_argument('--json', help='write the record to this file instead')
   p.add_argument('--no_record', action='store_true', help='write no JSON record')
-  run_log.add_verbosity_flag(p)
+  console.add_verbosity_flag(p)
   return p
 
 
 def main(argv=None) -> int:
   argv = sys.argv[1:] if argv is None else argv
   # Before TensorFlow and JAX start: their start-up logs stay hidden.
-  run_log.quiet_libraries(run_log.verbosity_in(argv))
+  console.quiet_libraries(console.verbosity_in(argv))
   import jax
 
   from vit_jax import workdir
@@ -121,7 +121,7 @@ def main(argv=None) -> int:
   fields = {f.name for f in dataclasses.fields(speed.Options)}
   opts = speed.Options(**{k: v for k, v in vars(args).items() if k in fields})
   doing = f'{parser.prog}: {opts.model} {opts.mode} at batch {opts.batch}'
-  with cli.reported(), run_log.heartbeat(doing):
+  with cli.reported(), console.heartbeat(doing):
     if args.find_max_batch:
       speed.validate(opts)
       record = memory.find_max_batch(

@@ -20,8 +20,8 @@ import json
 import sys
 import tempfile
 
-from vit_jax import cli
-from vit_jax import run_log
+from vit_jax.core import cli
+from vit_jax.core import console
 
 
 def _parser():
@@ -46,13 +46,13 @@ def _parser():
     action='store_true',
     help='only the train pipeline (folder, in memory), the ceilings and --processes',
   )
-  run_log.add_verbosity_flag(parser)
+  console.add_verbosity_flag(parser)
   return parser
 
 
 def main(argv=None):
   args = _parser().parse_args(argv)
-  run_log.quiet_libraries(args.verbosity)
+  console.quiet_libraries(args.verbosity)
 
   from vit_jax import workdir
   from vit_jax.bench import input_speed

@@ -19,9 +19,9 @@ import zipfile
 import jax
 import numpy as np
 
-from vit_jax import files
 from vit_jax import workdir
-from vit_jax.errors import UserError
+from vit_jax.core import files
+from vit_jax.core.errors import UserError
 
 Params = Mapping[str, Any]
 

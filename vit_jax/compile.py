@@ -32,10 +32,11 @@ os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 
-from vit_jax import cli  # noqa: E402
-from vit_jax import run_log  # noqa: E402
+from vit_jax.configs import flag  # noqa: E402
+from vit_jax.core import cli  # noqa: E402
+from vit_jax.core import console  # noqa: E402
 
-_CONFIG = cli.ConfigFlag(
+_CONFIG = flag.ConfigFlag(
   'Experiment config file, optionally with `:ARGS`.',
   example='--config=configs/vit_b16.py:imagenet21k',
 )
@@ -123,7 +124,7 @@ def main(argv):
   from vit_jax.bench import gpu_record
   from vit_jax.bench import gpus
   from vit_jax.bench import topology
-  from vit_jax.errors import UserError
+  from vit_jax.core.errors import UserError
 
   if _JSON.value:
     with cli.reported():
@@ -137,7 +138,7 @@ def main(argv):
     target = gpus.describe(_TOPOLOGY.value) if on_gpu else None
     target = target or topology.describe(_TOPOLOGY.value, _NUM_SLICES.value)
     overrides = {}
-    with run_log.heartbeat(doing):  # a big topology compiles for minutes
+    with console.heartbeat(doing):  # a big topology compiles for minutes
       try:
         compiled = aot.compile_run(config, target)
       except aot.DoesNotFit as error:

@@ -14,8 +14,8 @@ import json
 import os
 import sys
 
-from vit_jax import cli
-from vit_jax import run_log
+from vit_jax.core import cli
+from vit_jax.core import console
 
 
 def main(argv=None) -> int:
@@ -41,9 +41,9 @@ def main(argv=None) -> int:
   parser.add_argument('--tfds_data_dir', default=None)
   parser.add_argument('--tfds_manual_dir', default=None)
   parser.add_argument('--output', default=None, help='also write the JSON here')
-  run_log.add_verbosity_flag(parser)
+  console.add_verbosity_flag(parser)
   args = parser.parse_args(argv)
-  run_log.quiet_libraries(args.verbosity)
+  console.quiet_libraries(args.verbosity)
 
   from vit_jax.data import pipeline
   from vit_jax.evaluation import classify
@@ -63,7 +63,7 @@ def main(argv=None) -> int:
     )
     data.pp.crop = loader.check_resolution(loaded, args.crop)
     data.pp.resize = args.resize
-    with run_log.heartbeat(f'{parser.prog}: evaluating on {args.dataset} {args.split}'):
+    with console.heartbeat(f'{parser.prog}: evaluating on {args.dataset} {args.split}'):
       numbers = classify.evaluate_checkpoint(
         loaded, data, args.split, warn=lambda line: print(line, file=sys.stderr)
       )

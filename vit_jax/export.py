@@ -24,14 +24,14 @@ lists for 1000 / 21843-way heads.
 import sys
 from typing import List, Optional
 
-from vit_jax import cli
-from vit_jax import run_log
+from vit_jax.core import cli
+from vit_jax.core import console
 
 
 def main(argv: Optional[List[str]] = None) -> int:
   argv = sys.argv[1:] if argv is None else argv
   # Before TensorFlow and JAX start (the formats' modules import them).
-  run_log.quiet_libraries(run_log.verbosity_in(argv))
+  console.quiet_libraries(console.verbosity_in(argv))
 
   from vit_jax.evaluation import loader
   from vit_jax.interop import export
@@ -64,7 +64,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     'folder (hf, savedmodel)',
   )
   parser.add_argument('--labels', help="class names for hf, one per line, in the head's order")
-  run_log.add_verbosity_flag(parser)
+  console.add_verbosity_flag(parser)
   args = parser.parse_args(argv)
   with cli.reported():
     output = export.output_path(args.format, args.output)

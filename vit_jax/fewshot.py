@@ -11,8 +11,9 @@ and `metrics.jsonl` stay as the run wrote them. The method:
 
 import argparse
 
-from vit_jax import cli
-from vit_jax import run_log
+from vit_jax.core import cli
+from vit_jax.core import console
+from vit_jax.workdir import run_log
 
 
 def _parser():
@@ -45,14 +46,14 @@ def _parser():
     help='write fewshot.json and TensorBoard scalars here '
     '(default: the checkpoint, when it is a workdir)',
   )
-  run_log.add_verbosity_flag(parser)
+  console.add_verbosity_flag(parser)
   return parser
 
 
 def main(argv=None) -> int:
   parser = _parser()
   args = parser.parse_args(argv)
-  run_log.quiet_libraries(args.verbosity)
+  console.quiet_libraries(args.verbosity)
 
   import jax
 
@@ -70,7 +71,7 @@ def main(argv=None) -> int:
     cli.note(parser.prog, loader.unfinished_note(args.checkpoint))
     args.crop = loader.check_resolution(loaded, args.crop)
     method = ('shots', 'seeds', 'l2_reg', 'train_split', 'test_split', 'crop', 'batch')
-    with run_log.heartbeat(f'{parser.prog}: few-shot probes on {args.datasets}'):
+    with console.heartbeat(f'{parser.prog}: few-shot probes on {args.datasets}'):
       scalars = fewshot.evaluate_checkpoint(
         loaded,
         datasets,

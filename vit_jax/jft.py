@@ -29,14 +29,14 @@ import logging
 import os
 import sys
 
-from vit_jax import cli
-from vit_jax import run_log
+from vit_jax.core import cli
+from vit_jax.core import console
 
 
 def main(argv=None):
   argv = sys.argv[1:] if argv is None else argv
   # Before TensorFlow starts (the shard writer imports it).
-  run_log.quiet_libraries(run_log.verbosity_in(argv))
+  console.quiet_libraries(console.verbosity_in(argv))
 
   from vit_jax import workdir
   from vit_jax.data import shards
@@ -97,14 +97,14 @@ def _parser(formats):
   parser.add_argument('--format', default='tfrecord', choices=sorted(formats))
   parser.add_argument('--corrupt_images', default='skip', choices=['skip', 'fail'])
   parser.add_argument('--seed', type=int, default=0, help='seed of the example order')
-  run_log.add_verbosity_flag(parser)
+  console.add_verbosity_flag(parser)
   return parser
 
 
 def _examples(args):
   """(examples [(path, [label ids])], class names or None, number of classes) of --folder or
   --csv; class names as text (`files.text`) whatever the file system's encoding."""
-  from vit_jax import files
+  from vit_jax.core import files
   from vit_jax.data import shards
   from vit_jax.data.sources import DataError
 

@@ -20,10 +20,11 @@ from absl import app
 from absl import flags
 from absl import logging
 
-from vit_jax import cli
-from vit_jax import run_log
+from vit_jax.configs import flag
+from vit_jax.core import cli
+from vit_jax.core import console
 
-_CONFIG = cli.ConfigFlag(
+_CONFIG = flag.ConfigFlag(
   'Experiment config file, optionally with `:ARGS` (default: the demo).',
   default=os.path.join(os.path.dirname(__file__), 'configs', 'demo.py'),
   example='--config=configs/vit_b16.py:imagenet21k',
@@ -82,7 +83,7 @@ def _initialize_distributed():
 
 def _default_workdir(argv):
   """workdirs/<config name>[_<config args>], e.g. workdirs/finetune_ViT-B_16_cifar10."""
-  spec = cli.config_spec(argv) or 'demo'
+  spec = flag.config_spec(argv) or 'demo'
   path, _, args = spec.partition(':')
   name = os.path.splitext(os.path.basename(path))[0]
   return os.path.join('workdirs', '_'.join([name] + [a for a in re.split(r'[,:]', args) if a]))
@@ -93,15 +94,15 @@ def main(argv):
     cli.fail(f'unexpected arguments {argv[1:]}; flags are --config, --workdir, --config.FIELD=...')
   # absl attached its log handler after parsing: apply --verbosity to it too.
   verbosity = (
-    flags.FLAGS.verbosity if flags.FLAGS['verbosity'].present else run_log.verbosity_in(sys.argv)
+    flags.FLAGS.verbosity if flags.FLAGS['verbosity'].present else console.verbosity_in(sys.argv)
   )
-  run_log.quiet_libraries(verbosity)
+  console.quiet_libraries(verbosity)
   if verbosity < 1:
     # Orbax logs every checkpoint operation at INFO; keep the run's own lines readable.
     logging.get_absl_handler().addFilter(
       lambda record: record.levelno >= py_logging.WARNING or 'orbax' not in record.pathname
     )
-  from vit_jax import hardware  # imports JAX: after quiet_libraries
+  from vit_jax.core import hardware  # imports JAX: after quiet_libraries
 
   # On a GPU, JAX takes 75% of its memory by default; `python -m vit_jax.compile
   # --topology=h100-8` and the launch scripts count on 90% (read as its backends start).

@@ -12,14 +12,14 @@ folders (or labels) of the dataset a workdir was trained on, else ImageNet-1k
 for 1000-way heads, ImageNet-21k for 21843-way heads (both ship in
 `vit_jax/data/`), else `class_<i>`. Probabilities are the softmax
 of the logits. Unreadable images are named on stderr and left out; the exit
-status is then 1 (when none is readable, the one `error:` line of `vit_jax.cli`).
+status is then 1 (when none is readable, the one `error:` line of `vit_jax.core.cli`).
 """
 
 import sys
 from typing import List, Optional
 
-from vit_jax import cli
-from vit_jax import run_log
+from vit_jax.core import cli
+from vit_jax.core import console
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -36,9 +36,9 @@ def main(argv: Optional[List[str]] = None) -> int:
   parser.add_argument('--labels', help="class names, one per line, in the head's order")
   parser.add_argument('--top_k', type=cli.positive_int, default=5)
   parser.add_argument('images', nargs='+', help='image files or directories')
-  run_log.add_verbosity_flag(parser)
+  console.add_verbosity_flag(parser)
   args = parser.parse_args(argv)
-  run_log.quiet_libraries(args.verbosity)
+  console.quiet_libraries(args.verbosity)
 
   from vit_jax import checkpoint
   from vit_jax.evaluation import classify

@@ -12,8 +12,8 @@ shards in DIR/imagenet21k.
 
 import sys
 
-from vit_jax import cli
-from vit_jax import run_log
+from vit_jax.core import cli
+from vit_jax.core import console
 
 
 def main(argv=None):
@@ -22,9 +22,9 @@ def main(argv=None):
   parser.add_argument('--data_dir', help='TFDS data_dir (config.tfds_data_dir)')
   parser.add_argument('--manual_dir', help='manual downloads (config.tfds_manual_dir)')
   parser.add_argument('--file_format', default='array_record', choices=['array_record', 'tfrecord'])
-  run_log.add_verbosity_flag(parser)
+  console.add_verbosity_flag(parser)
   args = parser.parse_args(argv)
-  run_log.quiet_libraries(args.verbosity)
+  console.quiet_libraries(args.verbosity)
 
   from vit_jax.data.prepare import prepare
 

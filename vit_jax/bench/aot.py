@@ -18,11 +18,11 @@ from typing import Optional
 
 import jax
 
-from vit_jax import hardware
 from vit_jax.bench import flops as flops_lib
 from vit_jax.bench import gpus
 from vit_jax.bench import hlo
 from vit_jax.bench import topology
+from vit_jax.core import hardware
 from vit_jax.data import datasets
 from vit_jax.data import pipeline
 from vit_jax.data import presets

@@ -22,13 +22,13 @@ import dataclasses
 
 import jax
 
-from vit_jax import sharding
 from vit_jax.bench import aot
 from vit_jax.bench import flops as flops_lib
 from vit_jax.bench import gpus
 from vit_jax.bench import hlo
 from vit_jax.bench import memory
 from vit_jax.bench import speed
+from vit_jax.core import sharding
 from vit_jax.training import steps
 
 

@@ -15,8 +15,8 @@ import dataclasses
 import importlib.util
 import re
 
-from vit_jax import hardware
-from vit_jax.errors import UserError
+from vit_jax.core import hardware
+from vit_jax.core.errors import UserError
 
 MiB = 2**20
 

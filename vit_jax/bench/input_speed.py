@@ -21,10 +21,10 @@ import ml_collections
 import numpy as np
 from PIL import Image
 
+from vit_jax.core.errors import UserError
 from vit_jax.data import datasets
 from vit_jax.data import images
 from vit_jax.data import pipeline
-from vit_jax.errors import UserError
 
 # ImageNet's common sizes (width, height).
 SIZES = ((500, 375), (375, 500), (640, 480), (500, 333), (480, 640))

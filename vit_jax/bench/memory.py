@@ -16,7 +16,7 @@ import gc
 
 import jax
 
-from vit_jax import hardware
+from vit_jax.core import hardware
 
 
 def estimate_bytes(compiled) -> int:

@@ -18,15 +18,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vit_jax import hardware
-from vit_jax import sharding
 from vit_jax.bench import flops
 from vit_jax.bench import memory
 from vit_jax.bench import profile
 from vit_jax.bench import timm_peer
 from vit_jax.configs import common
 from vit_jax.configs import models as model_configs
-from vit_jax.errors import UserError
+from vit_jax.core import hardware
+from vit_jax.core import sharding
+from vit_jax.core.errors import UserError
 from vit_jax.models import vit
 from vit_jax.training import program
 from vit_jax.training import steps

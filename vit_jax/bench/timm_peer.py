@@ -14,7 +14,7 @@ import contextlib
 import functools
 import time
 
-from vit_jax.errors import UserError
+from vit_jax.core.errors import UserError
 
 
 class CompareError(UserError, ValueError):

@@ -15,7 +15,7 @@ import os
 import re
 from typing import Optional
 
-from vit_jax.errors import UserError
+from vit_jax.core.errors import UserError
 
 GiB = 2**30
 

@@ -4,7 +4,7 @@ The experiment files users pass to `--config` live in the repository's
 `configs/` folder; they call `recipes` and `common` here.
 """
 
-from vit_jax.errors import UserError
+from vit_jax.core.errors import UserError
 
 
 class ConfigError(UserError, ValueError):

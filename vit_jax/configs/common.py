@@ -111,7 +111,7 @@ def _add_fewshot_devices_and_loop(config) -> None:
     }
   )
 
-  # Devices: a (slice, data, fsdp, model) mesh over all devices (vit_jax.sharding);
+  # Devices: a (slice, data, fsdp, model) mesh over all devices (vit_jax.core.sharding);
   # slices come from the devices, fsdp > 1 shards params and optimizer state,
   # model > 1 splits heads and MLP units (tensor parallelism).
   config.mesh = ml_collections.ConfigDict(

@@ -3,7 +3,7 @@
 Configs written for google-research/vision_transformer (`common.with_dataset`,
 `config.model = models.get_b16_config()`, `config.pretrained_dir`) train here
 as they would there: `translate(config)`, which the command line calls first
-(`vit_jax.cli`; and the official entry point `vit_jax.train.train_and_evaluate`),
+(`vit_jax.core.cli`; and the official entry point `vit_jax.train.train_and_evaluate`),
 maps their fields onto this package's, or refuses in one line naming ours. A
 config with none of them passes through unchanged.
 """

@@ -16,7 +16,7 @@ import os
 
 import numpy as np
 
-from vit_jax import files
+from vit_jax.core import files
 from vit_jax.data import arrays
 from vit_jax.data import folder
 from vit_jax.data import presets

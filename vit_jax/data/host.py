@@ -54,7 +54,7 @@ def _read(source, index, item) -> bytes:
   """An item of `source.fetch`: record bytes as they are, a path read from disk or gs://."""
   if isinstance(item, bytes):
     return item
-  from vit_jax import files
+  from vit_jax.core import files
 
   try:
     with files.open_file(item, 'rb') as f:

@@ -19,7 +19,7 @@ from typing import List, Sequence, Tuple
 
 import numpy as np
 
-from vit_jax import files
+from vit_jax.core import files
 from vit_jax.data.sources import DataError
 
 _HEADER = 12

@@ -14,7 +14,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from vit_jax import files
+from vit_jax.core import files
 from vit_jax.data import example_proto
 from vit_jax.data import folder
 from vit_jax.data import records

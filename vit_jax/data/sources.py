@@ -18,7 +18,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from vit_jax.errors import UserError
+from vit_jax.core.errors import UserError
 
 
 class DataError(UserError, ValueError):
@@ -74,7 +74,7 @@ def array_source(name, images, labels, num_classes, class_names=None):
 
 
 def file_source(name, paths, labels, num_classes, class_names):
-  """Encoded image files with int labels (paths as `vit_jax.files` opens them)."""
+  """Encoded image files with int labels (paths as `vit_jax.core.files` opens them)."""
   labels = np.asarray(labels, np.int32)
   return Source(
     name,

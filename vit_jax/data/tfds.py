@@ -24,8 +24,8 @@ import urllib.parse
 
 import numpy as np
 
-from vit_jax import files
-from vit_jax import run_log
+from vit_jax.core import console
+from vit_jax.core import files
 from vit_jax.data import example_proto
 from vit_jax.data import presets
 from vit_jax.data import records
@@ -231,7 +231,7 @@ def _not_prepared(dataset, tfds_name, preset, tfds_data_dir, tfds_manual_dir):
 def _in_catalog(tfds_name: str) -> bool:
   """Whether TFDS has a builder of this name; False when TFDS cannot be imported."""
   try:
-    with run_log.native_info_hidden():
+    with console.native_info_hidden():
       import tensorflow  # noqa: F401  TFDS's catalog needs it; without, it retries for a minute
       import tensorflow_datasets
   except ImportError:
@@ -260,7 +260,7 @@ def unknown_dataset(dataset, tfds_data_dir=None):
 
 def _tensorflow_datasets():
   try:
-    with run_log.native_info_hidden():
+    with console.native_info_hidden():
       import tensorflow  # noqa: F401
       import tensorflow_datasets
   except ImportError:

@@ -14,8 +14,8 @@ from typing import List, Optional, Sequence
 import jax
 import numpy as np
 
-from vit_jax import hardware
-from vit_jax import sharding
+from vit_jax.core import hardware
+from vit_jax.core import sharding
 from vit_jax.data import on_device
 from vit_jax.evaluation import metrics
 from vit_jax.evaluation.loader import InputError

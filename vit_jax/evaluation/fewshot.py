@@ -29,10 +29,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vit_jax import files
-from vit_jax import hardware
+from vit_jax.core import files
+from vit_jax.core import hardware
+from vit_jax.core.errors import UserError
 from vit_jax.data import on_device
-from vit_jax.errors import UserError
 from vit_jax.models import vit
 
 DEFAULT_SHOTS = (1, 5, 10, 25)
@@ -323,7 +323,7 @@ def evaluate_datasets(config, model, params, sharding, *, features_fn=None) -> d
     config: a run config: `fewshot.*`, plus `pp.crop`, `batch_eval`,
       `tfds_data_dir`, `tfds_manual_dir` for reading the data.
     model, params: a `VisionTransformer` (any head) or MPP model parameters.
-    sharding: batch sharding of the mesh (`vit_jax.sharding.batch_sharding`).
+    sharding: batch sharding of the mesh (`vit_jax.core.sharding.batch_sharding`).
     features_fn: `representation_fn(model)`, to reuse its compilation.
 
   Returns:
@@ -377,7 +377,7 @@ def evaluate_checkpoint(loaded, datasets: Sequence[str], *, crop=None, batch=256
   """
   import ml_collections
 
-  from vit_jax import sharding
+  from vit_jax.core import sharding
 
   data_dirs = {k: fields.pop(k, None) for k in ('tfds_data_dir', 'tfds_manual_dir')}
   method = {

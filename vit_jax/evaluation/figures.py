@@ -13,7 +13,7 @@ import warnings
 import jax
 import numpy as np
 
-from vit_jax import files
+from vit_jax.core import files
 from vit_jax.evaluation import analysis
 from vit_jax.evaluation import loader
 

@@ -5,7 +5,7 @@
 the resolution from its position embeddings, the model name from --model or
 the workdir (`vit_jax.workdir.recorded`). Errors a user can cause raise
 `checkpoint.CheckpointError` or `InputError`, each one line; the commands
-print them without a traceback (`vit_jax.cli`).
+print them without a traceback (`vit_jax.core.cli`).
 """
 
 import math
@@ -20,7 +20,7 @@ from vit_jax import checkpoint
 from vit_jax import models
 from vit_jax import workdir
 from vit_jax.configs import architectures
-from vit_jax.errors import UserError
+from vit_jax.core.errors import UserError
 from vit_jax.models import flexi
 from vit_jax.models import naflex
 

@@ -10,8 +10,8 @@ import os
 from typing import List, NamedTuple, Optional
 
 from vit_jax import checkpoint
-from vit_jax import files
 from vit_jax import workdir
+from vit_jax.core import files
 from vit_jax.evaluation import classify
 from vit_jax.evaluation import loader
 from vit_jax.interop import hf

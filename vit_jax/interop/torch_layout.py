@@ -28,7 +28,7 @@ import numpy as np
 
 from vit_jax import checkpoint
 from vit_jax import models
-from vit_jax.errors import UserError
+from vit_jax.core.errors import UserError
 from vit_jax.evaluation import loader
 
 NameFn = Callable[[str], Tuple[Optional[str], Optional[Tuple[int, int]]]]

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from vit_jax import checkpoint
-from vit_jax.errors import UserError
+from vit_jax.core.errors import UserError
 
 _KERNEL = 'embedding/kernel'
 _POSEMB = 'Transformer/posembed_input/pos_embedding'

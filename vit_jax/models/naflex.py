@@ -30,8 +30,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vit_jax import hardware
-from vit_jax import sharding
+from vit_jax.core import hardware
+from vit_jax.core import sharding
 from vit_jax.models import vit
 
 CLASSIFIERS = ('token', 'gap')

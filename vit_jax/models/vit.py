@@ -24,7 +24,7 @@ as one `nn.scan`: a single block is compiled whatever the depth, and the
 parameters are stacked under `Transformer/encoderblock` with a leading layer
 axis (`vit_jax.checkpoint.unstack_blocks` turns them into `encoderblock_{i}`).
 With a `model` mesh axis the activations are constrained so that each
-sub-layer needs one reduction (vit_jax.sharding.constrain).
+sub-layer needs one reduction (vit_jax.core.sharding.constrain).
 """
 
 import math
@@ -35,10 +35,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from vit_jax import hardware
-from vit_jax import sharding
 from vit_jax.configs import ConfigError
 from vit_jax.configs import schema
+from vit_jax.core import hardware
+from vit_jax.core import sharding
 from vit_jax.models import resnet
 
 Dtype = Any

@@ -8,7 +8,7 @@ newest checkpoint that restores (parameters, optimizer state, step, RNG, the
 data iterator's position and the run's totals) and, on CPU, ends with bitwise
 the parameters of an uninterrupted run; on a finished run it reports the
 result and writes nothing (`training.resume`). A config written for the
-official vit_jax is translated before it gets here (`vit_jax.cli`,
+official vit_jax is translated before it gets here (`vit_jax.core.cli`,
 `vit_jax.train`).
 """
 
@@ -26,18 +26,19 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from vit_jax import checkpoint
-from vit_jax import files
-from vit_jax import hardware
-from vit_jax import run_log
 from vit_jax import workdir as workdir_lib
 from vit_jax.configs import ConfigError
+from vit_jax.core import console
+from vit_jax.core import files
+from vit_jax.core import hardware
+from vit_jax.core.errors import UserError
 from vit_jax.data import pipeline
-from vit_jax.errors import UserError
 from vit_jax.training import hooks
 from vit_jax.training import program
 from vit_jax.training import resume
 from vit_jax.training import steps
 from vit_jax.training import stopping
+from vit_jax.workdir import run_log
 
 
 class TrainingError(UserError, RuntimeError):
@@ -78,7 +79,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
           train_iter=pipeline.make_train_iterator(
             config, run.program.batch_sharding, state=data_state, raw=True
           ),
-          progress=run_log.Progress(config.total_steps, first_step, config.batch),
+          progress=console.Progress(config.total_steps, first_step, config.batch),
           clock=clock,
         )
         periodic = hooks.hooks(run)
@@ -207,7 +208,7 @@ class Loop:
 
   state: steps.TrainState
   train_iter: pipeline.TrainIterator
-  progress: run_log.Progress
+  progress: console.Progress
   clock: Clock
   losses: Losses = dataclasses.field(default_factory=Losses)
   metrics: Optional[dict] = None  # the latest step's, still on the devices
@@ -244,7 +245,7 @@ def set_up(config, workdir: str, mesh, lock: Optional[workdir_lib.Lock] = None) 
     log=log,
     program=built,
     manager=manager,
-    # A peak that does not drop on a busy machine: MFU stays at most 1 (vit_jax.hardware).
+    # A peak that does not drop on a busy machine: MFU stays at most 1 (vit_jax.core.hardware).
     peak_flops=config.peak_flops or hardware.stable_peak()[0],
     lock=lock,
   )
@@ -299,7 +300,7 @@ def train(run: Run, loop: Loop, periodic: list, stop: Optional[stopping.Stop] = 
       for step in range(int(loop.state.step) + 1, run.config.total_steps + 1):
         batch = next(loop.train_iter)
         if step_fn is None:
-          with run_log.heartbeat('compiling the train step', say=run.log.info):
+          with console.heartbeat('compiling the train step', say=run.log.info):
             step_fn, loop.clock.flops = _compile(run.program.train_step, loop.state, batch)
           loop.progress.restart_clock(step - 1)
         loop.state, loop.metrics = step_fn(loop.state, batch)
@@ -331,7 +332,7 @@ def _run_hooks(run: Run, loop: Loop, step: int, due: list, preemption) -> None:
     )
   for hook in due:
     with loop.clock.evaluation() if hook.evaluation else contextlib.nullcontext():
-      with run_log.heartbeat(f'step {step}: {hook.name}', say=run.log.info):
+      with console.heartbeat(f'step {step}: {hook.name}', say=run.log.info):
         hook.fn(run, loop, step)
   if preemption.reached(step):
     hooks.save_checkpoint(run, loop, step)
@@ -363,7 +364,7 @@ def finish(run: Run, loop: Loop, periodic: list, *, first_step: int) -> dict:
   """
   config, workdir, state = run.config, run.workdir, loop.state
   totals = loop.totals()
-  with run_log.heartbeat(f'step {int(state.step)}: final evaluation', say=run.log.info):
+  with console.heartbeat(f'step {int(state.step)}: final evaluation', say=run.log.info):
     final = hooks.accuracy(run, state.params)
   summary = {
     'step': int(state.step),

@@ -16,10 +16,10 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from vit_jax import sharding
 from vit_jax.configs import ConfigError
 from vit_jax.configs import architectures
 from vit_jax.configs import schema
+from vit_jax.core import sharding
 from vit_jax.data import spec
 from vit_jax.models import flexi
 from vit_jax.models import naflex

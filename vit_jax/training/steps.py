@@ -16,12 +16,12 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from vit_jax import hardware
 from vit_jax import models
-from vit_jax import sharding
 from vit_jax.configs import ConfigError
 from vit_jax.configs import architectures
 from vit_jax.configs import schema
+from vit_jax.core import hardware
+from vit_jax.core import sharding
 from vit_jax.data import on_device
 from vit_jax.evaluation import metrics
 from vit_jax.models import flexi

@@ -17,9 +17,9 @@ from typing import NoReturn, Optional
 import jax
 from jax.experimental import multihost_utils
 
-from vit_jax import cli
 from vit_jax import workdir as workdir_lib
-from vit_jax.errors import UserError
+from vit_jax.core import cli
+from vit_jax.core.errors import UserError
 
 
 class Stopped(UserError, RuntimeError):
@@ -51,7 +51,7 @@ class Stop:
   line and the lock released (`_exit_now`). Several processes: JAX's
   coordination service catches SIGTERM, and every process asks
   `reached_preemption_sync_point` at the same (boundary) steps, so all agree
-  on the step to stop at; Ctrl-C is Python's there (`vit_jax.cli.run`: one
+  on the step to stop at; Ctrl-C is Python's there (`vit_jax.core.cli.run`: one
   line).
   """
 

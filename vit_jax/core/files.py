@@ -14,7 +14,7 @@ import socket
 import struct
 import urllib.parse
 
-from vit_jax.errors import UserError
+from vit_jax.core.errors import UserError
 
 # Hosts that serve each scheme; a scheme not listed here (memory://, file://) is not checked.
 _HOSTS = {'gs': 'storage.googleapis.com', 's3': 's3.amazonaws.com'}
@@ -219,7 +219,7 @@ def _masked_crc32c(data: bytes) -> int:
 
 def tfrecord_frame(data: bytes) -> bytes:
   """One record as a TFRecord file stores it: the data's shards (`data.records`) and
-  TensorBoard's event files (`run_log`)."""
+  TensorBoard's event files (`workdir.run_log`)."""
   length = struct.pack('<Q', len(data))
   return (
     length

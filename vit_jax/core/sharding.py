@@ -32,7 +32,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 import numpy as np
 
-from vit_jax.errors import UserError
+from vit_jax.core.errors import UserError
 
 AXES = ('slice', 'data', 'fsdp', 'model')
 BATCH_AXES = ('slice', 'data', 'fsdp')

@@ -1,8 +1,8 @@
-"""What a run writes as it goes: TensorBoard events, metrics.jsonl, progress lines.
+"""What a command shows on the terminal: progress and ETA, heartbeats through long waits, and
+how much of the libraries' own logs.
 
-Only process 0 writes; on other processes every method is a no-op. Progress,
-evaluation and the final `Done:` line are plain lines on stdout, where a
-person reads them and a script can parse them. The libraries' own start-up
+Progress, evaluation and the final `Done:` line are plain lines on stdout,
+where a person reads them and a script can parse them. The libraries' start-up
 logs (TensorFlow, XLA, absl INFO) are hidden unless asked for with
 `--verbosity=0` (or higher) or the environment variable VIT_JAX_VERBOSITY:
 `quiet_libraries` sets that up before TensorFlow or JAX starts.
@@ -11,11 +11,9 @@ logs (TensorFlow, XLA, absl INFO) are hidden unless asked for with
 import contextlib
 import glob
 import importlib.util
-import json
 import logging as py_logging
 import os
 import re
-import socket
 import sys
 import tempfile
 import threading
@@ -25,135 +23,12 @@ import warnings
 
 from absl import logging
 
-from vit_jax import files
-from vit_jax import workdir as workdir_lib
 
-
-def _format_duration(seconds: float) -> str:
+def format_duration(seconds: float) -> str:
   seconds = int(seconds)
   hours, rest = divmod(seconds, 3600)
   minutes, seconds = divmod(rest, 60)
   return f'{hours}h{minutes:02d}m' if hours else f'{minutes}m{seconds:02d}s'
-
-
-class EventFile:
-  """TensorBoard scalars in an event file, written without TensorFlow.
-
-  An event file is TFRecord-framed `Event` protos (TensorBoard's own, from the
-  tensorboard package). Local files are appended to; an object store cannot
-  append, so there the file is rewritten whole at each flush (scalars are a
-  few KB per thousand steps).
-  """
-
-  def __init__(self, logdir: str):
-    from tensorboard.compat.proto import event_pb2
-
-    self._event_pb2 = event_pb2
-    files.makedirs(logdir)
-    name = f'events.out.tfevents.{time.time():.0f}.{socket.gethostname()}.{os.getpid()}.0'
-    self._path = os.path.join(logdir, name)
-    self._remote = files.is_remote(logdir)
-    self._records = []
-    self._file = None if self._remote else open(self._path, 'ab')
-    self._write(event_pb2.Event(wall_time=time.time(), file_version='brain.Event:2'))
-
-  def _write(self, event) -> None:
-    data = files.tfrecord_frame(event.SerializeToString())
-    if self._remote:
-      self._records.append(data)
-    else:
-      self._file.write(data)
-
-  def scalars(self, step: int, values: dict) -> None:
-    from tensorboard.compat.proto import summary_pb2
-
-    summary = summary_pb2.Summary(
-      value=[summary_pb2.Summary.Value(tag=k, simple_value=float(v)) for k, v in values.items()]
-    )
-    self._write(self._event_pb2.Event(wall_time=time.time(), step=int(step), summary=summary))
-
-  def flush(self) -> None:
-    if self._remote:
-      with files.open_file(self._path, 'wb') as f:
-        f.write(b''.join(self._records))
-    else:
-      self._file.flush()
-
-  def close(self) -> None:
-    self.flush()
-    if self._file is not None:
-      self._file.close()
-
-
-def record_fewshot(workdir: str, scalars: dict) -> str:
-  """Few-shot `scalars` into `workdir`: `fewshot.json` (`workdir.add_fewshot`, other datasets'
-  results kept) and TensorBoard under `tensorboard/fewshot`; the JSON's path."""
-  path = workdir_lib.add_fewshot(workdir, scalars)
-  write_scalars(os.path.join(workdir, workdir_lib.FEWSHOT_TENSORBOARD), 0, scalars)
-  return path
-
-
-def write_scalars(logdir: str, step: int, values: dict) -> None:
-  """One event file in `logdir` holding `values` at `step`."""
-  events = EventFile(logdir)
-  events.scalars(step, values)
-  events.close()
-
-
-class RunLog:
-  """Scalars to TensorBoard (`workdir/tensorboard`) and `workdir/metrics.jsonl`.
-
-  `metrics.jsonl` (one JSON object per line) is written for local workdirs
-  only: object stores such as GCS cannot append. It is strict JSON: a NaN or
-  infinite value (a skipped step's gradient norm) is `null` there.
-  """
-
-  def __init__(self, workdir: str, *, is_main: bool, tensorboard: bool = True):
-    self._active = is_main
-    self._workdir = workdir
-    self._tb = None
-    if not is_main:
-      return
-    files.makedirs(workdir)
-    if tensorboard:
-      self._tb = EventFile(os.path.join(workdir, workdir_lib.TENSORBOARD))
-    self._jsonl = (
-      None
-      if files.is_remote(workdir)
-      else open(os.path.join(workdir, workdir_lib.METRICS_FILE), 'a', encoding='utf-8')
-    )
-
-  def scalars(self, step: int, values: dict) -> None:
-    if not self._active:
-      return
-    values = {k: float(v) for k, v in values.items()}
-    if self._jsonl is not None:
-      line = {'step': int(step), **workdir_lib.json_numbers(values)}
-      self._jsonl.write(json.dumps(line, allow_nan=False) + '\n')
-      self._jsonl.flush()
-    if self._tb is not None:
-      self._tb.scalars(step, values)
-      self._tb.flush()
-
-  def info(self, message: str, *args) -> None:
-    if self._active:
-      print(message % args if args else message, flush=True)
-
-  def write_json(self, name: str, data: dict) -> None:
-    if not self._active:
-      return
-    path = os.path.join(self._workdir, name)
-    with files.open_file(path + '.tmp', 'w') as f:
-      json.dump(data, f, indent=2, sort_keys=True)
-      f.write('\n')
-    files.rename(path + '.tmp', path)
-
-  def close(self) -> None:
-    if self._active:
-      if self._jsonl is not None:
-        self._jsonl.close()
-      if self._tb is not None:
-        self._tb.close()
 
 
 class Progress:
@@ -185,7 +60,7 @@ class Progress:
     eta = (self.total_steps - step) * self.step_time
     return (
       f'step {step}/{self.total_steps}  loss {loss:.4f}  lr {lr:.3g}  '
-      f'{self.img_per_sec:,.0f} img/s  ETA {_format_duration(eta)}'
+      f'{self.img_per_sec:,.0f} img/s  ETA {format_duration(eta)}'
     )
 
 
@@ -212,7 +87,7 @@ def heartbeat(what: str, say=_to_stderr, every: Optional[float] = None):
 
   def beat():
     while not done.wait(every):
-      say(f'{what}: {_format_duration(time.perf_counter() - start)} so far')
+      say(f'{what}: {format_duration(time.perf_counter() - start)} so far')
 
   thread = threading.Thread(target=beat, name='heartbeat', daemon=True)
   thread.start()

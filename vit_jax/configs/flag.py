@@ -1,0 +1,170 @@
+"""`--config=FILE[:ARGS]` and `--config.FIELD=VALUE`, as a user types them.
+
+The commands that take `--config` (main, compile) share `ConfigFlag`: the file is
+checked before absl reads it (there, a Python file that compiles), an unknown
+`--config.FIELD` names the closest field (or what replaces an official-only
+one), a `ConfigError` raised by the config file is its own line, a config
+written for the official vit_jax is translated (`configs.official`) once,
+here, before any command sees it, and a field the file sets that no run reads
+(`config.total_step = 4`) is refused like a misspelt flag.
+"""
+
+import difflib
+import os
+import re
+from typing import Optional
+
+from absl import flags
+import ml_collections
+from ml_collections import config_flags
+
+from vit_jax.configs import ConfigError
+from vit_jax.configs import common
+from vit_jax.configs import official
+from vit_jax.core import cli
+from vit_jax.core import console
+
+
+class ConfigFlag:
+  """`--config=FILE[:ARGS]` and `--config.FIELD=VALUE` for an absl command.
+
+  `default`: the config file used when --config is absent (None: required,
+  `example` says what to pass). `parse` is the command's `flags_parser` for
+  `absl.app.run`; `value` is the translated config.
+  """
+
+  def __init__(self, help_text: str, *, default: Optional[str] = None, example: str = ''):
+    # No default here: ml_collections would parse it, and any --config.FIELD,
+    # at import. `parse` substitutes `default` when --config is absent.
+    self._holder = config_flags.DEFINE_config_file('config', None, help_text, lock_config=True)
+    self._default = default
+    self._example = example
+    self._translated = None
+    self._file = default
+
+  def parse(self, argv):
+    """absl flag parsing, with one-line errors for the user's mistakes (not for bugs)."""
+    # Before anything imports TensorFlow or JAX: their start-up logs stay hidden.
+    console.quiet_libraries(console.verbosity_in(argv))
+    cli.text_streams()
+    spec = config_spec(argv)
+    if spec is None and self._default is None:
+      cli.fail(f'--config is required, e.g. {self._example}')
+    if spec is None:
+      argv = argv[:1] + [f'--config={self._default}'] + argv[1:]
+    else:
+      check_config_file(spec.split(':', 1)[0], self._example)
+    self._file = (spec or self._default).split(':', 1)[0]
+    try:
+      argv = flags.FLAGS(argv)
+      # ml_collections applies --config.FIELD overrides when the value is first read.
+      _ = self._holder.value
+      return argv
+    except ConfigError as e:  # raised on purpose by the config file (vit_jax.configs.recipes)
+      cli.fail(e)
+    except AttributeError as e:
+      cli.fail(_attribute_error(e, argv))
+    except flags.Error as e:
+      cli.fail(_flags_error(e))
+
+  @property
+  def value(self):
+    """The config, an official vit_jax one read as this package's (`configs.official`)."""
+    if self._translated is None:
+      with cli.reported():
+        translated = official.translate(self._holder.value)
+      unknown = unknown_fields(translated)
+      if unknown:
+        cli.fail(f'config file {self._file}: {unknown}')
+      self._translated = translated
+    return self._translated
+
+
+def check_config_file(path: str, example: str) -> None:
+  """A --config file that absl can load: there, a file, Python that compiles; else one line."""
+  if not os.path.exists(path):
+    cli.fail(f'config file {path} not found; configs live in configs/ (e.g. {example})')
+  if not os.path.isfile(path) or not path.endswith('.py'):
+    cli.fail(
+      f'config file {path} is not a Python file: a config is a .py file whose get_config() '
+      f'returns a ConfigDict (e.g. {example})'
+    )
+  try:
+    with open(path, 'rb') as f:
+      compile(f.read(), path, 'exec')
+  except (SyntaxError, ValueError) as e:  # ValueError: null bytes
+    where = f', line {e.lineno}' if getattr(e, 'lineno', None) else ''
+    text = (getattr(e, 'text', None) or '').strip()
+    shown = f': {text[:80]}' if text else ''
+    cli.fail(
+      f'config file {path}{where}: {type(e).__name__}: {getattr(e, "msg", e)}{shown}; '
+      'fix the file (a config is Python)'
+    )
+
+
+def _field_names(config, prefix: str = '') -> list:
+  """Dotted names of every field of a ConfigDict, parents before their children."""
+  names = []
+  for key, value in config.items():
+    names.append(prefix + key)
+    if isinstance(value, ml_collections.ConfigDict):
+      names += _field_names(value, f'{prefix}{key}.')
+  return names
+
+
+def unknown_fields(config) -> str:
+  """'' when every field of `config` is one a run reads (`configs.common.get_config`); else
+  what to say about the first other one: a misspelt field in a config file, as a flag would be."""
+  known = _field_names(common.get_config())
+  for name in _field_names(config):
+    parent = name.rpartition('.')[0]
+    if name in known or (parent and parent not in known):
+      continue  # a field of a known section, or inside an unknown one (named already)
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    hint = f'did you mean {close[0]}?' if close else 'see vit_jax/configs/common.py for the fields'
+    return f'unknown config field {name!r} (no run reads it); {hint}'
+  return ''
+
+
+def config_spec(argv) -> Optional[str]:
+  """The FILE[:ARGS] of `--config=` in `argv`, or None."""
+  return next((a.split('=', 1)[1] for a in argv if a.startswith('--config=')), None)
+
+
+def _override_names(argv) -> set:
+  """Field names of the --config.A.B=... overrides in `argv`."""
+  names = set()
+  for arg in argv:
+    if arg.startswith('--config.'):
+      names.update(arg[len('--config.') :].split('=', 1)[0].split('.'))
+  return names
+
+
+def _attribute_error(e: AttributeError, argv) -> str:
+  """The line for a --config.FIELD the locked config lacks, or a config file without its
+  get_*config function; any other AttributeError is a bug in the config file and is re-raised."""
+  text = str(e).replace('\\', '')
+  if re.search(r"module '[\w.]+' has no attribute 'get_\w*config'", text):
+    return f'config file: {text.splitlines()[0]}'
+  quoted = re.search(r"'(\w+)'", text)
+  if not quoted or quoted.group(1) not in _override_names(argv):
+    raise e
+  match = re.search(r'Did you mean "([\w.]+)" instead of "([\w.]+)"', text)
+  field = match.group(2) if match else quoted.group(1)
+  if official.hint(field):
+    return f'unknown config field {field!r}: {official.hint(field)}'
+  if match:
+    return f'unknown config field {field!r}; did you mean {match.group(1)}?'
+  return f'unknown config field {field!r}; see the config file'
+
+
+def _flags_error(e) -> str:
+  """absl wraps what the config file raised: a ConfigError there is the user's argument,
+  anything else a bug whose traceback absl's message carries. (ml_collections re-raises the
+  file's exception as its own type with the traceback as message: the innermost ConfigError
+  holds the real message.)"""
+  cause, original = e.__cause__ or e.__context__, None
+  while cause is not None:
+    original = cause if isinstance(cause, ConfigError) else original
+    cause = cause.__cause__ or cause.__context__
+  return cli.message_of(original) if original is not None else str(e)
