@@ -14,7 +14,7 @@ from vit_jax import analyze
 from vit_jax import checkpoint
 from vit_jax import models
 from vit_jax.configs import architectures
-from vit_jax.data import datasets
+from vit_jax.data.readers import builtin
 from vit_jax.evaluation import analysis
 from vit_jax.evaluation import classify
 from vit_jax.evaluation import figures
@@ -175,8 +175,8 @@ def test_analyze_digits_uses_the_demo_test_images(tmp_path):
     == 0
   )
   result = json.loads((out / 'analysis.json').read_text())
-  _, test = datasets.digits_split_indices()
-  labels = datasets.load_digits()[1]
+  _, test = builtin.digits_split_indices()
+  labels = builtin.load_digits()[1]
   assert result['images'] == [f'test digit #{i} (a {labels[i]})' for i in test[:4]]
   names, images = figures.test_digits(64)
   assert images.shape == (4, 64, 64, 3) and images.min() >= -1.0 and images.max() <= 1.0

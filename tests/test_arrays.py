@@ -11,9 +11,9 @@ import numpy as np
 from PIL import Image
 import pytest
 
-from vit_jax.data import arrays
-from vit_jax.data import datasets
 from vit_jax.data import pipeline
+from vit_jax.data.readers import arrays
+from vit_jax.data.readers import builtin
 
 
 @pytest.fixture(scope='module')
@@ -77,7 +77,7 @@ def test_an_npz_a_npy_folder_registered_arrays_and_png_files_give_the_same_batch
 
 
 def test_grey_arrays_are_the_rgb_ones_and_threads_change_nothing(tmp_path):
-  pixels, labels = datasets.load_digits()  # grey replicated to RGB
+  pixels, labels = builtin.load_digits()  # grey replicated to RGB
   grey = str(tmp_path / 'grey.npz')
   np.savez(grey, x_train=pixels[:300, ..., 0], y_train=labels[:300])
   rgb = str(tmp_path / 'rgb.npz')
@@ -91,7 +91,7 @@ def test_grey_arrays_are_the_rgb_ones_and_threads_change_nothing(tmp_path):
 
 
 def test_split_slices_resume_and_the_other_splits(tmp_path):
-  pixels, labels = datasets.load_digits()
+  pixels, labels = builtin.load_digits()
   path = str(tmp_path / 'd.npz')
   np.savez(path, x_train=pixels[:100], y_train=labels[:100], x_val=pixels[100:130],
            y_val=labels[100:130])  # fmt: skip
@@ -112,7 +112,7 @@ def test_split_slices_resume_and_the_other_splits(tmp_path):
 
 
 # What a user may hand over, and the one line that comes back.
-_DIGITS = datasets.load_digits()
+_DIGITS = builtin.load_digits()
 _X, _Y = _DIGITS[0][:20], _DIGITS[1][:20]
 BAD = [
   ({'x_train': _X.astype(np.float32) / 255, 'y_train': _Y},

@@ -53,9 +53,9 @@ OFFLINE = ('storage.googleapis.com', 'Temporary failure in name resolution')
 
 def _digit_pngs(root, per_split=(('train', 12), ('test', 4))):
   """DIR/<split>/<class>/<file> of digits 0, 1, 2 under the non-ASCII names above."""
-  from vit_jax.data import datasets
+  from vit_jax.data.readers import builtin
 
-  pixels, labels = datasets.load_digits()
+  pixels, labels = builtin.load_digits()
   for split, count in per_split:
     for label, name in enumerate(CLASSES):
       folder = os.path.join(os.fsencode(root), os.fsencode(split), name.encode('utf-8'))
@@ -130,10 +130,10 @@ def _exif_rotated(grey):
 
 def _mode_images():
   """{file name: encoded bytes} of one digit in every mode PIL opens that a folder holds."""
-  from vit_jax.data import datasets
+  from vit_jax.data.readers import builtin
 
   grey = np.asarray(
-    Image.fromarray(datasets.load_digits()[0][0][..., 0]).resize((24, 20), Image.NEAREST)
+    Image.fromarray(builtin.load_digits()[0][0][..., 0]).resize((24, 20), Image.NEAREST)
   )
   rgb = Image.fromarray(np.stack([grey, 255 - grey, grey // 3], -1))
 

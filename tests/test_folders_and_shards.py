@@ -16,7 +16,7 @@ from vit_jax.core import cli
 from vit_jax.data import example_proto
 from vit_jax.data import pipeline
 from vit_jax.data import records
-from vit_jax.data import shards
+from vit_jax.data.readers import shards
 
 # Class colours: after any crop/flip/resize an image keeps its colour.
 _COLOURS = {'cat': (200, 30, 30), 'dog': (30, 200, 30), 'eel': (30, 30, 200)}

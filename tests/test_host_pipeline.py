@@ -23,7 +23,7 @@ from vit_jax.data import images
 from vit_jax.data import order
 from vit_jax.data import pipeline
 from vit_jax.data import records
-from vit_jax.data import shards
+from vit_jax.data.readers import shards
 
 
 @pytest.fixture(scope='module')
@@ -189,7 +189,8 @@ import json, sys
 sys.modules['tensorflow'] = None  # as if not installed: `import tensorflow` fails
 sys.modules['tensorflow_datasets'] = None
 import numpy as np
-from vit_jax.data import pipeline, shards
+from vit_jax.data import pipeline
+from vit_jax.data.readers import shards
 from vit_jax.training import loop  # noqa: F401  (the trainer imports)
 folder, out = sys.argv[1], sys.argv[2]
 examples, names = shards.examples_from_folder(folder + '/train')

@@ -7,8 +7,8 @@ import ml_collections
 import numpy as np
 import pytest
 
-from vit_jax.data import datasets
 from vit_jax.data import pipeline
+from vit_jax.data.readers import builtin
 
 
 def _config(**overrides):
@@ -20,10 +20,10 @@ def _take(it, n):
 
 
 def test_digits_split_is_fixed_stratified_and_disjoint():
-  train, test = datasets.digits_split_indices()
+  train, test = builtin.digits_split_indices()
   assert len(train) == 1438 and len(test) == 359
   assert not set(train) & set(test) and len(set(train) | set(test)) == 1797
-  _, labels = datasets.load_digits()
+  _, labels = builtin.load_digits()
   # Each class holds out round(20%) of its members.
   for c in range(10):
     n = np.sum(labels == c)
@@ -134,8 +134,8 @@ def test_eval_sees_every_example_once_and_masking_keeps_accuracy_exact():
   assert mask.sum() == n and np.all(mask[:n] == 1) and np.all(mask[n:] == 0)
 
   # The real examples are the test split in order, resized exactly as eval does.
-  raw, raw_labels = datasets.load_digits()
-  test = datasets.digits_split_indices()[1]
+  raw, raw_labels = builtin.load_digits()
+  test = builtin.digits_split_indices()[1]
   tf = pytest.importorskip('tensorflow')  # the oracle: TensorFlow's resize
   expected = tf.cast(
     tf.clip_by_value(tf.round(tf.image.resize(raw[test], [16, 16], method='bilinear')), 0, 255),
@@ -162,8 +162,8 @@ def test_eval_sees_every_example_once_and_masking_keeps_accuracy_exact():
 
 def test_eval_with_resize_then_centre_crop():
   batches = list(pipeline.make_eval_iterator(_config(**{'pp.resize': 20}), batch_sharding()))
-  raw, _ = datasets.load_digits()
-  first = raw[datasets.digits_split_indices()[1][:4]]
+  raw, _ = builtin.load_digits()
+  first = raw[builtin.digits_split_indices()[1][:4]]
   tf = pytest.importorskip('tensorflow')  # the oracle: TensorFlow's resize
   big = tf.cast(tf.clip_by_value(tf.round(tf.image.resize(first, [20, 20])), 0, 255), tf.uint8)
   np.testing.assert_array_equal(

@@ -23,8 +23,8 @@ _WORKER = textwrap.dedent("""
     import ml_collections
     import numpy as np
     import tensorflow as tf
-    from vit_jax.data import datasets
     from vit_jax.data import pipeline
+    from vit_jax.data.readers import builtin
 
     config = pipeline.add_data_config(ml_collections.ConfigDict())
     config.pp.crop, config.batch, config.batch_eval = 16, 32, 50
@@ -32,8 +32,8 @@ _WORKER = textwrap.dedent("""
     mesh = jax.make_mesh((2,), ('data',))
     sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('data'))
 
-    raw, _ = datasets.load_digits()
-    train = datasets.digits_split_indices()[0]
+    raw, _ = builtin.load_digits()
+    train = builtin.digits_split_indices()[0]
     resized = tf.cast(tf.clip_by_value(tf.round(tf.image.resize(raw[train], [16, 16])),
                                        0, 255), tf.uint8).numpy().reshape(len(train), -1)
     lookup = {row.tobytes(): i for i, row in enumerate(resized)}

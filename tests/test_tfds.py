@@ -19,7 +19,7 @@ from vit_jax.core import cli
 from vit_jax.data import datasets
 from vit_jax.data import pipeline
 from vit_jax.data import presets
-from vit_jax.data import tfds
+from vit_jax.data.readers import tfds
 
 
 def _config(dataset, **kw):

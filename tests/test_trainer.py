@@ -339,10 +339,10 @@ def test_an_npz_of_the_digits_trains_evaluates_and_resumes_as_the_builtin_digits
   int64 labels, CIFAR-style [N, 1] test labels) train to bitwise the reference run's
   parameters, also when the run is killed after a checkpoint and resumed, and evaluate to
   its accuracy (the same source, crops and order as the built-in arrays)."""
-  from vit_jax.data import datasets
+  from vit_jax.data.readers import builtin
 
-  pixels, labels = datasets.load_digits()
-  train, test = datasets.digits_split_indices()
+  pixels, labels = builtin.load_digits()
+  train, test = builtin.digits_split_indices()
   path = tmp_path / 'digits.npz'
   np.savez(
     path,

@@ -56,7 +56,7 @@ def main(argv=None):
 
   from vit_jax import workdir
   from vit_jax.bench import input_speed
-  from vit_jax.data import datasets
+  from vit_jax.data import readers
 
   with cli.reported():
     if args.json:
@@ -66,7 +66,7 @@ def main(argv=None):
 
   threads = [int(t) for t in args.threads.split(',')]
   with cli.reported():
-    if args.dataset and datasets.kind(args.dataset) in ('arrays', 'builtin'):
+    if args.dataset and readers.reader_for(args.dataset).name in ('arrays', 'builtin'):
       out = input_speed.measure_arrays(
         args.dataset, batch=args.batch, steps=args.steps, threads=threads, rounds=args.rounds
       )

@@ -21,7 +21,7 @@ multi-label). Write shards from an image folder or a CSV of
   python -m vit_jax.jft --folder DIR/train --out SHARDS --split train
   python -m vit_jax.jft --csv labels.csv --num_classes 18291 --out SHARDS
 
-The converter checks every image (`vit_jax.data.folder.check_image`) and leaves
+The converter checks every image (`vit_jax.data.readers.folder.check_image`) and leaves
 corrupt ones out (named in the log) or, with --corrupt_images=fail, stops.
 """
 
@@ -39,7 +39,7 @@ def main(argv=None):
   console.quiet_libraries(console.verbosity_in(argv))
 
   from vit_jax import workdir
-  from vit_jax.data import shards
+  from vit_jax.data.readers import shards
 
   parser = _parser(shards.FORMATS)
   args = parser.parse_args(argv)
@@ -105,7 +105,7 @@ def _examples(args):
   """(examples [(path, [label ids])], class names or None, number of classes) of --folder or
   --csv; class names as text (`files.text`) whatever the file system's encoding."""
   from vit_jax.core import files
-  from vit_jax.data import shards
+  from vit_jax.data.readers import shards
   from vit_jax.data.sources import DataError
 
   if args.folder:

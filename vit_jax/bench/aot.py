@@ -23,7 +23,6 @@ from vit_jax.bench import gpus
 from vit_jax.bench import hlo
 from vit_jax.bench import topology
 from vit_jax.core import hardware
-from vit_jax.data import datasets
 from vit_jax.data import pipeline
 from vit_jax.data import presets
 from vit_jax.training import program
@@ -68,7 +67,7 @@ def dataset_classes(config) -> tuple:
     return _KNOWN_CLASSES['jft']
   if name in _KNOWN_CLASSES:
     return _KNOWN_CLASSES[name]
-  if name in datasets.BUILTIN:
+  if name in presets.BUILTIN:
     return 10, False
   preset = presets.PRESETS.get(name)
   if preset is not None and preset.num_classes:

@@ -60,7 +60,7 @@ def write_photos(root, n, classes=10, seed=0):
 
 def image_files(root):
   """Sorted paths of the images (any extension image folders accept) under `root`."""
-  from vit_jax.data import folder
+  from vit_jax.data.readers import folder
 
   return [os.path.join(root, f) for f in folder.images_under(root)[0]]
 
@@ -464,7 +464,7 @@ def _beyond_plain_training(folder, paths, batch, steps, threads, work_dir, out, 
 
 def _shards(folder, batch, steps, threads, work_dir, say) -> dict:
   """The pipeline on record shards of the same images, and a restore at step 10^6."""
-  from vit_jax.data import shards as shard_files
+  from vit_jax.data.readers import shards as shard_files
 
   file_format = 'tfrecord'  # the format `python -m vit_jax.jft` writes by default
   shards = os.path.join(work_dir, f'shards_{file_format}')

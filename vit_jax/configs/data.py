@@ -25,7 +25,7 @@ def data_config() -> ml_collections.ConfigDict:
       # ('cifar10', 'imagenet2012', 'vtab/dtd'), the built-in 'digits', a
       # folder DIR/{train,test}/<class>/*, or a shard directory with info.json.
       'dataset': 'digits',
-      # Where prepared TFDS datasets are; None = $TFDS_DATA_DIR or TFDS's default (data/tfds.py).
+      # Where prepared TFDS datasets are; None = $TFDS_DATA_DIR or TFDS's default (data/readers/tfds.py).
       'tfds_data_dir': placeholder(str),
       'tfds_manual_dir': placeholder(str),  # manual downloads (ImageNet tars, ImageNet-21k folders)
       'pp': {

@@ -2,15 +2,15 @@
 
 TFDS datasets are written as ArrayRecord (random access, what the pipeline
 reads fastest); TFRecord preparations are read too. Building them runs TFDS's
-own code, which needs TensorFlow (`data/tfds.py`). ImageNet-21k is not in
+own code, which needs TensorFlow (`data/readers/tfds.py`). ImageNet-21k is not in
 TFDS: its extracted release (one folder of JPEGs per synset) becomes JFT-style
 shards. `python -m vit_jax.prepare` is the command line.
 """
 
 import os
 
-from vit_jax.data import shards
-from vit_jax.data import tfds
+from vit_jax.data.readers import shards
+from vit_jax.data.readers import tfds
 from vit_jax.data.sources import DataError
 
 

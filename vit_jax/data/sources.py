@@ -46,7 +46,7 @@ class Source:
 
 def array_source(name, images, labels, num_classes, class_names=None):
   """Decoded uint8 images [N, h, w, 3] (or grey: [N, h, w, 1], [N, h, w]) and int labels [N]
-  held in memory or memory-mapped (`vit_jax.data.arrays` checks what users hand over)."""
+  held in memory or memory-mapped (`vit_jax.data.readers.arrays` checks what users hand over)."""
   labels = np.asarray(labels, np.int32)
   if images.dtype != np.uint8 or images.ndim not in (3, 4) or len(images) != len(labels):
     raise DataError(

@@ -28,8 +28,8 @@ LABEL_FILES = {1000: 'imagenet2012_labels.txt', 21843: 'imagenet21k_labels.txt'}
 def image_files(specs: Sequence[str]) -> List[str]:
   """Files named by `specs`: image files, directories or comma lists. A directory gives its
   images at any depth (a dataset folder's, in its class folders), sorted, as training reads
-  them (`data.folder.images_under`: tools' folders left out, and said)."""
-  from vit_jax.data import folder
+  them (`data.readers.folder.images_under`: tools' folders left out, and said)."""
+  from vit_jax.data.readers import folder
 
   files = []
   for spec in specs:

@@ -219,11 +219,11 @@ def _rounded(x) -> Optional[list]:
 def test_digits(size: int, count: int = 4):
   """(names, [count, size, size, 3] in [-1, 1]): the first test digits of the demo's dataset,
   as its evaluation pipeline gives them."""
-  from vit_jax.data import datasets
   from vit_jax.data import images
+  from vit_jax.data.readers import builtin
 
-  pixels, labels = datasets.load_digits()
-  index = datasets.digits_split_indices()[1][:count]
+  pixels, labels = builtin.load_digits()
+  index = builtin.digits_split_indices()[1][:count]
   names = [f'test digit #{i} (a {labels[i]})' for i in index]
   return names, images.to_float(images.eval_array(pixels[index], size))
 

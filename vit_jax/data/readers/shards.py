@@ -4,6 +4,9 @@ A shard directory holds `info.json` (classes, splits and their files) and
 TFRecord or ArrayRecord files of `tf.train.Example`s (`image/encoded`,
 `image/labels` as a list of ints, `image/id`). `python -m vit_jax.jft` converts a
 folder or a CSV into one.
+
+The reader claims paths of shard directories and `imagenet21k`: the shards
+`python -m vit_jax.prepare imagenet21k` writes in <tfds_data_dir>/imagenet21k.
 """
 
 import concurrent.futures
@@ -16,9 +19,11 @@ import numpy as np
 
 from vit_jax.core import files
 from vit_jax.data import example_proto
-from vit_jax.data import folder
 from vit_jax.data import records
 from vit_jax.data import sources
+from vit_jax.data.readers import folder
+from vit_jax.data.readers import reader
+from vit_jax.data.readers import tfds
 from vit_jax.data.sources import DataError
 
 FORMAT = 'vit_jax.shards/1'
@@ -65,18 +70,45 @@ def open_split(root: str, split: str) -> sources.Source:
   for path, _, _ in paths:
     if not files.exists(path):
       raise DataError(f'{path}: shard listed in info.json is missing; re-run python -m vit_jax.jft')
-  reader = records.open_records(paths, info.get('file_format', 'tfrecord'))
   k = int(info['num_classes'])
   source = sources.record_source(
     f'{root} {name}',
-    reader,
+    records.open_records(paths, info.get('file_format', 'tfrecord')),
     lambda r: parse_example(r, k),
     k,
     class_names=info.get('class_names'),
     multi_label=True,
   )
-  lo, hi = sources.slice_bounds(start, stop, source.num_examples)
-  return sources.sliced(source, lo, hi, f'[{start or ""}:{stop or ""}]')
+  return reader.sliced(source, start, stop)
+
+
+def _claims(dataset: str) -> bool:
+  # A local folder named imagenet21k is that folder, as any other path.
+  if reader.names_a_path(dataset):
+    return is_shard_dir(os.path.expanduser(dataset))
+  return dataset == 'imagenet21k'
+
+
+def _open_dataset_split(dataset: str, split: str, options: reader.Options) -> sources.Source:
+  if dataset != 'imagenet21k':
+    return open_split(os.path.expanduser(dataset), split)
+  root = os.path.join(tfds.data_dir(options.tfds_data_dir), 'imagenet21k')
+  if not is_shard_dir(root):
+    manual = options.tfds_manual_dir or '<tfds_manual_dir>'
+    raise DataError(
+      f'imagenet21k: no converted shards in {root}; convert the extracted '
+      f'release with python -m vit_jax.jft --folder {manual} --out {root} '
+      '(docs/data.md: ImageNet-21k)'
+    )
+  return open_split(root, split)
+
+
+READER = reader.Reader(
+  'shards',
+  claims=_claims,
+  defaults=lambda dataset, options: reader.Defaults(),
+  open_split=_open_dataset_split,
+)
 
 
 # ---------------------------------------------------------------------------

@@ -14,6 +14,9 @@ with `corrupt_images='fail'` the first one stops the run with its name.
 Checking is cheap for JPEGs (PIL decodes at 1/8 scale, which still reads
 every entropy-coded byte) and a full PIL decode for the other formats, run in
 a thread pool.
+
+The reader claims every path that no reader before it claimed; a path that is
+no local folder is refused there.
 """
 
 import concurrent.futures
@@ -23,20 +26,22 @@ import logging
 import os
 from typing import List, Optional, Sequence, Tuple
 
+import numpy as np
+
+from vit_jax.core import files
 from vit_jax.data import images
+from vit_jax.data import sources
+from vit_jax.data.readers import reader
 from vit_jax.data.sources import DataError
 
 _MAX_NAMED = 20  # corrupt files named in the log line; the count is always exact
+_SIZE_SAMPLE = 32  # train images whose size is read to choose the defaults
 # Folders and files that tools make beside data; any name starting with a dot is one too
 # (.ipynb_checkpoints, .git, .svn, .hg, .idea, .vscode, .DS_Store, ._* AppleDouble files).
 _TOOL_NAMES = frozenset(
   ('__MACOSX', '__pycache__', 'Thumbs.db', 'desktop.ini', '$RECYCLE.BIN', 'lost+found')
 )
 IMAGE_KINDS = 'JPEG, PNG, WebP, TIFF, BMP, GIF or another format PIL reads'
-
-
-def is_image_folder(path: str) -> bool:
-  return os.path.isdir(path) and not os.path.exists(os.path.join(path, 'info.json'))
 
 
 def is_tool_entry(name: str) -> bool:
@@ -205,3 +210,66 @@ def _loose_entries(folder: str) -> Tuple[List[str], List[str]]:
   tools = [n for n in names if is_tool_entry(n)]
   files = [n for n in names if n not in tools and not os.path.isdir(os.path.join(folder, n))]
   return tools, files
+
+
+def _image_side(dataset: str) -> Optional[int]:
+  """Median shorter side (px) of up to _SIZE_SAMPLE train images, from their headers."""
+  from PIL import Image
+
+  split = os.path.join(os.path.expanduser(dataset), 'train')
+  if not os.path.isdir(split):
+    return None
+  paths = []
+  for name in subfolders(split):
+    class_dir = os.path.join(split, name)
+    paths += [os.path.join(class_dir, f) for f in images_under(class_dir)[0]]
+  step = max(1, len(paths) // _SIZE_SAMPLE)
+  sides = []
+  for path in paths[::step][:_SIZE_SAMPLE]:
+    try:
+      with Image.open(path) as image:
+        sides.append(min(image.size))
+    except (OSError, ValueError, Image.DecompressionBombError):
+      continue  # corrupt and huge files are reported when the split is opened
+  return int(np.median(sides)) if sides else None
+
+
+def _claims(dataset: str) -> bool:
+  if not reader.names_a_path(dataset):
+    return False
+  if files.is_remote(dataset):
+    raise DataError(
+      f'{dataset}: no info.json there; datasets in object stores are shard directories '
+      '(python -m vit_jax.jft --folder DIR --out gs://...); image folders must be local'
+    )
+  if not os.path.isdir(os.path.expanduser(dataset)):
+    raise DataError(
+      f'{dataset}: no such folder; pass an existing image folder or shard '
+      'directory, or a dataset name (digits, cifar10, imagenet2012, ...)'
+    )
+  return True
+
+
+def _open_split(dataset: str, split: str, options: reader.Options) -> sources.Source:
+  root = os.path.expanduser(dataset)
+  name, start, stop = sources.parse_split(split)
+  classes = class_names(root)
+  if len(classes) == 1:
+    # One class: every prediction is right, and training "reaches 100%".
+    raise DataError(
+      f'{root}: only one class folder ({classes[0]}); classification needs at least two: '
+      f'add {root}/train/<another class>/ with images'
+    )
+  paths, labels = list_split(root, name, classes, options.corrupt_images)
+  if not options.allow_missing_classes:
+    check_same_classes(root)
+  source = sources.file_source(os.path.join(root, name), paths, labels, len(classes), classes)
+  return reader.sliced(source, start, stop)
+
+
+READER = reader.Reader(
+  'folder',
+  claims=_claims,
+  defaults=lambda dataset, options: reader.for_image_side(_image_side(dataset)),
+  open_split=_open_split,
+)

@@ -12,6 +12,8 @@ evaluate.
 Preparing (downloading and building) runs TFDS's real builders, which need
 TensorFlow: `pip install 'vit_jax[tfds]'`; without it `python -m
 vit_jax.prepare` says so in one line.
+
+The reader claims every name no reader before it claimed: it comes last.
 """
 
 import difflib
@@ -30,6 +32,7 @@ from vit_jax.data import example_proto
 from vit_jax.data import presets
 from vit_jax.data import records
 from vit_jax.data import sources
+from vit_jax.data.readers import reader
 from vit_jax.data.sources import DataError
 
 _CONNECT_TIMEOUT_S = 10
@@ -193,18 +196,16 @@ def open_split(dataset: str, split: str, tfds_data_dir=None, tfds_manual_dir=Non
     for part in expression.split('+'):
       name, start, stop = sources.parse_split(part)
       paths, file_format = _split_files(folder, info, name)
-      reader = records.open_records(paths, file_format)
       source = sources.record_source(
         f'{dataset} {name}',
-        reader,
+        records.open_records(paths, file_format),
         parse,
         num_classes,
         class_names=names,
         multi_label=multi_label,
         mask_empty_labels=bool(preset and preset.mask_empty_labels),
       )
-      lo, hi = sources.slice_bounds(start, stop, source.num_examples)
-      source = sources.sliced(source, lo, hi, f'[{start or ""}:{stop or ""}]')
+      source = reader.sliced(source, start, stop)
       if take is not None:
         source = sources.sliced(source, 0, min(take, source.num_examples), f'[:{take}]')
       pieces.append(source)
@@ -252,6 +253,31 @@ def unknown_dataset(dataset, tfds_data_dir=None):
     else 'use a prepared TFDS name, a preset (docs/data.md), digits, or a folder path'
   )
   return DataError(f'unknown dataset {dataset!r}: {hint}')
+
+
+def _defaults(dataset: str, options: reader.Options) -> reader.Defaults:
+  """A preset's splits and augmentation, else chosen from the prepared image size."""
+  preset = presets.PRESETS.get(dataset)
+  if preset is None:
+    return reader.for_image_side(image_side(dataset, options.tfds_data_dir))
+  return reader.Defaults(
+    preset.train,
+    preset.test,
+    preset.flip,
+    preset.inception_crop,
+    preset.area_min,
+    why=f'{dataset} preset',
+  )
+
+
+READER = reader.Reader(
+  'tfds',
+  claims=lambda dataset: True,
+  defaults=_defaults,
+  open_split=lambda dataset, split, options: open_split(
+    dataset, split, options.tfds_data_dir, options.tfds_manual_dir
+  ),
+)
 
 
 # ---------------------------------------------------------------------------

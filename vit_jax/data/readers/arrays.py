@@ -17,6 +17,8 @@ only the pages of its examples); an `.npz` is read into memory, each split
 once per process. Files are read with `allow_pickle=False`: object arrays are
 refused, never unpickled. Wrong shapes, dtypes and lengths are one-line
 `DataError`s saying what to do.
+
+The reader claims registered names, `.npz` paths and folders holding `x_*.npy`.
 """
 
 import functools
@@ -25,9 +27,15 @@ import zipfile
 
 import numpy as np
 
+from vit_jax.data import presets
+from vit_jax.data import sources
+from vit_jax.data.readers import reader
 from vit_jax.data.sources import DataError
 
 _LAYOUT = 'x_<split> uint8 [N, H, W, 3] and y_<split> int [N], as keras.datasets gives them'
+# Arrays handed over in Python, by name (`register`). A config names its dataset
+# with a string (it is saved with the run), so arrays in memory get a name: this process's.
+_REGISTERED = {}
 
 
 def is_arrays(path: str) -> bool:
@@ -220,3 +228,42 @@ def image_side(data: dict):
     return None
   shape = data['splits']['train'][0]().shape
   return int(min(shape[1:3])) if len(shape) >= 3 else None
+
+
+def register(name: str, splits: dict) -> None:
+  """Names arrays handed over in Python ({'x_train': ..., 'y_train': ...}) for this process."""
+  if (
+    name in presets.BUILTIN or name in presets.PRESETS or not name or os.sep in name or '.' in name
+  ):
+    raise DataError(
+      f'register_arrays: {name!r} names a dataset or a path already; pick a plain new name'
+    )
+  _REGISTERED[name] = from_arrays(name, splits)
+
+
+def _data(dataset: str) -> dict:
+  return _REGISTERED.get(dataset) or load(os.path.expanduser(dataset))
+
+
+def _open_split(dataset: str, split: str, options: reader.Options) -> sources.Source:
+  name, start, stop = sources.parse_split(split)
+  data = _data(dataset)
+  if name not in data['splits']:
+    have = ', '.join(sorted(data['splits']))
+    raise DataError(
+      f'{dataset}: no split {name!r} (has {have}); add x_{name} and y_{name}, or split '
+      'one: --config.pp.train=train[:90%] --config.pp.test=train[90%:]'
+    )
+  load_images, labels = data['splits'][name]
+  source = sources.array_source(
+    f'{dataset} {name}', load_images(), labels, data['num_classes'], data['class_names']
+  )
+  return reader.sliced(source, start, stop)
+
+
+READER = reader.Reader(
+  'arrays',
+  claims=lambda dataset: dataset in _REGISTERED or is_arrays(os.path.expanduser(dataset)),
+  defaults=lambda dataset, options: reader.for_image_side(image_side(_data(dataset))),
+  open_split=_open_split,
+)
