@@ -253,7 +253,15 @@ FIELDS = (
   Field('warmup_steps', 10_000, int, 'linear warm-up from 0, in [0, total_steps)'),
   Field('decay_type', 'linear', str, 'the learning rate after warm-up', ('linear', 'cosine')),
   Field('linear_end', 1e-5, float, "where the linear decay ends (the official schedule's floor)"),
-  Field('weight_decay', 0.0, float, 'decoupled weight decay, of kernels only'),
+  Field('weight_decay', 0.0, float, 'decoupled weight decay, of what `weight_decay_on` names'),
+  Field(
+    'weight_decay_on',
+    'kernels',
+    str,
+    'what weight decay shrinks: kernels only (big_vision, the official fine-tuning), or every '
+    'parameter, biases, norms and embeddings too (an optimizer without a mask)',
+    ('kernels', 'all'),
+  ),
   Field('grad_norm_clip', 1.0, float, 'clip gradients at this global norm; 0 = off'),
   Field('label_smoothing', 0.0, float, 'label smoothing of the targets'),
   Field('ema_decay', 0.0, float, 'Polyak averaging factor of the parameters; 0 = off'),

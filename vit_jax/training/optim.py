@@ -36,7 +36,8 @@ def make_optimizer(config):
   """The optimizer named by `config.optimizer`, with clipping and weight decay.
 
   Weight decay is decoupled from the gradient statistics (as in AdamW): each
-  step multiplies kernels by (1 - lr_t * weight_decay), lr_t the scheduled rate.
+  step multiplies the parameters `weight_decay_on` names (kernels, or all) by
+  (1 - lr_t * weight_decay), lr_t the scheduled rate.
   """
   schedule = learning_rate_schedule(config)
   moment_dtype = jnp.dtype(config.optim_dtype)
@@ -49,6 +50,7 @@ def make_optimizer(config):
     parts.append(optax.clip_by_global_norm(config.grad_norm_clip))
   parts.append(direction)
   if config.weight_decay:
-    parts.append(optax.add_decayed_weights(config.weight_decay, mask=decay_mask))
+    mask = {'kernels': decay_mask, 'all': None}[config.weight_decay_on]
+    parts.append(optax.add_decayed_weights(config.weight_decay, mask=mask))
   parts.append(optax.scale_by_learning_rate(schedule))
   return optax.chain(*parts), schedule
