@@ -207,63 +207,95 @@ def test_finetuning_accumulation_per_tpu_is_what_the_compiler_found():
 
 
 # ---------------------------------------------------------------------------
-# The fields with choices, declared once (configs/schema.py).
+# Every field, declared once (configs/schema.py).
 
 
-def test_every_choice_field_has_its_default_in_every_config_and_one_check():
+def _set(config, name, value):
+  *sections, last = name.split('.')
+  for section in sections:
+    config = config[section]
+  config[last] = value
+
+
+def test_every_field_is_declared_once_and_the_configs_are_the_schemas():
   from vit_jax.configs import common
   from vit_jax.configs import data
+  from vit_jax.configs import flag
+  from vit_jax.configs import schema
+
+  names = [f.name for f in schema.FIELDS]
+  assert len(names) == len(set(names))
+  run, data_only = common.get_config(), data.data_config()
+  sections = ('pp', 'block', 'fewshot', 'mesh')
+  assert sorted(n for n in flag._field_names(run) if n not in sections) == sorted(names)
+  data_names = [n for n in flag._field_names(data_only) if n != 'pp']
+  assert sorted(data_names) == sorted(f.name for f in schema.FIELDS if f.data)
+  assert sorted(flag._field_names(run)) == sorted(schema.names())
+  for field in schema.FIELDS:
+    value = run
+    for part in field.name.split('.'):
+      value = value[part]
+    assert value == field.default, field.name
+    if field.default is None:  # a typed placeholder: --config.NAME=VALUE reads it as its type
+      with pytest.raises(TypeError):
+        _set(run, field.name, object())
+
+
+def test_every_choice_field_has_one_check_and_the_code_reads_its_values():
+  from vit_jax.configs import common
+  from vit_jax.configs import demo
   from vit_jax.configs import schema
   from vit_jax.data import images
   from vit_jax.models import vit
-  from vit_jax.training import optim
 
-  config, data_only = common.get_config(), data.data_config()
-  for choice in schema.CHOICES:
-    assert choice.default in choice.allowed, choice
-    value = config
-    for part in choice.field.split('.'):
-      value = value[part]
-    assert value == choice.default, choice.field
-    assert (choice.field.split('.')[0] in data_only) == choice.data, choice.field
+  config = demo.get_config()
+  choices = [f for f in schema.FIELDS if f.allowed]
+  assert {'task', 'attention', 'pp.crop_sampler', 'corrupt_images'} <= {f.name for f in choices}
+  for field in choices:
+    assert field.default in field.allowed, field
     bad = config.copy_and_resolve_references()
-    target = bad
-    *parents, name = choice.field.split('.')
-    for part in parents:
-      target = target[part]
-    target[name] = 'nonsense'
+    _set(bad, field.name, 'nonsense')
     with pytest.raises(ConfigError) as e:
-      schema.check(bad)
-    assert str(e.value) == f"{choice.field}='nonsense': use one of {', '.join(choice.allowed)}"
-  schema.check(config)  # the defaults pass
+      schema.validate(bad, schema.Devices(1, 'cpu'))
+    assert str(e.value) == f"{field.name}='nonsense': use one of {', '.join(field.allowed)}"
+    if field.data:  # the input pipeline's check too
+      with pytest.raises(ConfigError, match=f"{field.name}='nonsense'"):
+        schema.validate_data(bad)
+  schema.validate(config, schema.Devices(1, 'cpu'))  # the demo passes
   # The tuples the code reads are the schema's.
-  assert steps.TASKS == schema.allowed('task') and steps.LOSSES == schema.allowed('loss')
-  assert (optim.OPTIMIZERS, optim.DECAY_TYPES) == (
-    schema.allowed('optimizer'),
-    schema.allowed('decay_type'),
-  )
-  assert (vit.ATTENTION, vit.REMAT_POLICIES) == (
-    schema.allowed('attention'),
-    schema.allowed('remat_policy'),
-  )
+  assert vit.ATTENTION == schema.allowed('attention')
   assert images.CROP_SAMPLERS == schema.allowed('pp.crop_sampler')
-  # A new field with choices is one entry: it reaches the defaults and the check.
-  extra = schema.Choice('colour', 'red', ('red', 'blue'), 'a field added for this test')
-  fields = schema.CHOICES
+  assert recipes.PRETRAIN_LOSSES == schema.allowed('loss')
+  # A new field with choices is one entry: it reaches the defaults, the check and the names.
+  extra = schema.Field('colour', 'red', str, 'a field added for this test', ('red', 'blue'))
+  fields = schema.FIELDS
   try:
-    schema.CHOICES = (*fields, extra)
-    schema._BY_FIELD['colour'] = extra
-    added = common.get_config()
+    schema.FIELDS = (*fields, extra)
+    assert common.get_config().colour == 'red' and 'colour' in schema.names()
+    added = demo.get_config()
     assert added.colour == 'red'
     added.colour = 'green'
     with pytest.raises(ConfigError, match="colour='green': use one of red, blue"):
-      schema.check(added)
+      schema.validate(added, schema.Devices(1, 'cpu'))
   finally:
-    schema.CHOICES = fields
-    schema._BY_FIELD.pop('colour')
+    schema.FIELDS = fields
 
 
-def test_the_docs_table_of_choices_is_the_schemas():
+def test_the_warm_up_a_short_run_gets_is_the_one_the_check_suggests():
+  from vit_jax.configs import common
+  from vit_jax.configs import schema
+
+  config = common.get_config()
+  config.update(total_steps=20, warmup_steps=20)
+  assert schema.fitted_warmup(config) == 2
+  with pytest.raises(ConfigError, match=r'add --config.warmup_steps=2$'):
+    schema.warmup_before_the_end(config)
+  config.warmup_steps = 19
+  assert schema.fitted_warmup(config) is None
+  schema.warmup_before_the_end(config)
+
+
+def test_the_docs_table_of_fields_is_the_schemas():
   from vit_jax.configs import schema
 
   docs = open(os.path.join(os.path.dirname(__file__), '..', 'docs', 'training.md')).read()

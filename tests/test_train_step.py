@@ -103,8 +103,9 @@ def test_schedule(decay_type, end):
   np.testing.assert_allclose(schedule(55), half, rtol=1e-5)
 
 
-def test_weight_decay_applies_to_kernels_only():
-  config = small_config(grad_norm_clip=0.0)
+@pytest.mark.parametrize('on', ['kernels', 'all'])
+def test_weight_decay_applies_to_kernels_only_or_to_all(on):
+  config = small_config(grad_norm_clip=0.0, weight_decay_on=on)
   tx, schedule = optim.make_optimizer(config)
   params = {
     'dense': {'kernel': jnp.ones((2, 2)), 'bias': jnp.ones(2)},
@@ -117,7 +118,7 @@ def test_weight_decay_applies_to_kernels_only():
     updates, state = tx.update(zero_grads, state, params)
   np.testing.assert_allclose(updates['dense']['kernel'], -1e-3 * 0.1, rtol=1e-5)
   for leaf in (updates['dense']['bias'], updates['LayerNorm_0']['scale'], updates['cls']):
-    np.testing.assert_array_equal(leaf, 0.0)
+    np.testing.assert_allclose(leaf, -1e-3 * 0.1 if on == 'all' else 0.0, rtol=1e-5)
   assert schedule(10) == pytest.approx(1e-3)
 
 

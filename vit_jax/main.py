@@ -21,6 +21,7 @@ from absl import flags
 from absl import logging
 
 from vit_jax.configs import flag
+from vit_jax.configs import schema
 from vit_jax.core import cli
 from vit_jax.core import console
 
@@ -42,17 +43,17 @@ _PROCESS_ID = flags.DEFINE_integer('process_id', None, 'This process index.')
 
 
 def _fit_warmup(config, argv) -> None:
-  """A warm-up the config file chose but the run is too short for: a tenth of the run.
+  """A warm-up the config file chose but the run is too short for: `schema.fitted_warmup`.
 
   Only when --config.warmup_steps is not on the command line: a value the
-  user chose is checked, not changed (training.program.validate).
+  user chose is checked, not changed (`schema.warmup_before_the_end`).
   """
   if any(a.startswith('--config.warmup_steps') for a in argv):
     return
-  if config.total_steps >= 1 and config.warmup_steps >= config.total_steps:
+  warmup = schema.fitted_warmup(config)
+  if warmup is not None:
     import jax
 
-    warmup = config.total_steps // 10
     if jax.process_index() == 0:
       print(
         f"warmup_steps {config.warmup_steps} -> {warmup}: the config's warm-up is longer than "

@@ -19,8 +19,8 @@ import ml_collections
 from ml_collections import config_flags
 
 from vit_jax.configs import ConfigError
-from vit_jax.configs import common
 from vit_jax.configs import official
+from vit_jax.configs import schema
 from vit_jax.core import cli
 from vit_jax.core import console
 
@@ -113,15 +113,15 @@ def _field_names(config, prefix: str = '') -> list:
 
 
 def unknown_fields(config) -> str:
-  """'' when every field of `config` is one a run reads (`configs.common.get_config`); else
+  """'' when every field of `config` is one a run reads (`configs.schema`); else
   what to say about the first other one: a misspelt field in a config file, as a flag would be."""
-  known = _field_names(common.get_config())
+  known = schema.names()
   for name in _field_names(config):
     parent = name.rpartition('.')[0]
     if name in known or (parent and parent not in known):
       continue  # a field of a known section, or inside an unknown one (named already)
     close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
-    hint = f'did you mean {close[0]}?' if close else 'see vit_jax/configs/common.py for the fields'
+    hint = f'did you mean {close[0]}?' if close else 'see vit_jax/configs/schema.py for the fields'
     return f'unknown config field {name!r} (no run reads it); {hint}'
   return ''
 

@@ -16,6 +16,7 @@ import ml_collections
 from vit_jax.configs import ConfigError
 from vit_jax.configs import architectures
 from vit_jax.configs import common
+from vit_jax.configs import schema
 from vit_jax.configs.common import finetune_steps
 from vit_jax.configs.common import with_dataset  # noqa: F401  (recipes.with_dataset, as before)
 
@@ -57,7 +58,7 @@ def _table3(model: str, dataset: str):
 
 
 # Losses a pre-training recipe may name after its dataset (`:imagenet21k,sigmoid`).
-PRETRAIN_LOSSES = ('softmax', 'sigmoid')
+PRETRAIN_LOSSES = schema.allowed('loss')
 
 
 def _pretrain_arg(arg: str):

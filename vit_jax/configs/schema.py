@@ -1,137 +1,516 @@
-"""The config fields that take one of a set of values, each declared once.
+"""Every config field of a run, declared once, and the rules its values obey.
 
-A `Choice` is a field's dotted name, its default, the values it may take and a
-one-line doc. From this table come the defaults (`fill_defaults`, which
-`common.get_config` and `data.data_config` call), the one check of those
-values (`check`, which `training.program.validate` runs before anything
-else), the tuples the code reads (`steps.TASKS`, `optim.OPTIMIZERS`,
-`vit.ATTENTION`, `images.CROP_SAMPLERS`, ...) and the table in
+A `Field` is a dotted name, its default, its type, the values it may take
+(for a field with a set of choices) and a one-line doc. From `FIELDS` come
+the defaults of every experiment config (`defaults`, which
+`common.get_config` and `data.data_config` return), the names the command
+line knows (`names`, `cli.unknown_fields`), the tuples the code reads
+(`allowed`: `vit.ATTENTION`, `images.CROP_SAMPLERS`, ...) and the table in
 docs/training.md (`python -m vit_jax.configs.schema` prints it;
-tests/test_configs.py holds the two equal). Adding a field with choices is a
-line here and the code that reads it.
+tests/test_configs.py holds the two equal).
 
-The config files, the official-config translation and every
+`RULES` are the checks of the values, one named function each: the choices,
+then what fields must agree on with each other and with the devices.
+`validate` runs them all once, before a run builds anything
+(`training.program.validate`); the input pipeline runs `DATA_RULES` for its
+callers that skip the trainer. What only the data or the model can tell (a
+multi-label dataset, a checkpoint's shapes, how heads split over devices) is
+checked there.
+
+Adding a field is an entry in `FIELDS` and the code that reads it. The
+config files, the official-config translation and every
 `--config.FIELD=...` flag see plain ConfigDict fields, as before.
 """
 
 import dataclasses
-from typing import Any, Tuple
+from typing import Any, Optional, Tuple
+
+import ml_collections
 
 from vit_jax.configs import ConfigError
+from vit_jax.configs import architectures
 
 
 @dataclasses.dataclass(frozen=True)
-class Choice:
-  field: str  # dotted: 'pp.crop_sampler'
-  default: Any
-  allowed: Tuple[str, ...]
+class Field:
+  name: str  # dotted: 'pp.crop' is `crop` in the section `pp`
+  default: Any  # None: unset, a typed placeholder that --config.NAME=... can still set
+  type: type
   doc: str
-  data: bool = False  # a data field (`configs.data.data_config`), read by the input pipeline too
+  allowed: Optional[Tuple[str, ...]] = None  # the values a field with choices may take
+  data: bool = False  # read by the input pipeline (`data.data_config` holds these alone)
 
 
-CHOICES = (
-  Choice(
+_DTYPES = ('float32', 'bfloat16', 'float16')
+
+FIELDS = (
+  # The model: a `configs.architectures.MODEL_CONFIGS` name plus run-time choices.
+  Field('model', 'ViT-B_16', str, 'the architecture, a `MODEL_CONFIGS` name'),
+  Field(
     'task',
     'classification',
-    ('classification', 'mpp'),
+    str,
     'what is learnt: labels, or masked patch prediction (paper B.1.2, labels unused)',
+    ('classification', 'mpp'),
   ),
-  Choice('dtype', 'float32', ('float32', 'bfloat16', 'float16'), 'the compute dtype'),
-  Choice(
+  Field('dtype', 'float32', str, 'the compute dtype', _DTYPES),
+  Field('remat', False, bool, 'recompute blocks in the backward pass'),
+  Field(
     'remat_policy',
     'nothing_saveable',
-    ('nothing_saveable', 'dots_saveable', 'dots_with_no_batch_dims_saveable'),
+    str,
     'what `remat` keeps of a block for the backward pass: nothing, every matmul output, or '
     'those without a batch dimension (big_vision for ViT-22B)',
+    ('nothing_saveable', 'dots_saveable', 'dots_with_no_batch_dims_saveable'),
   ),
-  Choice(
+  Field(
+    'scan_layers',
+    False,
+    bool,
+    'the encoder blocks as one nn.scan: compile time and program size flat in depth; '
+    'checkpoints and exports still name encoderblock_{i}',
+  ),
+  Field(
     'attention',
     'auto',
-    ('auto', 'xla', 'cudnn', 'explicit'),
+    str,
     "how attention is computed: 'auto' takes cuDNN's fused kernel where it applies "
     '(a CUDA GPU, bf16), else XLA; `explicit` keeps the weights (docs/speed_and_scale.md)',
+    ('auto', 'xla', 'cudnn', 'explicit'),
   ),
-  Choice(
-    'optimizer',
-    'adam',
-    ('adam', 'sgd'),
-    'Adam (pre-training) or SGD with momentum (fine-tuning), paper B.1',
+  Field(
+    'depth',
+    None,
+    int,
+    "encoder blocks, overriding the model's (a shallower copy of a giant model; the compile "
+    "command's depth extrapolation); None: the model's own",
   ),
-  Choice(
-    'optim_dtype',
-    'float32',
-    ('float32', 'bfloat16', 'float16'),
-    "the dtype of Adam's first moment / SGD's momentum",
+  # Block variants beyond the paper (ViT-22B), for any size (vit_jax.models.vit).
+  Field('block.parallel_block', None, bool, "attention and MLP in parallel; None: the model's"),
+  Field('block.qk_norm', None, bool, "LayerNorm of queries and keys; None: the model's"),
+  Field(
+    'block.qkv_and_norm_biases',
+    None,
+    bool,
+    "biases in the q/k/v projections and LayerNorms; None: the model's",
   ),
-  Choice('decay_type', 'linear', ('linear', 'cosine'), 'the learning rate after warm-up'),
-  Choice(
-    'loss',
-    'softmax',
-    ('softmax', 'sigmoid'),
-    'softmax cross-entropy, or sigmoid for multi-label data such as JFT (paper B.1)',
+  Field(
+    'patch_size',
+    None,
+    int,
+    "FlexiViT (vit_jax.models.flexi): the patch size to train at, a pretrained checkpoint's "
+    'patch embedding PI-resized to it and its position embeddings to the new grid; None: the '
+    "model's",
   ),
-  Choice(
+  Field(
+    'flexi_patch_sizes',
+    (),
+    tuple,
+    "patch sizes to draw one from per training step, the model's kernel and position "
+    'embeddings resized to it on the fly (FlexiViT); evaluation at its own; () = off',
+  ),
+  Field(
+    'naflex_tokens',
+    (),
+    tuple,
+    'NaFlex (vit_jax.models.naflex) token budgets: each training image keeps its aspect '
+    'ratio, resized to fit a budget drawn from these; evaluation at pp.crop; () = off',
+  ),
+  Field(
+    'num_registers',
+    0,
+    int,
+    'register tokens (Darcet et al. 2023) after the class token, dropped before the head',
+  ),
+  Field('dropout_rate', 0.0, float, "dropout of the encoder's activations"),
+  Field('attention_dropout_rate', 0.0, float, 'dropout of the attention weights'),
+  Field('representation_size', None, int, "the pre-logits width; None: the model's"),
+  Field('head_bias_init', 0.0, float, 'the head bias at start: -10 with the sigmoid loss (B.1)'),
+  Field('pretrained_path', None, str, 'weights to start from: a .npz or a workdir'),
+  # The data (docs/data.md).
+  Field(
+    'dataset',
+    'digits',
+    str,
+    "a TFDS name or preset ('cifar10', 'imagenet2012', 'vtab/dtd'), the built-in 'digits', "
+    'a folder DIR/{train,test}/<class>/*, or a shard directory with info.json',
+    data=True,
+  ),
+  Field(
+    'tfds_data_dir',
+    None,
+    str,
+    "where prepared TFDS datasets are; None: $TFDS_DATA_DIR or TFDS's default",
+    data=True,
+  ),
+  Field(
+    'tfds_manual_dir',
+    None,
+    str,
+    'manual downloads (ImageNet tars, ImageNet-21k folders)',
+    data=True,
+  ),
+  Field('pp.train', None, str, "train split, e.g. 'train[:98%]'; None: the preset's", data=True),
+  Field('pp.test', None, str, "test split; None: the preset's", data=True),
+  Field(
+    'pp.crop',
+    224,
+    int,
+    'train and eval resolution (paper B.1.1: 224 pre-train, 384 fine-tune)',
+    data=True,
+  ),
+  Field(
+    'pp.resize',
+    None,
+    int,
+    'eval: resize to this, then centre crop to `crop`; None: resize to the crop',
+    data=True,
+  ),
+  Field(
+    'pp.inception_crop',
+    None,
+    bool,
+    "train: random area/aspect crop, else resize like eval; None: the preset's",
+    data=True,
+  ),
+  Field(
+    'pp.area_min',
+    None,
+    float,
+    "inception crop: the smallest crop area, in (0, 1]; None: the preset's (0.05)",
+    data=True,
+  ),
+  Field(
     'pp.crop_sampler',
     'tf',
-    ('tf', 'log_ratio_10'),
+    str,
     "inception crop boxes: 'tf' as `tf.image.sample_distorted_bounding_box` in the "
     "official pipeline, 'log_ratio_10' as runs before it (docs/data.md)",
+    ('tf', 'log_ratio_10'),
     data=True,
   ),
-  Choice(
+  Field('pp.flip', None, bool, "train: random horizontal flip; None: the preset's", data=True),
+  Field('pp.randaug_layers', 0, int, 'RandAugment ops per image (AugReg: 2); 0 = off', data=True),
+  Field(
+    'pp.randaug_magnitude', 10, int, "RandAugment magnitude, 10 = the ops' full range", data=True
+  ),
+  Field('pp.mixup', 0.0, float, 'Mixup Beta(alpha, alpha) alpha; 0 = off', data=True),
+  Field('batch', 512, int, 'the global train batch, split evenly over processes', data=True),
+  Field('batch_eval', 512, int, 'the global eval batch', data=True),
+  Field('prefetch', 2, int, 'batches transferred to the devices ahead of use', data=True),
+  Field(
+    'input_threads',
+    0,
+    int,
+    'decode threads of the input pipeline; 0 = every core this process may use',
+    data=True,
+  ),
+  Field(
+    'seed',
+    0,
+    int,
+    'initialisation, data order and augmentation are pure functions of (seed, step)',
+    data=True,
+  ),
+  Field(
+    'allow_missing_classes',
+    False,
+    bool,
+    'image folders: a class folder may be absent from a split (else a one-line error)',
+    data=True,
+  ),
+  Field(
+    'eval_cache_mb',
+    1024,
+    int,
+    'keep preprocessed eval data in host memory when below this',
+    data=True,
+  ),
+  Field(
     'corrupt_images',
     'skip',
-    ('skip', 'fail'),
+    str,
     'image folders and shards: an image that cannot be decoded is left out (logged and '
     'counted), or stops the run',
+    ('skip', 'fail'),
     data=True,
   ),
+  # Optimisation (paper Appendix B.1).
+  Field(
+    'optimizer',
+    'adam',
+    str,
+    'Adam (pre-training) or SGD with momentum (fine-tuning), paper B.1',
+    ('adam', 'sgd'),
+  ),
+  Field(
+    'optim_dtype', 'float32', str, "the dtype of Adam's first moment / SGD's momentum", _DTYPES
+  ),
+  Field('b1', 0.9, float, "Adam's first-moment decay"),
+  Field('b2', 0.999, float, "Adam's second-moment decay"),
+  Field('momentum', 0.9, float, "SGD's momentum"),
+  Field('base_lr', 1e-3, float, 'the learning rate after warm-up'),
+  Field('warmup_steps', 10_000, int, 'linear warm-up from 0, in [0, total_steps)'),
+  Field('decay_type', 'linear', str, 'the learning rate after warm-up', ('linear', 'cosine')),
+  Field('linear_end', 1e-5, float, "where the linear decay ends (the official schedule's floor)"),
+  Field('weight_decay', 0.0, float, 'decoupled weight decay, of what `weight_decay_on` names'),
+  Field(
+    'weight_decay_on',
+    'kernels',
+    str,
+    'what weight decay shrinks: kernels only (big_vision, the official fine-tuning), or every '
+    'parameter, biases, norms and embeddings too (an optimizer without a mask)',
+    ('kernels', 'all'),
+  ),
+  Field('grad_norm_clip', 1.0, float, 'clip gradients at this global norm; 0 = off'),
+  Field('label_smoothing', 0.0, float, 'label smoothing of the targets'),
+  Field('ema_decay', 0.0, float, 'Polyak averaging factor of the parameters; 0 = off'),
+  Field(
+    'loss',
+    'softmax',
+    str,
+    'softmax cross-entropy, or sigmoid for multi-label data such as JFT (paper B.1)',
+    ('softmax', 'sigmoid'),
+  ),
+  Field('total_steps', 10_000, int, 'optimizer steps of the run'),
+  Field('accum_steps', 1, int, 'micro-batches per step (same math, less memory)'),
+  Field('skip_nonfinite', False, bool, 'skip NaN/Inf steps instead of stopping'),
+  Field(
+    'max_nonfinite_in_a_row',
+    10,
+    int,
+    'with skip_nonfinite: this many skipped steps in a row stop the run (a diverged run skips '
+    'every step, a bad batch one)',
+  ),
+  # Few-shot linear evaluation of the frozen pre-logits (paper 4.1), on the train/test
+  # splits of other datasets, every `every` steps and at the end.
+  Field('fewshot.datasets', (), tuple, "e.g. ('cifar10', 'vtab/dtd'); () = off"),
+  Field('fewshot.every', 0, int, 'steps between evaluations; 0 = only at the end'),
+  Field('fewshot.shots', (1, 5, 10, 25), tuple, 'examples per class'),
+  Field('fewshot.seeds', (0, 1, 2), tuple, 'draws of the examples, averaged'),
+  Field('fewshot.l2_reg', 2.0**10, float, 'the ridge regression penalty'),
+  Field(
+    'fewshot.train_split',
+    'train',
+    str,
+    "'train' / 'test' = the dataset's own; or a split expression",
+  ),
+  Field('fewshot.test_split', 'test', str, "'train' / 'test' = the dataset's own, or a split"),
+  # Devices: a (slice, data, fsdp, model) mesh over all devices (vit_jax.sharding); slices come
+  # from the devices.
+  Field('mesh.fsdp', 1, int, '> 1 shards params and optimizer state over this many devices'),
+  Field('mesh.model', 1, int, '> 1 splits heads and MLP units (tensor parallelism)'),
+  Field('mesh.data', None, int, 'data-parallel devices; None: the devices left over'),
+  # The loop.
+  Field('progress_every', 100, int, 'steps between progress lines'),
+  Field('eval_every', 1000, int, 'steps between evaluations'),
+  Field('checkpoint_every', 1000, int, 'steps between checkpoints'),
+  Field('keep_checkpoints', 3, int, 'checkpoints kept'),
+  Field('tensorboard', True, bool, 'write TensorBoard summaries'),
+  Field('peak_flops', None, float, "a device's peak FLOP/s, for MFU; None: the known peak"),
 )
-_BY_FIELD = {c.field: c for c in CHOICES}
+_BY_NAME = {f.name: f for f in FIELDS}
 
 
-def allowed(field: str) -> Tuple[str, ...]:
-  """The values `field` may take."""
-  return _BY_FIELD[field].allowed
+def allowed(name: str) -> Tuple[str, ...]:
+  """The values field `name` may take."""
+  return _BY_NAME[name].allowed
 
 
-def fill_defaults(config, *, data: bool) -> None:
-  """Sets each choice field of the run (`data=False`) or of the data (`data=True`) that
-  `config` does not have yet to its default."""
-  with config.unlocked():
-    for choice in CHOICES:
-      if choice.data != data:
-        continue
-      *parents, name = choice.field.split('.')
-      target = config
-      for part in parents:
-        target = target[part]
-      if name not in target:
-        target[name] = choice.default
+def defaults(*, data_only: bool = False) -> ml_collections.ConfigDict:
+  """A fresh ConfigDict of every field (or of the data fields alone) at its default; a field
+  that defaults to None is a typed placeholder (`--config.pp.train=train[:10%]` still works)."""
+  config = ml_collections.ConfigDict()
+  for field in FIELDS:
+    if data_only and not field.data:
+      continue
+    *sections, name = field.name.split('.')
+    target = config
+    for section in sections:
+      if section not in target:
+        target[section] = ml_collections.ConfigDict()
+      target = target[section]
+    if field.default is None:
+      target[name] = ml_collections.config_dict.placeholder(field.type)
+    else:
+      target[name] = field.default
+  return config
 
 
-def _value(config, field: str):
-  for part in field.split('.'):
+def names() -> list:
+  """The dotted names of every field and section (`pp`), a section before its fields."""
+  seen = {}
+  for field in FIELDS:
+    parts = field.name.split('.')
+    for i in range(1, len(parts) + 1):
+      seen['.'.join(parts[:i])] = None
+  return list(seen)
+
+
+# ---------------------------------------------------------------------------
+# The rules. Each takes the config and the devices the run has (None: the input pipeline's
+# callers, which check the data fields alone) and raises ConfigError (one line).
+
+
+@dataclasses.dataclass(frozen=True)
+class Devices:
+  count: int
+  platform: str  # jax.default_backend(): 'cpu', 'gpu' or 'tpu'
+
+
+_ABSENT = object()
+
+
+def _value(config, name: str):
+  for part in name.split('.'):
     if part not in config:
-      return None
+      return _ABSENT  # a data config has no run fields
     config = config[part]
   return config
 
 
-def check(config) -> None:
-  """Raises ConfigError (one line) for the first field whose value is not among its choices."""
-  for choice in CHOICES:
-    value = _value(config, choice.field)
-    if value is not None and value not in choice.allowed:
-      raise ConfigError(f'{choice.field}={value!r}: use one of {", ".join(choice.allowed)}')
+def values_allowed(config, devices=None) -> None:
+  """A field with choices holds one of them."""
+  for field in FIELDS:
+    value = _value(config, field.name)
+    if field.allowed and value is not _ABSENT and value not in field.allowed:
+      raise ConfigError(f'{field.name}={value!r}: use one of {", ".join(field.allowed)}')
+
+
+def area_min_a_fraction(config, devices=None) -> None:
+  area_min = config.pp.area_min
+  if area_min is not None and not 0 < area_min <= 1:
+    raise ConfigError(f'pp.area_min={float(area_min)}: use a fraction in (0, 1]')
+
+
+def resize_covers_crop(config, devices=None) -> None:
+  pp = config.pp
+  if pp.resize and pp.resize < pp.crop:
+    raise ConfigError(f'pp.resize={pp.resize} < pp.crop={pp.crop}: resize to at least the crop')
+
+
+def batches_split(config, devices: Devices) -> None:
+  """Each device takes an equal share of every micro-batch."""
+  for name in ('batch', 'batch_eval'):
+    if config[name] < 1:
+      raise ConfigError(f'{name}={config[name]} must be at least 1')
+  if not isinstance(config.accum_steps, int) or config.accum_steps < 1:
+    raise ConfigError(
+      f'accum_steps={config.accum_steps!r} must be a positive number of micro-batches '
+      '(1: no accumulation)'
+    )
+  per_step = config.accum_steps * devices.count
+  if config.batch % per_step:
+    raise ConfigError(
+      f'batch={config.batch} must be a multiple of accum_steps ({config.accum_steps}) x '
+      f'devices ({devices.count}) = {per_step}'
+    )
+  if config.batch_eval % devices.count:
+    raise ConfigError(
+      f'batch_eval={config.batch_eval} must be a multiple of the number of devices '
+      f'({devices.count})'
+    )
+
+
+def warmup_before_the_end(config, devices=None) -> None:
+  if config.total_steps < 1:
+    raise ConfigError(f'total_steps={config.total_steps} must be positive')
+  if not 0 <= config.warmup_steps < config.total_steps:
+    raise ConfigError(
+      f'warmup_steps={config.warmup_steps} must be in [0, total_steps={config.total_steps}): '
+      f'add --config.warmup_steps={_short_warmup(config.total_steps)}'
+    )
+
+
+def _short_warmup(total_steps: int) -> int:
+  return total_steps // 10
+
+
+def fitted_warmup(config) -> Optional[int]:
+  """The warm-up of a run shorter than its config's warm-up (a tenth of the run; `main` takes
+  it where the command line did not choose one), or None when the config's fits."""
+  if config.total_steps >= 1 and config.warmup_steps >= config.total_steps:
+    return _short_warmup(config.total_steps)
+  return None
+
+
+def cudnn_on_a_gpu_in_half_precision(config, devices: Devices) -> None:
+  if config.attention == 'cudnn' and (
+    config.dtype not in ('bfloat16', 'float16') or devices.platform != 'gpu'
+  ):
+    raise ConfigError(
+      "attention='cudnn' needs a CUDA GPU and --config.dtype=bfloat16; "
+      "use attention='auto', which takes cuDNN where it applies"
+    )
+
+
+def crop_tiled_by_patches(config, devices=None) -> None:
+  """pp.crop a multiple of the pixels one patch covers: the patch embedding (a strided conv)
+  would drop the rest at the right and bottom edges, and predict would later resize to the
+  size the position embeddings give, not to this one."""
+  if config.model not in architectures.MODEL_CONFIGS:
+    return  # said by the model's own check, with the closest names
+  arch = architectures.MODEL_CONFIGS[config.model]
+  stride = config.get('patch_size') or arch.patches.size[0]
+  if arch.get('resnet') is not None:  # root /4, then /2 per stage after the first
+    stride *= 4 * 2 ** max(len(arch.resnet.num_layers) - 1, 0)
+  crop = config.pp.crop
+  if crop % stride:
+    lower, upper = crop - crop % stride, crop - crop % stride + stride
+    raise ConfigError(
+      f'pp.crop={crop} is not a multiple of the {stride} px that one patch of {config.model} '
+      f'covers: the last {crop % stride} px of each row and column would be dropped; use '
+      f'--config.pp.crop={upper}' + (f' or {lower}' if lower else '')
+    )
+
+
+def registers_with_classification(config, devices=None) -> None:
+  if config.num_registers and config.task != 'classification':
+    raise ConfigError(
+      f'num_registers={config.num_registers}: masked patch prediction reads patch tokens at '
+      'fixed positions; train it without registers'
+    )
+
+
+def flexi_with_classification(config, devices=None) -> None:
+  if config.flexi_patch_sizes and config.task != 'classification':
+    raise ConfigError(
+      f'flexi_patch_sizes trains classification only, not task={config.task!r}; leave it empty'
+    )
+
+
+# What the input pipeline checks for callers that skip `validate` (data fields alone).
+DATA_RULES = (values_allowed, area_min_a_fraction, resize_covers_crop)
+RULES = (
+  *DATA_RULES,
+  batches_split,
+  warmup_before_the_end,
+  cudnn_on_a_gpu_in_half_precision,
+  crop_tiled_by_patches,
+  registers_with_classification,
+  flexi_with_classification,
+)
+
+
+def validate(config, devices: Devices) -> None:
+  """Raises ConfigError (one line) for the first rule the config breaks on `devices`."""
+  for rule in RULES:
+    rule(config, devices)
+
+
+def validate_data(config) -> None:
+  """`DATA_RULES` alone: a config of the data fields (`data.data_config`) or a whole one."""
+  for rule in DATA_RULES:
+    rule(config)
 
 
 def markdown_table() -> str:
-  """The docs' table of these fields."""
-  rows = ['| field | default | values | what it chooses |', '|---|---|---|---|']
-  for c in CHOICES:
-    values = ', '.join(f'`{v}`' for v in c.allowed)
-    rows.append(f'| `{c.field}` | `{c.default}` | {values} | {c.doc} |')
+  """The docs' table of the fields."""
+  rows = ['| field | default | values | what it is |', '|---|---|---|---|']
+  for f in FIELDS:
+    values = ', '.join(f'`{v}`' for v in f.allowed) if f.allowed else f.type.__name__
+    default = f.default if isinstance(f.default, str) else repr(f.default)
+    rows.append(f'| `{f.name}` | `{default}` | {values} | {f.doc} |')
   return '\n'.join(rows)
 
 

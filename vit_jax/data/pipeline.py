@@ -97,22 +97,17 @@ class _PP:
 
 
 def _pp(config) -> _PP:
-  # The fields with choices, as the trainer checks them (`program.validate`), for the callers of
+  # The data fields' rules, as the trainer checks them (`program.validate`), for the callers of
   # the iterators that do not go through it.
-  schema.check(config)
+  schema.validate_data(config)
   pp, base = config.pp, datasets.defaults(config.dataset, config.tfds_data_dir)
   pick = lambda value, default: default if value is None else value
-  area_min = float(pick(pp.area_min, base.area_min))
-  if not 0 < area_min <= 1:
-    raise DataError(f'pp.area_min={area_min}: use a fraction in (0, 1]')
-  if pp.resize and pp.resize < pp.crop:
-    raise DataError(f'pp.resize={pp.resize} < pp.crop={pp.crop}: resize to at least the crop')
   return _PP(
     int(pp.crop),
     pp.resize,
     bool(pick(pp.flip, base.flip)),
     bool(pick(pp.inception_crop, base.inception_crop)),
-    area_min,
+    float(pick(pp.area_min, base.area_min)),
     int(pp.randaug_layers),
     float(pp.randaug_magnitude),
     float(pp.mixup),

@@ -35,7 +35,6 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from vit_jax.configs import ConfigError
 from vit_jax.configs import schema
 from vit_jax.core import hardware
 from vit_jax.core import sharding
@@ -58,16 +57,12 @@ CLASSIFIERS = ('token', 'gap', 'map', 'unpooled', 'token_unpooled')
 # (docs/speed_and_scale.md).
 ATTENTION = schema.allowed('attention')
 
-# What a rematerialised block keeps for the backward pass (`jax.checkpoint_policies`):
-# 'nothing_saveable' recomputes the whole block, 'dots_with_no_batch_dims_saveable'
-# keeps the matmul outputs that have no batch dimension (big_vision's choice for
-# ViT-22B-sized models), 'dots_saveable' keeps every matmul output.
-REMAT_POLICIES = schema.allowed('remat_policy')
-
 
 def resolve_attention(attention: str, dtype, head_dim: int, weights_needed: bool) -> str:
   """The implementation that `attention` (see ATTENTION) runs with: 'explicit' wherever the
   weights themselves are needed (captured, or dropped out), 'auto' as cuDNN where it applies."""
+  if attention not in ATTENTION:  # a caller of the model; a run's config passed the schema
+    raise ValueError(f'attention={attention!r}; use one of {ATTENTION}')
   if weights_needed:
     return 'explicit'
   if attention == 'auto':
@@ -233,8 +228,6 @@ class MultiHeadDotProductAttention(nn.Module):
 
     `num_tokens`: the real tokens of `x` when padding follows them (`pads_sequence`).
     """
-    if self.attention not in ATTENTION:
-      raise ConfigError(f'attention={self.attention!r}; use one of {ATTENTION}')
     d = x.shape[-1]
     if d % self.num_heads:
       raise ValueError(f'hidden size {d} is not divisible by num_heads={self.num_heads}')
@@ -393,7 +386,7 @@ class Encoder(nn.Module):
   attention_dropout_rate: float = 0.1
   dtype: Dtype = jnp.float32
   remat: bool = False
-  remat_policy: str = 'nothing_saveable'  # see REMAT_POLICIES
+  remat_policy: str = 'nothing_saveable'  # a jax.checkpoint_policies name (configs.schema)
   scan: bool = False
   attention: str = 'auto'
   parallel_block: bool = False
@@ -403,8 +396,6 @@ class Encoder(nn.Module):
 
   @nn.compact
   def __call__(self, x, *, train: bool):
-    if self.remat_policy not in REMAT_POLICIES:
-      raise ConfigError(f'remat_policy={self.remat_policy!r}; use one of {REMAT_POLICIES}')
     x = AddPositionEmbs(dtype=self.dtype, name='posembed_input')(x)
     x = nn.Dropout(self.dropout_rate)(x, deterministic=not train)
     num_tokens = x.shape[1]
@@ -476,7 +467,7 @@ class VisionTransformer(nn.Module):
   model_name: Optional[str] = None
   dtype: Dtype = jnp.float32
   remat: bool = False
-  remat_policy: str = 'nothing_saveable'  # see REMAT_POLICIES
+  remat_policy: str = 'nothing_saveable'  # a jax.checkpoint_policies name (configs.schema)
   scan: bool = False  # the blocks as one nn.scan, parameters stacked
   attention: str = 'auto'  # see ATTENTION
   num_registers: int = 0  # register tokens (Darcet et al. 2023): `_add_registers`

@@ -17,9 +17,7 @@ import jax.numpy as jnp
 import optax
 
 from vit_jax import models
-from vit_jax.configs import ConfigError
 from vit_jax.configs import architectures
-from vit_jax.configs import schema
 from vit_jax.core import hardware
 from vit_jax.core import sharding
 from vit_jax.data import on_device
@@ -28,9 +26,6 @@ from vit_jax.models import flexi
 from vit_jax.models import mpp
 from vit_jax.models import naflex
 from vit_jax.models import vit
-
-TASKS = schema.allowed('task')  # supervised, or masked patch prediction (paper B.1.2)
-LOSSES = schema.allowed('loss')  # sigmoid for multi-label data such as JFT (paper B.1)
 
 
 @flax.struct.dataclass
@@ -130,7 +125,8 @@ def make_task(config, num_classes: int, multi_label: bool) -> Task:
       logits = model.apply({'params': compute(params)}, batch['image'], train=False)
       return metrics.classification_counts(logits, batch['label'], batch['mask'], multi_label)
 
-  elif config.task == 'mpp':
+  else:
+    assert config.task == 'mpp', config.task  # the schema's other choice
     model = mpp.MppViT(
       dtype=jnp.dtype(config.dtype),
       remat=config.remat,
@@ -155,8 +151,6 @@ def make_task(config, num_classes: int, multi_label: bool) -> Task:
 
     grad_fn = None
 
-  else:
-    raise ConfigError(f'task={config.task!r}: use one of {", ".join(TASKS)}')
   prepare = functools.partial(on_device.prepare, num_classes=num_classes)
   return Task(model, loss_fn, eval_fn, prepare, grad_fn)
 
@@ -176,17 +170,16 @@ def init_state(rng, *, model, tx, image_size, ema: bool) -> TrainState:
 
 
 def cross_entropy(logits, labels, *, loss: str, label_smoothing: float = 0.0):
-  """Mean over the batch. `labels`: int [B] or (multi-hot / soft) float [B, K]."""
+  """Mean over the batch. `labels`: int [B] or (multi-hot / soft) float [B, K]; `loss`:
+  'softmax' or 'sigmoid' (the schema's values)."""
   num_classes = logits.shape[-1]
   targets = jax.nn.one_hot(labels, num_classes) if labels.ndim == 1 else labels
   if label_smoothing:
     targets = targets * (1.0 - label_smoothing) + label_smoothing / num_classes
-  if loss == 'softmax':
-    return -jnp.mean(jnp.sum(targets * jax.nn.log_softmax(logits), axis=-1))
   if loss == 'sigmoid':
     # Paper B.1: sigmoid cross-entropy for multi-label JFT, summed over classes.
     return jnp.mean(jnp.sum(optax.sigmoid_binary_cross_entropy(logits, targets), axis=-1))
-  raise ConfigError(f'loss={loss!r}: use one of {", ".join(LOSSES)}')
+  return -jnp.mean(jnp.sum(targets * jax.nn.log_softmax(logits), axis=-1))  # 'softmax'
 
 
 def _micro_batches(x, accum_steps):
