@@ -23,6 +23,7 @@ from vit_jax.configs import architectures
 from vit_jax.errors import UserError
 from vit_jax.models import flexi
 from vit_jax.models import naflex
+from vit_jax.models import vit_checkpoint
 
 _BLOCK = re.compile(r'^Transformer/encoderblock_(\d+)/')
 # Layers of masked patch prediction (vit_jax.models.mpp); the backbone is analysed without them.
@@ -162,7 +163,7 @@ def _naflex_from_flat(flat, config, num_classes, what, patch_size) -> LoadedMode
     size = (patch_size, patch_size)
     flat = {
       **flat,
-      'embedding/kernel': checkpoint.resize_patch_embedding(flat['embedding/kernel'], size),
+      'embedding/kernel': vit_checkpoint.resize_patch_embedding(flat['embedding/kernel'], size),
     }
     config.patches.size = size
   if config.classifier not in naflex.CLASSIFIERS:
