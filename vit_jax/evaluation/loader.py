@@ -204,7 +204,7 @@ def model_from_flat(
     config.representation_size = int(flat['pre_logits/kernel'].shape[-1])
   num_classes = int(flat['head/kernel'].shape[-1]) if 'head/kernel' in flat else None
   num_prefix = 1 if config.classifier in ('token', 'token_unpooled') else 0
-  if 'registers' in flat:  # register tokens (models.vit._add_registers)
+  if 'registers' in flat:  # register tokens (models.vit.prepend_tokens)
     config.num_registers = int(flat['registers'].shape[1])
     num_prefix += config.num_registers
 
