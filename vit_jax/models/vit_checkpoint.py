@@ -13,14 +13,12 @@ size; `adapt` turns a pre-trained tree into one to fine-tune. Reading and writin
 import functools
 import math
 import re
-from typing import Any, Mapping
+from typing import Mapping
 
 import jax
 import numpy as np
 
 from vit_jax.errors import UserError
-
-Params = Mapping[str, Any]
 
 _PREFIXES = ('opt/target/', 'params/')
 # Newer Flax numbering inside an encoder block -> the original release's.
