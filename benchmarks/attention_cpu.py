@@ -65,7 +65,9 @@ def encoder_block():
   batch, tokens, width, heads = 16, 197, 384, 6
   x = jax.random.normal(jax.random.key(0), (batch, tokens, width))
   block = vit.Encoder1DBlock(
-    mlp_dim=4 * width, num_heads=heads, dropout_rate=0.0, attention_dropout_rate=0.0
+    vit.BlockConfig(
+      mlp_dim=4 * width, num_heads=heads, dropout_rate=0.0, attention_dropout_rate=0.0
+    )
   )
   params = block.init(jax.random.key(1), x, True)
   forward = jax.jit(lambda p, x: block.apply(p, x, True))

@@ -12,6 +12,7 @@ import scipy.ndimage
 from vit_jax import checkpoint
 from vit_jax import models
 from vit_jax.configs import architectures
+from vit_jax.models import vit_checkpoint
 
 
 def random_params(config, num_classes, size, seed=0):
@@ -188,24 +189,24 @@ def test_posemb_resize_equals_scipy_zoom(resolution, patch, class_token):
   posemb = posemb.astype(np.float32)
   num_tokens = class_token + new * new
   expected = _official_interpolate(posemb, num_tokens, class_token)
-  ours = checkpoint.resize_posemb(posemb, num_tokens, int(class_token))
+  ours = vit_checkpoint.resize_posemb(posemb, num_tokens, int(class_token))
   assert ours.shape == expected.shape == (1, num_tokens, 32) and ours.dtype == np.float32
   np.testing.assert_allclose(ours, expected, rtol=1e-6, atol=1e-6)
   np.testing.assert_array_equal(
     checkpoint.interpolate_posembed(posemb, num_tokens, class_token), ours
   )
   # Half-pixel bilinear is another function: it moves the corner embeddings.
-  other = checkpoint.resize_posemb(posemb, num_tokens, int(class_token), 'bilinear')
+  other = vit_checkpoint.resize_posemb(posemb, num_tokens, int(class_token), 'bilinear')
   assert np.abs(other - expected).max() > 0.1
 
 
 def test_posemb_resize_bilinear_option_equals_torch():
   posemb = np.random.default_rng(0).normal(size=(1, 1 + 14 * 14, 8)).astype(np.float32)
-  ours = checkpoint.resize_posemb(posemb, 1 + 24 * 24, 1, method='bilinear')
+  ours = vit_checkpoint.resize_posemb(posemb, 1 + 24 * 24, 1, method='bilinear')
   expected = _torch_bilinear(posemb[0, 1:].reshape(14, 14, 8), 24).reshape(1, 576, 8)
   np.testing.assert_allclose(ours[:, 1:], expected, rtol=1e-5, atol=1e-6)
   with pytest.raises(checkpoint.CheckpointError, match="posemb_resize='cubic': use one of zoom"):
-    checkpoint.resize_posemb(posemb, 1 + 24 * 24, 1, method='cubic')
+    vit_checkpoint.resize_posemb(posemb, 1 + 24 * 24, 1, method='cubic')
 
 
 @pytest.mark.slow
@@ -295,4 +296,4 @@ def test_load_pretrained_errors(tmp_path):
       pretrained_path=path, init_params=random_params(deeper, 5, 32), model_config=deeper
     )
   with pytest.raises(checkpoint.CheckpointError, match='only square grids'):
-    checkpoint.resize_posemb(np.zeros((1, 1 + 12, 4)), 1 + 16, 1)
+    vit_checkpoint.resize_posemb(np.zeros((1, 1 + 12, 4)), 1 + 16, 1)

@@ -25,6 +25,7 @@ from vit_jax.configs import architectures
 from vit_jax.evaluation import loader
 from vit_jax.interop import export
 from vit_jax.models import flexi
+from vit_jax.models import vit_checkpoint
 from vit_jax.training import program
 from vit_jax.training import steps
 
@@ -49,7 +50,7 @@ def test_pi_resize_is_timms_resample_patch_embed(old, new):
   from timm.layers.patch_embed import resample_patch_embed
 
   kernel = np.random.default_rng(0).normal(size=(old, old, 3, 8)).astype(np.float32)
-  ours = checkpoint.resize_patch_embedding(kernel, (new, new))
+  ours = vit_checkpoint.resize_patch_embedding(kernel, (new, new))
   torch_kernel = torch.from_numpy(np.ascontiguousarray(kernel.transpose(3, 2, 0, 1)))
   theirs = resample_patch_embed(torch_kernel, [new, new], interpolation='bilinear', antialias=False)
   theirs = theirs.numpy().transpose(2, 3, 1, 0)
@@ -64,12 +65,12 @@ def test_a_patch_resized_up_gives_the_old_token_exactly():
   rng = np.random.default_rng(1)
   kernel, patches = rng.normal(size=(4, 4, 3, 5)), rng.normal(size=(7, 4, 4, 3))
   for new in (6, 8, 13):
-    resize = checkpoint.bilinear_matrix(4, new)
+    resize = vit_checkpoint.bilinear_matrix(4, new)
     big = np.einsum('ah,bw,nhwc->nabc', resize, resize, patches)
-    wide = checkpoint.resize_patch_embedding(kernel, (new, new))
+    wide = vit_checkpoint.resize_patch_embedding(kernel, (new, new))
     want = np.einsum('nhwc,hwcd->nd', patches, kernel)
     np.testing.assert_allclose(np.einsum('nhwc,hwcd->nd', big, wide), want, rtol=1e-12)
-  assert checkpoint.resize_patch_embedding(kernel, (4, 4)) == pytest.approx(kernel, abs=1e-12)
+  assert vit_checkpoint.resize_patch_embedding(kernel, (4, 4)) == pytest.approx(kernel, abs=1e-12)
 
 
 def _checkpoint(tmp_path, size=32, seed=0):
@@ -93,9 +94,9 @@ def test_a_checkpoint_loads_at_another_patch_size(tmp_path):
       patch,
     )
     got = checkpoint.flatten(loaded.params)
-    want = checkpoint.resize_patch_embedding(flat['embedding/kernel'], (patch, patch))
+    want = vit_checkpoint.resize_patch_embedding(flat['embedding/kernel'], (patch, patch))
     np.testing.assert_array_equal(got['embedding/kernel'], want)
-    posemb = checkpoint.resize_posemb(
+    posemb = vit_checkpoint.resize_posemb(
       flat['Transformer/posembed_input/pos_embedding'], 1 + (32 // patch) ** 2, 1
     )
     np.testing.assert_array_equal(got['Transformer/posembed_input/pos_embedding'], posemb)
@@ -150,7 +151,7 @@ def test_fine_tuning_at_another_patch_size_pi_resizes_the_kernel(tmp_path, capsy
   assert 'embedding/kernel (16, 16, 3, 10) -> (4, 4, 3, 10) (PI-resize)' in capsys.readouterr().out
   np.testing.assert_array_equal(
     params['embedding']['kernel'],
-    checkpoint.resize_patch_embedding(flat['embedding/kernel'], (4, 4)),
+    vit_checkpoint.resize_patch_embedding(flat['embedding/kernel'], (4, 4)),
   )
 
 
@@ -227,7 +228,7 @@ def test_gradients_reach_the_underlying_kernel_and_position_embeddings():
   at = checkpoint.unflatten(flexi.at_patch_size(checkpoint.flatten(params), 8, 32, 1))
   apply_small = lambda p: small.apply({'params': p}, batch['image'], train=False)
   want_loss, want = jax.value_and_grad(lambda p: _weighted_sum(apply_small(p), batch))(at)
-  pinv, zoom = checkpoint.pi_resize_matrix(16, 8), checkpoint.zoom_matrix(2, 4)
+  pinv, zoom = vit_checkpoint.pi_resize_matrix(16, 8), vit_checkpoint.zoom_matrix(2, 4)
   kernel = np.einsum('ah,bw,abcd->hwcd', pinv, pinv, want['embedding']['kernel'])
   posemb = want['Transformer']['posembed_input']['pos_embedding']
   grid = np.einsum('ah,bw,abd->hwd', zoom, zoom, posemb[0, 1:].reshape(4, 4, -1))

@@ -184,6 +184,18 @@ def test_mpp_checkpoint_fine_tunes_as_a_classifier(tmp_path, capsys):
   assert_trees_close(last(vit_state), last(mpp_state), 1e-5, 'encoder tokens')
 
 
+def test_mpp_backbone_is_the_vits_parameter_for_parameter():
+  """One front half (patches, class token, encoder): the same names, shapes and initial values
+  as the classifier's, so an MPP checkpoint is a ViT backbone as it stands."""
+  config = tiny_config()
+  images = jnp.zeros((1, 32, 32, 3))
+  ours = mpp.MppViT(**config).init(jax.random.key(3), images, train=False)['params']
+  vit = models.VisionTransformer(num_classes=None, **config)
+  theirs = vit.init(jax.random.key(3), images, train=False)['params']
+  assert set(theirs) == {'embedding', 'cls', 'Transformer'}
+  jax.tree.map(np.testing.assert_array_equal, {k: ours[k] for k in theirs}, theirs)
+
+
 def test_mpp_refuses_hybrids():
   config = architectures.MODEL_CONFIGS['R50+ViT-B_16']
   with pytest.raises(ValueError, match='masked patch prediction works on plain ViTs'):

@@ -27,6 +27,7 @@ from vit_jax.interop import timm as interop_timm
 from vit_jax.interop import torch_vit
 from vit_jax.models import flexi
 from vit_jax.models import naflex
+from vit_jax.models import vit_checkpoint
 from vit_jax.training import program
 
 torch = pytest.importorskip('torch')
@@ -153,7 +154,7 @@ def test_fine_tuning_and_patch_resizing_keep_the_register_rows(tmp_path, capsys)
   tuned = params['Transformer']['posembed_input']['pos_embedding']
   assert tuned.shape == (1, 3 + 16, 10)
   np.testing.assert_array_equal(tuned[:, :3], posemb[:, :3])
-  np.testing.assert_array_equal(tuned, checkpoint.resize_posemb(posemb, 19, 3))
+  np.testing.assert_array_equal(tuned, vit_checkpoint.resize_posemb(posemb, 19, 3))
   at8 = flexi.at_patch_size(flat, 8, 32, 3)
   assert at8['Transformer/posembed_input/pos_embedding'].shape == (1, 3 + 16, 10)
   np.testing.assert_array_equal(

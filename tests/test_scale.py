@@ -32,6 +32,7 @@ from vit_jax.configs import ConfigError
 from vit_jax.configs import architectures
 from vit_jax.configs import demo
 from vit_jax.core import sharding
+from vit_jax.models import vit_checkpoint
 from vit_jax.training import loop
 from vit_jax.training import program
 
@@ -55,7 +56,7 @@ def test_scanned_blocks_compute_what_unrolled_blocks_do():
     unrolled = models.VisionTransformer(num_classes=5, **config)
     scanned = models.VisionTransformer(num_classes=5, scan=True, **config)
     params = random_like(param_shapes(config, 5, 32), scale=0.1)
-    stacked = checkpoint.stack_blocks(params)
+    stacked = vit_checkpoint.stack_blocks(params)
     # The scanned model's own tree is the stacked one: a layer axis in front.
     assert jax.tree.map(np.shape, stacked) == jax.tree.map(
       lambda s: s.shape, param_shapes(config, 5, 32, scanned)
@@ -63,7 +64,7 @@ def test_scanned_blocks_compute_what_unrolled_blocks_do():
     mlp = stacked['Transformer']['encoderblock']['MlpBlock_3']['Dense_0']['kernel']
     assert mlp.shape == (3, 24, 48)
     # Converting back gives the very arrays.
-    jax.tree.map(np.testing.assert_array_equal, checkpoint.unstack_blocks(stacked), params)
+    jax.tree.map(np.testing.assert_array_equal, vit_checkpoint.unstack_blocks(stacked), params)
     assert_trees_close(
       jax.jit(functools.partial(scanned.apply, train=False))({'params': stacked}, images),
       jax.jit(functools.partial(unrolled.apply, train=False))({'params': params}, images),
@@ -78,7 +79,7 @@ def test_scanned_blocks_compute_what_unrolled_blocks_do():
   remat = models.VisionTransformer(
     num_classes=5, scan=True, remat=True, remat_policy='dots_with_no_batch_dims_saveable', **config
   )
-  want = checkpoint.stack_blocks(jax.jit(jax.grad(lambda p: loss(unrolled, p)))(params))
+  want = vit_checkpoint.stack_blocks(jax.jit(jax.grad(lambda p: loss(unrolled, p)))(params))
   got = jax.jit(jax.grad(lambda p: loss(remat, p)))(stacked)
   assert_trees_close(got, want, 1e-5, 'gradients')
 
@@ -140,12 +141,12 @@ def test_a_scanned_run_checkpoints_encoderblocks_and_resumes_either_way(tmp_path
   jax.tree.map(
     np.testing.assert_array_equal,
     restored[True].params,
-    checkpoint.stack_blocks(restored[False].params),
+    vit_checkpoint.stack_blocks(restored[False].params),
   )
   jax.tree.map(
     np.testing.assert_array_equal,
     restored[True].opt_state,
-    checkpoint.stack_blocks(restored[False].opt_state),
+    vit_checkpoint.stack_blocks(restored[False].opt_state),
   )
   # SGD's momentum is in it (not zeros; two steps from a zero head move the head first).
   assert sum(np.count_nonzero(x) for x in jax.tree.leaves(restored[True].opt_state)) > 100

@@ -23,6 +23,7 @@ from vit_jax.configs import architectures
 from vit_jax.core.errors import UserError
 from vit_jax.models import flexi
 from vit_jax.models import naflex
+from vit_jax.models import vit_checkpoint
 
 _BLOCK = re.compile(r'^Transformer/encoderblock_(\d+)/')
 # Layers of masked patch prediction (vit_jax.models.mpp); the backbone is analysed without them.
@@ -162,7 +163,7 @@ def _naflex_from_flat(flat, config, num_classes, what, patch_size) -> LoadedMode
     size = (patch_size, patch_size)
     flat = {
       **flat,
-      'embedding/kernel': checkpoint.resize_patch_embedding(flat['embedding/kernel'], size),
+      'embedding/kernel': vit_checkpoint.resize_patch_embedding(flat['embedding/kernel'], size),
     }
     config.patches.size = size
   if config.classifier not in naflex.CLASSIFIERS:
@@ -203,7 +204,7 @@ def model_from_flat(
     config.representation_size = int(flat['pre_logits/kernel'].shape[-1])
   num_classes = int(flat['head/kernel'].shape[-1]) if 'head/kernel' in flat else None
   num_prefix = 1 if config.classifier in ('token', 'token_unpooled') else 0
-  if 'registers' in flat:  # register tokens (models.vit._add_registers)
+  if 'registers' in flat:  # register tokens (models.vit.prepend_tokens)
     config.num_registers = int(flat['registers'].shape[1])
     num_prefix += config.num_registers
 

@@ -118,7 +118,7 @@ def _forward(ops, images, config):
   if 'cls' in ops.flat:
     x = ops.torch.cat([ops.p('cls').expand(x.shape[0], -1, -1), x], dim=1)
   registers = ops.flat['registers'].shape[1] if 'registers' in ops.flat else 0
-  if registers:  # models.vit._add_registers: after the class token
+  if registers:  # models.vit.prepend_tokens: after the class token
     reg = ops.p('registers').expand(x.shape[0], -1, -1)
     x = ops.torch.cat([x[:, :first], reg, x[:, first:]], dim=1)
   x = x + ops.p('Transformer/posembed_input/pos_embedding')

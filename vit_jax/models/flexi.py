@@ -1,9 +1,9 @@
 """FlexiViT (Beyer et al., CVPR 2023): one set of ViT weights at many patch sizes.
 
 The patch-embedding kernel is PI-resized to another patch size (the
-pseudo-inverse of the bilinear resize of a patch, `checkpoint.pi_resize_matrix`)
+pseudo-inverse of the bilinear resize of a patch, `vit_checkpoint.pi_resize_matrix`)
 and the position embeddings resized to the new grid, as fine-tuning at another
-resolution resizes them (`checkpoint.resize_posemb`, 'zoom'). On the host this
+resolution resizes them (`vit_checkpoint.resize_posemb`, 'zoom'). On the host this
 loads any checkpoint at another patch size (`at_patch_size`: predict,
 evaluate, export; fine-tuning does it in `checkpoint.load_pretrained`). In a
 training step, `random_patch_grad` draws one of a list of patch sizes per
@@ -16,8 +16,8 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 
-from vit_jax import checkpoint
 from vit_jax.core.errors import UserError
+from vit_jax.models import vit_checkpoint
 
 _KERNEL = 'embedding/kernel'
 _POSEMB = 'Transformer/posembed_input/pos_embedding'
@@ -48,9 +48,9 @@ def at_patch_size(flat: dict, patch_size: int, image_size: int, num_prefix: int)
   The kernel is PI-resized, the position embeddings zoomed to the new grid.
   """
   out = dict(flat)
-  out[_KERNEL] = checkpoint.resize_patch_embedding(flat[_KERNEL], (patch_size, patch_size))
+  out[_KERNEL] = vit_checkpoint.resize_patch_embedding(flat[_KERNEL], (patch_size, patch_size))
   grid = image_size // patch_size
-  out[_POSEMB] = checkpoint.resize_posemb(flat[_POSEMB], num_prefix + grid * grid, num_prefix)
+  out[_POSEMB] = vit_checkpoint.resize_posemb(flat[_POSEMB], num_prefix + grid * grid, num_prefix)
   return out
 
 
@@ -59,11 +59,11 @@ def _resized(params, base: int, size: int, image_size: int, num_prefix: int):
   if size == base:
     return params
   kernel = params['embedding']['kernel']
-  pinv = jnp.asarray(checkpoint.pi_resize_matrix(base, size), jnp.float32)
+  pinv = jnp.asarray(vit_checkpoint.pi_resize_matrix(base, size), jnp.float32)
   kernel = jnp.einsum('ah,bw,hwcd->abcd', pinv, pinv, kernel, precision='highest')
   posemb = params['Transformer']['posembed_input']['pos_embedding']
   old, new = image_size // base, image_size // size
-  zoom = jnp.asarray(checkpoint.zoom_matrix(old, new), jnp.float32)
+  zoom = jnp.asarray(vit_checkpoint.zoom_matrix(old, new), jnp.float32)
   grid = posemb[0, num_prefix:].reshape(old, old, -1)
   grid = jnp.einsum('ah,bw,hwd->abd', zoom, zoom, grid, precision='highest')
   posemb = jnp.concatenate([posemb[:, :num_prefix], grid.reshape(1, new * new, -1)], axis=1)

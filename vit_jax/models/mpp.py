@@ -145,34 +145,24 @@ class MppViT(nn.Module):
       )
     if self.classifier not in ('token', 'gap'):
       raise ValueError(f'classifier={self.classifier!r}; MPP models use token or gap')
-    patch = tuple(self.patches['size'])
-    x = vit.PatchEmbedding(self.hidden_size, patch, self.dtype, name='embedding')(
-      images.astype(self.dtype)
-    )
-    n, _, c = x.shape
-    mask_token = self.param(
-      'mask_token', nn.initializers.normal(stddev=0.02), (1, 1, c), jnp.float32
-    )
+    x = vit.embed_patches(images, self.patches, self.hidden_size, None, self.dtype)
+    num_patches = x.shape[1]
+    shape = (1, 1, self.hidden_size)
+    mask_token = self.param('mask_token', nn.initializers.normal(stddev=0.02), shape, jnp.float32)
     if corruption is not None:
       x = apply_corruption(x, corruption, mask_token)
-
-    num_prefix = 0
-    if self.classifier == 'token':
-      # The class token takes part, so the encoder sees the sequence it will
-      # see when fine-tuned from this checkpoint.
-      cls = self.param('cls', nn.initializers.zeros, (1, 1, c), jnp.float32)
-      x = jnp.concatenate([jnp.tile(cls.astype(self.dtype), (n, 1, 1)), x], axis=1)
-      num_prefix = 1
-    x = vit.Encoder(
+    # The class token takes part, so the encoder sees the sequence it will see
+    # when fine-tuned from this checkpoint.
+    x = vit.prepend_tokens(self, x, self.classifier)
+    x = vit.encoder(
+      self.transformer,
       dtype=self.dtype,
+      attention=self.attention,
       remat=self.remat,
       remat_policy=self.remat_policy,
       scan=self.scan,
-      attention=self.attention,
-      name='Transformer',
-      **self.transformer,
     )(x, train=train)
-    logits = nn.Dense(NUM_COLOURS, dtype=self.dtype, name='mpp_head')(x[:, num_prefix:])
+    logits = nn.Dense(NUM_COLOURS, dtype=self.dtype, name='mpp_head')(x[:, -num_patches:])
     return logits.astype(jnp.float32)
 
 

@@ -236,7 +236,7 @@ class NaFlexViT(nn.Module):
   model_name: Optional[str] = None
   dtype: Any = jnp.float32
   attention: str = 'auto'
-  num_registers: int = 0  # register tokens after the class token (vit._add_registers)
+  num_registers: int = 0  # register tokens after the class token (vit.prepend_tokens)
 
   @nn.compact
   def __call__(self, inputs, *, train: bool):
@@ -245,12 +245,8 @@ class NaFlexViT(nn.Module):
     patch = self.patches['size'][0]
     pixels, rows, cols, real = _tokens(inputs.astype(jnp.float32), patch)
     x = PatchEmbedding(patch, self.hidden_size, self.dtype, name='embedding')(pixels)
-    n = x.shape[0]
-    prefix = jnp.zeros((n, 0, self.hidden_size), self.dtype)
-    if self.classifier == 'token':
-      cls = self.param('cls', nn.initializers.zeros, (1, 1, self.hidden_size), jnp.float32)
-      prefix = jnp.broadcast_to(cls.astype(self.dtype), (n, 1, self.hidden_size))
-    prefix = vit._add_registers(self, prefix, self.num_registers, self.classifier)
+    prefix = jnp.zeros((x.shape[0], 0, self.hidden_size), self.dtype)
+    prefix = vit.prepend_tokens(self, prefix, self.classifier, self.num_registers)
     x = NaFlexEncoder(
       grid=tuple(self.posemb_grid),
       dtype=self.dtype,

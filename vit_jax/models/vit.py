@@ -22,11 +22,14 @@ pools with big_vision's multi-head attention pooling (`MAPHead`), the head
 those papers train with. `scan=True` runs the blocks
 as one `nn.scan`: a single block is compiled whatever the depth, and the
 parameters are stacked under `Transformer/encoderblock` with a leading layer
-axis (`vit_jax.checkpoint.unstack_blocks` turns them into `encoderblock_{i}`).
+axis (`vit_checkpoint.unstack_blocks` turns them into `encoderblock_{i}`).
+What a block computes with is one `BlockConfig`, built by `encoder` from the
+model's config and handed down the encoder to every block.
 With a `model` mesh axis the activations are constrained so that each
 sub-layer needs one reduction (vit_jax.core.sharding.constrain).
 """
 
+import dataclasses
 import math
 import re
 from typing import Any, Callable, Mapping, Optional
@@ -322,6 +325,23 @@ class MAPHead(nn.Module):
     return y[:, 0]
 
 
+@dataclasses.dataclass(frozen=True)
+class BlockConfig:
+  """What every encoder block computes with: a model config's `transformer` entry (less
+  `num_layers`) and the model's `dtype` and `attention`. An option of the blocks is a field
+  here and the code that reads it; `encoder` builds this once per model."""
+
+  mlp_dim: int
+  num_heads: int
+  dropout_rate: float = 0.1
+  attention_dropout_rate: float = 0.1
+  dtype: Dtype = jnp.float32
+  attention: str = 'auto'  # see ATTENTION
+  parallel_block: bool = False  # see Encoder1DBlock
+  qk_norm: bool = False  # ViT-22B: LayerNorm of q and k per head
+  qkv_and_norm_biases: bool = True  # False: ViT-22B's q/k/v projections and LayerNorms
+
+
 class Encoder1DBlock(nn.Module):
   """Pre-LN encoder block (paper eq. 2-3): x + MSA(LN(x)), then x + MLP(LN(x)).
 
@@ -329,39 +349,32 @@ class Encoder1DBlock(nn.Module):
   so under tensor parallelism the two sub-layers share one reduction.
   """
 
-  mlp_dim: int
-  num_heads: int
-  dropout_rate: float = 0.1
-  attention_dropout_rate: float = 0.1
-  dtype: Dtype = jnp.float32
-  attention: str = 'auto'
-  parallel_block: bool = False
-  qk_norm: bool = False
-  qkv_and_norm_biases: bool = True
+  config: BlockConfig
   num_tokens: Optional[int] = None  # the real tokens when padding follows (pads_sequence)
 
   @nn.compact
   def __call__(self, x, deterministic: bool):
-    bias = self.qkv_and_norm_biases
+    c = self.config
+    bias = c.qkv_and_norm_biases
     x = sharding.constrain(x, ('batch', None, None))
-    y = _layer_norm('LayerNorm_0', self.dtype, bias)(x)
+    y = _layer_norm('LayerNorm_0', c.dtype, bias)(x)
     attention = MultiHeadDotProductAttention(
-      num_heads=self.num_heads,
-      dropout_rate=self.attention_dropout_rate,
-      dtype=self.dtype,
-      attention=self.attention,
-      qk_norm=self.qk_norm,
+      num_heads=c.num_heads,
+      dropout_rate=c.attention_dropout_rate,
+      dtype=c.dtype,
+      attention=c.attention,
+      qk_norm=c.qk_norm,
       qkv_bias=bias,
       norm_bias=bias,
       name='MultiHeadDotProductAttention_1',
     )(y, deterministic=deterministic, num_tokens=self.num_tokens)
-    mlp = MlpBlock(self.mlp_dim, self.dropout_rate, self.dtype, name='MlpBlock_3')
-    x = x + nn.Dropout(self.dropout_rate)(attention, deterministic=deterministic)
-    if self.parallel_block:  # the MLP reads the same normalised input as attention
+    mlp = MlpBlock(c.mlp_dim, c.dropout_rate, c.dtype, name='MlpBlock_3')
+    x = x + nn.Dropout(c.dropout_rate)(attention, deterministic=deterministic)
+    if c.parallel_block:  # the MLP reads the same normalised input as attention
       x = x + mlp(y, deterministic=deterministic)
     else:
       x = sharding.constrain(x, ('batch', None, None))
-      y = _layer_norm('LayerNorm_2', self.dtype, bias)(x)
+      y = _layer_norm('LayerNorm_2', c.dtype, bias)(x)
       x = x + mlp(y, deterministic=deterministic)
     x = sharding.constrain(x, ('batch', None, None))
     self.sow('intermediates', 'tokens', x)
@@ -380,46 +393,28 @@ class Encoder(nn.Module):
   """Position embeddings, the stack of encoder blocks, and the final LayerNorm."""
 
   num_layers: int
-  mlp_dim: int
-  num_heads: int
-  dropout_rate: float = 0.1
-  attention_dropout_rate: float = 0.1
-  dtype: Dtype = jnp.float32
+  block: BlockConfig
   remat: bool = False
   remat_policy: str = 'nothing_saveable'  # a jax.checkpoint_policies name (configs.schema)
   scan: bool = False
-  attention: str = 'auto'
-  parallel_block: bool = False
-  qk_norm: bool = False
-  qkv_and_norm_biases: bool = True
   pad_odd: Optional[bool] = None  # see pads_sequence; None: where attention runs on cuDNN
 
   @nn.compact
   def __call__(self, x, *, train: bool):
-    x = AddPositionEmbs(dtype=self.dtype, name='posembed_input')(x)
-    x = nn.Dropout(self.dropout_rate)(x, deterministic=not train)
+    c = self.block
+    x = AddPositionEmbs(dtype=c.dtype, name='posembed_input')(x)
+    x = nn.Dropout(c.dropout_rate)(x, deterministic=not train)
     num_tokens = x.shape[1]
     implementation = resolve_attention(
-      self.attention,
-      self.dtype,
-      x.shape[-1] // self.num_heads,
-      self.is_mutable_collection('intermediates') or (train and self.attention_dropout_rate > 0),
+      c.attention,
+      c.dtype,
+      x.shape[-1] // c.num_heads,
+      self.is_mutable_collection('intermediates') or (train and c.attention_dropout_rate > 0),
     )
     padded = pads_sequence(num_tokens, implementation, self.pad_odd)
     if padded:  # a zero token: finite through every block, and never attended to
       x = jnp.pad(x, ((0, 0), (0, 1), (0, 0)))
-    block = dict(
-      mlp_dim=self.mlp_dim,
-      num_heads=self.num_heads,
-      dropout_rate=self.dropout_rate,
-      attention_dropout_rate=self.attention_dropout_rate,
-      dtype=self.dtype,
-      attention=self.attention,
-      parallel_block=self.parallel_block,
-      qk_norm=self.qk_norm,
-      qkv_and_norm_biases=self.qkv_and_norm_biases,
-      num_tokens=num_tokens if padded else None,
-    )
+    real = num_tokens if padded else None
     block_cls = _ScannedBlock if self.scan else Encoder1DBlock
     if self.remat:
       # static_argnums=(2,): `deterministic` is a Python bool, not traced.
@@ -436,13 +431,28 @@ class Encoder(nn.Module):
         in_axes=nn.broadcast,
         length=self.num_layers,
       )
-      x, _ = stack(name='encoderblock', **block)(x, not train)
+      x, _ = stack(c, real, name='encoderblock')(x, not train)
     else:
       for i in range(self.num_layers):
-        x = block_cls(name=f'encoderblock_{i}', **block)(x, not train)
+        x = block_cls(c, real, name=f'encoderblock_{i}')(x, not train)
     if padded:
       x = sharding.constrain(x[:, :num_tokens], ('batch', None, None))
-    return _layer_norm('encoder_norm', self.dtype, self.qkv_and_norm_biases)(x)
+    return _layer_norm('encoder_norm', c.dtype, c.qkv_and_norm_biases)(x)
+
+
+def encoder(transformer, *, dtype, attention, remat, remat_policy, scan, pad_odd=None) -> Encoder:
+  """The `Transformer` of a model: its config's `transformer` entry and the model's options
+  (VisionTransformer's attributes of those names)."""
+  block = {k: v for k, v in transformer.items() if k != 'num_layers'}
+  return Encoder(
+    transformer['num_layers'],
+    BlockConfig(dtype=dtype, attention=attention, **block),
+    remat=remat,
+    remat_policy=remat_policy,
+    scan=scan,
+    pad_odd=pad_odd,
+    name='Transformer',
+  )
 
 
 class VisionTransformer(nn.Module):
@@ -470,41 +480,55 @@ class VisionTransformer(nn.Module):
   remat_policy: str = 'nothing_saveable'  # a jax.checkpoint_policies name (configs.schema)
   scan: bool = False  # the blocks as one nn.scan, parameters stacked
   attention: str = 'auto'  # see ATTENTION
-  num_registers: int = 0  # register tokens (Darcet et al. 2023): `_add_registers`
+  num_registers: int = 0  # register tokens (Darcet et al. 2023): `prepend_tokens`
   pad_odd: Optional[bool] = None  # see pads_sequence; None: where attention runs on cuDNN
 
   @nn.compact
   def __call__(self, inputs, *, train: bool):
     if self.classifier not in CLASSIFIERS:
       raise ValueError(f'classifier={self.classifier!r}; use one of {CLASSIFIERS}')
-    x = inputs.astype(self.dtype)
-    if self.resnet is not None:
-      x = resnet.resnet_stem(x, self.resnet['num_layers'], self.resnet['width_factor'], self.dtype)
-
-    x = PatchEmbedding(self.hidden_size, tuple(self.patches['size']), self.dtype, name='embedding')(
-      x
-    )
-    n, _, c = x.shape
-
-    if self.classifier in ('token', 'token_unpooled'):
-      cls = self.param('cls', nn.initializers.zeros, (1, 1, c), jnp.float32)
-      x = jnp.concatenate([jnp.tile(cls.astype(self.dtype), (n, 1, 1)), x], axis=1)
-    x = _add_registers(self, x, self.num_registers, self.classifier)
-
-    x = Encoder(
+    x = embed_patches(inputs, self.patches, self.hidden_size, self.resnet, self.dtype)
+    x = prepend_tokens(self, x, self.classifier, self.num_registers)
+    x = encoder(
+      self.transformer,
       dtype=self.dtype,
+      attention=self.attention,
       remat=self.remat,
       remat_policy=self.remat_policy,
       scan=self.scan,
-      attention=self.attention,
       pad_odd=self.pad_odd,
-      name='Transformer',
-      **self.transformer,
     )(x, train=train)
 
     x = _drop_registers(x, self.num_registers, self.classifier)
     x = _pool(x, self.classifier, self.transformer, self.dtype)
     return head(x, self.num_classes, self.representation_size, self.head_bias_init, self.dtype)
+
+
+def embed_patches(images, patches, hidden_size: int, resnet_config, dtype):
+  """Paper 3.1's input, by the calling module's `embedding`: NHWC images -> patch embeddings
+  [n, N, hidden_size] in `dtype`, of the hybrid's ResNet features where `resnet_config` is set."""
+  x = images.astype(dtype)
+  if resnet_config is not None:
+    x = resnet.resnet_stem(x, resnet_config['num_layers'], resnet_config['width_factor'], dtype)
+  return PatchEmbedding(hidden_size, tuple(patches['size']), dtype, name='embedding')(x)
+
+
+def prepend_tokens(module, x, classifier: str, num_registers: int = 0):
+  """[n, N, D] tokens with the learned ones before them, parameters of `module`: the class token
+  `cls` [1, 1, D] for the token classifiers (paper 3.1), then `num_registers` register tokens
+  `registers` [1, R, D] (Darcet et al. 2023), position-embedded like the patches: timm's
+  `reg_token` with `no_embed_class=False`, so weights convert both ways. Registers only give
+  attention somewhere to write; `_drop_registers` removes them before pooling."""
+  n, _, d = x.shape
+  prefix = []
+  if classifier in ('token', 'token_unpooled'):
+    cls = module.param('cls', nn.initializers.zeros, (1, 1, d), jnp.float32)
+    prefix.append(jnp.broadcast_to(cls.astype(x.dtype), (n, 1, d)))
+  if num_registers:
+    shape = (1, num_registers, d)
+    registers = module.param('registers', nn.initializers.normal(stddev=1e-6), shape, jnp.float32)
+    prefix.append(jnp.broadcast_to(registers.astype(x.dtype), (n, num_registers, d)))
+  return jnp.concatenate([*prefix, x], axis=1) if prefix else x
 
 
 def head(x, num_classes, representation_size, head_bias_init, dtype):
@@ -579,20 +603,6 @@ def compute_params(params, dtype):
     return x if _FLOAT32_MODULES.fullmatch(str(module)) else x.astype(dtype)
 
   return jax.tree_util.tree_map_with_path(cast, params)
-
-
-def _add_registers(module, x, num_registers: int, classifier: str):
-  """Register tokens (Darcet et al. 2023), learned [1, R, D] `registers`, after the class
-  token and before the patches, position-embedded like them: timm's `reg_token` with
-  `no_embed_class=False`, so weights convert both ways. They only give attention somewhere
-  to write; `_drop_registers` removes them before pooling."""
-  if not num_registers:
-    return x
-  shape = (1, num_registers, x.shape[-1])
-  registers = module.param('registers', nn.initializers.normal(stddev=1e-6), shape, jnp.float32)
-  registers = jnp.broadcast_to(registers.astype(x.dtype), (x.shape[0], *shape[1:]))
-  first = 1 if classifier in ('token', 'token_unpooled') else 0
-  return jnp.concatenate([x[:, :first], registers, x[:, first:]], axis=1)
 
 
 def _drop_registers(x, num_registers: int, classifier: str):

@@ -10,10 +10,10 @@ from typing import Callable
 
 import orbax.checkpoint as ocp
 
-from vit_jax import checkpoint
 from vit_jax.data import pipeline
 from vit_jax.evaluation import fewshot
 from vit_jax.evaluation import metrics
+from vit_jax.models import vit_checkpoint
 from vit_jax.training import steps
 
 
@@ -126,7 +126,7 @@ def save_checkpoint(run, loop, step: int) -> None:
     step,
     args=ocp.args.Composite(
       # Encoder blocks as `encoderblock_{i}` whether or not the model scans them.
-      state=ocp.args.StandardSave(checkpoint.unstack_blocks(loop.state)),
+      state=ocp.args.StandardSave(vit_checkpoint.unstack_blocks(loop.state)),
       data=ocp.args.JsonSave(loop.train_iter.get_state()),
       run=ocp.args.JsonSave(loop.totals()),
     ),

@@ -33,6 +33,7 @@ from vit_jax.core import files
 from vit_jax.core import hardware
 from vit_jax.core.errors import UserError
 from vit_jax.data import pipeline
+from vit_jax.models import vit_checkpoint
 from vit_jax.training import hooks
 from vit_jax.training import program
 from vit_jax.training import resume
@@ -255,7 +256,7 @@ def restore_or_initialize(run: Run):
   """(state, data iterator state, totals): the newest checkpoint's that restores, or fresh ones."""
   config, built = run.config, run.program
   # Checkpoints name encoderblock_{i}; a scanned model stacks them after restoring.
-  abstract = checkpoint.unstack_blocks(built.abstract_state())
+  abstract = vit_checkpoint.unstack_blocks(built.abstract_state())
 
   def args_for(step):
     items = {'state': ocp.args.StandardRestore(abstract), 'data': ocp.args.JsonRestore()}
@@ -270,8 +271,8 @@ def restore_or_initialize(run: Run):
     run.log.info('Resuming from the checkpoint at step %d in %s', step, run.workdir)
     prior = restored['run'] if 'run' in restored else {}
     state = restored['state']
-    if checkpoint.is_stacked(built.abstract_state()):
-      state = jax.device_put(checkpoint.stack_blocks(state), built.state_shardings)
+    if vit_checkpoint.is_stacked(built.abstract_state()):
+      state = jax.device_put(vit_checkpoint.stack_blocks(state), built.state_shardings)
     return state, restored['data'], prior or {}
   state = jax.jit(built.init, out_shardings=built.state_shardings)(jax.random.PRNGKey(config.seed))
   if config.pretrained_path:

@@ -1,0 +1,320 @@
+"""The ViT's parameter tree as checkpoints hold it: its names, layouts and the surgery that
+fine-tuning does on it (paper 3.2), on trees in memory.
+
+`canonical` maps the key variants of released files (the original release, newer Flax
+numbering, big_vision's prefixes, scanned blocks and root position embedding) onto this
+model's names; `stack_blocks` and `unstack_blocks` move between the scanned
+(`Transformer/encoderblock` with a layer axis) and the released (`encoderblock_{i}`) layout;
+`resize_posemb` and `resize_patch_embedding` move a checkpoint to another resolution or patch
+size; `adapt` turns a pre-trained tree into one to fine-tune. Reading and writing files is
+`vit_jax.checkpoint`'s, which calls these (and re-exports the official API's names).
+"""
+
+import functools
+import math
+import re
+from typing import Mapping
+
+import jax
+import numpy as np
+
+from vit_jax.core.errors import UserError
+
+_PREFIXES = ('opt/target/', 'params/')
+# Newer Flax numbering inside an encoder block -> the original release's.
+_NEW_BLOCK_NAMES = {
+  'LayerNorm_1': 'LayerNorm_2',
+  'MultiHeadDotProductAttention_0': 'MultiHeadDotProductAttention_1',
+  'MlpBlock_0': 'MlpBlock_3',
+}
+_POSEMB = 'Transformer/posembed_input/pos_embedding'
+_EMBEDDING = 'embedding/kernel'
+# Layers only pre-training uses (paper 3.1 pre-logits; B.1.2 masked patch
+# prediction); fine-tuning drops them when the new model has none.
+_PRETRAINING_ONLY = ('pre_logits/', 'mask_token', 'mpp_head/')
+
+
+class CheckpointError(UserError, ValueError):
+  """A checkpoint that cannot be read or does not fit the model; one line."""
+
+
+def _shape(x) -> tuple:
+  return tuple(np.shape(x))
+
+
+def canonical(flat: dict) -> dict:
+  """Flat parameters {'a/b': array} of a released file (any of its key variants) in this
+  model's names."""
+  for prefix in _PREFIXES:
+    if any(k.startswith(prefix) for k in flat):
+      flat = {k[len(prefix) :]: v for k, v in flat.items() if k.startswith(prefix)}
+      break
+
+  out = {}
+  for key, value in flat.items():
+    # big_vision with `scan=True`: one block whose leaves carry a layer axis.
+    if key.startswith('Transformer/encoderblock/'):
+      rest = key[len('Transformer/encoderblock/') :]
+      for i, layer_value in enumerate(value):
+        out[f'Transformer/encoderblock_{i}/{rest}'] = layer_value
+      continue
+    out[key] = value
+
+  renamed = {}
+  for key, value in out.items():
+    match = re.match(r'(Transformer/encoderblock_\d+/)([^/]+)(/.*)', key)
+    if match and match.group(2) in _NEW_BLOCK_NAMES:
+      key = match.group(1) + _NEW_BLOCK_NAMES[match.group(2)] + match.group(3)
+    # Old hybrid files store GroupNorm scale/bias as (1, 1, 1, C).
+    if re.search(r'(^|/)gn[^/]*/(scale|bias)$', key) and value.ndim == 4:
+      value = value.reshape(-1)
+    renamed[key] = value
+
+  # big_vision keeps the position embedding at the root and adds it to the
+  # patches only, before the class token is prepended. Our class token gets the
+  # embedding's first row, so a zero row makes the two models compute the same.
+  if 'pos_embedding' in renamed:
+    posemb = renamed.pop('pos_embedding')
+    if 'cls' in renamed:
+      posemb = np.concatenate([np.zeros_like(posemb[:, :1]), posemb], axis=1)
+    renamed[_POSEMB] = posemb
+  return renamed
+
+
+def _is_stacked_encoder(node) -> bool:
+  return isinstance(node, Mapping) and 'encoderblock' in node
+
+
+def _is_unrolled_encoder(node) -> bool:
+  return isinstance(node, Mapping) and 'encoderblock_0' in node
+
+
+def is_stacked(tree) -> bool:
+  """Whether `tree` holds scanned encoder blocks (`Transformer/encoderblock` with a layer axis)."""
+  found = []
+  jax.tree.map(lambda n: found.append(_is_stacked_encoder(n)), tree, is_leaf=_is_stacked_encoder)
+  return any(found)
+
+
+def _layer(x, i):
+  if isinstance(x, jax.ShapeDtypeStruct):
+    sharding = getattr(x, 'sharding', None)
+    if isinstance(sharding, jax.sharding.NamedSharding):
+      spec = tuple(sharding.spec)[1:]
+      sharding = jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec(*spec))
+    return jax.ShapeDtypeStruct(x.shape[1:], x.dtype, sharding=sharding)
+  return x[i]
+
+
+def _stack(layers):
+  first = layers[0]
+  if isinstance(first, jax.ShapeDtypeStruct):
+    return jax.ShapeDtypeStruct((len(layers),) + tuple(first.shape), first.dtype)
+  if isinstance(first, np.ndarray):
+    return np.stack(layers)
+  return jax.numpy.stack(layers)
+
+
+def unstack_blocks(tree):
+  """Scanned blocks -> `encoderblock_{i}`, wherever they occur in `tree` (params, optimizer state).
+
+  The layout of released files, exports and checkpoints; the inverse of
+  `stack_blocks`. Arrays (numpy or jax) are sliced, shape structs reshaped.
+  """
+
+  def unstack(node):
+    if not _is_stacked_encoder(node):
+      return node
+    node = dict(node)
+    stacked = node.pop('encoderblock')
+    num_layers = jax.tree.leaves(stacked)[0].shape[0]
+    for i in range(num_layers):
+      node[f'encoderblock_{i}'] = jax.tree.map(lambda x, i=i: _layer(x, i), stacked)
+    return node
+
+  return jax.tree.map(unstack, tree, is_leaf=_is_stacked_encoder)
+
+
+def stack_blocks(tree):
+  """`encoderblock_{i}` -> one `encoderblock` whose leaves have a leading layer axis (nn.scan)."""
+
+  def stack(node):
+    if not _is_unrolled_encoder(node):
+      return node
+    node = dict(node)
+    num_layers = sum(1 for k in node if re.fullmatch(r'encoderblock_\d+', k))
+    layers = [node.pop(f'encoderblock_{i}') for i in range(num_layers)]
+    node['encoderblock'] = jax.tree.map(lambda *xs: _stack(xs), *layers)
+    return node
+
+  return jax.tree.map(stack, tree, is_leaf=_is_unrolled_encoder)
+
+
+# How position embeddings are resized for a new resolution (paper 3.2):
+# 'zoom' is the official `interpolate_posembed`, `scipy.ndimage.zoom(order=1)`
+# on the grid: linear, the corner embeddings stay on the corners. 'bilinear'
+# samples at half-pixel centres, as torch's `interpolate(mode='bilinear',
+# align_corners=False)`; kept for runs that started from it.
+POSEMB_RESIZE = ('zoom', 'bilinear')
+
+
+def _zoom_axis(grid: np.ndarray, axis: int, size: int) -> np.ndarray:
+  """Linear resampling of `axis` to `size` points, first and last on the old first and last."""
+  old = grid.shape[axis]
+  # scipy.ndimage.zoom (grid_mode=False): output point i reads input point
+  # i * (old - 1) / (size - 1); a single output point reads point 0.
+  coords = np.arange(size) * ((old - 1) / (size - 1) if size > 1 else 0.0)
+  lo = np.floor(coords).astype(np.int64)
+  hi = np.minimum(lo + 1, old - 1)
+  shape = [1] * grid.ndim
+  shape[axis] = size
+  frac = (coords - lo).reshape(shape)
+  return np.take(grid, lo, axis=axis) * (1 - frac) + np.take(grid, hi, axis=axis) * frac
+
+
+def zoom_matrix(old: int, new: int) -> np.ndarray:
+  """[new, old] float64: the 'zoom' resize of one grid axis as a matrix."""
+  return _zoom_axis(np.eye(old), 0, new)
+
+
+def bilinear_matrix(old: int, new: int) -> np.ndarray:
+  """[new, old] float64: bilinear resampling of one axis at half-pixel centres, edges
+  clamped, no antialiasing (tf.image.resize; torch's interpolate, align_corners=False)."""
+  src = np.maximum((np.arange(new) + 0.5) * (old / new) - 0.5, 0.0)
+  lo = np.minimum(np.floor(src).astype(np.int64), old - 1)
+  hi = np.minimum(lo + 1, old - 1)
+  frac = src - lo
+  matrix = np.zeros((new, old))
+  np.add.at(matrix, (np.arange(new), lo), 1.0 - frac)
+  np.add.at(matrix, (np.arange(new), hi), frac)
+  return matrix
+
+
+@functools.lru_cache(maxsize=32)
+def pi_resize_matrix(old: int, new: int) -> np.ndarray:
+  """[new, old] float64: FlexiViT's PI-resize of one axis of a patch-embedding kernel.
+
+  With B the bilinear resize of a patch (`bilinear_matrix`), the new kernel is
+  pinv(B^T) @ kernel: tokens of a resized patch equal the old tokens whenever
+  B has full column rank (upsampling), a least-squares fit when shrinking.
+  Bilinear resizing is separable, so the 2D matrix is the Kronecker product of
+  the two axes' and its pseudo-inverse the product of theirs.
+  """
+  return np.linalg.pinv(bilinear_matrix(old, new).T)
+
+
+def resize_patch_embedding(kernel: np.ndarray, patch_size) -> np.ndarray:
+  """PI-resize (FlexiViT, Beyer et al. 2023) of an `embedding/kernel` [ph, pw, C, D] to
+  [patch_size[0], patch_size[1], C, D], in float64; big_vision's `flexi` and timm's
+  `resample_patch_embed(..., interpolation='bilinear', antialias=False)` compute the same."""
+  rows = pi_resize_matrix(kernel.shape[0], int(patch_size[0]))
+  cols = pi_resize_matrix(kernel.shape[1], int(patch_size[1]))
+  resized = np.einsum('ah,bw,hwcd->abcd', rows, cols, np.asarray(kernel, np.float64))
+  return resized.astype(np.asarray(kernel).dtype)
+
+
+def resize_posemb(
+  posemb: np.ndarray, num_tokens: int, num_prefix_tokens: int, method: str = 'zoom'
+) -> np.ndarray:
+  """Resizes the square grid of position embeddings (paper 3.2); see POSEMB_RESIZE.
+
+  Args:
+    posemb: [1, num_prefix_tokens + g*g, D].
+    num_tokens: new sequence length, num_prefix_tokens + G*G.
+    num_prefix_tokens: leading rows kept as they are (1 for the class token).
+    method: 'zoom' (the official code's) or 'bilinear'.
+
+  Returns:
+    [1, num_tokens, D] float32.
+  """
+  if method not in POSEMB_RESIZE:
+    raise CheckpointError(f'posemb_resize={method!r}: use one of {", ".join(POSEMB_RESIZE)}')
+  prefix, grid = posemb[:, :num_prefix_tokens], posemb[0, num_prefix_tokens:]
+  old, new = len(grid), num_tokens - num_prefix_tokens
+  g_old, g_new = math.isqrt(old), math.isqrt(new)
+  if g_old * g_old != old or g_new * g_new != new:
+    raise CheckpointError(
+      f'position embeddings: cannot resize {old} to {new} patch positions; '
+      'only square grids (square images) can be interpolated'
+    )
+  grid = grid.reshape(g_old, g_old, -1)
+  if method == 'zoom':
+    grid = grid.astype(np.float64)
+    grid = _zoom_axis(_zoom_axis(grid, 0, g_new), 1, g_new)
+  else:
+    # No antialias: shrinking samples the grid rather than blurring it.
+    grid = jax.image.resize(
+      grid.astype(np.float32), (g_new, g_new, grid.shape[-1]), 'bilinear', antialias=False
+    )
+  grid = np.asarray(grid, np.float32).reshape(1, new, -1)
+  return np.concatenate([prefix.astype(np.float32), grid], axis=1)
+
+
+def interpolate_posembed(posemb, num_tokens: int, has_class_token: bool) -> np.ndarray:
+  """The official `checkpoint.interpolate_posembed`: `resize_posemb` with 'zoom'."""
+  return resize_posemb(np.asarray(posemb), num_tokens, int(has_class_token), 'zoom')
+
+
+def adapt(
+  restored: dict, init: dict, model_config: Mapping, posemb_resize: str = 'zoom', what='checkpoint'
+) -> tuple:
+  """Pre-trained parameters made into those of a model to fine-tune (paper 3.2).
+
+  The backbone is kept. The head is `init`'s (zeros: paper 3.2), `pre_logits` is dropped
+  when the new model has none, as are the `mask_token` and `mpp_head` of masked patch
+  prediction (`vit_jax.models.mpp`); position embeddings are resized when the resolution
+  differs (`posemb_resize`, see POSEMB_RESIZE), the patch-embedding kernel when the patch
+  size does (FlexiViT).
+
+  Args:
+    restored: the pre-trained flat parameters {'a/b': array} in this model's names
+      (`canonical`), blocks unrolled.
+    init: the new model's freshly initialised flat parameters, blocks unrolled.
+    model_config: its config, for the tokens before the patches (classifier, registers).
+    posemb_resize: 'zoom' (the official code's and big_vision's) or 'bilinear'.
+    what: the checkpoint's name in errors.
+
+  Returns:
+    (flat parameters shaped as `init`, {'kept', 'resized', 'dropped', 're-initialised':
+    [what, one line each]}).
+  """
+  num_prefix = 1 if model_config.get('classifier', 'token') in ('token', 'token_unpooled') else 0
+  num_prefix += model_config.get('num_registers', 0)
+  out = {}
+  report = {'kept': [], 'resized': [], 'dropped': [], 're-initialised': []}
+  for key, value in init.items():
+    if key.startswith('head/') or key not in restored and key.startswith('pre_logits/'):
+      out[key] = value
+      report['re-initialised'].append(f'{key} {_shape(value)}')
+    elif key not in restored:
+      raise CheckpointError(
+        f'{what} lacks {key} {_shape(value)} that the model '
+        'has; is it a checkpoint of another model?'
+      )
+    elif key == _POSEMB and _shape(restored[key]) != _shape(value):
+      out[key] = resize_posemb(restored[key], value.shape[1], num_prefix, posemb_resize)
+      report['resized'].append(
+        f'{key} {_shape(restored[key])} -> {_shape(value)} ({posemb_resize})'
+      )
+    elif key == _EMBEDDING and _shape(restored[key]) != _shape(value) == (
+      _shape(value)[:2] + _shape(restored[key])[2:]
+    ):  # another patch size (FlexiViT)
+      out[key] = resize_patch_embedding(restored[key], value.shape[:2])
+      report['resized'].append(f'{key} {_shape(restored[key])} -> {_shape(value)} (PI-resize)')
+    elif _shape(restored[key]) != _shape(value):
+      raise CheckpointError(
+        f'{what}: {key} has shape {_shape(restored[key])}, the '
+        f'model expects {_shape(value)}; check the model name'
+      )
+    else:
+      out[key] = restored[key]
+      report['kept'].append(key)
+  for key in sorted(set(restored) - set(init)):
+    if not key.startswith(('head/',) + _PRETRAINING_ONLY):
+      raise CheckpointError(
+        f'{what} has {key} {_shape(restored[key])} that the '
+        'model lacks; is it a checkpoint of another model?'
+      )
+    if key.startswith(_PRETRAINING_ONLY):
+      report['dropped'].append(f'{key} {_shape(restored[key])}')
+  return out, report
