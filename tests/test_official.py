@@ -84,6 +84,25 @@ def test_official_names_are_where_official_users_call_them():
   assert tree == {'a': {'b': 1, 'c': 2}, 'd': 3}
 
 
+def test_official_blocks_take_their_official_keywords():
+  """`models.Encoder(num_layers=, mlp_dim=, num_heads=, ...)` and `models.Encoder1DBlock(mlp_dim=,
+  num_heads=, ...)` build what a VisionTransformer holds: the same parameter tree."""
+  config = models_config.MODEL_CONFIGS['testing']
+  t = config.transformer
+  shape = lambda s: s.shape  # noqa: E731
+  vit_params = jax.tree.map(shape, param_shapes(config, 10, 16)['Transformer'])
+  tokens = jnp.zeros((1, (16 // config.patches.size[0]) ** 2 + 1, config.hidden_size))
+  shapes = lambda module, **kw: jax.tree.map(  # noqa: E731
+    shape, jax.eval_shape(lambda: module.init(jax.random.PRNGKey(0), tokens, **kw))['params']
+  )
+  encoder = models.Encoder(
+    num_layers=t.num_layers, mlp_dim=t.mlp_dim, num_heads=t.num_heads, dropout_rate=0.0
+  )
+  assert shapes(encoder, train=False) == vit_params
+  block = models.Encoder1DBlock(mlp_dim=t.mlp_dim, num_heads=t.num_heads, dtype=jnp.float32)
+  assert shapes(block, deterministic=True) == vit_params['encoderblock_0']
+
+
 # ---------------------------------------------------------------------------
 # Checkpoints written by the official train.py.
 

@@ -4,7 +4,7 @@ A `Field` is a dotted name, its default, its type, the values it may take
 (for a field with a set of choices) and a one-line doc. From `FIELDS` come
 the defaults of every experiment config (`defaults`, which
 `common.get_config` and `data.data_config` return), the names the command
-line knows (`names`, `cli.unknown_fields`), the tuples the code reads
+line knows (`names`, `configs.flag.unknown_fields`), the tuples the code reads
 (`allowed`: `vit.ATTENTION`, `images.CROP_SAMPLERS`, ...) and the table in
 docs/training.md (`python -m vit_jax.configs.schema` prints it;
 tests/test_configs.py holds the two equal).

@@ -1,14 +1,16 @@
 """Models: the ViT (`vit`), the ResNet of the hybrids (`resnet`), masked patch prediction (`mpp`).
 
-Also the official `vit_jax.models` API: `models.get_model(name, **kw)` and
-`models.VisionTransformer(num_classes=..., **MODEL_CONFIGS[name])`.
+Also the official `vit_jax.models` API: `models.get_model(name, **kw)`,
+`models.VisionTransformer(num_classes=..., **MODEL_CONFIGS[name])`, and its blocks built
+with their official keywords (`models.Encoder1DBlock(mlp_dim=..., num_heads=...)`).
 """
 
+import jax.numpy as jnp
+
 from vit_jax.configs import architectures as _architectures
+from vit_jax.models import vit as _vit
 from vit_jax.models.resnet import StdConv  # noqa: F401
 from vit_jax.models.vit import AddPositionEmbs  # noqa: F401
-from vit_jax.models.vit import Encoder  # noqa: F401
-from vit_jax.models.vit import Encoder1DBlock  # noqa: F401
 from vit_jax.models.vit import MlpBlock  # noqa: F401
 from vit_jax.models.vit import MultiHeadDotProductAttention  # noqa: F401
 from vit_jax.models.vit import VisionTransformer
@@ -20,3 +22,22 @@ def get_model(name, **kw):
   Mixer and LiT names raise a one-line KeyError saying they are out of scope.
   """
   return VisionTransformer(**_architectures.MODEL_CONFIGS[name], **kw)
+
+
+# The official blocks took their options as keywords; ours take one `vit.BlockConfig`.
+
+
+def Encoder1DBlock(  # noqa: N802  the official class's name
+  mlp_dim, num_heads, dtype=jnp.float32, dropout_rate=0.1, attention_dropout_rate=0.1, name=None
+):
+  """The official `models.Encoder1DBlock`: a `vit.Encoder1DBlock` of those options."""
+  block = _vit.BlockConfig(mlp_dim, num_heads, dropout_rate, attention_dropout_rate, dtype)
+  return _vit.Encoder1DBlock(block, name=name)
+
+
+def Encoder(  # noqa: N802  the official class's name
+  num_layers, mlp_dim, num_heads, dropout_rate=0.1, attention_dropout_rate=0.1, name=None
+):
+  """The official `models.Encoder`: a `vit.Encoder` of `num_layers` such blocks."""
+  block = _vit.BlockConfig(mlp_dim, num_heads, dropout_rate, attention_dropout_rate)
+  return _vit.Encoder(num_layers, block, name=name)
