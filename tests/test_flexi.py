@@ -179,7 +179,9 @@ def test_random_patch_grad_is_the_model_at_the_drawn_patch_size():
   expected = {}
   for size in sizes:
     at = checkpoint.unflatten(flexi.at_patch_size(flat, size, 32, 1))
-    apply = jax.jit(functools.partial(model.clone(patches={'size': (size, size)}).apply, train=False))
+    apply = jax.jit(
+      functools.partial(model.clone(patches={'size': (size, size)}).apply, train=False)
+    )
     expected[size] = float(_weighted_sum(apply({'params': at}, batch['image']), batch))
   seen = set()
   for seed in range(12):
