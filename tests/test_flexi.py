@@ -7,6 +7,7 @@ property; loading at another patch size against the model applied to
 hand-resized parameters and, through the timm export, against timm itself.
 """
 
+import functools
 import json
 import os
 
@@ -179,10 +180,10 @@ def test_random_patch_grad_is_the_model_at_the_drawn_patch_size():
   expected = {}
   for size in sizes:
     at = checkpoint.unflatten(flexi.at_patch_size(flat, size, 32, 1))
-    logits = model.clone(patches={'size': (size, size)}).apply(
-      {'params': at}, batch['image'], train=False
+    apply = jax.jit(
+      functools.partial(model.clone(patches={'size': (size, size)}).apply, train=False)
     )
-    expected[size] = float(_weighted_sum(logits, batch))
+    expected[size] = float(_weighted_sum(apply({'params': at}, batch['image']), batch))
   seen = set()
   for seed in range(12):
     loss, _ = grad_fn(params, batch, jax.random.key(seed))
@@ -223,11 +224,11 @@ def test_gradients_reach_the_underlying_kernel_and_position_embeddings():
     'image': rng.uniform(-1, 1, (2, 32, 32, 3)).astype(np.float32),
     'weights': rng.normal(size=(2, 4)).astype(np.float32),
   }
-  grad_fn = flexi.random_patch_grad(model, (8, 16), 32, _weighted_sum)
+  grad_fn = jax.jit(flexi.random_patch_grad(model, (8, 16), 32, _weighted_sum))
   small = model.clone(patches={'size': (8, 8)})
   at = checkpoint.unflatten(flexi.at_patch_size(checkpoint.flatten(params), 8, 32, 1))
   apply_small = lambda p: small.apply({'params': p}, batch['image'], train=False)
-  want_loss, want = jax.value_and_grad(lambda p: _weighted_sum(apply_small(p), batch))(at)
+  want_loss, want = jax.jit(jax.value_and_grad(lambda p: _weighted_sum(apply_small(p), batch)))(at)
   pinv, zoom = vit_checkpoint.pi_resize_matrix(16, 8), vit_checkpoint.zoom_matrix(2, 4)
   kernel = np.einsum('ah,bw,abcd->hwcd', pinv, pinv, want['embedding']['kernel'])
   posemb = want['Transformer']['posembed_input']['pos_embedding']

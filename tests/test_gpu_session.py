@@ -52,6 +52,9 @@ def test_the_loop_item_runs_as_on_the_gpu_image(tmp_path):
   loop = json.loads((out / 'loop.json').read_text())
   assert 'error' not in loop, loop
   bare = loop['bare_step_img_per_sec']
+  # The bare step is the loop's own model and resolution.
+  options = json.loads((out / 'loop_bare_step.json').read_text())['options']
+  assert (options['model'], options['resolution']) == (loop['model'], loop['crop'])
   assert bare > 0 and loop['host_pipeline_img_per_sec'] > 0
   for source in ('loop_in_memory', 'loop_jpeg_folder', 'loop_shards'):
     rates = loop[source]

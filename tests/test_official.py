@@ -18,7 +18,6 @@ from conftest import param_shapes
 from conftest import random_like
 from conftest import subprocess_env
 import flax
-from flax.training import checkpoints as flax_checkpoints
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -123,6 +122,9 @@ def _official_layout(params):
 
 @pytest.mark.parametrize('orbax', [False, True], ids=['msgpack', 'orbax'])
 def test_official_train_checkpoint_is_a_starting_point(tmp_path, orbax):
+  # Imported here: it imports TensorFlow (seconds), which no other test of this file needs.
+  from flax.training import checkpoints as flax_checkpoints
+
   config = models_config.MODEL_CONFIGS['testing']
   params = random_like(param_shapes(config, 10, 32), seed=1)
   # As the official train.py: SGD, momentum in bfloat16, (params, opt_state, step).
