@@ -296,7 +296,7 @@ FIELDS = (
     "'train' / 'test' = the dataset's own; or a split expression",
   ),
   Field('fewshot.test_split', 'test', str, "'train' / 'test' = the dataset's own, or a split"),
-  # Devices: a (slice, data, fsdp, model) mesh over all devices (vit_jax.sharding); slices come
+  # Devices: a (slice, data, fsdp, model) mesh over all devices (vit_jax.core.sharding); slices come
   # from the devices.
   Field('mesh.fsdp', 1, int, '> 1 shards params and optimizer state over this many devices'),
   Field('mesh.model', 1, int, '> 1 splits heads and MLP units (tensor parallelism)'),

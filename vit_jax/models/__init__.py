@@ -5,8 +5,6 @@ Also the official `vit_jax.models` API: `models.get_model(name, **kw)`,
 with their official keywords (`models.Encoder1DBlock(mlp_dim=..., num_heads=...)`).
 """
 
-import jax.numpy as jnp
-
 from vit_jax.configs import architectures as _architectures
 from vit_jax.models import vit as _vit
 from vit_jax.models.resnet import StdConv  # noqa: F401
@@ -28,16 +26,29 @@ def get_model(name, **kw):
 
 
 def Encoder1DBlock(  # noqa: N802  the official class's name
-  mlp_dim, num_heads, dtype=jnp.float32, dropout_rate=0.1, attention_dropout_rate=0.1, name=None
+  mlp_dim, num_heads, dropout_rate=0.1, attention_dropout_rate=0.1, *, name=None, **options
 ):
-  """The official `models.Encoder1DBlock`: a `vit.Encoder1DBlock` of those options."""
-  block = _vit.BlockConfig(mlp_dim, num_heads, dropout_rate, attention_dropout_rate, dtype)
+  """The official `models.Encoder1DBlock`: a `vit.Encoder1DBlock` of those options (and any
+  other `BlockConfig` field: dtype, attention, parallel_block, ...)."""
+  block = _vit.BlockConfig(mlp_dim, num_heads, dropout_rate, attention_dropout_rate, **options)
   return _vit.Encoder1DBlock(block, name=name)
 
 
 def Encoder(  # noqa: N802  the official class's name
-  num_layers, mlp_dim, num_heads, dropout_rate=0.1, attention_dropout_rate=0.1, name=None
+  num_layers,
+  mlp_dim,
+  num_heads,
+  dropout_rate=0.1,
+  attention_dropout_rate=0.1,
+  *,
+  remat=False,
+  remat_policy='nothing_saveable',
+  scan=False,
+  name=None,
+  **options,
 ):
   """The official `models.Encoder`: a `vit.Encoder` of `num_layers` such blocks."""
-  block = _vit.BlockConfig(mlp_dim, num_heads, dropout_rate, attention_dropout_rate)
-  return _vit.Encoder(num_layers, block, name=name)
+  block = _vit.BlockConfig(mlp_dim, num_heads, dropout_rate, attention_dropout_rate, **options)
+  return _vit.Encoder(
+    num_layers, block, remat=remat, remat_policy=remat_policy, scan=scan, name=name
+  )
