@@ -147,10 +147,6 @@ def recover_tree(keys, values) -> dict:
   return unflatten(dict(zip(keys, values)))
 
 
-def _shape(x) -> tuple:
-  return tuple(np.shape(x))
-
-
 def check_tree(params: Params, expected: Params, what: str = 'checkpoint') -> None:
   """Raises CheckpointError naming the first key whose presence or shape differs.
 
@@ -160,18 +156,18 @@ def check_tree(params: Params, expected: Params, what: str = 'checkpoint') -> No
   for key in sorted(set(got) | set(want)):
     if key not in got:
       raise CheckpointError(
-        f'{what} lacks {key} {_shape(want[key])} that the model has; '
+        f'{what} lacks {key} {vit_checkpoint.shape_of(want[key])} that the model has; '
         'is it a checkpoint of another model?'
       )
     if key not in want:
       raise CheckpointError(
-        f'{what} has {key} {_shape(got[key])} that the model lacks; '
+        f'{what} has {key} {vit_checkpoint.shape_of(got[key])} that the model lacks; '
         'is it a checkpoint of another model?'
       )
-    if _shape(got[key]) != _shape(want[key]):
+    if vit_checkpoint.shape_of(got[key]) != vit_checkpoint.shape_of(want[key]):
       raise CheckpointError(
-        f'{what}: {key} has shape {_shape(got[key])}, the model expects '
-        f'{_shape(want[key])}; check --model (or use load_pretrained to '
+        f'{what}: {key} has shape {vit_checkpoint.shape_of(got[key])}, the model expects '
+        f'{vit_checkpoint.shape_of(want[key])}; check --model (or use load_pretrained to '
         'change resolution or classes)'
       )
 

@@ -38,7 +38,8 @@ class CheckpointError(UserError, ValueError):
   """A checkpoint that cannot be read or does not fit the model; one line."""
 
 
-def _shape(x) -> tuple:
+def shape_of(x) -> tuple:
+  """An array's (or a shape struct's) shape as a tuple, for messages."""
   return tuple(np.shape(x))
 
 
@@ -285,26 +286,26 @@ def adapt(
   for key, value in init.items():
     if key.startswith('head/') or key not in restored and key.startswith('pre_logits/'):
       out[key] = value
-      report['re-initialised'].append(f'{key} {_shape(value)}')
+      report['re-initialised'].append(f'{key} {shape_of(value)}')
     elif key not in restored:
       raise CheckpointError(
-        f'{what} lacks {key} {_shape(value)} that the model '
+        f'{what} lacks {key} {shape_of(value)} that the model '
         'has; is it a checkpoint of another model?'
       )
-    elif key == _POSEMB and _shape(restored[key]) != _shape(value):
+    elif key == _POSEMB and shape_of(restored[key]) != shape_of(value):
       out[key] = resize_posemb(restored[key], value.shape[1], num_prefix, posemb_resize)
       report['resized'].append(
-        f'{key} {_shape(restored[key])} -> {_shape(value)} ({posemb_resize})'
+        f'{key} {shape_of(restored[key])} -> {shape_of(value)} ({posemb_resize})'
       )
-    elif key == _EMBEDDING and _shape(restored[key]) != _shape(value) == (
-      _shape(value)[:2] + _shape(restored[key])[2:]
+    elif key == _EMBEDDING and shape_of(restored[key]) != shape_of(value) == (
+      shape_of(value)[:2] + shape_of(restored[key])[2:]
     ):  # another patch size (FlexiViT)
       out[key] = resize_patch_embedding(restored[key], value.shape[:2])
-      report['resized'].append(f'{key} {_shape(restored[key])} -> {_shape(value)} (PI-resize)')
-    elif _shape(restored[key]) != _shape(value):
+      report['resized'].append(f'{key} {shape_of(restored[key])} -> {shape_of(value)} (PI-resize)')
+    elif shape_of(restored[key]) != shape_of(value):
       raise CheckpointError(
-        f'{what}: {key} has shape {_shape(restored[key])}, the '
-        f'model expects {_shape(value)}; check the model name'
+        f'{what}: {key} has shape {shape_of(restored[key])}, the '
+        f'model expects {shape_of(value)}; check the model name'
       )
     else:
       out[key] = restored[key]
@@ -312,9 +313,9 @@ def adapt(
   for key in sorted(set(restored) - set(init)):
     if not key.startswith(('head/',) + _PRETRAINING_ONLY):
       raise CheckpointError(
-        f'{what} has {key} {_shape(restored[key])} that the '
+        f'{what} has {key} {shape_of(restored[key])} that the '
         'model lacks; is it a checkpoint of another model?'
       )
     if key.startswith(_PRETRAINING_ONLY):
-      report['dropped'].append(f'{key} {_shape(restored[key])}')
+      report['dropped'].append(f'{key} {shape_of(restored[key])}')
   return out, report
