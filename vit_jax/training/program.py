@@ -3,10 +3,10 @@
 `validate` checks that a config's values can run together on a number of
 devices (the schema's rules, then the model's), `make_mesh` lays the devices
 out, and `build` is the one path from a config to the jitted steps. The
-trainer (`training.loop`) runs them on real arrays; `python -m vit_jax.compile` compiles the very same functions ahead of
-time for a TPU topology from `abstract_state` and `abstract_batch`, which
-describe exactly what the trainer passes (shapes, dtypes, shardings; the
-state is donated).
+trainer (`training.loop`) runs them on real arrays; `python -m vit_jax.compile`
+compiles the very same functions ahead of time for a TPU topology from
+`abstract_state` and `abstract_batch`, which describe exactly what the trainer
+passes (shapes, dtypes, shardings; the state is donated).
 """
 
 import dataclasses
