@@ -54,6 +54,13 @@ FIELDS = (
     ('classification', 'mpp'),
   ),
   Field('dtype', 'float32', str, 'the compute dtype', _DTYPES),
+  Field(
+    'fp8',
+    False,
+    bool,
+    "the encoder's dense layers (q/k/v/out, MLP) as FP8 products with current scaling "
+    '(vit_jax.models.fp8): FP8 tensor cores on Hopper/Ada GPUs, emulated elsewhere',
+  ),
   Field('remat', False, bool, 'recompute blocks in the backward pass'),
   Field(
     'remat_policy',

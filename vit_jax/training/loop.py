@@ -33,6 +33,7 @@ from vit_jax.core import files
 from vit_jax.core import hardware
 from vit_jax.core.errors import UserError
 from vit_jax.data import pipeline
+from vit_jax.models import fp8
 from vit_jax.models import vit_checkpoint
 from vit_jax.training import hooks
 from vit_jax.training import program
@@ -229,6 +230,12 @@ def set_up(config, workdir: str, mesh, lock: Optional[workdir_lib.Lock] = None) 
     raise ConfigError(f'{info.name} is multi-label: set --config.loss=sigmoid')
   log = run_log.RunLog(workdir, is_main=jax.process_index() == 0, tensorboard=config.tensorboard)
   log.info(pipeline.describe_preprocessing(config))
+  device = mesh.devices.flat[0]
+  if config.fp8 and not fp8.native(device):
+    log.info(
+      f'note: fp8 on {device.platform}: emulated (FP8 rounding, {config.dtype} products): the '
+      'numbers of FP8, not its speed, which needs FP8 tensor cores (Hopper or Ada GPUs)'
+    )
   built = program.build(config, mesh, info.num_classes, info.multi_label)
   # Last: its background thread removes unfinished checkpoints, and must not be cut short
   # by an error in the config.
