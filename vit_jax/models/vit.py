@@ -191,9 +191,16 @@ def _project_qkv(x, inputs_kv, params, norms, layout: str, dtype, dot):
   kernels = [kernel.astype(dtype) for kernel, _ in params]
   biases = [None if bias is None else bias.astype(dtype) for _, bias in params]
   if inputs_kv is None and layout == 'bnhk' and not sharding.splits_model():
-    (b, n, d), qkv = x.shape, []
-    for kernel, bias in zip(kernels, biases):
-      y = dot(x, kernel.reshape(d, -1), (((2,), (0,)), ((), ())))
+    b, n, d = x.shape
+    matrices = [kernel.reshape(d, -1) for kernel in kernels]
+    if dot is fp8_lib.dot_general:
+      # One FP8 product of the three kernels side by side, one scale: XLA merges products
+      # that share an input, and a merged product of three scales is no FP8 GEMM.
+      matrices = [jnp.concatenate(matrices, axis=1)]
+    ys = [dot(x, m, (((2,), (0,)), ((), ()))) for m in matrices]
+    ys = jnp.split(ys[0], 3, axis=-1) if len(ys) == 1 else ys
+    qkv = []
+    for y, kernel, bias in zip(ys, kernels, biases):
       y = y if bias is None else y + bias.reshape(-1)
       qkv.append(y.reshape(b, n, *kernel.shape[1:]))
     biases = [None] * 3
