@@ -390,6 +390,13 @@ _KERNELS_CHILD = textwrap.dedent("""
       text = fn.lower(*args).compile(compiler_options={'xla_gpu_autotune_level': 0}).as_text()
     return sum(n for name, n in hlo.kernels(text).items() if name.startswith('gemm_fusion'))
 
+  # FP8 products: ViT-B/16's two blocks, ViT-L/16's one, training (--config.fp8).
+  for model, depth in (('ViT-B_16', 2), ('ViT-L_16', 1)):
+    opts = speed.Options(model=model, mode='train', batch=32, dtype='bfloat16', depth=depth,
+                         fp8=True)
+    compiled = gpu_record.compile_benchmark_step(opts, device)
+    out[f'fp8_{model}'] = gpu_record.kernel_counts(compiled.as_text())['by_name']
+
   out['triton'] = [triton_kernels()]
   os.environ['XLA_FLAGS'] += ' --xla_gpu_enable_triton_gemm=true'  # read as the step is built
   out['triton'].append(triton_kernels())
@@ -447,6 +454,18 @@ def test_vit_b16_training_on_an_h100_as_issue_33_left_it(kernels):
   (record,) = gpu_hlo_record('vit_b16_depth2_train')['batches']
   assert r['kernels_per_block'] <= record['kernels_per_block']
   assert r['bytes_written_per_block'] <= record['bytes_written_per_block']
+
+
+@needs_gpu_compiler
+@pytest.mark.parametrize('model, depth', [('ViT-B_16', 2), ('ViT-L_16', 1)])
+def test_fp8_training_runs_every_encoder_dense_layer_as_an_fp8_gemm(kernels, model, depth):
+  """--config.fp8 on an H100: per block 12 FP8 cuBLASLt GEMMs (forward: q, k and v as one,
+  the attention output, the two MLP layers; backward: each one's input and weight gradients);
+  in bf16 only the patch embedding and the head (forward, and their gradients: 5 GEMMs)."""
+  gemms = {name: n for name, n in kernels[f'fp8_{model}'].items() if 'cublas' in name}
+  fp8 = sum(n for name, n in gemms.items() if name.startswith('__cublas$lt$matmul$f8'))
+  assert fp8 == 12 * depth, gemms
+  assert sum(gemms.values()) - fp8 == 5, gemms
 
 
 @needs_gpu_compiler

@@ -92,6 +92,15 @@ def _describe(record: dict) -> str:
     )
   else:
     lines.append('  step time        the compiler gave no estimate')
+  by_op = r.get('time_by_op')
+  if by_op:
+    lines.append(
+      f'  time by op       matmuls {100 * by_op["matmul_share"]:.1f}% of the kernels\' estimated '
+      'cycles; the most expensive other ops:'
+    )
+    for other in by_op['top_other']:
+      op = other['op'] if len(other['op']) <= 90 else '...' + other['op'][-87:]
+      lines.append(f'    {100 * other["share"]:5.1f}%  {op}')
   for c in r['collectives']:
     lines.append(
       f'  {c["op"]:16s} x{c["count"]} over {c["group_size"]} devices: {c["bytes"] / 2**20:,.1f} MiB'
