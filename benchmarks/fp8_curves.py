@@ -37,7 +37,9 @@ def curve(steps: int, fp8: bool, dtype: str = 'bfloat16') -> list:
   batches = pipeline.make_train_iterator(config, built.batch_sharding, raw=True)
   losses = []
   with jax.set_mesh(mesh):
-    state = jax.jit(built.init, out_shardings=built.state_shardings)(jax.random.PRNGKey(config.seed))
+    state = jax.jit(built.init, out_shardings=built.state_shardings)(
+      jax.random.PRNGKey(config.seed)
+    )
     for _ in range(steps):
       state, metrics = built.train_step(state, next(batches))
       losses.append(metrics['loss'])

@@ -491,3 +491,40 @@ def test_the_committed_gpu_records_hold_issue_33s_properties(name, layers):
       whole = lambda counts: {k: round(v) for k, v in counts.items() if round(v)}  # noqa: E731
       assert whole(row['per_block_by_name']) == whole(small['per_block_by_name'])
       assert abs(row['kernels_per_block'] - small['kernels_per_block']) <= 0.5
+
+
+# ViT-B/16 two blocks deep on a box of 8 H100s, its train step as the trainer builds it, with
+# the trainer's options and then with XLA's own 30 MiB buckets (XLA_FLAGS wins over them).
+_OVERLAP_CHILD = textwrap.dedent("""
+  import json, os
+  from vit_jax.bench import aot, gpus, hlo
+  from vit_jax.configs import common
+
+  config = common.get_config()
+  config.update(model='ViT-B_16', depth=2, batch=64, dtype='bfloat16', dataset='imagenet21k')
+  cluster = gpus.describe('h100-8')
+  out = {}
+  for name in ('as_built', 'xla_buckets'):
+    if name == 'xla_buckets':
+      os.environ['XLA_FLAGS'] += ' --xla_gpu_all_reduce_combine_threshold_bytes=31457280'
+    compiled = aot.compile_run(config, cluster)
+    out[name] = hlo.async_collectives(compiled.train.as_text())
+  print(json.dumps(out))
+""")
+
+
+@needs_gpu_compiler
+@pytest.mark.slow
+def test_gradient_all_reduces_run_under_the_backward_pass_on_eight_gpus():
+  """hardware.MULTI_GPU_COMPILER_OPTIONS: ViT-B/16's gradients cross in buckets of at most 8 MiB,
+  each started as soon as its layers' gradients exist, with the backward pass of the layers
+  below (its matmuls) scheduled between its start and its end; with XLA's 30 MiB buckets the
+  two blocks' gradients crossed in one all-reduce with no matmul left to run under it."""
+  out = child_json(_OVERLAP_CHILD, timeout=900)
+  block_sized = lambda pairs: [p for p in pairs if 2**20 <= p['bytes'] <= 8 * 2**20]  # noqa: E731
+  built = block_sized(out['as_built'])
+  assert {p['op'] for p in out['as_built']} == {'all-reduce'}
+  assert len(built) >= 3 and all(p['matmuls_between'] >= 1 for p in built), built
+  before = [p for p in out['xla_buckets'] if p['bytes'] >= 2**20]
+  blocks = max(before, key=lambda p: p['bytes'])
+  assert blocks['bytes'] > 16 * 2**20 and blocks['matmuls_between'] == 0, before

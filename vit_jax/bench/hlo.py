@@ -595,3 +595,37 @@ def time_by_op(text: str, top: int = 6) -> dict:
     'matmul_share': matmuls / total,
     'top_other': [{'op': op, 'share': c / total} for op, c in others.most_common(top)],
   }
+
+
+_ASYNC_START = re.compile(
+  r'^\s*(?:ROOT\s+)?%([\w.\-]+)\s*=\s*(.*?)\s(all-reduce|all-gather|reduce-scatter)-start\('
+)
+
+
+def async_collectives(text: str) -> list:
+  """The asynchronous collectives of a scheduled GPU program (`*-start` ... `*-done` pairs), each
+  with its bytes and the kernels the schedule runs between its start and its done: fusions and
+  library calls, and among them the matmuls and convolutions (cuBLAS, cuDNN). Computation
+  placed there overlaps the transfer; none means the step waits for it."""
+  out = []
+  for lines in _computations(text).values():
+    if not isinstance(lines, list):
+      continue
+    for i, line in enumerate(lines):
+      start = _ASYNC_START.match(line)
+      if not start:
+        continue
+      name, result, op = start.groups()
+      between = []
+      for later in lines[i + 1 :]:
+        if re.search(rf'{op}-done\(%{re.escape(name)}\)', later):
+          break
+        if re.search(r'\s(fusion|custom-call)\(', later):
+          between.append(later)
+      out.append({
+        'op': op,
+        'bytes': array_bytes(result),
+        'kernels_between': len(between),
+        'matmuls_between': sum(bool(re.search(r'__cublas|__cudnn|gemm', k)) for k in between),
+      })  # fmt: skip
+  return out
