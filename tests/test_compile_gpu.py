@@ -179,6 +179,12 @@ def test_gpu_programs_are_built_with_their_xla_options(monkeypatch):
   gpu = types.SimpleNamespace(platform='gpu')
   monkeypatch.setenv('XLA_FLAGS', '--xla_gpu_autotune_level=0')
   assert hardware.compiler_options([gpu]) == {'xla_gpu_enable_triton_gemm': False}
+  # Over several GPUs, the collectives' buckets and the latency-hiding scheduler too.
+  assert hardware.compiler_options([gpu, gpu]) == {
+    'xla_gpu_enable_triton_gemm': False,
+    **hardware.MULTI_GPU_COMPILER_OPTIONS,
+  }
+  assert hardware.MULTI_GPU_COMPILER_OPTIONS['xla_gpu_all_reduce_combine_threshold_bytes'] == 2**23
   assert hardware.compiler_options(jax.devices()) == {}  # this CPU
   monkeypatch.setenv('XLA_FLAGS', '--xla_gpu_enable_triton_gemm=true')
   assert hardware.compiler_options([gpu]) == {}
@@ -501,7 +507,8 @@ _OVERLAP_CHILD = textwrap.dedent("""
   from vit_jax.configs import common
 
   config = common.get_config()
-  config.update(model='ViT-B_16', depth=2, batch=64, dtype='bfloat16', dataset='imagenet21k')
+  config.update(model='ViT-B_16', depth=2, batch=64, dtype='bfloat16', dataset='imagenet21k',
+                warmup_steps=100)
   cluster = gpus.describe('h100-8')
   out = {}
   for name in ('as_built', 'xla_buckets'):
