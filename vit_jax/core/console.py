@@ -105,11 +105,18 @@ VERBOSITY_ENV = 'VIT_JAX_VERBOSITY'
 
 
 def default_verbosity() -> int:
-  """absl's scale: -1 (default) warnings only, 0 INFO (full logs), 1 debug."""
+  """absl's scale: -1 (default) warnings only, 0 INFO (full logs), 1 debug. A value that is not
+  an integer ends the command in one line (it would otherwise be ignored unseen)."""
+  text = os.environ.get(VERBOSITY_ENV, '-1')
   try:
-    return int(os.environ.get(VERBOSITY_ENV, '-1'))
+    return int(text)
   except ValueError:
-    return -1
+    from vit_jax.core import cli
+
+    cli.fail(
+      f'{VERBOSITY_ENV}={text!r} is not an integer; set -1 (warnings only, the default), 0 (full '
+      'library logs) or 1 (debug), or unset it'
+    )
 
 
 def verbosity_in(argv) -> int:
@@ -179,15 +186,15 @@ def native_info_hidden():
       sys.stderr.flush()
 
 
+VERBOSITY_HELP = (
+  f'-1 (default, or ${VERBOSITY_ENV}): warnings only; 0: full library logs (TensorFlow, XLA, '
+  'absl INFO); 1: debug'
+)
+
+
 def add_verbosity_flag(parser) -> None:
   """`--verbosity` for an argparse command, with the same scale as absl's."""
-  parser.add_argument(
-    '--verbosity',
-    type=int,
-    default=default_verbosity(),
-    help=f'-1 (default, or ${VERBOSITY_ENV}): warnings only; 0: full library logs '
-    '(TensorFlow, XLA, absl INFO); 1: debug',
-  )
+  parser.add_argument('--verbosity', type=int, default=default_verbosity(), help=VERBOSITY_HELP)
 
 
 def quiet_libraries(verbosity: int) -> None:
@@ -225,6 +232,11 @@ def quiet_libraries(verbosity: int) -> None:
   # could be a decompression bomb (predict reads it, or refuses it past twice the limit).
   warnings.filterwarnings('ignore', category=UserWarning, module=r'torchvision(\.|$)')
   warnings.filterwarnings('ignore', message=r'Image size \(\d+ pixels\) exceeds limit')
+  # JAX logs a GPU plugin that finds no GPU or CUDA with its traceback, then runs on the CPU (or,
+  # where $JAX_PLATFORMS asks for the GPU, fails: `cli.platform_missing` says so in one line).
+  py_logging.getLogger('jax._src.xla_bridge').addFilter(
+    lambda record: not record.getMessage().startswith('Jax plugin configuration error')
+  )
   # TFDS warns that an unprepared dataset's folder "has no dataset_info.json"
   # before our own one-line error says what to do about it.
   py_logging.getLogger('absl').addFilter(
