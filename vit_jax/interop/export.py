@@ -149,16 +149,17 @@ def _save_timm(loaded: loader.LoadedModel, output: str) -> List[str]:
 
 
 def _class_names(source: Source, path: str, labels: Optional[str]) -> Optional[List[str]]:
-  """--labels, else the source's or its dataset's names, else the ImageNet lists by head size."""
+  """--labels, else the source's names, else those predict gives (`classify.class_names`: a
+  run's own, its dataset's, ImageNet's for a file or an ImageNet run); None for none."""
   num_classes = source.loaded.model.num_classes
   if num_classes is None:
     return None
   if labels:
     return classify.class_names(num_classes, labels)
-  names = source.class_names or classify.dataset_class_names(path)
-  if names is not None and len(names) == num_classes:
-    return names
-  return classify.class_names(num_classes) if num_classes in classify.LABEL_FILES else None
+  if source.class_names is not None and len(source.class_names) == num_classes:
+    return source.class_names
+  names, why = classify.class_names_and_why(num_classes, None, path)
+  return None if why else names
 
 
 def output_path(fmt: str, output: str) -> str:

@@ -59,6 +59,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
     if summary is not None:
       _report_finished(workdir, summary)
       return summary
+    resume.check_dataset(workdir, config)
     if config.pretrained_path and not workdir_lib.saved_steps(workdir):
       _check_pretrained(config.pretrained_path)
     stop, lock = stopping.Stop(workdir), None
@@ -75,6 +76,8 @@ def train_and_evaluate(config, workdir: str) -> dict:
           state, data_state, clock.prior = restore_or_initialize(run)
         stop.check()
         first_step = int(state.step)
+        if data_state and resume.same_data(workdir, data_state.get('dataset'), config.dataset):
+          data_state = {**data_state, 'dataset': config.dataset}  # the same data, spelled anew
         loop = Loop(
           state=state,
           train_iter=pipeline.make_train_iterator(
@@ -225,6 +228,9 @@ def set_up(config, workdir: str, mesh, lock: Optional[workdir_lib.Lock] = None) 
   The config's values are checked against the devices before (`program.validate`).
   """
   info = pipeline.get_info(config)
+  resume.check_classes(workdir, info)
+  if jax.process_index() == 0:
+    resume.record_dataset(workdir, info)
   if info.multi_label and config.loss != 'sigmoid' and config.task == 'classification':
     raise ConfigError(f'{info.name} is multi-label: set --config.loss=sigmoid')
   log = run_log.RunLog(workdir, is_main=jax.process_index() == 0, tensorboard=config.tensorboard)
