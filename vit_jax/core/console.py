@@ -192,6 +192,39 @@ VERBOSITY_HELP = (
 )
 
 
+@contextlib.contextmanager
+def library_output_hidden(quiet_on=lambda error: False):
+  """Drops what the block writes to stdout and stderr (file descriptors 1 and 2: a library's
+  progress and start-up lines, TensorFlow's and torch's exporters) when `quiet_libraries` hid
+  the libraries' logs. If the block fails, its output is written after all (it may explain a
+  bug), unless `quiet_on(error)`: an error that is said in one line anyway."""
+  if os.environ.get('TF_CPP_MIN_LOG_LEVEL', '0') in ('', '0'):
+    yield
+    return
+  sys.stdout.flush()
+  sys.stderr.flush()
+  saved = [os.dup(1), os.dup(2)]
+  with tempfile.TemporaryFile() as caught:
+    os.dup2(caught.fileno(), 1)
+    os.dup2(caught.fileno(), 2)
+    failed = None
+    try:
+      yield
+    except BaseException as e:
+      failed = e
+      raise
+    finally:
+      sys.stdout.flush()
+      sys.stderr.flush()
+      for fd, copy in ((1, saved[0]), (2, saved[1])):
+        os.dup2(copy, fd)
+        os.close(copy)
+      if failed is not None and not quiet_on(failed):
+        caught.seek(0)
+        sys.stderr.write(caught.read().decode('utf-8', 'replace'))
+        sys.stderr.flush()
+
+
 def add_verbosity_flag(parser) -> None:
   """`--verbosity` for an argparse command, with the same scale as absl's."""
   parser.add_argument('--verbosity', type=int, default=default_verbosity(), help=VERBOSITY_HELP)

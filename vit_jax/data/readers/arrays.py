@@ -183,6 +183,12 @@ def load(path: str) -> dict:
   }
 
 
+# More classes than any dataset has (JFT: about 18k, ImageNet-21k: 21,843, the largest
+# label sets in use some 10^5): a label past this is a wrong id, which would otherwise build a
+# head, and a list of names, that size.
+MAX_CLASSES = 1_000_000
+
+
 def _classes(what: str, labels: dict, class_names) -> dict:
   """{'num_classes', 'class_names'}: the names' count, else the largest id + 1 (at least 2)."""
   top = max((int(y.max()) for y in labels.values() if y.size), default=-1)
@@ -192,6 +198,13 @@ def _classes(what: str, labels: dict, class_names) -> dict:
         f'{what}: a label {top} but {len(class_names)} class_names; give a name per class'
       )
     return {'num_classes': len(class_names), 'class_names': class_names}
+  if top >= MAX_CLASSES:
+    split = next(s for s, y in labels.items() if y.size and int(y.max()) == top)
+    raise DataError(
+      f'{what}: y_{split} holds a label {top}, which would make {top + 1:,} classes; labels are '
+      'class ids 0..K-1: renumber them (np.unique(y, return_inverse=True)[1]) or give '
+      'class_names'
+    )
   if top < 1:
     raise DataError(
       f'{what}: every label is {max(top, 0)}; classification needs at least two classes'
