@@ -153,6 +153,26 @@ def _libtpu_without_tpu() -> bool:
   return True
 
 
+def _platforms_here() -> str:
+  gpu = os.path.exists('/dev/nvidia0') and any(
+    importlib.util.find_spec(name) for name in ('jax_cuda12_plugin', 'jax_cuda13_plugin')
+  )
+  return 'cuda,cpu' if gpu else 'cpu'
+
+
+def leave_out_an_absent_tpu() -> None:
+  """For the Python API, where JAX is imported before anything of ours runs: libtpu without a
+  TPU left out of the platforms JAX starts (its five lines of errors, one `E0000 ...
+  INVALID_ARGUMENT`), as `quiet_libraries` does for the commands. Nothing where the user chose
+  the platforms, or where JAX has started them already."""
+  if os.environ.get('JAX_PLATFORMS') or not _libtpu_without_tpu():
+    return
+  import jax
+
+  if not jax.config.jax_platforms:
+    jax.config.update('jax_platforms', _platforms_here())
+
+
 # What native libraries log before absl's logging is set up, whatever TF_CPP_MIN_LOG_LEVEL says:
 # INFO lines (`I1126 12:00:00.123456  4242 port.cc:153] oneDNN custom operations are on ...`)
 # and absl's notice that comes before them.
@@ -246,10 +266,7 @@ def quiet_libraries(verbosity: int) -> None:
     # libtpu (the [tpu] extra) on a machine without TPUs prints a screen of
     # errors when JAX tries it; leave it out of the platforms JAX starts.
     if 'JAX_PLATFORMS' not in os.environ:
-      gpu = os.path.exists('/dev/nvidia0') and any(
-        importlib.util.find_spec(name) for name in ('jax_cuda12_plugin', 'jax_cuda13_plugin')
-      )
-      os.environ['JAX_PLATFORMS'] = 'cuda,cpu' if gpu else 'cpu'
+      os.environ['JAX_PLATFORMS'] = _platforms_here()
     # Describing a slice (`vit_jax.compile`), libtpu asks the cloud's metadata
     # server about this host and logs five lines, one of them `E0000`, when
     # there is none: name a one-host TPU VM instead (the records of programs

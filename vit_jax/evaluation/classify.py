@@ -75,8 +75,12 @@ def read_pixels(path: str, size: int) -> np.ndarray:
     raise InputError(
       f'{path}: cannot read it ({e.strerror or e}); pass a JPEG or PNG file'
     ) from None
+  except images.TooLarge as e:
+    raise InputError(f'{path}: an image too large to decode ({e}); pass a smaller copy') from None
   except images.BadImage as e:
-    raise InputError(f'{path}: not a readable image ({e}); pass a JPEG or PNG file') from None
+    raise InputError(
+      f'{path}: not a readable image ({e}); pass an image file (JPEG, PNG, ...) that opens'
+    ) from None
   return pixels
 
 

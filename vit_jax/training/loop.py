@@ -68,7 +68,14 @@ def train_and_evaluate(config, workdir: str) -> dict:
         lock = stop.lock = workdir_lib.acquire(workdir)
       with jax.set_mesh(mesh):
         if jax.process_index() == 0:
-          workdir_lib.write_config(workdir, config)
+          unknown = resume.unknown_fields(workdir, config)
+          if unknown:
+            print(
+              f'{workdir_lib.CONFIG_FILE} of {workdir} records fields this version does not '
+              f'read ({", ".join(sorted(unknown))}): resumed without them, kept in the file',
+              flush=True,
+            )
+          workdir_lib.write_config(workdir, config, keep=unknown)
         # Orbax logs each unreadable checkpoint file it meets; resume says it in one line.
         with resume.without_orbax_errors():
           run = set_up(config, workdir, mesh, lock=lock)
@@ -355,6 +362,14 @@ def _out_of_memory_advice(config):
     yield
   except jax.errors.JaxRuntimeError as e:
     if hardware.is_out_of_memory(e):
+      tokens = tuple(config.get('naflex_tokens') or ())
+      if tokens:  # every image is padded to the largest budget: what sets the memory
+        raise TrainingError(
+          f'out of device memory at batch {config.batch // config.accum_steps} per step of up '
+          f'to {max(tokens):,} tokens an image: lower the largest budget in '
+          f'--config.naflex_tokens (now {tokens}), raise --config.accum_steps (now '
+          f'{config.accum_steps}), or lower --config.batch'
+        ) from None
       raise TrainingError(
         f'out of device memory at batch {config.batch // config.accum_steps} per step: raise '
         f'--config.accum_steps (now {config.accum_steps}; same math, smaller micro-batches), '

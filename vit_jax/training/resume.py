@@ -195,6 +195,14 @@ def record_dataset(workdir: str, info) -> None:
   workdir_lib.write_dataset(workdir, datasets.record(info.name, info.num_classes, info.class_names))
 
 
+def unknown_fields(workdir: str, config) -> dict:
+  """{dotted name: value} of the fields the run in `workdir` recorded that `config` does not
+  have: written by another version of the code, which this one neither reads nor compares."""
+  recorded = _flat(workdir_lib.read_config(workdir) or {})
+  known = _flat(workdir_lib.config_as_json(config))
+  return {k: v for k, v in recorded.items() if k not in known}
+
+
 def finished(workdir: str, config) -> Optional[dict]:
   """The summary of a run in `workdir` that has reached `config.total_steps`, else None."""
   summary = workdir_lib.read_summary(workdir)

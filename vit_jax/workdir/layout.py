@@ -231,9 +231,18 @@ def read_config(workdir: str) -> Optional[dict]:
   return _read_json(os.path.join(workdir, CONFIG_FILE))
 
 
-def write_config(workdir: str, config) -> None:
-  """Records `config` in `workdir`; an unchanged one is not rewritten."""
-  text = json.dumps(config_as_json(config), indent=2, sort_keys=True) + '\n'
+def write_config(workdir: str, config, keep: Optional[dict] = None) -> None:
+  """Records `config` in `workdir`, with the fields of `keep` ({dotted name: value}: fields
+  the recorded config has that this version does not read) kept as they were; an unchanged
+  one is not rewritten."""
+  data = config_as_json(config)
+  for name, value in (keep or {}).items():
+    *sections, last = name.split('.')
+    target = data
+    for section in sections:
+      target = target.setdefault(section, {})
+    target[last] = value
+  text = json.dumps(data, indent=2, sort_keys=True) + '\n'
   path = os.path.join(workdir, CONFIG_FILE)
   if files.exists(path):
     with files.open_file(path) as f:
