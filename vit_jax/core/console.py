@@ -227,15 +227,17 @@ def library_output_hidden(quiet_on=lambda error: False):
   with tempfile.TemporaryFile() as caught:
     os.dup2(caught.fileno(), 1)
     os.dup2(caught.fileno(), 2)
+    # Python's own writes too, wherever sys.stdout points (a notebook, a test's capture).
+    python = open(os.dup(caught.fileno()), 'w', encoding='utf-8', errors='replace')
     failed = None
     try:
-      yield
+      with contextlib.redirect_stdout(python), contextlib.redirect_stderr(python):
+        yield
     except BaseException as e:
       failed = e
       raise
     finally:
-      sys.stdout.flush()
-      sys.stderr.flush()
+      python.close()
       for fd, copy in ((1, saved[0]), (2, saved[1])):
         os.dup2(copy, fd)
         os.close(copy)

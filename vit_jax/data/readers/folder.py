@@ -2,7 +2,8 @@
 
 Images are the files whose names end as a format `vit_jax.data.images.decode`
 reads (`images.extensions()`: JPEG, PNG, WebP, TIFF, BMP, GIF and PIL's other
-formats, any case), wherever they lie in a class folder: images in its
+formats, any case; a name without an extension, by its first bytes), wherever they
+lie in a class folder: images in its
 sub-folders are that class's images. What tools leave in a dataset -- notebook
 checkpoints, macOS archive metadata, version-control and editor folders,
 dot-files (`is_tool_entry`) -- is neither a split, a class nor an image; it is
