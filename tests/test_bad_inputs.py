@@ -1046,7 +1046,7 @@ FLAG_CASES = [
   ),
   (
     'main',
-    [],
+    ['--config.total_steps=0'],  # were the variable ignored, this line would say so instead
     {'VIT_JAX_VERBOSITY': 'abc'},
     "error: VIT_JAX_VERBOSITY='abc' is not an integer; set -1 (warnings only, the default), 0 "
     '(full library logs) or 1 (debug), or unset it',
@@ -1078,6 +1078,7 @@ def test_a_flag_or_config_file_main_cannot_take_is_one_line(command, argv, env, 
     capture_output=True,
     text=True,
     cwd=tmp_path,
+    timeout=300,
   )
   lines = said(result.stderr)
   assert result.returncode == 2 and len(lines) == 1, result.stderr[-3000:]
@@ -1320,9 +1321,10 @@ def test_the_same_data_spelled_otherwise_resumes(spelling, tmp_path, folder, mon
   assert f'{run} has finished: step 24' in capsys.readouterr().out
 
 
-def test_predict_on_a_workdir_says_nothing_of_its_training_folder(tmp_path, folder, capsys):
+def test_predict_on_a_workdir_says_nothing_of_its_training_folder(tmp_path, folder, capsys, caplog):
   """predict and export on a workdir printed the training folder's scan warnings
-  (`WARNING:root:DATA/train: skipped 2 corrupt image(s) ...`) for an unrelated image."""
+  (`WARNING:root:DATA/train: skipped 2 corrupt image(s) ...`) for an unrelated image: a run's
+  record names its classes without a scan, and an older run's scan is silent."""
   import logging
   import shutil
 
@@ -1332,13 +1334,19 @@ def test_predict_on_a_workdir_says_nothing_of_its_training_folder(tmp_path, fold
   data = shutil.copytree(folder, tmp_path / 'data')
   (data / 'train' / CLASSES[0] / 'broken.png').write_bytes(b'\x89PNG\r\n\x1a\nnot a png')
   (data / 'train' / 'notes.txt').write_text('left out')
-  folder_reader.warn_once.cache_clear()
-  run = _workdir(tmp_path / 'run', str(data))
   image = tmp_path / 'x.png'
   Image.fromarray(np.zeros((8, 8), np.uint8)).save(image)
-  logging.getLogger().setLevel(logging.WARNING)
-  code, out, err = _run(predict.main, [f'--checkpoint={run}', '--top_k=1', str(image)], capsys)
-  assert code == 0 and err == '' and f'{CLASSES[1]}  (class 1)' in out, err
+  for name, record in (('old', None), ('recorded', _record(str(data), CLASSES))):
+    folder_reader.warn_once.cache_clear()
+    run = _workdir(tmp_path / name, str(data))
+    if record:
+      (tmp_path / name / 'dataset.json').write_text(json.dumps(record))
+    caplog.clear()
+    logging.getLogger().setLevel(logging.WARNING)
+    argv = [f'--checkpoint={run}', '--top_k=1', str(image)]
+    code, out, err = _run(predict.main, argv, capsys)
+    assert code == 0 and err == '' and f'{CLASSES[1]}  (class 1)' in out, err
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == [], name
 
 
 @pytest.mark.skipif(
