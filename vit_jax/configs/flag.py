@@ -54,7 +54,11 @@ class ConfigFlag:
     console.quiet_libraries(console.verbosity_in(argv))
     cli.text_streams()
     if any(a in HELP_FLAGS for a in argv[1:]):
-      print(self.help(argv[0]))
+      try:
+        print(self.help(argv[0]), flush=True)
+      except BrokenPipeError:  # `--help | head`: quiet, as `cli.run` ends a command
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(cli.EXIT_BROKEN_PIPE)
       sys.exit(0)
     spec = config_spec(argv)
     if spec is None and self._default is None:

@@ -4,7 +4,11 @@ run and a checkpoint that does not restore. The files are `vit_jax.workdir`'s.
 A run records its config in the workdir. Running again resumes only when the
 config agrees on what the run learns (`MAY_CHANGE` lists what may differ:
 length, cadence, devices, evaluation, data location); otherwise one line says
-what differs and what to type. A finished run (its summary at `total_steps`)
+what differs and what to type; the same folder spelled otherwise (a trailing
+slash, a relative path, a symlink) is the same data. The run's record of its
+data (dataset.json) tells data that changed (a class folder added) and arrays
+registered in Python that this process lacks, each in one line, before a
+checkpoint is read. A finished run (its summary at `total_steps`)
 is reported, not run again. A checkpoint that does not restore (files
 truncated or lost) is set aside and the run resumes from the newest one that
 does; in a multi-host run a step counts only when every host restored it, so
