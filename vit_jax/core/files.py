@@ -241,14 +241,16 @@ def staged(path):
 
 def _replace(source: str, target: str) -> None:
   """Moves `source` onto `target`; a folder onto a folder, entry by entry."""
-  if os.path.isdir(source) and os.path.isdir(target) and not os.path.islink(target):
+  if os.path.isdir(source) and os.path.isdir(target):  # a link to a folder: into that folder
     for entry in sorted(os.listdir(source)):
       inside = os.path.join(target, entry)
       if os.path.isdir(inside) and not os.path.islink(inside):
         shutil.rmtree(inside)
-      os.replace(os.path.join(source, entry), inside)
+      shutil.move(os.path.join(source, entry), inside)  # the folder may be on another device
     return
-  os.replace(source, target)
+  if os.path.islink(target):  # a link to a file: the file it names is what is written
+    target = os.path.realpath(target)
+  shutil.move(source, target)
 
 
 def remove(path) -> None:
