@@ -6,7 +6,11 @@ checked before absl reads it (there, a Python file that compiles), an unknown
 one), a `ConfigError` raised by the config file is its own line, a config
 written for the official vit_jax is translated (`configs.official`) once,
 here, before any command sees it, and a field the file sets that no run reads
-(`config.total_step = 4`) is refused like a misspelt flag.
+(`config.total_step = 4`) is refused like a misspelt flag. So are an unknown
+flag (naming the command's own flags), a config file whose import fails or whose
+`get_config()` returns no ConfigDict, and a relative path typed in another
+folder (naming the clone's file). `--help` lists the command's flags and every
+config field with its default, values and doc.
 """
 
 import difflib
