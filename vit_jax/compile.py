@@ -39,6 +39,7 @@ from vit_jax.core import console  # noqa: E402
 _CONFIG = flag.ConfigFlag(
   'Experiment config file, optionally with `:ARGS`.',
   example='--config=configs/vit_b16.py:imagenet21k',
+  doc=__doc__,
 )
 _TOPOLOGY = flags.DEFINE_string(
   'topology',
