@@ -127,14 +127,53 @@ def test_naflex_matches_timms_naflexvit_and_converts_both_ways(tmp_path, classif
     np.testing.assert_array_equal(back[key], flat[key], err_msg=key)
 
 
+# (height, width, budget) -> (rows, columns): timm's `get_image_size_for_seq` at patch 16
+# (timm 1.0.31), the grids a timm NaFlex loader resizes those images to.
+TIMM_GRIDS = {
+  (480, 640, 256): (14, 18),
+  (300, 1000, 49): (4, 12),
+  (224, 224, 196): (14, 14),
+  (1000, 300, 49): (12, 4),
+  (375, 500, 576): (21, 27),
+  (720, 1280, 1024): (24, 42),
+  (37, 1111, 64): (2, 32),
+  (640, 427, 729): (33, 22),
+  (1, 50, 16): (1, 16),
+  (100, 99, 9): (3, 3),
+}
+
+
+def test_grids_are_timms_for_the_same_budget():
+  """The grid of each image and budget is the one timm's NaFlex pipeline picks (c8cff89's
+  rounded both sides down: 13x18 = 234 tokens for 480x640 at 256, timm 14x18 = 252)."""
+  for (height, width, budget), want in TIMM_GRIDS.items():
+    assert naflex_data.grid_for(height, width, budget) == want, (height, width, budget)
+  if timm is None:
+    return
+  from timm.data.naflex_transforms import get_image_size_for_seq
+
+  rng = np.random.default_rng(0)
+  sizes = list(TIMM_GRIDS) + [
+    (int(h), int(w), int(b))
+    for h, w, b in zip(
+      rng.integers(8, 2000, 300), rng.integers(8, 2000, 300), rng.choice([49, 196, 256, 729], 300)
+    )
+  ]
+  for height, width, budget in sizes:
+    _, (h, w) = get_image_size_for_seq((height, width), 16, budget)
+    assert naflex_data.grid_for(height, width, budget) == (h // 16, w // 16), (height, width)
+
+
 def test_grids_keep_the_aspect_ratio_within_the_budget():
   for height, width in ((8, 8), (6, 8), (7, 5), (3, 30), (100, 1)):
     for budget in (1, 4, 9, 16, 64):
       rows, cols = naflex_data.grid_for(height, width, budget)
       assert 1 <= rows * cols <= budget, (height, width, budget)
       if min(rows, cols) > 1 and rows < budget and cols < budget:
-        # Each side rounded down from the exact scale: the ratio within one patch.
-        assert abs(rows / cols - height / width) <= height / width * (1 / rows + 1 / cols)
+        # Each side rounded up from the exact scale: the ratio within one patch.
+        assert abs(rows / cols - height / width) <= height / width * (
+          1 / (rows - 1) + 1 / (cols - 1)
+        )
   assert naflex_data.grid_for(8, 8, 16) == (4, 4) and naflex_data.grid_for(6, 8, 16) == (3, 4)
 
 
