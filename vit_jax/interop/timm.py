@@ -19,6 +19,7 @@ model (no head), like timm's own `*.orig_in21k` weights.
 """
 
 import functools
+import math
 import re
 from typing import Dict, Optional, Tuple
 
@@ -212,8 +213,49 @@ def to_timm(flat: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
   return torch_layout.to_torch_state(flat, timm_name)
 
 
+def _square(n: int) -> Optional[int]:
+  """The side of a square grid of `n` > 0 patches, else None."""
+  side = math.isqrt(max(n, 0))
+  return side if n > 0 and side * side == n else None
+
+
+def _position_layout(state, config, what: str) -> bool:
+  """Whether timm's `pos_embed` has rows for the patches alone (`no_embed_class=True`: the
+  class token and registers get no position embedding, as DINOv2 and DeiT III) rather than
+  for the prefix tokens too (False, ours). The row count decides unless both fit, which
+  registers allow on small grids (9 rows: 3x3 patches, or a class token, 4 registers and
+  2x2 patches); then the model's entry must say it (its `no_embed_class`)."""
+  rows = int(state['pos_embed'].shape[1])
+  prefix = int(config.classifier in ('token', 'token_unpooled')) + config.get('num_registers', 0)
+  embedded, alone = _square(rows - prefix), _square(rows) if prefix else None
+  if embedded and alone:
+    if 'no_embed_class' in config:
+      return bool(config.no_embed_class)
+    raise checkpoint.CheckpointError(
+      f"{what}: its {rows} position embeddings fit both of timm's layouts: {alone}x{alone} "
+      f'patches with the {prefix} class/register token(s) unembedded (no_embed_class=True) '
+      f'or {embedded}x{embedded} patches with them embedded (no_embed_class=False); pass '
+      '--model naming a model whose MODEL_CONFIGS entry sets no_embed_class'
+    )
+  if alone:
+    return True
+  if not embedded:
+    raise checkpoint.CheckpointError(
+      f'{what}: its {rows} position embeddings are neither {prefix} class/register token(s) '
+      "and a square patch grid (timm's no_embed_class=False) nor a square grid alone "
+      f'(no_embed_class=True), as {config.model_name} (classifier={config.classifier}) '
+      'needs; check --model'
+    )
+  return False
+
+
 def from_timm(state: Dict[str, np.ndarray], config, what: str) -> Dict[str, np.ndarray]:
-  """timm's state_dict -> our flat parameters for `config` (checked key by key)."""
+  """timm's state_dict -> our flat parameters for `config` (checked key by key).
+
+  Either position layout of timm's converts: rows for the prefix tokens and patches (ours),
+  or for the patches alone (`no_embed_class=True`), which gets zero rows for the prefix
+  tokens: the class token and registers plus zero are themselves, so the model is the same.
+  """
   if 'pos_embed' not in state or np.ndim(state['pos_embed']) != 3:
     raise checkpoint.CheckpointError(
       f'{what}: no pos_embed [1, tokens, width]; is it a timm ViT state_dict?'
@@ -223,8 +265,13 @@ def from_timm(state: Dict[str, np.ndarray], config, what: str) -> Dict[str, np.n
       f"{what}: normalises after pooling (fc_norm), unlike the paper's ViT; it cannot be converted"
     )
   num_classes = int(state['head.weight'].shape[0]) if 'head.weight' in state else None
-  if 'reg_token' in state:  # timm's register tokens (no_embed_class=False: ours)
+  if 'reg_token' in state:  # timm's register tokens
     config.num_registers = int(state['reg_token'].shape[1])
+  if _position_layout(state, config, what):
+    posemb = np.asarray(state['pos_embed'])
+    prefix = int(config.classifier in ('token', 'token_unpooled')) + config.get('num_registers', 0)
+    zeros = np.zeros((1, prefix, posemb.shape[-1]), posemb.dtype)
+    state = {**state, 'pos_embed': np.concatenate([zeros, posemb], axis=1)}
   expected = torch_layout.expected_shapes(
     config, num_classes, int(state['pos_embed'].shape[1]), what
   )
