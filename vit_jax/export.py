@@ -52,6 +52,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     help="load the checkpoint at this patch size (FlexiViT's PI-resize; default: its own)",
   )
   parser.add_argument(
+    '--resample',
+    choices=('bilinear', 'bilinear_antialias', 'bicubic_antialias'),
+    help='how position tables and patch kernels are resampled: at --patch_size (default: '
+    "the official zoom and FlexiViT's bilinear PI-resize) and a NaFlex ViT's table per image "
+    "(default: the run's, else bilinear; a timm NaFlexVit file needs it). timm's default: "
+    'bicubic_antialias',
+  )
+  parser.add_argument(
     '--format',
     required=True,
     choices=export.FORMATS,
@@ -71,7 +79,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     output = export.output_path(args.format, args.output)
     with cli.writing(output):
       notes = export.export(
-        args.checkpoint, args.format, output, args.model, args.labels, args.patch_size
+        args.checkpoint,
+        args.format,
+        output,
+        args.model,
+        args.labels,
+        args.patch_size,
+        args.resample,
       )
     cli.note(parser.prog, loader.unfinished_note(args.checkpoint))
   print(f'wrote {args.format} to {output}')

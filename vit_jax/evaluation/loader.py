@@ -75,7 +75,10 @@ def resolve_model_name(name: Optional[str], path: str, metadata: Optional[dict] 
 
 
 def load_model(
-  path: str, model_name: Optional[str] = None, patch_size: Optional[int] = None
+  path: str,
+  model_name: Optional[str] = None,
+  patch_size: Optional[int] = None,
+  resample: Optional[str] = None,
 ) -> LoadedModel:
   """The model a checkpoint holds, checked key by key and shape by shape.
 
@@ -85,6 +88,7 @@ def load_model(
       for a workdir, whose summary names it.
     patch_size: load it at this patch size (FlexiViT's PI-resize, `models.flexi`),
       at the checkpoint's resolution; None: its own.
+    resample: see `model_from_flat`; None: a NaFlex run's own (its `naflex_resample`).
   """
   path = os.fspath(path)
   step = unfinished_run_step(path)
@@ -92,11 +96,12 @@ def load_model(
     checkpoint.resolve(path)  # a missing file is named as such, before a missing --model
   model_name = resolve_model_name(model_name, path)
   _ = model_config(model_name)  # a wrong name fails before the file is read
+  resample = resample or workdir.recorded(path, 'naflex_resample')
   if step is None:
     flat = checkpoint.flatten(checkpoint.load(path))
-    return model_from_flat(flat, model_name, path, patch_size)
+    return model_from_flat(flat, model_name, path, patch_size, resample)
   what = f'{path} (the checkpoint at step {step} of an unfinished run)'
-  return model_from_flat(_checkpoint_params(path, step), model_name, what, patch_size)
+  return model_from_flat(_checkpoint_params(path, step), model_name, what, patch_size, resample)
 
 
 def check_resolution(loaded: LoadedModel, crop: Optional[int]) -> int:
@@ -152,19 +157,21 @@ def _checkpoint_params(path: str, step: int) -> dict:
   return checkpoint.flatten(jax.tree.map(np.asarray, state['params']))
 
 
-def _naflex_from_flat(flat, config, num_classes, what, patch_size) -> LoadedModel:
-  """A NaFlex ViT (2D grid of position embeddings, `models.naflex`); at `patch_size` its
-  kernel is PI-resized and the grid, resampled per image anyway, kept."""
+def _naflex_from_flat(flat, config, num_classes, what, patch_size, resample) -> LoadedModel:
+  """A NaFlex ViT (2D grid of position embeddings, `models.naflex`) whose table is resampled
+  to each image's grid by `resample`; at `patch_size` its kernel is PI-resized (over the
+  same resize) and the grid, resampled per image anyway, kept."""
   table = flat['Transformer/posembed_input/pos_embedding']
   grid = tuple(int(g) for g in table.shape[1:3])
   registers = config.get('num_registers', 0)
   image_size = grid[0] * config.patches.size[0]
+  config.posemb_resample = resample or config.get('posemb_resample', 'bilinear')
   if patch_size is not None and patch_size != config.patches.size[0]:
     size = (patch_size, patch_size)
-    flat = {
-      **flat,
-      'embedding/kernel': vit_checkpoint.resize_patch_embedding(flat['embedding/kernel'], size),
-    }
+    kernel = vit_checkpoint.resize_patch_embedding(
+      flat['embedding/kernel'], size, resample or 'bilinear'
+    )
+    flat = {**flat, 'embedding/kernel': kernel}
     config.patches.size = size
   if config.classifier not in naflex.CLASSIFIERS:
     raise checkpoint.CheckpointError(
@@ -183,13 +190,21 @@ def _naflex_from_flat(flat, config, num_classes, what, patch_size) -> LoadedMode
 
 
 def model_from_flat(
-  flat: dict, model_name: str, what: str, patch_size: Optional[int] = None
+  flat: dict,
+  model_name: str,
+  what: str,
+  patch_size: Optional[int] = None,
+  resample: Optional[str] = None,
 ) -> LoadedModel:
   """`load_model` for parameters already in memory ({'a/b/c': array}, public names).
 
   `what` names their source in errors (a path, or a converted file). A plain
   ViT's patch size is its kernel's (a run may train at another than the
-  model name's: `--config.patch_size`).
+  model name's: `--config.patch_size`). `resample` (`vit_checkpoint.PATCH_RESIZE`; timm's
+  default 'bicubic_antialias') is how tables and kernels are resampled: at another
+  `patch_size` the kernel's PI-resize and the position table's resize (None: FlexiViT's
+  'bilinear' and the official 'zoom'), and a NaFlex ViT's table to each image's grid
+  (None: the model's, else 'bilinear').
   """
   config = model_config(model_name)
   flat = {k: v for k, v in flat.items() if not k.startswith(_MPP_ONLY)}
@@ -210,7 +225,7 @@ def model_from_flat(
 
   posemb = flat.get('Transformer/posembed_input/pos_embedding')
   if posemb is not None and posemb.ndim == 4:
-    return _naflex_from_flat(flat, config, num_classes, what, patch_size)
+    return _naflex_from_flat(flat, config, num_classes, what, patch_size, resample)
   if posemb is None or posemb.ndim != 3:
     raise checkpoint.CheckpointError(
       f'{what}: no Transformer/posembed_input/pos_embedding of '
@@ -230,7 +245,9 @@ def model_from_flat(
       flexi.check_patch_sizes(config, image_size, [patch_size])
     except flexi.PatchSizeError as e:
       raise InputError(f'--patch_size={patch_size}: {e}') from None
-    flat = flexi.at_patch_size(flat, patch_size, image_size, num_prefix)
+    flat = flexi.at_patch_size(
+      flat, patch_size, image_size, num_prefix, resample or 'zoom', resample or 'bilinear'
+    )
     config.patches.size = (patch_size, patch_size)
     stride, grid = patch_size, image_size // patch_size
 

@@ -315,17 +315,45 @@ def to_timm_naflex(flat: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
   return state
 
 
-def from_timm_naflex(state: Dict[str, np.ndarray], config, what: str) -> Dict[str, np.ndarray]:
-  """timm NaFlexVit's state_dict -> our NaFlex flat parameters for `config`."""
+# NaFlexViT's `posemb_resample` -> timm's (pos_embed_interp_mode, pos_embed_antialias).
+NAFLEX_RESAMPLE = {
+  'bilinear': ('bilinear', False),
+  'bilinear_antialias': ('bilinear', True),
+  'bicubic_antialias': ('bicubic', True),
+}
+RESAMPLE_METADATA = 'vit_jax_posemb_resample'  # where our exports record it
+
+
+def from_timm_naflex(
+  state: Dict[str, np.ndarray], config, what: str, resample: Optional[str]
+) -> Dict[str, np.ndarray]:
+  """timm NaFlexVit's state_dict -> our NaFlex flat parameters for `config`, which gets the
+  model's `posemb_resample`: `resample` (one of NAFLEX_RESAMPLE, how the position table is
+  resampled to each image's grid), which the file itself does not record.
+
+  The patch embedding may be timm's `embed_proj_type='linear'` (a Linear over
+  (row, column, channel)-flattened patches) or 'conv' (a Conv2d [D, C, P, P]).
+  """
   from vit_jax.models import naflex
 
   ours, theirs = _NAFLEX_KERNEL
   posemb = state.get('embeds.pos_embed')
   if posemb is None or np.ndim(posemb) != 4 or theirs not in state:
     raise checkpoint.CheckpointError(
-      f'{what}: no embeds.pos_embed [1, rows, columns, width] with a linear embeds.proj; '
-      "is it a timm NaFlexVit with learned position embeddings (embed_proj_type='linear')?"
+      f'{what}: no embeds.pos_embed [1, rows, columns, width] with an embeds.proj; '
+      'is it a timm NaFlexVit with learned position embeddings?'
     )
+  if resample not in NAFLEX_RESAMPLE:
+    modes = ', '.join(
+      f'{name} ({mode}{", antialias" if aa else ""})'
+      for name, (mode, aa) in NAFLEX_RESAMPLE.items()
+    )
+    raise torch_layout.ExportError(
+      f'{what}: a timm NaFlexVit file does not record how its position table is resampled to '
+      f"each image's grid (timm's pos_embed_interp_mode and pos_embed_antialias; its default "
+      f'is bicubic with antialias); say which with --resample: one of {modes}'
+    )
+  config.posemb_resample = resample
   num_classes = int(state['head.weight'].shape[0]) if 'head.weight' in state else None
   patch = config.patches.size[0]
   if 'embeds.reg_token' in state:
@@ -339,12 +367,16 @@ def from_timm_naflex(state: Dict[str, np.ndarray], config, what: str) -> Dict[st
   expected = {k: tuple(v.shape) for k, v in shapes.items() if k != ours}
   rest = {k: v for k, v in state.items() if k != theirs}
   flat = torch_layout.from_torch_state(rest, expected, _naflex_name, what)
-  weight = np.asarray(state[theirs])
-  if weight.size != np.prod(shapes[ours].shape):
+  weight, shape = np.asarray(state[theirs]), tuple(shapes[ours].shape)
+  if weight.ndim == 4:  # the conv's [D, C, P, P]
+    kernel = weight.transpose(2, 3, 1, 0)
+  else:  # the linear's [D, P * P * C], patches flattened (row, column, channel) as ours
+    kernel = weight.T.reshape(shape) if weight.size == math.prod(shape) else weight
+  if kernel.shape != shape:
     raise checkpoint.CheckpointError(
-      f'{what}: {theirs} has shape {weight.shape}, {ours} needs {shapes[ours].shape}; check --model'
+      f'{what}: {theirs} has shape {weight.shape}, {ours} needs {shape}; check --model'
     )
-  flat[ours] = np.ascontiguousarray(weight.T.reshape(shapes[ours].shape))
+  flat[ours] = np.ascontiguousarray(kernel)
   return flat
 
 
@@ -360,12 +392,13 @@ def jax_eval_shape(model, image_shape):
 
 def build_naflex_model(config, num_classes: Optional[int], posemb_grid):
   """timm's `NaFlexVit` of a NaFlex `config`, numerically ours: tanh GELU, the final
-  LayerNorm before pooling (fc_norm=False), position embeddings resampled bilinearly
-  without antialiasing (ours: vit_jax.models.naflex.resample_grid)."""
+  LayerNorm before pooling (fc_norm=False), position embeddings resampled as the config's
+  `posemb_resample` says (NAFLEX_RESAMPLE; ours: vit_jax.models.naflex.GridPositionEmbs)."""
   torch_layout.require('timm')
   from timm.models import naflexvit
 
   hidden, mlp_dim = config.hidden_size, config.transformer.mlp_dim
+  interp_mode, antialias = NAFLEX_RESAMPLE[config.get('posemb_resample', 'bilinear')]
   return naflexvit.NaFlexVit(
     num_classes=num_classes or 0,
     patch_size=tuple(config.patches.size),
@@ -379,7 +412,7 @@ def build_naflex_model(config, num_classes: Optional[int], posemb_grid):
     act_layer='gelu_tanh',
     embed_proj_type='linear',
     pos_embed_grid_size=tuple(int(g) for g in posemb_grid),
-    pos_embed_interp_mode='bilinear',
-    pos_embed_antialias=False,
+    pos_embed_interp_mode=interp_mode,
+    pos_embed_antialias=antialias,
     reg_tokens=config.get('num_registers', 0),
   ).eval()

@@ -7,7 +7,9 @@ batch holds for every image N patches (its own first, in row order, then
 padding), their (row, column) in the image's grid and whether each is real.
 Attention ignores the padding (each image's sequence is its real tokens), the
 learned 2D position embeddings (a grid of the model's size) are resampled
-bilinearly to each image's grid, and pooling reads real tokens only.
+to each image's grid (`posemb_resample`: bilinearly, as big_vision's SigLIP 2, or
+with an antialiased filter, timm NaFlexVit's default being bicubic), and pooling
+reads real tokens only.
 
 One array carries a packed batch, so the trainer's steps and every
 `model.apply(params, x)` take it as they take images: float32 [B, N, P*P*C + 3],
@@ -30,11 +32,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vit_jax.configs import schema
 from vit_jax.core import hardware
 from vit_jax.core import sharding
 from vit_jax.models import vit
+from vit_jax.models import vit_checkpoint
 
 CLASSIFIERS = ('token', 'gap')
+# How the position table is resampled to an image's grid: 'bilinear' without antialiasing
+# (torch's `interpolate(mode='bilinear', align_corners=False)`, big_vision's), or torch's
+# antialiased filters (timm NaFlexVit's `pos_embed_interp_mode` with `pos_embed_antialias`:
+# its default is bicubic). Nothing in a checkpoint says which a model was trained with.
+RESAMPLE = schema.allowed('naflex_resample')
 _EXTRA = 3  # packed columns after the pixels: grid row, grid column, real
 
 
@@ -94,16 +103,34 @@ def resample_grid(table, rows, cols, real):
   return top * (1 - fy) + bottom * fy
 
 
+def resample_grid_antialiased(table, rows, cols, real, method: str):
+  """`resample_grid` by an antialiased filter (`vit_checkpoint.antialias_window`): each
+  patch's embedding the weighted sum of the table entries that resizing the table to its
+  image's grid with torch's `interpolate(..., antialias=True)` weighs in, one matmul."""
+  _, gh, gw, d = table.shape
+  height = jnp.max(jnp.where(real > 0, rows, 0), axis=1, keepdims=True) + 1
+  width = jnp.max(jnp.where(real > 0, cols, 0), axis=1, keepdims=True) + 1
+  wy = vit_checkpoint.antialias_window(rows, height, gh, method, jnp)  # [B, N, gh]
+  wx = vit_checkpoint.antialias_window(cols, width, gw, method, jnp)  # [B, N, gw]
+  weights = (wy[..., :, None] * wx[..., None, :]).reshape(*rows.shape, gh * gw)
+  return jnp.matmul(weights, table.reshape(gh * gw, d), precision=jax.lax.Precision.HIGHEST)
+
+
 class GridPositionEmbs(nn.Module):
   """Learned 2D position embeddings `pos_embedding` [1, gh, gw, D], added per patch."""
 
   grid: tuple
+  resample: str = 'bilinear'  # see RESAMPLE
 
   @nn.compact
   def __call__(self, x, rows, cols, real):
     shape = (1, *self.grid, x.shape[-1])
     table = self.param('pos_embedding', nn.initializers.normal(stddev=0.02), shape, jnp.float32)
-    return x + resample_grid(table, rows, cols, real).astype(x.dtype)
+    if self.resample == 'bilinear':
+      return x + resample_grid(table, rows, cols, real).astype(x.dtype)
+    if self.resample not in RESAMPLE:
+      raise ValueError(f'posemb_resample={self.resample!r}; use one of {RESAMPLE}')
+    return x + resample_grid_antialiased(table, rows, cols, real, self.resample).astype(x.dtype)
 
 
 class MaskedAttention(nn.Module):
@@ -211,12 +238,15 @@ class NaFlexEncoder(nn.Module):
   attention_dropout_rate: float = 0.0
   dtype: Any = jnp.float32
   attention: str = 'auto'
+  posemb_resample: str = 'bilinear'  # see RESAMPLE
 
   @nn.compact
   def __call__(self, x, prefix, rows, cols, real, *, train: bool):
     if self.attention_dropout_rate:
       raise ValueError('NaFlex ViTs have no attention dropout; set attention_dropout_rate=0')
-    x = GridPositionEmbs(self.grid, name='posembed_input')(x, rows, cols, real)
+    x = GridPositionEmbs(self.grid, self.posemb_resample, name='posembed_input')(
+      x, rows, cols, real
+    )
     x = jnp.concatenate([prefix, x], axis=1)
     x = nn.Dropout(self.dropout_rate)(x, deterministic=not train)
     # Real patches come first in every image's row: its sequence is prefix + real.
@@ -238,7 +268,8 @@ class NaFlexViT(nn.Module):
 
   `posemb_grid` is the (rows, columns) of the learned position embeddings: the
   grid of the resolution it is trained at. Classifiers: 'token' or 'gap'
-  (the mean of the real patches' outputs).
+  (the mean of the real patches' outputs). `posemb_resample` (RESAMPLE) is how that
+  table is resampled to each image's grid.
   """
 
   num_classes: Optional[int]
@@ -253,6 +284,7 @@ class NaFlexViT(nn.Module):
   dtype: Any = jnp.float32
   attention: str = 'auto'
   num_registers: int = 0  # register tokens after the class token (vit.prepend_tokens)
+  posemb_resample: str = 'bilinear'  # see RESAMPLE
 
   @nn.compact
   def __call__(self, inputs, *, train: bool):
@@ -267,6 +299,7 @@ class NaFlexViT(nn.Module):
       grid=tuple(self.posemb_grid),
       dtype=self.dtype,
       attention=self.attention,
+      posemb_resample=self.posemb_resample,
       name='Transformer',
       **self.transformer,
     )(x, prefix, rows, cols, real, train=train)

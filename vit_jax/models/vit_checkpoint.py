@@ -18,6 +18,7 @@ from typing import Mapping
 import jax
 import numpy as np
 
+from vit_jax.configs import schema
 from vit_jax.core.errors import UserError
 
 _PREFIXES = ('opt/target/', 'params/')
@@ -155,8 +156,58 @@ def stack_blocks(tree):
 # 'zoom' is the official `interpolate_posembed`, `scipy.ndimage.zoom(order=1)`
 # on the grid: linear, the corner embeddings stay on the corners. 'bilinear'
 # samples at half-pixel centres, as torch's `interpolate(mode='bilinear',
-# align_corners=False)`; kept for runs that started from it.
-POSEMB_RESIZE = ('zoom', 'bilinear')
+# align_corners=False)`; kept for runs that started from it. The antialiased
+# ones are torch's `interpolate(..., antialias=True)` (PIL's filters): timm resizes
+# position embeddings and patch kernels with 'bicubic_antialias' by default.
+POSEMB_RESIZE = schema.allowed('posemb_resize')
+# The resizes a FlexiViT PI-resize inverts (`pi_resize_matrix`): bilinear is FlexiViT's and
+# big_vision's; timm's `resample_patch_embed` defaults to 'bicubic_antialias'.
+PATCH_RESIZE = schema.allowed('patch_resize')
+# The filters of the antialiased resizes: (kernel of the distance in input samples, its radius).
+_CUBIC_A = -0.5  # Keys' cubic as PIL and torch's antialiased bicubic take it
+
+
+def _triangle(x, xp):
+  return xp.maximum(1.0 - xp.abs(x), 0.0)
+
+
+def _keys_cubic(x, xp):
+  x, a = xp.abs(x), _CUBIC_A
+  near = ((a + 2) * x - (a + 3)) * x * x + 1
+  far = (((x - 5) * x + 8) * x - 4) * a
+  return xp.where(x < 1, near, xp.where(x < 2, far, 0.0))
+
+
+FILTERS = {'bilinear_antialias': (_triangle, 1.0), 'bicubic_antialias': (_keys_cubic, 2.0)}
+
+
+def antialias_window(index, size, length, method, xp=np):
+  """Weights [..., length] of the table entries that output `index` of an axis of `size`
+  reads, from a table axis of `length`, as the antialiased resizes (PIL, torch's
+  `interpolate(antialias=True)`) weigh them: the filter centred on the output's half-pixel
+  centre, widened by the shrink factor when shrinking, cut to the entries within its reach
+  and normalised to sum to one. `xp` is numpy or jax.numpy (a traced, per-image `size`)."""
+  kernel, radius = FILTERS[method]
+  scale = length / size
+  widen = xp.maximum(scale, 1.0)
+  center = (index + 0.5) * scale
+  reach = radius * widen
+  j = xp.arange(length)
+  lo = xp.floor(center - reach + 0.5)[..., None]
+  hi = xp.floor(center + reach + 0.5)[..., None]
+  weights = kernel(((j + 0.5) - center[..., None]) / widen[..., None], xp)
+  weights = xp.where((j >= lo) & (j < hi), weights, 0.0)
+  return weights / xp.sum(weights, axis=-1, keepdims=True)
+
+
+def resize_matrix(old: int, new: int, method: str) -> np.ndarray:
+  """[new, old] float64: one axis resized from `old` to `new` samples by `method`
+  (POSEMB_RESIZE)."""
+  if method == 'zoom':
+    return zoom_matrix(old, new)
+  if method == 'bilinear':
+    return bilinear_matrix(old, new)
+  return antialias_window(np.arange(new, dtype=np.float64), float(new), old, method)
 
 
 def _zoom_axis(grid: np.ndarray, axis: int, size: int) -> np.ndarray:
@@ -192,24 +243,27 @@ def bilinear_matrix(old: int, new: int) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=32)
-def pi_resize_matrix(old: int, new: int) -> np.ndarray:
+def pi_resize_matrix(old: int, new: int, method: str = 'bilinear') -> np.ndarray:
   """[new, old] float64: FlexiViT's PI-resize of one axis of a patch-embedding kernel.
 
-  With B the bilinear resize of a patch (`bilinear_matrix`), the new kernel is
-  pinv(B^T) @ kernel: tokens of a resized patch equal the old tokens whenever
+  With B the resize of a patch by `method` (PATCH_RESIZE; FlexiViT's is bilinear), the new
+  kernel is pinv(B^T) @ kernel: tokens of a resized patch equal the old tokens whenever
   B has full column rank (upsampling), a least-squares fit when shrinking.
-  Bilinear resizing is separable, so the 2D matrix is the Kronecker product of
+  These resizes are separable, so the 2D matrix is the Kronecker product of
   the two axes' and its pseudo-inverse the product of theirs.
   """
-  return np.linalg.pinv(bilinear_matrix(old, new).T)
+  if method not in PATCH_RESIZE:
+    raise CheckpointError(f'patch_resize={method!r}: use one of {", ".join(PATCH_RESIZE)}')
+  return np.linalg.pinv(resize_matrix(old, new, method).T)
 
 
-def resize_patch_embedding(kernel: np.ndarray, patch_size) -> np.ndarray:
+def resize_patch_embedding(kernel: np.ndarray, patch_size, method: str = 'bilinear') -> np.ndarray:
   """PI-resize (FlexiViT, Beyer et al. 2023) of an `embedding/kernel` [ph, pw, C, D] to
-  [patch_size[0], patch_size[1], C, D], in float64; big_vision's `flexi` and timm's
-  `resample_patch_embed(..., interpolation='bilinear', antialias=False)` compute the same."""
-  rows = pi_resize_matrix(kernel.shape[0], int(patch_size[0]))
-  cols = pi_resize_matrix(kernel.shape[1], int(patch_size[1]))
+  [patch_size[0], patch_size[1], C, D] over `method`'s resize (PATCH_RESIZE), in float64;
+  big_vision's `flexi` and timm's `resample_patch_embed(..., interpolation='bilinear',
+  antialias=False)` compute the 'bilinear' one, timm's defaults 'bicubic_antialias'."""
+  rows = pi_resize_matrix(kernel.shape[0], int(patch_size[0]), method)
+  cols = pi_resize_matrix(kernel.shape[1], int(patch_size[1]), method)
   resized = np.einsum('ah,bw,hwcd->abcd', rows, cols, np.asarray(kernel, np.float64))
   return resized.astype(np.asarray(kernel).dtype)
 
@@ -223,7 +277,8 @@ def resize_posemb(
     posemb: [1, num_prefix_tokens + g*g, D].
     num_tokens: new sequence length, num_prefix_tokens + G*G.
     num_prefix_tokens: leading rows kept as they are (1 for the class token).
-    method: 'zoom' (the official code's) or 'bilinear'.
+    method: 'zoom' (the official code's), 'bilinear', or an antialiased one (timm's default:
+      'bicubic_antialias').
 
   Returns:
     [1, num_tokens, D] float32.
@@ -242,6 +297,9 @@ def resize_posemb(
   if method == 'zoom':
     grid = grid.astype(np.float64)
     grid = _zoom_axis(_zoom_axis(grid, 0, g_new), 1, g_new)
+  elif method != 'bilinear':
+    matrix = resize_matrix(g_old, g_new, method)
+    grid = np.einsum('ah,bw,hwd->abd', matrix, matrix, grid.astype(np.float64))
   else:
     # No antialias: shrinking samples the grid rather than blurring it.
     grid = jax.image.resize(
@@ -300,7 +358,12 @@ def match_registers(restored: dict, init: dict, model_config: Mapping) -> tuple:
 
 
 def adapt(
-  restored: dict, init: dict, model_config: Mapping, posemb_resize: str = 'zoom', what='checkpoint'
+  restored: dict,
+  init: dict,
+  model_config: Mapping,
+  posemb_resize: str = 'zoom',
+  what='checkpoint',
+  patch_resize: str = 'bilinear',
 ) -> tuple:
   """Pre-trained parameters made into those of a model to fine-tune (paper 3.2).
 
@@ -308,7 +371,7 @@ def adapt(
   when the new model has none, as are the `mask_token` and `mpp_head` of masked patch
   prediction (`vit_jax.models.mpp`); position embeddings are resized when the resolution
   differs (`posemb_resize`, see POSEMB_RESIZE), the patch-embedding kernel when the patch
-  size does (FlexiViT); register tokens the checkpoint lacks are added as a fresh model's, and
+  size does (FlexiViT, over `patch_resize`: see PATCH_RESIZE); register tokens the checkpoint lacks are added as a fresh model's, and
   those the model lacks dropped (`match_registers`).
 
   Args:
@@ -316,8 +379,10 @@ def adapt(
       (`canonical`), blocks unrolled.
     init: the new model's freshly initialised flat parameters, blocks unrolled.
     model_config: its config, for the tokens before the patches (classifier, registers).
-    posemb_resize: 'zoom' (the official code's and big_vision's) or 'bilinear'.
+    posemb_resize: 'zoom' (the official code's and big_vision's), 'bilinear', or an
+      antialiased one (timm's: 'bicubic_antialias'); see POSEMB_RESIZE.
     what: the checkpoint's name in errors.
+    patch_resize: the resize that a new patch size's PI-resize inverts (PATCH_RESIZE).
 
   Returns:
     (flat parameters shaped as `init`, {'kept', 'resized', 'dropped', 're-initialised':
@@ -345,8 +410,9 @@ def adapt(
     elif key == _EMBEDDING and shape_of(restored[key]) != shape_of(value) == (
       shape_of(value)[:2] + shape_of(restored[key])[2:]
     ):  # another patch size (FlexiViT)
-      out[key] = resize_patch_embedding(restored[key], value.shape[:2])
-      report['resized'].append(f'{key} {shape_of(restored[key])} -> {shape_of(value)} (PI-resize)')
+      out[key] = resize_patch_embedding(restored[key], value.shape[:2], patch_resize)
+      how = 'PI-resize' + ('' if patch_resize == 'bilinear' else f', {patch_resize}')
+      report['resized'].append(f'{key} {shape_of(restored[key])} -> {shape_of(value)} ({how})')
     elif shape_of(restored[key]) != shape_of(value):
       raise CheckpointError(
         f'{what}: {key} has shape {shape_of(restored[key])}, the '

@@ -65,6 +65,7 @@ def make_model(config, num_classes):
     return naflex.NaFlexViT(
       num_classes=num_classes,
       posemb_grid=(grid, grid),
+      posemb_resample=config.naflex_resample,
       head_bias_init=config.head_bias_init,
       dtype=jnp.dtype(config.dtype),
       attention=config.attention,
@@ -120,7 +121,9 @@ def make_task(config, num_classes: int, multi_label: bool) -> Task:
     grad_fn = None
     if config.flexi_patch_sizes:  # FlexiViT: a random patch size per training step
       sizes = tuple(config.flexi_patch_sizes)
-      grad_fn = flexi.random_patch_grad(model, sizes, config.pp.crop, objective, compute)
+      grad_fn = flexi.random_patch_grad(
+        model, sizes, config.pp.crop, objective, compute, config.posemb_resize, config.patch_resize
+      )
 
     def eval_fn(params, batch):
       logits = model.apply({'params': compute(params)}, batch['image'], train=False)
