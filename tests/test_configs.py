@@ -10,7 +10,7 @@ import pytest
 
 from vit_jax.configs import ConfigError
 from vit_jax.configs import recipes
-from vit_jax.training import steps
+from vit_jax.configs.model_spec import ModelSpec
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -181,7 +181,7 @@ def test_finetuning_dropout_is_the_official_model_configs(model, dropout):
   config = load('finetune.py', f'{model},cifar10')
   assert config.dropout_rate == dropout
   # What the trainer builds: the model's own dropout, no attention dropout.
-  transformer = steps.model_config(config).transformer
+  transformer = ModelSpec.of(config).architecture.transformer
   assert (transformer.dropout_rate, transformer.attention_dropout_rate) == (dropout, 0.0)
 
 

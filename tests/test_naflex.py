@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from vit_jax import checkpoint
+from vit_jax.configs.model_spec import ModelSpec
 from vit_jax.data import images
 from vit_jax.data import naflex as naflex_data
 from vit_jax.data import order
@@ -169,7 +170,8 @@ def test_train_batches_are_fixed_shape_mixed_budgets_and_a_function_of_seed_and_
   again = batch(3)
   np.testing.assert_array_equal(first['image'], again['image'])
   assert not np.array_equal(first['image'], batch(4)['image'])
-  shape = spec.batch_spec(config, 10, False, train=True)['image'].shape
+  model = ModelSpec.of(config)
+  shape = spec.batch_spec(config, 10, False, train=True, model_spec=model)['image'].shape
   assert shape == (config.batch, 16, PATCH * PATCH * 3 + 3)
 
 

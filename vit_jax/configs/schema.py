@@ -28,7 +28,6 @@ from typing import Any, Optional, Tuple
 import ml_collections
 
 from vit_jax.configs import ConfigError
-from vit_jax.configs import architectures
 
 
 @dataclasses.dataclass(frozen=True)
@@ -444,26 +443,6 @@ def cudnn_on_a_gpu_in_half_precision(config, devices: Devices) -> None:
     )
 
 
-def crop_tiled_by_patches(config, devices=None) -> None:
-  """pp.crop a multiple of the pixels one patch covers: the patch embedding (a strided conv)
-  would drop the rest at the right and bottom edges, and predict would later resize to the
-  size the position embeddings give, not to this one."""
-  if config.model not in architectures.MODEL_CONFIGS:
-    return  # said by the model's own check, with the closest names
-  arch = architectures.MODEL_CONFIGS[config.model]
-  stride = config.get('patch_size') or arch.patches.size[0]
-  if arch.get('resnet') is not None:  # root /4, then /2 per stage after the first
-    stride *= 4 * 2 ** max(len(arch.resnet.num_layers) - 1, 0)
-  crop = config.pp.crop
-  if crop % stride:
-    lower, upper = crop - crop % stride, crop - crop % stride + stride
-    raise ConfigError(
-      f'pp.crop={crop} is not a multiple of the {stride} px that one patch of {config.model} '
-      f'covers: the last {crop % stride} px of each row and column would be dropped; use '
-      f'--config.pp.crop={upper}' + (f' or {lower}' if lower else '')
-    )
-
-
 def registers_with_classification(config, devices=None) -> None:
   if config.num_registers and config.task != 'classification':
     raise ConfigError(
@@ -479,6 +458,27 @@ def flexi_with_classification(config, devices=None) -> None:
     )
 
 
+def naflex_trains_classification(config, devices=None) -> None:
+  """NaFlex (`naflex_tokens`) trains classification on packed patches, without what needs
+  whole images or another task (what the model must be: `model_spec.ModelSpec.of`)."""
+  if not config.naflex_tokens:
+    return
+  unsupported = [
+    (config.task != 'classification', f'task={config.task!r}'),
+    (bool(config.flexi_patch_sizes), 'flexi_patch_sizes'),
+    (bool(config.pp.randaug_layers or config.pp.mixup), 'RandAugment or Mixup'),
+    (config.attention_dropout_rate > 0, 'attention dropout'),
+    (any(config.block.values()), 'ViT-22B blocks'),
+    (min(config.naflex_tokens) < 1, 'a budget below 1 token'),
+  ]
+  for bad, what in unsupported:
+    if bad:
+      raise ConfigError(
+        f'naflex_tokens={tuple(config.naflex_tokens)}: NaFlex trains classification with a '
+        f'plain ViT (token or gap pooling), not with {what}; change it or leave naflex_tokens empty'
+      )
+
+
 # What the input pipeline checks for callers that skip `validate` (data fields alone).
 DATA_RULES = (values_allowed, area_min_a_fraction, resize_covers_crop)
 RULES = (
@@ -486,9 +486,9 @@ RULES = (
   batches_split,
   warmup_before_the_end,
   cudnn_on_a_gpu_in_half_precision,
-  crop_tiled_by_patches,
   registers_with_classification,
   flexi_with_classification,
+  naflex_trains_classification,
 )
 
 

@@ -40,7 +40,6 @@ from absl import logging
 import jax
 import numpy as np
 
-from vit_jax.configs import architectures
 from vit_jax.configs import schema
 from vit_jax.configs.data import add_data_config  # noqa: F401  (public API)
 from vit_jax.configs.data import data_config  # noqa: F401  (public API)
@@ -197,8 +196,9 @@ def _local_batch(batch: int, what: str, sharding, process_count: int) -> int:
   return batch // process_count
 
 
-def _train_batches(config, source, pp, local_batch, step):
-  """Process-local NumPy train batches from `step` on."""
+def _train_batches(config, source, pp, local_batch, step, model_spec):
+  """Process-local NumPy train batches from `step` on: images, or NaFlex's packed patches of
+  `model_spec`'s size at its token budgets."""
   where = dict(
     local_batch=local_batch,
     start_step=step,
@@ -207,9 +207,8 @@ def _train_batches(config, source, pp, local_batch, step):
     process_count=jax.process_count(),
     num_threads=config.get('input_threads', 0),
   )
-  if config.get('naflex_tokens'):  # packed patches at each image's aspect ratio
-    patch = config.patch_size or architectures.MODEL_CONFIGS[config.model].patches.size[0]
-    return naflex.TrainBatches(source, pp, config.naflex_tokens, patch, **where)
+  if model_spec is not None and model_spec.naflex_tokens:  # each image at its aspect ratio
+    return naflex.TrainBatches(source, pp, model_spec.naflex_tokens, model_spec.patch_size, **where)
   return host.TrainBatches(source, pp, **where)
 
 
@@ -261,9 +260,12 @@ class TrainIterator:
     return {'step': self._step, **self._fingerprint}
 
 
-def make_train_iterator(config, sharding, *, state=None, raw=False) -> TrainIterator:
+def make_train_iterator(
+  config, sharding, *, state=None, raw=False, model_spec=None
+) -> TrainIterator:
   """Global train batches of `config.batch` (see module docstring); `raw`: uint8, for a step
-  that prepares them (`on_device.prepare`)."""
+  that prepares them (`on_device.prepare`); `model_spec`: the run's model
+  (`configs.model_spec.ModelSpec`), whose NaFlex token budgets pack patches instead."""
   source = _open(config, 'train')
   pp = _pp(config)
   local_batch = _local_batch(config.batch, 'batch', sharding, jax.process_count())
@@ -292,7 +294,7 @@ def make_train_iterator(config, sharding, *, state=None, raw=False) -> TrainIter
         '(docs/data.md: Order and augmentation)'
       )
     step = int(state['step'])
-  batches = _train_batches(config, source, pp, local_batch, step)
+  batches = _train_batches(config, source, pp, local_batch, step, model_spec)
   prepare = None if raw else _prepare_fn(source.num_classes, sharding is None)
   return TrainIterator(batches, sharding, step, config.prefetch, fingerprint, prepare)
 

@@ -11,6 +11,7 @@ from typing import List, NamedTuple, Optional
 
 from vit_jax import checkpoint
 from vit_jax import workdir
+from vit_jax.configs import model_spec
 from vit_jax.core import files
 from vit_jax.evaluation import classify
 from vit_jax.evaluation import loader
@@ -65,7 +66,7 @@ def load(path: str, model_name: Optional[str] = None, patch_size: Optional[int] 
     state, metadata = _read_torch_file(path)
     model_name = _model_name(model_name, path, metadata)
     if 'patch_embed.proj.weight' in state or 'embeds.proj.weight' in state:
-      config = loader.model_config(model_name)
+      config = model_spec.registered(model_name)
       if 'embeds.proj.weight' in state:  # timm's NaFlexVit
         flat = timm.from_timm_naflex(state, config, path)
       else:
@@ -85,7 +86,7 @@ def load(path: str, model_name: Optional[str] = None, patch_size: Optional[int] 
 
 
 def _from_hf(state, hf_config, model_name, what, patch_size=None) -> Source:
-  config = loader.model_config(model_name)
+  config = model_spec.registered(model_name)
   flat, notes = hf.from_hf(state, hf_config, config, what)
   loaded = loader.model_from_flat(flat, model_name, what, patch_size)
   return Source(loaded, hf.class_names(hf_config), notes)

@@ -22,9 +22,11 @@ import functools
 import re
 from typing import Dict, Optional, Tuple
 
+import ml_collections
 import numpy as np
 
 from vit_jax import checkpoint
+from vit_jax.configs import model_spec
 from vit_jax.interop import torch_layout
 
 # Released architectures -> timm's names (without the `_<resolution>` suffix).
@@ -117,17 +119,22 @@ def _pooling_kwargs(classifier: str) -> dict:
 
 def registered_name(config, image_size: int) -> Optional[str]:
   """timm's registered name for a released architecture at `image_size`, else None."""
-  from vit_jax.configs import architectures
-
   name = (config.model_name or '').removesuffix('-gap')
   if name not in TIMM_NAMES:
     return None
-  released = architectures.MODEL_CONFIGS[name]
-  structure = ('hidden_size', 'patches', 'transformer', 'resnet')
-  if any(config.get(f) != released.get(f) for f in structure):
-    return None  # same name, other sizes (a shrunk test model)
+  released = model_spec.registered(name)
+  for field in ('hidden_size', 'patches', 'transformer', 'resnet'):
+    if _frozen(config.get(field)) != _frozen(released.get(field)):
+      return None  # same name, other sizes (a shrunk test model)
   base = TIMM_NAMES[name]
   return f'{base}_384' if image_size == 384 and base in TIMM_384 else f'{base}_224'
+
+
+def _frozen(value):
+  """`value`, a registry section as a FrozenConfigDict: sections compare by their contents."""
+  if isinstance(value, (dict, ml_collections.ConfigDict)):
+    return ml_collections.FrozenConfigDict(value)
+  return value
 
 
 def create_model_kwargs(config, num_classes: Optional[int], image_size: int) -> dict:

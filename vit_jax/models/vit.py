@@ -38,6 +38,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from vit_jax.configs import model_spec
 from vit_jax.configs import schema
 from vit_jax.core import hardware
 from vit_jax.core import sharding
@@ -247,7 +248,7 @@ class MultiHeadDotProductAttention(nn.Module):
     ] + [lambda y: y]
 
     qkv_params = [(k, b if self.qkv_bias else None) for k, b in qkv_params]
-    project = lambda layout: _project_qkv(x, inputs_kv, qkv_params, norms, layout, self.dtype)  # noqa: E731
+    project = lambda layout: _project_qkv(x, inputs_kv, qkv_params, norms, layout, self.dtype)
 
     need_weights = self.is_mutable_collection('intermediates')
     use_dropout = not deterministic and self.dropout_rate > 0.0
@@ -283,7 +284,7 @@ class MlpBlock(nn.Module):
 
   @nn.compact
   def __call__(self, x, *, deterministic: bool):
-    dense = lambda n, name: nn.Dense(  # noqa: E731
+    dense = lambda n, name: nn.Dense(
       n,
       dtype=self.dtype,
       kernel_init=nn.initializers.xavier_uniform(),
@@ -521,7 +522,7 @@ def prepend_tokens(module, x, classifier: str, num_registers: int = 0):
   attention somewhere to write; `_drop_registers` removes them before pooling."""
   n, _, d = x.shape
   prefix = []
-  if classifier in ('token', 'token_unpooled'):
+  if model_spec.has_class_token(classifier):
     cls = module.param('cls', nn.initializers.zeros, (1, 1, d), jnp.float32)
     prefix.append(jnp.broadcast_to(cls.astype(x.dtype), (n, 1, d)))
   if num_registers:
@@ -608,7 +609,7 @@ def compute_params(params, dtype):
 def _drop_registers(x, num_registers: int, classifier: str):
   if not num_registers:
     return x
-  first = 1 if classifier in ('token', 'token_unpooled') else 0
+  first = int(model_spec.has_class_token(classifier))
   return jnp.concatenate([x[:, :first], x[:, first + num_registers :]], axis=1)
 
 
