@@ -467,8 +467,6 @@ def naflex_trains_classification(config, devices=None) -> None:
     (config.task != 'classification', f'task={config.task!r}'),
     (bool(config.flexi_patch_sizes), 'flexi_patch_sizes'),
     (bool(config.pp.randaug_layers or config.pp.mixup), 'RandAugment or Mixup'),
-    (config.attention_dropout_rate > 0, 'attention dropout'),
-    (any(config.block.values()), 'ViT-22B blocks'),
     (min(config.naflex_tokens) < 1, 'a budget below 1 token'),
   ]
   for bad, what in unsupported:

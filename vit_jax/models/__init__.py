@@ -31,25 +31,19 @@ def build(spec, num_classes, *, dtype=_jnp.float32, attention='auto', remat=Fals
   """The model of `spec` (a `configs.model_spec.ModelSpec`) with a head of `num_classes` (None:
   its pre-logits features), computing in `dtype`: a `naflex.NaFlexViT` where the spec has a 2D
   position table, else a `VisionTransformer`."""
-  if spec.naflex:
-    return _naflex.NaFlexViT(
-      num_classes=num_classes,
-      posemb_grid=spec.posemb_grid,
-      head_bias_init=head_bias_init,
-      dtype=dtype,
-      attention=attention,
-      **spec.architecture,
-    )
-  return VisionTransformer(
+  options = dict(
     num_classes=num_classes,
     head_bias_init=head_bias_init,
     dtype=dtype,
+    attention=attention,
     remat=remat,
     remat_policy=remat_policy,
     scan=scan,
-    attention=attention,
     **spec.architecture,
   )
+  if spec.naflex:
+    return _naflex.NaFlexViT(posemb_grid=spec.posemb_grid, **options)
+  return VisionTransformer(**options)
 
 
 # The official blocks took their options as keywords; ours take one `vit.BlockConfig`.

@@ -32,7 +32,7 @@ sub-layer needs one reduction (vit_jax.core.sharding.constrain).
 import dataclasses
 import math
 import re
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Tuple
 
 import flax.linen as nn
 import jax
@@ -92,15 +92,16 @@ def pads_sequence(num_tokens: int, implementation: str, pad_odd: Optional[bool] 
   return bool(pad_odd and num_tokens % 2 and implementation in ('xla', 'cudnn'))
 
 
-def fused_attention(q, k, v, implementation: str, num_tokens: Optional[int] = None):
+def fused_attention(q, k, v, implementation: str, num_tokens=None):
   """`jax.nn.dot_product_attention` of [batch, tokens, heads, head_dim] inputs.
 
-  `num_tokens`: the real tokens, when the sequence ends in padding (`pads_sequence`);
-  the padding is masked as a key and its own output row is meaningless.
+  `num_tokens`: the real tokens, when the sequence ends in padding (`pads_sequence`, NaFlex's
+  budgets): one count, or one per example ([batch] int32); the padding is masked as a key and
+  its own output rows are meaningless.
   """
-  if num_tokens is None or num_tokens == q.shape[1]:
+  if num_tokens is None or isinstance(num_tokens, int) and num_tokens == q.shape[1]:
     return jax.nn.dot_product_attention(q, k, v, implementation=implementation)
-  lengths = jnp.full((q.shape[0],), num_tokens, jnp.int32)
+  lengths = jnp.broadcast_to(jnp.asarray(num_tokens, jnp.int32), (q.shape[0],))
   return jax.nn.dot_product_attention(
     q,
     k,
@@ -139,6 +140,49 @@ class AddPositionEmbs(nn.Module):
     return x + pe.astype(self.dtype)
 
 
+def _axis(index, size, length):
+  """Bilinear sources (lower, upper, weight of upper) of `index` on an axis of `size`
+  entries, read from a table axis of `length` (half-pixel centres, edges clamped)."""
+  src = jnp.maximum((index + 0.5) * (length / size) - 0.5, 0.0)
+  lower = jnp.minimum(jnp.floor(src), length - 1)
+  upper = jnp.minimum(lower + 1, length - 1)
+  return lower.astype(jnp.int32), upper.astype(jnp.int32), src - lower
+
+
+def resample_grid(table, rows, cols, real):
+  """[B, N, D]: each patch's position embedding from `table` [1, gh, gw, D].
+
+  A patch at (row, col) of an image whose grid is (h, w) (one more than its
+  real patches' largest row and column) reads the table bilinearly at
+  ((row + 0.5) * gh / h - 0.5, likewise columns), edges clamped, without
+  antialiasing: what resizing the table to (h, w) gives it (torch's
+  `interpolate(mode='bilinear', align_corners=False)`), for any mix of grids.
+  """
+  _, gh, gw, _ = table.shape
+  height = jnp.max(jnp.where(real > 0, rows, 0), axis=1, keepdims=True) + 1
+  width = jnp.max(jnp.where(real > 0, cols, 0), axis=1, keepdims=True) + 1
+  y0, y1, fy = _axis(rows, height, gh)
+  x0, x1, fx = _axis(cols, width, gw)
+  t = table[0]
+  fx, fy = fx[..., None], fy[..., None]
+  top = t[y0, x0] * (1 - fx) + t[y0, x1] * fx
+  bottom = t[y1, x0] * (1 - fx) + t[y1, x1] * fx
+  return top * (1 - fy) + bottom * fy
+
+
+class GridPositionEmbs(nn.Module):
+  """NaFlex's learned 2D position embeddings `pos_embedding` [1, gh, gw, D], resampled to each
+  image's grid (`resample_grid`) and added per patch."""
+
+  grid: tuple
+
+  @nn.compact
+  def __call__(self, x, rows, cols, real):
+    shape = (1, *self.grid, x.shape[-1])
+    table = self.param('pos_embedding', nn.initializers.normal(stddev=0.02), shape, jnp.float32)
+    return x + resample_grid(table, rows, cols, real).astype(x.dtype)
+
+
 class _Projection(nn.Module):
   """One attention projection's parameters, under the checkpoint's names."""
 
@@ -156,12 +200,16 @@ class _Projection(nn.Module):
     return kernel, bias
 
 
-def _explicit_attention(q, k, v, dtype, keep=None):
+def _explicit_attention(q, k, v, dtype, keep=None, num_tokens=None):
   """softmax(q k^T / sqrt(head_dim)) v over [batch, heads, tokens, head_dim] arrays, the
   logits and softmax in float32 for range. `keep(weights)` (recording them, dropout) makes
-  the weights explicit; without it the softmax's division comes after the product."""
+  the weights explicit; without it the softmax's division comes after the product.
+  `num_tokens` ([batch]): each example's real keys; the padding after them takes no weight."""
   q = q * jnp.asarray(q.shape[-1] ** -0.5, dtype)
   logits = jnp.einsum('bhqk,bhsk->bhqs', q, k, preferred_element_type=jnp.float32)
+  if num_tokens is not None:
+    real = jnp.arange(k.shape[2]) < jnp.reshape(num_tokens, (-1, 1))
+    logits = jnp.where(real[:, None, None, :], logits, jnp.finfo(jnp.float32).min)
   if keep is not None:
     weights = keep(jax.nn.softmax(logits, axis=-1).astype(dtype))
     return jnp.einsum('bhqs,bhsk->bhqk', weights, v)
@@ -230,7 +278,8 @@ class MultiHeadDotProductAttention(nn.Module):
   def __call__(self, x, *, deterministic: bool, inputs_kv=None, num_tokens=None):
     """Self-attention over `x`, or (`inputs_kv` given) queries from `x` attending over `inputs_kv`.
 
-    `num_tokens`: the real tokens of `x` when padding follows them (`pads_sequence`).
+    `num_tokens`: the real tokens of each example ([batch] int32) when padding follows them
+    (`pads_sequence`, NaFlex's budgets); attention reads no padding.
     """
     d = x.shape[-1]
     if d % self.num_heads:
@@ -261,8 +310,6 @@ class MultiHeadDotProductAttention(nn.Module):
       q, k, v = project('bnhk')
       y = fused_attention(q, k, v, implementation, num_tokens)
       return jnp.einsum('bnhk,hkd->bnd', y, out_kernel) + out_bias
-    if num_tokens is not None and num_tokens != x.shape[1]:
-      raise ValueError(f'the {implementation} attention cannot mask padding; see pads_sequence')
 
     keep = None
     if need_weights or use_dropout:
@@ -271,7 +318,7 @@ class MultiHeadDotProductAttention(nn.Module):
         self.sow('intermediates', 'attention_weights', weights)
         return nn.Dropout(self.dropout_rate)(weights, deterministic=deterministic)
 
-    y = _explicit_attention(*project('bhnk'), self.dtype, keep)
+    y = _explicit_attention(*project('bhnk'), self.dtype, keep, num_tokens)
     return jnp.einsum('bhnk,hkd->bnd', y, out_kernel) + out_bias
 
 
@@ -351,10 +398,10 @@ class Encoder1DBlock(nn.Module):
   """
 
   config: BlockConfig
-  num_tokens: Optional[int] = None  # the real tokens when padding follows (pads_sequence)
 
   @nn.compact
-  def __call__(self, x, deterministic: bool):
+  def __call__(self, x, deterministic: bool, num_tokens=None):
+    """`num_tokens` ([batch] int32): each example's real tokens, when padding follows them."""
     c = self.config
     bias = c.qkv_and_norm_biases
     x = sharding.constrain(x, ('batch', None, None))
@@ -368,7 +415,7 @@ class Encoder1DBlock(nn.Module):
       qkv_bias=bias,
       norm_bias=bias,
       name='MultiHeadDotProductAttention_1',
-    )(y, deterministic=deterministic, num_tokens=self.num_tokens)
+    )(y, deterministic=deterministic, num_tokens=num_tokens)
     mlp = MlpBlock(c.mlp_dim, c.dropout_rate, c.dtype, name='MlpBlock_3')
     x = x + nn.Dropout(c.dropout_rate)(attention, deterministic=deterministic)
     if c.parallel_block:  # the MLP reads the same normalised input as attention
@@ -383,15 +430,21 @@ class Encoder1DBlock(nn.Module):
 
 
 class _ScannedBlock(Encoder1DBlock):
-  """An encoder block as the body of `nn.scan`: (carry, broadcast input) -> (carry, None)."""
+  """An encoder block as the body of `nn.scan`: (carry, broadcast inputs) -> (carry, None)."""
 
   @nn.compact
-  def __call__(self, x, deterministic: bool):
-    return super().__call__(x, deterministic), None
+  def __call__(self, x, deterministic: bool, num_tokens=None):
+    return super().__call__(x, deterministic, num_tokens), None
 
 
 class Encoder(nn.Module):
-  """Position embeddings, the stack of encoder blocks, and the final LayerNorm."""
+  """Position embeddings, the stack of encoder blocks, and the final LayerNorm.
+
+  Over a ViT's sequences (prefix tokens, then the patches; one learned position embedding per
+  token), or over NaFlex's (`posemb_grid`): each image's patches in its own grid, padded to
+  the batch's length, a learned 2D table resampled to each image's grid, and each image's
+  sequence its prefix tokens and its real patches: attention reads no padding.
+  """
 
   num_layers: int
   block: BlockConfig
@@ -399,11 +452,27 @@ class Encoder(nn.Module):
   remat_policy: str = 'nothing_saveable'  # a jax.checkpoint_policies name (configs.schema)
   scan: bool = False
   pad_odd: Optional[bool] = None  # see pads_sequence; None: where attention runs on cuDNN
+  posemb_grid: Optional[Tuple[int, int]] = None  # NaFlex: the 2D table's (rows, columns)
 
   @nn.compact
-  def __call__(self, x, *, train: bool):
+  def __call__(self, x, *, train: bool, positions=None):
+    """[B, N, D] tokens -> [B, N, D]. `positions` (NaFlex): (rows, cols, real) [B, P] of the
+    last P tokens, the patches: their grid row and column, and 1 for a real patch."""
     c = self.block
-    x = AddPositionEmbs(dtype=c.dtype, name='posembed_input')(x)
+    if positions is None:
+      x = AddPositionEmbs(dtype=c.dtype, name='posembed_input')(x)
+      real_tokens = None
+    else:
+      rows, cols, real = positions
+      first = x.shape[1] - rows.shape[1]  # the prefix tokens have no position embedding
+      table = GridPositionEmbs(self.posemb_grid, name='posembed_input')
+      x = jnp.concatenate([x[:, :first], table(x[:, first:], rows, cols, real)], axis=1)
+      # Real patches come first in every image's row: its sequence is prefix + real.
+      real_tokens = (first + jnp.sum(real, axis=1)).astype(jnp.int32)
+      if c.attention == 'auto':  # the fused kernels take each image's length as it is
+        head_dim = x.shape[-1] // c.num_heads
+        fused = 'cudnn' if hardware.cudnn_attention_applies(c.dtype, head_dim) else 'xla'
+        c = dataclasses.replace(c, attention=fused)
     x = nn.Dropout(c.dropout_rate)(x, deterministic=not train)
     num_tokens = x.shape[1]
     implementation = resolve_attention(
@@ -415,7 +484,8 @@ class Encoder(nn.Module):
     padded = pads_sequence(num_tokens, implementation, self.pad_odd)
     if padded:  # a zero token: finite through every block, and never attended to
       x = jnp.pad(x, ((0, 0), (0, 1), (0, 0)))
-    real = num_tokens if padded else None
+      if real_tokens is None:
+        real_tokens = jnp.full((x.shape[0],), num_tokens, jnp.int32)
     block_cls = _ScannedBlock if self.scan else Encoder1DBlock
     if self.remat:
       # static_argnums=(2,): `deterministic` is a Python bool, not traced.
@@ -432,18 +502,20 @@ class Encoder(nn.Module):
         in_axes=nn.broadcast,
         length=self.num_layers,
       )
-      x, _ = stack(c, real, name='encoderblock')(x, not train)
+      x, _ = stack(c, name='encoderblock')(x, not train, real_tokens)
     else:
       for i in range(self.num_layers):
-        x = block_cls(c, real, name=f'encoderblock_{i}')(x, not train)
+        x = block_cls(c, name=f'encoderblock_{i}')(x, not train, real_tokens)
     if padded:
       x = sharding.constrain(x[:, :num_tokens], ('batch', None, None))
     return _layer_norm('encoder_norm', c.dtype, c.qkv_and_norm_biases)(x)
 
 
-def encoder(transformer, *, dtype, attention, remat, remat_policy, scan, pad_odd=None) -> Encoder:
+def encoder(
+  transformer, *, dtype, attention, remat, remat_policy, scan, pad_odd=None, posemb_grid=None
+) -> Encoder:
   """The `Transformer` of a model: its config's `transformer` entry and the model's options
-  (VisionTransformer's attributes of those names)."""
+  (VisionTransformer's and NaFlexViT's attributes of those names)."""
   block = {k: v for k, v in transformer.items() if k != 'num_layers'}
   return Encoder(
     transformer['num_layers'],
@@ -452,6 +524,7 @@ def encoder(transformer, *, dtype, attention, remat, remat_policy, scan, pad_odd
     remat_policy=remat_policy,
     scan=scan,
     pad_odd=pad_odd,
+    posemb_grid=None if posemb_grid is None else tuple(posemb_grid),
     name='Transformer',
   )
 
@@ -569,13 +642,18 @@ class PatchEmbedding(nn.Module):
 
   @nn.compact
   def __call__(self, x):
-    (ph, pw), (n, h, w, c) = self.patch_size, x.shape
+    """Images [n, H, W, C], or patches already flattened in that order [n, N, ph * pw * C]."""
+    ph, pw = self.patch_size
+    c = x.shape[-1] if x.ndim == 4 else x.shape[-1] // (ph * pw)
     shape = (ph, pw, c, self.features)
     kernel = self.param('kernel', nn.initializers.lecun_normal(), shape, jnp.float32)
     bias = self.param('bias', nn.initializers.zeros, (self.features,), jnp.float32)
-    gh, gw = h // ph, w // pw
-    x = x[:, : gh * ph, : gw * pw].reshape(n, gh, ph, gw, pw, c)
-    x = x.transpose(0, 1, 3, 2, 4, 5).reshape(n, gh * gw, ph * pw * c).astype(self.dtype)
+    if x.ndim == 4:
+      n, h, w, _ = x.shape
+      gh, gw = h // ph, w // pw
+      x = x[:, : gh * ph, : gw * pw].reshape(n, gh, ph, gw, pw, c)
+      x = x.transpose(0, 1, 3, 2, 4, 5).reshape(n, gh * gw, ph * pw * c)
+    x = x.astype(self.dtype)
     x = sharding.constrain(x, ('batch', None, None))
     kernel = kernel.reshape(ph * pw * c, self.features).astype(self.dtype)
     x = sharding.constrain(x @ kernel + bias.astype(self.dtype), ('batch', None, None))
