@@ -36,10 +36,12 @@ from vit_jax import workdir as workdir_lib
 from vit_jax.configs import architectures
 from vit_jax.configs import demo
 from vit_jax.configs import flag
+from vit_jax.configs.data import data_config
 from vit_jax.core import cli
 from vit_jax.core import files
 from vit_jax.data import images
 from vit_jax.data import pipeline
+from vit_jax.data.sources import DataError
 from vit_jax.evaluation import classify
 
 SIZE = 32  # the `testing` model (16 px patches) at a 2 x 2 grid
@@ -180,7 +182,7 @@ def mode_folder(tmp_path_factory):
     (root / 'train' / 'a' / name).write_bytes(data)
   for split in ('train', 'test'):
     (root / split / 'b' / 'x.bmp').write_bytes(_mode_images()['rgb.bmp'])
-  config = pipeline.data_config()
+  config = data_config()
   config.update(dataset=str(root), batch_eval=len(MODES) + 1)
   config.pp.crop = SIZE
   from conftest import batch_sharding
@@ -764,7 +766,7 @@ def test_a_decompression_bomb_in_a_training_folder_is_skipped(tmp_path, caplog):
   png = b'\x89PNG\r\n\x1a\n' + chunk(b'IHDR', header)
   png += chunk(b'IDAT', b''.join(rows) + packer.flush()) + chunk(b'IEND', b'')
   (tmp_path / 'bombed' / 'train' / CLASSES[0] / 'bomb.png').write_bytes(png)
-  config = pipeline.data_config()
+  config = data_config()
   config.update(dataset=root, batch=3)
   config.pp.crop = SIZE
   with caplog.at_level(logging.WARNING):
@@ -777,9 +779,7 @@ def test_host_memory_running_out_for_a_batch_is_one_line():
   the test needs no memory), as the input pipeline allocates each batch."""
   from vit_jax.data import host
 
-  with pytest.raises(
-    pipeline.DataError, match='^out of host memory for a batch of 1000000000 '
-  ) as e:
+  with pytest.raises(DataError, match='^out of host memory for a batch of 1000000000 ') as e:
     host.batch_buffer((10**9, 4096, 4096, 3), np.float32)
   assert '\n' not in str(e.value)
 

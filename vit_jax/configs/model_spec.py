@@ -16,12 +16,14 @@ import ml_collections
 
 from vit_jax.configs import ConfigError
 from vit_jax.configs import architectures
+from vit_jax.configs import schema
 
 # The pooling a NaFlex ViT takes (`models.naflex`): the class token, or the mean of the real
 # patches; every other head reads token positions that differ from image to image.
 NAFLEX_CLASSIFIERS = ('token', 'gap')
-# What a config's `block` section may set, each as the `transformer` entry of that name.
-BLOCK_OPTIONS = ('parallel_block', 'qk_norm', 'qkv_and_norm_biases')
+# What a config's `block` section may set (`schema.FIELDS`), each as the `transformer` entry of
+# that name: a `models.vit.BlockConfig` field.
+BLOCK_OPTIONS = tuple(f.name[len('block.') :] for f in schema.FIELDS if f.name.startswith('block.'))
 
 
 def registered(name: str) -> ml_collections.ConfigDict:

@@ -5,7 +5,7 @@ A `Field` is a dotted name, its default, its type, the values it may take
 the defaults of every experiment config (`defaults`, which
 `common.get_config` and `data.data_config` return), the names the command
 line knows (`names`, `configs.flag.unknown_fields`), the tuples the code reads
-(`allowed`: `vit.ATTENTION`, `images.CROP_SAMPLERS`, ...) and the table in
+(`allowed`: `vit.ATTENTION`, ...) and the table in
 docs/training.md (`python -m vit_jax.configs.schema` prints it;
 tests/test_configs.py holds the two equal).
 
@@ -177,15 +177,6 @@ FIELDS = (
     None,
     float,
     "inception crop: the smallest crop area, in (0, 1]; None: the preset's (0.05)",
-    data=True,
-  ),
-  Field(
-    'pp.crop_sampler',
-    'tf',
-    str,
-    "inception crop boxes: 'tf' as `tf.image.sample_distorted_bounding_box` in the "
-    "official pipeline, 'log_ratio_10' as runs before it (docs/data.md)",
-    ('tf', 'log_ratio_10'),
     data=True,
   ),
   Field('pp.flip', None, bool, "train: random horizontal flip; None: the preset's", data=True),

@@ -31,29 +31,21 @@ Evaluation reads every example of the split exactly once: each process pads
 its part to the same number of batches and marks padding with mask = 0.
 """
 
-import collections
 import dataclasses
 import functools
 from typing import Iterator, Optional, Sequence
 
-from absl import logging
 import jax
 import numpy as np
 
 from vit_jax.configs import schema
-from vit_jax.configs.data import add_data_config  # noqa: F401  (public API)
-from vit_jax.configs.data import data_config  # noqa: F401  (public API)
 from vit_jax.data import datasets
 from vit_jax.data import host
 from vit_jax.data import naflex
 from vit_jax.data import on_device
 from vit_jax.data import order
 from vit_jax.data import sources
-from vit_jax.data.datasets import register_arrays  # noqa: F401  (public API)
-from vit_jax.data.order import eval_steps  # noqa: F401  (public API)
-from vit_jax.data.order import process_part  # noqa: F401  (public API)
-from vit_jax.data.order import train_indices  # noqa: F401  (public API)
-from vit_jax.data.sources import DataError  # noqa: F401  (public API)
+from vit_jax.data.sources import DataError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,7 +84,6 @@ class _PP:
   randaug_layers: int
   randaug_magnitude: float
   mixup: float
-  crop_sampler: str = 'tf'  # images.CROP_SAMPLERS
 
 
 def _pp(config) -> _PP:
@@ -110,7 +101,6 @@ def _pp(config) -> _PP:
     int(pp.randaug_layers),
     float(pp.randaug_magnitude),
     float(pp.mixup),
-    pp.crop_sampler,
   )
 
 
@@ -238,11 +228,10 @@ class TrainIterator:
   """
 
   def __init__(self, batches, sharding, step, prefetch, fingerprint, prepare=None):
-    self._batches = batches  # process-local NumPy batches from `step` on
-    self._sharding = sharding
+    # Process-local NumPy batches from `step` on, `prefetch` of them on their way to the devices.
+    on_devices = (_to_device(batch, sharding) for batch in batches)
+    self._batches = host.ahead_of(on_devices, max(0, int(prefetch)))
     self._step = step  # batches handed to the caller
-    self._prefetch = max(0, int(prefetch))
-    self._queue = collections.deque()
     self._fingerprint = fingerprint
     self._prepare = prepare  # None: batches as they cross to the devices (raw)
 
@@ -250,10 +239,8 @@ class TrainIterator:
     return self
 
   def __next__(self):
-    while len(self._queue) <= self._prefetch:
-      self._queue.append(_to_device(next(self._batches), self._sharding))
+    batch = next(self._batches)
     self._step += 1
-    batch = self._queue.popleft()
     return batch if self._prepare is None else self._prepare(batch)
 
   def get_state(self) -> dict:
@@ -287,12 +274,6 @@ def make_train_iterator(
           f'{value!r}; restore with the same config or pass '
           f"state={{'step': {state.get('step', 0)}}} to start there anyway"
         )
-    if state.get('input_backend') == 'tf':
-      logging.warning(
-        'resuming batches that tf.data augmented (TensorFlow is no longer used): the same '
-        'examples follow in the same order, cropped, flipped and mixed by the one pipeline '
-        '(docs/data.md: Order and augmentation)'
-      )
     step = int(state['step'])
   batches = _train_batches(config, source, pp, local_batch, step, model_spec)
   prepare = None if raw else _prepare_fn(source.num_classes, sharding is None)
@@ -335,17 +316,6 @@ def make_eval_iterator(config, sharding, split='test', *, raw=False) -> Iterator
   prepare = None if raw else _prepare_fn(source.num_classes, sharding is None)
   pp = _pp(config)
   local_batch = _local_batch(config.batch_eval, 'batch_eval', sharding, jax.process_count())
-  queue = collections.deque()
   batches = _eval_batches(config, source, pp, local_batch)
-  done = False
-  while True:
-    while not done and len(queue) <= config.prefetch:
-      batch = next(batches, None)
-      if batch is None:
-        done = True
-      else:
-        queue.append(_to_device(batch, sharding))
-    if not queue:
-      return
-    batch = queue.popleft()
+  for batch in host.ahead_of((_to_device(b, sharding) for b in batches), config.prefetch):
     yield batch if prepare is None else prepare(batch)

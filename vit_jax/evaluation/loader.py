@@ -19,6 +19,7 @@ from vit_jax import models
 from vit_jax import workdir
 from vit_jax.configs import model_spec
 from vit_jax.configs.model_spec import ModelSpec
+from vit_jax.core import cli
 from vit_jax.core.errors import UserError
 from vit_jax.models import flexi
 from vit_jax.models import naflex
@@ -94,6 +95,17 @@ def load_model(
     return model_from_flat(flat, model_name, path, patch_size)
   what = f'{path} (the checkpoint at step {step} of an unfinished run)'
   return model_from_flat(_checkpoint_params(path, step), model_name, what, patch_size)
+
+
+def load_from_flags(args, prog: str) -> LoadedModel:
+  """The model of a command's `cli.add_checkpoint_flags` (an unfinished run's checkpoint said on
+  stderr); where the command has --crop, `args.crop` becomes the resolution it runs at
+  (`check_resolution`)."""
+  loaded = load_model(args.checkpoint, args.model, args.patch_size)
+  cli.note(prog, unfinished_note(args.checkpoint))
+  if 'crop' in args:
+    args.crop = check_resolution(loaded, args.crop)
+  return loaded
 
 
 def check_resolution(loaded: LoadedModel, crop: Optional[int]) -> int:

@@ -198,7 +198,7 @@ def export(
   if fmt == 'npz':
     checkpoint.save_npz(loaded.params, output)
   elif fmt == 'timm':
-    torch_layout.check_standard_blocks(loaded.config, 'timm')
+    torch_layout.check_standard_blocks(loaded.config, 'timm', timm.BLOCK_OPTIONS)
     notes += _save_timm(loaded, output)
   elif fmt == 'hf':
     torch_layout.check_standard_blocks(loaded.config, 'transformers')

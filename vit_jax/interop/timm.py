@@ -57,6 +57,10 @@ TIMM_384 = (
   'vit_large_r50_s32',
 )
 
+# Block options beyond the paper's blocks (`model_spec.BLOCK_OPTIONS`) that timm's
+# VisionTransformer has too, under its names and `build_model`'s arguments: they export.
+BLOCK_OPTIONS = ()
+
 STD_CONV_EPS = 1e-5  # models_resnet.StdConv: (w - mean) / (std + eps)
 GROUP_NORM_EPS = 1e-6  # flax.linen.GroupNorm's default, as the original code
 

@@ -16,6 +16,7 @@ A format module (`interop_timm`, `interop_hf`) supplies only a name function:
 our key -> (its key, (chunk, chunks) of a fused q/k/v or k/v, or None).
 """
 
+import dataclasses
 import importlib
 import math
 import os
@@ -32,6 +33,7 @@ from vit_jax import models
 from vit_jax.configs import model_spec
 from vit_jax.configs.model_spec import ModelSpec
 from vit_jax.core.errors import UserError
+from vit_jax.models import vit
 from vit_jax.models import vit_checkpoint
 
 NameFn = Callable[[str], Tuple[Optional[str], Optional[Tuple[int, int]]]]
@@ -73,12 +75,17 @@ def rename(key: str, rules) -> Optional[str]:
   return None
 
 
-def check_standard_blocks(config, fmt: str) -> None:
-  """ExportError unless the blocks are the paper's (not ViT-22B's parallel / QK-norm / no-bias ones)."""
+def check_standard_blocks(config, fmt: str, writes: Tuple[str, ...] = ()) -> None:
+  """ExportError unless every block option (`model_spec.BLOCK_OPTIONS`: ViT-22B's parallel,
+  QK-norm and bias-free blocks, ...) is the paper's, or one that the format `writes`."""
+  paper = {f.name: f.default for f in dataclasses.fields(vit.BlockConfig)}
   t = config.transformer
-  flags = [f for f in ('parallel_block', 'qk_norm') if t.get(f, False)]
-  if not t.get('qkv_and_norm_biases', True):
-    flags.append('qkv_and_norm_biases=False')
+  values = {option: t.get(option, paper[option]) for option in model_spec.BLOCK_OPTIONS}
+  flags = [
+    option if value is True else f'{option}={value}'
+    for option, value in values.items()
+    if option not in writes and value != paper[option]
+  ]
   if flags:
     raise ExportError(
       f"{config.model_name}: the {fmt} export writes the paper's encoder blocks, not "

@@ -98,16 +98,8 @@ class NaFlexViT(nn.Module):
     x = vit.PatchEmbedding(self.hidden_size, patches, self.dtype, name='embedding')(pixels)
     x = vit.prepend_tokens(self, x, self.classifier, self.num_registers)
     num_prefix = x.shape[1] - pixels.shape[1]
-    x = vit.encoder(
-      self.transformer,
-      dtype=self.dtype,
-      attention=self.attention,
-      remat=self.remat,
-      remat_policy=self.remat_policy,
-      scan=self.scan,
-      pad_odd=self.pad_odd,
-      posemb_grid=self.posemb_grid,
-    )(x, train=train, positions=(rows, cols, real))
+    positions = (rows, cols, real)
+    x = vit.encoder(self, self.posemb_grid)(x, train=train, positions=positions)
     if self.classifier == 'token':
       x = x[:, 0]
     else:  # the mean of the real patches (registers, padding left out)

@@ -57,8 +57,8 @@ CLASSIFIERS = ('token', 'gap', 'map', 'unpooled', 'token_unpooled')
 # where it applies (CUDA GPUs of compute capability >= 8.0, half precision,
 # head_dim a multiple of 8 up to 128) on the device the program is traced for
 # (`hardware.target_device`; an odd token count padded once, `pads_sequence`) and 'explicit'
-# elsewhere; on CPU the attention itself runs 3x faster than with 'xla'
-# (docs/speed_and_scale.md).
+# elsewhere, where XLA's implementation fills its layout with transposes and
+# copies (docs/speed_and_scale.md: CPU).
 ATTENTION = schema.allowed('attention')
 
 
@@ -82,10 +82,10 @@ def pads_sequence(num_tokens: int, implementation: str, pad_odd: Optional[bool] 
   a bias), and ViT has odd counts: 197 tokens at 224 px, 577 at 384. So an odd
   sequence is padded to even once, before the first block, and every block's
   attention hides the padding token from every query (`fused_attention`'s
-  `num_tokens`); it is dropped after the last block. Padding in every layer
-  instead (pad q, k, v, slice the output) cost 9.6% of ViT-B/16 inference on
-  an H100 (issue 33). `pad_odd` (default: for cuDNN only) lets the tests run the
-  padded path with 'xla'; the written-out attention masks nothing, so never pads.
+  `num_tokens`); it is dropped after the last block (padding in every layer
+  instead would pad q, k, v and slice the output in every one). `pad_odd`
+  (default: for cuDNN only) lets the tests run the padded path with 'xla'; the
+  written-out attention has no use for it, so never pads.
   """
   if pad_odd is None:
     pad_odd = implementation == 'cudnn'
@@ -172,15 +172,20 @@ def resample_grid(table, rows, cols, real):
 
 class GridPositionEmbs(nn.Module):
   """NaFlex's learned 2D position embeddings `pos_embedding` [1, gh, gw, D], resampled to each
-  image's grid (`resample_grid`) and added per patch."""
+  image's grid (`resample_grid`) and added to its patches, the last of its tokens."""
 
   grid: tuple
 
   @nn.compact
   def __call__(self, x, rows, cols, real):
+    """(x with the patches' embeddings added, each image's real tokens [B]): the prefix tokens
+    and the real patches, which come first in every image's row."""
     shape = (1, *self.grid, x.shape[-1])
     table = self.param('pos_embedding', nn.initializers.normal(stddev=0.02), shape, jnp.float32)
-    return x + resample_grid(table, rows, cols, real).astype(x.dtype)
+    first = x.shape[1] - rows.shape[1]  # the prefix tokens have no position embedding
+    patches = x[:, first:] + resample_grid(table, rows, cols, real).astype(x.dtype)
+    real_tokens = (first + jnp.sum(real, axis=1)).astype(jnp.int32)
+    return jnp.concatenate([x[:, :first], patches], axis=1), real_tokens
 
 
 class _Projection(nn.Module):
@@ -230,8 +235,8 @@ def _project_qkv(x, inputs_kv, params, norms, layout: str, dtype):
   the fused attention's layout without tensor parallelism takes three matmuls,
   each writing [batch, tokens, heads, head_dim] with its bias in its epilogue
   (cuBLASLt on a GPU); one einsum over the stacked kernels would write
-  [3, batch, ...] through a transpose and add each bias in a kernel of its own
-  (4 kernels per layer on an H100, issue 33). Otherwise it is that one einsum:
+  [3, batch, ...] through a transpose and add each bias in a kernel of its own.
+  Otherwise it is that one einsum:
   under tensor parallelism its backward pass sums the three input gradients
   before its one all-reduce instead of reducing each.
   """
@@ -390,6 +395,16 @@ class BlockConfig:
   qkv_and_norm_biases: bool = True  # False: ViT-22B's q/k/v projections and LayerNorms
 
 
+def block_options_of(names) -> dict:
+  """The `BlockConfig` options (`model_spec.BLOCK_OPTIONS`) that the parameter names of one
+  encoder block ('LayerNorm_0/scale', ...) show: what a checkpoint holds."""
+  return {
+    'parallel_block': 'LayerNorm_2/scale' not in names,
+    'qk_norm': 'MultiHeadDotProductAttention_1/query_norm/scale' in names,
+    'qkv_and_norm_biases': 'LayerNorm_0/bias' in names,
+  }
+
+
 class Encoder1DBlock(nn.Module):
   """Pre-LN encoder block (paper eq. 2-3): x + MSA(LN(x)), then x + MLP(LN(x)).
 
@@ -460,19 +475,12 @@ class Encoder(nn.Module):
     last P tokens, the patches: their grid row and column, and 1 for a real patch."""
     c = self.block
     if positions is None:
-      x = AddPositionEmbs(dtype=c.dtype, name='posembed_input')(x)
-      real_tokens = None
+      x, real_tokens = AddPositionEmbs(dtype=c.dtype, name='posembed_input')(x), None
     else:
-      rows, cols, real = positions
-      first = x.shape[1] - rows.shape[1]  # the prefix tokens have no position embedding
-      table = GridPositionEmbs(self.posemb_grid, name='posembed_input')
-      x = jnp.concatenate([x[:, :first], table(x[:, first:], rows, cols, real)], axis=1)
-      # Real patches come first in every image's row: its sequence is prefix + real.
-      real_tokens = (first + jnp.sum(real, axis=1)).astype(jnp.int32)
+      x, real_tokens = GridPositionEmbs(self.posemb_grid, name='posembed_input')(x, *positions)
       if c.attention == 'auto':  # the fused kernels take each image's length as it is
-        head_dim = x.shape[-1] // c.num_heads
-        fused = 'cudnn' if hardware.cudnn_attention_applies(c.dtype, head_dim) else 'xla'
-        c = dataclasses.replace(c, attention=fused)
+        fused = hardware.cudnn_attention_applies(c.dtype, x.shape[-1] // c.num_heads)
+        c = dataclasses.replace(c, attention='cudnn' if fused else 'xla')
     x = nn.Dropout(c.dropout_rate)(x, deterministic=not train)
     num_tokens = x.shape[1]
     implementation = resolve_attention(
@@ -511,19 +519,18 @@ class Encoder(nn.Module):
     return _layer_norm('encoder_norm', c.dtype, c.qkv_and_norm_biases)(x)
 
 
-def encoder(
-  transformer, *, dtype, attention, remat, remat_policy, scan, pad_odd=None, posemb_grid=None
-) -> Encoder:
-  """The `Transformer` of a model: its config's `transformer` entry and the model's options
-  (VisionTransformer's and NaFlexViT's attributes of those names)."""
-  block = {k: v for k, v in transformer.items() if k != 'num_layers'}
+def encoder(model, posemb_grid=None) -> Encoder:
+  """The `Transformer` of `model` (a VisionTransformer, MppViT or NaFlexViT): its `transformer`
+  entry, and its attributes of the encoder's options (dtype, attention, remat, remat_policy,
+  scan, pad_odd); NaFlex's 2D table of `posemb_grid` positions."""
+  block = {k: v for k, v in model.transformer.items() if k != 'num_layers'}
   return Encoder(
-    transformer['num_layers'],
-    BlockConfig(dtype=dtype, attention=attention, **block),
-    remat=remat,
-    remat_policy=remat_policy,
-    scan=scan,
-    pad_odd=pad_odd,
+    model.transformer['num_layers'],
+    BlockConfig(dtype=model.dtype, attention=model.attention, **block),
+    remat=model.remat,
+    remat_policy=model.remat_policy,
+    scan=model.scan,
+    pad_odd=getattr(model, 'pad_odd', None),
     posemb_grid=None if posemb_grid is None else tuple(posemb_grid),
     name='Transformer',
   )
@@ -563,15 +570,7 @@ class VisionTransformer(nn.Module):
       raise ValueError(f'classifier={self.classifier!r}; use one of {CLASSIFIERS}')
     x = embed_patches(inputs, self.patches, self.hidden_size, self.resnet, self.dtype)
     x = prepend_tokens(self, x, self.classifier, self.num_registers)
-    x = encoder(
-      self.transformer,
-      dtype=self.dtype,
-      attention=self.attention,
-      remat=self.remat,
-      remat_policy=self.remat_policy,
-      scan=self.scan,
-      pad_odd=self.pad_odd,
-    )(x, train=train)
+    x = encoder(self)(x, train=train)
 
     x = _drop_registers(x, self.num_registers, self.classifier)
     x = _pool(x, self.classifier, self.transformer, self.dtype)
@@ -632,8 +631,8 @@ class PatchEmbedding(nn.Module):
   [ph, pw, C, features] with nn.Conv's initialiser, `bias` [features]), so
   checkpoints and initial values are unchanged; edges that are not a multiple
   of the patch are dropped, as its VALID padding did. Computed as a reshape and
-  one matmul: a GPU ran the convolution as cuDNN's implicit GEMM with an indexed
-  gather and a padding kernel, 7.3% of ViT-B/16 inference on an H100 (issue 33).
+  one matmul: a GPU runs the convolution as cuDNN's implicit GEMM with an indexed
+  gather and a padding kernel.
   """
 
   features: int
@@ -672,7 +671,7 @@ def compute_params(params, dtype):
   `dtype` wherever it is used (kernels, biases, embeddings, the class token) cast once here,
   the float32 ones (`_FLOAT32_MODULES`) left as they are. The model then computes exactly as
   with float32 parameters, without a cast per layer and call. Training casts inside the loss
-  (gradients stay float32); inference stores the parameters so (issue 33)."""
+  (gradients stay float32); inference stores the parameters so."""
   dtype = jnp.dtype(dtype)
 
   def cast(path, x):

@@ -23,6 +23,7 @@ import numpy as np
 from vit_jax.configs import model_spec
 from vit_jax.configs.model_spec import ModelSpec
 from vit_jax.core.errors import UserError
+from vit_jax.models import vit
 
 _PREFIXES = ('opt/target/', 'params/')
 # Newer Flax numbering inside an encoder block -> the original release's.
@@ -273,9 +274,11 @@ def spec_of(flat: dict, name: str, what: str) -> ModelSpec:
   if arch.get('resnet') is None and kernel is not None and np.ndim(kernel) == 4:
     patch = tuple(int(n) for n in np.shape(kernel)[:2])  # a run may train at another patch
   blocks = {m.group(1) for m in map(_BLOCK.match, flat) if m}  # a run may set its depth
+  first = [key.split('/', 2)[2] for key in flat if key.startswith('Transformer/encoderblock_0/')]
   arch = model_spec.resolve(
     name,
     num_layers=len(blocks) or None,
+    block=vit.block_options_of(first) if first else None,
     patch_size=patch,
     num_registers=int(np.shape(flat['registers'])[1]) if 'registers' in flat else 0,
     representation_size=(

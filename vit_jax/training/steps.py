@@ -71,17 +71,15 @@ def make_task(
     scan=config.scan_layers,
     head_bias_init=config.head_bias_init,
   )
-  features = models.build(spec, None, **options)
-
+  # The classification loss, of labels or of Mixup's soft ones.
+  objective = lambda logits, batch: cross_entropy(
+    logits, batch['label'], loss=config.loss, label_smoothing=config.label_smoothing
+  )
   compute = lambda params: vit.compute_params(params, config.dtype)
+  features = models.build(spec, None, **options)
 
   if config.task == 'classification':
     model = models.build(spec, num_classes, **options)
-
-    def objective(logits, batch):
-      return cross_entropy(
-        logits, batch['label'], loss=config.loss, label_smoothing=config.label_smoothing
-      )
 
     def loss_fn(params, batch, rng, train):
       variables = {'params': compute(params)}
@@ -106,14 +104,7 @@ def make_task(
       return mpp.loss_fn(compute(params), batch['image'], rng, model=model, train=train)[0]
 
     def eval_fn(params, batch):
-      # A fixed corruption pattern, so evaluations of one run are comparable.
-      targets = mpp.colour_targets(batch['image'], tuple(model.patches['size']))
-      corruption = mpp.sample_corruption(jax.random.PRNGKey(0), *targets.shape)
-      variables = {'params': compute(params)}
-      logits = model.apply(variables, batch['image'], corruption, train=False)
-      counted = corruption.corrupted * batch['mask'][:, None]
-      correct = (jnp.argmax(logits, axis=-1) == targets) * counted
-      return {'correct': jnp.sum(correct), 'count': jnp.sum(counted)}
+      return mpp.eval_counts(compute(params), batch['image'], batch['mask'], model=model)
 
     grad_fn = None
 
