@@ -94,6 +94,13 @@ FIELDS = (
     "biases in the q/k/v projections and LayerNorms; None: the model's",
   ),
   Field(
+    'block.layer_scale',
+    None,
+    float,
+    'LayerScale (Touvron et al. 2021): each residual branch scaled by a learned gamma per '
+    "channel (timm's ls1, ls2) that starts at this value, e.g. 1e-5; None: the model's (none)",
+  ),
+  Field(
     'patch_size',
     None,
     int,

@@ -59,7 +59,7 @@ TIMM_384 = (
 
 # Block options beyond the paper's blocks (`model_spec.BLOCK_OPTIONS`) that timm's
 # VisionTransformer has too, under its names and `build_model`'s arguments: they export.
-BLOCK_OPTIONS = ()
+BLOCK_OPTIONS = ('layer_scale',)
 
 STD_CONV_EPS = 1e-5  # models_resnet.StdConv: (w - mean) / (std + eps)
 GROUP_NORM_EPS = 1e-6  # flax.linen.GroupNorm's default, as the original code
@@ -77,6 +77,7 @@ _RULES = (
   (_BLOCK + r'MultiHeadDotProductAttention_1/out/', r'blocks.\1.attn.proj.'),
   (_BLOCK + r'MlpBlock_3/Dense_0/', r'blocks.\1.mlp.fc1.'),
   (_BLOCK + r'MlpBlock_3/Dense_1/', r'blocks.\1.mlp.fc2.'),
+  (_BLOCK + r'(ls[12])/', r'blocks.\1.\2.'),
   (r'^MAPHead_0/probe$', 'attn_pool.latent'),
   (r'^MAPHead_0/MultiHeadDotProductAttention_0/query/', 'attn_pool.q.'),
   (r'^MAPHead_0/MultiHeadDotProductAttention_0/(key|value)/', 'attn_pool.kv.'),
@@ -195,6 +196,7 @@ def build_model(config, num_classes: Optional[int], image_size: int):
     num_classes=num_classes or 0,
     act_layer='gelu_tanh',
     reg_tokens=config.get('num_registers', 0),
+    init_values=config.transformer.get('layer_scale'),
     **_pooling_kwargs(config.classifier),
   )
   if config.get('resnet') is not None:
@@ -236,6 +238,8 @@ def from_timm(state: Dict[str, np.ndarray], config, what: str) -> Dict[str, np.n
   num_classes = int(state['head.weight'].shape[0]) if 'head.weight' in state else None
   if 'reg_token' in state:  # timm's register tokens (no_embed_class=False: ours)
     config.num_registers = int(state['reg_token'].shape[1])
+  if 'blocks.0.ls1.gamma' in state:  # timm's LayerScale (init_values; the value only initialises)
+    config.transformer.layer_scale = 1.0
   expected = torch_layout.expected_shapes(
     config, num_classes, int(state['pos_embed'].shape[1]), what
   )
@@ -294,6 +298,8 @@ def from_timm_naflex(state: Dict[str, np.ndarray], config, what: str) -> Dict[st
   patch = config.patches.size[0]
   if 'embeds.reg_token' in state:
     config.num_registers = int(state['embeds.reg_token'].shape[1])
+  if 'blocks.0.ls1.gamma' in state:
+    config.transformer.layer_scale = 1.0
   blocks = {k.split('.')[1] for k in state if k.startswith('blocks.')}
   config.transformer.num_layers = len(blocks) or config.transformer.num_layers
   model = naflex.NaFlexViT(num_classes=num_classes, posemb_grid=posemb.shape[1:3], **config)
@@ -346,4 +352,5 @@ def build_naflex_model(config, num_classes: Optional[int], posemb_grid):
     pos_embed_interp_mode='bilinear',
     pos_embed_antialias=False,
     reg_tokens=config.get('num_registers', 0),
+    init_values=config.transformer.get('layer_scale'),
   ).eval()

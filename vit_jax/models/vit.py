@@ -393,6 +393,7 @@ class BlockConfig:
   parallel_block: bool = False  # see Encoder1DBlock
   qk_norm: bool = False  # ViT-22B: LayerNorm of q and k per head
   qkv_and_norm_biases: bool = True  # False: ViT-22B's q/k/v projections and LayerNorms
+  layer_scale: Optional[float] = None  # LayerScale's initial gamma; None: none (the paper's)
 
 
 def block_options_of(names) -> dict:
@@ -402,14 +403,29 @@ def block_options_of(names) -> dict:
     'parallel_block': 'LayerNorm_2/scale' not in names,
     'qk_norm': 'MultiHeadDotProductAttention_1/query_norm/scale' in names,
     'qkv_and_norm_biases': 'LayerNorm_0/bias' in names,
+    'layer_scale': 1.0 if 'ls1/gamma' in names else None,  # the value only initialises
   }
+
+
+class LayerScale(nn.Module):
+  """CaiT's LayerScale (Touvron et al. 2021): a residual branch scaled per channel by a learned
+  `gamma` [D] that starts at `init` (timm's `ls1`, `ls2`)."""
+
+  init: float
+
+  @nn.compact
+  def __call__(self, x):
+    gamma = self.param('gamma', nn.initializers.constant(self.init), (x.shape[-1],), jnp.float32)
+    return x * gamma.astype(x.dtype)
 
 
 class Encoder1DBlock(nn.Module):
   """Pre-LN encoder block (paper eq. 2-3): x + MSA(LN(x)), then x + MLP(LN(x)).
 
   With `parallel_block` (ViT-22B): x + MSA(LN(x)) + MLP(LN(x)), one LayerNorm,
-  so under tensor parallelism the two sub-layers share one reduction.
+  so under tensor parallelism the two sub-layers share one reduction. With
+  `layer_scale` each branch is scaled by its `LayerScale` (`ls1`, `ls2`) before
+  it is added.
   """
 
   config: BlockConfig
@@ -432,13 +448,14 @@ class Encoder1DBlock(nn.Module):
       name='MultiHeadDotProductAttention_1',
     )(y, deterministic=deterministic, num_tokens=num_tokens)
     mlp = MlpBlock(c.mlp_dim, c.dropout_rate, c.dtype, name='MlpBlock_3')
-    x = x + nn.Dropout(c.dropout_rate)(attention, deterministic=deterministic)
+    scaled = lambda name, y: y if c.layer_scale is None else LayerScale(c.layer_scale, name=name)(y)
+    x = x + scaled('ls1', nn.Dropout(c.dropout_rate)(attention, deterministic=deterministic))
     if c.parallel_block:  # the MLP reads the same normalised input as attention
-      x = x + mlp(y, deterministic=deterministic)
+      x = x + scaled('ls2', mlp(y, deterministic=deterministic))
     else:
       x = sharding.constrain(x, ('batch', None, None))
       y = _layer_norm('LayerNorm_2', c.dtype, bias)(x)
-      x = x + mlp(y, deterministic=deterministic)
+      x = x + scaled('ls2', mlp(y, deterministic=deterministic))
     x = sharding.constrain(x, ('batch', None, None))
     self.sow('intermediates', 'tokens', x)
     return x
