@@ -27,7 +27,7 @@ def get_model(name, **kw):
 
 
 def build(spec, num_classes, *, dtype=_jnp.float32, attention='auto', remat=False,
-          remat_policy='nothing_saveable', scan=False, head_bias_init=0.0):  # fmt: skip
+          remat_policy='nothing_saveable', scan=False, head_bias_init=0.0, fp8=False):  # fmt: skip
   """The model of `spec` (a `configs.model_spec.ModelSpec`) with a head of `num_classes` (None:
   its pre-logits features), computing in `dtype`: a `naflex.NaFlexViT` where the spec has a 2D
   position table, else a `VisionTransformer`."""
@@ -39,6 +39,7 @@ def build(spec, num_classes, *, dtype=_jnp.float32, attention='auto', remat=Fals
     remat=remat,
     remat_policy=remat_policy,
     scan=scan,
+    fp8=fp8,
     **spec.architecture,
   )
   if spec.naflex:

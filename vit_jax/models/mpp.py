@@ -135,6 +135,7 @@ class MppViT(nn.Module):
   remat_policy: str = 'nothing_saveable'
   scan: bool = False
   attention: str = 'auto'
+  fp8: bool = False  # the encoder's dense layers as FP8 products (vit_jax.models.fp8)
 
   @nn.compact
   def __call__(self, images, corruption: Optional[Corruption] = None, *, train: bool):

@@ -88,6 +88,7 @@ class NaFlexViT(nn.Module):
   remat_policy: str = 'nothing_saveable'
   scan: bool = False
   pad_odd: Optional[bool] = None
+  fp8: bool = False
 
   @nn.compact
   def __call__(self, inputs, *, train: bool):

@@ -42,6 +42,7 @@ from vit_jax.configs import model_spec
 from vit_jax.configs import schema
 from vit_jax.core import hardware
 from vit_jax.core import sharding
+from vit_jax.models import fp8 as fp8_lib
 from vit_jax.models import resnet
 
 Dtype = Any
@@ -216,7 +217,10 @@ def _explicit_attention(q, k, v, dtype, keep=None, num_tokens=None):
     real = jnp.arange(k.shape[2]) < jnp.reshape(num_tokens, (-1, 1))
     logits = jnp.where(real[:, None, None, :], logits, jnp.finfo(jnp.float32).min)
   if keep is not None:
-    weights = keep(jax.nn.softmax(logits, axis=-1).astype(dtype))
+    weights = jax.nn.softmax(logits, axis=-1).astype(dtype)
+    if num_tokens is not None:  # a padding query's row: none, not a softmax over real keys
+      weights = jnp.where(real[:, None, :, None], weights, 0)
+    weights = keep(weights)
     return jnp.einsum('bhqs,bhsk->bhqk', weights, v)
   # softmax(l) @ v == (exp(l - max) @ v) / sum(exp(l - max)). The product is rounded to
   # `dtype` (accumulated in float32 by the hardware) so that its gradient, and with it
@@ -226,9 +230,10 @@ def _explicit_attention(q, k, v, dtype, keep=None, num_tokens=None):
   return (y.astype(jnp.float32) / jnp.sum(e, axis=-1, keepdims=True)).astype(dtype)
 
 
-def _project_qkv(x, inputs_kv, params, norms, layout: str, dtype):
+def _project_qkv(x, inputs_kv, params, norms, layout: str, dtype, dot):
   """q, k and v of `x` (k and v of `inputs_kv` when given) in `layout` ('bnhk' or 'bhnk'), each
-  with its bias (`params`: (kernel, bias or None) of q, k, v) and q, k normalised (`norms`).
+  with its bias (`params`: (kernel, bias or None) of q, k, v) and q, k normalised (`norms`);
+  `dot` is the products' `dot_general` (`lax.dot_general`, or FP8's).
 
   Straight into the layout the attention reads: XLA needs no transposes between
   the projections and the attention (docs/speed_and_scale.md). Self-attention in
@@ -243,17 +248,26 @@ def _project_qkv(x, inputs_kv, params, norms, layout: str, dtype):
   kernels = [kernel.astype(dtype) for kernel, _ in params]
   biases = [None if bias is None else bias.astype(dtype) for _, bias in params]
   if inputs_kv is None and layout == 'bnhk' and not sharding.splits_model():
-    (b, n, d), qkv = x.shape, []
-    for kernel, bias in zip(kernels, biases):
-      y = x @ kernel.reshape(d, -1)
+    b, n, d = x.shape
+    matrices = [kernel.reshape(d, -1) for kernel in kernels]
+    if dot is fp8_lib.dot_general:
+      # One FP8 product of the three kernels side by side, one scale: XLA merges products
+      # that share an input, and a merged product of three scales is no FP8 GEMM.
+      matrices = [jnp.concatenate(matrices, axis=1)]
+    ys = [dot(x, m, (((2,), (0,)), ((), ()))) for m in matrices]
+    ys = jnp.split(ys[0], 3, axis=-1) if len(ys) == 1 else ys
+    qkv = []
+    for y, kernel, bias in zip(ys, kernels, biases):
       y = y if bias is None else y + bias.reshape(-1)
       qkv.append(y.reshape(b, n, *kernel.shape[1:]))
     biases = [None] * 3
   elif inputs_kv is None:
-    qkv = jnp.einsum(f'bnd,tdhk->t{layout}', x, jnp.stack(kernels))
+    qkv = jnp.einsum(f'bnd,tdhk->t{layout}', x, jnp.stack(kernels), _dot_general=dot)
   else:
-    kv = jnp.einsum(f'bnd,tdhk->t{layout}', inputs_kv.astype(dtype), jnp.stack(kernels[1:]))
-    qkv = [jnp.einsum(f'bnd,dhk->{layout}', x, kernels[0]), *kv]
+    kv = jnp.einsum(
+      f'bnd,tdhk->t{layout}', inputs_kv.astype(dtype), jnp.stack(kernels[1:]), _dot_general=dot
+    )
+    qkv = [jnp.einsum(f'bnd,dhk->{layout}', x, kernels[0], _dot_general=dot), *kv]
   heads = ('batch', None, 'model', None) if layout == 'bnhk' else ('batch', 'model', None, None)
   out = []
   for y, bias, norm in zip(qkv, biases, norms):
@@ -278,6 +292,7 @@ class MultiHeadDotProductAttention(nn.Module):
   qk_norm: bool = False  # ViT-22B: LayerNorm of q and k, for stable logits at scale
   qkv_bias: bool = True
   norm_bias: bool = True  # of the q/k LayerNorms
+  fp8: bool = False  # the four projections as FP8 products (vit_jax.models.fp8)
 
   @nn.compact
   def __call__(self, x, *, deterministic: bool, inputs_kv=None, num_tokens=None):
@@ -302,7 +317,8 @@ class MultiHeadDotProductAttention(nn.Module):
     ] + [lambda y: y]
 
     qkv_params = [(k, b if self.qkv_bias else None) for k, b in qkv_params]
-    project = lambda layout: _project_qkv(x, inputs_kv, qkv_params, norms, layout, self.dtype)
+    dot = fp8_lib.dot_general if self.fp8 else jax.lax.dot_general
+    project = lambda layout: _project_qkv(x, inputs_kv, qkv_params, norms, layout, self.dtype, dot)
 
     need_weights = self.is_mutable_collection('intermediates')
     use_dropout = not deterministic and self.dropout_rate > 0.0
@@ -314,7 +330,7 @@ class MultiHeadDotProductAttention(nn.Module):
     if implementation in ('xla', 'cudnn'):
       q, k, v = project('bnhk')
       y = fused_attention(q, k, v, implementation, num_tokens)
-      return jnp.einsum('bnhk,hkd->bnd', y, out_kernel) + out_bias
+      return jnp.einsum('bnhk,hkd->bnd', y, out_kernel, _dot_general=dot) + out_bias
 
     keep = None
     if need_weights or use_dropout:
@@ -324,7 +340,7 @@ class MultiHeadDotProductAttention(nn.Module):
         return nn.Dropout(self.dropout_rate)(weights, deterministic=deterministic)
 
     y = _explicit_attention(*project('bhnk'), self.dtype, keep, num_tokens)
-    return jnp.einsum('bhnk,hkd->bnd', y, out_kernel) + out_bias
+    return jnp.einsum('bhnk,hkd->bnd', y, out_kernel, _dot_general=dot) + out_bias
 
 
 class MlpBlock(nn.Module):
@@ -333,6 +349,7 @@ class MlpBlock(nn.Module):
   mlp_dim: int
   dropout_rate: float = 0.0
   dtype: Dtype = jnp.float32
+  fp8: bool = False  # both layers as FP8 products (vit_jax.models.fp8)
 
   @nn.compact
   def __call__(self, x, *, deterministic: bool):
@@ -341,6 +358,7 @@ class MlpBlock(nn.Module):
       dtype=self.dtype,
       kernel_init=nn.initializers.xavier_uniform(),
       bias_init=nn.initializers.normal(stddev=1e-6),
+      dot_general=fp8_lib.dot_general if self.fp8 else None,
       name=name,
     )
     y = nn.gelu(dense(self.mlp_dim, 'Dense_0')(x))
@@ -394,6 +412,7 @@ class BlockConfig:
   qk_norm: bool = False  # ViT-22B: LayerNorm of q and k per head
   qkv_and_norm_biases: bool = True  # False: ViT-22B's q/k/v projections and LayerNorms
   layer_scale: Optional[float] = None  # LayerScale's initial gamma; None: none (the paper's)
+  fp8: bool = False  # the dense layers (q/k/v/out, MLP) as FP8 products (models/fp8.py)
 
 
 def block_options_of(names) -> dict:
@@ -445,9 +464,10 @@ class Encoder1DBlock(nn.Module):
       qk_norm=c.qk_norm,
       qkv_bias=bias,
       norm_bias=bias,
+      fp8=c.fp8,
       name='MultiHeadDotProductAttention_1',
     )(y, deterministic=deterministic, num_tokens=num_tokens)
-    mlp = MlpBlock(c.mlp_dim, c.dropout_rate, c.dtype, name='MlpBlock_3')
+    mlp = MlpBlock(c.mlp_dim, c.dropout_rate, c.dtype, c.fp8, name='MlpBlock_3')
     scaled = lambda name, y: y if c.layer_scale is None else LayerScale(c.layer_scale, name=name)(y)
     x = x + scaled('ls1', nn.Dropout(c.dropout_rate)(attention, deterministic=deterministic))
     if c.parallel_block:  # the MLP reads the same normalised input as attention
@@ -538,12 +558,12 @@ class Encoder(nn.Module):
 
 def encoder(model, posemb_grid=None) -> Encoder:
   """The `Transformer` of `model` (a VisionTransformer, MppViT or NaFlexViT): its `transformer`
-  entry, and its attributes of the encoder's options (dtype, attention, remat, remat_policy,
-  scan, pad_odd); NaFlex's 2D table of `posemb_grid` positions."""
+  entry, and its attributes of the encoder's options (dtype, attention, fp8, remat,
+  remat_policy, scan, pad_odd); NaFlex's 2D table of `posemb_grid` positions."""
   block = {k: v for k, v in model.transformer.items() if k != 'num_layers'}
   return Encoder(
     model.transformer['num_layers'],
-    BlockConfig(dtype=model.dtype, attention=model.attention, **block),
+    BlockConfig(dtype=model.dtype, attention=model.attention, fp8=model.fp8, **block),
     remat=model.remat,
     remat_policy=model.remat_policy,
     scan=model.scan,
@@ -580,6 +600,7 @@ class VisionTransformer(nn.Module):
   attention: str = 'auto'  # see ATTENTION
   num_registers: int = 0  # register tokens (Darcet et al. 2023): `prepend_tokens`
   pad_odd: Optional[bool] = None  # see pads_sequence; None: where attention runs on cuDNN
+  fp8: bool = False  # the encoder's dense layers as FP8 products (vit_jax.models.fp8)
 
   @nn.compact
   def __call__(self, inputs, *, train: bool):

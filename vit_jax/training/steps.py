@@ -70,6 +70,7 @@ def make_task(
     remat_policy=config.remat_policy,
     scan=config.scan_layers,
     head_bias_init=config.head_bias_init,
+    fp8=config.fp8,
   )
   # The classification loss, of labels or of Mixup's soft ones.
   objective = lambda logits, batch: cross_entropy(
