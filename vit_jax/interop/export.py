@@ -186,8 +186,7 @@ def export(
   labels: Optional[str] = None,
   patch_size: Optional[int] = None,
 ) -> List[str]:
-  """Converts `checkpoint_path` (at `patch_size`, when given) to `fmt` at `output`; returns
-  notes for the user."""
+  """Converts `checkpoint_path` (at `patch_size`, when given) to `fmt` at `output`; notes."""
   if fmt not in FORMATS:
     raise loader.InputError(f'--format={fmt!r}: use one of {", ".join(FORMATS)}')
   output = output_path(fmt, output)
@@ -199,10 +198,8 @@ def export(
       'npz or savedmodel'
     )
   if fmt in ('timm', 'hf'):
-    writes = timm.BLOCK_OPTIONS if fmt == 'timm' else ()
-    torch_layout.check_standard_blocks(
-      loaded.config, 'timm' if fmt == 'timm' else 'transformers', writes
-    )
+    target = ('timm', timm.BLOCK_OPTIONS) if fmt == 'timm' else ('transformers', ())
+    torch_layout.check_standard_blocks(loaded.config, *target)
   names = _class_names(source, checkpoint_path, labels) if fmt == 'hf' else None
   # Written whole or not at all: a full disk or a kill leaves nothing at `output`, and the
   # temporary files are removed (a killed export's by the next one; `files.staged`).

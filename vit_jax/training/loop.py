@@ -231,12 +231,9 @@ class Loop:
 
 
 def set_up(config, workdir: str, mesh, spec, lock: Optional[workdir_lib.Lock] = None) -> Run:
-  """Checks the config against the data; builds the task of the model `spec`, the optimizer
-  and the checkpoint manager.
-
-  The config's values are checked against the devices before (`program.validate`, which
-  resolves `spec`).
-  """
+  """Checks the config against the data; builds the task of the model `spec` (which
+  `program.validate` resolved, checking the config against the devices), the optimizer and the
+  checkpoint manager."""
   info = pipeline.get_info(config)
   resume.check_classes(workdir, info)
   if jax.process_index() == 0:
