@@ -38,27 +38,7 @@ def main(argv: Optional[List[str]] = None) -> int:
   from vit_jax.interop import export
 
   parser = cli.parser('export', __doc__)
-  parser.add_argument(
-    '--checkpoint',
-    required=True,
-    help='.npz, workdir, timm .safetensors/.pth, or transformers folder',
-  )
-  parser.add_argument(
-    '--model', help='MODEL_CONFIGS name, e.g. ViT-B_16 (default: the one a workdir records)'
-  )
-  parser.add_argument(
-    '--patch_size',
-    type=cli.positive_int,
-    help="load the checkpoint at this patch size (FlexiViT's PI-resize; default: its own)",
-  )
-  parser.add_argument(
-    '--resample',
-    choices=('bilinear', 'bilinear_antialias', 'bicubic_antialias'),
-    help='how position tables and patch kernels are resampled: at --patch_size (default: '
-    "the official zoom and FlexiViT's bilinear PI-resize) and a NaFlex ViT's table per image "
-    "(default: the run's, else bilinear; a timm NaFlexVit file needs it). timm's default: "
-    'bicubic_antialias',
-  )
+  cli.add_checkpoint_flags(parser, '.npz, workdir, timm .safetensors/.pth, or transformers folder')
   parser.add_argument(
     '--format',
     required=True,

@@ -11,6 +11,7 @@ from typing import List, NamedTuple, Optional
 
 from vit_jax import checkpoint
 from vit_jax import workdir
+from vit_jax.configs import model_spec
 from vit_jax.core import console
 from vit_jax.core import files
 from vit_jax.core.errors import UserError
@@ -19,7 +20,6 @@ from vit_jax.evaluation import loader
 from vit_jax.interop import hf
 from vit_jax.interop import timm
 from vit_jax.interop import torch_layout
-from vit_jax.models import naflex
 
 FORMATS = ('timm', 'hf', 'npz', 'savedmodel', 'onnx')
 # Formats written as one file -> its name inside a folder given as the output.
@@ -75,7 +75,7 @@ def load(
     state, metadata = _read_torch_file(path)
     model_name = _model_name(model_name, path, metadata)
     if 'patch_embed.proj.weight' in state or 'embeds.proj.weight' in state:
-      config = loader.model_config(model_name)
+      config = model_spec.registered(model_name)
       if 'embeds.proj.weight' in state:  # timm's NaFlexVit
         resample = resample or metadata.get(timm.RESAMPLE_METADATA)
         flat = timm.from_timm_naflex(state, config, path, resample)
@@ -97,7 +97,7 @@ def load(
 
 
 def _from_hf(state, hf_config, model_name, what, patch_size=None, resample=None) -> Source:
-  config = loader.model_config(model_name)
+  config = model_spec.registered(model_name)
   flat, notes = hf.from_hf(state, hf_config, config, what)
   loaded = loader.model_from_flat(flat, model_name, what, patch_size, resample)
   return Source(loaded, hf.class_names(hf_config), notes)
@@ -204,25 +204,20 @@ def export(
   resample: Optional[str] = None,
 ) -> List[str]:
   """Converts `checkpoint_path` (at `patch_size`, when given; `resample`: `load`'s) to `fmt`
-  at `output`; returns notes for the user."""
+  at `output`; notes."""
   if fmt not in FORMATS:
     raise loader.InputError(f'--format={fmt!r}: use one of {", ".join(FORMATS)}')
   output = output_path(fmt, output)
   source = load(checkpoint_path, model_name, patch_size, resample)
-  loaded, notes = source.loaded, list(source.notes)
-  if isinstance(loaded.model, naflex.NaFlexViT) and fmt != 'timm':
-    notes.append(
-      f'a NaFlex ViT resampling its position table by {loaded.model.posemb_resample}: no file '
-      'but a timm export records that; pass --resample with it to predict, evaluate, fewshot '
-      'and export, and --config.naflex_resample to fine-tune'
-    )
+  loaded, notes = source.loaded, list(source.notes) + _resample_notes(source.loaded, fmt)
   if timm.is_naflex(checkpoint.flatten(loaded.params)) and fmt in ('hf', 'onnx'):
     raise torch_layout.ExportError(
       f'a NaFlex ViT has no {fmt} counterpart here; use --format=timm (timm NaFlexVit), '
       'npz or savedmodel'
     )
   if fmt in ('timm', 'hf'):
-    torch_layout.check_standard_blocks(loaded.config, 'timm' if fmt == 'timm' else 'transformers')
+    target = ('timm', timm.BLOCK_OPTIONS) if fmt == 'timm' else ('transformers', ())
+    torch_layout.check_standard_blocks(loaded.config, *target)
   names = _class_names(source, checkpoint_path, labels) if fmt == 'hf' else None
   # Written whole or not at all: a full disk or a kill leaves nothing at `output`, and the
   # temporary files are removed (a killed export's by the next one; `files.staged`).
@@ -241,6 +236,18 @@ def export(
       )
     ) from None
   return [note.replace(staging, output) for note in notes]
+
+
+def _resample_notes(loaded: loader.LoadedModel, fmt: str) -> List[str]:
+  """What a file of `fmt` cannot record: a NaFlex ViT's resampling other than the default."""
+  resample = getattr(loaded.model, 'posemb_resample', 'bilinear')
+  if fmt == 'timm' or resample == 'bilinear':
+    return []
+  return [
+    f'the NaFlex ViT resamples its position table by {resample}, which only a timm export '
+    f'records: pass --resample={resample} to predict, evaluate, fewshot and export, and '
+    f'--config.naflex_resample={resample} to fine-tune'
+  ]
 
 
 def _said_in_one_line(error: BaseException) -> bool:

@@ -23,9 +23,11 @@ import math
 import re
 from typing import Dict, Optional, Tuple
 
+import ml_collections
 import numpy as np
 
 from vit_jax import checkpoint
+from vit_jax.configs import model_spec
 from vit_jax.interop import torch_layout
 
 # Released architectures -> timm's names (without the `_<resolution>` suffix).
@@ -56,6 +58,10 @@ TIMM_384 = (
   'vit_large_r50_s32',
 )
 
+# Block options beyond the paper's blocks (`model_spec.BLOCK_OPTIONS`) that timm's
+# VisionTransformer has too, under its names and `build_model`'s arguments: they export.
+BLOCK_OPTIONS = ('layer_scale',)
+
 STD_CONV_EPS = 1e-5  # models_resnet.StdConv: (w - mean) / (std + eps)
 GROUP_NORM_EPS = 1e-6  # flax.linen.GroupNorm's default, as the original code
 
@@ -72,6 +78,7 @@ _RULES = (
   (_BLOCK + r'MultiHeadDotProductAttention_1/out/', r'blocks.\1.attn.proj.'),
   (_BLOCK + r'MlpBlock_3/Dense_0/', r'blocks.\1.mlp.fc1.'),
   (_BLOCK + r'MlpBlock_3/Dense_1/', r'blocks.\1.mlp.fc2.'),
+  (_BLOCK + r'(ls[12])/', r'blocks.\1.\2.'),
   (r'^MAPHead_0/probe$', 'attn_pool.latent'),
   (r'^MAPHead_0/MultiHeadDotProductAttention_0/query/', 'attn_pool.q.'),
   (r'^MAPHead_0/MultiHeadDotProductAttention_0/(key|value)/', 'attn_pool.kv.'),
@@ -118,17 +125,22 @@ def _pooling_kwargs(classifier: str) -> dict:
 
 def registered_name(config, image_size: int) -> Optional[str]:
   """timm's registered name for a released architecture at `image_size`, else None."""
-  from vit_jax.configs import architectures
-
   name = (config.model_name or '').removesuffix('-gap')
   if name not in TIMM_NAMES:
     return None
-  released = architectures.MODEL_CONFIGS[name]
-  structure = ('hidden_size', 'patches', 'transformer', 'resnet')
-  if any(config.get(f) != released.get(f) for f in structure):
-    return None  # same name, other sizes (a shrunk test model)
+  released = model_spec.registered(name)
+  for field in ('hidden_size', 'patches', 'transformer', 'resnet'):
+    if _frozen(config.get(field)) != _frozen(released.get(field)):
+      return None  # same name, other sizes (a shrunk test model)
   base = TIMM_NAMES[name]
   return f'{base}_384' if image_size == 384 and base in TIMM_384 else f'{base}_224'
+
+
+def _frozen(value):
+  """`value`, a registry section as a FrozenConfigDict: sections compare by their contents."""
+  if isinstance(value, (dict, ml_collections.ConfigDict)):
+    return ml_collections.FrozenConfigDict(value)
+  return value
 
 
 def create_model_kwargs(config, num_classes: Optional[int], image_size: int) -> dict:
@@ -185,6 +197,7 @@ def build_model(config, num_classes: Optional[int], image_size: int):
     num_classes=num_classes or 0,
     act_layer='gelu_tanh',
     reg_tokens=config.get('num_registers', 0),
+    init_values=config.transformer.get('layer_scale'),
     **_pooling_kwargs(config.classifier),
   )
   if config.get('resnet') is not None:
@@ -226,7 +239,7 @@ def _position_layout(state, config, what: str) -> bool:
   registers allow on small grids (9 rows: 3x3 patches, or a class token, 4 registers and
   2x2 patches); then the model's entry must say it (its `no_embed_class`)."""
   rows = int(state['pos_embed'].shape[1])
-  prefix = int(config.classifier in ('token', 'token_unpooled')) + config.get('num_registers', 0)
+  prefix = model_spec.prefix_tokens(config.classifier, config.get('num_registers', 0))
   embedded, alone = _square(rows - prefix), _square(rows) if prefix else None
   if embedded and alone:
     if 'no_embed_class' in config:
@@ -267,9 +280,11 @@ def from_timm(state: Dict[str, np.ndarray], config, what: str) -> Dict[str, np.n
   num_classes = int(state['head.weight'].shape[0]) if 'head.weight' in state else None
   if 'reg_token' in state:  # timm's register tokens
     config.num_registers = int(state['reg_token'].shape[1])
+  if 'blocks.0.ls1.gamma' in state:  # timm's LayerScale (init_values; the value only initialises)
+    config.transformer.layer_scale = 1.0
   if _position_layout(state, config, what):
     posemb = np.asarray(state['pos_embed'])
-    prefix = int(config.classifier in ('token', 'token_unpooled')) + config.get('num_registers', 0)
+    prefix = model_spec.prefix_tokens(config.classifier, config.get('num_registers', 0))
     zeros = np.zeros((1, prefix, posemb.shape[-1]), posemb.dtype)
     state = {**state, 'pos_embed': np.concatenate([zeros, posemb], axis=1)}
   expected = torch_layout.expected_shapes(
@@ -358,6 +373,8 @@ def from_timm_naflex(
   patch = config.patches.size[0]
   if 'embeds.reg_token' in state:
     config.num_registers = int(state['embeds.reg_token'].shape[1])
+  if 'blocks.0.ls1.gamma' in state:
+    config.transformer.layer_scale = 1.0
   blocks = {k.split('.')[1] for k in state if k.startswith('blocks.')}
   config.transformer.num_layers = len(blocks) or config.transformer.num_layers
   model = naflex.NaFlexViT(num_classes=num_classes, posemb_grid=posemb.shape[1:3], **config)
@@ -415,4 +432,5 @@ def build_naflex_model(config, num_classes: Optional[int], posemb_grid):
     pos_embed_interp_mode=interp_mode,
     pos_embed_antialias=antialias,
     reg_tokens=config.get('num_registers', 0),
+    init_values=config.transformer.get('layer_scale'),
   ).eval()
