@@ -28,10 +28,11 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _ONE_RUN = r"""
 import inspect, json, sys, time
 import ml_collections
+from vit_jax.configs.data import add_data_config
 from vit_jax.data import pipeline
 print(repr(pipeline.__file__))
 dataset, threads, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-config = pipeline.add_data_config(ml_collections.ConfigDict())
+config = add_data_config(ml_collections.ConfigDict())
 config.dataset, config.batch, config.pp.crop, config.input_threads = dataset, 128, 224, threads
 raw = 'raw' in inspect.signature(pipeline.make_train_iterator).parameters
 it = pipeline.make_train_iterator(config, None, **({'raw': True} if raw else {}))

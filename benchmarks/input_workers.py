@@ -35,6 +35,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from vit_jax.bench import input_speed  # noqa: E402
+from vit_jax.configs.data import add_data_config  # noqa: E402
+from vit_jax.configs.data import data_config  # noqa: E402
 from vit_jax.data import images  # noqa: E402
 from vit_jax.data import order  # noqa: E402
 from vit_jax.data import pipeline  # noqa: E402
@@ -66,7 +68,7 @@ def _stack(batch):
 
 
 def ours(folder, batch, steps, threads):
-  config = pipeline.add_data_config(pipeline.data_config())
+  config = add_data_config(data_config())
   config.update(dataset=folder, batch=batch, input_threads=threads)
   config.pp.crop = CROP
   it = pipeline.make_train_iterator(config, None)

@@ -7,10 +7,11 @@ r"""Measures the README's main command: `python -m vit_jax.main` (the demo).
 Runs the default command in a fresh workdir, times it end to end (process
 start to exit, compilation and evaluation included), reads the run's summary,
 and writes a record `benchmarks/<time>_demo.json`. Target (issue 4): test
-accuracy >= 97% within 10 minutes on a 2-core CPU. The README's demo sentence
-is printed from the record (`--readme` prints it for an existing one): copy
-it, do not retype the numbers. `--flags` runs the demo with other config values (the record
-names them): `--flags=--config.fp8=True` is the demo with FP8 products (docs/speed_and_scale.md).
+accuracy >= 97% within 10 minutes on a 2-core CPU. The README's demo line and
+docs/development.md's sentences are printed from the record (`--readme` prints
+them for an existing one): copy them, do not retype the numbers. `--flags` runs the demo with
+other config values (the record names them): `--flags=--config.fp8=True` is the demo with FP8
+products (docs/speed_and_scale.md).
 """
 
 import argparse
@@ -45,6 +46,15 @@ def readme_sentence(record: dict, path: str) -> str:
   )
 
 
+def setup_sentence(record: dict, path: str) -> str:
+  """The README's Set-up line on the main job, from a record of this script (its last run)."""
+  run, machine = record['runs'][-1], record['machine']
+  return (
+    f'{100 * run["test_accuracy"]:.2f}% test accuracy in {run["end_to_end_s"] / 60:.0f} minutes '
+    f'end to end on a {machine["cpu_cores"]}-core CPU (`benchmarks/{os.path.basename(path)}`)'
+  )
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--runs', type=int, default=1)
@@ -53,12 +63,16 @@ def main():
     help='keep the (last) run in this workdir, e.g. workdirs/demo; '
     'it must not exist yet, or the run would resume instead of train',
   )
-  parser.add_argument('--readme', help='print the README sentence of this record and stop')
+  parser.add_argument(
+    '--readme', help="print the README's and docs/development.md's sentences of this record"
+  )
   parser.add_argument('--flags', default='', help="the main command's extra flags, space-separated")
   args = parser.parse_args()
   if args.readme:
     with open(args.readme, encoding='utf-8') as f:
-      print(readme_sentence(json.load(f), args.readme))
+      record = json.load(f)
+    print(setup_sentence(record, args.readme))
+    print(readme_sentence(record, args.readme))
     return
   if args.runs < 1:
     parser.error('--runs must be at least 1')
@@ -104,7 +118,8 @@ def main():
   print(
     f'target (>= 97% in <= 600 s): {"met" if record["target_met"] else "NOT met"}; wrote {path}'
   )
-  print(f'README: {readme_sentence(record, path)}')
+  print(f'README: {setup_sentence(record, path)}')
+  print(f'docs/development.md: {readme_sentence(record, path)}')
 
 
 if __name__ == '__main__':

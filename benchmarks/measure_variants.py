@@ -24,6 +24,8 @@ import subprocess
 import sys
 import time
 
+from vit_jax.configs.data import data_config
+
 VARIANTS = {
   'plain': [],
   'registers': ['--config.num_registers=1'],
@@ -52,12 +54,11 @@ def train(root: str, name: str) -> dict:
 
 
 def evaluate(workdir: str, patch_size, crop) -> float:
-  from vit_jax.data import pipeline
   from vit_jax.evaluation import classify
   from vit_jax.evaluation import loader
 
   loaded = loader.load_model(workdir, patch_size=patch_size)
-  data = pipeline.data_config()
+  data = data_config()
   data.update(dataset='digits', batch_eval=359)
   data.pp.crop = loader.check_resolution(loaded, crop)
   return classify.evaluate_checkpoint(loaded, data, 'test')['top1']

@@ -36,8 +36,8 @@ import pytest  # noqa: E402
 
 from vit_jax import models  # noqa: E402
 from vit_jax.configs import architectures  # noqa: E402
+from vit_jax.configs.data import add_data_config
 from vit_jax.core import sharding  # noqa: E402
-from vit_jax.data import pipeline  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -49,7 +49,7 @@ def batch_sharding():
 
 def data_config(dataset=None, **overrides):
   """The data fields of a run; keys may be dotted (`**{'pp.crop': 8}`)."""
-  config = pipeline.add_data_config(ml_collections.ConfigDict())
+  config = add_data_config(ml_collections.ConfigDict())
   if dataset is not None:
     config.dataset = str(dataset)
   for key, value in overrides.items():

@@ -11,9 +11,11 @@ import numpy as np
 from PIL import Image
 import pytest
 
+from vit_jax.data import datasets
 from vit_jax.data import pipeline
 from vit_jax.data.readers import arrays
 from vit_jax.data.readers import builtin
+from vit_jax.data.sources import DataError
 
 
 @pytest.fixture(scope='module')
@@ -56,7 +58,7 @@ def test_an_npz_a_npy_folder_registered_arrays_and_png_files_give_the_same_batch
   folder.mkdir()
   np.save(folder / 'x_train.npy', x)
   np.save(folder / 'y_train.npy', y[:, None])  # Keras's CIFAR labels are [N, 1]
-  name = pipeline.register_arrays('photos_in_memory', x_train=x, y_train=y)
+  name = datasets.register_arrays('photos_in_memory', x_train=x, y_train=y)
   pngs = tmp_path / 'pngs'
   for i, (image, label) in enumerate(zip(x, y)):  # the folder's order: class, then file name
     (pngs / 'train' / f'c{label}').mkdir(parents=True, exist_ok=True)
@@ -107,7 +109,7 @@ def test_split_slices_resume_and_the_other_splits(tmp_path):
   again = next(pipeline.make_train_iterator(config, None, state=state))
   np.testing.assert_array_equal(again['image'], expected['image'])
   assert set(np.asarray(again['label'])) <= set(labels[:80])
-  with pytest.raises(pipeline.DataError, match=r"no split 'test' \(has train, val\)"):
+  with pytest.raises(DataError, match=r"no split 'test' \(has train, val\)"):
     pipeline.get_info(data_config(path))
 
 
@@ -152,28 +154,28 @@ BAD = [
 def test_what_is_wrong_with_an_npz_is_one_line(arrays_, line, tmp_path):
   path = str(tmp_path / 'bad.npz')
   np.savez(path, **arrays_)
-  with pytest.raises(pipeline.DataError) as e:
+  with pytest.raises(DataError) as e:
     pipeline.get_info(data_config(path))
   assert str(e.value) == f'{path}: {line}' or str(e.value).startswith(f'{path}: {line}')
   if 'object array' in line:
     return  # np.asarray of such arrays is what register_arrays refuses below
-  with pytest.raises(pipeline.DataError) as e:
-    pipeline.register_arrays('handed_over', **arrays_)
+  with pytest.raises(DataError) as e:
+    datasets.register_arrays('handed_over', **arrays_)
   assert str(e.value).startswith(f'handed_over: {line.split(";")[0]}')
 
 
 def test_files_and_names_that_are_not_arrays_are_one_line(tmp_path):
   (tmp_path / 'text.npz').write_text('not a zip')
-  with pytest.raises(pipeline.DataError, match=r'text\.npz: not a readable \.npz archive \('):
+  with pytest.raises(DataError, match=r'text\.npz: not a readable \.npz archive \('):
     pipeline.get_info(data_config(str(tmp_path / 'text.npz')))
-  with pytest.raises(pipeline.DataError, match=r'missing\.npz: no such file; pass an existing'):
+  with pytest.raises(DataError, match=r'missing\.npz: no such file; pass an existing'):
     pipeline.get_info(data_config(str(tmp_path / 'missing.npz')))
-  with pytest.raises(pipeline.DataError, match='names a dataset or a path already'):
-    pipeline.register_arrays('digits', x_train=_X, y_train=_Y)
-  with pytest.raises(pipeline.DataError, match='not a NumPy array of pixels'):
-    pipeline.register_arrays('lists', x_train=_X.tolist(), y_train=_Y)
-  with pytest.raises(pipeline.DataError, match="unknown array 'labels'"):
-    pipeline.register_arrays('typo', x_train=_X, y_train=_Y, labels=_Y)
+  with pytest.raises(DataError, match='names a dataset or a path already'):
+    datasets.register_arrays('digits', x_train=_X, y_train=_Y)
+  with pytest.raises(DataError, match='not a NumPy array of pixels'):
+    datasets.register_arrays('lists', x_train=_X.tolist(), y_train=_Y)
+  with pytest.raises(DataError, match="unknown array 'labels'"):
+    datasets.register_arrays('typo', x_train=_X, y_train=_Y, labels=_Y)
 
 
 def test_a_bad_npz_is_one_line_from_the_command_line(tmp_path):

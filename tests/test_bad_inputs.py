@@ -37,11 +37,13 @@ from vit_jax import workdir as workdir_lib
 from vit_jax.configs import architectures
 from vit_jax.configs import demo
 from vit_jax.configs import flag
+from vit_jax.configs.data import data_config
 from vit_jax.core import cli
 from vit_jax.core import files
 from vit_jax.data import images
 from vit_jax.data import on_device
 from vit_jax.data import pipeline
+from vit_jax.data.sources import DataError
 from vit_jax.evaluation import classify
 from vit_jax.models import vit_checkpoint
 
@@ -183,7 +185,7 @@ def mode_folder(tmp_path_factory):
     (root / 'train' / 'a' / name).write_bytes(data)
   for split in ('train', 'test'):
     (root / split / 'b' / 'x.bmp').write_bytes(_mode_images()['rgb.bmp'])
-  config = pipeline.data_config()
+  config = data_config()
   config.update(dataset=str(root), batch_eval=len(MODES) + 1)
   config.pp.crop = SIZE
   from conftest import batch_sharding
@@ -782,7 +784,7 @@ def test_an_npz_label_past_a_million_classes_is_one_line_at_once(tmp_path):
   path = tmp_path / 'data.npz'
   np.savez(path, x_train=x, y_train=np.array([0, 1, 2, 2_000_000_000]), x_test=x, y_test=[0] * 4)
   start = time.perf_counter()
-  with pytest.raises(pipeline.DataError) as e:
+  with pytest.raises(DataError) as e:
     arrays.load(str(path))
   assert time.perf_counter() - start < 5
   assert str(e.value) == (
@@ -903,7 +905,7 @@ def test_register_arrays_twice_under_a_name_takes_the_same_arrays_only(monkeypat
   x, y = np.zeros((4, 8, 8, 3), np.uint8), np.array([0, 1, 0, 1])
   datasets.register_arrays('mine', x_train=x, y_train=y)
   datasets.register_arrays('mine', x_train=x.copy(), y_train=y)  # a notebook cell run again
-  with pytest.raises(pipeline.DataError) as e:
+  with pytest.raises(DataError) as e:
     datasets.register_arrays('mine', x_train=x + 1, y_train=y)
   assert str(e.value) == (
     "register_arrays: 'mine' holds other arrays already in this process; pick another name, "
@@ -1389,7 +1391,7 @@ def test_an_image_without_an_extension_is_an_image_to_training_as_to_predict(tmp
   (data / 'train' / CLASSES[0] / 'README').write_text('not an image')
   found, _, others = folder_reader.images_under(str(data / 'train' / CLASSES[0]))
   assert 'IMG_0001' in found and others == ['README']
-  config = pipeline.data_config()
+  config = data_config()
   config.update(dataset=str(data))
   assert pipeline.get_info(config).num_train == 3 * 12 + 1
   assert len(classify.image_files([str(data / 'train' / CLASSES[0])])) == 13
@@ -1427,7 +1429,7 @@ def test_a_decompression_bomb_is_called_too_large_not_corrupt(tmp_path, inputs, 
     f'error: {bomb}: an image too large to decode (196,000,000 pixels, more than the '
     '178,956,970 that PIL decodes (a decompression-bomb guard)); pass a smaller copy\n'
   )
-  config = pipeline.data_config()
+  config = data_config()
   config.update(dataset=root)
   with caplog.at_level(logging.WARNING):
     assert pipeline.get_info(config).num_train == 6
@@ -1536,7 +1538,7 @@ def test_a_decompression_bomb_in_a_training_folder_is_skipped(tmp_path, caplog):
   png = b'\x89PNG\r\n\x1a\n' + chunk(b'IHDR', header)
   png += chunk(b'IDAT', b''.join(rows) + packer.flush()) + chunk(b'IEND', b'')
   (tmp_path / 'bombed' / 'train' / CLASSES[0] / 'bomb.png').write_bytes(png)
-  config = pipeline.data_config()
+  config = data_config()
   config.update(dataset=root, batch=3)
   config.pp.crop = SIZE
   with caplog.at_level(logging.WARNING):
@@ -1549,9 +1551,7 @@ def test_host_memory_running_out_for_a_batch_is_one_line():
   the test needs no memory), as the input pipeline allocates each batch."""
   from vit_jax.data import host
 
-  with pytest.raises(
-    pipeline.DataError, match='^out of host memory for a batch of 1000000000 '
-  ) as e:
+  with pytest.raises(DataError, match='^out of host memory for a batch of 1000000000 ') as e:
     host.batch_buffer((10**9, 4096, 4096, 3), np.float32)
   assert '\n' not in str(e.value)
 

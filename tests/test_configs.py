@@ -10,7 +10,7 @@ import pytest
 
 from vit_jax.configs import ConfigError
 from vit_jax.configs import recipes
-from vit_jax.training import steps
+from vit_jax.configs.model_spec import ModelSpec
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -181,7 +181,7 @@ def test_finetuning_dropout_is_the_official_model_configs(model, dropout):
   config = load('finetune.py', f'{model},cifar10')
   assert config.dropout_rate == dropout
   # What the trainer builds: the model's own dropout, no attention dropout.
-  transformer = steps.model_config(config).transformer
+  transformer = ModelSpec.of(config).architecture.transformer
   assert (transformer.dropout_rate, transformer.attention_dropout_rate) == (dropout, 0.0)
 
 
@@ -245,12 +245,11 @@ def test_every_choice_field_has_one_check_and_the_code_reads_its_values():
   from vit_jax.configs import common
   from vit_jax.configs import demo
   from vit_jax.configs import schema
-  from vit_jax.data import images
   from vit_jax.models import vit
 
   config = demo.get_config()
   choices = [f for f in schema.FIELDS if f.allowed]
-  assert {'task', 'attention', 'pp.crop_sampler', 'corrupt_images'} <= {f.name for f in choices}
+  assert {'task', 'attention', 'corrupt_images'} <= {f.name for f in choices}
   for field in choices:
     assert field.default in field.allowed, field
     bad = config.copy_and_resolve_references()
@@ -264,7 +263,6 @@ def test_every_choice_field_has_one_check_and_the_code_reads_its_values():
   schema.validate(config, schema.Devices(1, 'cpu'))  # the demo passes
   # The tuples the code reads are the schema's.
   assert vit.ATTENTION == schema.allowed('attention')
-  assert images.CROP_SAMPLERS == schema.allowed('pp.crop_sampler')
   assert recipes.PRETRAIN_LOSSES == schema.allowed('loss')
   # A new field with choices is one entry: it reaches the defaults, the check and the names.
   extra = schema.Field('colour', 'red', str, 'a field added for this test', ('red', 'blue'))

@@ -14,6 +14,7 @@ from vit_jax import evaluate
 from vit_jax import fewshot as fewshot_cli
 from vit_jax import models
 from vit_jax.configs import architectures
+from vit_jax.configs.data import data_config
 from vit_jax.core import sharding
 from vit_jax.data import pipeline
 
@@ -39,7 +40,7 @@ def test_top1_top5_over_every_test_example(workdir, capsys):
   result = json.loads(capsys.readouterr().out)
 
   # Independently: all test images in one batch, accuracy from numpy.
-  config = pipeline.data_config()
+  config = data_config()
   config.update(dataset='digits', batch_eval=400)
   config.pp.crop = 16
   batch = next(

@@ -17,6 +17,7 @@ from conftest import command_error
 from conftest import param_shapes
 from conftest import small_vit_config
 from conftest import subprocess_env
+from conftest import tiny_run_config
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -581,3 +582,52 @@ def test_cli_runs_and_the_package_imports_without_optional_dependencies(tmp_path
     check=True,
   )
   assert heavy.stdout.strip() == '[]'
+
+
+@needs_timm
+def test_layer_scale_is_timms_ls1_ls2_and_a_run_and_a_checkpoint_take_it(tmp_path, capsys):
+  """`--config.block.layer_scale=V` (CaiT's LayerScale): per block a gamma [D] that starts at V
+  on each residual branch, timm's `blocks.N.ls1/ls2.gamma` (`init_values=V`): its logits within
+  1e-5 of timm's on the same weights, the state both ways bitwise; a run's model starts at V;
+  a checkpoint of it loads by its model name and exports through the CLI (issue 45: a model
+  option is a schema field, a BlockConfig field and its code, and timm's names)."""
+  from vit_jax.configs.model_spec import ModelSpec
+  from vit_jax.training import program
+  from vit_jax.training import steps
+
+  config = small_vit_config('ViT-Ti_16')
+  config.transformer.layer_scale = 1e-5
+  flat = random_flat(config, 7, 32)
+  assert flat['Transformer/encoderblock_1/ls2/gamma'].shape == (24,)
+  state = interop_timm.to_timm(flat)
+  assert state['blocks.1.ls2.gamma'].shape == (24,)
+  model = interop_timm.build_model(config, 7, 32)
+  model.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()}, strict=True)
+  with torch.no_grad():
+    theirs = model(nchw(images(32))).numpy()
+  assert_close(relative_error(ours(config, flat, images(32)), theirs), BOUND, 'logits')
+  assert_flat_equal(interop_timm.from_timm(state, small_vit_config('ViT-Ti_16'), 'timm'), flat)
+
+  run_config = tiny_run_config(**{'block.layer_scale': 0.1})
+  spec = program.validate(run_config, 1)
+  init = steps.make_task(run_config, 10, False, spec).model.init(
+    jax.random.key(0), np.zeros((1, 16, 16, 3), np.float32), train=False
+  )['params']
+  np.testing.assert_array_equal(
+    init['Transformer']['encoderblock_0']['ls1']['gamma'], np.float32(0.1)
+  )
+  assert 'ls1' not in ModelSpec.of(tiny_run_config()).architecture.transformer  # off: the paper's
+
+  npz = checkpoint.save_npz(init, tmp_path / 'ls.npz')
+  loaded = loader.load_model(npz, 'testing')
+  assert loaded.config.transformer.layer_scale is not None
+  assert (
+    run(
+      ('checkpoint', npz),
+      ('model', 'testing'),
+      ('format', 'timm'),
+      ('output', tmp_path / 'ls.safetensors'),
+    )
+    == 0
+  )
+  assert 'blocks.0.ls1.gamma' in safetensors_torch.load_file(str(tmp_path / 'ls.safetensors'))

@@ -17,6 +17,7 @@ from vit_jax.data import example_proto
 from vit_jax.data import pipeline
 from vit_jax.data import records
 from vit_jax.data.readers import shards
+from vit_jax.data.sources import DataError
 
 # Class colours: after any crop/flip/resize an image keeps its colour.
 _COLOURS = {'cat': (200, 30, 30), 'dog': (30, 200, 30), 'eel': (30, 30, 200)}
@@ -214,7 +215,7 @@ def test_corrupt_files_fail_when_asked(tmp_path):
   _corrupt(root)
   config = _config(root)
   config.corrupt_images = 'fail'
-  with pytest.raises(pipeline.DataError, match=r'garbage\.png: corrupt or truncated') as e:
+  with pytest.raises(DataError, match=r'garbage\.png: corrupt or truncated') as e:
     pipeline.get_info(config)
   assert '\n' not in str(e.value)
 
@@ -222,19 +223,19 @@ def test_corrupt_files_fail_when_asked(tmp_path):
 def test_folder_errors_name_the_folder(tmp_path):
   root = make_folder(tmp_path / 'e')
   os.makedirs(root / 'train' / 'fox')
-  with pytest.raises(pipeline.DataError, match=r'train/fox: empty class folder'):
+  with pytest.raises(DataError, match=r'train/fox: empty class folder'):
     pipeline.get_info(_config(root))
   os.rmdir(root / 'train' / 'fox')
-  with pytest.raises(pipeline.DataError, match=r"no split folder 'val' \(has test, train\)"):
+  with pytest.raises(DataError, match=r"no split folder 'val' \(has test, train\)"):
     pipeline.get_info(_config(root, test='val'))
-  with pytest.raises(pipeline.DataError, match='no such folder'):
+  with pytest.raises(DataError, match='no such folder'):
     pipeline.get_info(_config(tmp_path / 'missing'))
 
 
 def test_a_class_folder_in_only_one_split_is_refused_unless_allowed(tmp_path):
   root = make_folder(tmp_path / 'typo')
   os.rename(root / 'test' / 'cat', root / 'test' / 'Cat')  # a typo in one split
-  with pytest.raises(pipeline.DataError) as e:
+  with pytest.raises(DataError) as e:
     pipeline.get_info(_config(root))
   assert str(e.value) == (
     f"{root}: class folder 'Cat' is in test but not in train (is it 'cat' there?); give every "
@@ -251,7 +252,7 @@ def test_a_single_class_folder_is_refused(tmp_path):
   for split in ('train', 'test'):
     os.makedirs(root / split / 'cat')
     _image(_COLOURS['cat'], 'RGB', np.random.default_rng(0)).save(root / split / 'cat' / '0.png')
-  with pytest.raises(pipeline.DataError, match='only one class folder .cat.; .* at least two') as e:
+  with pytest.raises(DataError, match='only one class folder .cat.; .* at least two') as e:
     pipeline.get_info(_config(root))
   assert '\n' not in str(e.value)
 
@@ -358,7 +359,7 @@ def test_truncated_shard_is_named(tmp_path):
   data = shard.read_bytes()
   shard.write_bytes(data[: len(data) - 100])
   config = _config(out, train='train[6:]')  # only the second shard
-  with pytest.raises(pipeline.DataError, match='train-00001-of-00002.tfrecord: truncated'):
+  with pytest.raises(DataError, match='train-00001-of-00002.tfrecord: truncated'):
     next(pipeline.make_train_iterator(config, batch_sharding()))
 
 

@@ -120,3 +120,65 @@ def test_the_package_top_holds_only_commands_and_the_official_modules():
     'predict',
     'prepare',
   ]
+
+
+def _trees() -> dict:
+  """{module: its parsed source}."""
+  return {module_name(p): ast.parse(p.read_text(encoding='utf-8')) for p in PACKAGE.rglob('*.py')}
+
+
+def _names(tree) -> set:
+  """Every name and attribute a module's code reads (docstrings and comments are not code)."""
+  names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+  names |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+  return names | {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+
+
+def test_the_model_registry_is_read_by_the_model_spec_alone():
+  """The architecture is resolved once, by `configs.model_spec` (issue 45: 13 calls of
+  `steps.model_config`, a second `model_config` in the loader and registry reads in `data/`
+  re-derived it on five floors). Besides the spec only the registry itself and the official
+  API's modules (the `configs.models` path, `models.get_model`, the official-config
+  translation) name `MODEL_CONFIGS`."""
+  official = {
+    'vit_jax.configs.architectures',
+    'vit_jax.configs.models',
+    'vit_jax.configs.official',
+    'vit_jax.models',
+  }
+  readers = {m for m, tree in _trees().items() if 'MODEL_CONFIGS' in _names(tree)}
+  assert readers - official == {'vit_jax.configs.model_spec'}
+
+
+def test_one_resolution_of_the_model_and_one_prefix_rule():
+  """No function re-derives the architecture from a config (`model_config`, of which there
+  were two), and the tokens before the patches are counted in one place
+  (`model_spec.prefix_tokens`; seven copies of `classifier in ('token', 'token_unpooled')`
+  before): the other modules ask `has_class_token`, `prefix_tokens` or a `ModelSpec`."""
+  trees = _trees()
+  functions = {
+    n.name for tree in trees.values() for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)
+  }
+  assert 'model_config' not in functions and 'pixels_per_patch' not in functions
+  rule = [
+    module
+    for module, tree in trees.items()
+    for n in ast.walk(tree)
+    if isinstance(n, ast.Compare)
+    and any(
+      isinstance(c, ast.Tuple) and "'token_unpooled'" in ast.unparse(c) for c in n.comparators
+    )
+  ]
+  assert rule == ['vit_jax.configs.model_spec']
+
+
+def test_one_look_ahead_queue():
+  """Work drawn ahead of its use (thread-pool jobs, transfers to the devices) goes through
+  `data.host.ahead_of` (four hand-written queues before issue 45)."""
+  queues = [
+    (module, n.lineno)
+    for module, tree in _trees().items()
+    for n in ast.walk(tree)
+    if isinstance(n, ast.Call) and ast.unparse(n.func).endswith('deque')
+  ]
+  assert [module for module, _ in queues] == ['vit_jax.data.host'], queues

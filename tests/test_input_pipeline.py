@@ -8,8 +8,11 @@ import numpy as np
 import pytest
 
 from vit_jax.configs import ConfigError
+from vit_jax.configs.data import add_data_config
+from vit_jax.data import order
 from vit_jax.data import pipeline
 from vit_jax.data.readers import builtin
+from vit_jax.data.sources import DataError
 
 
 def _config(**overrides):
@@ -40,7 +43,7 @@ def test_digits_split_is_fixed_stratified_and_disjoint():
 
 def test_add_data_config_keeps_existing_values():
   config = ml_collections.ConfigDict({'batch': 7, 'pp': {'crop': 32}})
-  pipeline.add_data_config(config)
+  add_data_config(config)
   assert config.batch == 7 and config.pp.crop == 32
   assert config.pp.mixup == 0.0 and config.dataset == 'digits'
 
@@ -57,7 +60,7 @@ def test_each_epoch_is_a_permutation_of_the_split():
   n, b = 1438, 64
   seen = np.concatenate(
     [
-      pipeline.train_indices(
+      order.train_indices(
         s,
         global_batch=b,
         local_batch=b,
@@ -99,7 +102,7 @@ def test_resume_gives_bitwise_the_same_batches(overrides):
 
 def test_restore_with_another_batch_size_is_refused():
   state = {'step': 3, 'seed': 0, 'batch': 64, 'dataset': 'digits'}
-  with pytest.raises(pipeline.DataError, match='batch=64'):
+  with pytest.raises(DataError, match='batch=64'):
     pipeline.make_train_iterator(_config(batch=32), batch_sharding(), state=state)
 
 
@@ -175,14 +178,14 @@ def test_eval_with_resize_then_centre_crop():
 def test_batch_that_does_not_split_over_devices_is_a_clear_error():
   if jax.device_count() == 1:
     pytest.skip('needs several devices')
-  with pytest.raises(pipeline.DataError, match='batch'):
+  with pytest.raises(DataError, match='batch'):
     pipeline.make_train_iterator(_config(batch=jax.device_count() + 1), batch_sharding())
 
 
 def test_config_errors_are_one_line():
-  with pytest.raises(pipeline.DataError, match='did you mean cifar10'):
+  with pytest.raises(DataError, match='did you mean cifar10'):
     pipeline.get_info(_config(dataset='cifar11'))
-  with pytest.raises(pipeline.DataError, match='no split'):
+  with pytest.raises(DataError, match='no split'):
     pipeline.get_info(_config(**{'pp.train': 'validation'}))
   # A value the schema refuses (configs.schema.DATA_RULES), for callers that skip the trainer.
   with pytest.raises(ConfigError, match=r'^pp.area_min=0.0: use a fraction in \(0, 1\]$'):

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 from vit_jax.data import order
-from vit_jax.data import pipeline
 
 _WORKER = textwrap.dedent("""
     import json, sys
@@ -23,10 +22,11 @@ _WORKER = textwrap.dedent("""
     import ml_collections
     import numpy as np
     import tensorflow as tf
+    from vit_jax.configs.data import add_data_config
     from vit_jax.data import pipeline
     from vit_jax.data.readers import builtin
 
-    config = pipeline.add_data_config(ml_collections.ConfigDict())
+    config = add_data_config(ml_collections.ConfigDict())
     config.pp.crop, config.batch, config.batch_eval = 16, 32, 50
     config.pp.inception_crop = False  # deterministic pixels identify each example
     mesh = jax.make_mesh((2,), ('data',))
@@ -94,7 +94,7 @@ def test_two_processes_read_disjoint_parts_into_one_global_batch(tmp_path):
   order_key = order.keys(0)[0]
   expected = np.concatenate(
     [
-      pipeline.train_indices(
+      order.train_indices(
         s,
         global_batch=32,
         local_batch=32,

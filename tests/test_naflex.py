@@ -20,6 +20,8 @@ import numpy as np
 import pytest
 
 from vit_jax import checkpoint
+from vit_jax.configs.data import data_config
+from vit_jax.configs.model_spec import ModelSpec
 from vit_jax.data import images
 from vit_jax.data import naflex as naflex_data
 from vit_jax.data import order
@@ -169,7 +171,8 @@ def test_train_batches_are_fixed_shape_mixed_budgets_and_a_function_of_seed_and_
   again = batch(3)
   np.testing.assert_array_equal(first['image'], again['image'])
   assert not np.array_equal(first['image'], batch(4)['image'])
-  shape = spec.batch_spec(config, 10, False, train=True)['image'].shape
+  model = ModelSpec.of(config)
+  shape = spec.batch_spec(config, 10, False, train=True, model_spec=model)['image'].shape
   assert shape == (config.batch, 16, PATCH * PATCH * 3 + 3)
 
 
@@ -198,7 +201,7 @@ def test_a_naflex_run_trains_at_mixed_budgets_and_evaluates_at_three_resolutions
   loaded = loader.load_model(workdir)
   assert isinstance(loaded.model, naflex.NaFlexViT) and loaded.model.posemb_grid == (4, 4)
   for crop in (8, 16, 24):
-    data = pipeline.data_config()
+    data = data_config()
     data.update(dataset='digits', batch_eval=128)
     data.pp.crop = loader.check_resolution(loaded, crop)
     numbers = classify.evaluate_checkpoint(loaded, data, 'test')
@@ -211,3 +214,52 @@ def test_a_naflex_run_trains_at_mixed_budgets_and_evaluates_at_three_resolutions
     back = checkpoint.flatten(export.load(out, 'ViT-Demo_4').loaded.params)
     for key, value in checkpoint.flatten(loaded.params).items():
       np.testing.assert_array_equal(back[key], value, err_msg=key)
+
+
+@pytest.mark.equivalence
+def test_naflex_runs_on_the_vits_encoder_with_its_options():
+  """NaFlex's blocks are `vit.Encoder`'s over each image's real tokens, so it takes the
+  encoder's options (issue 45): the written-out attention masks the padding as XLA's kernel
+  does (the same math in another order, within 1e-5) and records weights that give it none;
+  scanned and rematerialised blocks give the unrolled ones' logits; a run may set ViT-22B's
+  block options and attention dropout."""
+  from vit_jax.models import vit_checkpoint
+  from vit_jax.training import program
+  from vit_jax.training import steps
+
+  _, model, flat = model_and_params('gap')
+  params = checkpoint.unflatten(flat)
+  packed, _ = packed_batch()
+
+  def logits(module, tree):
+    return jax.jit(functools.partial(module.apply, train=False))({'params': tree}, packed)
+
+  fused = logits(model.clone(attention='xla'), params)
+  explicit = logits(model.clone(attention='explicit'), params)
+  assert_close(relative_error(explicit, fused), BOUND, 'written-out attention')
+  remat = logits(model.clone(remat=True), params)
+  assert_close(relative_error(remat, fused), BOUND, 'rematerialised blocks')
+  stacked = vit_checkpoint.stack_blocks(params)
+  assert_close(relative_error(logits(model.clone(scan=True), stacked), fused), BOUND, 'scan')
+  _, state = model.apply({'params': params}, packed, train=False, mutable=['intermediates'])
+  block = state['intermediates']['Transformer']['encoderblock_0']
+  weights = np.asarray(block['MultiHeadDotProductAttention_1']['attention_weights'][0])
+  real = packed[..., -1].sum(axis=1).astype(int)  # 'gap': no prefix tokens
+  for i, n in enumerate(real):
+    assert np.all(weights[i, :, :, n:] == 0) and np.allclose(weights[i, :, :n, :n].sum(-1), 1)
+
+  config = tiny_run_config(
+    model='ViT-Demo_4',
+    naflex_tokens=(4, 9), attention_dropout_rate=0.1, scan_layers=True, remat=True,
+    **{'block.qk_norm': True, 'block.parallel_block': True},
+  )  # fmt: skip
+  spec = program.validate(config, 1)
+  task = steps.make_task(config, 10, False, spec)
+  images = jnp.asarray(packed_batch()[0][:, :9])
+  batch = {'image': images, 'label': jnp.arange(4)}
+  init = task.model.init(jax.random.key(0), images, train=False)['params']
+  head = jax.random.normal(jax.random.key(1), init['head']['kernel'].shape)  # not zero: a loss
+  init = {**init, 'head': {**init['head'], 'kernel': head}}
+  loss = jax.jit(task.loss_fn, static_argnums=3)
+  losses = [loss(init, batch, jax.random.key(k), True) for k in (0, 1)]
+  assert np.isfinite(losses).all() and losses[0] != losses[1]  # attention dropout draws

@@ -32,12 +32,12 @@ from vit_jax import train
 from vit_jax.configs import common as common_config
 from vit_jax.configs import models as models_config
 from vit_jax.configs import official
+from vit_jax.configs.model_spec import ModelSpec
 from vit_jax.data import datasets
 from vit_jax.evaluation import metrics
 from vit_jax.training import loop
 from vit_jax.training import optim
 from vit_jax.training import program
-from vit_jax.training import steps
 
 # Class k: a solid image of colour _COLOURS[k].
 _COLOURS = np.array([(255, 0, 0), (0, 255, 0), (0, 0, 255), (255, 255, 0), (0, 255, 255)], np.uint8)
@@ -222,7 +222,8 @@ def test_official_config_trains_as_the_official_fine_tuning():
     1,
   )
   assert (
-    'pretrained_dir' not in config and steps.model_config(config).transformer.dropout_rate == 0.1
+    'pretrained_dir' not in config
+    and ModelSpec.of(config).architecture.transformer.dropout_rate == 0.1
   )
 
 

@@ -17,6 +17,7 @@ from vit_jax import checkpoint
 from vit_jax import models
 from vit_jax import predict
 from vit_jax.configs import architectures
+from vit_jax.configs import model_spec
 from vit_jax.evaluation import classify
 from vit_jax.evaluation import loader
 
@@ -104,9 +105,9 @@ def test_image_files_expands_directories_and_commas(tmp_path):
     ('ViT-B_8', 8),
   ],
 )
-def test_pixels_per_patch_is_the_token_stride(name, stride):
+def test_the_stride_is_the_token_stride(name, stride):
   config = architectures.MODEL_CONFIGS[name]
-  assert loader.pixels_per_patch(config) == stride
+  assert model_spec.stride(config) == stride
   model = models.VisionTransformer(num_classes=None, **config)
   shapes = jax.eval_shape(
     lambda: model.init(jax.random.key(0), jnp.zeros((1, 128, 128, 3)), train=False)

@@ -44,33 +44,28 @@ def test_what_a_resumed_run_may_change_and_what_it_may_not(tmp_path):
 
 
 def test_a_run_recorded_before_a_recipe_changed_resumes_as_it_was_or_says_what_changed(tmp_path):
-  """Runs recorded before pp.crop_sampler and linear_end existed cropped with the
-  log-uniform sampler and decayed linearly to 0: the line names those values."""
+  """Runs recorded before linear_end existed decayed linearly to 0: the line names that
+  value."""
   workdir = str(tmp_path)
   config = demo.get_config()
   config.decay_type = 'linear'
   workdir_lib.write_config(workdir, config)
   os.makedirs(tmp_path / 'checkpoints' / '500')
   recorded = json.load(open(tmp_path / workdir_lib.CONFIG_FILE))
-  del recorded['pp']['crop_sampler'], recorded['linear_end']
+  del recorded['linear_end']
   json.dump(recorded, open(tmp_path / workdir_lib.CONFIG_FILE, 'w'))
   with pytest.raises(resume.ResumeError) as e:
     resume.check_config(workdir, config)
   assert str(e.value).startswith(
-    f"{workdir} holds a run with linear_end=0.0, pp.crop_sampler='log_ratio_10' where this "
-    "command has linear_end=1e-05, pp.crop_sampler='tf'. To resume it, run with "
-    '--config.linear_end=0.0 --config.pp.crop_sampler=log_ratio_10; to start afresh'
+    f'{workdir} holds a run with linear_end=0.0 where this command has linear_end=1e-05. '
+    'To resume it, run with --config.linear_end=0.0; to start afresh'
   )
   config.update(linear_end=0.0)
-  config.pp.crop_sampler = 'log_ratio_10'
   resume.check_config(workdir, config)
-  # Where the field changes nothing (no inception crop, a cosine decay), any value resumes.
+  # Where the field changes nothing (a cosine decay), any value resumes.
   recorded.update(decay_type='cosine')
-  recorded['pp']['inception_crop'] = False
   json.dump(recorded, open(tmp_path / workdir_lib.CONFIG_FILE, 'w'))
-  config = demo.get_config()
-  config.pp.inception_crop = False
-  resume.check_config(workdir, config)
+  resume.check_config(workdir, demo.get_config())
 
 
 def test_the_recorded_config_is_rewritten_only_when_it_changes(tmp_path):

@@ -20,6 +20,7 @@ from vit_jax.data import datasets
 from vit_jax.data import pipeline
 from vit_jax.data import presets
 from vit_jax.data.readers import tfds
+from vit_jax.data.sources import DataError
 
 
 def _config(dataset, **kw):
@@ -176,8 +177,9 @@ _READ_WITHOUT_TENSORFLOW = textwrap.dedent("""
   sys.modules['tensorflow'] = None  # any import of TensorFlow (or TFDS) fails
   sys.modules['tensorflow_datasets'] = None
   import ml_collections
+  from vit_jax.configs.data import add_data_config
   from vit_jax.data import pipeline
-  config = pipeline.add_data_config(ml_collections.ConfigDict())
+  config = add_data_config(ml_collections.ConfigDict())
   config.update(dataset='cifar10', tfds_data_dir=sys.argv[1], batch=4, batch_eval=5)
   config.pp.crop = 8
   batch = next(pipeline.make_train_iterator(config, None))
@@ -209,17 +211,15 @@ def test_a_prepared_dataset_trains_and_evaluates_without_tensorflow(tmp_path):
 
 
 def test_unprepared_and_unknown_datasets_say_what_to_do(tmp_path):
-  with pytest.raises(pipeline.DataError, match=r"unknown dataset 'cifar11': did you mean cifar10"):
+  with pytest.raises(DataError, match=r"unknown dataset 'cifar11': did you mean cifar10"):
     pipeline.get_info(_config('cifar11', tfds_data_dir=str(tmp_path)))
   with pytest.raises(
-    pipeline.DataError, match='cifar10: not prepared in .* run python -m vit_jax.prepare cifar10'
+    DataError, match='cifar10: not prepared in .* run python -m vit_jax.prepare cifar10'
   ):
     pipeline.get_info(_config('cifar10', tfds_data_dir=str(tmp_path)))
-  with pytest.raises(
-    pipeline.DataError, match='imagenet2012: not prepared .*ILSVRC2012_img_train.tar'
-  ):
+  with pytest.raises(DataError, match='imagenet2012: not prepared .*ILSVRC2012_img_train.tar'):
     pipeline.get_info(_config('imagenet2012', tfds_data_dir=str(tmp_path)))
-  with pytest.raises(pipeline.DataError, match='imagenet21k: no converted shards'):
+  with pytest.raises(DataError, match='imagenet21k: no converted shards'):
     pipeline.get_info(_config('imagenet21k', tfds_data_dir=str(tmp_path)))
 
 

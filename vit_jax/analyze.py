@@ -29,15 +29,7 @@ from vit_jax.core import console
 
 def main(argv: Optional[List[str]] = None) -> int:
   parser = cli.parser('analyze', __doc__)
-  parser.add_argument('--checkpoint', required=True, help='.npz file or a workdir with params.npz')
-  parser.add_argument(
-    '--model', help='model name, e.g. ViT-B_16 (default: the one a workdir records)'
-  )
-  parser.add_argument(
-    '--patch_size',
-    type=cli.positive_int,
-    help="load the checkpoint at this patch size (FlexiViT's PI-resize; default: its own)",
-  )
+  cli.add_checkpoint_flags(parser)
   parser.add_argument(
     '--images',
     nargs='*',
@@ -70,7 +62,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if os.path.exists(args.output) and not os.path.isdir(args.output):
       raise loader.InputError(f'--output {args.output} is a file; pass a folder for the figures')
     workdir.check_output(args.output, '--output', folder=True)
-    loaded = loader.load_model(args.checkpoint, args.model, args.patch_size)
+    loaded = loader.load_from_flags(args, parser.prog)
     unreadable = []
     if digits:
       paths, images = figures.test_digits(loaded.image_size)

@@ -67,7 +67,7 @@ def _command_line(overrides: dict) -> str:
 
 def _describe(record: dict) -> str:
   r = record
-  gib = lambda b: f'{b / GiB:.2f} GiB'  # noqa: E731
+  gib = lambda b: f'{b / GiB:.2f} GiB'
   tm = r['train_memory']
   lines = [
     f'{r["model"]} on {r["topology"]} ({r["topology_shape"]}, {r["chips"]} chips, '

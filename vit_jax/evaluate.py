@@ -14,21 +14,14 @@ import json
 import os
 import sys
 
+from vit_jax.configs.data import data_config
 from vit_jax.core import cli
 from vit_jax.core import console
 
 
 def main(argv=None) -> int:
   parser = cli.parser('evaluate', __doc__, whole_doc=False)
-  parser.add_argument('--checkpoint', required=True, help='.npz file or a workdir')
-  parser.add_argument(
-    '--model', help='MODEL_CONFIGS name, e.g. ViT-B_16 (default: the one a workdir records)'
-  )
-  parser.add_argument(
-    '--patch_size',
-    type=cli.positive_int,
-    help="load the checkpoint at this patch size (FlexiViT's PI-resize; default: its own)",
-  )
+  cli.add_checkpoint_flags(parser)
   parser.add_argument('--dataset', required=True, help='a dataset the input pipeline reads')
   parser.add_argument('--split', default='test', help="'test', 'train' or a split expression")
   parser.add_argument(
@@ -45,23 +38,21 @@ def main(argv=None) -> int:
   args = parser.parse_args(argv)
   console.quiet_libraries(args.verbosity)
 
-  from vit_jax.data import pipeline
   from vit_jax.evaluation import classify
   from vit_jax.evaluation import loader
 
   if args.output:
     _check_output(args.output)
   with cli.reported():
-    loaded = loader.load_model(args.checkpoint, args.model, args.patch_size)
-    cli.note(parser.prog, loader.unfinished_note(args.checkpoint))
-    data = pipeline.data_config()
+    loaded = loader.load_from_flags(args, parser.prog)
+    data = data_config()
     data.update(
       dataset=args.dataset,
       batch_eval=args.batch,
       tfds_data_dir=args.tfds_data_dir,
       tfds_manual_dir=args.tfds_manual_dir,
     )
-    data.pp.crop = loader.check_resolution(loaded, args.crop)
+    data.pp.crop = args.crop
     data.pp.resize = args.resize
     with console.heartbeat(f'{parser.prog}: evaluating on {args.dataset} {args.split}'):
       numbers = classify.evaluate_checkpoint(

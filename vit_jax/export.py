@@ -38,19 +38,7 @@ def main(argv: Optional[List[str]] = None) -> int:
   from vit_jax.interop import export
 
   parser = cli.parser('export', __doc__)
-  parser.add_argument(
-    '--checkpoint',
-    required=True,
-    help='.npz, workdir, timm .safetensors/.pth, or transformers folder',
-  )
-  parser.add_argument(
-    '--model', help='MODEL_CONFIGS name, e.g. ViT-B_16 (default: the one a workdir records)'
-  )
-  parser.add_argument(
-    '--patch_size',
-    type=cli.positive_int,
-    help="load the checkpoint at this patch size (FlexiViT's PI-resize; default: its own)",
-  )
+  cli.add_checkpoint_flags(parser, '.npz, workdir, timm .safetensors/.pth, or transformers folder')
   parser.add_argument(
     '--format',
     required=True,

@@ -18,15 +18,7 @@ from vit_jax.workdir import run_log
 
 def _parser():
   parser = cli.parser('fewshot', __doc__, whole_doc=False)
-  parser.add_argument('--checkpoint', required=True, help='.npz file or a workdir')
-  parser.add_argument(
-    '--model', help='MODEL_CONFIGS name, e.g. ViT-B_16 (default: the one a workdir records)'
-  )
-  parser.add_argument(
-    '--patch_size',
-    type=cli.positive_int,
-    help="load the checkpoint at this patch size (FlexiViT's PI-resize; default: its own)",
-  )
+  cli.add_checkpoint_flags(parser)
   parser.add_argument(
     '--datasets', required=True, help='comma-separated datasets the input pipeline reads'
   )
@@ -67,9 +59,7 @@ def main(argv=None) -> int:
     datasets = args.datasets.split(',')
     if not all(datasets):
       raise loader.InputError(f'--datasets={args.datasets!r}: an empty name; pass cifar10,pets')
-    loaded = loader.load_model(args.checkpoint, args.model, args.patch_size)
-    cli.note(parser.prog, loader.unfinished_note(args.checkpoint))
-    args.crop = loader.check_resolution(loaded, args.crop)
+    loaded = loader.load_from_flags(args, parser.prog)
     method = ('shots', 'seeds', 'l2_reg', 'train_split', 'test_split', 'crop', 'batch')
     with console.heartbeat(f'{parser.prog}: few-shot probes on {args.datasets}'):
       scalars = fewshot.evaluate_checkpoint(

@@ -24,15 +24,7 @@ from vit_jax.core import console
 
 def main(argv: Optional[List[str]] = None) -> int:
   parser = cli.parser('predict', __doc__)
-  parser.add_argument('--checkpoint', required=True, help='.npz file or a workdir with params.npz')
-  parser.add_argument(
-    '--model', help='model name, e.g. ViT-B_16 (default: the one a workdir records)'
-  )
-  parser.add_argument(
-    '--patch_size',
-    type=cli.positive_int,
-    help="load the checkpoint at this patch size (FlexiViT's PI-resize; default: its own)",
-  )
+  cli.add_checkpoint_flags(parser)
   parser.add_argument('--labels', help="class names, one per line, in the head's order")
   parser.add_argument('--top_k', type=cli.positive_int, default=5)
   parser.add_argument('images', nargs='+', help='image files or directories')
@@ -47,8 +39,7 @@ def main(argv: Optional[List[str]] = None) -> int:
   unreadable = []
   with cli.reported():
     files = classify.image_files(args.images)
-    loaded = loader.load_model(args.checkpoint, args.model, args.patch_size)
-    cli.note(parser.prog, loader.unfinished_note(args.checkpoint))
+    loaded = loader.load_from_flags(args, parser.prog)
     if loaded.model.num_classes is None:
       raise checkpoint.CheckpointError(
         f'{args.checkpoint}: no head/kernel, so it cannot classify; '

@@ -26,7 +26,6 @@ from vit_jax.core import hardware
 from vit_jax.data import pipeline
 from vit_jax.data import presets
 from vit_jax.training import program
-from vit_jax.training import steps
 
 GiB = 2**30
 # Classes of datasets the compile command knows without reading them.
@@ -100,13 +99,13 @@ def compile_run(config, tpu) -> Compiled:
   measured against the memory JAX's allocator gets on the card.
   """
   mesh = program.make_mesh(config, devices=tpu.devices)
-  program.validate(config, mesh.size)
+  spec = program.validate(config, mesh.size)
   num_classes, multi_label = dataset_classes(config)
   on_gpu = isinstance(tpu, gpus.Cluster)
   options = gpus.COMPILER_OPTIONS if on_gpu else None
   start = time.perf_counter()
   with jax.set_mesh(mesh):
-    built = program.build(config, mesh, num_classes, multi_label)
+    built = program.build(config, mesh, num_classes, multi_label, spec)
     try:
       train = built.train_step.lower(built.abstract_state(), built.abstract_batch())
       train = train.compile(compiler_options=options)
@@ -124,7 +123,8 @@ def compile_run(config, tpu) -> Compiled:
     return Compiled(config, tpu, built, train, evaluate, seconds)
   micro = None
   if config.scan_layers:
-    micro = _depth_extrapolation(config, mesh, num_classes, multi_label)
+    layers = spec.architecture.transformer.num_layers
+    micro = _depth_extrapolation(config, layers, mesh, num_classes, multi_label)
   elif config.accum_steps > 1 and _cost(train).get('optimal_seconds', -1.0) <= 0:
     one = with_overrides(config, {'batch': config.batch // config.accum_steps, 'accum_steps': 1})
     cost = _cost(_compile_train(one, mesh, num_classes, multi_label))
@@ -156,8 +156,9 @@ def _compile_train(config, mesh, num_classes, multi_label):
     return built.train_step.lower(built.abstract_state(), built.abstract_batch()).compile()
 
 
-def _depth_extrapolation(config, mesh, num_classes, multi_label):
-  """(seconds, FLOPs) of one micro-batch step of a scanned model, from unrolled depths 1 and 2.
+def _depth_extrapolation(config, layers, mesh, num_classes, multi_label):
+  """(seconds, FLOPs) of one micro-batch step of a scanned model of `layers` blocks, from
+  unrolled depths 1 and 2.
 
   The compiler estimates no time for a loop and counts a loop body's FLOPs
   once, and the blocks of a scanned model are one loop. Its blocks are
@@ -175,7 +176,6 @@ def _depth_extrapolation(config, mesh, num_classes, multi_label):
     cost = _cost(_compile_train(with_overrides(config, overrides), mesh, num_classes, multi_label))
     figures.append((float(cost.get('optimal_seconds', -1.0)), float(cost.get('flops', 0.0))))
   (s1, f1), (s2, f2) = figures
-  layers = steps.model_config(config).transformer.num_layers
   seconds = s1 + (layers - 1) * (s2 - s1) if s1 > 0 and s2 > 0 else None
   return seconds, f1 + (layers - 1) * (f2 - f1)
 
@@ -267,7 +267,7 @@ def analyse(c: Compiled) -> dict:
   devices = len(tpu.devices)
   text = c.train.as_text()
   step_flops, seconds = _step_estimates(c)
-  arch = steps.model_config(config)
+  arch = c.program.spec.architecture
   per_image = flops_lib.train_flops_per_image(arch, config.pp.crop, c.program.num_classes)
   model_flops = per_image * config.batch / devices if per_image else None
   train_memory, eval_memory = memory(c.train), memory(c.eval)

@@ -8,14 +8,16 @@ GELU and the optimizer are left out: they are a few percent of a ViT.
 
 from typing import Optional
 
+from vit_jax.configs import model_spec
+
 
 def forward_flops_per_image(arch, image_size: int, num_classes: int) -> Optional[float]:
-  """Forward FLOPs of one image through `arch` (a MODEL_CONFIGS entry); None for hybrids."""
+  """Forward FLOPs of one image through `arch` (a `ModelSpec.architecture`); None for hybrids."""
   if arch.get('resnet') is not None:
     return None
   d, t, patch = arch.hidden_size, arch.transformer, arch.patches.size[0]
   patches = (image_size // patch) ** 2
-  tokens = patches + (arch.classifier in ('token', 'token_unpooled'))
+  tokens = patches + model_spec.prefix_tokens(arch.classifier, arch.get('num_registers', 0))
   per_block = (
     tokens * d * 3 * d  # q, k, v
     + 2 * tokens * tokens * d  # q k^T and the weighted sum of v

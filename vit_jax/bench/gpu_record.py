@@ -28,8 +28,8 @@ from vit_jax.bench import gpus
 from vit_jax.bench import hlo
 from vit_jax.bench import memory
 from vit_jax.bench import speed
+from vit_jax.configs.model_spec import ModelSpec
 from vit_jax.core import sharding
-from vit_jax.training import steps
 
 
 def place_collectives(text: str, mesh_devices) -> list:
@@ -115,7 +115,7 @@ def analyse(c: aot.Compiled) -> dict:
   text = c.train.as_text()
   mesh = c.program.batch_sharding.mesh
   collectives = place_collectives(text, list(mesh.devices.flat))
-  arch = steps.model_config(config)
+  arch = c.program.spec.architecture
   per_image = flops_lib.train_flops_per_image(arch, config.pp.crop, c.program.num_classes)
   flops = per_image * config.batch / devices if per_image else None
   train_memory, eval_memory = aot.memory(c.train), aot.memory(c.eval)
@@ -204,7 +204,7 @@ def step_kernels(opts, device, options=None) -> dict:
   per encoder block (the whole program less its one-block copy, over the other blocks), and
   the compiler's estimate of its memory (`bench.memory.estimate_bytes`, what the benchmark's
   record on the card calls `memory_estimate_bytes`)."""
-  depth = opts.depth or steps.model_config(speed.train_config(opts)).transformer.num_layers
+  depth = opts.depth or ModelSpec.of(speed.train_config(opts)).architecture.transformer.num_layers
   whole = compile_benchmark_step(dataclasses.replace(opts, depth=depth), device, options)
   one = compile_benchmark_step(dataclasses.replace(opts, depth=1), device, options)
   counts, first = kernel_counts(whole.as_text()), kernel_counts(one.as_text())

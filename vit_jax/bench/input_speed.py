@@ -21,6 +21,7 @@ import ml_collections
 import numpy as np
 from PIL import Image
 
+from vit_jax.configs.data import add_data_config
 from vit_jax.core.errors import UserError
 from vit_jax.data import datasets
 from vit_jax.data import images
@@ -99,7 +100,7 @@ def stages(paths, crop=224, area_min=0.05, limit=200):
     data = _read(path)
     t.append(time.perf_counter())
     height, width = images.image_size(data)
-    y, x, h, w = images.crop_window_one(u, height, width, area_min)
+    y, x, h, w = images.crop_window(u, height, width, area_min)
     t.append(time.perf_counter())
     images.decode(data, max(1, height // 8), max(1, width // 8))  # 1/8 scale: ~entropy decoding
     t.append(time.perf_counter())
@@ -120,7 +121,7 @@ def stages(paths, crop=224, area_min=0.05, limit=200):
 
 
 def _config(dataset, batch, **overrides):
-  config = pipeline.add_data_config(ml_collections.ConfigDict())
+  config = add_data_config(ml_collections.ConfigDict())
   config.dataset, config.batch, config.batch_eval, config.pp.crop = dataset, batch, batch, 224
   config.eval_cache_mb = 0
   config.update_from_flattened_dict(overrides)

@@ -23,7 +23,8 @@ from vit_jax.bench import memory
 from vit_jax.bench import profile
 from vit_jax.bench import timm_peer
 from vit_jax.configs import common
-from vit_jax.configs import models as model_configs
+from vit_jax.configs import model_spec
+from vit_jax.configs.model_spec import ModelSpec
 from vit_jax.core import hardware
 from vit_jax.core import sharding
 from vit_jax.core.errors import UserError
@@ -87,7 +88,7 @@ def validate(opts: Options) -> None:
       '--compare=timm times Adam in timm: drop --optimizer=sgd to compare like with like'
     )
   try:
-    arch = model_configs.MODEL_CONFIGS[opts.model]
+    arch = model_spec.registered(opts.model)
   except KeyError as e:  # its message names close matches
     raise BenchmarkError(e.args[0]) from None
   patch = arch.patches.size[0]
@@ -131,8 +132,8 @@ def build_step(opts: Options, abstract: bool = False, device=None):
   """
   device = device or jax.devices()[0]
   config = train_config(opts)
-  task = steps.make_task(config, opts.num_classes, multi_label=False)
-  model = task.model
+  spec = ModelSpec.of(config)
+  model = steps.make_task(config, opts.num_classes, False, spec).model
   shape = (opts.batch, opts.resolution, opts.resolution, 3)
   # Training takes what the trainer passes (uint8 pixels, made [-1, 1] inside the step),
   # inference the model's own input, as timm's does.
@@ -162,11 +163,11 @@ def build_step(opts: Options, abstract: bool = False, device=None):
       compiler_options=hardware.compiler_options([device]),
     )
     if abstract:
-      struct = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=on_device)  # noqa: E731
+      struct = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=on_device)
       return fn, (jax.tree.map(struct, jax.eval_shape(init)), struct(data['image']))
     return fn, (init(), jax.device_put(data['image'], device))
   mesh = sharding.make_mesh(devices=[device])
-  built = program.build(config, mesh, opts.num_classes, multi_label=False)
+  built = program.build(config, mesh, opts.num_classes, False, spec)
   if abstract:
     return built.train_step, (built.abstract_state(), data)
   state = jax.jit(built.init, out_shardings=built.state_shardings)(jax.random.PRNGKey(0))
@@ -191,8 +192,8 @@ def xla_flops_per_image(opts: Options) -> float:
 
 def analytic_flops_per_image(opts: Options) -> Optional[float]:
   """The closed form (`bench.flops`) for the benchmarked step; None for hybrids."""
-  arch = steps.model_config(train_config(opts))
-  forward = flops.forward_flops_per_image(arch, opts.resolution, opts.num_classes)
+  spec = ModelSpec.of(train_config(opts))
+  forward = flops.forward_flops_per_image(spec.architecture, opts.resolution, opts.num_classes)
   return None if forward is None else forward * (3 if opts.mode == 'train' else 1)
 
 
@@ -268,7 +269,7 @@ def _timm_step(opts: Options):
   """(timm's step, its description) for `--compare=timm`."""
   cores = hardware.machine_info()['cpu_cores']
   return timm_peer.make_step(
-    steps.model_config(train_config(opts)),
+    ModelSpec.of(train_config(opts)).architecture,
     mode=opts.mode,
     batch=opts.batch,
     resolution=opts.resolution,

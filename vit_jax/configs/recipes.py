@@ -14,8 +14,8 @@ from typing import Optional
 import ml_collections
 
 from vit_jax.configs import ConfigError
-from vit_jax.configs import architectures
 from vit_jax.configs import common
+from vit_jax.configs import model_spec
 from vit_jax.configs import schema
 from vit_jax.configs.common import finetune_steps
 from vit_jax.configs.common import with_dataset  # noqa: F401  (recipes.with_dataset, as before)
@@ -90,7 +90,7 @@ def pretrain(model: str, arg: str = 'imagenet21k') -> ml_collections.ConfigDict:
   epochs, base_lr, decay_type, weight_decay, dropout = _table3(model, dataset)
   if epochs_arg:
     epochs = epochs_arg
-  hidden = architectures.MODEL_CONFIGS[model].hidden_size
+  hidden = model_spec.registered(model).hidden_size
 
   config = common.get_config()
   config.model = model
@@ -160,13 +160,13 @@ def finetune(arg: str) -> ml_collections.ConfigDict:
   config.dataset = dataset
   # The official fine-tuning trains with its model config's dropout: 0.1 for
   # ViT-L/16, ViT-H/14, R50+ViT-B/16 and R50+ViT-L/32, 0.0 for the others.
-  config.dropout_rate = architectures.MODEL_CONFIGS[model].transformer.dropout_rate
+  config.dropout_rate = model_spec.registered(model).transformer.dropout_rate
   config.dtype = 'bfloat16'
   # Released ImageNet-21k weights; set --config.pretrained_path to another
   # .npz or to one of our workdirs.
   config.pretrained_path = f'gs://vit_models/imagenet21k/{model}.npz'
   # Paper B.1.1: fine-tune at 384 px; 392 for 14 px patches (384 would drop 6 px per side).
-  patch = architectures.MODEL_CONFIGS[model].patches.size[0]
+  patch = model_spec.registered(model).patches.size[0]
   config.pp.crop = -(-384 // patch) * patch
   config.batch = 512
   config.batch_eval = 512

@@ -5,7 +5,7 @@ A `Field` is a dotted name, its default, its type, the values it may take
 the defaults of every experiment config (`defaults`, which
 `common.get_config` and `data.data_config` return), the names the command
 line knows (`names`, `configs.flag.unknown_fields`), the tuples the code reads
-(`allowed`: `vit.ATTENTION`, `images.CROP_SAMPLERS`, ...) and the table in
+(`allowed`: `vit.ATTENTION`, ...) and the table in
 docs/training.md (`python -m vit_jax.configs.schema` prints it;
 tests/test_configs.py holds the two equal).
 
@@ -28,7 +28,6 @@ from typing import Any, Optional, Tuple
 import ml_collections
 
 from vit_jax.configs import ConfigError
-from vit_jax.configs import architectures
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,6 +102,14 @@ FIELDS = (
     None,
     bool,
     "biases in the q/k/v projections and LayerNorms; None: the model's",
+  ),
+  Field(
+    'block.layer_scale',
+    None,
+    float,
+    'LayerScale (Touvron et al. 2021): each residual branch scaled by a learned gamma per '
+    "channel (timm's ls1, ls2) that starts at this value, e.g. 1e-5; None: the model's (none)",
+    bounds='(0, inf)',
   ),
   Field(
     'patch_size',
@@ -204,15 +211,6 @@ FIELDS = (
     "inception crop: the smallest crop area, in (0, 1]; None: the preset's (0.05)",
     data=True,
     bounds='(0, 1]',
-  ),
-  Field(
-    'pp.crop_sampler',
-    'tf',
-    str,
-    "inception crop boxes: 'tf' as `tf.image.sample_distorted_bounding_box` in the "
-    "official pipeline, 'log_ratio_10' as runs before it (docs/data.md)",
-    ('tf', 'log_ratio_10'),
-    data=True,
   ),
   Field('pp.flip', None, bool, "train: random horizontal flip; None: the preset's", data=True),
   Field(
@@ -584,26 +582,6 @@ def cudnn_on_a_gpu_in_half_precision(config, devices: Devices) -> None:
     )
 
 
-def crop_tiled_by_patches(config, devices=None) -> None:
-  """pp.crop a multiple of the pixels one patch covers: the patch embedding (a strided conv)
-  would drop the rest at the right and bottom edges, and predict would later resize to the
-  size the position embeddings give, not to this one."""
-  if config.model not in architectures.MODEL_CONFIGS:
-    return  # said by the model's own check, with the closest names
-  arch = architectures.MODEL_CONFIGS[config.model]
-  stride = config.get('patch_size') or arch.patches.size[0]
-  if arch.get('resnet') is not None:  # root /4, then /2 per stage after the first
-    stride *= 4 * 2 ** max(len(arch.resnet.num_layers) - 1, 0)
-  crop = config.pp.crop
-  if crop % stride:
-    lower, upper = crop - crop % stride, crop - crop % stride + stride
-    raise ConfigError(
-      f'pp.crop={crop} is not a multiple of the {stride} px that one patch of {config.model} '
-      f'covers: the last {crop % stride} px of each row and column would be dropped; use '
-      f'--config.pp.crop={upper}' + (f' or {lower}' if lower else '')
-    )
-
-
 def registers_with_classification(config, devices=None) -> None:
   if config.num_registers and config.task != 'classification':
     raise ConfigError(
@@ -619,6 +597,25 @@ def flexi_with_classification(config, devices=None) -> None:
     )
 
 
+def naflex_trains_classification(config, devices=None) -> None:
+  """NaFlex (`naflex_tokens`) trains classification on packed patches, without what needs
+  whole images or another task (what the model must be: `model_spec.ModelSpec.of`)."""
+  if not config.naflex_tokens:
+    return
+  unsupported = [
+    (config.task != 'classification', f'task={config.task!r}'),
+    (bool(config.flexi_patch_sizes), 'flexi_patch_sizes'),
+    (bool(config.pp.randaug_layers or config.pp.mixup), 'RandAugment or Mixup'),
+    (min(config.naflex_tokens) < 1, 'a budget below 1 token'),
+  ]
+  for bad, what in unsupported:
+    if bad:
+      raise ConfigError(
+        f'naflex_tokens={tuple(config.naflex_tokens)}: NaFlex trains classification with a '
+        f'plain ViT (token or gap pooling), not with {what}; change it or leave naflex_tokens empty'
+      )
+
+
 # What the input pipeline checks for callers that skip `validate` (data fields alone).
 DATA_RULES = (values_allowed, area_min_a_fraction, numbers_in_bounds, resize_covers_crop)
 RULES = (
@@ -626,9 +623,9 @@ RULES = (
   batches_split,
   warmup_before_the_end,
   cudnn_on_a_gpu_in_half_precision,
-  crop_tiled_by_patches,
   registers_with_classification,
   flexi_with_classification,
+  naflex_trains_classification,
 )
 
 

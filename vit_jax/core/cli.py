@@ -177,6 +177,20 @@ def positive_ints(text: str) -> tuple:
     ) from None
 
 
+def add_checkpoint_flags(parser, checkpoint: str = '.npz file or a workdir with params.npz'):
+  """--checkpoint (what it may be: `checkpoint`), --model and --patch_size: the flags of every
+  command that reads a checkpoint."""
+  parser.add_argument('--checkpoint', required=True, help=checkpoint)
+  parser.add_argument(
+    '--model', help='MODEL_CONFIGS name, e.g. ViT-B_16 (default: the one a workdir records)'
+  )
+  parser.add_argument(
+    '--patch_size',
+    type=positive_int,
+    help="load the checkpoint at this patch size (FlexiViT's PI-resize; default: its own)",
+  )
+
+
 class ArgumentParser(argparse.ArgumentParser):
   """argparse whose usage errors are one `error:` line (no usage block) with EXIT_ERROR."""
 

@@ -15,7 +15,9 @@ function of (seed, step) whatever the number of threads or processes.
 
 import collections
 import concurrent.futures
+import itertools
 import os
+from typing import Iterator
 import weakref
 
 import numpy as np
@@ -91,6 +93,19 @@ def batch_buffer(shape, dtype) -> np.ndarray:
     ) from None
 
 
+def ahead_of(started: Iterator, depth: int) -> Iterator:
+  """The items of `started` in order, each drawn `depth` items before it is handed on: drawing
+  an item starts its work (a thread-pool job, a transfer to the devices), so the next `depth`
+  run while the caller uses this one."""
+  queue = collections.deque()
+  for item in started:
+    queue.append(item)
+    if len(queue) > depth:
+      yield queue.popleft()
+  while queue:
+    yield queue.popleft()
+
+
 def _chunks(n: int):
   """Row ranges of `_CHUNK` images (one thread-pool job each) covering a batch of n."""
   return np.array_split(np.arange(n), -(-n // _CHUNK))
@@ -112,12 +127,11 @@ class TrainBatches:
     self._order_key, self._aug_key, self._mix_key = keys  # order.keys(seed)
     self._global = local_batch * process_count
     self._offset = local_batch * process_index
-    self._next_step = start_step
     self._pool = concurrent.futures.ThreadPoolExecutor(threads(num_threads))
     # An iterator dropped mid-stream stops its workers.
     weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=True)
-    self._ahead = max(1, ahead)
-    self._queue = collections.deque()
+    submitted = map(self._submit, itertools.count(start_step))
+    self._batches = map(self._finish, ahead_of(submitted, max(1, ahead) - 1))
 
   def __iter__(self):
     return self
@@ -146,7 +160,7 @@ class TrainBatches:
 
   def _draws(self) -> int:
     """Uniforms per example: the crop's and the flip's."""
-    return images.draws(self._pp.crop_sampler)
+    return images.DRAWS
 
   def _buffer(self) -> np.ndarray:
     """A step's batch of images, written by the jobs."""
@@ -168,10 +182,10 @@ class TrainBatches:
     return labels
 
   def __next__(self):
-    while len(self._queue) < self._ahead:
-      self._queue.append(self._submit(self._next_step))
-      self._next_step += 1
-    step, jobs, out = self._queue.popleft()
+    return next(self._batches)
+
+  def _finish(self, submitted):
+    step, jobs, out = submitted
     batch = {'image': out, 'label': np.concatenate([job.result() for job in jobs])}
     if self._pp.mixup > 0:
       weight = mixup_weight(step, self._mix_key, self._pp.mixup)
@@ -206,13 +220,8 @@ def eval_batches(source, pp, *, positions_fn, num_threads=0, ahead=2):
     labels = np.concatenate([job.result() for job in jobs])
     return {'image': out, 'label': labels, 'mask': mask}
 
-  queue = collections.deque()
   try:
-    for idx, mask in positions_fn():
-      queue.append(submit(idx, mask))
-      if len(queue) > ahead:
-        yield result(*queue.popleft())
-    while queue:
-      yield result(*queue.popleft())
+    for submitted in ahead_of((submit(idx, mask) for idx, mask in positions_fn()), ahead):
+      yield result(*submitted)
   finally:
     pool.shutdown(wait=False, cancel_futures=True)

@@ -20,112 +20,17 @@ from typing import Optional
 
 import numpy as np
 
-from vit_jax.configs import schema
 from vit_jax.data.sources import DataError
 
-# How an inception crop's box is drawn (`pp.crop_sampler`). 'tf' is
-# tf.image.sample_distorted_bounding_box as the official input pipeline and
-# big_vision call it (area_range (area_min, 1), TensorFlow's default
-# aspect_ratio_range (0.75, 1.33) and max_attempts 100, min_object_covered 0,
-# the whole image after 100 misses): per attempt a width/height ratio uniform
-# in the range, then a height uniform over the whole numbers whose box has an
-# area in range and fits, then the offsets. 'log_ratio_10' is this package's
-# crop before it (an area uniform in [area_min, 1], a log-uniform ratio in
-# [3/4, 4/3], 10 attempts), kept for runs started with it (training/resume.py).
-CROP_SAMPLERS = schema.allowed('pp.crop_sampler')
+# An inception crop's box is drawn as tf.image.sample_distorted_bounding_box draws it where the
+# official input pipeline and big_vision call it (area_range (area_min, 1), TensorFlow's default
+# aspect_ratio_range (0.75, 1.33) and max_attempts 100, min_object_covered 0, the whole image
+# after 100 misses): per attempt a width/height ratio uniform in the range, then a height
+# uniform over the whole numbers whose box has an area in range and fits, then the offsets.
 TF_ATTEMPTS = 100
 _TF_RATIO = (0.75, 1.33)
-_LOG_ATTEMPTS = 10
-_LOG_RATIO = (math.log(3 / 4), math.log(4 / 3))
-
-
-def crop_draws(sampler: str = 'tf') -> int:
-  """Uniforms a crop of `sampler` reads: 'tf' (ratio, height) per attempt then (y, x);
-  'log_ratio_10' (area, ratio, y, x) per attempt."""
-  return 2 * TF_ATTEMPTS + 2 if sampler == 'tf' else 4 * _LOG_ATTEMPTS
-
-
-def draws(sampler: str = 'tf') -> int:
-  """Uniforms per training image: the crop's, then the flip's."""
-  return crop_draws(sampler) + 1
-
-
-DRAWS = draws('tf')
-
-
-def _tf_area_range(area_min, height, width):
-  """TensorFlow's bounds of a crop's area in pixels, rounded to float32 as it rounds them:
-  whether a box of exactly area_min * height * width pixels passes depends on it."""
-  f32 = np.float32
-  min_area = (f32(area_min) * np.asarray(width, f32)) * np.asarray(height, f32)
-  return min_area.astype(np.float64), np.asarray(width, np.float64) * height
-
-
-def _tf_box(ratio, u_height, height, width, area_min):
-  """One attempt of TensorFlow's GenerateRandomCrop, elementwise: (h, w, ok) float arrays.
-
-  The area bounds are TensorFlow's float32 values; the rest is float64 where
-  TensorFlow rounds some steps to float32, which differ only for a ratio
-  within 1e-7 of a rounding tie.
-  """
-  min_area, max_area = _tf_area_range(area_min, height, width)
-  h = np.rint(np.sqrt(min_area / ratio))
-  max_h = np.rint(np.sqrt(max_area / ratio))
-  # The tallest box whose rounded width still fits.
-  over = np.rint(max_h * ratio) > width
-  max_h = np.where(over, np.floor((width + 0.5 - 1e-7) / ratio), max_h)
-  max_h = np.where(over & (np.rint(max_h * ratio) > width), max_h - 1, max_h)
-  max_h = np.minimum(max_h, height)
-  h = np.minimum(h, max_h)
-  h = h + np.floor(u_height * (max_h - h + 1))  # uniform over [h, max_h]
-  w = np.rint(h * ratio)
-  # Rounding may leave the area out of range: one step up, then one down.
-  h = np.where(w * h < min_area, h + 1, h)
-  w = np.rint(h * ratio)
-  h = np.where(w * h > max_area, h - 1, h)
-  w = np.rint(h * ratio)
-  area = w * h
-  ok = (area >= min_area) & (area <= max_area) & (w <= width) & (h <= height)
-  return h, w, ok & (w > 0) & (h > 0)
-
-
-def _log_box(u_area, u_ratio, height, width, area_min):
-  area = height * width * (area_min + (1.0 - area_min) * u_area)
-  ratio = np.exp(_LOG_RATIO[0] + (_LOG_RATIO[1] - _LOG_RATIO[0]) * u_ratio)
-  w, h = np.round(np.sqrt(area * ratio)), np.round(np.sqrt(area / ratio))
-  return h, w, (w <= width) & (h <= height) & (w >= 1) & (h >= 1)
-
-
-def crop_window(uniforms, height, width, area_min, sampler: str = 'tf'):
-  """(y, x, h, w) int arrays of inception crops; uniforms [..., crop_draws(sampler)] in [0, 1).
-
-  The first attempt whose box fits is used, else the whole image (see
-  CROP_SAMPLERS). 'tf' places the box as TensorFlow does, at y uniform in
-  [0, height - h) (0 when h == height; likewise x), 'log_ratio_10' in
-  [0, height - h].
-  """
-  height = np.asarray(height, np.float64)[..., None]
-  width = np.asarray(width, np.float64)[..., None]
-  if sampler == 'tf':
-    pairs = uniforms[..., : 2 * TF_ATTEMPTS].reshape(*uniforms.shape[:-1], TF_ATTEMPTS, 2)
-    ratio = _TF_RATIO[0] + (_TF_RATIO[1] - _TF_RATIO[0]) * pairs[..., 0]
-    h, w, fits = _tf_box(ratio, pairs[..., 1], height, width, area_min)
-  else:
-    quads = uniforms.reshape(*uniforms.shape[:-1], _LOG_ATTEMPTS, 4)
-    h, w, fits = _log_box(quads[..., 0], quads[..., 1], height, width, area_min)
-  first = np.argmax(fits, axis=-1)[..., None]
-  take = lambda t: np.take_along_axis(t, first, axis=-1)[..., 0]
-  if sampler == 'tf':  # one (y, x) pair after the attempts; offsets below height - h
-    u_y, u_x, last = uniforms[..., -2], uniforms[..., -1], 0
-  else:  # each attempt's own pair; offsets up to height - h
-    u_y, u_x, last = take(quads[..., 2]), take(quads[..., 3]), 1
-  found = fits.any(axis=-1)
-  height, width = height[..., 0], width[..., 0]
-  h = np.where(found, take(h), height)
-  w = np.where(found, take(w), width)
-  y = np.floor(u_y * (height - h + last))
-  x = np.floor(u_x * (width - w + last))
-  return tuple(v.astype(np.int64) for v in (y, x, h, w))
+CROP_DRAWS = 2 * TF_ATTEMPTS + 2  # uniforms a crop reads: (ratio, height) per attempt, (y, x)
+DRAWS = CROP_DRAWS + 1  # uniforms per training image: the crop's, then the flip's
 
 
 def _is_jpeg(data: bytes) -> bool:
@@ -286,11 +191,16 @@ def eval_array(image, crop: int, resize_to: Optional[int] = None) -> np.ndarray:
   return image[..., start : start + crop, start : start + crop, :]
 
 
-def crop_window_one(uniforms, height: int, width: int, area_min: float, sampler: str = 'tf'):
-  """`crop_window` for one image in plain Python (a NumPy call per image costs more)."""
-  if sampler != 'tf':
-    return _log_window_one(uniforms, height, width, area_min)
-  min_area, max_area = (float(v) for v in _tf_area_range(area_min, height, width))
+def crop_window(uniforms, height: int, width: int, area_min: float):
+  """(y, x, h, w) of one image's inception crop from its `CROP_DRAWS` uniforms in [0, 1): the
+  first attempt whose box fits, else the whole image; offsets as TensorFlow places them, y
+  uniform in [0, height - h) (0 when h == height; likewise x). In plain Python: a NumPy call
+  per image costs more (tests/oracles/crop_window.py holds a vectorised one)."""
+  # TensorFlow's area bounds are float32: whether a box of exactly area_min * height * width
+  # pixels passes depends on their rounding.
+  f32 = np.float32
+  min_area = float((f32(area_min) * f32(width)) * f32(height))
+  max_area = float(width) * height
   for a in range(TF_ATTEMPTS):
     ratio = _TF_RATIO[0] + (_TF_RATIO[1] - _TF_RATIO[0]) * uniforms[2 * a]
     h = _rint(math.sqrt(min_area / ratio))
@@ -319,17 +229,6 @@ def _rint(v: float) -> int:
   return int(round(v))  # half to even, as lrintf and np.rint
 
 
-def _log_window_one(uniforms, height: int, width: int, area_min: float):
-  for a in range(_LOG_ATTEMPTS):
-    u_area, u_ratio, u_y, u_x = uniforms[4 * a : 4 * a + 4]
-    area = height * width * (area_min + (1.0 - area_min) * u_area)
-    ratio = math.exp(_LOG_RATIO[0] + (_LOG_RATIO[1] - _LOG_RATIO[0]) * u_ratio)
-    w, h = round(math.sqrt(area * ratio)), round(math.sqrt(area / ratio))
-    if 1 <= w <= width and 1 <= h <= height:
-      return math.floor(u_y * (height - h + 1)), math.floor(u_x * (width - w + 1)), h, w
-  return 0, 0, height, width
-
-
 @functools.lru_cache(maxsize=1)
 def _cv2():
   try:
@@ -356,8 +255,7 @@ def dct_scale(crop_height: int, crop_width: int, size: int) -> int:
 
 
 def train_image(data: bytes, uniforms, pp, out=None) -> np.ndarray:
-  """Encoded image + its `draws(pp.crop_sampler)` uniforms -> augmented uint8 [crop, crop, 3]
-  (into `out`)."""
+  """Encoded image + its `DRAWS` uniforms -> augmented uint8 [crop, crop, 3] (into `out`)."""
   size = image_size(data)
   image = None
   if size is None:
@@ -365,7 +263,7 @@ def train_image(data: bytes, uniforms, pp, out=None) -> np.ndarray:
     size = image.shape[:2]
   height, width = size
   if pp.inception_crop:
-    y, x, h, w = crop_window_one(uniforms, height, width, pp.area_min, pp.crop_sampler)
+    y, x, h, w = crop_window(uniforms, height, width, pp.area_min)
   else:
     y, x, h, w = 0, 0, height, width
   if image is None:
@@ -379,12 +277,12 @@ def train_image(data: bytes, uniforms, pp, out=None) -> np.ndarray:
 
 
 def train_array(image: np.ndarray, uniforms, pp, out=None) -> np.ndarray:
-  """Decoded uint8 [h, w, 3] + its `draws(pp.crop_sampler)` uniforms -> augmented uint8
+  """Decoded uint8 [h, w, 3] + its `DRAWS` uniforms -> augmented uint8
   [crop, crop, 3]: `train_image` of an image already in memory (the same crop, resize and
   flip)."""
   height, width = image.shape[:2]
   if pp.inception_crop:
-    y, x, h, w = crop_window_one(uniforms, height, width, pp.area_min, pp.crop_sampler)
+    y, x, h, w = crop_window(uniforms, height, width, pp.area_min)
   else:
     y, x, h, w = 0, 0, height, width
   return _resize_and_flip(image[y : y + h, x : x + w], uniforms, pp, out)
@@ -396,7 +294,7 @@ def _resize_and_flip(region, uniforms, pp, out):
   # Bilinear with half-pixel centres and no antialiasing, as tf.image.resize.
   cv2 = _cv2()
   out = cv2.resize(region, (pp.crop, pp.crop), dst=out, interpolation=cv2.INTER_LINEAR)
-  if pp.flip and uniforms[crop_draws(pp.crop_sampler)] < 0.5:
+  if pp.flip and uniforms[CROP_DRAWS] < 0.5:
     cv2.flip(out, 1, dst=out)  # in place
   return out
 

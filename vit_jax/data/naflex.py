@@ -46,9 +46,9 @@ def pack_image(image: np.ndarray, patch: int, budget: int, length: int) -> np.nd
 
 def _augment(image, uniforms, pp, tokens):
   """An image's crop (its own aspect ratio), flip and token budget from its uniforms."""
-  n = images.crop_draws(pp.crop_sampler)
+  n = images.CROP_DRAWS
   if pp.inception_crop:
-    y, x, h, w = images.crop_window_one(uniforms, *image.shape[:2], pp.area_min, pp.crop_sampler)
+    y, x, h, w = images.crop_window(uniforms, *image.shape[:2], pp.area_min)
     image = image[y : y + h, x : x + w]
   if pp.flip and uniforms[n] < 0.5:
     image = image[:, ::-1]
@@ -65,7 +65,7 @@ class TrainBatches(host.TrainBatches):
     self._tokens, self._patch = tuple(int(t) for t in tokens), int(patch)
 
   def _draws(self) -> int:
-    return images.draws(self._pp.crop_sampler) + 1  # the crop's and flip's, then the budget's
+    return images.DRAWS + 1  # the crop's and flip's, then the budget's
 
   def _buffer(self) -> np.ndarray:
     return host.batch_buffer((self._b, max(self._tokens), self._patch**2 * 3 + 3), np.float32)

@@ -31,30 +31,21 @@ Evaluation reads every example of the split exactly once: each process pads
 its part to the same number of batches and marks padding with mask = 0.
 """
 
-import collections
 import dataclasses
 import functools
 from typing import Iterator, Optional, Sequence
 
-from absl import logging
 import jax
 import numpy as np
 
-from vit_jax.configs import architectures
 from vit_jax.configs import schema
-from vit_jax.configs.data import add_data_config  # noqa: F401  (public API)
-from vit_jax.configs.data import data_config  # noqa: F401  (public API)
 from vit_jax.data import datasets
 from vit_jax.data import host
 from vit_jax.data import naflex
 from vit_jax.data import on_device
 from vit_jax.data import order
 from vit_jax.data import sources
-from vit_jax.data.datasets import register_arrays  # noqa: F401  (public API)
-from vit_jax.data.order import eval_steps  # noqa: F401  (public API)
-from vit_jax.data.order import process_part  # noqa: F401  (public API)
-from vit_jax.data.order import train_indices  # noqa: F401  (public API)
-from vit_jax.data.sources import DataError  # noqa: F401  (public API)
+from vit_jax.data.sources import DataError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,7 +84,6 @@ class _PP:
   randaug_layers: int
   randaug_magnitude: float
   mixup: float
-  crop_sampler: str = 'tf'  # images.CROP_SAMPLERS
 
 
 def _pp(config) -> _PP:
@@ -111,7 +101,6 @@ def _pp(config) -> _PP:
     int(pp.randaug_layers),
     float(pp.randaug_magnitude),
     float(pp.mixup),
-    pp.crop_sampler,
   )
 
 
@@ -206,8 +195,9 @@ def _local_batch(batch: int, what: str, sharding, process_count: int) -> int:
   return batch // process_count
 
 
-def _train_batches(config, source, pp, local_batch, step):
-  """Process-local NumPy train batches from `step` on."""
+def _train_batches(config, source, pp, local_batch, step, model_spec):
+  """Process-local NumPy train batches from `step` on: images, or NaFlex's packed patches of
+  `model_spec`'s size at its token budgets."""
   where = dict(
     local_batch=local_batch,
     start_step=step,
@@ -216,9 +206,8 @@ def _train_batches(config, source, pp, local_batch, step):
     process_count=jax.process_count(),
     num_threads=config.get('input_threads', 0),
   )
-  if config.get('naflex_tokens'):  # packed patches at each image's aspect ratio
-    patch = config.patch_size or architectures.MODEL_CONFIGS[config.model].patches.size[0]
-    return naflex.TrainBatches(source, pp, config.naflex_tokens, patch, **where)
+  if model_spec is not None and model_spec.naflex_tokens:  # each image at its aspect ratio
+    return naflex.TrainBatches(source, pp, model_spec.naflex_tokens, model_spec.patch_size, **where)
   return host.TrainBatches(source, pp, **where)
 
 
@@ -248,11 +237,10 @@ class TrainIterator:
   """
 
   def __init__(self, batches, sharding, step, prefetch, fingerprint, prepare=None):
-    self._batches = batches  # process-local NumPy batches from `step` on
-    self._sharding = sharding
+    # Process-local NumPy batches from `step` on, `prefetch` of them on their way to the devices.
+    on_devices = (_to_device(batch, sharding) for batch in batches)
+    self._batches = host.ahead_of(on_devices, max(0, int(prefetch)))
     self._step = step  # batches handed to the caller
-    self._prefetch = max(0, int(prefetch))
-    self._queue = collections.deque()
     self._fingerprint = fingerprint
     self._prepare = prepare  # None: batches as they cross to the devices (raw)
 
@@ -260,19 +248,20 @@ class TrainIterator:
     return self
 
   def __next__(self):
-    while len(self._queue) <= self._prefetch:
-      self._queue.append(_to_device(next(self._batches), self._sharding))
+    batch = next(self._batches)
     self._step += 1
-    batch = self._queue.popleft()
     return batch if self._prepare is None else self._prepare(batch)
 
   def get_state(self) -> dict:
     return {'step': self._step, **self._fingerprint}
 
 
-def make_train_iterator(config, sharding, *, state=None, raw=False) -> TrainIterator:
+def make_train_iterator(
+  config, sharding, *, state=None, raw=False, model_spec=None
+) -> TrainIterator:
   """Global train batches of `config.batch` (see module docstring); `raw`: uint8, for a step
-  that prepares them (`on_device.prepare`)."""
+  that prepares them (`on_device.prepare`); `model_spec`: the run's model
+  (`configs.model_spec.ModelSpec`), whose NaFlex token budgets pack patches instead."""
   source = _open(config, 'train')
   pp = _pp(config)
   local_batch = _local_batch(config.batch, 'batch', sharding, jax.process_count())
@@ -294,14 +283,8 @@ def make_train_iterator(config, sharding, *, state=None, raw=False) -> TrainIter
           f'{value!r}; restore with the same config or pass '
           f"state={{'step': {state.get('step', 0)}}} to start there anyway"
         )
-    if state.get('input_backend') == 'tf':
-      logging.warning(
-        'resuming batches that tf.data augmented (TensorFlow is no longer used): the same '
-        'examples follow in the same order, cropped, flipped and mixed by the one pipeline '
-        '(docs/data.md: Order and augmentation)'
-      )
     step = int(state['step'])
-  batches = _train_batches(config, source, pp, local_batch, step)
+  batches = _train_batches(config, source, pp, local_batch, step, model_spec)
   prepare = None if raw else _prepare_fn(source.num_classes, sharding is None)
   return TrainIterator(batches, sharding, step, config.prefetch, fingerprint, prepare)
 
@@ -342,17 +325,6 @@ def make_eval_iterator(config, sharding, split='test', *, raw=False) -> Iterator
   prepare = None if raw else _prepare_fn(source.num_classes, sharding is None)
   pp = _pp(config)
   local_batch = _local_batch(config.batch_eval, 'batch_eval', sharding, jax.process_count())
-  queue = collections.deque()
   batches = _eval_batches(config, source, pp, local_batch)
-  done = False
-  while True:
-    while not done and len(queue) <= config.prefetch:
-      batch = next(batches, None)
-      if batch is None:
-        done = True
-      else:
-        queue.append(_to_device(batch, sharding))
-    if not queue:
-      return
-    batch = queue.popleft()
+  for batch in host.ahead_of((_to_device(b, sharding) for b in batches), config.prefetch):
     yield batch if prepare is None else prepare(batch)

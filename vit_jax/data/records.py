@@ -165,23 +165,6 @@ class ArrayRecordReader(_FileReader):
       return list(reader.read(rows))
 
 
-class DataSourceReader:
-  """A TFDS random-access data source (`builder.as_data_source`) returning raw bytes."""
-
-  def __init__(self, data_source, name):
-    self._source = data_source
-    self._name = name
-
-  def __len__(self):
-    return len(self._source)
-
-  def read(self, indices):
-    return [self._source[int(i)] for i in indices]
-
-  def describe(self, i):
-    return f'{self._name} example {i}'
-
-
 def open_records(files: Sequence[Tuple[str, int, int]], file_format: str):
   """A reader over (path, skip, take) files of 'tfrecord' or 'array_record' format."""
   if file_format == 'tfrecord':

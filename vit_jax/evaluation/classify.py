@@ -16,9 +16,11 @@ from typing import List, Optional, Sequence
 import jax
 import numpy as np
 
+from vit_jax.configs.data import data_config
 from vit_jax.core import hardware
 from vit_jax.core import sharding
 from vit_jax.data import on_device
+from vit_jax.data.sources import DataError
 from vit_jax.evaluation import metrics
 from vit_jax.evaluation.loader import InputError
 from vit_jax.evaluation.loader import LoadedModel
@@ -195,14 +197,14 @@ def dataset_class_names(path: str, why: Optional[list] = None) -> Optional[List[
     return None
   from vit_jax.data import pipeline
 
-  config = pipeline.data_config()
+  config = data_config()
   config.dataset = dataset
   try:
     # What the scan of a training folder logs (images left out, corrupt) is about training,
     # not the images a command is given.
     with _warnings_hidden():
       names = pipeline.split_source(config, 'train').class_names
-  except (pipeline.DataError, OSError) as e:
+  except (DataError, OSError) as e:
     if why is not None:
       why.append(f'its dataset {dataset} does not open here ({e})')
     return None
@@ -288,16 +290,15 @@ def evaluate(loaded: LoadedModel, data_config, split: str, batch_sharding) -> di
 def evaluate_checkpoint(loaded: LoadedModel, data_config, split: str, *, warn=print) -> dict:
   """`evaluate` on one device mesh, with ImageNet's ReaL labels (Beyer et al. 2020) when
   `imagenet2012_real` is prepared in the same data directory; `warn` says why they are not."""
-  from vit_jax.data import pipeline
 
   batch_sharding = sharding.batch_sharding(sharding.make_mesh())
   result = evaluate(loaded, data_config, split, batch_sharding)
   if data_config.dataset == 'imagenet2012':
-    real = pipeline.data_config()
+    real = data_config()
     real.update(data_config.to_dict())
     real.dataset = 'imagenet2012_real'
     try:
       result['real_top1'] = evaluate(loaded, real, 'test', batch_sharding)['top1']
-    except pipeline.DataError as e:
+    except DataError as e:
       warn(f'ReaL labels not evaluated: {e}')
   return result

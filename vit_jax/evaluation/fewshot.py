@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vit_jax.configs.data import data_config
 from vit_jax.core import files
 from vit_jax.core import hardware
 from vit_jax.core.errors import UserError
@@ -335,7 +336,7 @@ def evaluate_datasets(config, model, params, sharding, *, features_fn=None) -> d
   features_fn = features_fn or representation_fn(model)
   scalars = {}
   for name in config.fewshot.datasets:
-    data = pipeline.data_config()
+    data = data_config()
     data.update(
       dataset=name,
       batch_eval=config.batch_eval,

@@ -234,7 +234,7 @@ def write_outputs(
   result: dict, loaded: loader.LoadedModel, images: np.ndarray, names: List[str], args
 ) -> List[str]:
   os.makedirs(args.output, exist_ok=True)
-  out = lambda name: os.path.join(args.output, name)  # noqa: E731
+  out = lambda name: os.path.join(args.output, name)
   model = loaded.config.get('model_name') or args.model
   title = f'{model} ({loaded.image_size}x{loaded.image_size})'
   written = []

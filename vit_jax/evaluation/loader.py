@@ -1,16 +1,14 @@
 """The model a checkpoint holds: what predict, evaluate, fewshot, analyze and export load.
 
-`load_model` builds the `VisionTransformer` that a `.npz` (or a workdir's
-`params.npz`) holds: the head size and pre-logits width come from the file,
-the resolution from its position embeddings, the model name from --model or
-the workdir (`vit_jax.workdir.recorded`). Errors a user can cause raise
+`load_model` builds the model that a `.npz` (or a workdir's `params.npz`)
+holds: its `ModelSpec` read from the file's shapes once (`vit_checkpoint.spec_of`:
+depth, patch size, pre-logits, registers, resolution; the head size too), the
+model name from --model or the workdir (`vit_jax.workdir.recorded`). Errors a user can cause raise
 `checkpoint.CheckpointError` or `InputError`, each one line; the commands
 print them without a traceback (`vit_jax.core.cli`).
 """
 
-import math
 import os
-import re
 from typing import Any, NamedTuple, Optional
 
 import jax
@@ -19,13 +17,14 @@ import jax.numpy as jnp
 from vit_jax import checkpoint
 from vit_jax import models
 from vit_jax import workdir
-from vit_jax.configs import architectures
+from vit_jax.configs import model_spec
+from vit_jax.configs.model_spec import ModelSpec
+from vit_jax.core import cli
 from vit_jax.core.errors import UserError
 from vit_jax.models import flexi
 from vit_jax.models import naflex
 from vit_jax.models import vit_checkpoint
 
-_BLOCK = re.compile(r'^Transformer/encoderblock_(\d+)/')
 # Layers of masked patch prediction (vit_jax.models.mpp); the backbone is analysed without them.
 _MPP_ONLY = ('mask_token', 'mpp_head/')
 
@@ -35,31 +34,27 @@ class InputError(UserError, ValueError):
 
 
 class LoadedModel(NamedTuple):
+  """A checkpoint's model and parameters, and what the commands read of its `ModelSpec`."""
+
   model: models.VisionTransformer
   params: Any
-  config: Any  # the MODEL_CONFIGS entry, with the checkpoint's representation_size
+  config: Any  # the spec's architecture: the registry entry with the checkpoint's shapes
   image_size: int
   grid_size: int  # patches per side
   pixels_per_patch: int  # input pixels per patch step (the backbone stride for hybrids)
   num_prefix_tokens: int
 
-
-def pixels_per_patch(config) -> int:
-  """Input pixels per token step: the patch size, times the ResNet's stride for hybrids."""
-  patch = config.patches.size[0]
-  if config.get('resnet') is not None:
-    # Root conv /2 and max-pool /2, then /2 in every stage after the first
-    # (R+ViT-Ti_16 has the root only).
-    return patch * 4 * 2 ** max(len(config.resnet.num_layers) - 1, 0)
-  return patch
-
-
-def model_config(model_name: str):
-  """A fresh MODEL_CONFIGS entry; InputError naming close matches for a wrong name."""
-  try:
-    return architectures.MODEL_CONFIGS[model_name]
-  except KeyError as e:
-    raise InputError(f'--model: {e.args[0]}') from None
+  @classmethod
+  def of(cls, model, params, spec: ModelSpec) -> 'LoadedModel':
+    return cls(
+      model,
+      params,
+      spec.architecture,
+      spec.image_size,
+      spec.grid,
+      spec.stride,
+      spec.num_prefix_tokens,
+    )
 
 
 def resolve_model_name(name: Optional[str], path: str, metadata: Optional[dict] = None) -> str:
@@ -71,6 +66,10 @@ def resolve_model_name(name: Optional[str], path: str, metadata: Optional[dict] 
       f'{path}: pass --model (a vit_jax.configs.architectures.MODEL_CONFIGS name such as '
       'ViT-B_16); only a training workdir records its model'
     )
+  try:
+    model_spec.registered(name)
+  except KeyError as e:  # an UnknownModelError, naming the closest names
+    raise InputError(f'--model: {e.args[0]}') from None
   return name
 
 
@@ -90,13 +89,23 @@ def load_model(
   step = unfinished_run_step(path)
   if step is None:
     checkpoint.resolve(path)  # a missing file is named as such, before a missing --model
-  model_name = resolve_model_name(model_name, path)
-  _ = model_config(model_name)  # a wrong name fails before the file is read
+  model_name = resolve_model_name(model_name, path)  # a wrong name fails before the file is read
   if step is None:
     flat = checkpoint.flatten(checkpoint.load(path))
     return model_from_flat(flat, model_name, path, patch_size)
   what = f'{path} (the checkpoint at step {step} of an unfinished run)'
   return model_from_flat(_checkpoint_params(path, step), model_name, what, patch_size)
+
+
+def load_from_flags(args, prog: str) -> LoadedModel:
+  """The model of a command's `cli.add_checkpoint_flags` (an unfinished run's checkpoint said on
+  stderr); where the command has --crop, `args.crop` becomes the resolution it runs at
+  (`check_resolution`)."""
+  loaded = load_model(args.checkpoint, args.model, args.patch_size)
+  cli.note(prog, unfinished_note(args.checkpoint))
+  if 'crop' in args:
+    args.crop = check_resolution(loaded, args.crop)
+  return loaded
 
 
 def check_resolution(loaded: LoadedModel, crop: Optional[int]) -> int:
@@ -152,92 +161,28 @@ def _checkpoint_params(path: str, step: int) -> dict:
   return checkpoint.flatten(jax.tree.map(np.asarray, state['params']))
 
 
-def _naflex_from_flat(flat, config, num_classes, what, patch_size) -> LoadedModel:
-  """A NaFlex ViT (2D grid of position embeddings, `models.naflex`); at `patch_size` its
-  kernel is PI-resized and the grid, resampled per image anyway, kept."""
-  table = flat['Transformer/posembed_input/pos_embedding']
-  grid = tuple(int(g) for g in table.shape[1:3])
-  registers = config.get('num_registers', 0)
-  image_size = grid[0] * config.patches.size[0]
-  if patch_size is not None and patch_size != config.patches.size[0]:
-    size = (patch_size, patch_size)
-    flat = {
-      **flat,
-      'embedding/kernel': vit_checkpoint.resize_patch_embedding(flat['embedding/kernel'], size),
-    }
-    config.patches.size = size
-  if config.classifier not in naflex.CLASSIFIERS:
-    raise checkpoint.CheckpointError(
-      f'{what} is a NaFlex ViT (2D position embeddings); {config.model_name} pools with '
-      f'{config.classifier!r}, NaFlex with one of {naflex.CLASSIFIERS}: check --model'
-    )
-  model = naflex.NaFlexViT(num_classes=num_classes, posemb_grid=grid, **config)
-  patch = config.patches.size[0]
-  expected = jax.eval_shape(
-    lambda: model.init(jax.random.key(0), jnp.zeros((1, patch, patch, 3)), train=False)
-  )['params']
-  params = checkpoint.unflatten(flat)
-  checkpoint.check_tree(params, expected, what=what)
-  num_prefix = (1 if config.classifier == 'token' else 0) + registers
-  return LoadedModel(model, params, config, image_size, image_size // patch, patch, num_prefix)
-
-
 def model_from_flat(
   flat: dict, model_name: str, what: str, patch_size: Optional[int] = None
 ) -> LoadedModel:
   """`load_model` for parameters already in memory ({'a/b/c': array}, public names).
 
-  `what` names their source in errors (a path, or a converted file). A plain
-  ViT's patch size is its kernel's (a run may train at another than the
-  model name's: `--config.patch_size`).
+  `what` names their source in errors (a path, or a converted file). The model is what their
+  shapes say (`vit_checkpoint.spec_of`: a run may train at another depth or patch size than
+  its model name's).
   """
-  config = model_config(model_name)
   flat = {k: v for k, v in flat.items() if not k.startswith(_MPP_ONLY)}
-  # A run with --config.depth holds fewer (or more) blocks than its model name.
-  blocks = {m.group(1) for m in map(_BLOCK.match, flat) if m}
-  if blocks:
-    config.transformer.num_layers = len(blocks)
-  kernel = flat.get('embedding/kernel')
-  if config.get('resnet') is None and kernel is not None and kernel.ndim == 4:
-    config.patches.size = tuple(int(n) for n in kernel.shape[:2])
-  if 'pre_logits/kernel' in flat:
-    config.representation_size = int(flat['pre_logits/kernel'].shape[-1])
-  num_classes = int(flat['head/kernel'].shape[-1]) if 'head/kernel' in flat else None
-  num_prefix = 1 if config.classifier in ('token', 'token_unpooled') else 0
-  if 'registers' in flat:  # register tokens (models.vit.prepend_tokens)
-    config.num_registers = int(flat['registers'].shape[1])
-    num_prefix += config.num_registers
-
-  posemb = flat.get('Transformer/posembed_input/pos_embedding')
-  if posemb is not None and posemb.ndim == 4:
-    return _naflex_from_flat(flat, config, num_classes, what, patch_size)
-  if posemb is None or posemb.ndim != 3:
-    raise checkpoint.CheckpointError(
-      f'{what}: no Transformer/posembed_input/pos_embedding of '
-      'shape [1, tokens, width]; is it a ViT checkpoint?'
-    )
-  num_patches = posemb.shape[1] - num_prefix
-  grid = math.isqrt(max(num_patches, 0))
-  if num_patches < 1 or grid * grid != num_patches:
-    raise checkpoint.CheckpointError(
-      f'{what}: {posemb.shape[1]} position embeddings are not {num_prefix} class token(s) + a '
-      f'square patch grid, as {model_name} (classifier={config.classifier}) needs; check --model'
-    )
-  stride = pixels_per_patch(config)
-  image_size = grid * stride
-  if patch_size is not None and patch_size != stride:
+  spec = vit_checkpoint.spec_of(flat, model_name, what)
+  if patch_size is not None and patch_size != spec.stride:
     try:
-      flexi.check_patch_sizes(config, image_size, [patch_size])
+      flat, spec = flexi.load_at_patch_size(flat, spec, patch_size)
     except flexi.PatchSizeError as e:
       raise InputError(f'--patch_size={patch_size}: {e}') from None
-    flat = flexi.at_patch_size(flat, patch_size, image_size, num_prefix)
-    config.patches.size = (patch_size, patch_size)
-    stride, grid = patch_size, image_size // patch_size
-
-  model = models.VisionTransformer(num_classes=num_classes, **config)
+  num_classes = int(flat['head/kernel'].shape[-1]) if 'head/kernel' in flat else None
+  model = models.build(spec, num_classes)
+  size = spec.patch_size if spec.naflex else spec.image_size
   expected = jax.eval_shape(
-    lambda: model.init(jax.random.key(0), jnp.zeros((1, image_size, image_size, 3)), train=False)
+    lambda: model.init(jax.random.key(0), jnp.zeros((1, size, size, 3)), train=False)
   )['params']
   params = checkpoint.unflatten(flat)
   checkpoint.check_tree(params, expected, what=what)
-  return LoadedModel(model, params, config, image_size, grid, stride, num_prefix)
+  return LoadedModel.of(model, params, spec)

@@ -11,6 +11,7 @@ from typing import List, NamedTuple, Optional
 
 from vit_jax import checkpoint
 from vit_jax import workdir
+from vit_jax.configs import model_spec
 from vit_jax.core import console
 from vit_jax.core import files
 from vit_jax.core.errors import UserError
@@ -67,7 +68,7 @@ def load(path: str, model_name: Optional[str] = None, patch_size: Optional[int] 
     state, metadata = _read_torch_file(path)
     model_name = _model_name(model_name, path, metadata)
     if 'patch_embed.proj.weight' in state or 'embeds.proj.weight' in state:
-      config = loader.model_config(model_name)
+      config = model_spec.registered(model_name)
       if 'embeds.proj.weight' in state:  # timm's NaFlexVit
         flat = timm.from_timm_naflex(state, config, path)
       else:
@@ -87,7 +88,7 @@ def load(path: str, model_name: Optional[str] = None, patch_size: Optional[int] 
 
 
 def _from_hf(state, hf_config, model_name, what, patch_size=None) -> Source:
-  config = loader.model_config(model_name)
+  config = model_spec.registered(model_name)
   flat, notes = hf.from_hf(state, hf_config, config, what)
   loaded = loader.model_from_flat(flat, model_name, what, patch_size)
   return Source(loaded, hf.class_names(hf_config), notes)
@@ -185,8 +186,7 @@ def export(
   labels: Optional[str] = None,
   patch_size: Optional[int] = None,
 ) -> List[str]:
-  """Converts `checkpoint_path` (at `patch_size`, when given) to `fmt` at `output`; returns
-  notes for the user."""
+  """Converts `checkpoint_path` (at `patch_size`, when given) to `fmt` at `output`; notes."""
   if fmt not in FORMATS:
     raise loader.InputError(f'--format={fmt!r}: use one of {", ".join(FORMATS)}')
   output = output_path(fmt, output)
@@ -198,7 +198,8 @@ def export(
       'npz or savedmodel'
     )
   if fmt in ('timm', 'hf'):
-    torch_layout.check_standard_blocks(loaded.config, 'timm' if fmt == 'timm' else 'transformers')
+    target = ('timm', timm.BLOCK_OPTIONS) if fmt == 'timm' else ('transformers', ())
+    torch_layout.check_standard_blocks(loaded.config, *target)
   names = _class_names(source, checkpoint_path, labels) if fmt == 'hf' else None
   # Written whole or not at all: a full disk or a kill leaves nothing at `output`, and the
   # temporary files are removed (a killed export's by the next one; `files.staged`).

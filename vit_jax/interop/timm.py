@@ -22,9 +22,11 @@ import functools
 import re
 from typing import Dict, Optional, Tuple
 
+import ml_collections
 import numpy as np
 
 from vit_jax import checkpoint
+from vit_jax.configs import model_spec
 from vit_jax.interop import torch_layout
 
 # Released architectures -> timm's names (without the `_<resolution>` suffix).
@@ -55,6 +57,10 @@ TIMM_384 = (
   'vit_large_r50_s32',
 )
 
+# Block options beyond the paper's blocks (`model_spec.BLOCK_OPTIONS`) that timm's
+# VisionTransformer has too, under its names and `build_model`'s arguments: they export.
+BLOCK_OPTIONS = ('layer_scale',)
+
 STD_CONV_EPS = 1e-5  # models_resnet.StdConv: (w - mean) / (std + eps)
 GROUP_NORM_EPS = 1e-6  # flax.linen.GroupNorm's default, as the original code
 
@@ -71,6 +77,7 @@ _RULES = (
   (_BLOCK + r'MultiHeadDotProductAttention_1/out/', r'blocks.\1.attn.proj.'),
   (_BLOCK + r'MlpBlock_3/Dense_0/', r'blocks.\1.mlp.fc1.'),
   (_BLOCK + r'MlpBlock_3/Dense_1/', r'blocks.\1.mlp.fc2.'),
+  (_BLOCK + r'(ls[12])/', r'blocks.\1.\2.'),
   (r'^MAPHead_0/probe$', 'attn_pool.latent'),
   (r'^MAPHead_0/MultiHeadDotProductAttention_0/query/', 'attn_pool.q.'),
   (r'^MAPHead_0/MultiHeadDotProductAttention_0/(key|value)/', 'attn_pool.kv.'),
@@ -117,17 +124,22 @@ def _pooling_kwargs(classifier: str) -> dict:
 
 def registered_name(config, image_size: int) -> Optional[str]:
   """timm's registered name for a released architecture at `image_size`, else None."""
-  from vit_jax.configs import architectures
-
   name = (config.model_name or '').removesuffix('-gap')
   if name not in TIMM_NAMES:
     return None
-  released = architectures.MODEL_CONFIGS[name]
-  structure = ('hidden_size', 'patches', 'transformer', 'resnet')
-  if any(config.get(f) != released.get(f) for f in structure):
-    return None  # same name, other sizes (a shrunk test model)
+  released = model_spec.registered(name)
+  for field in ('hidden_size', 'patches', 'transformer', 'resnet'):
+    if _frozen(config.get(field)) != _frozen(released.get(field)):
+      return None  # same name, other sizes (a shrunk test model)
   base = TIMM_NAMES[name]
   return f'{base}_384' if image_size == 384 and base in TIMM_384 else f'{base}_224'
+
+
+def _frozen(value):
+  """`value`, a registry section as a FrozenConfigDict: sections compare by their contents."""
+  if isinstance(value, (dict, ml_collections.ConfigDict)):
+    return ml_collections.FrozenConfigDict(value)
+  return value
 
 
 def create_model_kwargs(config, num_classes: Optional[int], image_size: int) -> dict:
@@ -184,6 +196,7 @@ def build_model(config, num_classes: Optional[int], image_size: int):
     num_classes=num_classes or 0,
     act_layer='gelu_tanh',
     reg_tokens=config.get('num_registers', 0),
+    init_values=config.transformer.get('layer_scale'),
     **_pooling_kwargs(config.classifier),
   )
   if config.get('resnet') is not None:
@@ -225,6 +238,8 @@ def from_timm(state: Dict[str, np.ndarray], config, what: str) -> Dict[str, np.n
   num_classes = int(state['head.weight'].shape[0]) if 'head.weight' in state else None
   if 'reg_token' in state:  # timm's register tokens (no_embed_class=False: ours)
     config.num_registers = int(state['reg_token'].shape[1])
+  if 'blocks.0.ls1.gamma' in state:  # timm's LayerScale (init_values; the value only initialises)
+    config.transformer.layer_scale = 1.0
   expected = torch_layout.expected_shapes(
     config, num_classes, int(state['pos_embed'].shape[1]), what
   )
@@ -283,6 +298,8 @@ def from_timm_naflex(state: Dict[str, np.ndarray], config, what: str) -> Dict[st
   patch = config.patches.size[0]
   if 'embeds.reg_token' in state:
     config.num_registers = int(state['embeds.reg_token'].shape[1])
+  if 'blocks.0.ls1.gamma' in state:
+    config.transformer.layer_scale = 1.0
   blocks = {k.split('.')[1] for k in state if k.startswith('blocks.')}
   config.transformer.num_layers = len(blocks) or config.transformer.num_layers
   model = naflex.NaFlexViT(num_classes=num_classes, posemb_grid=posemb.shape[1:3], **config)
@@ -335,4 +352,5 @@ def build_naflex_model(config, num_classes: Optional[int], posemb_grid):
     pos_embed_interp_mode='bilinear',
     pos_embed_antialias=False,
     reg_tokens=config.get('num_registers', 0),
+    init_values=config.transformer.get('layer_scale'),
   ).eval()

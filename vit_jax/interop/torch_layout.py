@@ -16,6 +16,7 @@ A format module (`interop_timm`, `interop_hf`) supplies only a name function:
 our key -> (its key, (chunk, chunks) of a fused q/k/v or k/v, or None).
 """
 
+import dataclasses
 import importlib
 import math
 import os
@@ -24,12 +25,16 @@ from typing import Callable, Dict, Mapping, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 
 from vit_jax import checkpoint
 from vit_jax import models
+from vit_jax.configs import model_spec
+from vit_jax.configs.model_spec import ModelSpec
 from vit_jax.core.errors import UserError
-from vit_jax.evaluation import loader
+from vit_jax.models import vit
+from vit_jax.models import vit_checkpoint
 
 NameFn = Callable[[str], Tuple[Optional[str], Optional[Tuple[int, int]]]]
 
@@ -70,12 +75,17 @@ def rename(key: str, rules) -> Optional[str]:
   return None
 
 
-def check_standard_blocks(config, fmt: str) -> None:
-  """ExportError unless the blocks are the paper's (not ViT-22B's parallel / QK-norm / no-bias ones)."""
+def check_standard_blocks(config, fmt: str, writes: Tuple[str, ...] = ()) -> None:
+  """ExportError unless every block option (`model_spec.BLOCK_OPTIONS`: ViT-22B's parallel,
+  QK-norm and bias-free blocks, ...) is the paper's, or one that the format `writes`."""
+  paper = {f.name: f.default for f in dataclasses.fields(vit.BlockConfig)}
   t = config.transformer
-  flags = [f for f in ('parallel_block', 'qk_norm') if t.get(f, False)]
-  if not t.get('qkv_and_norm_biases', True):
-    flags.append('qkv_and_norm_biases=False')
+  values = {option: t.get(option, paper[option]) for option in model_spec.BLOCK_OPTIONS}
+  flags = [
+    option if value is True else f'{option}={value}'
+    for option, value in values.items()
+    if option not in writes and value != paper[option]
+  ]
   if flags:
     raise ExportError(
       f"{config.model_name}: the {fmt} export writes the paper's encoder blocks, not "
@@ -196,19 +206,15 @@ def from_torch_state(
 
 
 def expected_shapes(config, num_classes: Optional[int], num_tokens: int, what: str) -> dict:
-  """{key: shape} of `config` with a head of `num_classes` and `num_tokens` positions."""
-  num_prefix = 1 if config.classifier in ('token', 'token_unpooled') else 0
-  num_prefix += config.get('num_registers', 0)
-  grid = math.isqrt(max(num_tokens - num_prefix, 0))
-  if num_tokens <= num_prefix or grid * grid != num_tokens - num_prefix:
-    raise checkpoint.CheckpointError(
-      f'{what}: {num_tokens} position embeddings are not {num_prefix} class token(s) + a square '
-      f'patch grid, as {config.model_name} (classifier={config.classifier}) needs; check --model'
-    )
-  size = grid * loader.pixels_per_patch(config)
-  model = models.VisionTransformer(num_classes=num_classes, **config)
+  """{key: shape} of the ViT of architecture `config` with a head of `num_classes` and
+  `num_tokens` position embeddings."""
+  grid = vit_checkpoint.square_grid(num_tokens, config, what)
+  spec = ModelSpec(ml_collections.FrozenConfigDict(config), grid * model_spec.stride(config))
+  model = models.build(spec, num_classes)
   shapes = jax.eval_shape(
-    lambda: model.init(jax.random.key(0), jnp.zeros((1, size, size, 3)), train=False)
+    lambda: model.init(
+      jax.random.key(0), jnp.zeros((1, spec.image_size, spec.image_size, 3)), train=False
+    )
   )['params']
   return {k: tuple(v.shape) for k, v in checkpoint.flatten(shapes).items()}
 

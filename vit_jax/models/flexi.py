@@ -4,7 +4,7 @@ The patch-embedding kernel is PI-resized to another patch size (the
 pseudo-inverse of the bilinear resize of a patch, `vit_checkpoint.pi_resize_matrix`)
 and the position embeddings resized to the new grid, as fine-tuning at another
 resolution resizes them (`vit_checkpoint.resize_posemb`, 'zoom'). On the host this
-loads any checkpoint at another patch size (`at_patch_size`: predict,
+loads any checkpoint at another patch size (`load_at_patch_size`: predict,
 evaluate, export; fine-tuning does it in `checkpoint.load_pretrained`). In a
 training step, `random_patch_grad` draws one of a list of patch sizes per
 step and resizes the model's own kernel and position embeddings to it on the
@@ -16,6 +16,7 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 
+from vit_jax.configs import model_spec
 from vit_jax.core.errors import UserError
 from vit_jax.models import vit_checkpoint
 
@@ -28,17 +29,18 @@ class PatchSizeError(UserError, ValueError):
   """A patch size that does not fit the model or the images; one line."""
 
 
-def check_patch_sizes(config, image_size: int, sizes: Sequence[int]) -> None:
-  """PatchSizeError unless every size tiles `image_size` px images of a plain ViT."""
-  if config.get('resnet') is not None:
+def check_patch_sizes(spec, sizes: Sequence[int]) -> None:
+  """PatchSizeError unless every size tiles the images of `spec` (a `ModelSpec`), a plain ViT."""
+  if spec.hybrid:
     raise PatchSizeError(
-      f'{config.model_name}: a hybrid embeds ResNet features, not pixels; patch sizes apply '
+      f'{spec.name}: a hybrid embeds ResNet features, not pixels; patch sizes apply '
       'to plain ViTs only'
     )
   for size in sizes:
-    if size < 1 or image_size % size:
+    if size < 1 or spec.image_size % size:
       raise PatchSizeError(
-        f'patch size {size} does not tile {image_size} px images; use one that divides {image_size}'
+        f'patch size {size} does not tile {spec.image_size} px images; use one that divides '
+        f'{spec.image_size}'
       )
 
 
@@ -52,6 +54,19 @@ def at_patch_size(flat: dict, patch_size: int, image_size: int, num_prefix: int)
   grid = image_size // patch_size
   out[_POSEMB] = vit_checkpoint.resize_posemb(flat[_POSEMB], num_prefix + grid * grid, num_prefix)
   return out
+
+
+def load_at_patch_size(flat: dict, spec, patch_size: int) -> tuple:
+  """(flat parameters, spec) of a checkpoint moved to `patch_size`: a ViT's kernel PI-resized
+  and its position embeddings zoomed to the new grid at the same image size; a NaFlex ViT's
+  kernel alone (its 2D table is resampled per image anyway)."""
+  if spec.naflex:
+    kernel = vit_checkpoint.resize_patch_embedding(flat[_KERNEL], (patch_size, patch_size))
+    flat = {**flat, _KERNEL: kernel}
+  else:
+    check_patch_sizes(spec, [patch_size])
+    flat = at_patch_size(flat, patch_size, spec.image_size, spec.num_prefix_tokens)
+  return flat, spec.changed(patches={'size': (patch_size, patch_size)})
 
 
 def _resized(params, base: int, size: int, image_size: int, num_prefix: int):
@@ -89,7 +104,7 @@ def random_patch_grad(model, sizes: Sequence[int], image_size: int, objective, c
   same on every device and a pure function of the step.
   """
   base = model.patches['size'][0]
-  num_prefix = (1 if model.classifier in ('token', 'token_unpooled') else 0) + model.num_registers
+  num_prefix = model_spec.prefix_tokens(model.classifier, model.num_registers)
 
   def at(size):
     sized = model.clone(patches={'size': (size, size)})

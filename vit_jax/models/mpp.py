@@ -155,15 +155,7 @@ class MppViT(nn.Module):
     # The class token takes part, so the encoder sees the sequence it will see
     # when fine-tuned from this checkpoint.
     x = vit.prepend_tokens(self, x, self.classifier)
-    x = vit.encoder(
-      self.transformer,
-      dtype=self.dtype,
-      attention=self.attention,
-      remat=self.remat,
-      remat_policy=self.remat_policy,
-      scan=self.scan,
-      fp8=self.fp8,
-    )(x, train=train)
+    x = vit.encoder(self)(x, train=train)
     logits = nn.Dense(NUM_COLOURS, dtype=self.dtype, name='mpp_head')(x[:, -num_patches:])
     return logits.astype(jnp.float32)
 
@@ -215,3 +207,14 @@ def loss_fn(
     {'params': params}, images, corruption, train=train, rngs={'dropout': dropout_rng}
   )
   return masked_cross_entropy(logits, targets, corruption.corrupted)
+
+
+def eval_counts(params, images, mask, *, model: MppViT) -> dict:
+  """{'correct', 'count'}: the corrupted patches of the real examples (`mask`) whose colour
+  `model` predicts, under a fixed corruption, so the evaluations of one run are comparable."""
+  targets = colour_targets(images, tuple(model.patches['size']))
+  corruption = sample_corruption(jax.random.PRNGKey(0), *targets.shape)
+  logits = model.apply({'params': params}, images, corruption, train=False)
+  counted = corruption.corrupted * mask[:, None]
+  correct = (jnp.argmax(logits, axis=-1) == targets) * counted
+  return {'correct': jnp.sum(correct), 'count': jnp.sum(counted)}

@@ -43,10 +43,10 @@ class ResidualUnit(nn.Module):
 
   @nn.compact
   def __call__(self, x):
-    conv = lambda f, k, s, name: StdConv(  # noqa: E731
+    conv = lambda f, k, s, name: StdConv(
       f, k, strides=s, use_bias=False, dtype=self.dtype, name=name
     )
-    gn = lambda name, **kw: nn.GroupNorm(dtype=self.dtype, name=name, **kw)  # noqa: E731
+    gn = lambda name, **kw: nn.GroupNorm(dtype=self.dtype, name=name, **kw)
 
     residual = x
     if x.shape[-1] != self.features * 4 or tuple(self.strides) != (1, 1):

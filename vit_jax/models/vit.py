@@ -32,12 +32,13 @@ sub-layer needs one reduction (vit_jax.core.sharding.constrain).
 import dataclasses
 import math
 import re
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Tuple
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from vit_jax.configs import model_spec
 from vit_jax.configs import schema
 from vit_jax.core import hardware
 from vit_jax.core import sharding
@@ -57,8 +58,8 @@ CLASSIFIERS = ('token', 'gap', 'map', 'unpooled', 'token_unpooled')
 # where it applies (CUDA GPUs of compute capability >= 8.0, half precision,
 # head_dim a multiple of 8 up to 128) on the device the program is traced for
 # (`hardware.target_device`; an odd token count padded once, `pads_sequence`) and 'explicit'
-# elsewhere; on CPU the attention itself runs 3x faster than with 'xla'
-# (docs/speed_and_scale.md).
+# elsewhere, where XLA's implementation fills its layout with transposes and
+# copies (docs/speed_and_scale.md: CPU).
 ATTENTION = schema.allowed('attention')
 
 
@@ -82,25 +83,26 @@ def pads_sequence(num_tokens: int, implementation: str, pad_odd: Optional[bool] 
   a bias), and ViT has odd counts: 197 tokens at 224 px, 577 at 384. So an odd
   sequence is padded to even once, before the first block, and every block's
   attention hides the padding token from every query (`fused_attention`'s
-  `num_tokens`); it is dropped after the last block. Padding in every layer
-  instead (pad q, k, v, slice the output) cost 9.6% of ViT-B/16 inference on
-  an H100 (issue 33). `pad_odd` (default: for cuDNN only) lets the tests run the
-  padded path with 'xla'; the written-out attention masks nothing, so never pads.
+  `num_tokens`); it is dropped after the last block (padding in every layer
+  instead would pad q, k, v and slice the output in every one). `pad_odd`
+  (default: for cuDNN only) lets the tests run the padded path with 'xla'; the
+  written-out attention has no use for it, so never pads.
   """
   if pad_odd is None:
     pad_odd = implementation == 'cudnn'
   return bool(pad_odd and num_tokens % 2 and implementation in ('xla', 'cudnn'))
 
 
-def fused_attention(q, k, v, implementation: str, num_tokens: Optional[int] = None):
+def fused_attention(q, k, v, implementation: str, num_tokens=None):
   """`jax.nn.dot_product_attention` of [batch, tokens, heads, head_dim] inputs.
 
-  `num_tokens`: the real tokens, when the sequence ends in padding (`pads_sequence`);
-  the padding is masked as a key and its own output row is meaningless.
+  `num_tokens`: the real tokens, when the sequence ends in padding (`pads_sequence`, NaFlex's
+  budgets): one count, or one per example ([batch] int32); the padding is masked as a key and
+  its own output rows are meaningless.
   """
-  if num_tokens is None or num_tokens == q.shape[1]:
+  if num_tokens is None or isinstance(num_tokens, int) and num_tokens == q.shape[1]:
     return jax.nn.dot_product_attention(q, k, v, implementation=implementation)
-  lengths = jnp.full((q.shape[0],), num_tokens, jnp.int32)
+  lengths = jnp.broadcast_to(jnp.asarray(num_tokens, jnp.int32), (q.shape[0],))
   return jax.nn.dot_product_attention(
     q,
     k,
@@ -139,6 +141,54 @@ class AddPositionEmbs(nn.Module):
     return x + pe.astype(self.dtype)
 
 
+def _axis(index, size, length):
+  """Bilinear sources (lower, upper, weight of upper) of `index` on an axis of `size`
+  entries, read from a table axis of `length` (half-pixel centres, edges clamped)."""
+  src = jnp.maximum((index + 0.5) * (length / size) - 0.5, 0.0)
+  lower = jnp.minimum(jnp.floor(src), length - 1)
+  upper = jnp.minimum(lower + 1, length - 1)
+  return lower.astype(jnp.int32), upper.astype(jnp.int32), src - lower
+
+
+def resample_grid(table, rows, cols, real):
+  """[B, N, D]: each patch's position embedding from `table` [1, gh, gw, D].
+
+  A patch at (row, col) of an image whose grid is (h, w) (one more than its
+  real patches' largest row and column) reads the table bilinearly at
+  ((row + 0.5) * gh / h - 0.5, likewise columns), edges clamped, without
+  antialiasing: what resizing the table to (h, w) gives it (torch's
+  `interpolate(mode='bilinear', align_corners=False)`), for any mix of grids.
+  """
+  _, gh, gw, _ = table.shape
+  height = jnp.max(jnp.where(real > 0, rows, 0), axis=1, keepdims=True) + 1
+  width = jnp.max(jnp.where(real > 0, cols, 0), axis=1, keepdims=True) + 1
+  y0, y1, fy = _axis(rows, height, gh)
+  x0, x1, fx = _axis(cols, width, gw)
+  t = table[0]
+  fx, fy = fx[..., None], fy[..., None]
+  top = t[y0, x0] * (1 - fx) + t[y0, x1] * fx
+  bottom = t[y1, x0] * (1 - fx) + t[y1, x1] * fx
+  return top * (1 - fy) + bottom * fy
+
+
+class GridPositionEmbs(nn.Module):
+  """NaFlex's learned 2D position embeddings `pos_embedding` [1, gh, gw, D], resampled to each
+  image's grid (`resample_grid`) and added to its patches, the last of its tokens."""
+
+  grid: tuple
+
+  @nn.compact
+  def __call__(self, x, rows, cols, real):
+    """(x with the patches' embeddings added, each image's real tokens [B]): the prefix tokens
+    and the real patches, which come first in every image's row."""
+    shape = (1, *self.grid, x.shape[-1])
+    table = self.param('pos_embedding', nn.initializers.normal(stddev=0.02), shape, jnp.float32)
+    first = x.shape[1] - rows.shape[1]  # the prefix tokens have no position embedding
+    patches = x[:, first:] + resample_grid(table, rows, cols, real).astype(x.dtype)
+    real_tokens = (first + jnp.sum(real, axis=1)).astype(jnp.int32)
+    return jnp.concatenate([x[:, :first], patches], axis=1), real_tokens
+
+
 class _Projection(nn.Module):
   """One attention projection's parameters, under the checkpoint's names."""
 
@@ -156,14 +206,21 @@ class _Projection(nn.Module):
     return kernel, bias
 
 
-def _explicit_attention(q, k, v, dtype, keep=None):
+def _explicit_attention(q, k, v, dtype, keep=None, num_tokens=None):
   """softmax(q k^T / sqrt(head_dim)) v over [batch, heads, tokens, head_dim] arrays, the
   logits and softmax in float32 for range. `keep(weights)` (recording them, dropout) makes
-  the weights explicit; without it the softmax's division comes after the product."""
+  the weights explicit; without it the softmax's division comes after the product.
+  `num_tokens` ([batch]): each example's real keys; the padding after them takes no weight."""
   q = q * jnp.asarray(q.shape[-1] ** -0.5, dtype)
   logits = jnp.einsum('bhqk,bhsk->bhqs', q, k, preferred_element_type=jnp.float32)
+  if num_tokens is not None:
+    real = jnp.arange(k.shape[2]) < jnp.reshape(num_tokens, (-1, 1))
+    logits = jnp.where(real[:, None, None, :], logits, jnp.finfo(jnp.float32).min)
   if keep is not None:
-    weights = keep(jax.nn.softmax(logits, axis=-1).astype(dtype))
+    weights = jax.nn.softmax(logits, axis=-1).astype(dtype)
+    if num_tokens is not None:  # a padding query's row: none, not a softmax over real keys
+      weights = jnp.where(real[:, None, :, None], weights, 0)
+    weights = keep(weights)
     return jnp.einsum('bhqs,bhsk->bhqk', weights, v)
   # softmax(l) @ v == (exp(l - max) @ v) / sum(exp(l - max)). The product is rounded to
   # `dtype` (accumulated in float32 by the hardware) so that its gradient, and with it
@@ -183,8 +240,8 @@ def _project_qkv(x, inputs_kv, params, norms, layout: str, dtype, dot):
   the fused attention's layout without tensor parallelism takes three matmuls,
   each writing [batch, tokens, heads, head_dim] with its bias in its epilogue
   (cuBLASLt on a GPU); one einsum over the stacked kernels would write
-  [3, batch, ...] through a transpose and add each bias in a kernel of its own
-  (4 kernels per layer on an H100, issue 33). Otherwise it is that one einsum:
+  [3, batch, ...] through a transpose and add each bias in a kernel of its own.
+  Otherwise it is that one einsum:
   under tensor parallelism its backward pass sums the three input gradients
   before its one all-reduce instead of reducing each.
   """
@@ -241,7 +298,8 @@ class MultiHeadDotProductAttention(nn.Module):
   def __call__(self, x, *, deterministic: bool, inputs_kv=None, num_tokens=None):
     """Self-attention over `x`, or (`inputs_kv` given) queries from `x` attending over `inputs_kv`.
 
-    `num_tokens`: the real tokens of `x` when padding follows them (`pads_sequence`).
+    `num_tokens`: the real tokens of each example ([batch] int32) when padding follows them
+    (`pads_sequence`, NaFlex's budgets); attention reads no padding.
     """
     d = x.shape[-1]
     if d % self.num_heads:
@@ -260,9 +318,7 @@ class MultiHeadDotProductAttention(nn.Module):
 
     qkv_params = [(k, b if self.qkv_bias else None) for k, b in qkv_params]
     dot = fp8_lib.dot_general if self.fp8 else jax.lax.dot_general
-    project = lambda layout: _project_qkv(  # noqa: E731
-      x, inputs_kv, qkv_params, norms, layout, self.dtype, dot
-    )
+    project = lambda layout: _project_qkv(x, inputs_kv, qkv_params, norms, layout, self.dtype, dot)
 
     need_weights = self.is_mutable_collection('intermediates')
     use_dropout = not deterministic and self.dropout_rate > 0.0
@@ -275,8 +331,6 @@ class MultiHeadDotProductAttention(nn.Module):
       q, k, v = project('bnhk')
       y = fused_attention(q, k, v, implementation, num_tokens)
       return jnp.einsum('bnhk,hkd->bnd', y, out_kernel, _dot_general=dot) + out_bias
-    if num_tokens is not None and num_tokens != x.shape[1]:
-      raise ValueError(f'the {implementation} attention cannot mask padding; see pads_sequence')
 
     keep = None
     if need_weights or use_dropout:
@@ -285,7 +339,7 @@ class MultiHeadDotProductAttention(nn.Module):
         self.sow('intermediates', 'attention_weights', weights)
         return nn.Dropout(self.dropout_rate)(weights, deterministic=deterministic)
 
-    y = _explicit_attention(*project('bhnk'), self.dtype, keep)
+    y = _explicit_attention(*project('bhnk'), self.dtype, keep, num_tokens)
     return jnp.einsum('bhnk,hkd->bnd', y, out_kernel, _dot_general=dot) + out_bias
 
 
@@ -299,7 +353,7 @@ class MlpBlock(nn.Module):
 
   @nn.compact
   def __call__(self, x, *, deterministic: bool):
-    dense = lambda n, name: nn.Dense(  # noqa: E731
+    dense = lambda n, name: nn.Dense(
       n,
       dtype=self.dtype,
       kernel_init=nn.initializers.xavier_uniform(),
@@ -357,21 +411,47 @@ class BlockConfig:
   parallel_block: bool = False  # see Encoder1DBlock
   qk_norm: bool = False  # ViT-22B: LayerNorm of q and k per head
   qkv_and_norm_biases: bool = True  # False: ViT-22B's q/k/v projections and LayerNorms
+  layer_scale: Optional[float] = None  # LayerScale's initial gamma; None: none (the paper's)
   fp8: bool = False  # the dense layers (q/k/v/out, MLP) as FP8 products (models/fp8.py)
+
+
+def block_options_of(names) -> dict:
+  """The `BlockConfig` options (`model_spec.BLOCK_OPTIONS`) that the parameter names of one
+  encoder block ('LayerNorm_0/scale', ...) show: what a checkpoint holds."""
+  return {
+    'parallel_block': 'LayerNorm_2/scale' not in names,
+    'qk_norm': 'MultiHeadDotProductAttention_1/query_norm/scale' in names,
+    'qkv_and_norm_biases': 'LayerNorm_0/bias' in names,
+    'layer_scale': 1.0 if 'ls1/gamma' in names else None,  # the value only initialises
+  }
+
+
+class LayerScale(nn.Module):
+  """CaiT's LayerScale (Touvron et al. 2021): a residual branch scaled per channel by a learned
+  `gamma` [D] that starts at `init` (timm's `ls1`, `ls2`)."""
+
+  init: float
+
+  @nn.compact
+  def __call__(self, x):
+    gamma = self.param('gamma', nn.initializers.constant(self.init), (x.shape[-1],), jnp.float32)
+    return x * gamma.astype(x.dtype)
 
 
 class Encoder1DBlock(nn.Module):
   """Pre-LN encoder block (paper eq. 2-3): x + MSA(LN(x)), then x + MLP(LN(x)).
 
   With `parallel_block` (ViT-22B): x + MSA(LN(x)) + MLP(LN(x)), one LayerNorm,
-  so under tensor parallelism the two sub-layers share one reduction.
+  so under tensor parallelism the two sub-layers share one reduction. With
+  `layer_scale` each branch is scaled by its `LayerScale` (`ls1`, `ls2`) before
+  it is added.
   """
 
   config: BlockConfig
-  num_tokens: Optional[int] = None  # the real tokens when padding follows (pads_sequence)
 
   @nn.compact
-  def __call__(self, x, deterministic: bool):
+  def __call__(self, x, deterministic: bool, num_tokens=None):
+    """`num_tokens` ([batch] int32): each example's real tokens, when padding follows them."""
     c = self.config
     bias = c.qkv_and_norm_biases
     x = sharding.constrain(x, ('batch', None, None))
@@ -386,30 +466,37 @@ class Encoder1DBlock(nn.Module):
       norm_bias=bias,
       fp8=c.fp8,
       name='MultiHeadDotProductAttention_1',
-    )(y, deterministic=deterministic, num_tokens=self.num_tokens)
+    )(y, deterministic=deterministic, num_tokens=num_tokens)
     mlp = MlpBlock(c.mlp_dim, c.dropout_rate, c.dtype, c.fp8, name='MlpBlock_3')
-    x = x + nn.Dropout(c.dropout_rate)(attention, deterministic=deterministic)
+    scaled = lambda name, y: y if c.layer_scale is None else LayerScale(c.layer_scale, name=name)(y)
+    x = x + scaled('ls1', nn.Dropout(c.dropout_rate)(attention, deterministic=deterministic))
     if c.parallel_block:  # the MLP reads the same normalised input as attention
-      x = x + mlp(y, deterministic=deterministic)
+      x = x + scaled('ls2', mlp(y, deterministic=deterministic))
     else:
       x = sharding.constrain(x, ('batch', None, None))
       y = _layer_norm('LayerNorm_2', c.dtype, bias)(x)
-      x = x + mlp(y, deterministic=deterministic)
+      x = x + scaled('ls2', mlp(y, deterministic=deterministic))
     x = sharding.constrain(x, ('batch', None, None))
     self.sow('intermediates', 'tokens', x)
     return x
 
 
 class _ScannedBlock(Encoder1DBlock):
-  """An encoder block as the body of `nn.scan`: (carry, broadcast input) -> (carry, None)."""
+  """An encoder block as the body of `nn.scan`: (carry, broadcast inputs) -> (carry, None)."""
 
   @nn.compact
-  def __call__(self, x, deterministic: bool):
-    return super().__call__(x, deterministic), None
+  def __call__(self, x, deterministic: bool, num_tokens=None):
+    return super().__call__(x, deterministic, num_tokens), None
 
 
 class Encoder(nn.Module):
-  """Position embeddings, the stack of encoder blocks, and the final LayerNorm."""
+  """Position embeddings, the stack of encoder blocks, and the final LayerNorm.
+
+  Over a ViT's sequences (prefix tokens, then the patches; one learned position embedding per
+  token), or over NaFlex's (`posemb_grid`): each image's patches in its own grid, padded to
+  the batch's length, a learned 2D table resampled to each image's grid, and each image's
+  sequence its prefix tokens and its real patches: attention reads no padding.
+  """
 
   num_layers: int
   block: BlockConfig
@@ -417,11 +504,20 @@ class Encoder(nn.Module):
   remat_policy: str = 'nothing_saveable'  # a jax.checkpoint_policies name (configs.schema)
   scan: bool = False
   pad_odd: Optional[bool] = None  # see pads_sequence; None: where attention runs on cuDNN
+  posemb_grid: Optional[Tuple[int, int]] = None  # NaFlex: the 2D table's (rows, columns)
 
   @nn.compact
-  def __call__(self, x, *, train: bool):
+  def __call__(self, x, *, train: bool, positions=None):
+    """[B, N, D] tokens -> [B, N, D]. `positions` (NaFlex): (rows, cols, real) [B, P] of the
+    last P tokens, the patches: their grid row and column, and 1 for a real patch."""
     c = self.block
-    x = AddPositionEmbs(dtype=c.dtype, name='posembed_input')(x)
+    if positions is None:
+      x, real_tokens = AddPositionEmbs(dtype=c.dtype, name='posembed_input')(x), None
+    else:
+      x, real_tokens = GridPositionEmbs(self.posemb_grid, name='posembed_input')(x, *positions)
+      if c.attention == 'auto':  # the fused kernels take each image's length as it is
+        fused = hardware.cudnn_attention_applies(c.dtype, x.shape[-1] // c.num_heads)
+        c = dataclasses.replace(c, attention='cudnn' if fused else 'xla')
     x = nn.Dropout(c.dropout_rate)(x, deterministic=not train)
     num_tokens = x.shape[1]
     implementation = resolve_attention(
@@ -433,7 +529,8 @@ class Encoder(nn.Module):
     padded = pads_sequence(num_tokens, implementation, self.pad_odd)
     if padded:  # a zero token: finite through every block, and never attended to
       x = jnp.pad(x, ((0, 0), (0, 1), (0, 0)))
-    real = num_tokens if padded else None
+      if real_tokens is None:
+        real_tokens = jnp.full((x.shape[0],), num_tokens, jnp.int32)
     block_cls = _ScannedBlock if self.scan else Encoder1DBlock
     if self.remat:
       # static_argnums=(2,): `deterministic` is a Python bool, not traced.
@@ -450,28 +547,28 @@ class Encoder(nn.Module):
         in_axes=nn.broadcast,
         length=self.num_layers,
       )
-      x, _ = stack(c, real, name='encoderblock')(x, not train)
+      x, _ = stack(c, name='encoderblock')(x, not train, real_tokens)
     else:
       for i in range(self.num_layers):
-        x = block_cls(c, real, name=f'encoderblock_{i}')(x, not train)
+        x = block_cls(c, name=f'encoderblock_{i}')(x, not train, real_tokens)
     if padded:
       x = sharding.constrain(x[:, :num_tokens], ('batch', None, None))
     return _layer_norm('encoder_norm', c.dtype, c.qkv_and_norm_biases)(x)
 
 
-def encoder(
-  transformer, *, dtype, attention, remat, remat_policy, scan, pad_odd=None, fp8=False
-) -> Encoder:
-  """The `Transformer` of a model: its config's `transformer` entry and the model's options
-  (VisionTransformer's attributes of those names)."""
-  block = {k: v for k, v in transformer.items() if k != 'num_layers'}
+def encoder(model, posemb_grid=None) -> Encoder:
+  """The `Transformer` of `model` (a VisionTransformer, MppViT or NaFlexViT): its `transformer`
+  entry, and its attributes of the encoder's options (dtype, attention, fp8, remat,
+  remat_policy, scan, pad_odd); NaFlex's 2D table of `posemb_grid` positions."""
+  block = {k: v for k, v in model.transformer.items() if k != 'num_layers'}
   return Encoder(
-    transformer['num_layers'],
-    BlockConfig(dtype=dtype, attention=attention, fp8=fp8, **block),
-    remat=remat,
-    remat_policy=remat_policy,
-    scan=scan,
-    pad_odd=pad_odd,
+    model.transformer['num_layers'],
+    BlockConfig(dtype=model.dtype, attention=model.attention, fp8=model.fp8, **block),
+    remat=model.remat,
+    remat_policy=model.remat_policy,
+    scan=model.scan,
+    pad_odd=getattr(model, 'pad_odd', None),
+    posemb_grid=None if posemb_grid is None else tuple(posemb_grid),
     name='Transformer',
   )
 
@@ -511,16 +608,7 @@ class VisionTransformer(nn.Module):
       raise ValueError(f'classifier={self.classifier!r}; use one of {CLASSIFIERS}')
     x = embed_patches(inputs, self.patches, self.hidden_size, self.resnet, self.dtype)
     x = prepend_tokens(self, x, self.classifier, self.num_registers)
-    x = encoder(
-      self.transformer,
-      dtype=self.dtype,
-      attention=self.attention,
-      remat=self.remat,
-      remat_policy=self.remat_policy,
-      scan=self.scan,
-      pad_odd=self.pad_odd,
-      fp8=self.fp8,
-    )(x, train=train)
+    x = encoder(self)(x, train=train)
 
     x = _drop_registers(x, self.num_registers, self.classifier)
     x = _pool(x, self.classifier, self.transformer, self.dtype)
@@ -544,7 +632,7 @@ def prepend_tokens(module, x, classifier: str, num_registers: int = 0):
   attention somewhere to write; `_drop_registers` removes them before pooling."""
   n, _, d = x.shape
   prefix = []
-  if classifier in ('token', 'token_unpooled'):
+  if model_spec.has_class_token(classifier):
     cls = module.param('cls', nn.initializers.zeros, (1, 1, d), jnp.float32)
     prefix.append(jnp.broadcast_to(cls.astype(x.dtype), (n, 1, d)))
   if num_registers:
@@ -581,8 +669,8 @@ class PatchEmbedding(nn.Module):
   [ph, pw, C, features] with nn.Conv's initialiser, `bias` [features]), so
   checkpoints and initial values are unchanged; edges that are not a multiple
   of the patch are dropped, as its VALID padding did. Computed as a reshape and
-  one matmul: a GPU ran the convolution as cuDNN's implicit GEMM with an indexed
-  gather and a padding kernel, 7.3% of ViT-B/16 inference on an H100 (issue 33).
+  one matmul: a GPU runs the convolution as cuDNN's implicit GEMM with an indexed
+  gather and a padding kernel.
   """
 
   features: int
@@ -591,13 +679,18 @@ class PatchEmbedding(nn.Module):
 
   @nn.compact
   def __call__(self, x):
-    (ph, pw), (n, h, w, c) = self.patch_size, x.shape
+    """Images [n, H, W, C], or patches already flattened in that order [n, N, ph * pw * C]."""
+    ph, pw = self.patch_size
+    c = x.shape[-1] if x.ndim == 4 else x.shape[-1] // (ph * pw)
     shape = (ph, pw, c, self.features)
     kernel = self.param('kernel', nn.initializers.lecun_normal(), shape, jnp.float32)
     bias = self.param('bias', nn.initializers.zeros, (self.features,), jnp.float32)
-    gh, gw = h // ph, w // pw
-    x = x[:, : gh * ph, : gw * pw].reshape(n, gh, ph, gw, pw, c)
-    x = x.transpose(0, 1, 3, 2, 4, 5).reshape(n, gh * gw, ph * pw * c).astype(self.dtype)
+    if x.ndim == 4:
+      n, h, w, _ = x.shape
+      gh, gw = h // ph, w // pw
+      x = x[:, : gh * ph, : gw * pw].reshape(n, gh, ph, gw, pw, c)
+      x = x.transpose(0, 1, 3, 2, 4, 5).reshape(n, gh * gw, ph * pw * c)
+    x = x.astype(self.dtype)
     x = sharding.constrain(x, ('batch', None, None))
     kernel = kernel.reshape(ph * pw * c, self.features).astype(self.dtype)
     x = sharding.constrain(x @ kernel + bias.astype(self.dtype), ('batch', None, None))
@@ -616,7 +709,7 @@ def compute_params(params, dtype):
   `dtype` wherever it is used (kernels, biases, embeddings, the class token) cast once here,
   the float32 ones (`_FLOAT32_MODULES`) left as they are. The model then computes exactly as
   with float32 parameters, without a cast per layer and call. Training casts inside the loss
-  (gradients stay float32); inference stores the parameters so (issue 33)."""
+  (gradients stay float32); inference stores the parameters so."""
   dtype = jnp.dtype(dtype)
 
   def cast(path, x):
@@ -631,7 +724,7 @@ def compute_params(params, dtype):
 def _drop_registers(x, num_registers: int, classifier: str):
   if not num_registers:
     return x
-  first = 1 if classifier in ('token', 'token_unpooled') else 0
+  first = int(model_spec.has_class_token(classifier))
   return jnp.concatenate([x[:, :first], x[:, first + num_registers :]], axis=1)
 
 

@@ -6,7 +6,8 @@ numbering, big_vision's prefixes, scanned blocks and root position embedding) on
 model's names; `stack_blocks` and `unstack_blocks` move between the scanned
 (`Transformer/encoderblock` with a layer axis) and the released (`encoderblock_{i}`) layout;
 `resize_posemb` and `resize_patch_embedding` move a checkpoint to another resolution or patch
-size; `adapt` turns a pre-trained tree into one to fine-tune. Reading and writing files is
+size; `adapt` turns a pre-trained tree into one to fine-tune; `spec_of` reads the model a tree
+holds from its shapes (`configs.model_spec.ModelSpec`). Reading and writing files is
 `vit_jax.checkpoint`'s, which calls these (and re-exports the official API's names).
 """
 
@@ -16,9 +17,13 @@ import re
 from typing import Mapping
 
 import jax
+import ml_collections
 import numpy as np
 
+from vit_jax.configs import model_spec
+from vit_jax.configs.model_spec import ModelSpec
 from vit_jax.core.errors import UserError
+from vit_jax.models import vit
 
 _PREFIXES = ('opt/target/', 'params/')
 # Newer Flax numbering inside an encoder block -> the original release's.
@@ -28,6 +33,7 @@ _NEW_BLOCK_NAMES = {
   'MlpBlock_0': 'MlpBlock_3',
 }
 _POSEMB = 'Transformer/posembed_input/pos_embedding'
+_BLOCK = re.compile(r'^Transformer/encoderblock_(\d+)/')
 _EMBEDDING = 'embedding/kernel'
 # Layers only pre-training uses (paper 3.1 pre-logits; B.1.2 masked patch
 # prediction); fine-tuning drops them when the new model has none.
@@ -256,6 +262,65 @@ def interpolate_posembed(posemb, num_tokens: int, has_class_token: bool) -> np.n
   return resize_posemb(np.asarray(posemb), num_tokens, int(has_class_token), 'zoom')
 
 
+def spec_of(flat: dict, name: str, what: str) -> ModelSpec:
+  """The model that flat parameters ({'a/b': array} in this model's names, blocks unrolled) of
+  registry model `name` hold: what their shapes fix taken from them (depth, a plain ViT's patch
+  size, the pre-logits width, registers, the resolution its position embeddings hold; a 2D
+  table is a NaFlex ViT), the rest from the registry. CheckpointError (one line) for shapes
+  that `name` cannot have; `what` names the parameters in it."""
+  arch = model_spec.registered(name)
+  kernel = flat.get(_EMBEDDING)
+  patch = None
+  if arch.get('resnet') is None and kernel is not None and np.ndim(kernel) == 4:
+    patch = tuple(int(n) for n in np.shape(kernel)[:2])  # a run may train at another patch
+  blocks = {m.group(1) for m in map(_BLOCK.match, flat) if m}  # a run may set its depth
+  first = [key.split('/', 2)[2] for key in flat if key.startswith('Transformer/encoderblock_0/')]
+  arch = model_spec.resolve(
+    name,
+    num_layers=len(blocks) or None,
+    block=vit.block_options_of(first) if first else None,
+    patch_size=patch,
+    num_registers=int(np.shape(flat['registers'])[1]) if 'registers' in flat else 0,
+    representation_size=(
+      int(np.shape(flat['pre_logits/kernel'])[-1]) if 'pre_logits/kernel' in flat else None
+    ),
+  )
+  posemb = flat.get(_POSEMB)
+  if posemb is not None and np.ndim(posemb) == 4:  # NaFlex's table of rows x columns
+    if arch.classifier not in model_spec.NAFLEX_CLASSIFIERS:
+      raise CheckpointError(
+        f'{what} is a NaFlex ViT (2D position embeddings); {arch.model_name} pools with '
+        f'{arch.classifier!r}, NaFlex with one of {model_spec.NAFLEX_CLASSIFIERS}: check --model'
+      )
+    grid = tuple(int(g) for g in np.shape(posemb)[1:3])
+    return ModelSpec(
+      ml_collections.FrozenConfigDict(arch), grid[0] * arch.patches.size[0], posemb_grid=grid
+    )
+  if posemb is None or np.ndim(posemb) != 3:
+    raise CheckpointError(
+      f'{what}: no {_POSEMB} of shape [1, tokens, width]; is it a ViT checkpoint?'
+    )
+  grid = square_grid(np.shape(posemb)[1], arch, what)
+  return ModelSpec(ml_collections.FrozenConfigDict(arch), grid * model_spec.stride(arch))
+
+
+def square_grid(num_tokens: int, architecture, what: str) -> int:
+  """Patches per side of `num_tokens` position embeddings of `architecture`: its prefix tokens,
+  then a square grid; CheckpointError for other counts."""
+  num_prefix = model_spec.prefix_tokens(
+    architecture.classifier, architecture.get('num_registers', 0)
+  )
+  num_patches = num_tokens - num_prefix
+  grid = math.isqrt(max(num_patches, 0))
+  if num_patches < 1 or grid * grid != num_patches:
+    raise CheckpointError(
+      f'{what}: {num_tokens} position embeddings are not {num_prefix} class token(s) + a square '
+      f'patch grid, as {architecture.model_name} (classifier={architecture.classifier}) needs; '
+      'check --model'
+    )
+  return grid
+
+
 _REGISTERS = 'registers'
 
 
@@ -272,7 +337,7 @@ def match_registers(restored: dict, init: dict, model_config: Mapping) -> tuple:
   report = {'re-initialised': [], 'dropped': []}
   if old == new or _POSEMB not in restored or _POSEMB not in init:
     return restored, report
-  first = 1 if model_config.get('classifier', 'token') in ('token', 'token_unpooled') else 0
+  first = int(model_spec.has_class_token(model_config.get('classifier', 'token')))
   posemb, fresh = restored[_POSEMB], init[_POSEMB]
   kept = min(old, new)
   if posemb.ndim == 3:  # 1D position embeddings hold a row per register (2D ones: patches only)
@@ -315,7 +380,8 @@ def adapt(
     restored: the pre-trained flat parameters {'a/b': array} in this model's names
       (`canonical`), blocks unrolled.
     init: the new model's freshly initialised flat parameters, blocks unrolled.
-    model_config: its config, for the tokens before the patches (classifier, registers).
+    model_config: its architecture (a registry entry, a `ModelSpec.architecture`), for the
+      tokens before the patches (classifier, registers).
     posemb_resize: 'zoom' (the official code's and big_vision's) or 'bilinear'.
     what: the checkpoint's name in errors.
 
@@ -323,38 +389,15 @@ def adapt(
     (flat parameters shaped as `init`, {'kept', 'resized', 'dropped', 're-initialised':
     [what, one line each]}).
   """
-  num_prefix = 1 if model_config.get('classifier', 'token') in ('token', 'token_unpooled') else 0
-  num_prefix += model_config.get('num_registers', 0)
+  num_prefix = model_spec.prefix_tokens(
+    model_config.get('classifier', 'token'), model_config.get('num_registers', 0)
+  )
   restored, registers = match_registers(restored, init, model_config)
   out = {}
   report = {'kept': [], 'resized': [], 'dropped': [], 're-initialised': []}
   for key, value in init.items():
-    if key.startswith('head/') or key not in restored and key.startswith('pre_logits/'):
-      out[key] = value
-      report['re-initialised'].append(f'{key} {shape_of(value)}')
-    elif key not in restored:
-      raise CheckpointError(
-        f'{what} lacks {key} {shape_of(value)} that the model '
-        'has; is it a checkpoint of another model?'
-      )
-    elif key == _POSEMB and shape_of(restored[key]) != shape_of(value):
-      out[key] = resize_posemb(restored[key], value.shape[1], num_prefix, posemb_resize)
-      report['resized'].append(
-        f'{key} {shape_of(restored[key])} -> {shape_of(value)} ({posemb_resize})'
-      )
-    elif key == _EMBEDDING and shape_of(restored[key]) != shape_of(value) == (
-      shape_of(value)[:2] + shape_of(restored[key])[2:]
-    ):  # another patch size (FlexiViT)
-      out[key] = resize_patch_embedding(restored[key], value.shape[:2])
-      report['resized'].append(f'{key} {shape_of(restored[key])} -> {shape_of(value)} (PI-resize)')
-    elif shape_of(restored[key]) != shape_of(value):
-      raise CheckpointError(
-        f'{what}: {key} has shape {shape_of(restored[key])}, the '
-        f'model expects {shape_of(value)}; check the model name'
-      )
-    else:
-      out[key] = restored[key]
-      report['kept'].append(key)
+    out[key], action, line = _adapted(key, value, restored, num_prefix, posemb_resize, what)
+    report[action].append(line)
   for key in sorted(set(restored) - set(init)):
     if not key.startswith(('head/',) + _PRETRAINING_ONLY):
       raise CheckpointError(
@@ -368,3 +411,26 @@ def adapt(
   for action, lines in registers.items():
     report[action] += lines
   return out, report
+
+
+def _adapted(key, value, restored, num_prefix, posemb_resize, what) -> tuple:
+  """(the fine-tuning value of `init`'s `key`, what `adapt` did, its report line)."""
+  if key.startswith('head/') or key not in restored and key.startswith('pre_logits/'):
+    return value, 're-initialised', f'{key} {shape_of(value)}'
+  if key not in restored:
+    raise CheckpointError(
+      f'{what} lacks {key} {shape_of(value)} that the model has; is it a checkpoint of another '
+      'model?'
+    )
+  old, new = shape_of(restored[key]), shape_of(value)
+  if key == _POSEMB and old != new:
+    resized = resize_posemb(restored[key], value.shape[1], num_prefix, posemb_resize)
+    return resized, 'resized', f'{key} {old} -> {new} ({posemb_resize})'
+  if key == _EMBEDDING and old != new == new[:2] + old[2:]:  # another patch size (FlexiViT)
+    resized = resize_patch_embedding(restored[key], value.shape[:2])
+    return resized, 'resized', f'{key} {old} -> {new} (PI-resize)'
+  if old != new:
+    raise CheckpointError(
+      f'{what}: {key} has shape {old}, the model expects {new}; check the model name'
+    )
+  return restored[key], 'kept', key

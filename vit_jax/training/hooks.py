@@ -14,7 +14,6 @@ from vit_jax.data import pipeline
 from vit_jax.evaluation import fewshot
 from vit_jax.evaluation import metrics
 from vit_jax.models import vit_checkpoint
-from vit_jax.training import steps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,7 +45,7 @@ def hooks(run) -> list:
     Hook(
       'fewshot',
       config.fewshot.every if config.fewshot.datasets else 0,
-      FewShotProbe(config),
+      FewShotProbe(),
       evaluation=True,
     ),
     Hook('checkpoint', config.checkpoint_every, save_checkpoint, at_end=True),
@@ -97,14 +96,13 @@ class FewShotProbe:
   """The few-shot hook (paper 4.1): its state, the backbone as a plain ViT (also for MPP runs)
   and its jitted pre-logits features, built on first use and kept for the run."""
 
-  def __init__(self, config):
-    self._config = config
+  def __init__(self):
     self._model = self._features = None
 
   def __call__(self, run, loop, step: int) -> dict:
     """Few-shot accuracies of the current parameters, logged; returns them."""
     if self._model is None:
-      self._model = steps.make_model(self._config, num_classes=None)
+      self._model = run.program.task.features
       self._features = fewshot.representation_fn(self._model)
     scalars = fewshot.evaluate_datasets(
       run.config,

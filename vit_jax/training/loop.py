@@ -51,7 +51,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
   """Trains and evaluates `config` in `workdir`; returns the summary dict."""
   clock = Clock()
   mesh = program.make_mesh(config)
-  program.validate(config, mesh.size)
+  spec = program.validate(config, mesh.size)
   # Our own one-line errors pass as they are; a failed write becomes one.
   with workdir_lib.storage_errors(workdir, keep=(UserError,)):
     workdir_lib.check_folder(workdir)
@@ -79,7 +79,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
           workdir_lib.write_config(workdir, config, keep=unknown)
         # Orbax logs each unreadable checkpoint file it meets; resume says it in one line.
         with resume.without_orbax_errors():
-          run = set_up(config, workdir, mesh, lock=lock)
+          run = set_up(config, workdir, mesh, spec, lock=lock)
           stop.check()
           state, data_state, clock.prior = restore_or_initialize(run)
         stop.check()
@@ -89,7 +89,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
         loop = Loop(
           state=state,
           train_iter=pipeline.make_train_iterator(
-            config, run.program.batch_sharding, state=data_state, raw=True
+            config, run.program.batch_sharding, state=data_state, raw=True, model_spec=spec
           ),
           progress=console.Progress(config.total_steps, first_step, config.batch),
           clock=clock,
@@ -230,11 +230,10 @@ class Loop:
     return self.clock.totals(self.losses.last_mean)
 
 
-def set_up(config, workdir: str, mesh, lock: Optional[workdir_lib.Lock] = None) -> Run:
-  """Checks the config against the data; builds the task, optimizer and checkpoint manager.
-
-  The config's values are checked against the devices before (`program.validate`).
-  """
+def set_up(config, workdir: str, mesh, spec, lock: Optional[workdir_lib.Lock] = None) -> Run:
+  """Checks the config against the data; builds the task of the model `spec` (which
+  `program.validate` resolved, checking the config against the devices), the optimizer and the
+  checkpoint manager."""
   info = pipeline.get_info(config)
   resume.check_classes(workdir, info)
   if jax.process_index() == 0:
@@ -249,7 +248,7 @@ def set_up(config, workdir: str, mesh, lock: Optional[workdir_lib.Lock] = None) 
       f'note: fp8 on {device.platform}: emulated (FP8 rounding, {config.dtype} products): the '
       'numbers of FP8, not its speed, which needs FP8 tensor cores (Hopper or Ada GPUs)'
     )
-  built = program.build(config, mesh, info.num_classes, info.multi_label)
+  built = program.build(config, mesh, info.num_classes, info.multi_label, spec)
   # Last: its background thread removes unfinished checkpoints, and must not be cut short
   # by an error in the config.
   manager = ocp.CheckpointManager(
@@ -299,7 +298,7 @@ def restore_or_initialize(run: Run):
     params = checkpoint.load_pretrained(
       pretrained_path=config.pretrained_path,
       init_params=_host_tree(state.params),
-      model_config=steps.model_config(config),
+      model_config=built.spec.architecture,
       verbose=jax.process_index() == 0,
     )
     params = jax.device_put(params, built.state_shardings.params)

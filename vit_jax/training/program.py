@@ -1,27 +1,28 @@
 """What a run compiles: the train and eval steps of a config on a mesh, and their inputs.
 
 `validate` checks that a config's values can run together on a number of
-devices (the schema's rules, then the model's), `make_mesh` lays the devices
-out, and `build` is the one path from a config to the jitted steps. The
-trainer (`training.loop`) runs them on real arrays; `python -m vit_jax.compile`
-compiles the very same functions ahead of time for a TPU topology from
-`abstract_state` and `abstract_batch`, which describe exactly what the trainer
-passes (shapes, dtypes, shardings; the state is donated).
+devices (the schema's rules, then the model's) and resolves its model (a
+`ModelSpec`), `make_mesh` lays the devices out, and `build` is the one path
+from a config to the jitted steps. The trainer (`training.loop`) runs them on
+real arrays; `python -m vit_jax.compile` compiles the very same functions ahead
+of time for a TPU topology from `abstract_state` and `abstract_batch`, which
+describe exactly what the trainer passes (shapes, dtypes, shardings; the state
+is donated).
 """
 
 import dataclasses
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import jax
 import numpy as np
 
 from vit_jax.configs import ConfigError
 from vit_jax.configs import schema
+from vit_jax.configs.model_spec import ModelSpec
 from vit_jax.core import sharding
-from vit_jax.data import spec
+from vit_jax.data import spec as data_spec
 from vit_jax.models import flexi
-from vit_jax.models import naflex
 from vit_jax.training import optim
 from vit_jax.training import steps
 
@@ -30,51 +31,25 @@ from vit_jax.training import steps
 _KEY = jax.ShapeDtypeStruct((2,), np.uint32)
 
 
-def validate(config, num_devices: int) -> None:
-  """Raises ConfigError (one line) for values that cannot run together on `num_devices`: first
-  the schema's rules (`configs.schema.RULES`), then what the model itself can take (patch sizes,
-  NaFlex's pooling, heads split over the mesh)."""
+def validate(config, num_devices: int) -> ModelSpec:
+  """The config's model (`ModelSpec.of`), once its values are checked to run together on
+  `num_devices`: the schema's rules (`configs.schema.RULES`), then what the model itself can
+  take (its crop and patch sizes, NaFlex's pooling, heads split over the mesh). A misfit is a
+  one-line ConfigError."""
   schema.validate(config, schema.Devices(num_devices, jax.default_backend()))
-  if config.naflex_tokens:
-    _validate_naflex(config)
+  spec = ModelSpec.of(config)
   if config.patch_size is not None or config.flexi_patch_sizes:
-    arch = steps.model_config(config)
     try:
-      flexi.check_patch_sizes(
-        arch, config.pp.crop, [arch.patches.size[0], *config.flexi_patch_sizes]
-      )
+      flexi.check_patch_sizes(spec, [spec.patch_size, *config.flexi_patch_sizes])
     except flexi.PatchSizeError as e:
       raise ConfigError(f'pp.crop={config.pp.crop}: {e}') from None
   if config.mesh.model > 1:
-    arch = steps.model_config(config)
+    t = spec.architecture.transformer
     try:
-      sharding.check_model_fits(
-        arch.transformer.num_heads, arch.transformer.mlp_dim, config.mesh.model
-      )
+      sharding.check_model_fits(t.num_heads, t.mlp_dim, config.mesh.model)
     except sharding.MeshError as e:
       raise ConfigError(f'{config.model}: {e}') from None
-
-
-def _validate_naflex(config) -> None:
-  """NaFlex trains classification of a plain ViT with token or mean pooling, nothing else."""
-  arch = steps.model_config(config)
-  unsupported = [
-    (config.task != 'classification', f'task={config.task!r}'),
-    (arch.classifier not in naflex.CLASSIFIERS, f'classifier={arch.classifier!r}'),
-    (arch.get('resnet') is not None, 'a hybrid'),
-    (bool(config.flexi_patch_sizes), 'flexi_patch_sizes'),
-    (bool(config.pp.randaug_layers or config.pp.mixup), 'RandAugment or Mixup'),
-    (config.attention_dropout_rate > 0, 'attention dropout'),
-    (any(config.block.values()), 'ViT-22B blocks'),
-    (config.fp8, 'fp8'),
-    (min(config.naflex_tokens) < 1, 'a budget below 1 token'),
-  ]
-  for bad, what in unsupported:
-    if bad:
-      raise ConfigError(
-        f'naflex_tokens={tuple(config.naflex_tokens)}: NaFlex trains classification with a '
-        f'plain ViT (token or gap pooling), not with {what}; change it or leave naflex_tokens empty'
-      )
+  return spec
 
 
 def make_mesh(config, devices=None):
@@ -90,6 +65,7 @@ def make_mesh(config, devices=None):
 @dataclasses.dataclass(frozen=True)
 class Program:
   config: Any
+  spec: ModelSpec  # the model of the config
   num_classes: int
   multi_label: bool
   task: steps.Task
@@ -107,21 +83,32 @@ class Program:
 
   def abstract_batch(self, train: bool = True) -> dict:
     """A global batch as the input pipeline delivers it, laid out over the mesh."""
-    batch = spec.batch_spec(self.config, self.num_classes, self.multi_label, train=train)
+    batch = data_spec.batch_spec(
+      self.config, self.num_classes, self.multi_label, train=train, model_spec=self.spec
+    )
     return _with_shardings(batch, {key: self.batch_sharding for key in batch})
 
 
-def build(config, mesh, num_classes: int, multi_label: bool) -> Program:
-  """The task, optimizer, state layout and jitted steps of `config` on `mesh`."""
+def build(
+  config, mesh, num_classes: int, multi_label: bool, spec: Optional[ModelSpec] = None
+) -> Program:
+  """The task, optimizer, state layout and jitted steps of `config` on `mesh`, of the model
+  `spec` (None: `ModelSpec.of(config)`; the trainer passes `validate`'s)."""
+  spec = spec or ModelSpec.of(config)
   batch_sharding = sharding.batch_sharding(mesh)
-  task = steps.make_task(config, num_classes, multi_label)
+  task = steps.make_task(config, num_classes, multi_label, spec)
   tx, schedule = optim.make_optimizer(config)
   init = functools.partial(
-    steps.init_state, model=task.model, tx=tx, image_size=config.pp.crop, ema=bool(config.ema_decay)
+    steps.init_state,
+    model=task.model,
+    tx=tx,
+    image_size=spec.image_size,
+    ema=bool(config.ema_decay),
   )
   state_shardings = sharding.tree_shardings(jax.eval_shape(init, _KEY), mesh)
   return Program(
     config=config,
+    spec=spec,
     num_classes=num_classes,
     multi_label=multi_label,
     task=task,

@@ -64,9 +64,6 @@ MAY_CHANGE = (
 # the recorded config). Such a run resumes as it was only with that value, so
 # the one line below names it like any other difference.
 ADDED = {
-  # Before 'tf' (TensorFlow's sample_distorted_bounding_box), inception crops
-  # were drawn with a log-uniform aspect ratio in 10 attempts.
-  'pp.crop_sampler': ('log_ratio_10', lambda flat: flat.get('pp.inception_crop') is not False),
   # Before the official floor of 1e-5, the linear decay ended at 0.
   'linear_end': (0.0, lambda flat: flat.get('decay_type') == 'linear'),
 }

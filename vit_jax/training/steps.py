@@ -17,14 +17,13 @@ import jax.numpy as jnp
 import optax
 
 from vit_jax import models
-from vit_jax.configs import architectures
+from vit_jax.configs.model_spec import ModelSpec
 from vit_jax.core import hardware
 from vit_jax.core import sharding
 from vit_jax.data import on_device
 from vit_jax.evaluation import metrics
 from vit_jax.models import flexi
 from vit_jax.models import mpp
-from vit_jax.models import naflex
 from vit_jax.models import vit
 
 
@@ -38,51 +37,6 @@ class TrainState:
   num_skipped: jax.Array  # steps whose loss or gradient was not finite
 
 
-def model_config(config):
-  """The architecture of `config.model`, with the run's dropout and pre-logits."""
-  arch = architectures.MODEL_CONFIGS[config.model]
-  arch.transformer.update(
-    dropout_rate=config.dropout_rate, attention_dropout_rate=config.attention_dropout_rate
-  )
-  if config.representation_size is not None:
-    arch.representation_size = config.representation_size
-  if config.depth is not None:
-    arch.transformer.num_layers = config.depth
-  if config.num_registers:
-    arch.num_registers = config.num_registers
-  if config.patch_size is not None:  # FlexiViT: the checkpoint's kernel is PI-resized to it
-    arch.patches.size = (config.patch_size, config.patch_size)
-  for flag, value in config.block.items():
-    if value is not None:
-      arch.transformer[flag] = value
-  return arch
-
-
-def make_model(config, num_classes):
-  if config.naflex_tokens:  # images at their own aspect ratio (vit_jax.models.naflex)
-    arch = model_config(config)
-    grid = config.pp.crop // arch.patches.size[0]
-    return naflex.NaFlexViT(
-      num_classes=num_classes,
-      posemb_grid=(grid, grid),
-      head_bias_init=config.head_bias_init,
-      dtype=jnp.dtype(config.dtype),
-      attention=config.attention,
-      **arch,
-    )
-  return models.VisionTransformer(
-    num_classes=num_classes,
-    head_bias_init=config.head_bias_init,
-    dtype=jnp.dtype(config.dtype),
-    remat=config.remat,
-    remat_policy=config.remat_policy,
-    scan=config.scan_layers,
-    attention=config.attention,
-    fp8=config.fp8,
-    **model_config(config),
-  )
-
-
 class Task(NamedTuple):
   """What is trained: the model, its loss on a batch, its evaluation counts."""
 
@@ -94,23 +48,39 @@ class Task(NamedTuple):
   prepare: Callable
   # (params, batch, rng) -> (training loss, gradients); None: value_and_grad of loss_fn.
   grad_fn: Optional[Callable] = None
+  # The backbone without a head (pre-logits features) on the same parameters: few-shot probes.
+  features: Optional[nn.Module] = None
 
 
-def make_task(config, num_classes: int, multi_label: bool) -> Task:
-  """The task named by `config.task`: 'classification' or 'mpp'.
+def make_task(
+  config, num_classes: int, multi_label: bool, spec: Optional[ModelSpec] = None
+) -> Task:
+  """The task named by `config.task`: 'classification' or 'mpp', of the model `spec` (None:
+  `ModelSpec.of(config)`).
 
   Its loss and evaluation take the float32 parameters and cast them to the
   compute dtype once, at the top (`vit.compute_params`): gradients flow back
   through that cast to float32, and no layer casts on every call.
   """
-  compute = lambda params: vit.compute_params(params, config.dtype)  # noqa: E731
-  if config.task == 'classification':
-    model = make_model(config, num_classes)
+  spec = spec or ModelSpec.of(config)
+  options = dict(  # how the model computes, beside its architecture
+    dtype=jnp.dtype(config.dtype),
+    attention=config.attention,
+    remat=config.remat,
+    remat_policy=config.remat_policy,
+    scan=config.scan_layers,
+    head_bias_init=config.head_bias_init,
+    fp8=config.fp8,
+  )
+  # The classification loss, of labels or of Mixup's soft ones.
+  objective = lambda logits, batch: cross_entropy(
+    logits, batch['label'], loss=config.loss, label_smoothing=config.label_smoothing
+  )
+  compute = lambda params: vit.compute_params(params, config.dtype)
+  features = models.build(spec, None, **options)
 
-    def objective(logits, batch):
-      return cross_entropy(
-        logits, batch['label'], loss=config.loss, label_smoothing=config.label_smoothing
-      )
+  if config.task == 'classification':
+    model = models.build(spec, num_classes, **options)
 
     def loss_fn(params, batch, rng, train):
       variables = {'params': compute(params)}
@@ -120,7 +90,7 @@ def make_task(config, num_classes: int, multi_label: bool) -> Task:
     grad_fn = None
     if config.flexi_patch_sizes:  # FlexiViT: a random patch size per training step
       sizes = tuple(config.flexi_patch_sizes)
-      grad_fn = flexi.random_patch_grad(model, sizes, config.pp.crop, objective, compute)
+      grad_fn = flexi.random_patch_grad(model, sizes, spec.image_size, objective, compute)
 
     def eval_fn(params, batch):
       logits = model.apply({'params': compute(params)}, batch['image'], train=False)
@@ -128,33 +98,19 @@ def make_task(config, num_classes: int, multi_label: bool) -> Task:
 
   else:
     assert config.task == 'mpp', config.task  # the schema's other choice
-    model = mpp.MppViT(
-      dtype=jnp.dtype(config.dtype),
-      remat=config.remat,
-      remat_policy=config.remat_policy,
-      scan=config.scan_layers,
-      attention=config.attention,
-      fp8=config.fp8,
-      **model_config(config),
-    )
+    options.pop('head_bias_init')  # the colour head's bias starts at zero
+    model = mpp.MppViT(**options, **spec.architecture)
 
     def loss_fn(params, batch, rng, train):
       return mpp.loss_fn(compute(params), batch['image'], rng, model=model, train=train)[0]
 
     def eval_fn(params, batch):
-      # A fixed corruption pattern, so evaluations of one run are comparable.
-      targets = mpp.colour_targets(batch['image'], tuple(model.patches['size']))
-      corruption = mpp.sample_corruption(jax.random.PRNGKey(0), *targets.shape)
-      variables = {'params': compute(params)}
-      logits = model.apply(variables, batch['image'], corruption, train=False)
-      counted = corruption.corrupted * batch['mask'][:, None]
-      correct = (jnp.argmax(logits, axis=-1) == targets) * counted
-      return {'correct': jnp.sum(correct), 'count': jnp.sum(counted)}
+      return mpp.eval_counts(compute(params), batch['image'], batch['mask'], model=model)
 
     grad_fn = None
 
   prepare = functools.partial(on_device.prepare, num_classes=num_classes)
-  return Task(model, loss_fn, eval_fn, prepare, grad_fn)
+  return Task(model, loss_fn, eval_fn, prepare, grad_fn, features)
 
 
 def init_state(rng, *, model, tx, image_size, ema: bool) -> TrainState:
@@ -235,7 +191,7 @@ def train_step(state: TrainState, batch, *, task: Task, tx, schedule, config):
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
   # A non-finite step changes nothing; the loop then stops or skips it.
-  keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)  # noqa: E731
+  keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
   params, opt_state = keep(params, state.params), keep(opt_state, state.opt_state)
   ema_params = state.ema_params
   if ema_params is not None:

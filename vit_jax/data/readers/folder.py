@@ -96,7 +96,7 @@ def images_under(folder: str) -> Tuple[List[str], List[str], List[str]]:
   found, tools, others = [], [], []
   for top, dirs, names in os.walk(folder):
     where = os.path.relpath(top, folder)
-    relative = lambda name: name if where == '.' else os.path.join(where, name)  # noqa: E731
+    relative = lambda name: name if where == '.' else os.path.join(where, name)
     tools += [relative(d) for d in dirs if is_tool_entry(d)]
     dirs[:] = sorted(d for d in dirs if not is_tool_entry(d))
     for name in names:
