@@ -1,0 +1,142 @@
+"""A run of two processes (jax.distributed on 127.0.0.1, CPU, gloo) stopped by a signal to one
+of them, or by the death of one: what each process does, and the resumed result.
+
+Each run is `python -m vit_jax.main` twice, one process per rank, as SLURM or a TPU pod starts
+it; the reference is the same run in one process with two devices (bitwise the same steps).
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from conftest import said
+from conftest import subprocess_env
+from conftest import tiny_run_flags
+import numpy as np
+import pytest
+
+from vit_jax import checkpoint
+
+# Progress every 2 steps (so that a step between two lines is not a boundary of any hook), no
+# periodic checkpoint: the only checkpoint of a stopped run is the one its stop writes.
+FLAGS = tiny_run_flags(progress_every=2, checkpoint_every=1000)
+
+
+def _free_port():
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
+def main_command(workdir, *extra):
+  return [sys.executable, '-m', 'vit_jax.main', f'--workdir={workdir}', *FLAGS, *extra]
+
+
+def start_two(workdir, logs):
+  """The two processes of one run, each writing its stdout and stderr to `logs`/rank{i}.*."""
+  address = f'127.0.0.1:{_free_port()}'
+  os.makedirs(logs, exist_ok=True)
+  processes = []
+  for i in range(2):
+    flags = [f'--coordinator_address={address}', '--num_processes=2', f'--process_id={i}']
+    processes.append(
+      subprocess.Popen(
+        main_command(workdir, *flags),
+        env=subprocess_env(devices=1),
+        stdout=open(os.path.join(logs, f'rank{i}.out'), 'w'),
+        stderr=open(os.path.join(logs, f'rank{i}.err'), 'w'),
+      )
+    )
+  return processes
+
+
+def wait_all(processes, timeout):
+  deadline = time.time() + timeout
+  for p in processes:
+    try:
+      p.wait(timeout=max(1.0, deadline - time.time()))
+    except subprocess.TimeoutExpired:
+      for q in processes:
+        q.kill()
+      raise
+  return [p.returncode for p in processes]
+
+
+def read(path):
+  with open(path, encoding='utf-8', errors='replace') as f:
+    return f.read()
+
+
+def logged_steps(workdir):
+  path = os.path.join(workdir, 'metrics.jsonl')
+  if not os.path.exists(path):
+    return []
+  lines = [json.loads(line) for line in read(path).splitlines() if line.strip()]
+  return [line['step'] for line in lines if 'train_loss' in line]
+
+
+def params(workdir):
+  return checkpoint.flatten(checkpoint.load(os.path.join(workdir, 'params.npz')))
+
+
+def assert_bitwise_equal(a, b):
+  assert sorted(a) == sorted(b)
+  for key in a:
+    np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+
+
+@pytest.fixture(scope='module')
+def reference(tmp_path_factory):
+  """The uninterrupted run, one process with two devices."""
+  workdir = str(tmp_path_factory.mktemp('reference'))
+  result = subprocess.run(
+    main_command(workdir), env=subprocess_env(devices=2), capture_output=True, text=True,
+    timeout=600,
+  )  # fmt: skip
+  assert result.returncode == 0, result.stderr[-3000:]
+  return params(workdir)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('rank', [0, 1])
+def test_sigterm_to_either_rank_stops_both_at_the_next_step_and_resumes_bitwise(
+  reference, tmp_path, rank
+):
+  workdir, logs = str(tmp_path / 'run'), str(tmp_path / 'logs')
+  processes = start_two(workdir, logs)
+  deadline = time.time() + 300
+  while not [s for s in logged_steps(workdir) if s >= 6]:
+    assert time.time() < deadline and all(p.poll() is None for p in processes), read(
+      os.path.join(logs, 'rank0.err')
+    )[-3000:]
+    time.sleep(0.02)
+  # Both paused, so that the step the signal arrives at is known: the last one logged, or the
+  # one after it (progress lines come every 2 steps).
+  for p in processes:
+    p.send_signal(signal.SIGSTOP)
+  last = logged_steps(workdir)[-1]
+  processes[rank].send_signal(signal.SIGTERM)
+  for p in processes:
+    p.send_signal(signal.SIGCONT)
+  codes = wait_all(processes, timeout=120)
+  errors = [said(read(os.path.join(logs, f'rank{i}.err'))) for i in range(2)]
+  saved = sorted(int(s) for s in os.listdir(os.path.join(workdir, 'checkpoints')))
+  assert codes == [143, 143], errors
+  assert len(saved) == 1 and saved[0] <= last + 3, (last, saved)  # within 2 steps of the signal
+  for lines in errors:
+    assert lines == [
+      f'error: preempted (SIGTERM) at step {saved[0]}; checkpoint written to {workdir}; run the '
+      'same command again to resume'
+    ]
+  assert not os.path.exists(os.path.join(workdir, 'params.npz'))
+
+  resumed = start_two(workdir, str(tmp_path / 'logs2'))
+  assert wait_all(resumed, timeout=300) == [0, 0], read(str(tmp_path / 'logs2' / 'rank0.err'))
+  assert f'Resuming from the checkpoint at step {saved[0]}' in read(
+    str(tmp_path / 'logs2' / 'rank0.out')
+  )
+  assert_bitwise_equal(params(workdir), reference)
