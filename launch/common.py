@@ -65,9 +65,9 @@ def add_common_flags(parser: Parser, workdir_help: str) -> None:
   )
 
 
-def main_command(python: str, args) -> List[str]:
-  """`python -m vit_jax.main` with the run's flags."""
-  command = [python, '-m', 'vit_jax.main', f'--workdir={args.workdir}']
+def main_command(python: str, args, workdir: str = '') -> List[str]:
+  """`python -m vit_jax.main` with the run's flags (on `workdir`, default --workdir)."""
+  command = [python, '-m', 'vit_jax.main', f'--workdir={workdir or args.workdir}']
   if args.config:
     command.append(f'--config={args.config}')
   return command + list(args.overrides)
