@@ -89,12 +89,15 @@ def local_archive(name: str) -> tuple:
   ]
 
 
+def unpack(archive: str = ARCHIVE) -> str:
+  """Remote shell line: the archive's files over the checkout. Nothing there is deleted or
+  replaced but the code's own files: a run's workdir inside it, its log, a virtualenv stay."""
+  return f'mkdir -p {REMOTE_DIR} && tar xzf {archive}'
+
+
 def unpack_and_install(extra: str, python: str = 'python3') -> str:
-  """Remote shell line: unpack the archive over a fresh checkout and pip-install it."""
-  return (
-    f'rm -rf {REMOTE_DIR} && tar xzf {ARCHIVE} && '
-    f'{python} -m pip install -q -e "./{REMOTE_DIR}[{extra}]"'
-  )
+  """Remote shell line: unpack the archive over the checkout and pip-install it."""
+  return f'{unpack()} && {python} -m pip install -q -e "./{REMOTE_DIR}[{extra}]"'
 
 
 def shell_join(command: Sequence[str]) -> str:
