@@ -36,8 +36,9 @@ def main_command(workdir, *extra):
   return [sys.executable, '-m', 'vit_jax.main', f'--workdir={workdir}', *FLAGS, *extra]
 
 
-def start_two(workdir, logs):
-  """The two processes of one run, each writing its stdout and stderr to `logs`/rank{i}.*."""
+def start_two(workdir, logs, workdirs=None):
+  """The two processes of one run, each writing its stdout and stderr to `logs`/rank{i}.*
+  (`workdirs`: one for each, as if each node had a disk of its own)."""
   address = f'127.0.0.1:{_free_port()}'
   os.makedirs(logs, exist_ok=True)
   processes = []
@@ -45,7 +46,7 @@ def start_two(workdir, logs):
     flags = [f'--coordinator_address={address}', '--num_processes=2', f'--process_id={i}']
     processes.append(
       subprocess.Popen(
-        main_command(workdir, *flags),
+        main_command(workdirs[i] if workdirs else workdir, *flags),
         env=subprocess_env(devices=1),
         stdout=open(os.path.join(logs, f'rank{i}.out'), 'w'),
         stderr=open(os.path.join(logs, f'rank{i}.err'), 'w'),
@@ -134,9 +135,72 @@ def test_sigterm_to_either_rank_stops_both_at_the_next_step_and_resumes_bitwise(
     ]
   assert not os.path.exists(os.path.join(workdir, 'params.npz'))
 
-  resumed = start_two(workdir, str(tmp_path / 'logs2'))
-  assert wait_all(resumed, timeout=300) == [0, 0], read(str(tmp_path / 'logs2' / 'rank0.err'))
-  assert f'Resuming from the checkpoint at step {saved[0]}' in read(
-    str(tmp_path / 'logs2' / 'rank0.out')
-  )
+  # Resumed as it ran (after a stop on rank 0), or in one process with both devices.
+  if rank == 0:
+    resumed = start_two(workdir, str(tmp_path / 'logs2'))
+    assert wait_all(resumed, timeout=300) == [0, 0], read(str(tmp_path / 'logs2' / 'rank0.err'))
+    out = read(str(tmp_path / 'logs2' / 'rank0.out'))
+  else:
+    result = subprocess.run(
+      main_command(workdir), env=subprocess_env(devices=2), capture_output=True, text=True,
+      timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout
+  assert f'Resuming from the checkpoint at step {saved[0]}' in out
   assert_bitwise_equal(params(workdir), reference)
+
+
+def wait_for_step(workdir, step, processes, logs):
+  deadline = time.time() + 300
+  while not [s for s in logged_steps(workdir) if s >= step]:
+    assert time.time() < deadline and all(p.poll() is None for p in processes), read(
+      os.path.join(logs, 'rank0.err')
+    )[-3000:]
+    time.sleep(0.02)
+
+
+@pytest.mark.slow
+def test_a_killed_rank_ends_the_other_within_seconds_with_one_line(tmp_path):
+  """`kill -9` of process 1: process 0 names it in one line and ends, well within a minute,
+  with the exit status of a preemption (a job script requeues on it)."""
+  workdir, logs = str(tmp_path / 'run'), str(tmp_path / 'logs')
+  processes = start_two(workdir, logs)
+  wait_for_step(workdir, 6, processes, logs)
+  for p in processes:
+    p.send_signal(signal.SIGSTOP)
+  last = logged_steps(workdir)[-1]
+  processes[1].kill()
+  processes[0].send_signal(signal.SIGCONT)
+  killed = time.time()
+  assert wait_all(processes, timeout=60) == [143, -signal.SIGKILL]
+  seconds = time.time() - killed
+  (line,) = said(read(os.path.join(logs, 'rank0.err')))
+  step = int(line.split(' after step ')[1].split()[0])
+  assert last <= step <= last + 2
+  assert line == (
+    f'error: process 1 of 2 stopped answering after step {step} (killed, crashed, or its '
+    'machine lost; its own log says why); process 0 cannot go on without it and stopped. Run '
+    'the same command again (under SLURM: the job requeues itself, or resubmit it) to resume '
+    'from the start'
+  )
+  assert seconds < 30, seconds  # 10 s for process 1 to answer, then out
+  assert not os.path.exists(os.path.join(workdir, 'lock.json'))  # released on the way out
+
+
+@pytest.mark.slow
+def test_a_workdir_the_processes_do_not_share_is_one_line_on_each(tmp_path):
+  """Each process on a disk of its own (here: a folder each): process 1 cannot see the lock
+  that process 0 took, and both stop before any work, in one line."""
+  workdirs = [str(tmp_path / 'node0' / 'run'), str(tmp_path / 'node1' / 'run')]
+  logs = str(tmp_path / 'logs')
+  processes = start_two(None, logs, workdirs=workdirs)
+  assert wait_all(processes, timeout=300) == [2, 2]
+  for i in range(2):
+    assert said(read(os.path.join(logs, f'rank{i}.err'))) == [
+      f'error: {workdirs[i]} is not shared between the processes of this run: process 1 cannot '
+      'see the lock.json that process 0 wrote there. Put the workdir on a filesystem that every '
+      'node mounts (or gs://BUCKET/PATH), or run all processes on one node'
+    ]
+  assert not os.path.exists(os.path.join(workdirs[0], 'checkpoints'))  # before any work
+  assert not os.path.exists(os.path.join(workdirs[0], 'lock.json'))  # released

@@ -22,6 +22,7 @@ import sys
 import time
 
 from conftest import ROOT
+from conftest import said
 from conftest import subprocess_env
 from conftest import tiny_run_flags
 import numpy as np
@@ -194,14 +195,22 @@ def cluster(tmp_path_factory):
 
 @pytest.fixture(scope='module')
 def reference(tmp_path_factory):
-  """The uninterrupted run, one process with two devices."""
+  """The uninterrupted run, one process with two devices, started at once and run beside the
+  job (`reference()` waits for it and gives its parameters)."""
   workdir = str(tmp_path_factory.mktemp('reference'))
-  result = subprocess.run(
+  process = subprocess.Popen(
     [sys.executable, '-m', 'vit_jax.main', f'--workdir={workdir}', *FLAGS],
-    env=subprocess_env(devices=2), capture_output=True, text=True, timeout=600,
+    env=subprocess_env(devices=2), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
   )  # fmt: skip
-  assert result.returncode == 0, result.stderr[-3000:]
-  return params(workdir)
+
+  def result():
+    stderr = process.communicate(timeout=600)[1]
+    assert process.returncode == 0, stderr[-3000:]
+    return params(workdir)
+
+  yield result
+  if process.poll() is None:
+    process.kill()
 
 
 def params(workdir):
@@ -252,20 +261,6 @@ def logged_steps(workdir):
     return []
   lines = [json.loads(line) for line in open(path) if line.strip()]
   return [line['step'] for line in lines if 'train_loss' in line]
-
-
-def test_the_sbatch_script_trains_on_two_tasks_as_one_process(cluster, reference, tmp_path):
-  workdir = str(tmp_path / 'run')
-  job = submit(cluster, workdir)
-  wait_for(lambda: ended(cluster, job), f'job {job}')
-  log = log_of(workdir, job)
-  fields = cluster.job(job)
-  assert (fields['JobState'], fields['ExitCode']) == ('COMPLETED', '0:0'), log
-  assert os.path.exists(os.path.join(workdir, 'launch.sbatch'))
-  assert log.count('=== vit_jax: job ') == 1 and 'attempt 1 of at most 10' in log
-  # Each line of the processes starts with its rank; only process 0 reports progress.
-  assert '0: step 24/24' in log and '1: step' not in log
-  assert_bitwise_equal(params(workdir), reference)
 
 
 def ranks(workdir) -> dict:
@@ -337,8 +332,9 @@ def attempts(log) -> int:
 def test_preempted_killed_and_out_of_time_the_job_requeues_itself_and_ends_bitwise(
   cluster, reference, tmp_path
 ):
-  """One job through three interruptions, each in an attempt of its own: `scancel
-  --signal=TERM`, `kill -9` of rank 1, and the time limit's grace signal. The run is paused
+  """The job `launch/slurm.py` writes and submits, through three interruptions, each in an
+  attempt of its own: `scancel --signal=TERM`, `kill -9` of rank 1, and the time limit's
+  grace signal; the fourth attempt ends the run with the parameters of one process. The run is paused
   (SIGSTOP) while each is set off, so that it is still stepping when it arrives (it steps
   fast: its time goes to starting up), and goes on (SIGCONT) once it is."""
   workdir = str(tmp_path / 'run')
@@ -399,5 +395,31 @@ def test_preempted_killed_and_out_of_time_the_job_requeues_itself_and_ends_bitwi
   attempt = log.split('attempt 3 of at most')[1].split('attempt 4 of at most')[0]
   second_stop = int(attempt.split('preempted (SIGTERM) at step ')[1].split(';')[0])
   assert last <= second_stop <= last + 3
-  assert f'Resuming from the checkpoint at step {second_stop}' in log.split('attempt 4 of')[1]
-  assert_bitwise_equal(params(workdir), reference)
+  last_attempt = log.split('attempt 4 of')[1]
+  assert f'Resuming from the checkpoint at step {second_stop}' in last_attempt
+  # One log beside the run, each line of the processes with its rank; only process 0 reports.
+  assert os.path.exists(os.path.join(workdir, 'launch.sbatch'))
+  assert '0: step 24/24' in last_attempt and '\n1: step ' not in log
+  assert_bitwise_equal(params(workdir), reference())
+
+
+def test_a_run_started_without_srun_in_an_allocation_of_two_tasks_is_one_line(cluster, tmp_path):
+  script = tmp_path / 'no_srun.sbatch'
+  script.write_text(
+    '#!/bin/bash\n#SBATCH --ntasks=2\n'
+    f'{sys.executable} -m vit_jax.main --workdir={tmp_path / "run"} {" ".join(FLAGS)}\n'
+  )
+  log = tmp_path / 'no_srun.out'
+  job = int(
+    cluster.run(
+      'sbatch', f'--output={log}', f'--chdir={ROOT}', str(script), check=True
+    ).stdout.split()[-1]
+  )
+  wait_for(lambda: ended(cluster, job), f'job {job}')
+  assert cluster.job(job)['ExitCode'] == '2:0'
+  assert said(log.read_text()) == [
+    'error: this SLURM allocation has 2 tasks, but the command runs once, outside srun (in the '
+    'batch script or an salloc shell): start it with `srun python -m vit_jax.main ...`, one '
+    'process per task (launch/slurm.py writes such a script), or with `srun --ntasks=1` for '
+    'one process'
+  ]
