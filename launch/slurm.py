@@ -74,12 +74,12 @@ def sbatch_script(args) -> str:
   ]
   lines += [f'#SBATCH --partition={args.partition}'] if args.partition else []
   lines += [f'#SBATCH --account={args.account}'] if args.account else []
-  lines += ['set -uo pipefail']
   lines += (
     [f'source {common.shlex.quote(os.path.join(args.venv, "bin", "activate"))}']
     if args.venv
     else []
   )
+  lines += ['set -uo pipefail']  # (after the venv's script, which may read unset variables)
   if args.gpus_per_node:
     lines += [f'export {name}={value}' for name, value in common.GPU_ENV.items()]
   train = common.main_command('python', args, workdir=run_dir)

@@ -454,3 +454,15 @@ def test_a_rerun_deletes_nothing_and_the_dry_runs_use_the_current_configs(tmp_pa
     fields = config_fields(path)
     overrides = [k[len('--config.') :] for k in named if k.startswith('--config.')]
     assert all(o in fields for o in overrides), (overrides, path)
+
+
+def test_the_docs_show_the_sbatch_script_slurm_py_writes():
+  docs = (ROOT / 'docs' / 'speed_and_scale.md').read_text()
+  shown = docs.split('writes `WORKDIR/launch.sbatch` and runs `sbatch` on it')[1]
+  shown = shown.split('```bash\n', 1)[1].split('```', 1)[0]
+  output = launch(
+    'slurm.py', '--nodes=4', '--gpus_per_node=8', '--workdir=/shared/runs/b16',
+    '--partition=gpu', '--time=24:00:00', '--venv=/shared/vit_jax/.venv',
+    '--repo=/path/to/vit_jax', '--dry-run', '--', '--config.batch=4096',
+  ).stdout  # fmt: skip
+  assert shown == output.split("<<'EOF'\n", 1)[1].split('\nEOF\n')[0] + '\n'
