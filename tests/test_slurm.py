@@ -53,6 +53,11 @@ def _missing() -> str:
     )
   if os.geteuid() != 0:
     return 'the SLURM daemons of the test cluster run as root; run the tests as root (as CI does)'
+  host = socket.gethostname().split('.')[0]
+  try:
+    socket.gethostbyname(host)  # JAX's coordinator under SLURM is the first node, by name
+  except OSError:
+    return f"this machine's name {host} does not resolve; add it to /etc/hosts"
   return ''
 
 
