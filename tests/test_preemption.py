@@ -206,3 +206,23 @@ def test_a_workdir_the_processes_do_not_share_is_one_line_on_each(tmp_path):
     ]
   assert not os.path.exists(os.path.join(workdirs[0], 'checkpoints'))  # before any work
   assert not os.path.exists(os.path.join(workdirs[0], 'lock.json'))  # released
+
+
+def test_the_docs_quote_the_measured_cost_of_the_stop_check():
+  """docs/training.md's figures are `benchmarks/stop_check.py`'s record, as it names it."""
+  from conftest import ROOT
+
+  name = '20261127T2002_stop_check.json'
+  record = json.loads((ROOT / 'benchmarks' / name).read_text())
+  docs = ' '.join((ROOT / 'docs' / 'training.md').read_text().split())
+  due = record['due_seconds_per_call']
+  share = f'{record["share_of_a_step"]:.1e}'.replace('e-0', 'e-')
+  quoted = (
+    f'asking costs the loop {due["one_process_s"] * 1e6:.2f} µs a step in one process and at '
+    f'most {max(due["two_processes_s"]) * 1e6:.1f} µs, a lock and a comparison, in each of two, '
+    f'{share} of a '
+    f'{record["testing_model_two_processes"]["step_s"] * 1e3:.0f} ms step of the `testing` '
+    f'model: `python benchmarks/stop_check.py`, `benchmarks/{name}`'
+  )
+  assert quoted in docs
+  assert record['share_of_a_step'] < 1e-3  # no measurable step time
