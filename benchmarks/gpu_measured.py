@@ -1,12 +1,13 @@
 r"""The README's measured GPU table, from one lease's records (`benchmarks/gpu_measured/<lease>/`).
 
-  python benchmarks/gpu_measured.py [benchmarks/gpu_measured/h200_20261126]
+  python benchmarks/gpu_measured.py [benchmarks/gpu_measured/h200_20261127]
 
 Prints, in Markdown, each `python -m vit_jax.benchmark` record of the lease
 (ours and, where compared, timm at the same batch), each side's best batch, and
 the single-library variants. MFU is img/s x the closed-form FLOPs per image
 (`vit_jax.bench.flops`) over the record's peak (the spec sheet's dense bf16), so
-records whose compiler gave no FLOP count are comparable with the others.
+records whose compiler gave no FLOP count are comparable with the others; FP8 runs
+(`--fp8`) are counted against the same bf16 peak, so their MFU compares with bf16's.
 """
 
 import glob
@@ -15,7 +16,7 @@ import os
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEFAULT = os.path.join(ROOT, 'benchmarks', 'gpu_measured', 'h200_20261126')
+DEFAULT = os.path.join(ROOT, 'benchmarks', 'gpu_measured', 'h200_20261127')
 GiB = 2**30
 
 
@@ -37,10 +38,16 @@ def mfu(record, side):
 
 def _what(record):
   o = record['options']
-  what = 'training (Adam)' if o['mode'] == 'train' else 'inference'
+  model = o['model'].replace('_', '/')
+  what = f'{model} ' + ('training (Adam)' if o['mode'] == 'train' else 'inference')
   changes = [f'attention={o["attention"]}'] if o['attention'] != 'auto' else []
   if o.get('optim_dtype', 'float32') != 'float32':
     changes.append(f'first moment {o["optim_dtype"]}')
+  if o.get('fp8'):
+    changes.append('fp8 products')
+  xla_flags = record['command'].split('--xla_flags=')[1:]
+  if xla_flags:
+    changes.append(xla_flags[0].split()[0].lstrip('-'))
   return what + (', ' + ', '.join(changes) if changes else '')
 
 
@@ -48,8 +55,8 @@ def rows(records):
   """One Markdown row per record: compared ones first, by mode and batch."""
   order = sorted(
     records.values(),
-    key=lambda r: ('timm' not in r, r['options']['mode'] != 'train', r['options']['batch'],
-                   _what(r)),
+    key=lambda r: ('timm' not in r, r['options']['model'], r['options']['mode'] != 'train',
+                   r['options']['batch'], _what(r)),
   )  # fmt: skip
   out = []
   for r in order:
@@ -82,7 +89,7 @@ def best(records, mode):
 
 def table(records) -> str:
   lines = [
-    '| ViT-B/16, 224 px, bf16 | batch | vit_jax img/s | timm img/s | vit_jax / timm '
+    '| 224 px, bf16 | batch | vit_jax img/s | timm img/s | vit_jax / timm '
     '| MFU vit_jax / timm | memory (JAX peak) |',
     '|---|---:|---:|---:|---:|---|---:|',
     *rows(records),

@@ -9,9 +9,11 @@ so this script runs what matters most first and writes each record as soon as
 it exists: (1) ViT-B/16 bf16 training against timm, (2) ViT-B/16 bf16
 inference against timm, each with the kernels that took the most device time
 (`--profile`) and the step's memory as the GPU compiler predicted it on a CPU
-(benchmarks/gpu_hlo) beside the peak measured on the card; (3, 4) the XLA
-options of issue 33 item 4 A/B, ours alone: each candidate against the
-programs as built (`hardware.GPU_COMPILER_OPTIONS`), run after run; (5) the
+(benchmarks/gpu_hlo) beside the peak measured on the card; (3) ViT-L/16
+training in bf16 and with FP8 products (`--fp8`), (4) the demo's bf16 and FP8
+loss curves over 200 steps (benchmarks/fp8_curves.py), (5) ViT-B/16 training
+with FP8; (6, 7) the XLA options A/B, ours alone: each candidate against the
+programs as built (`hardware.GPU_COMPILER_OPTIONS`), run after run; (8) the
 whole loop (`python -m vit_jax.main` for 160 steps on the digits in memory, on
 a JPEG folder read by the host's cores and on TFRecord shards of it, each
 against the bare step, steady state and whole run; the host input pipeline
@@ -41,11 +43,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # vit_jax from this checkout, installed or not (the GPU image has it not)
 B16_TRAIN = ['--model=ViT-B_16', '--mode=train', '--dtype=bfloat16', '--optimizer=adam']
 B16_INFER = ['--model=ViT-B_16', '--mode=infer', '--dtype=bfloat16']
+L16_TRAIN = ['--model=ViT-L_16', '--mode=train', '--dtype=bfloat16', '--optimizer=adam']
 
 
 class Item(NamedTuple):
   name: str
-  flags: Optional[list]  # benchmark flags; None: the whole loop (run_loop)
+  flags: Optional[list]  # benchmark flags; None: a script of its own (SCRIPTS)
   batches: list
   needs_timm: bool
   seconds: float  # per run (per batch and variant), process start and compiles included
@@ -70,9 +73,15 @@ XLA_OPTIONS = {
 # The B/16 batches are those benchmarks/gpu_hlo.py compiles (the predicted memory). Each
 # side's best batch was among them on the H200 (ours 512 training, 1024 inference; timm 512
 # both); training at 128 and inference at 256 were slower for both and are left out.
+# Issue 44: FP8 products (vit_jax.models.fp8) against bf16, ours alone, at the largest batch
+# of the 2026-11-26 records for B/16 and its memory scaled by 3.5 for L/16 (141 GB on an H200).
+FP8 = {'bf16': [], 'fp8': ['--fp8']}
 ITEMS = [
-  Item('b16_train_vs_timm', [*B16_TRAIN, '--compare=timm'], [256, 512], True, 95, profile=True),
+  Item('b16_train_vs_timm', [*B16_TRAIN, '--compare=timm'], [512], True, 95, profile=True),
   Item('b16_infer_vs_timm', [*B16_INFER, '--compare=timm'], [512, 1024], True, 50, profile=True),
+  Item('l16_train_fp8', [*L16_TRAIN], [256], False, 70, FP8, profile=True),
+  Item('fp8_curves', None, [], False, 60),
+  Item('b16_train_fp8', B16_TRAIN, [512], False, 55, {'fp8': ['--fp8']}),
   Item('b16_train_xla_options', B16_TRAIN, [512], False, 55, XLA_OPTIONS),
   Item('b16_infer_xla_options', B16_INFER, [1024], False, 45, XLA_OPTIONS),
   Item('loop', None, [], False, 420),
@@ -331,7 +340,7 @@ def _entry(record, flags, batch) -> dict:
 
 def run_item(item: Item, out, smoke) -> dict:
   if item.flags is None:
-    return run_loop(out, smoke)
+    return SCRIPTS[item.name](out, smoke)
   flags = item.flags
   if item.needs_timm and not (_has('timm') and _has('torch')):
     flags = [f for f in flags if f != '--compare=timm']
@@ -354,6 +363,23 @@ def run_item(item: Item, out, smoke) -> dict:
         entry.update(_entry(_read_json(path), flags, batch))
       results.append(entry)
   return {'item': item.name, 'runs': results}
+
+
+def run_fp8_curves(out, smoke) -> dict:
+  """benchmarks/fp8_curves.py: the demo's bf16 and fp8 loss curves over 200 steps (4 smoke)."""
+  path = os.path.join(out, 'fp8_curves.json')
+  steps = 4 if smoke else 200
+  command = [sys.executable, os.path.join(ROOT, 'benchmarks', 'fp8_curves.py'), f'--steps={steps}',
+             f'--json={path}']  # fmt: skip
+  result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+  if result.returncode:
+    return {'item': 'fp8_curves', 'error': _error(result)}
+  record = _read_json(path)
+  return {'item': 'fp8_curves', 'max_relative_difference': record['max_relative_difference'],
+          'tail_mean_loss': record['tail_mean_loss']}  # fmt: skip
+
+
+SCRIPTS = {'loop': run_loop, 'fp8_curves': run_fp8_curves}
 
 
 def _archive(out, path):

@@ -1,6 +1,6 @@
 r"""Measures the README's main command: `python -m vit_jax.main` (the demo).
 
-  python benchmarks/measure_demo.py [--runs=2] [--keep=workdirs/demo]
+  python benchmarks/measure_demo.py [--runs=2] [--keep=workdirs/demo] [--flags='--config.fp8=True']
 
   python benchmarks/measure_demo.py --readme=benchmarks/<time>_demo.json
 
@@ -9,7 +9,8 @@ start to exit, compilation and evaluation included), reads the run's summary,
 and writes a record `benchmarks/<time>_demo.json`. Target (issue 4): test
 accuracy >= 97% within 10 minutes on a 2-core CPU. The README's demo sentence
 is printed from the record (`--readme` prints it for an existing one): copy
-it, do not retype the numbers.
+it, do not retype the numbers. `--flags` runs the demo with other config values (the record
+names them): `--flags=--config.fp8=True` is the demo with FP8 products (docs/speed_and_scale.md).
 """
 
 import argparse
@@ -53,6 +54,7 @@ def main():
     'it must not exist yet, or the run would resume instead of train',
   )
   parser.add_argument('--readme', help='print the README sentence of this record and stop')
+  parser.add_argument('--flags', default='', help="the main command's extra flags, space-separated")
   args = parser.parse_args()
   if args.readme:
     with open(args.readme, encoding='utf-8') as f:
@@ -69,7 +71,7 @@ def main():
       workdir = args.keep if args.keep and i == args.runs - 1 else tmp
       start = time.perf_counter()
       result = subprocess.run(
-        [sys.executable, '-m', 'vit_jax.main', f'--workdir={workdir}'],
+        [sys.executable, '-m', 'vit_jax.main', f'--workdir={workdir}', *args.flags.split()],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
@@ -87,12 +89,14 @@ def main():
 
   record = {
     'benchmark': 'demo: python -m vit_jax.main',
+    'flags': args.flags.split(),
     'date': datetime.datetime.now().isoformat(timespec='seconds'),
     'machine': hardware.machine_info(),
     'runs': runs,
     'target_met': all(r['test_accuracy'] >= 0.97 and r['end_to_end_s'] <= 600 for r in runs),
   }
-  name = datetime.datetime.now().strftime('%Y-%m-%dT%H%M') + '_demo.json'
+  suffix = '_demo_' + '_'.join(f.split('.')[-1].replace('=', '_') for f in args.flags.split())
+  name = datetime.datetime.now().strftime('%Y-%m-%dT%H%M') + (suffix.rstrip('_') + '.json')
   path = os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
   with open(path, 'w', encoding='utf-8') as f:
     json.dump(record, f, indent=2)

@@ -264,6 +264,9 @@ def main():
   parser.add_argument('--only', help='run this entry only')
   parser.add_argument('--max_compiles', type=int, default=2)
   parser.add_argument('--markdown', action='store_true', help='print the table of the records')
+  parser.add_argument(
+    '--again', action='store_true', help='compile entries whose record exists too (a new step)'
+  )
   args = parser.parse_args()
   if args.markdown:
     print(markdown() + '\n\n' + giant_markdown())
@@ -272,7 +275,7 @@ def main():
     if args.only and name != args.only:
       continue
     path = os.path.join(ROOT, 'benchmarks', 'tpu', f'{name}.json')
-    if os.path.exists(path):
+    if os.path.exists(path) and not args.again:
       continue
     compile_entry(name, config, topology, extra, args.max_compiles)
 

@@ -15,6 +15,7 @@ a machine with network.
 """
 
 import concurrent.futures
+import errno
 import io
 import json
 import os
@@ -41,6 +42,7 @@ from vit_jax.core import files
 from vit_jax.data import images
 from vit_jax.data import pipeline
 from vit_jax.evaluation import classify
+from vit_jax.models import vit_checkpoint
 
 SIZE = 32  # the `testing` model (16 px patches) at a 2 x 2 grid
 # A folder named in three scripts and with spaces; classes and files likewise, and one file
@@ -83,14 +85,14 @@ def _params(num_classes, favourite=None):
   return params
 
 
-def _workdir(path, dataset, *, finished=True, favourite=1):
+def _workdir(path, dataset, *, finished=True, favourite=1, num_classes=len(CLASSES)):
   """A training workdir of the `testing` model on `dataset`: finished (params.npz) or
   stopped (only a checkpoint at step 5, as a preempted run leaves it)."""
   import orbax.checkpoint as ocp
 
   os.makedirs(path)
   (path / 'config.json').write_text(json.dumps({'model': 'testing', 'dataset': dataset}))
-  params = _params(len(CLASSES), favourite)
+  params = _params(num_classes, favourite)
   if finished:
     checkpoint.save_npz(params, path / 'params.npz')
   else:
@@ -720,6 +722,772 @@ def test_a_workdir_that_is_a_file_is_one_line(tmp_path):
   for path, where in [('file', 'is a file'), ('file/run', f'is inside the file {tmp_path}/file')]:
     with pytest.raises(workdir_lib.WorkdirError, match=f'^{tmp_path}/{path} {where}: a workdir'):
       workdir_lib.check_folder(str(tmp_path / path))
+
+
+# ---------------------------------------------------------------------------
+# Issue 46, round four: a custom 1000-class head, registers on a checkpoint, arrays registered
+# in Python, environments, a full disk, help. Each test below failed on c8cff89's code.
+
+
+def _dead_pid() -> int:
+  """The id of a process that has ended (what a kill -9 leaves behind in a temporary name)."""
+  child = subprocess.Popen([sys.executable, '-c', 'pass'])
+  child.wait()
+  return child.pid
+
+
+def test_a_1000_class_head_gets_its_runs_names_never_imagenets(tmp_path, capsys):
+  """A 1000-class head trained on a folder that is gone got ImageNet-1k's names (`cellular
+  telephone (class 487)`) from predict and export's id2label: the run's own record
+  (dataset.json) names them; without one, class_<i> and why; a bare file is ImageNet's."""
+  from vit_jax import export
+  from vit_jax import predict
+
+  names = [f'k{i:04d}' for i in range(1000)]
+  image = tmp_path / 'x.png'
+  Image.fromarray(np.zeros((8, 8), np.uint8)).save(image)
+  gone = str(tmp_path / 'gone')
+  recorded = _workdir(tmp_path / 'recorded', gone, favourite=487, num_classes=1000)
+  (tmp_path / 'recorded' / 'dataset.json').write_text(json.dumps(_record(gone, names)))
+  old = _workdir(tmp_path / 'old', gone, favourite=487, num_classes=1000)
+  bare = checkpoint.save_npz(_params(1000, 487), tmp_path / 'bare.npz')
+  code, out, err = _run(predict.main, [f'--checkpoint={recorded}', '--top_k=1', str(image)], capsys)
+  assert code == 0 and out.splitlines()[1] == '  1. 100.00%  k0487  (class 487)' and not err, err
+  code, out, err = _run(predict.main, [f'--checkpoint={old}', '--top_k=1', str(image)], capsys)
+  assert code == 0 and out.splitlines()[1] == '  1. 100.00%  class_487  (class 487)', out
+  assert err.startswith(
+    f'python -m vit_jax.predict: classes named class_<i>: its dataset {gone} does not open here'
+  ), err
+  argv = [f'--checkpoint={bare}', '--model=testing', '--top_k=1', str(image)]
+  code, out, err = _run(predict.main, argv, capsys)
+  assert out.splitlines()[1].startswith('  1. 100.00%  cellular telephone, cellular phone'), out
+  for run, label in ((recorded, 'k0487'), (old, 'LABEL_487')):
+    argv = [f'--checkpoint={run}', '--format=hf', f'--output={tmp_path}/hf_{label}']
+    code, out, err = _run(export.main, argv, capsys)
+    assert code == 0, err
+    hf = json.loads((tmp_path / f'hf_{label}' / 'config.json').read_text())
+    assert hf['id2label']['487'] == label
+
+
+def test_an_npz_label_past_a_million_classes_is_one_line_at_once(tmp_path):
+  """One label of 2,000,000,000 (no class_names) built two billion class names: 111 s,
+  10.7 GB and a MemoryError."""
+  from vit_jax.data.readers import arrays
+
+  x = np.zeros((4, 8, 8, 3), np.uint8)
+  path = tmp_path / 'data.npz'
+  np.savez(path, x_train=x, y_train=np.array([0, 1, 2, 2_000_000_000]), x_test=x, y_test=[0] * 4)
+  start = time.perf_counter()
+  with pytest.raises(pipeline.DataError) as e:
+    arrays.load(str(path))
+  assert time.perf_counter() - start < 5
+  assert str(e.value) == (
+    f'{path}: y_train holds a label 2000000000, which would make 2,000,000,001 classes; labels '
+    'are class ids 0..K-1: renumber them (np.unique(y, return_inverse=True)[1]) or give '
+    'class_names'
+  )
+
+
+@pytest.mark.parametrize('before, after', [(0, 2), (2, 0), (1, 3)])
+def test_registers_added_or_dropped_on_a_checkpoint_keep_the_rest(before, after, tmp_path, capsys):
+  """`--config.pretrained_path=RUN --config.num_registers=1` on a run without registers was
+  'cannot resize 15 to 16 patch positions; only square grids (square images)': registers the
+  checkpoint lacks start as a fresh model's (token and position row), those the model lacks
+  are dropped, every other row and parameter is loaded, and the table says so."""
+  config = architectures.MODEL_CONFIGS['testing']
+  config.num_registers = before
+  pretrained = random_like(param_shapes(config, 5, SIZE), seed=1)
+  path = checkpoint.save_npz(pretrained, tmp_path / 'run.npz')
+  config.num_registers = after
+  init = random_like(param_shapes(config, 3, 2 * SIZE), seed=2)  # at 64 px: a 4x4 grid
+  params = checkpoint.load_pretrained(
+    pretrained_path=str(path), init_params=init, model_config=config
+  )
+  posemb = params['Transformer']['posembed_input']['pos_embedding']
+  old = pretrained['Transformer']['posembed_input']['pos_embedding']
+  fresh = init['Transformer']['posembed_input']['pos_embedding']
+  kept = min(before, after)
+  assert posemb.shape == (1, 1 + after + 16, 10)
+  np.testing.assert_array_equal(posemb[:, : 1 + kept], old[:, : 1 + kept])
+  np.testing.assert_array_equal(posemb[:, 1 + kept : 1 + after], fresh[:, 1 + kept : 1 + after])
+  np.testing.assert_array_equal(
+    posemb[:, 1 + after :],
+    vit_checkpoint.resize_posemb(old[:, [0, *range(1 + before, 5 + before)]], 17, 1)[:, 1:],
+  )
+  if after:
+    if kept:
+      np.testing.assert_array_equal(
+        params['registers'][:, :kept], pretrained['registers'][:, :kept]
+      )
+    np.testing.assert_array_equal(params['registers'][:, kept:], init['registers'][:, kept:])
+  else:
+    assert 'registers' not in params
+  for key, value in checkpoint.flatten(pretrained).items():
+    if not key.startswith(('head/', 'registers', 'Transformer/posembed_input')):
+      np.testing.assert_array_equal(checkpoint.flatten(params)[key], value, err_msg=key)
+  table = capsys.readouterr().out
+  if after > before:
+    assert (
+      f're-initialised  registers (1, {after}, 10): {after - kept} new register token(s) and '
+      f"their position rows, as a fresh model's ({kept} kept)"
+    ) in table, table
+  else:
+    assert f'dropped         registers (1, {before}, 10): {before} register token(s)' in table
+
+
+def _record(dataset, classes, *, registered=False):
+  """dataset.json as a run writes it (`vit_jax.data.datasets.record`)."""
+  path = None if registered else os.path.realpath(dataset)
+  return {
+    'dataset': dataset,
+    'path': path,
+    'registered': registered,
+    'num_classes': len(classes) if isinstance(classes, list) else classes,
+    'class_names': classes if isinstance(classes, list) else None,
+  }
+
+
+def _handmade_run(path, config, *, step=4, dataset_record=None, checkpoint_step=None):
+  """A workdir as a stopped run leaves it: config.json, dataset.json (when given), and a
+  checkpoint (params only: what `vit_jax.evaluation.loader` reads) or a summary short of the
+  end."""
+  import orbax.checkpoint as ocp
+
+  os.makedirs(path)
+  workdir_lib.write_config(str(path), config)
+  if dataset_record is not None:
+    (path / 'dataset.json').write_text(json.dumps(dataset_record))
+  if checkpoint_step is None:
+    workdir_lib.write_summary(str(path), {'step': step, 'model': config.model})
+    return str(path)
+  manager = ocp.CheckpointManager(workdir_lib.checkpoints_dir(str(path), absolute=True))
+  state = {'params': _params(3), 'step': np.asarray(checkpoint_step, np.int32)}
+  manager.save(checkpoint_step, args=ocp.args.Composite(state=ocp.args.StandardSave(state)))
+  manager.wait_until_finished()
+  manager.close()
+  return str(path)
+
+
+def test_a_run_on_arrays_registered_in_python_resumed_without_them_says_how(tmp_path):
+  """Resumed from the command line, such a run sent the user to download the name from TFDS
+  (`myarrays: not prepared in ~/tensorflow_datasets/...; run python -m vit_jax.prepare`)."""
+  from conftest import tiny_run_config
+
+  from vit_jax.training import loop
+  from vit_jax.training import resume
+
+  config = tiny_run_config(dataset='myarrays')
+  run = _handmade_run(
+    tmp_path / 'run', config, dataset_record=_record('myarrays', 10, registered=True)
+  )
+  with pytest.raises(resume.ResumeError) as e:
+    loop.train_and_evaluate(config, run)
+  assert str(e.value) == (
+    f"{run} holds a run on 'myarrays', arrays registered in Python (register_arrays), which "
+    'this process has not registered: resume it from Python, calling '
+    "vit_jax.input_pipeline.register_arrays('myarrays', x_train=..., y_train=..., ...) with the "
+    'same arrays before train_and_evaluate'
+  )
+
+
+def test_register_arrays_twice_under_a_name_takes_the_same_arrays_only(monkeypatch):
+  """A second `register_arrays('mine', ...)` replaced the first silently."""
+  from vit_jax.data import datasets
+  from vit_jax.data.readers import arrays
+
+  monkeypatch.setattr(arrays, '_REGISTERED', {})
+  x, y = np.zeros((4, 8, 8, 3), np.uint8), np.array([0, 1, 0, 1])
+  datasets.register_arrays('mine', x_train=x, y_train=y)
+  datasets.register_arrays('mine', x_train=x.copy(), y_train=y)  # a notebook cell run again
+  with pytest.raises(pipeline.DataError) as e:
+    datasets.register_arrays('mine', x_train=x + 1, y_train=y)
+  assert str(e.value) == (
+    "register_arrays: 'mine' holds other arrays already in this process; pick another name, "
+    'or pass replace=True to read these under it from now on'
+  )
+  datasets.register_arrays('mine', replace=True, x_train=x + 1, y_train=y)
+  assert arrays._data('mine')['splits']['train'][0]().max() == 1
+
+
+def _outside(bounds: str):
+  """A value just outside an interval '[a, b)' of `schema.Field.bounds`."""
+  low, high = (float(v) for v in bounds[1:-1].split(','))
+  if low == float('-inf'):
+    return float('nan')
+  if high != float('inf'):
+    return high if bounds[-1] == ')' else high + 1
+  return low if bounds[0] == '(' else low - 1
+
+
+def _numeric_fields():
+  from vit_jax.configs import schema
+
+  return [f for f in schema.FIELDS if f.type in (int, float) or getattr(f, 'bounds', None)]
+
+
+@pytest.mark.parametrize('name', [f.name for f in _numeric_fields()])
+def test_every_number_field_has_bounds_and_a_value_outside_is_one_line(name):
+  """`--config.num_registers=-1` (52 lines) and `--config.pp.crop=0` (58, OpenCV) reached a
+  library; every number of the schema now has its interval, checked before anything runs."""
+  from conftest import tiny_run_config
+
+  from vit_jax.configs import ConfigError
+  from vit_jax.configs import schema
+  from vit_jax.training import program
+
+  field = next(f for f in schema.FIELDS if f.name == name)
+  assert field.bounds, f'{name}: a number without bounds'
+  config = tiny_run_config()
+  program.validate(config, 1)  # its value now passes
+  value = _outside(field.bounds)
+  value = int(value) if field.type is int and value == value else value
+  *sections, last = name.split('.')
+  target = config
+  for section in sections:
+    target = target[section]
+  if field.type is tuple:
+    target[last] = (value,)
+  else:
+    with target.ignore_type():
+      target[last] = value
+  with pytest.raises(ConfigError) as e:
+    program.validate(config, 1)
+  assert str(e.value).startswith(f'{name}=') and '\n' not in str(e.value), str(e.value)
+
+
+def test_a_numeric_field_without_bounds_is_found():
+  from vit_jax.configs import schema
+
+  assert {f.name for f in _numeric_fields()} >= {'num_registers', 'pp.crop', 'seed', 'b2'}
+  assert not [f.name for f in schema.FIELDS if f.type in (int, float) and not f.bounds]
+
+
+@pytest.mark.parametrize('platform', ['gpu', 'cuda'])
+def test_a_platform_the_machine_lacks_is_one_line(platform, inputs):
+  """`JAX_PLATFORMS=gpu` (41 lines) and `=cuda` (36, a bare AssertionError) without a GPU."""
+  env = subprocess_env()
+  env['JAX_PLATFORMS'] = platform
+  argv = ['-m', 'vit_jax.predict', f'--checkpoint={inputs["npz"]}', '--model=testing']
+  result = subprocess.run(
+    [sys.executable, *argv, str(inputs['png'])], env=env, capture_output=True, text=True
+  )
+  if result.returncode == 0:
+    pytest.skip(f'this machine has a {platform} device')
+  assert result.returncode == 2 and said(result.stderr) == [
+    f'error: JAX_PLATFORMS={platform}: JAX cannot start it on this machine (its GPU plugin '
+    'found no GPU, or no CUDA); unset JAX_PLATFORMS to use what the machine has, or set '
+    'JAX_PLATFORMS=cpu'
+  ], result.stderr[-3000:]
+
+
+def test_analyze_reads_a_naflex_checkpoint_with_a_plain_vits_attention(tmp_path, capsys):
+  """`analyze` on a NaFlex checkpoint was `KeyError: 'intermediates'` (27 lines): its blocks now
+  sow their attention where the analyses ask, the weights of a plain ViT that computes the
+  same (its class token's position row zero, its patches' the NaFlex grid)."""
+  from vit_jax import analyze
+  from vit_jax.evaluation import figures
+  from vit_jax.evaluation import loader
+  from vit_jax.models import naflex
+
+  config = architectures.MODEL_CONFIGS['testing']
+  model = naflex.NaFlexViT(num_classes=3, posemb_grid=(2, 2), **config)
+  shapes = param_shapes(config, 3, 16, module=model)
+  flat = checkpoint.flatten(random_like(shapes, seed=3, scale=0.3))
+  path = checkpoint.save_npz(checkpoint.unflatten(flat), tmp_path / 'naflex.npz')
+  table = flat['Transformer/posembed_input/pos_embedding']
+  plain = dict(flat)
+  plain['Transformer/posembed_input/pos_embedding'] = np.concatenate(
+    [np.zeros((1, 1, 10), np.float32), table.reshape(1, 4, 10)], axis=1
+  )
+  images_ = np.random.default_rng(0).uniform(-1, 1, (3, SIZE, SIZE, 3)).astype(np.float32)
+  got = figures.attention_weights(loader.model_from_flat(flat, 'testing', 'naflex'), images_)
+  want = figures.attention_weights(loader.model_from_flat(plain, 'testing', 'plain'), images_)
+  assert len(got) == len(want) == 1
+  np.testing.assert_allclose(got[0], want[0], atol=1e-6)
+  argv = [f'--checkpoint={path}', '--model=testing', '--images=digits', f'--output={tmp_path}/a']
+  code, out, err = _run(analyze.main, argv, capsys)
+  assert code == 0 and out.startswith('wrote attention_distance.png'), err
+  summary = json.loads((tmp_path / 'a' / 'analysis.json').read_text())
+  assert np.shape(summary['posemb_similarity']['values']) == (2, 2, 2, 2)
+
+
+# What main and compile say to a flag or a config file they cannot take: (command, arguments,
+# environment, the line). Each reaches no JAX, so the processes start in a second.
+FLAG_CASES = [
+  (
+    'main',
+    ['--foo'],
+    {},
+    'error: unknown flag --foo; the flags are --config, --coordinator_address, --num_processes, '
+    '--process_id, --verbosity, --workdir and --config.FIELD=VALUE (python -m vit_jax.main '
+    '--help lists them)',
+  ),
+  ('main', ['--workdr=x'], {}, 'error: unknown flag --workdr; did you mean --workdir? the flags'),
+  (
+    'main',
+    ['--config={tmp}/imports.py'],
+    {},
+    'error: config file {tmp}/imports.py, line 1: ModuleNotFoundError: No module named '
+    "'no_such_module' (import no_such_module); install the module or fix the import",
+  ),
+  (
+    'main',
+    ['--config={tmp}/returns_dict.py', '--config.total_steps=4'],
+    {},
+    'error: config file {tmp}/returns_dict.py: get_config() returned a dict, not an '
+    'ml_collections.ConfigDict; return one',
+  ),
+  (
+    'main',
+    ['--config=configs/vit_b16.py:imagenet21k'],
+    {},
+    'error: config file configs/vit_b16.py not found in {tmp}; the clone has {root}/configs/'
+    'vit_b16.py: pass --config={root}/configs/vit_b16.py:imagenet21k (or run from {root})',
+  ),
+  (
+    'main',
+    ['--config.total_steps=0'],  # were the variable ignored, this line would say so instead
+    {'VIT_JAX_VERBOSITY': 'abc'},
+    "error: VIT_JAX_VERBOSITY='abc' is not an integer; set -1 (warnings only, the default), 0 "
+    '(full library logs) or 1 (debug), or unset it',
+  ),
+  (
+    'compile',
+    ['--config={root}/configs/demo.py', '--bar=1'],
+    {},
+    'error: unknown flag --bar; the flags are --config, --fit,',
+  ),
+]
+
+
+@pytest.mark.parametrize(
+  'command, argv, env, line', FLAG_CASES, ids=[f'{i}-{c[0]}' for i, c in enumerate(FLAG_CASES)]
+)
+def test_a_flag_or_config_file_main_cannot_take_is_one_line(command, argv, env, line, tmp_path):
+  """A config file importing a missing module (55 lines) or whose get_config returns a dict
+  (23), `Did you mean: coordinator_address ?` for --foo, "configs live in configs/" from
+  another folder, and VIT_JAX_VERBOSITY=abc ignored unseen."""
+  (tmp_path / 'imports.py').write_text('import no_such_module\n')
+  (tmp_path / 'returns_dict.py').write_text('def get_config():\n  return {"total_steps": 4}\n')
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  argv = [a.format(tmp=tmp_path, root=root) for a in argv]
+  result = subprocess.run(
+    [sys.executable, '-m', f'vit_jax.{command}', *argv]
+    + ([f'--workdir={tmp_path}/w'] if command == 'main' else []),
+    env={**subprocess_env(), **env},
+    capture_output=True,
+    text=True,
+    cwd=tmp_path,
+    timeout=300,
+  )
+  lines = said(result.stderr)
+  assert result.returncode == 2 and len(lines) == 1, result.stderr[-3000:]
+  assert lines[0].startswith(line.format(tmp=tmp_path, root=root)), lines[0]
+  assert not os.path.exists(tmp_path / 'w')
+
+
+@pytest.mark.parametrize('command', ['main', 'compile'])
+def test_help_of_main_and_compile_lists_their_flags_and_every_config_field(command):
+  """`main --help` showed neither --config nor a field (exit 1); `compile --help` printed
+  `error: --config is required`."""
+  from vit_jax.configs import schema
+
+  result = subprocess.run(
+    [sys.executable, '-m', f'vit_jax.{command}', '--help'],
+    env=subprocess_env(),
+    capture_output=True,
+    text=True,
+  )
+  assert result.returncode == 0 and said(result.stderr) == [], result.stderr[-3000:]
+  out = result.stdout
+  flags_ = {'main': ['--workdir', '--coordinator_address'], 'compile': ['--topology', '--fit']}
+  for name in ['--config=FILE[:ARGS]', '--verbosity=N', *flags_[command]]:
+    assert f'\n  {name}' in out, name
+  for field in schema.FIELDS:
+    assert f'\n  --config.{field.name}={field.default!r} (' in out, field.name
+  assert '--config.pp.crop=224 (int in [1, inf))' in out
+
+
+ARGPARSE_COMMANDS = [
+  'predict',
+  'evaluate',
+  'fewshot',
+  'analyze',
+  'export',
+  'benchmark',
+  'benchmark_input',
+  'prepare',
+  'jft',
+]
+
+
+@pytest.mark.parametrize('command', ARGPARSE_COMMANDS)
+def test_help_of_every_other_command_lists_its_flags(command, capsys):
+  import importlib
+
+  module = importlib.import_module(f'vit_jax.{command}')
+  with pytest.raises(SystemExit) as e:
+    module.main(['--help'])
+  out = capsys.readouterr().out
+  assert e.value.code == 0 and 'options:' in out and '--help' in out and '--verbosity' in out
+
+
+class _Full:
+  """Writes that fail as on a full disk, after `after` bytes."""
+
+  @staticmethod
+  def savez(file, **arrays):
+    file.write(b'\0' * 1000)
+    raise OSError(errno.ENOSPC, 'No space left on device', getattr(file, 'name', None))
+
+  @staticmethod
+  def safetensors(*args, **kwargs):
+    from safetensors import SafetensorError
+
+    raise SafetensorError(
+      'Error while serializing: I/O error: No space left on device (os error 28)'
+    )
+
+
+@pytest.mark.parametrize('fmt', ['npz', 'hf', 'timm'])
+def test_an_export_onto_a_full_disk_is_one_line_and_leaves_nothing(
+  fmt, inputs, monkeypatch, capsys
+):
+  """hf onto a full disk was a 22-line SafetensorError, npz 43 lines and a 1 MB x.npz.tmp-*
+  left behind."""
+  pytest.importorskip('safetensors')
+  from vit_jax import export
+  from vit_jax.interop import torch_layout
+
+  monkeypatch.setattr(checkpoint.np, 'savez', _Full.savez)
+  monkeypatch.setattr(torch_layout, 'save_safetensors', _Full.safetensors)
+  out = inputs['tmp'] / 'out'
+  out.mkdir()
+  argv = [f'--checkpoint={inputs["npz"]}', '--model=testing', f'--format={fmt}']
+  code, _, err = _run(export.main, argv + [f'--output={out}/x'], capsys)
+  assert code == 2 and err == (
+    f'error: {out}/x: cannot write it (no space left on device); nothing was written there. '
+    'Free space there, or pass another --output\n'
+  ), err
+  assert os.listdir(out) == []
+
+
+def test_a_full_disk_or_a_kill_leaves_no_temporary_npz_for_good(tmp_path, monkeypatch):
+  """Training's full-disk path left `params.npz.tmp-*` in the workdir for good: a failed write
+  removes its file, and the next write one that a killed process left."""
+  params = _params(3)
+  stale = tmp_path / f'params.npz.tmp-{_dead_pid()}'
+  stale.write_bytes(b'half a file')
+  running = tmp_path / f'params.npz.tmp-{os.getppid()}'  # a live process's write: kept
+  running.write_bytes(b'being written')
+  with monkeypatch.context() as patch:
+    patch.setattr(checkpoint.np, 'savez', _Full.savez)
+    with pytest.raises(OSError):
+      checkpoint.save_npz(params, tmp_path / 'params.npz')
+  assert sorted(os.listdir(tmp_path)) == [running.name]
+  checkpoint.save_npz(params, tmp_path / 'params.npz')
+  assert sorted(os.listdir(tmp_path)) == ['params.npz', running.name]
+
+
+def test_an_export_a_kill_cut_short_is_cleaned_by_the_next(inputs, capsys):
+  """A `kill -9` during an export left its temporary file beside the output, and the next
+  export of the same path left it there."""
+  from vit_jax import export
+
+  out, pid = inputs['tmp'] / 'exports', _dead_pid()
+  (out / f'.x.npz.tmp-{pid}' / 'x.npz').mkdir(parents=True)  # a staged export, killed
+  (out / f'x.npz.tmp-{pid}').write_bytes(b'half')  # c8cff89's save_npz, killed
+  argv = [f'--checkpoint={inputs["npz"]}', '--model=testing', '--format=npz']
+  code, out_, err = _run(export.main, argv + [f'--output={out}/x.npz'], capsys)
+  assert code == 0, err
+  assert os.listdir(out) == ['x.npz']
+
+
+@pytest.mark.slow
+def test_a_savedmodel_export_replaces_what_a_killed_one_left(inputs, capsys):
+  """TensorFlow writes a SavedModel's variables under variables/variables_temp first; a kill
+  -9 left that folder, and the next export into the same folder kept it."""
+  pytest.importorskip('tensorflow')
+  from vit_jax import export
+
+  out = inputs['tmp'] / 'sm'
+  left = out / 'variables' / 'variables_temp' / 'part-00000-of-00001.data-00000-of-00001.temp'
+  left.parent.mkdir(parents=True)
+  left.write_bytes(b'half')
+  argv = [f'--checkpoint={inputs["npz"]}', '--model=testing', '--format=savedmodel']
+  code, out_, err = _run(export.main, argv + [f'--output={out}'], capsys)
+  assert code == 0 and out_ == f'wrote savedmodel to {out}\n' and err == '', err
+  assert sorted(os.listdir(out / 'variables')) == [
+    'variables.data-00000-of-00001',
+    'variables.index',
+  ]
+  assert [p for p in os.listdir(inputs['tmp']) if '.tmp-' in p] == []
+
+
+def test_a_library_writing_during_an_export_is_not_shown(inputs, monkeypatch, capfd):
+  """`export --format=savedmodel` printed 4 TensorFlow lines, `--format=onnx` 4 torch lines:
+  what the exporters write to stdout and stderr is hidden (and shown if the export fails)."""
+  from vit_jax import export
+  from vit_jax.core import console
+  from vit_jax.interop import onnx
+
+  def noisy(loaded, output):  # as torch.onnx and TensorFlow write, natively and from Python
+    os.write(1, b'[torch.onnx] Obtain model graph for `VisionTransformer` ...\n')
+    os.write(2, b'W0000 00:00:1.2 3 tf_logging.cc:1] a library line\n')
+    print('[torch.onnx] Translate the graph into ONNX... \u2705')
+    with open(output, 'wb') as f:
+      f.write(b'onnx')
+    return output
+
+  monkeypatch.setattr(onnx, 'save', noisy)
+  console.quiet_libraries(-1)
+  capfd.readouterr()
+  argv = [f'--checkpoint={inputs["npz"]}', '--model=testing', '--format=onnx']
+  assert export.main(argv + [f'--output={inputs["tmp"]}/m.onnx']) == 0
+  out, err = capfd.readouterr()
+  assert out == f'wrote onnx to {inputs["tmp"]}/m.onnx\n' and err == '', (out, err)
+  assert (inputs['tmp'] / 'm.onnx').read_bytes() == b'onnx'
+  with pytest.raises(ValueError):
+    with console.library_output_hidden():
+      os.write(2, b'why it failed\n')
+      raise ValueError('a bug')
+  assert capfd.readouterr().err == 'why it failed\n'
+
+
+def test_out_of_memory_under_naflex_names_the_token_budget():
+  """`--config.naflex_tokens='(4,100000)'` ran out of memory with advice about accum_steps,
+  remat and batch, never the budget that padded every image to 100,000 tokens."""
+  from conftest import tiny_run_config
+  import jax
+
+  from vit_jax.training import loop
+
+  config = tiny_run_config(naflex_tokens=(4, 100_000))
+  with pytest.raises(loop.TrainingError) as e:
+    with loop._out_of_memory_advice(config):
+      raise jax.errors.JaxRuntimeError('RESOURCE_EXHAUSTED: Out of memory allocating 9 GB')
+  assert str(e.value) == (
+    'out of device memory at batch 32 per step of up to 100,000 tokens an image: lower the '
+    'largest budget in --config.naflex_tokens (now (4, 100000)), raise --config.accum_steps '
+    '(now 1), or lower --config.batch'
+  )
+
+
+def test_a_class_folder_added_between_runs_is_said_as_the_data_changing(tmp_path, folder):
+  """A class folder added between runs got "if the config changed since the run started, run
+  it with the original one": the config had not changed, the data had."""
+  import shutil
+
+  from conftest import tiny_run_config
+
+  from vit_jax.training import loop
+  from vit_jax.training import resume
+
+  data = shutil.copytree(folder, tmp_path / 'data')
+  config = tiny_run_config(dataset=str(data), **{'pp.crop': SIZE})
+  run = _handmade_run(
+    tmp_path / 'run', config, dataset_record=_record(str(data), CLASSES), checkpoint_step=4
+  )
+  for split in ('train', 'test'):
+    shutil.copytree(data / split / CLASSES[0], data / split / 'new')
+  with pytest.raises(resume.ResumeError) as e:
+    loop.train_and_evaluate(config, run)
+  assert str(e.value) == (
+    f"{data} has 4 classes now, the run in {run} was trained on 3 (added 'new'): the data "
+    'changed since the run started. To resume it, restore the data as it was; to train on the '
+    f'new classes, use another --workdir (--config.pretrained_path={run} starts from its '
+    'weights)'
+  )
+
+
+@pytest.mark.parametrize('spelling', ['trailing slash', 'relative', 'symlink'])
+def test_the_same_data_spelled_otherwise_resumes(spelling, tmp_path, folder, monkeypatch, capsys):
+  """The same dataset spelled with a trailing slash, a relative path or a symlink was refused
+  on resume (`holds a run with dataset=... where this command has ...`)."""
+  import shutil
+
+  from conftest import tiny_run_config
+
+  from vit_jax.training import loop
+
+  data = shutil.copytree(folder, tmp_path / 'data')
+  config = tiny_run_config(dataset=str(data))
+  run = _handmade_run(tmp_path / 'run', config, step=24, dataset_record=_record(str(data), CLASSES))
+  monkeypatch.chdir(tmp_path)
+  os.symlink(data, tmp_path / 'link')
+  config.dataset = {'trailing slash': f'{data}/', 'relative': 'data', 'symlink': 'link'}[spelling]
+  capsys.readouterr()
+  assert loop.train_and_evaluate(config, run) == {'step': 24, 'model': 'testing'}
+  assert f'{run} has finished: step 24' in capsys.readouterr().out
+
+
+def test_predict_on_a_workdir_says_nothing_of_its_training_folder(tmp_path, folder, capsys, caplog):
+  """predict and export on a workdir printed the training folder's scan warnings
+  (`WARNING:root:DATA/train: skipped 2 corrupt image(s) ...`) for an unrelated image: a run's
+  record names its classes without a scan, and an older run's scan is silent."""
+  import logging
+  import shutil
+
+  from vit_jax import predict
+  from vit_jax.data.readers import folder as folder_reader
+
+  data = shutil.copytree(folder, tmp_path / 'data')
+  (data / 'train' / CLASSES[0] / 'broken.png').write_bytes(b'\x89PNG\r\n\x1a\nnot a png')
+  (data / 'train' / 'notes.txt').write_text('left out')
+  image = tmp_path / 'x.png'
+  Image.fromarray(np.zeros((8, 8), np.uint8)).save(image)
+  for name, record in (('old', None), ('recorded', _record(str(data), CLASSES))):
+    folder_reader.warn_once.cache_clear()
+    run = _workdir(tmp_path / name, str(data))
+    if record:
+      (tmp_path / name / 'dataset.json').write_text(json.dumps(record))
+    caplog.clear()
+    logging.getLogger().setLevel(logging.WARNING)
+    argv = [f'--checkpoint={run}', '--top_k=1', str(image)]
+    code, out, err = _run(predict.main, argv, capsys)
+    assert code == 0 and err == '' and f'{CLASSES[1]}  (class 1)' in out, err
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == [], name
+
+
+@pytest.mark.skipif(
+  not __import__('importlib').util.find_spec('libtpu'), reason='libtpu is not installed'
+)
+def test_the_python_api_leaves_out_a_tpu_that_is_not_there(tmp_path):
+  """`train.train_and_evaluate` from Python printed libtpu's 5 lines (`E0000 ...
+  INVALID_ARGUMENT`) on a machine without a TPU (the commands had hidden them)."""
+  script = (
+    'from vit_jax import train\n'
+    'from vit_jax.configs import demo\n'
+    'config = demo.get_config()\n'
+    'config.batch = 0\n'
+    'try:\n'
+    f'  train.train_and_evaluate(config, {str(tmp_path / "w")!r})\n'
+    'except ValueError as e:\n'
+    '  print(e)\n'
+  )
+  env = subprocess_env()
+  del env['JAX_PLATFORMS']
+  result = subprocess.run([sys.executable, '-c', script], env=env, capture_output=True, text=True)
+  assert result.stdout.startswith('batch=0 must be at least 1'), result.stderr[-3000:]
+  assert said(result.stderr) == [], result.stderr[-3000:]
+
+
+def test_an_image_without_an_extension_is_an_image_to_training_as_to_predict(tmp_path, folder):
+  """A PNG without an extension was 'not an image' to the folder scan, yet predicted when
+  named."""
+  import shutil
+
+  from vit_jax.data.readers import folder as folder_reader
+
+  data = shutil.copytree(folder, tmp_path / 'data')
+  png = next((data / 'train' / CLASSES[0]).glob('*.png'))
+  shutil.copy(png, data / 'train' / CLASSES[0] / 'IMG_0001')
+  (data / 'train' / CLASSES[0] / 'README').write_text('not an image')
+  found, _, others = folder_reader.images_under(str(data / 'train' / CLASSES[0]))
+  assert 'IMG_0001' in found and others == ['README']
+  config = pipeline.data_config()
+  config.update(dataset=str(data))
+  assert pipeline.get_info(config).num_train == 3 * 12 + 1
+  assert len(classify.image_files([str(data / 'train' / CLASSES[0])])) == 13
+
+
+def _bomb_png(width=14_000, height=14_000) -> bytes:
+  """A valid PNG of `width` x `height` black pixels (196 M: over PIL's limit), 200 kB on disk."""
+  import struct
+  import zlib
+
+  chunk = lambda kind, data: (  # noqa: E731
+    struct.pack('>I', len(data)) + kind + data + struct.pack('>I', zlib.crc32(kind + data))
+  )
+  packer, rows = zlib.compressobj(9), []
+  for _ in range(height // 1000):
+    rows.append(packer.compress(bytes((width + 1) * 1000)))
+  header = struct.pack('>IIBBBBB', width, height, 8, 0, 0, 0, 0)
+  png = b'\x89PNG\r\n\x1a\n' + chunk(b'IHDR', header)
+  return png + chunk(b'IDAT', b''.join(rows) + packer.flush()) + chunk(b'IEND', b'')
+
+
+def test_a_decompression_bomb_is_called_too_large_not_corrupt(tmp_path, inputs, capsys, caplog):
+  """A decompression-bomb PNG was 'corrupt' to training, and predict's hint said 'pass a JPEG
+  or PNG file' for a PNG."""
+  import logging
+
+  from vit_jax import predict
+
+  root = _digit_pngs(tmp_path / 'bombed', (('train', 2), ('test', 1)))
+  bomb = tmp_path / 'bombed' / 'train' / CLASSES[0] / 'bomb.png'
+  bomb.write_bytes(_bomb_png())
+  argv = [f'--checkpoint={inputs["npz"]}', '--model=testing', str(bomb)]
+  code, _, err = _run(predict.main, argv, capsys)
+  assert code == 2 and err == (
+    f'error: {bomb}: an image too large to decode (196,000,000 pixels, more than the '
+    '178,956,970 that PIL decodes (a decompression-bomb guard)); pass a smaller copy\n'
+  )
+  config = pipeline.data_config()
+  config.update(dataset=root)
+  with caplog.at_level(logging.WARNING):
+    assert pipeline.get_info(config).num_train == 6
+  assert 'skipped 1 image(s) too large to decode of 7: ' in caplog.text
+  assert 'corrupt' not in caplog.text
+
+
+def test_few_shot_keys_name_a_folder_by_its_last_part(tmp_path, folder, inputs, capsys):
+  """Few-shot metric keys embedded the dataset's absolute path (`fewshot//<abs path>/odd_1shot`)."""
+  from vit_jax import fewshot
+
+  argv = [f'--checkpoint={inputs["npz"]}', '--model=testing', f'--datasets={folder}/']
+  code, out, err = _run(fewshot.main, argv + ['--shots=1', '--seeds=0', '--crop=32'], capsys)
+  assert code == 0, err
+  assert out.startswith(f'fewshot/{os.path.basename(folder)}_1shot '), out
+  from vit_jax.evaluation.fewshot import metric_name
+
+  assert metric_name('/a/odd', ['/a/odd', '/b/odd/']) == 'a/odd'
+  assert metric_name('cifar10', ['cifar10', '/x/cifar10']) == 'cifar10'
+
+
+def test_fields_a_run_recorded_that_this_version_does_not_read_are_said_and_kept(
+  tmp_path, monkeypatch, capsys
+):
+  """A config.json with fields of another version was resumed and rewritten without them,
+  silently."""
+  from conftest import tiny_run_config
+
+  from vit_jax.training import loop
+
+  config = tiny_run_config()
+  run = _handmade_run(tmp_path / 'run', config, step=4)
+  recorded = json.loads((tmp_path / 'run' / 'config.json').read_text())
+  recorded.update(old_field=7, pp={**recorded['pp'], 'old_crop': 3})
+  (tmp_path / 'run' / 'config.json').write_text(json.dumps(recorded))
+
+  class Stop(Exception):
+    pass
+
+  def stop(*args, **kwargs):
+    raise Stop
+
+  monkeypatch.setattr(loop, 'set_up', stop)
+  capsys.readouterr()
+  with pytest.raises(Stop):
+    loop.train_and_evaluate(config, run)
+  assert capsys.readouterr().out == (
+    f'config.json of {run} records fields this version does not read (old_field, pp.old_crop): '
+    'resumed without them, kept in the file\n'
+  )
+  kept = json.loads((tmp_path / 'run' / 'config.json').read_text())
+  assert kept['old_field'] == 7 and kept['pp']['old_crop'] == 3
+
+
+def test_a_naflex_runs_preprocessing_line_says_its_budgets():
+  """A NaFlex run's preprocessing line described a square crop to pp.crop."""
+  from conftest import tiny_run_config
+
+  config = tiny_run_config(model='ViT-Demo_4', naflex_tokens=(4, 9, 16))
+  line = pipeline.describe_preprocessing(config)
+  assert line.startswith(
+    'preprocessing: train inception crop (area 0.5-1) at its own aspect ratio, resized to a '
+    'budget drawn from 4, 9, 16 tokens (NaFlex), no flip; eval resize to 16 px.'
+  ), line
 
 
 # ---------------------------------------------------------------------------

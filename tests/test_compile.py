@@ -121,6 +121,55 @@ def test_hlo_reading_counts_loop_bodies_and_collective_bytes():
   assert hlo.matmul_dtypes(text) == {'bf16 x bf16 -> f32': 4}
 
 
+def test_time_by_op_reads_each_kernels_cycles_and_counts_loops():
+  """`hlo.time_by_op`: the TPU compiler's cycle estimate of each kernel (its backend config),
+  loops by their trip counts, matmul kernels (a fusion computing a convolution) apart, the
+  others grouped by the JAX operation they came from, encoder blocks unnumbered."""
+  cycles = lambda n: f'backend_config={{"window_config":{{"estimated_cycles":"{n}"}}}}'  # noqa: E731
+  text = textwrap.dedent(f"""\
+    %cond (p: (s32[])) -> pred[] {{
+      %p = (s32[]) parameter(0)
+      %i = s32[] get-tuple-element(%p), index=0
+      %n = s32[] constant(3)
+      ROOT %lt = pred[] compare(%i, %n), direction=LT
+    }}
+
+    %fused_matmul (a: bf16[8,16], b: bf16[16,4]) -> bf16[8,4] {{
+      %a = bf16[8,16]{{1,0}} parameter(0)
+      %b = bf16[16,4]{{1,0}} parameter(1)
+      ROOT %c = bf16[8,4]{{1,0}} convolution(%a, %b), dim_labels=bf_io->bf
+    }}
+
+    %fused_norm (x: f32[8]) -> f32[8] {{
+      %x = f32[8]{{0}} parameter(0)
+      ROOT %m = f32[8]{{0}} multiply(%x, %x)
+    }}
+
+    %body (p: (s32[])) -> (s32[]) {{
+      %p = (s32[]) parameter(0)
+      %f = bf16[8,4]{{1,0}} fusion(%a, %b), kind=kOutput, calls=%fused_matmul, metadata={{op_name="jit(step)/encoderblock_0/dot_general"}}, {cycles(100)}
+      %g = f32[8]{{0}} fusion(%x), kind=kLoop, calls=%fused_norm, metadata={{op_name="jit(step)/encoderblock_1/LayerNorm_0/mul"}}, {cycles(20)}
+      ROOT %t = (s32[]) tuple(%i)
+    }}
+
+    ENTRY %main (x: f32[8]) -> f32[8] {{
+      %w = (s32[]) while(%init), condition=%cond, body=%body
+      %h = f32[8]{{0}} fusion(%x), kind=kLoop, calls=%fused_norm, metadata={{op_name="jit(step)/encoderblock_2/LayerNorm_0/mul"}}, {cycles(40)}
+      %c = f32[8]{{0}} copy(%x), metadata={{op_name="jit(step)/head/dot_general"}}, {cycles(100)}
+      ROOT %r = f32[8] add(%h, %c)
+    }}
+    """)
+  got = hlo.time_by_op(text)
+  # The loop runs 3 times: 300 cycles of matmul and 60 + 40 of the LayerNorm; the copy 100.
+  assert got['total_cycles'] == 300 + 60 + 40 + 100
+  assert got['matmul_share'] == 300 / 500
+  assert got['top_other'] == [
+    {'op': 'encoderblock_*/LayerNorm_0/mul (fusion)', 'share': 100 / 500},
+    {'op': 'head/dot_general (copy)', 'share': 100 / 500},
+  ]
+  assert hlo.time_by_op(text.replace('estimated_cycles', 'cycles')) == {}
+
+
 def test_closed_form_flops_of_vit_b16():
   # 2 x 17.6 G multiply-accumulates forward at 224 px (REFERENCE.md section 7).
   arch = model_configs.MODEL_CONFIGS['ViT-B_16']
@@ -219,6 +268,10 @@ def test_compile_command_reports_flops_memory_and_collectives(tmp_path):
     record['total_steps'] * record['step_seconds_estimate'] * 4 / 86400, rel=1e-3
   )
   assert 'v5e:2x2' in result.stdout and 'not measurements' in result.stdout
+  # Where the time goes, by the compiler's estimate of each kernel: the matmuls and the rest.
+  by_op = record['time_by_op']
+  assert 0.2 < by_op['matmul_share'] < 1 and len(by_op['top_other']) == 6
+  assert f'time by op       matmuls {100 * by_op["matmul_share"]:.1f}%' in result.stdout
   # libtpu's start-up (no TPU host here: no metadata server) says nothing either.
   assert said(result.stderr) == [], result.stderr[-3000:]
 

@@ -179,6 +179,12 @@ def test_gpu_programs_are_built_with_their_xla_options(monkeypatch):
   gpu = types.SimpleNamespace(platform='gpu')
   monkeypatch.setenv('XLA_FLAGS', '--xla_gpu_autotune_level=0')
   assert hardware.compiler_options([gpu]) == {'xla_gpu_enable_triton_gemm': False}
+  # Over several GPUs, the collectives' buckets and the latency-hiding scheduler too.
+  assert hardware.compiler_options([gpu, gpu]) == {
+    'xla_gpu_enable_triton_gemm': False,
+    **hardware.MULTI_GPU_COMPILER_OPTIONS,
+  }
+  assert hardware.MULTI_GPU_COMPILER_OPTIONS['xla_gpu_all_reduce_combine_threshold_bytes'] == 2**23
   assert hardware.compiler_options(jax.devices()) == {}  # this CPU
   monkeypatch.setenv('XLA_FLAGS', '--xla_gpu_enable_triton_gemm=true')
   assert hardware.compiler_options([gpu]) == {}
@@ -390,6 +396,13 @@ _KERNELS_CHILD = textwrap.dedent("""
       text = fn.lower(*args).compile(compiler_options={'xla_gpu_autotune_level': 0}).as_text()
     return sum(n for name, n in hlo.kernels(text).items() if name.startswith('gemm_fusion'))
 
+  # FP8 products: ViT-B/16's two blocks, ViT-L/16's one, training (--config.fp8).
+  for model, depth in (('ViT-B_16', 2), ('ViT-L_16', 1)):
+    opts = speed.Options(model=model, mode='train', batch=32, dtype='bfloat16', depth=depth,
+                         fp8=True)
+    compiled = gpu_record.compile_benchmark_step(opts, device)
+    out[f'fp8_{model}'] = gpu_record.kernel_counts(compiled.as_text())['by_name']
+
   out['triton'] = [triton_kernels()]
   os.environ['XLA_FLAGS'] += ' --xla_gpu_enable_triton_gemm=true'  # read as the step is built
   out['triton'].append(triton_kernels())
@@ -450,6 +463,18 @@ def test_vit_b16_training_on_an_h100_as_issue_33_left_it(kernels):
 
 
 @needs_gpu_compiler
+@pytest.mark.parametrize('model, depth', [('ViT-B_16', 2), ('ViT-L_16', 1)])
+def test_fp8_training_runs_every_encoder_dense_layer_as_an_fp8_gemm(kernels, model, depth):
+  """--config.fp8 on an H100: per block 12 FP8 cuBLASLt GEMMs (forward: q, k and v as one,
+  the attention output, the two MLP layers; backward: each one's input and weight gradients);
+  in bf16 only the patch embedding and the head (forward, and their gradients: 5 GEMMs)."""
+  gemms = {name: n for name, n in kernels[f'fp8_{model}'].items() if 'cublas' in name}
+  fp8 = sum(n for name, n in gemms.items() if name.startswith('__cublas$lt$matmul$f8'))
+  assert fp8 == 12 * depth, gemms
+  assert sum(gemms.values()) - fp8 == 5, gemms
+
+
+@needs_gpu_compiler
 def test_gpu_steps_are_built_without_triton_matmuls_unless_xla_flags_asks(kernels):
   assert kernels['triton'][0] == 0 and kernels['triton'][1] > 0
 
@@ -472,3 +497,41 @@ def test_the_committed_gpu_records_hold_issue_33s_properties(name, layers):
       whole = lambda counts: {k: round(v) for k, v in counts.items() if round(v)}  # noqa: E731
       assert whole(row['per_block_by_name']) == whole(small['per_block_by_name'])
       assert abs(row['kernels_per_block'] - small['kernels_per_block']) <= 0.5
+
+
+# ViT-B/16 two blocks deep on a box of 8 H100s, its train step as the trainer builds it, with
+# the trainer's options and then with XLA's own 30 MiB buckets (XLA_FLAGS wins over them).
+_OVERLAP_CHILD = textwrap.dedent("""
+  import json, os
+  from vit_jax.bench import aot, gpus, hlo
+  from vit_jax.configs import common
+
+  config = common.get_config()
+  config.update(model='ViT-B_16', depth=2, batch=64, dtype='bfloat16', dataset='imagenet21k',
+                warmup_steps=100)
+  cluster = gpus.describe('h100-8')
+  out = {}
+  for name in ('as_built', 'xla_buckets'):
+    if name == 'xla_buckets':
+      os.environ['XLA_FLAGS'] += ' --xla_gpu_all_reduce_combine_threshold_bytes=31457280'
+    compiled = aot.compile_run(config, cluster)
+    out[name] = hlo.async_collectives(compiled.train.as_text())
+  print(json.dumps(out))
+""")
+
+
+@needs_gpu_compiler
+@pytest.mark.slow
+def test_gradient_all_reduces_run_under_the_backward_pass_on_eight_gpus():
+  """hardware.MULTI_GPU_COMPILER_OPTIONS: ViT-B/16's gradients cross in buckets of at most 8 MiB,
+  each started as soon as its layers' gradients exist, with the backward pass of the layers
+  below (its matmuls) scheduled between its start and its end; with XLA's 30 MiB buckets the
+  two blocks' gradients crossed in one all-reduce with no matmul left to run under it."""
+  out = child_json(_OVERLAP_CHILD, timeout=900)
+  block_sized = lambda pairs: [p for p in pairs if 2**20 <= p['bytes'] <= 8 * 2**20]  # noqa: E731
+  built = block_sized(out['as_built'])
+  assert {p['op'] for p in out['as_built']} == {'all-reduce'}
+  assert len(built) >= 3 and all(p['matmuls_between'] >= 1 for p in built), built
+  before = [p for p in out['xla_buckets'] if p['bytes'] >= 2**20]
+  blocks = max(before, key=lambda p: p['bytes'])
+  assert blocks['bytes'] > 16 * 2**20 and blocks['matmuls_between'] == 0, before

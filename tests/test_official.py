@@ -317,7 +317,7 @@ def test_accum_steps_zero_is_one_and_negative_is_refused():
   config.accum_steps = 0
   assert official.translate(config).accum_steps == 1
   config.accum_steps = -2
-  with pytest.raises(loop.ConfigError, match='accum_steps=-2 must be a positive number'):
+  with pytest.raises(loop.ConfigError, match='accum_steps=-2 must be at least 1'):
     program.validate(config, 1)
 
 

@@ -277,8 +277,15 @@ def test_mpp_task_trains_and_counts_corrupted_patches():
 
 
 def _host_floats(pixels):
-  """The [-1, 1] floats the host used to send: uint8 / 127.5 - 1 in NumPy's float32."""
+  """The host's [-1, 1] floats (`images.to_float`): uint8 / 127.5 - 1 in NumPy's float32."""
   return np.subtract(np.divide(pixels, np.float32(127.5), dtype=np.float32), np.float32(1.0))
+
+
+def _device_floats(pixels):
+  """What `on_device.normalise` computes, in NumPy: (x - 127.5) * (1 / 127.5), one rounding."""
+  return np.multiply(
+    np.subtract(pixels, np.float32(127.5), dtype=np.float32), np.float32(1 / 127.5)
+  )
 
 
 def _capturing(task, seen):
@@ -322,8 +329,8 @@ def test_the_device_gets_uint8_and_the_step_the_hosts_floats(mixup):
     jax.block_until_ready(step(state, raw))
   (image, label), = seen  # fmt: skip
   pixels, labels = np.asarray(raw['image']), np.asarray(raw['label'])
-  want = _host_floats(pixels)
-  if not mixup:  # the very floats the host computed: bitwise
+  want = _device_floats(pixels)
+  if not mixup:  # the floats of one rounding of (x - 127.5) * (1 / 127.5): bitwise
     np.testing.assert_array_equal(image.view(np.uint32), want.view(np.uint32))
     np.testing.assert_array_equal(label, labels)
     return
@@ -339,13 +346,23 @@ def test_the_device_gets_uint8_and_the_step_the_hosts_floats(mixup):
   assert np.abs(image - mixed).max() <= 2**-23
 
 
-def test_every_pixel_value_normalises_as_on_the_host():
+def test_every_pixel_value_normalises_within_its_bound_of_the_host():
+  """The device's (x - 127.5) * (1 / 127.5) is exact up to one rounding, whatever the backend
+  fuses: bitwise NumPy's two operations, and within MAX_DIFFERENCE (2^-24) of the host's
+  x / 127.5 - 1 (TensorFlow's operations, whose own two roundings make it no more exact)."""
+  from vit_jax.data import images
   from vit_jax.data import on_device
 
   pixels = np.arange(256, dtype=np.uint8).reshape(1, 16, 16, 1)
   got = np.asarray(jax.jit(on_device.normalise)(pixels))
-  np.testing.assert_array_equal(got.view(np.uint32), _host_floats(pixels).view(np.uint32))
-  assert got.min() == -1.0 and got.max() == 1.0
+  np.testing.assert_array_equal(got.view(np.uint32), _device_floats(pixels).view(np.uint32))
+  host = images.to_float(pixels)
+  np.testing.assert_array_equal(host, _host_floats(pixels))
+  assert np.abs(got - host).max() == on_device.MAX_DIFFERENCE
+  assert np.count_nonzero(got != host) == 174
+  exact = (2 * pixels.astype(np.float64) - 255) / 255
+  assert np.abs(got - exact).max() < 1.25 * 2**-24  # half an ulp of 1 and a quarter
+  assert got.min() == -1.0 and got.max() == 1.0 and got.flat[127] < 0 < got.flat[128]
   floats = np.linspace(-1, 1, 8, dtype=np.float32)
   assert on_device.normalise(floats) is floats  # already the model's input
   with pytest.raises(TypeError, match='uint8 pixels or floats'):

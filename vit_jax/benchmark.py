@@ -56,6 +56,11 @@ def _parser():
   )
   p.add_argument('--num_classes', type=int, default=d.num_classes)
   p.add_argument('--attention', default=d.attention, choices=vit.ATTENTION)
+  p.add_argument(
+    '--fp8',
+    action='store_true',
+    help="the encoder's dense layers as FP8 products (FP8 tensor cores on Hopper/Ada GPUs)",
+  )
   p.add_argument('--warmup', type=int, default=d.warmup)
   p.add_argument('--steps', type=int, default=d.steps, help='timed steps per repeat and side')
   p.add_argument('--repeats', type=int, default=d.repeats)

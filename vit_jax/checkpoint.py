@@ -248,7 +248,8 @@ def save_npz(params: Params, path: str) -> str:
   """Writes `params` in the public layout; returns `path`.
 
   Local files are written to a temporary name and renamed, so a killed process
-  never leaves a truncated file under `path`. Arrays are stored as their numpy
+  never leaves a truncated file under `path` (a failed write removes its temporary file, the
+  next write one that a killed process left). Arrays are stored as their numpy
   dtype; bfloat16 leaves are widened to float32 (numpy cannot read bfloat16
   from `.npz` without pickling).
   """
@@ -264,10 +265,10 @@ def save_npz(params: Params, path: str) -> str:
       f.write(buffer.getvalue())
     return path
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  tmp = f'{path}.tmp-{os.getpid()}'
-  with open(tmp, 'wb') as f:
-    np.savez(f, **flat)
-  os.replace(tmp, path)
+  with files.temporary_beside(path) as tmp:  # removed if the write fails (a full disk)
+    with open(tmp, 'wb') as f:
+      np.savez(f, **flat)
+    os.replace(tmp, path)
   return path
 
 

@@ -39,6 +39,7 @@ from vit_jax.core import console  # noqa: E402
 _CONFIG = flag.ConfigFlag(
   'Experiment config file, optionally with `:ARGS`.',
   example='--config=configs/vit_b16.py:imagenet21k',
+  doc=__doc__,
 )
 _TOPOLOGY = flags.DEFINE_string(
   'topology',
@@ -92,6 +93,15 @@ def _describe(record: dict) -> str:
     )
   else:
     lines.append('  step time        the compiler gave no estimate')
+  by_op = r.get('time_by_op')
+  if by_op:
+    lines.append(
+      f"  time by op       matmuls {100 * by_op['matmul_share']:.1f}% of the kernels' estimated "
+      'cycles; the most expensive other ops:'
+    )
+    for other in by_op['top_other']:
+      op = other['op'] if len(other['op']) <= 90 else '...' + other['op'][-87:]
+      lines.append(f'    {100 * other["share"]:5.1f}%  {op}')
   for c in r['collectives']:
     lines.append(
       f'  {c["op"]:16s} x{c["count"]} over {c["group_size"]} devices: {c["bytes"] / 2**20:,.1f} MiB'
@@ -158,10 +168,36 @@ def main(argv):
   if on_gpu:
     print(f'run it with: {record["launch"]}')
   if _JSON.value:
+    record['made'] = _made()
     os.makedirs(os.path.dirname(os.path.abspath(_JSON.value)), exist_ok=True)
     with open(_JSON.value, 'w', encoding='utf-8') as f:
       json.dump(record, f, indent=1)
     print(f'wrote {_JSON.value}')
+
+
+def _made() -> dict:
+  """What made a record: the command line, the date, the checkout's commit (where it is one)
+  and the compiler's versions, so that a record says how old it is."""
+  import datetime
+  import subprocess
+
+  from vit_jax.core import hardware
+
+  try:
+    commit = subprocess.run(
+      ['git', 'rev-parse', '--short', 'HEAD'],
+      cwd=os.path.dirname(os.path.abspath(__file__)),
+      capture_output=True,
+      text=True,
+    ).stdout.strip()
+  except OSError:  # no git
+    commit = ''
+  return {
+    'command': 'python -m vit_jax.compile ' + ' '.join(sys.argv[1:]),
+    'date': datetime.date.today().isoformat(),
+    'commit': commit or None,
+    'versions': hardware.library_versions(('jax', 'jaxlib', 'libtpu', 'jax-cuda12-plugin')),
+  }
 
 
 def _fit(config, tpu, error):

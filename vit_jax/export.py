@@ -17,8 +17,9 @@ params.npz), a timm state_dict (.safetensors, .pth), a transformers ViT folder
 A folder as --output of a one-file format (timm, npz, onnx) gets the file
 inside it: model.safetensors, params.npz, model.onnx. --model (a MODEL_CONFIGS name) may be left out for workdirs (summary.json
 names it) and for files this tool wrote. Class names for `hf` come from
---labels, a transformers folder, the workdir's dataset, or the ImageNet
-lists for 1000 / 21843-way heads.
+--labels, a transformers folder, or as predict gives them (a workdir's
+record, its dataset, the ImageNet lists for 1000 / 21843-way heads of a file
+or an ImageNet run). The output is written whole or not at all.
 """
 
 import sys

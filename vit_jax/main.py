@@ -30,6 +30,7 @@ _CONFIG = flag.ConfigFlag(
   'Experiment config file, optionally with `:ARGS` (default: the demo).',
   default=os.path.join(os.path.dirname(__file__), 'configs', 'demo.py'),
   example='--config=configs/vit_b16.py:imagenet21k',
+  doc=__doc__,
 )
 _WORKDIR = flags.DEFINE_string(
   'workdir',

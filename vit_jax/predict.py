@@ -7,10 +7,10 @@ Images are read as the evaluation pipeline reads them (`vit_jax.data.images`:
 every PIL mode decoded as in training, EXIF orientation not applied), resized
 to the checkpoint's resolution (read from its position embeddings) and scaled
 to [-1, 1]. A workdir whose run has not finished (stopped, preempted) is read
-from its newest checkpoint. Class names: `--labels=FILE`, else the class
-folders (or labels) of the dataset a workdir was trained on, else ImageNet-1k
-for 1000-way heads, ImageNet-21k for 21843-way heads (both ship in
-`vit_jax/data/`), else `class_<i>`. Probabilities are the softmax
+from its newest checkpoint. Class names: `--labels=FILE`, else those a
+workdir's run recorded (dataset.json), or the class folders (or labels) of its
+dataset, else ImageNet-1k for 1000-way heads, ImageNet-21k for 21843-way heads
+(both ship in `vit_jax/data/`) of a file or an ImageNet run, else `class_<i>`. Probabilities are the softmax
 of the logits. Unreadable images are named on stderr and left out; the exit
 status is then 1 (when none is readable, the one `error:` line of `vit_jax.core.cli`).
 """

@@ -9,6 +9,7 @@ batch axis).
 """
 
 from vit_jax.configs import official
+from vit_jax.core import console
 from vit_jax.training import loop
 from vit_jax.training.steps import TrainState  # noqa: F401
 from vit_jax.training.steps import init_state  # noqa: F401
@@ -21,4 +22,5 @@ from vit_jax.training.steps import train_step  # noqa: F401
 
 def train_and_evaluate(config, workdir: str) -> dict:
   """Trains and evaluates `config` (ours or an official one) in `workdir`; the summary."""
+  console.leave_out_an_absent_tpu()
   return loop.train_and_evaluate(official.translate(config), workdir)

@@ -299,6 +299,7 @@ def analyse(c: Compiled) -> dict:
     'collective_bytes_per_step_per_device': moved,
     'comm_seconds_lower_bound': comm_seconds,
     'matmul_dtypes': hlo.matmul_dtypes(text),
+    'time_by_op': hlo.time_by_op(text),
     'total_steps': config.total_steps,
     'compile_seconds': c.compile_seconds,
     'estimate': 'TPU compiler estimates on a CPU machine (libtpu), not measurements; '

@@ -97,6 +97,17 @@ def roofline(flops: float, collectives: list, gpu: gpus.Gpu, dtype: str) -> dict
   }
 
 
+def overlap(text: str) -> dict:
+  """How much of the step's collective traffic the schedule runs under matmuls (`hlo.
+  async_collectives`): all of it is hidden on the card only if the matmuls take longer."""
+  pairs = hlo.async_collectives(text)
+  return {
+    'async_collectives': len(pairs),
+    'bytes': sum(p['bytes'] for p in pairs),
+    'bytes_under_matmuls': sum(p['bytes'] for p in pairs if p['matmuls_between']),
+  }
+
+
 def analyse(c: aot.Compiled) -> dict:
   """The record of one config compiled for GPUs (`aot.compile_run` on a `gpus.Cluster`)."""
   config, cluster = c.config, c.tpu
@@ -140,6 +151,7 @@ def analyse(c: aot.Compiled) -> dict:
     **bounds,
     'img_per_sec_upper_bound': config.batch / seconds if seconds else None,
     'collectives': collectives,
+    'overlap': overlap(text),
     'matmul_dtypes': hlo.matmul_dtypes(text),
     'total_steps': config.total_steps,
     'gpu_hours_lower_bound': config.total_steps * seconds * devices / 3600 if seconds else None,
@@ -258,6 +270,12 @@ def describe(record: dict) -> str:
       'between boxes'
     )
   lines.append(f'  communication    >= {r["comm_seconds_lower_bound"]:.4g} s per step')
+  o = r.get('overlap')
+  if o and o['async_collectives']:
+    lines.append(
+      f'  overlap          {o["bytes_under_matmuls"] / max(o["bytes"], 1):.0%} of the '
+      f"{o['async_collectives']} asynchronous collectives' bytes scheduled under matmuls"
+    )
   if r['step_seconds_lower_bound']:
     lines.append(
       f'  step time        >= {r["step_seconds_lower_bound"]:.4g} s (roofline); <= '

@@ -551,3 +551,81 @@ def parameter_converts(text: str) -> dict:
       if source in names:
         out[names[source]] += 1
   return dict(out)
+
+
+# A kernel's own time estimate in a compiled TPU program: its backend config's cycle count.
+_CYCLES = re.compile(r'"estimated_cycles":"(\d+)"')
+_MATMUL_OPS = (' convolution(', ' dot(')
+
+
+def _source_op(op: str, line: str) -> str:
+  """A kernel by the JAX operation it came from (`op_name`, without the program's name and with
+  encoder blocks unnumbered, so a layer's kernels add up across the layers) and its HLO op
+  (`fusion`, `copy`, `all-reduce`, ...)."""
+  label = re.search(r'op_name="([^"]*)"', line)
+  path = label.group(1).split('/', 1)[-1] if label else '(no source)'  # less jit(train_step)/
+  return f'{re.sub(r"encoderblock_[0-9]+", "encoderblock_*", path)} ({op})'
+
+
+def time_by_op(text: str, top: int = 6) -> dict:
+  """Where a compiled TPU program's time goes, by the compiler's estimate of each kernel (the
+  `estimated_cycles` of its backend config; loops counted by their trip counts): the matmuls'
+  share (kernels that compute a dot or a convolution) and the `top` other sources of time,
+  grouped by the JAX operation they came from. {} for programs without the estimates (GPU, CPU).
+  """
+  computations = _computations(text)
+  matmuls, others = 0, collections.Counter()
+  for computation, times in _kernel_computations(computations).items():
+    for _, (op, _, _, line) in _parsed(computations.get(computation, ())).items():
+      cycles = _CYCLES.search(line)
+      if not cycles:
+        continue
+      cycles = int(cycles.group(1)) * times
+      called = re.search(r'calls=%([\w.\-]+)', line) if op == 'fusion' else None
+      body = '\n'.join(computations.get(called.group(1), ())) if called else ''
+      if op in ('convolution', 'dot') or any(m in body for m in _MATMUL_OPS):
+        matmuls += cycles
+      else:
+        others[_source_op(op, line)] += cycles
+  total = matmuls + sum(others.values())
+  if not total:
+    return {}
+  return {
+    'total_cycles': total,
+    'matmul_share': matmuls / total,
+    'top_other': [{'op': op, 'share': c / total} for op, c in others.most_common(top)],
+  }
+
+
+_ASYNC_START = re.compile(
+  r'^\s*(?:ROOT\s+)?%([\w.\-]+)\s*=\s*(.*?)\s(all-reduce|all-gather|reduce-scatter)-start\('
+)
+
+
+def async_collectives(text: str) -> list:
+  """The asynchronous collectives of a scheduled GPU program (`*-start` ... `*-done` pairs), each
+  with its bytes and the kernels the schedule runs between its start and its done: fusions and
+  library calls, and among them the matmuls and convolutions (cuBLAS, cuDNN). Computation
+  placed there overlaps the transfer; none means the step waits for it."""
+  out = []
+  for lines in _computations(text).values():
+    if not isinstance(lines, list):
+      continue
+    for i, line in enumerate(lines):
+      start = _ASYNC_START.match(line)
+      if not start:
+        continue
+      name, result, op = start.groups()
+      between = []
+      for later in lines[i + 1 :]:
+        if re.search(rf'{op}-done\(%{re.escape(name)}\)', later):
+          break
+        if re.search(r'\s(fusion|custom-call)\(', later):
+          between.append(later)
+      out.append({
+        'op': op,
+        'bytes': array_bytes(result),
+        'kernels_between': len(between),
+        'matmuls_between': sum(bool(re.search(r'__cublas|__cudnn|gemm', k)) for k in between),
+      })  # fmt: skip
+  return out

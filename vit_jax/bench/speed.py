@@ -44,6 +44,7 @@ class Options:
   optimizer: str = 'adam'  # 'adam' (pre-training) or 'sgd' (fine-tuning)
   optim_dtype: str = 'float32'  # Adam's first moment / SGD's momentum: 'float32' or 'bfloat16'
   attention: str = 'auto'  # see vit.ATTENTION
+  fp8: bool = False  # the encoder's dense layers as FP8 products (vit_jax.models.fp8)
   num_classes: int = 1000
   warmup: int = 2  # untimed steps per side
   steps: int = 3  # timed steps per side and repeat
@@ -104,6 +105,7 @@ def train_config(opts: Options):
     dtype=opts.dtype,
     remat=opts.remat,
     attention=opts.attention,
+    fp8=opts.fp8,
     batch=opts.batch,
     accum_steps=opts.accum_steps,
     optimizer=opts.optimizer,
@@ -348,6 +350,8 @@ def record_path(record: dict, directory: str) -> str:
     parts.append(f'r{o["resolution"]}')
   if o['dtype'] != 'float32':
     parts.append(o['dtype'])
+  if o.get('fp8'):
+    parts.append('fp8')
   if search:
     parts.append('maxbatch')
   return os.path.join(directory, '_'.join(parts) + '.json')
@@ -357,7 +361,8 @@ def summary(record: dict) -> str:
   o, ours = record['options'], record['vit_jax']
   m = record['machine']
   lines = [
-    f'{o["model"]} {o["mode"]} batch {o["batch"]} at {o["resolution"]} px, {o["dtype"]}, '
+    f'{o["model"]} {o["mode"]} batch {o["batch"]} at {o["resolution"]} px, {o["dtype"]}'
+    f'{" with fp8 products" if o.get("fp8") else ""}, '
     f'{m["device_kind"]} ({m["cpu"]}, {m["cpu_cores"]} cores, load '
     f'{m["load_average_1min"] or 0:.1f})'
   ]

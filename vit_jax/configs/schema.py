@@ -39,6 +39,8 @@ class Field:
   doc: str
   allowed: Optional[Tuple[str, ...]] = None  # the values a field with choices may take
   data: bool = False  # read by the input pipeline (`data.data_config` holds these alone)
+  # A number's interval, '[1, inf)' or '[0, 1)' (of each element, for a tuple): `numbers_in_bounds`.
+  bounds: Optional[str] = None
 
 
 _DTYPES = ('float32', 'bfloat16', 'float16')
@@ -54,6 +56,13 @@ FIELDS = (
     ('classification', 'mpp'),
   ),
   Field('dtype', 'float32', str, 'the compute dtype', _DTYPES),
+  Field(
+    'fp8',
+    False,
+    bool,
+    "the encoder's dense layers (q/k/v/out, MLP) as FP8 products with current scaling "
+    '(vit_jax.models.fp8): FP8 tensor cores on Hopper/Ada GPUs, emulated elsewhere',
+  ),
   Field('remat', False, bool, 'recompute blocks in the backward pass'),
   Field(
     'remat_policy',
@@ -84,6 +93,7 @@ FIELDS = (
     int,
     "encoder blocks, overriding the model's (a shallower copy of a giant model; the compile "
     "command's depth extrapolation); None: the model's own",
+    bounds='[1, inf)',
   ),
   # Block variants beyond the paper (ViT-22B), for any size (vit_jax.models.vit).
   Field('block.parallel_block', None, bool, "attention and MLP in parallel; None: the model's"),
@@ -101,6 +111,7 @@ FIELDS = (
     "FlexiViT (vit_jax.models.flexi): the patch size to train at, a pretrained checkpoint's "
     'patch embedding PI-resized to it and its position embeddings to the new grid; None: the '
     "model's",
+    bounds='[1, inf)',
   ),
   Field(
     'flexi_patch_sizes',
@@ -108,6 +119,7 @@ FIELDS = (
     tuple,
     "patch sizes to draw one from per training step, the model's kernel and position "
     'embeddings resized to it on the fly (FlexiViT); evaluation at its own; () = off',
+    bounds='[1, inf)',
   ),
   Field(
     'naflex_tokens',
@@ -115,17 +127,27 @@ FIELDS = (
     tuple,
     'NaFlex (vit_jax.models.naflex) token budgets: each training image keeps its aspect '
     'ratio, resized to fit a budget drawn from these; evaluation at pp.crop; () = off',
+    bounds='[1, inf)',
   ),
   Field(
     'num_registers',
     0,
     int,
     'register tokens (Darcet et al. 2023) after the class token, dropped before the head',
+    bounds='[0, inf)',
   ),
-  Field('dropout_rate', 0.0, float, "dropout of the encoder's activations"),
-  Field('attention_dropout_rate', 0.0, float, 'dropout of the attention weights'),
-  Field('representation_size', None, int, "the pre-logits width; None: the model's"),
-  Field('head_bias_init', 0.0, float, 'the head bias at start: -10 with the sigmoid loss (B.1)'),
+  Field('dropout_rate', 0.0, float, "dropout of the encoder's activations", bounds='[0, 1)'),
+  Field('attention_dropout_rate', 0.0, float, 'dropout of the attention weights', bounds='[0, 1)'),
+  Field(
+    'representation_size', None, int, "the pre-logits width; None: the model's", bounds='[1, inf)'
+  ),
+  Field(
+    'head_bias_init',
+    0.0,
+    float,
+    'the head bias at start: -10 with the sigmoid loss (B.1)',
+    bounds='(-inf, inf)',
+  ),
   Field('pretrained_path', None, str, 'weights to start from: a .npz or a workdir'),
   # The data (docs/data.md).
   Field(
@@ -158,6 +180,7 @@ FIELDS = (
     int,
     'train and eval resolution (paper B.1.1: 224 pre-train, 384 fine-tune)',
     data=True,
+    bounds='[1, inf)',
   ),
   Field(
     'pp.resize',
@@ -165,6 +188,7 @@ FIELDS = (
     int,
     'eval: resize to this, then centre crop to `crop`; None: resize to the crop',
     data=True,
+    bounds='[1, inf)',
   ),
   Field(
     'pp.inception_crop',
@@ -179,6 +203,7 @@ FIELDS = (
     float,
     "inception crop: the smallest crop area, in (0, 1]; None: the preset's (0.05)",
     data=True,
+    bounds='(0, 1]',
   ),
   Field(
     'pp.crop_sampler',
@@ -190,20 +215,49 @@ FIELDS = (
     data=True,
   ),
   Field('pp.flip', None, bool, "train: random horizontal flip; None: the preset's", data=True),
-  Field('pp.randaug_layers', 0, int, 'RandAugment ops per image (AugReg: 2); 0 = off', data=True),
   Field(
-    'pp.randaug_magnitude', 10, int, "RandAugment magnitude, 10 = the ops' full range", data=True
+    'pp.randaug_layers',
+    0,
+    int,
+    'RandAugment ops per image (AugReg: 2); 0 = off',
+    data=True,
+    bounds='[0, inf)',
   ),
-  Field('pp.mixup', 0.0, float, 'Mixup Beta(alpha, alpha) alpha; 0 = off', data=True),
-  Field('batch', 512, int, 'the global train batch, split evenly over processes', data=True),
-  Field('batch_eval', 512, int, 'the global eval batch', data=True),
-  Field('prefetch', 2, int, 'batches transferred to the devices ahead of use', data=True),
+  Field(
+    'pp.randaug_magnitude',
+    10,
+    int,
+    "RandAugment magnitude, 10 = the ops' full range",
+    data=True,
+    bounds='[0, 10]',
+  ),
+  Field(
+    'pp.mixup', 0.0, float, 'Mixup Beta(alpha, alpha) alpha; 0 = off', data=True, bounds='[0, inf)'
+  ),
+  Field(
+    'batch',
+    512,
+    int,
+    'the global train batch, split evenly over processes',
+    data=True,
+    bounds='[1, inf)',
+  ),
+  Field('batch_eval', 512, int, 'the global eval batch', data=True, bounds='[1, inf)'),
+  Field(
+    'prefetch',
+    2,
+    int,
+    'batches transferred to the devices ahead of use',
+    data=True,
+    bounds='[0, inf)',
+  ),
   Field(
     'input_threads',
     0,
     int,
     'decode threads of the input pipeline; 0 = every core this process may use',
     data=True,
+    bounds='[0, inf)',
   ),
   Field(
     'seed',
@@ -211,6 +265,7 @@ FIELDS = (
     int,
     'initialisation, data order and augmentation are pure functions of (seed, step)',
     data=True,
+    bounds='[0, 4294967296)',
   ),
   Field(
     'allow_missing_classes',
@@ -225,6 +280,7 @@ FIELDS = (
     int,
     'keep preprocessed eval data in host memory when below this',
     data=True,
+    bounds='[0, inf)',
   ),
   Field(
     'corrupt_images',
@@ -246,14 +302,28 @@ FIELDS = (
   Field(
     'optim_dtype', 'float32', str, "the dtype of Adam's first moment / SGD's momentum", _DTYPES
   ),
-  Field('b1', 0.9, float, "Adam's first-moment decay"),
-  Field('b2', 0.999, float, "Adam's second-moment decay"),
-  Field('momentum', 0.9, float, "SGD's momentum"),
-  Field('base_lr', 1e-3, float, 'the learning rate after warm-up'),
-  Field('warmup_steps', 10_000, int, 'linear warm-up from 0, in [0, total_steps)'),
+  Field('b1', 0.9, float, "Adam's first-moment decay", bounds='[0, 1)'),
+  Field('b2', 0.999, float, "Adam's second-moment decay", bounds='[0, 1)'),
+  Field('momentum', 0.9, float, "SGD's momentum", bounds='[0, 1)'),
+  Field('base_lr', 1e-3, float, 'the learning rate after warm-up', bounds='[0, inf)'),
+  Field(
+    'warmup_steps', 10_000, int, 'linear warm-up from 0, in [0, total_steps)', bounds='[0, inf)'
+  ),
   Field('decay_type', 'linear', str, 'the learning rate after warm-up', ('linear', 'cosine')),
-  Field('linear_end', 1e-5, float, "where the linear decay ends (the official schedule's floor)"),
-  Field('weight_decay', 0.0, float, 'decoupled weight decay, of what `weight_decay_on` names'),
+  Field(
+    'linear_end',
+    1e-5,
+    float,
+    "where the linear decay ends (the official schedule's floor)",
+    bounds='[0, inf)',
+  ),
+  Field(
+    'weight_decay',
+    0.0,
+    float,
+    'decoupled weight decay, of what `weight_decay_on` names',
+    bounds='[0, inf)',
+  ),
   Field(
     'weight_decay_on',
     'kernels',
@@ -262,9 +332,13 @@ FIELDS = (
     'parameter, biases, norms and embeddings too (an optimizer without a mask)',
     ('kernels', 'all'),
   ),
-  Field('grad_norm_clip', 1.0, float, 'clip gradients at this global norm; 0 = off'),
-  Field('label_smoothing', 0.0, float, 'label smoothing of the targets'),
-  Field('ema_decay', 0.0, float, 'Polyak averaging factor of the parameters; 0 = off'),
+  Field(
+    'grad_norm_clip', 1.0, float, 'clip gradients at this global norm; 0 = off', bounds='[0, inf)'
+  ),
+  Field('label_smoothing', 0.0, float, 'label smoothing of the targets', bounds='[0, 1]'),
+  Field(
+    'ema_decay', 0.0, float, 'Polyak averaging factor of the parameters; 0 = off', bounds='[0, 1)'
+  ),
   Field(
     'loss',
     'softmax',
@@ -272,8 +346,10 @@ FIELDS = (
     'softmax cross-entropy, or sigmoid for multi-label data such as JFT (paper B.1)',
     ('softmax', 'sigmoid'),
   ),
-  Field('total_steps', 10_000, int, 'optimizer steps of the run'),
-  Field('accum_steps', 1, int, 'micro-batches per step (same math, less memory)'),
+  Field('total_steps', 10_000, int, 'optimizer steps of the run', bounds='[1, inf)'),
+  Field(
+    'accum_steps', 1, int, 'micro-batches per step (same math, less memory)', bounds='[1, inf)'
+  ),
   Field('skip_nonfinite', False, bool, 'skip NaN/Inf steps instead of stopping'),
   Field(
     'max_nonfinite_in_a_row',
@@ -281,14 +357,19 @@ FIELDS = (
     int,
     'with skip_nonfinite: this many skipped steps in a row stop the run (a diverged run skips '
     'every step, a bad batch one)',
+    bounds='[1, inf)',
   ),
   # Few-shot linear evaluation of the frozen pre-logits (paper 4.1), on the train/test
   # splits of other datasets, every `every` steps and at the end.
   Field('fewshot.datasets', (), tuple, "e.g. ('cifar10', 'vtab/dtd'); () = off"),
-  Field('fewshot.every', 0, int, 'steps between evaluations; 0 = only at the end'),
-  Field('fewshot.shots', (1, 5, 10, 25), tuple, 'examples per class'),
-  Field('fewshot.seeds', (0, 1, 2), tuple, 'draws of the examples, averaged'),
-  Field('fewshot.l2_reg', 2.0**10, float, 'the ridge regression penalty'),
+  Field(
+    'fewshot.every', 0, int, 'steps between evaluations; 0 = only at the end', bounds='[0, inf)'
+  ),
+  Field('fewshot.shots', (1, 5, 10, 25), tuple, 'examples per class', bounds='[1, inf)'),
+  Field(
+    'fewshot.seeds', (0, 1, 2), tuple, 'draws of the examples, averaged', bounds='[0, 4294967296)'
+  ),
+  Field('fewshot.l2_reg', 2.0**10, float, 'the ridge regression penalty', bounds='(0, inf)'),
   Field(
     'fewshot.train_split',
     'train',
@@ -298,16 +379,32 @@ FIELDS = (
   Field('fewshot.test_split', 'test', str, "'train' / 'test' = the dataset's own, or a split"),
   # Devices: a (slice, data, fsdp, model) mesh over all devices (vit_jax.core.sharding); slices come
   # from the devices.
-  Field('mesh.fsdp', 1, int, '> 1 shards params and optimizer state over this many devices'),
-  Field('mesh.model', 1, int, '> 1 splits heads and MLP units (tensor parallelism)'),
-  Field('mesh.data', None, int, 'data-parallel devices; None: the devices left over'),
+  Field(
+    'mesh.fsdp',
+    1,
+    int,
+    '> 1 shards params and optimizer state over this many devices',
+    bounds='[1, inf)',
+  ),
+  Field(
+    'mesh.model', 1, int, '> 1 splits heads and MLP units (tensor parallelism)', bounds='[1, inf)'
+  ),
+  Field(
+    'mesh.data', None, int, 'data-parallel devices; None: the devices left over', bounds='[1, inf)'
+  ),
   # The loop.
-  Field('progress_every', 100, int, 'steps between progress lines'),
-  Field('eval_every', 1000, int, 'steps between evaluations'),
-  Field('checkpoint_every', 1000, int, 'steps between checkpoints'),
-  Field('keep_checkpoints', 3, int, 'checkpoints kept'),
+  Field('progress_every', 100, int, 'steps between progress lines', bounds='[0, inf)'),
+  Field('eval_every', 1000, int, 'steps between evaluations', bounds='[0, inf)'),
+  Field('checkpoint_every', 1000, int, 'steps between checkpoints', bounds='[0, inf)'),
+  Field('keep_checkpoints', 3, int, 'checkpoints kept', bounds='[1, inf)'),
   Field('tensorboard', True, bool, 'write TensorBoard summaries'),
-  Field('peak_flops', None, float, "a device's peak FLOP/s, for MFU; None: the known peak"),
+  Field(
+    'peak_flops',
+    None,
+    float,
+    "a device's peak FLOP/s, for MFU; None: the known peak",
+    bounds='(0, inf)',
+  ),
 )
 _BY_NAME = {f.name: f for f in FIELDS}
 
@@ -375,6 +472,49 @@ def values_allowed(config, devices=None) -> None:
     value = _value(config, field.name)
     if field.allowed and value is not _ABSENT and value not in field.allowed:
       raise ConfigError(f'{field.name}={value!r}: use one of {", ".join(field.allowed)}')
+
+
+def _interval(bounds: str) -> tuple:
+  """'[0, 1)' -> (0.0, 1.0, low included, high included)."""
+  low, high = (float(x) for x in bounds[1:-1].split(','))
+  return low, high, bounds[0] == '[', bounds[-1] == ']'
+
+
+def _in_bounds(value, bounds: str) -> bool:
+  """Whether `value` is a number in the interval (NaN never is)."""
+  if isinstance(value, bool) or not isinstance(value, (int, float)):
+    return False
+  low, high, low_in, high_in = _interval(bounds)
+  above = value >= low if low_in else value > low
+  below = value <= high if high_in else value < high
+  return bool(above and below)
+
+
+def _bounds_said(name: str, value, bounds: str) -> str:
+  low, high, low_in, _ = _interval(bounds)
+  if high == float('inf') and low_in and low in (0, 1):
+    return f'{name}={value!r} must be at least {int(low)}'
+  return f'{name}={value!r} must be in {bounds}'
+
+
+def numbers_in_bounds(config, devices=None) -> None:
+  """Every number (and each number of a tuple field) in its field's interval, so that no value
+  reaches a library as a shape, a count or a rate it cannot take."""
+  for field in FIELDS:
+    value = _value(config, field.name)
+    if field.bounds is None or value is _ABSENT or value is None:
+      continue
+    if field.type is tuple:
+      if not isinstance(value, (tuple, list)):
+        raise ConfigError(f'{field.name}={value!r}: give a tuple, e.g. (1, 2)')
+      bad = [v for v in value if not _in_bounds(v, field.bounds)]
+      if bad:
+        raise ConfigError(
+          f'{field.name}={tuple(value)!r}: {bad[0]!r} is not a number in {field.bounds}; '
+          f'{field.doc}'
+        )
+    elif not _in_bounds(value, field.bounds):
+      raise ConfigError(f'{_bounds_said(field.name, value, field.bounds)}: {field.doc}')
 
 
 def area_min_a_fraction(config, devices=None) -> None:
@@ -480,7 +620,7 @@ def flexi_with_classification(config, devices=None) -> None:
 
 
 # What the input pipeline checks for callers that skip `validate` (data fields alone).
-DATA_RULES = (values_allowed, area_min_a_fraction, resize_covers_crop)
+DATA_RULES = (values_allowed, area_min_a_fraction, numbers_in_bounds, resize_covers_crop)
 RULES = (
   *DATA_RULES,
   batches_split,
@@ -509,6 +649,8 @@ def markdown_table() -> str:
   rows = ['| field | default | values | what it is |', '|---|---|---|---|']
   for f in FIELDS:
     values = ', '.join(f'`{v}`' for v in f.allowed) if f.allowed else f.type.__name__
+    if f.bounds:
+      values += f' in {f.bounds}'
     default = f.default if isinstance(f.default, str) else repr(f.default)
     rows.append(f'| `{f.name}` | `{default}` | {values} | {f.doc} |')
   return '\n'.join(rows)

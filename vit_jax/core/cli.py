@@ -62,12 +62,45 @@ def message_of(error) -> str:
 
 @contextlib.contextmanager
 def reported():
-  """A `UserError` ends the command as one line (`fail`); any other error passes, with its
+  """A `UserError` ends the command as one line (`fail`), and so does JAX failing to start the
+  platforms `JAX_PLATFORMS` names (`platform_missing`); any other error passes, with its
   traceback."""
   try:
     yield
   except UserError as e:
     fail(e)
+  except (RuntimeError, AssertionError) as e:
+    missing = platform_missing(e)
+    if missing is None:
+      raise
+    fail(missing)
+
+
+def platform_missing(error: BaseException):
+  """The line for JAX failing to start a platform that $JAX_PLATFORMS names (`gpu` or `cuda`
+  on a machine without a GPU: a RuntimeError, or a bare AssertionError in JAX's backend set-up),
+  else None. Told apart from a bug by asking JAX for its devices again: a backend that did not
+  start fails again, at once."""
+  wanted = os.environ.get('JAX_PLATFORMS', '')
+  jax = sys.modules.get('jax')
+  if not wanted or jax is None:
+    return None
+  try:
+    jax.devices()
+    return None  # the platforms are up: `error` is something else
+  except (RuntimeError, AssertionError) as again:
+    text = (message_of(again) or message_of(error)).strip()
+  backend = re.search(r"Unable to initialize backend '(\w+)'", text)
+  if any(name in wanted for name in ('gpu', 'cuda', 'rocm')):
+    why = 'its GPU plugin found no GPU, or no CUDA'
+  elif backend:
+    why = f'no {backend.group(1)} backend here'
+  else:
+    why = (text.splitlines() or ['no such device'])[0][:160]
+  return (
+    f'JAX_PLATFORMS={wanted}: JAX cannot start it on this machine ({why}); unset JAX_PLATFORMS '
+    'to use what the machine has, or set JAX_PLATFORMS=cpu'
+  )
 
 
 def run(main, *args, **kwargs) -> int:

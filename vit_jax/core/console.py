@@ -105,11 +105,18 @@ VERBOSITY_ENV = 'VIT_JAX_VERBOSITY'
 
 
 def default_verbosity() -> int:
-  """absl's scale: -1 (default) warnings only, 0 INFO (full logs), 1 debug."""
+  """absl's scale: -1 (default) warnings only, 0 INFO (full logs), 1 debug. A value that is not
+  an integer ends the command in one line (it would otherwise be ignored unseen)."""
+  text = os.environ.get(VERBOSITY_ENV, '-1')
   try:
-    return int(os.environ.get(VERBOSITY_ENV, '-1'))
+    return int(text)
   except ValueError:
-    return -1
+    from vit_jax.core import cli
+
+    cli.fail(
+      f'{VERBOSITY_ENV}={text!r} is not an integer; set -1 (warnings only, the default), 0 (full '
+      'library logs) or 1 (debug), or unset it'
+    )
 
 
 def verbosity_in(argv) -> int:
@@ -146,6 +153,26 @@ def _libtpu_without_tpu() -> bool:
   return True
 
 
+def _platforms_here() -> str:
+  gpu = os.path.exists('/dev/nvidia0') and any(
+    importlib.util.find_spec(name) for name in ('jax_cuda12_plugin', 'jax_cuda13_plugin')
+  )
+  return 'cuda,cpu' if gpu else 'cpu'
+
+
+def leave_out_an_absent_tpu() -> None:
+  """For the Python API, where JAX is imported before anything of ours runs: libtpu without a
+  TPU left out of the platforms JAX starts (its five lines of errors, one `E0000 ...
+  INVALID_ARGUMENT`), as `quiet_libraries` does for the commands. Nothing where the user chose
+  the platforms, or where JAX has started them already."""
+  if os.environ.get('JAX_PLATFORMS') or not _libtpu_without_tpu():
+    return
+  import jax
+
+  if not jax.config.jax_platforms:
+    jax.config.update('jax_platforms', _platforms_here())
+
+
 # What native libraries log before absl's logging is set up, whatever TF_CPP_MIN_LOG_LEVEL says:
 # INFO lines (`I1126 12:00:00.123456  4242 port.cc:153] oneDNN custom operations are on ...`)
 # and absl's notice that comes before them.
@@ -179,15 +206,50 @@ def native_info_hidden():
       sys.stderr.flush()
 
 
+VERBOSITY_HELP = (
+  f'-1 (default, or ${VERBOSITY_ENV}): warnings only; 0: full library logs (TensorFlow, XLA, '
+  'absl INFO); 1: debug'
+)
+
+
+@contextlib.contextmanager
+def library_output_hidden(quiet_on=lambda error: False):
+  """Drops what the block writes to stdout and stderr (file descriptors 1 and 2: a library's
+  progress and start-up lines, TensorFlow's and torch's exporters) when `quiet_libraries` hid
+  the libraries' logs. If the block fails, its output is written after all (it may explain a
+  bug), unless `quiet_on(error)`: an error that is said in one line anyway."""
+  if os.environ.get('TF_CPP_MIN_LOG_LEVEL', '0') in ('', '0'):
+    yield
+    return
+  sys.stdout.flush()
+  sys.stderr.flush()
+  saved = [os.dup(1), os.dup(2)]
+  with tempfile.TemporaryFile() as caught:
+    os.dup2(caught.fileno(), 1)
+    os.dup2(caught.fileno(), 2)
+    # Python's own writes too, wherever sys.stdout points (a notebook, a test's capture).
+    python = open(os.dup(caught.fileno()), 'w', encoding='utf-8', errors='replace')
+    failed = None
+    try:
+      with contextlib.redirect_stdout(python), contextlib.redirect_stderr(python):
+        yield
+    except BaseException as e:
+      failed = e
+      raise
+    finally:
+      python.close()
+      for fd, copy in ((1, saved[0]), (2, saved[1])):
+        os.dup2(copy, fd)
+        os.close(copy)
+      if failed is not None and not quiet_on(failed):
+        caught.seek(0)
+        sys.stderr.write(caught.read().decode('utf-8', 'replace'))
+        sys.stderr.flush()
+
+
 def add_verbosity_flag(parser) -> None:
   """`--verbosity` for an argparse command, with the same scale as absl's."""
-  parser.add_argument(
-    '--verbosity',
-    type=int,
-    default=default_verbosity(),
-    help=f'-1 (default, or ${VERBOSITY_ENV}): warnings only; 0: full library logs '
-    '(TensorFlow, XLA, absl INFO); 1: debug',
-  )
+  parser.add_argument('--verbosity', type=int, default=default_verbosity(), help=VERBOSITY_HELP)
 
 
 def quiet_libraries(verbosity: int) -> None:
@@ -206,10 +268,7 @@ def quiet_libraries(verbosity: int) -> None:
     # libtpu (the [tpu] extra) on a machine without TPUs prints a screen of
     # errors when JAX tries it; leave it out of the platforms JAX starts.
     if 'JAX_PLATFORMS' not in os.environ:
-      gpu = os.path.exists('/dev/nvidia0') and any(
-        importlib.util.find_spec(name) for name in ('jax_cuda12_plugin', 'jax_cuda13_plugin')
-      )
-      os.environ['JAX_PLATFORMS'] = 'cuda,cpu' if gpu else 'cpu'
+      os.environ['JAX_PLATFORMS'] = _platforms_here()
     # Describing a slice (`vit_jax.compile`), libtpu asks the cloud's metadata
     # server about this host and logs five lines, one of them `E0000`, when
     # there is none: name a one-host TPU VM instead (the records of programs
@@ -225,6 +284,11 @@ def quiet_libraries(verbosity: int) -> None:
   # could be a decompression bomb (predict reads it, or refuses it past twice the limit).
   warnings.filterwarnings('ignore', category=UserWarning, module=r'torchvision(\.|$)')
   warnings.filterwarnings('ignore', message=r'Image size \(\d+ pixels\) exceeds limit')
+  # JAX logs a GPU plugin that finds no GPU or CUDA with its traceback, then runs on the CPU (or,
+  # where $JAX_PLATFORMS asks for the GPU, fails: `cli.platform_missing` says so in one line).
+  py_logging.getLogger('jax._src.xla_bridge').addFilter(
+    lambda record: not record.getMessage().startswith('Jax plugin configuration error')
+  )
   # TFDS warns that an unprepared dataset's folder "has no dataset_info.json"
   # before our own one-line error says what to do about it.
   py_logging.getLogger('absl').addFilter(

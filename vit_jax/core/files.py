@@ -8,8 +8,11 @@ one line instead of after the client's minutes of retries; a missing bucket or
 missing credentials are one line too.
 """
 
+import contextlib
 import functools
 import os
+import re
+import shutil
 import socket
 import struct
 import urllib.parse
@@ -148,9 +151,106 @@ def write_text(path, text: str) -> None:
     with open_file(path, 'w') as f:
       f.write(text)
     return
-  with open(path + '.tmp', 'w', encoding='utf-8') as f:
-    f.write(text)
-  os.replace(path + '.tmp', path)
+  with temporary_beside(path) as tmp:
+    with open(tmp, 'w', encoding='utf-8') as f:
+      f.write(text)
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------------------
+# Writing a local file or folder whole: under a temporary name first, renamed into place. The
+# temporary names carry the writer's process id, so a write that a kill -9 cut short is known
+# for one (its process is gone) and removed by the next write of the same path.
+
+_TEMPORARY = re.compile(r'(?P<name>.+)\.tmp-(?P<pid>\d+)$')
+
+
+def _alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:
+    return True  # another user's process
+  return True
+
+
+def remove_stale(path) -> None:
+  """Removes what writes of `path` (or of `.NAME` beside it, a staged folder) left when their
+  process died: `path.tmp-PID` and `.NAME.tmp-PID`, files or folders."""
+  parent, name = os.path.split(os.path.abspath(path))
+  try:
+    entries = os.listdir(parent)
+  except OSError:
+    return
+  for entry in entries:
+    match = _TEMPORARY.fullmatch(entry)
+    if match and match.group('name') in (name, f'.{name}') and not _alive(int(match['pid'])):
+      stale = os.path.join(parent, entry)
+      if os.path.isdir(stale) and not os.path.islink(stale):
+        shutil.rmtree(stale, ignore_errors=True)
+      else:
+        with contextlib.suppress(OSError):
+          os.remove(stale)
+
+
+@contextlib.contextmanager
+def temporary_beside(path):
+  """`path.tmp-PID` for a file to be renamed onto `path` inside the block; removed if the block
+  fails before (a full disk), and stale ones of dead processes removed first."""
+  remove_stale(path)
+  tmp = f'{os.fspath(path)}.tmp-{os.getpid()}'
+  try:
+    yield tmp
+  except BaseException:
+    with contextlib.suppress(OSError):
+      os.remove(tmp)
+    raise
+
+
+@contextlib.contextmanager
+def staged(path):
+  """Writes inside the block that appear at the local `path` whole, or not at all.
+
+  Yields where to write instead: `path`'s name inside a folder `.NAME.tmp-PID` beside it (a
+  writer may put more files there, as ONNX's external data beside its model). When the block
+  ends, each entry there replaces its namesake beside `path` (into an existing folder `path`,
+  each entry replaces its namesake inside it: an export into a folder keeps the other files);
+  when it fails, the folder is removed and nothing else changed. Remote paths are written in
+  place (an object store publishes an object when it is closed).
+  """
+  if is_remote(path):
+    yield os.fspath(path)
+    return
+  parent, name = os.path.split(os.path.abspath(path))
+  os.makedirs(parent, exist_ok=True)
+  remove_stale(path)
+  folder = os.path.join(parent, f'.{name}.tmp-{os.getpid()}')
+  shutil.rmtree(folder, ignore_errors=True)
+  try:
+    os.makedirs(folder)
+  except OSError as e:  # said of `path`, which the caller named
+    raise OSError(e.errno, e.strerror, os.fspath(path)) from None
+  try:
+    yield os.path.join(folder, name)
+    for entry in sorted(os.listdir(folder)):
+      _replace(os.path.join(folder, entry), os.path.join(parent, entry))
+  finally:
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _replace(source: str, target: str) -> None:
+  """Moves `source` onto `target`; a folder onto a folder, entry by entry."""
+  if os.path.isdir(source) and os.path.isdir(target):  # a link to a folder: into that folder
+    for entry in sorted(os.listdir(source)):
+      inside = os.path.join(target, entry)
+      if os.path.isdir(inside) and not os.path.islink(inside):
+        shutil.rmtree(inside)
+      shutil.move(os.path.join(source, entry), inside)  # the folder may be on another device
+    return
+  if os.path.islink(target):  # a link to a file: the file it names is what is written
+    target = os.path.realpath(target)
+  shutil.move(source, target)
 
 
 def remove(path) -> None:

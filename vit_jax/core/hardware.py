@@ -171,6 +171,21 @@ def machine_info() -> dict:
 # scheduler they also set compiled to the same program here (it is on by default).
 GPU_COMPILER_OPTIONS = {'xla_gpu_enable_triton_gemm': False}
 
+# And where a program spans several GPUs: the gradient all-reduces (FSDP's all-gathers and
+# reduce-scatters too) combined into buckets of at most 8 MiB instead of XLA's 30 MiB. XLA
+# combines the collectives of one step that are ready together; with 30 MiB buckets ViT-B/16's
+# gradients crossed in one all-reduce that waited for the whole backward pass, started and
+# finished with nothing to overlap. In 8 MiB buckets (a ViT-B/16 block's gradient is 14 MB in
+# bf16) each starts once its layers' gradients exist, and the latency-hiding scheduler (on by
+# default) runs the backward pass of the layers below under it (tests/test_compile_gpu.py
+# reads the schedule; the record: benchmarks/gpu/overlap_vit_b16_h100-8.json).
+MULTI_GPU_COMPILER_OPTIONS = {
+  'xla_gpu_enable_latency_hiding_scheduler': True,
+  'xla_gpu_all_reduce_combine_threshold_bytes': 8 * 2**20,
+  'xla_gpu_all_gather_combine_threshold_bytes': 8 * 2**20,
+  'xla_gpu_reduce_scatter_combine_threshold_bytes': 8 * 2**20,
+}
+
 # The share of a GPU's memory JAX's allocator takes when the run sets
 # XLA_PYTHON_CLIENT_MEM_FRACTION to it (`python -m vit_jax.main` and the launch
 # scripts do; JAX's default is 0.75). The rest is the CUDA context, cuDNN/cuBLAS
@@ -179,13 +194,15 @@ GPU_MEMORY_FRACTION = 0.9
 
 
 def compiler_options(devices) -> dict:
-  """The XLA options for a program on `devices`: GPU_COMPILER_OPTIONS on GPUs, less any flag
-  that XLA_FLAGS sets (a user's choice, or a benchmark's A/B run, wins); {} elsewhere."""
+  """The XLA options for a program on `devices`: GPU_COMPILER_OPTIONS on GPUs, with
+  MULTI_GPU_COMPILER_OPTIONS on more than one, less any flag that XLA_FLAGS sets (a user's
+  choice, or a benchmark's A/B run, wins); {} elsewhere."""
   devices = list(devices)
   if not devices or devices[0].platform != 'gpu':
     return {}
+  options = {**GPU_COMPILER_OPTIONS, **(MULTI_GPU_COMPILER_OPTIONS if len(devices) > 1 else {})}
   given = set(re.findall(r'--(\w+)', os.environ.get('XLA_FLAGS', '')))
-  return {key: value for key, value in GPU_COMPILER_OPTIONS.items() if key not in given}
+  return {key: value for key, value in options.items() if key not in given}
 
 
 def is_out_of_memory(error: Exception) -> bool:

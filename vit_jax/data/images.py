@@ -136,6 +136,19 @@ class BadImage(Exception):
   """Bytes that do not decode as an image; `_decoded` turns it into a `DataError`."""
 
 
+class TooLarge(BadImage):
+  """An image of more pixels than PIL decodes (its guard against decompression bombs)."""
+
+
+def too_large_reason(error) -> str:
+  """What PIL's DecompressionBombError says, as a reason a user can act on."""
+  found = re.search(r'\((\d+) pixels\) exceeds limit of (\d+) pixels', str(error))
+  if not found:
+    return 'more pixels than PIL decodes (its guard against decompression bombs)'
+  pixels, limit = (int(n) for n in found.groups())
+  return f'{pixels:,} pixels, more than the {limit:,} that PIL decodes (a decompression-bomb guard)'
+
+
 def decode(data: bytes, min_height: int = 0, min_width: int = 0, fast: bool = False) -> np.ndarray:
   """Encoded image -> uint8 [h, w, 3]; JPEGs as tf.io.decode_jpeg, optionally DCT-scaled.
 
@@ -168,7 +181,9 @@ def decode(data: bytes, min_height: int = 0, min_width: int = 0, fast: bool = Fa
         grey = (np.asarray(image).astype(np.uint32) >> 8).astype(np.uint8)
         return np.repeat(grey[..., None], 3, axis=-1)
       return np.asarray(image.convert('RGB'))
-  except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
+  except Image.DecompressionBombError as e:
+    raise TooLarge(too_large_reason(e)) from None
+  except (OSError, ValueError, SyntaxError) as e:
     reason = re.sub(r'<_io\.BytesIO object at 0x[0-9a-f]+>', 'the data', str(e))
     raise BadImage((reason.strip().splitlines() or [type(e).__name__])[0][:200]) from None
 

@@ -119,7 +119,16 @@ def describe_preprocessing(config) -> str:
   """The preprocessing a run uses, in one line, with where its defaults come from."""
   pp = _pp(config)
   base = datasets.defaults(config.dataset, config.tfds_data_dir)
-  if pp.inception_crop:
+  tokens = tuple(config.get('naflex_tokens') or ())
+  if tokens:  # NaFlex (data.naflex): the crop keeps its aspect ratio, sized by a token budget
+    budgets = (
+      f'a budget of {tokens[0]} tokens'
+      if len(tokens) == 1
+      else (f'a budget drawn from {", ".join(map(str, tokens))} tokens')
+    )
+    box = f'inception crop (area {pp.area_min:g}-1)' if pp.inception_crop else 'the whole image'
+    crop = f'{box} at its own aspect ratio, resized to {budgets} (NaFlex)'
+  elif pp.inception_crop:
     crop = f'inception crop (area {pp.area_min:g}-1) to {pp.crop} px'
   else:
     crop = f'resize to {pp.crop} px'

@@ -7,7 +7,9 @@ Images are read as the evaluation pipeline reads them: RGB, a bilinear resize
 to the checkpoint's resolution, uint8 pixels made [-1, 1] on the device.
 """
 
+import contextlib
 import importlib.resources
+import logging
 import os
 from typing import List, Optional, Sequence
 
@@ -73,8 +75,12 @@ def read_pixels(path: str, size: int) -> np.ndarray:
     raise InputError(
       f'{path}: cannot read it ({e.strerror or e}); pass a JPEG or PNG file'
     ) from None
+  except images.TooLarge as e:
+    raise InputError(f'{path}: an image too large to decode ({e}); pass a smaller copy') from None
   except images.BadImage as e:
-    raise InputError(f'{path}: not a readable image ({e}); pass a JPEG or PNG file') from None
+    raise InputError(
+      f'{path}: not a readable image ({e}); pass an image file (JPEG, PNG, ...) that opens'
+    ) from None
   return pixels
 
 
@@ -106,38 +112,60 @@ def class_names(
 ) -> List[str]:
   """Names for a head of `num_classes` outputs.
 
-  From `labels_file` (one name per line) if given; else the names of the
-  dataset a training workdir `checkpoint` was trained on (an image folder's
-  class folders, a TFDS dataset's labels) when it opens here and has as many;
-  else the shipped ImageNet-1k (1000) or ImageNet-21k (21843) names; else
-  `class_<i>` (`class_names_and_why` says why).
+  From `labels_file` (one name per line) if given; else, for a training
+  workdir `checkpoint`, the class names its run recorded (dataset.json), or
+  the names of its dataset (an image folder's class folders, a TFDS dataset's
+  labels) when that opens here and has as many; else the shipped ImageNet-1k
+  (1000) or ImageNet-21k (21843) names, for a file or a run on ImageNet;
+  else `class_<i>` (`class_names_and_why` says why).
   """
   return class_names_and_why(num_classes, labels_file, checkpoint)[0]
+
+
+def _imagenet_names(num_classes: int) -> List[str]:
+  return (
+    importlib.resources.files('vit_jax')
+    .joinpath('data', LABEL_FILES[num_classes])
+    .read_text(encoding='utf-8')
+    .splitlines()
+  )
 
 
 def class_names_and_why(
   num_classes: int, labels_file: Optional[str] = None, checkpoint: Optional[str] = None
 ) -> tuple:
   """(`class_names`, '' or a line saying why the names are `class_<i>` and what to do)."""
+  from vit_jax import workdir
+
   if labels_file:
     return _labels_file(labels_file, num_classes), ''
   why = []
-  names = dataset_class_names(checkpoint, why) if checkpoint else None
+  recorded = (
+    (workdir.read_dataset(checkpoint) or {}) if workdir.is_workdir(checkpoint or '') else {}
+  )
+  names = recorded.get('class_names')
+  if names is None and checkpoint:
+    names = dataset_class_names(checkpoint, why)
   if names is not None and len(names) == num_classes:
-    return names, ''
-  if num_classes in LABEL_FILES:
-    text = (
-      importlib.resources.files('vit_jax')
-      .joinpath('data', LABEL_FILES[num_classes])
-      .read_text(encoding='utf-8')
-    )
-    return text.splitlines(), ''
+    return list(names), ''
+  dataset = workdir.recorded(checkpoint, 'dataset') if checkpoint else None
+  if num_classes in LABEL_FILES and (not dataset or _is_imagenet(dataset)):
+    return _imagenet_names(num_classes), ''
   if names is not None:
     why.append(f'its dataset has {len(names)} classes, the head {num_classes}')
   reason = why[0] if why else f'a {num_classes}-way head, not an ImageNet one (1000 or 21843)'
+  if not why and num_classes in LABEL_FILES:
+    reason = f'a {num_classes}-way head trained on {dataset}, not ImageNet'
   return [f'class_{i}' for i in range(num_classes)], (
     f'classes named class_<i>: {reason}; pass --labels=FILE, one name per line'
   )
+
+
+def _is_imagenet(dataset: str) -> bool:
+  """Whether a recorded dataset is ImageNet's (a TFDS name, not a folder someone named so)."""
+  from vit_jax.data.readers import reader
+
+  return str(dataset).startswith('imagenet') and not reader.names_a_path(str(dataset))
 
 
 def _labels_file(path: str, num_classes: int) -> List[str]:
@@ -170,7 +198,10 @@ def dataset_class_names(path: str, why: Optional[list] = None) -> Optional[List[
   config = pipeline.data_config()
   config.dataset = dataset
   try:
-    names = pipeline.split_source(config, 'train').class_names
+    # What the scan of a training folder logs (images left out, corrupt) is about training,
+    # not the images a command is given.
+    with _warnings_hidden():
+      names = pipeline.split_source(config, 'train').class_names
   except (pipeline.DataError, OSError) as e:
     if why is not None:
       why.append(f'its dataset {dataset} does not open here ({e})')
@@ -178,6 +209,17 @@ def dataset_class_names(path: str, why: Optional[list] = None) -> Optional[List[
   if not names and why is not None:
     why.append(f'its dataset {dataset} names no classes')
   return list(names) if names else None
+
+
+@contextlib.contextmanager
+def _warnings_hidden():
+  logger = logging.getLogger()
+  level = logger.level
+  logger.setLevel(logging.ERROR)
+  try:
+    yield
+  finally:
+    logger.setLevel(level)
 
 
 _PREDICT_BATCH = 16

@@ -23,6 +23,7 @@ the data pipeline only has to supply an iterable of batches for
 `summary.json`.
 """
 
+import os
 from typing import Iterable, Mapping, NamedTuple, Sequence
 
 import jax
@@ -363,8 +364,30 @@ def evaluate_datasets(config, model, params, sharding, *, features_fn=None) -> d
       seeds=tuple(config.fewshot.seeds),
       l2_reg=config.fewshot.l2_reg,
     )
-    scalars.update(summary_scalars(results, f'fewshot/{files.text(name)}'))
+    scalars.update(
+      summary_scalars(results, f'fewshot/{metric_name(name, config.fewshot.datasets)}')
+    )
   return scalars
+
+
+def metric_name(dataset: str, datasets: Sequence[str] = ()) -> str:
+  """The name of a dataset in metric keys (`fewshot/<name>_5shot`): a name as it is, a folder
+  or file by its last part (`/data/odd/` -> `odd`), more of its path only where two datasets
+  of `datasets` share that part."""
+  from vit_jax.data.readers import reader
+
+  def short(name, parts=1):
+    if not reader.names_a_path(name):
+      return name
+    path = os.path.normpath(os.path.expanduser(name.split('://', 1)[-1]))
+    return '/'.join(path.strip('/').split('/')[-parts:])
+
+  name, parts = short(dataset), 1
+  depth = len(os.path.normpath(dataset).strip('/').split('/'))
+  while parts < depth and any(short(d, parts) == name for d in datasets if d != dataset):
+    parts += 1
+    name = short(dataset, parts)
+  return files.text(name)
 
 
 def evaluate_checkpoint(loaded, datasets: Sequence[str], *, crop=None, batch=256, **fields) -> dict:

@@ -67,7 +67,9 @@ def compute(loaded: loader.LoadedModel, images: np.ndarray, num_components: int)
   rollout = analysis.rollout_maps(
     analysis.attention_rollout(attentions), (g, g), loaded.num_prefix_tokens, readout
   )
-  posemb = loaded.params['Transformer']['posembed_input']['pos_embedding']
+  posemb = np.asarray(loaded.params['Transformer']['posembed_input']['pos_embedding'])
+  # A NaFlex ViT's are a grid of their own [1, rows, columns, D], the prefix tokens without any.
+  table, prefix = ((g, g), loaded.num_prefix_tokens) if posemb.ndim == 3 else (posemb.shape[1:3], 0)
   kernel = np.asarray(loaded.params['embedding']['kernel'])
   components = ratio = None
   if kernel.shape[2] == 3:  # hybrids embed ResNet features, not RGB pixels
@@ -75,7 +77,7 @@ def compute(loaded: loader.LoadedModel, images: np.ndarray, num_components: int)
   return {
     'attention_distance': distances,
     'rollout': rollout,
-    'posemb_similarity': analysis.posemb_similarity(posemb, (g, g), loaded.num_prefix_tokens),
+    'posemb_similarity': analysis.posemb_similarity(posemb, table, prefix),
     'filter_components': components,
     'filter_explained_variance': ratio,
   }

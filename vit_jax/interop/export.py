@@ -11,7 +11,9 @@ from typing import List, NamedTuple, Optional
 
 from vit_jax import checkpoint
 from vit_jax import workdir
+from vit_jax.core import console
 from vit_jax.core import files
+from vit_jax.core.errors import UserError
 from vit_jax.evaluation import classify
 from vit_jax.evaluation import loader
 from vit_jax.interop import hf
@@ -149,16 +151,17 @@ def _save_timm(loaded: loader.LoadedModel, output: str) -> List[str]:
 
 
 def _class_names(source: Source, path: str, labels: Optional[str]) -> Optional[List[str]]:
-  """--labels, else the source's or its dataset's names, else the ImageNet lists by head size."""
+  """--labels, else the source's names, else those predict gives (`classify.class_names`: a
+  run's own, its dataset's, ImageNet's for a file or an ImageNet run); None for none."""
   num_classes = source.loaded.model.num_classes
   if num_classes is None:
     return None
   if labels:
     return classify.class_names(num_classes, labels)
-  names = source.class_names or classify.dataset_class_names(path)
-  if names is not None and len(names) == num_classes:
-    return names
-  return classify.class_names(num_classes) if num_classes in classify.LABEL_FILES else None
+  if source.class_names is not None and len(source.class_names) == num_classes:
+    return source.class_names
+  names, why = classify.class_names_and_why(num_classes, None, path)
+  return None if why else names
 
 
 def output_path(fmt: str, output: str) -> str:
@@ -194,23 +197,51 @@ def export(
       f'a NaFlex ViT has no {fmt} counterpart here; use --format=timm (timm NaFlexVit), '
       'npz or savedmodel'
     )
+  if fmt in ('timm', 'hf'):
+    torch_layout.check_standard_blocks(loaded.config, 'timm' if fmt == 'timm' else 'transformers')
+  names = _class_names(source, checkpoint_path, labels) if fmt == 'hf' else None
+  # Written whole or not at all: a full disk or a kill leaves nothing at `output`, and the
+  # temporary files are removed (a killed export's by the next one; `files.staged`).
+  try:
+    with files.staged(output) as staging:
+      notes += _write(fmt, loaded, staging, names)
+  except Exception as e:
+    failure = workdir.storage_failure(e)
+    if failure is None or isinstance(e, UserError):
+      raise
+    space = failure[0] in ('no space left on device', 'disk quota exceeded')
+    raise torch_layout.ExportError(
+      f'{output}: cannot write it ({failure[0]}); nothing was written there. '
+      + (
+        'Free space there, or pass another --output' if space else 'Pass an --output you can write'
+      )
+    ) from None
+  return [note.replace(staging, output) for note in notes]
+
+
+def _said_in_one_line(error: BaseException) -> bool:
+  return isinstance(error, UserError) or workdir.storage_failure(error) is not None
+
+
+def _write(fmt: str, loaded: loader.LoadedModel, output: str, names) -> List[str]:
+  """Writes `loaded` in `fmt` at `output`; notes for the user."""
   if fmt == 'npz':
     checkpoint.save_npz(loaded.params, output)
-  elif fmt == 'timm':
-    torch_layout.check_standard_blocks(loaded.config, 'timm')
-    notes += _save_timm(loaded, output)
-  elif fmt == 'hf':
-    torch_layout.check_standard_blocks(loaded.config, 'transformers')
-    names = _class_names(source, checkpoint_path, labels)
-    notes += hf.save(
+    return []
+  if fmt == 'timm':
+    return _save_timm(loaded, output)
+  if fmt == 'hf':
+    return hf.save(
       checkpoint.flatten(loaded.params), loaded.config, loaded.image_size, output, names
     )
-  elif fmt == 'savedmodel':
-    from vit_jax.interop import savedmodel
+  # TensorFlow's and torch's start-up and progress lines.
+  with console.library_output_hidden(quiet_on=_said_in_one_line):
+    if fmt == 'savedmodel':
+      from vit_jax.interop import savedmodel
 
-    savedmodel.save(loaded, output)
-  else:
-    from vit_jax.interop import onnx
+      savedmodel.save(loaded, output)
+    else:
+      from vit_jax.interop import onnx
 
-    onnx.save(loaded, output)
-  return notes
+      onnx.save(loaded, output)
+  return []

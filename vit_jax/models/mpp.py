@@ -135,6 +135,7 @@ class MppViT(nn.Module):
   remat_policy: str = 'nothing_saveable'
   scan: bool = False
   attention: str = 'auto'
+  fp8: bool = False  # the encoder's dense layers as FP8 products (vit_jax.models.fp8)
 
   @nn.compact
   def __call__(self, images, corruption: Optional[Corruption] = None, *, train: bool):
@@ -161,6 +162,7 @@ class MppViT(nn.Module):
       remat=self.remat,
       remat_policy=self.remat_policy,
       scan=self.scan,
+      fp8=self.fp8,
     )(x, train=train)
     logits = nn.Dense(NUM_COLOURS, dtype=self.dtype, name='mpp_head')(x[:, -num_patches:])
     return logits.astype(jnp.float32)

@@ -127,20 +127,36 @@ class MaskedAttention(nn.Module):
       jnp.einsum('bnd,dhk->bnhk', x, kernel.astype(self.dtype)) + bias.astype(self.dtype)
       for kernel, bias in qkv
     )
-    implementation = self.attention
-    if implementation in ('auto', 'explicit'):
-      implementation = 'cudnn' if hardware.cudnn_attention_applies(self.dtype, head_dim) else 'xla'
-    y = jax.nn.dot_product_attention(
-      q,
-      k,
-      v,
-      query_seq_lengths=lengths,
-      key_value_seq_lengths=lengths,
-      implementation=implementation,
-    )
+    if self.is_mutable_collection('intermediates'):
+      y = self._explicit(q, k, v, lengths)  # the weights, for the analyses (vit.py's too)
+    else:
+      implementation = self.attention
+      if implementation in ('auto', 'explicit'):
+        implementation = (
+          'cudnn' if hardware.cudnn_attention_applies(self.dtype, head_dim) else 'xla'
+        )
+      y = jax.nn.dot_product_attention(
+        q,
+        k,
+        v,
+        query_seq_lengths=lengths,
+        key_value_seq_lengths=lengths,
+        implementation=implementation,
+      )
     return jnp.einsum('bnhk,hkd->bnd', y, out_kernel.astype(self.dtype)) + out_bias.astype(
       self.dtype
     )
+
+  def _explicit(self, q, k, v, lengths):
+    """Attention with its weights [B, heads, N, N] sown as `attention_weights` (what
+    `vit.MultiHeadDotProductAttention` sows): padding keys get none, padding queries none."""
+    n = q.shape[1]
+    real = jnp.arange(n)[None, :] < lengths[:, None]  # [B, N]
+    logits = jnp.einsum('bqhk,bshk->bhqs', q, k).astype(jnp.float32) / np.sqrt(q.shape[-1])
+    logits = jnp.where(real[:, None, None, :], logits, jnp.finfo(jnp.float32).min)
+    weights = jnp.where(real[:, None, :, None], jax.nn.softmax(logits, axis=-1), 0.0)
+    self.sow('intermediates', 'attention_weights', weights)
+    return jnp.einsum('bhqs,bshk->bqhk', weights.astype(v.dtype), v)
 
 
 class MaskedEncoderBlock(nn.Module):

@@ -41,6 +41,7 @@ import jax.numpy as jnp
 from vit_jax.configs import schema
 from vit_jax.core import hardware
 from vit_jax.core import sharding
+from vit_jax.models import fp8 as fp8_lib
 from vit_jax.models import resnet
 
 Dtype = Any
@@ -172,9 +173,10 @@ def _explicit_attention(q, k, v, dtype, keep=None):
   return (y.astype(jnp.float32) / jnp.sum(e, axis=-1, keepdims=True)).astype(dtype)
 
 
-def _project_qkv(x, inputs_kv, params, norms, layout: str, dtype):
+def _project_qkv(x, inputs_kv, params, norms, layout: str, dtype, dot):
   """q, k and v of `x` (k and v of `inputs_kv` when given) in `layout` ('bnhk' or 'bhnk'), each
-  with its bias (`params`: (kernel, bias or None) of q, k, v) and q, k normalised (`norms`).
+  with its bias (`params`: (kernel, bias or None) of q, k, v) and q, k normalised (`norms`);
+  `dot` is the products' `dot_general` (`lax.dot_general`, or FP8's).
 
   Straight into the layout the attention reads: XLA needs no transposes between
   the projections and the attention (docs/speed_and_scale.md). Self-attention in
@@ -189,17 +191,26 @@ def _project_qkv(x, inputs_kv, params, norms, layout: str, dtype):
   kernels = [kernel.astype(dtype) for kernel, _ in params]
   biases = [None if bias is None else bias.astype(dtype) for _, bias in params]
   if inputs_kv is None and layout == 'bnhk' and not sharding.splits_model():
-    (b, n, d), qkv = x.shape, []
-    for kernel, bias in zip(kernels, biases):
-      y = x @ kernel.reshape(d, -1)
+    b, n, d = x.shape
+    matrices = [kernel.reshape(d, -1) for kernel in kernels]
+    if dot is fp8_lib.dot_general:
+      # One FP8 product of the three kernels side by side, one scale: XLA merges products
+      # that share an input, and a merged product of three scales is no FP8 GEMM.
+      matrices = [jnp.concatenate(matrices, axis=1)]
+    ys = [dot(x, m, (((2,), (0,)), ((), ()))) for m in matrices]
+    ys = jnp.split(ys[0], 3, axis=-1) if len(ys) == 1 else ys
+    qkv = []
+    for y, kernel, bias in zip(ys, kernels, biases):
       y = y if bias is None else y + bias.reshape(-1)
       qkv.append(y.reshape(b, n, *kernel.shape[1:]))
     biases = [None] * 3
   elif inputs_kv is None:
-    qkv = jnp.einsum(f'bnd,tdhk->t{layout}', x, jnp.stack(kernels))
+    qkv = jnp.einsum(f'bnd,tdhk->t{layout}', x, jnp.stack(kernels), _dot_general=dot)
   else:
-    kv = jnp.einsum(f'bnd,tdhk->t{layout}', inputs_kv.astype(dtype), jnp.stack(kernels[1:]))
-    qkv = [jnp.einsum(f'bnd,dhk->{layout}', x, kernels[0]), *kv]
+    kv = jnp.einsum(
+      f'bnd,tdhk->t{layout}', inputs_kv.astype(dtype), jnp.stack(kernels[1:]), _dot_general=dot
+    )
+    qkv = [jnp.einsum(f'bnd,dhk->{layout}', x, kernels[0], _dot_general=dot), *kv]
   heads = ('batch', None, 'model', None) if layout == 'bnhk' else ('batch', 'model', None, None)
   out = []
   for y, bias, norm in zip(qkv, biases, norms):
@@ -224,6 +235,7 @@ class MultiHeadDotProductAttention(nn.Module):
   qk_norm: bool = False  # ViT-22B: LayerNorm of q and k, for stable logits at scale
   qkv_bias: bool = True
   norm_bias: bool = True  # of the q/k LayerNorms
+  fp8: bool = False  # the four projections as FP8 products (vit_jax.models.fp8)
 
   @nn.compact
   def __call__(self, x, *, deterministic: bool, inputs_kv=None, num_tokens=None):
@@ -247,7 +259,10 @@ class MultiHeadDotProductAttention(nn.Module):
     ] + [lambda y: y]
 
     qkv_params = [(k, b if self.qkv_bias else None) for k, b in qkv_params]
-    project = lambda layout: _project_qkv(x, inputs_kv, qkv_params, norms, layout, self.dtype)  # noqa: E731
+    dot = fp8_lib.dot_general if self.fp8 else jax.lax.dot_general
+    project = lambda layout: _project_qkv(  # noqa: E731
+      x, inputs_kv, qkv_params, norms, layout, self.dtype, dot
+    )
 
     need_weights = self.is_mutable_collection('intermediates')
     use_dropout = not deterministic and self.dropout_rate > 0.0
@@ -259,7 +274,7 @@ class MultiHeadDotProductAttention(nn.Module):
     if implementation in ('xla', 'cudnn'):
       q, k, v = project('bnhk')
       y = fused_attention(q, k, v, implementation, num_tokens)
-      return jnp.einsum('bnhk,hkd->bnd', y, out_kernel) + out_bias
+      return jnp.einsum('bnhk,hkd->bnd', y, out_kernel, _dot_general=dot) + out_bias
     if num_tokens is not None and num_tokens != x.shape[1]:
       raise ValueError(f'the {implementation} attention cannot mask padding; see pads_sequence')
 
@@ -271,7 +286,7 @@ class MultiHeadDotProductAttention(nn.Module):
         return nn.Dropout(self.dropout_rate)(weights, deterministic=deterministic)
 
     y = _explicit_attention(*project('bhnk'), self.dtype, keep)
-    return jnp.einsum('bhnk,hkd->bnd', y, out_kernel) + out_bias
+    return jnp.einsum('bhnk,hkd->bnd', y, out_kernel, _dot_general=dot) + out_bias
 
 
 class MlpBlock(nn.Module):
@@ -280,6 +295,7 @@ class MlpBlock(nn.Module):
   mlp_dim: int
   dropout_rate: float = 0.0
   dtype: Dtype = jnp.float32
+  fp8: bool = False  # both layers as FP8 products (vit_jax.models.fp8)
 
   @nn.compact
   def __call__(self, x, *, deterministic: bool):
@@ -288,6 +304,7 @@ class MlpBlock(nn.Module):
       dtype=self.dtype,
       kernel_init=nn.initializers.xavier_uniform(),
       bias_init=nn.initializers.normal(stddev=1e-6),
+      dot_general=fp8_lib.dot_general if self.fp8 else None,
       name=name,
     )
     y = nn.gelu(dense(self.mlp_dim, 'Dense_0')(x))
@@ -340,6 +357,7 @@ class BlockConfig:
   parallel_block: bool = False  # see Encoder1DBlock
   qk_norm: bool = False  # ViT-22B: LayerNorm of q and k per head
   qkv_and_norm_biases: bool = True  # False: ViT-22B's q/k/v projections and LayerNorms
+  fp8: bool = False  # the dense layers (q/k/v/out, MLP) as FP8 products (models/fp8.py)
 
 
 class Encoder1DBlock(nn.Module):
@@ -366,9 +384,10 @@ class Encoder1DBlock(nn.Module):
       qk_norm=c.qk_norm,
       qkv_bias=bias,
       norm_bias=bias,
+      fp8=c.fp8,
       name='MultiHeadDotProductAttention_1',
     )(y, deterministic=deterministic, num_tokens=self.num_tokens)
-    mlp = MlpBlock(c.mlp_dim, c.dropout_rate, c.dtype, name='MlpBlock_3')
+    mlp = MlpBlock(c.mlp_dim, c.dropout_rate, c.dtype, c.fp8, name='MlpBlock_3')
     x = x + nn.Dropout(c.dropout_rate)(attention, deterministic=deterministic)
     if c.parallel_block:  # the MLP reads the same normalised input as attention
       x = x + mlp(y, deterministic=deterministic)
@@ -440,13 +459,15 @@ class Encoder(nn.Module):
     return _layer_norm('encoder_norm', c.dtype, c.qkv_and_norm_biases)(x)
 
 
-def encoder(transformer, *, dtype, attention, remat, remat_policy, scan, pad_odd=None) -> Encoder:
+def encoder(
+  transformer, *, dtype, attention, remat, remat_policy, scan, pad_odd=None, fp8=False
+) -> Encoder:
   """The `Transformer` of a model: its config's `transformer` entry and the model's options
   (VisionTransformer's attributes of those names)."""
   block = {k: v for k, v in transformer.items() if k != 'num_layers'}
   return Encoder(
     transformer['num_layers'],
-    BlockConfig(dtype=dtype, attention=attention, **block),
+    BlockConfig(dtype=dtype, attention=attention, fp8=fp8, **block),
     remat=remat,
     remat_policy=remat_policy,
     scan=scan,
@@ -482,6 +503,7 @@ class VisionTransformer(nn.Module):
   attention: str = 'auto'  # see ATTENTION
   num_registers: int = 0  # register tokens (Darcet et al. 2023): `prepend_tokens`
   pad_odd: Optional[bool] = None  # see pads_sequence; None: where attention runs on cuDNN
+  fp8: bool = False  # the encoder's dense layers as FP8 products (vit_jax.models.fp8)
 
   @nn.compact
   def __call__(self, inputs, *, train: bool):
@@ -497,6 +519,7 @@ class VisionTransformer(nn.Module):
       remat_policy=self.remat_policy,
       scan=self.scan,
       pad_odd=self.pad_odd,
+      fp8=self.fp8,
     )(x, train=train)
 
     x = _drop_registers(x, self.num_registers, self.classifier)

@@ -256,6 +256,49 @@ def interpolate_posembed(posemb, num_tokens: int, has_class_token: bool) -> np.n
   return resize_posemb(np.asarray(posemb), num_tokens, int(has_class_token), 'zoom')
 
 
+_REGISTERS = 'registers'
+
+
+def match_registers(restored: dict, init: dict, model_config: Mapping) -> tuple:
+  """`restored` with as many register tokens (Darcet et al. 2023) as the model `init` is of:
+  a released ViT without registers fine-tuned with some, or a run's registers dropped.
+
+  The registers kept keep their tokens and position rows; new ones take `init`'s (a fresh
+  model's), rows placed after the class token as `vit.prepend_tokens` lays them out; dropped
+  ones lose both. Returns (flat parameters, {'re-initialised': [...], 'dropped': [...]}).
+  """
+  old = int(restored[_REGISTERS].shape[1]) if _REGISTERS in restored else 0
+  new = int(init[_REGISTERS].shape[1]) if _REGISTERS in init else 0
+  report = {'re-initialised': [], 'dropped': []}
+  if old == new or _POSEMB not in restored or _POSEMB not in init:
+    return restored, report
+  first = 1 if model_config.get('classifier', 'token') in ('token', 'token_unpooled') else 0
+  posemb, fresh = restored[_POSEMB], init[_POSEMB]
+  kept = min(old, new)
+  if posemb.ndim == 3:  # 1D position embeddings hold a row per register (2D ones: patches only)
+    rows = [
+      posemb[:, : first + kept],
+      fresh[:, first + kept : first + new],
+      posemb[:, first + old :],
+    ]
+    posemb = np.concatenate([np.asarray(r, np.float32) for r in rows], axis=1)
+  out = {k: v for k, v in restored.items() if k != _REGISTERS}
+  out[_POSEMB] = posemb.astype(np.asarray(restored[_POSEMB]).dtype)
+  if new:
+    parts = [np.asarray(restored[_REGISTERS])[:, :kept]] if kept else []
+    out[_REGISTERS] = np.concatenate(parts + [np.asarray(init[_REGISTERS])[:, kept:]], axis=1)
+    report['re-initialised'].append(
+      f'{_REGISTERS} {shape_of(init[_REGISTERS])}: {new - kept} new register token(s) and their '
+      f"position rows, as a fresh model's ({kept} kept)"
+    )
+  if old > new:
+    report['dropped'].append(
+      f'{_REGISTERS} {shape_of(restored[_REGISTERS])}: {old - new} register token(s) and their '
+      f'position rows ({new} kept)'
+    )
+  return out, report
+
+
 def adapt(
   restored: dict, init: dict, model_config: Mapping, posemb_resize: str = 'zoom', what='checkpoint'
 ) -> tuple:
@@ -265,7 +308,8 @@ def adapt(
   when the new model has none, as are the `mask_token` and `mpp_head` of masked patch
   prediction (`vit_jax.models.mpp`); position embeddings are resized when the resolution
   differs (`posemb_resize`, see POSEMB_RESIZE), the patch-embedding kernel when the patch
-  size does (FlexiViT).
+  size does (FlexiViT); register tokens the checkpoint lacks are added as a fresh model's, and
+  those the model lacks dropped (`match_registers`).
 
   Args:
     restored: the pre-trained flat parameters {'a/b': array} in this model's names
@@ -281,6 +325,7 @@ def adapt(
   """
   num_prefix = 1 if model_config.get('classifier', 'token') in ('token', 'token_unpooled') else 0
   num_prefix += model_config.get('num_registers', 0)
+  restored, registers = match_registers(restored, init, model_config)
   out = {}
   report = {'kept': [], 'resized': [], 'dropped': [], 're-initialised': []}
   for key, value in init.items():
@@ -318,4 +363,8 @@ def adapt(
       )
     if key.startswith(_PRETRAINING_ONLY):
       report['dropped'].append(f'{key} {shape_of(restored[key])}')
+  if registers['re-initialised']:  # partly new: said as such, not as kept
+    report['kept'].remove(_REGISTERS)
+  for action, lines in registers.items():
+    report[action] += lines
   return out, report

@@ -32,6 +32,7 @@ from vit_jax.core import files
 from vit_jax.core import hardware
 from vit_jax.core.errors import UserError
 from vit_jax.data import pipeline
+from vit_jax.models import fp8
 from vit_jax.models import vit_checkpoint
 from vit_jax.training import hooks
 from vit_jax.training import program
@@ -58,6 +59,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
     if summary is not None:
       _report_finished(workdir, summary)
       return summary
+    resume.check_dataset(workdir, config)
     if config.pretrained_path and not workdir_lib.saved_steps(workdir):
       _check_pretrained(config.pretrained_path)
     stop, lock = stopping.Stop(workdir), None
@@ -66,7 +68,14 @@ def train_and_evaluate(config, workdir: str) -> dict:
         lock = stop.lock = workdir_lib.acquire(workdir)
       with jax.set_mesh(mesh):
         if jax.process_index() == 0:
-          workdir_lib.write_config(workdir, config)
+          unknown = resume.unknown_fields(workdir, config)
+          if unknown:
+            print(
+              f'{workdir_lib.CONFIG_FILE} of {workdir} records fields this version does not '
+              f'read ({", ".join(sorted(unknown))}): resumed without them, kept in the file',
+              flush=True,
+            )
+          workdir_lib.write_config(workdir, config, keep=unknown)
         # Orbax logs each unreadable checkpoint file it meets; resume says it in one line.
         with resume.without_orbax_errors():
           run = set_up(config, workdir, mesh, lock=lock)
@@ -74,6 +83,8 @@ def train_and_evaluate(config, workdir: str) -> dict:
           state, data_state, clock.prior = restore_or_initialize(run)
         stop.check()
         first_step = int(state.step)
+        if data_state and resume.same_data(workdir, data_state.get('dataset'), config.dataset):
+          data_state = {**data_state, 'dataset': config.dataset}  # the same data, spelled anew
         loop = Loop(
           state=state,
           train_iter=pipeline.make_train_iterator(
@@ -224,10 +235,19 @@ def set_up(config, workdir: str, mesh, lock: Optional[workdir_lib.Lock] = None) 
   The config's values are checked against the devices before (`program.validate`).
   """
   info = pipeline.get_info(config)
+  resume.check_classes(workdir, info)
+  if jax.process_index() == 0:
+    resume.record_dataset(workdir, info)
   if info.multi_label and config.loss != 'sigmoid' and config.task == 'classification':
     raise ConfigError(f'{info.name} is multi-label: set --config.loss=sigmoid')
   log = run_log.RunLog(workdir, is_main=jax.process_index() == 0, tensorboard=config.tensorboard)
   log.info(pipeline.describe_preprocessing(config))
+  device = mesh.devices.flat[0]
+  if config.fp8 and not fp8.native(device):
+    log.info(
+      f'note: fp8 on {device.platform}: emulated (FP8 rounding, {config.dtype} products): the '
+      'numbers of FP8, not its speed, which needs FP8 tensor cores (Hopper or Ada GPUs)'
+    )
   built = program.build(config, mesh, info.num_classes, info.multi_label)
   # Last: its background thread removes unfinished checkpoints, and must not be cut short
   # by an error in the config.
@@ -362,6 +382,14 @@ def _out_of_memory_advice(config):
     yield
   except jax.errors.JaxRuntimeError as e:
     if hardware.is_out_of_memory(e):
+      tokens = tuple(config.get('naflex_tokens') or ())
+      if tokens:  # every image is padded to the largest budget: what sets the memory
+        raise TrainingError(
+          f'out of device memory at batch {config.batch // config.accum_steps} per step of up '
+          f'to {max(tokens):,} tokens an image: lower the largest budget in '
+          f'--config.naflex_tokens (now {tokens}), raise --config.accum_steps (now '
+          f'{config.accum_steps}), or lower --config.batch'
+        ) from None
       raise TrainingError(
         f'out of device memory at batch {config.batch // config.accum_steps} per step: raise '
         f'--config.accum_steps (now {config.accum_steps}; same math, smaller micro-batches), '

@@ -66,6 +66,7 @@ def _validate_naflex(config) -> None:
     (bool(config.pp.randaug_layers or config.pp.mixup), 'RandAugment or Mixup'),
     (config.attention_dropout_rate > 0, 'attention dropout'),
     (any(config.block.values()), 'ViT-22B blocks'),
+    (config.fp8, 'fp8'),
     (min(config.naflex_tokens) < 1, 'a budget below 1 token'),
   ]
   for bad, what in unsupported:

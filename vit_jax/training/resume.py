@@ -4,7 +4,11 @@ run and a checkpoint that does not restore. The files are `vit_jax.workdir`'s.
 A run records its config in the workdir. Running again resumes only when the
 config agrees on what the run learns (`MAY_CHANGE` lists what may differ:
 length, cadence, devices, evaluation, data location); otherwise one line says
-what differs and what to type. A finished run (its summary at `total_steps`)
+what differs and what to type; the same folder spelled otherwise (a trailing
+slash, a relative path, a symlink) is the same data. The run's record of its
+data (dataset.json) tells data that changed (a class folder added) and arrays
+registered in Python that this process lacks, each in one line, before a
+checkpoint is read. A finished run (its summary at `total_steps`)
 is reported, not run again. A checkpoint that does not restore (files
 truncated or lost) is set aside and the run resumes from the newest one that
 does; in a multi-host run a step counts only when every host restored it, so
@@ -21,6 +25,7 @@ from jax.experimental import multihost_utils
 import numpy as np
 
 from vit_jax import workdir as workdir_lib
+from vit_jax.data import datasets
 
 # Config fields a resumed run may change: how long, on what and how fast it
 # runs, what it reports and where the same data lives; not what it learns.
@@ -114,6 +119,8 @@ def check_config(workdir: str, config) -> None:
   differ = sorted(
     k for k in before.keys() & now.keys() if before[k] != now[k] and not _may_change(k)
   )
+  if 'dataset' in differ and same_data(workdir, before['dataset'], now['dataset']):
+    differ.remove('dataset')  # another spelling of its path: a trailing slash, relative, a link
   if not differ:
     return
   weights = '' if workdir_lib.has_params(workdir) else ', once that run has finished'
@@ -127,6 +134,77 @@ def check_config(workdir: str, config) -> None:
     + f'; to start afresh, use another --workdir (--config.pretrained_path={workdir} starts '
     f'from its weights{weights})'
   )
+
+
+def same_data(workdir: str, before: str, now: str) -> bool:
+  """Whether `now` names the data the run recorded as `before`: the same folder or file,
+  compared by its real path as the run recorded it (dataset.json) or as `before` names it."""
+  if not isinstance(before, str) or not isinstance(now, str):
+    return False
+  path = (workdir_lib.read_dataset(workdir) or {}).get('path')
+  return any(datasets.same_path(recorded, now) for recorded in (path, before) if recorded)
+
+
+def _has_work(workdir: str) -> bool:
+  """Whether `workdir` holds a checkpoint or a summary: something a wrong resume would lose."""
+  return bool(workdir_lib.saved_steps(workdir)) or workdir_lib.read_summary(workdir) is not None
+
+
+def check_dataset(workdir: str, config) -> None:
+  """Before the data is opened: a run on arrays registered in Python that this process has not
+  registered (resumed from the command line, or a new session) is one line saying how."""
+  recorded = workdir_lib.read_dataset(workdir)
+  if not recorded or not recorded.get('registered') or not _has_work(workdir):
+    return
+  name = config.dataset
+  if name == recorded.get('dataset') and not datasets.is_registered(name):
+    raise ResumeError(
+      f'{workdir} holds a run on {name!r}, arrays registered in Python '
+      f'(register_arrays), which this process has not registered: resume it from Python, '
+      f'calling vit_jax.input_pipeline.register_arrays({name!r}, x_train=..., y_train=..., '
+      '...) with the same arrays before train_and_evaluate'
+    )
+
+
+def check_classes(workdir: str, info) -> None:
+  """After the data is opened: classes added to or taken from it since the run started (a new
+  class folder) would give the head another size, and the checkpoint would not restore."""
+  recorded = workdir_lib.read_dataset(workdir)
+  if not recorded or not _has_work(workdir):
+    return
+  then, now = recorded.get('class_names'), list(info.class_names or [])
+  if recorded.get('num_classes') == info.num_classes and (not then or not now or then == now):
+    return
+  added = [n for n in now if n not in (then or [])]
+  gone = [n for n in (then or []) if n not in now]
+  change = '; '.join(
+    part
+    for part in (
+      f'added {", ".join(map(repr, added[:5]))}' if added and then else '',
+      f'without {", ".join(map(repr, gone[:5]))}' if gone else '',
+    )
+    if part
+  )
+  raise ResumeError(
+    f'{info.name} has {info.num_classes} classes now, the run in {workdir} was trained on '
+    f'{recorded.get("num_classes")}' + (f' ({change})' if change else '') + ': the data '
+    'changed since the run started. To resume it, restore the data as it was; to train on the '
+    f'new classes, use another --workdir (--config.pretrained_path={workdir} starts from its '
+    'weights)'
+  )
+
+
+def record_dataset(workdir: str, info) -> None:
+  """Records the run's data in `workdir` (dataset.json, `data.datasets.record`)."""
+  workdir_lib.write_dataset(workdir, datasets.record(info.name, info.num_classes, info.class_names))
+
+
+def unknown_fields(workdir: str, config) -> dict:
+  """{dotted name: value} of the fields the run in `workdir` recorded that `config` does not
+  have: written by another version of the code, which this one neither reads nor compares."""
+  recorded = _flat(workdir_lib.read_config(workdir) or {})
+  known = _flat(workdir_lib.config_as_json(config))
+  return {k: v for k, v in recorded.items() if k not in known}
 
 
 def finished(workdir: str, config) -> Optional[dict]:
@@ -189,8 +267,8 @@ def restore_newest(manager, workdir: str, args_for: Callable, log) -> Optional[t
       step, error = failed[0]
       raise ResumeError(
         f'no checkpoint in {workdir_lib.checkpoints_dir(workdir)} restores (step {step}: '
-        f'{_first_line(error) if error else "another host failed"}); if the config changed '
-        'since the run started, run it with the original one, or use another --workdir'
+        f'{_first_line(error) if error else "another host failed"}); if the config or the data '
+        'changed since the run started, run it with the original ones, or use another --workdir'
       )
     return None
   if failed:

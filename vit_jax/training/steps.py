@@ -78,6 +78,7 @@ def make_model(config, num_classes):
     remat_policy=config.remat_policy,
     scan=config.scan_layers,
     attention=config.attention,
+    fp8=config.fp8,
     **model_config(config),
   )
 
@@ -133,6 +134,7 @@ def make_task(config, num_classes: int, multi_label: bool) -> Task:
       remat_policy=config.remat_policy,
       scan=config.scan_layers,
       attention=config.attention,
+      fp8=config.fp8,
       **model_config(config),
     )
 

@@ -2,6 +2,7 @@
 
   WORKDIR/
     config.json            the run's config; a run resumes only when it agrees (training.resume)
+    dataset.json           its data: the path it names, its class names (for predict and export)
     checkpoints/<step>/    orbax checkpoints: train state, data iterator position, run totals
     corrupt_checkpoints/   checkpoints that did not restore, moved aside, never deleted
     summary.json           the finished run: step, accuracy, speed and its model's name
@@ -23,6 +24,7 @@ from vit_jax.core.errors import UserError
 
 __all__ = [  # `vit_jax.workdir`'s names for the files of a run
   'CONFIG_FILE',
+  'DATASET_FILE',
   'CHECKPOINTS',
   'CORRUPT_CHECKPOINTS',
   'SUMMARY_FILE',
@@ -48,6 +50,8 @@ __all__ = [  # `vit_jax.workdir`'s names for the files of a run
   'config_as_json',
   'read_config',
   'write_config',
+  'read_dataset',
+  'write_dataset',
   'saved_steps',
   'checkpoint_has_item',
   'set_aside',
@@ -56,6 +60,7 @@ __all__ = [  # `vit_jax.workdir`'s names for the files of a run
 ]
 
 CONFIG_FILE = 'config.json'
+DATASET_FILE = 'dataset.json'
 CHECKPOINTS = 'checkpoints'
 CORRUPT_CHECKPOINTS = 'corrupt_checkpoints'
 SUMMARY_FILE = 'summary.json'
@@ -94,7 +99,14 @@ def check_folder(workdir: str) -> None:
 
 # What makes a folder a run's, for the commands that write elsewhere (`check_output`).
 _RUN_WORK = (PARAMS_FILE, PARAMS_EMA_FILE, CHECKPOINTS, SUMMARY_FILE, LOCK_FILE)
-_RUN_FILES = _RUN_WORK + (CONFIG_FILE, CORRUPT_CHECKPOINTS, FEWSHOT_FILE, METRICS_FILE, TENSORBOARD)
+_RUN_FILES = _RUN_WORK + (
+  CONFIG_FILE,
+  DATASET_FILE,
+  CORRUPT_CHECKPOINTS,
+  FEWSHOT_FILE,
+  METRICS_FILE,
+  TENSORBOARD,
+)
 
 
 def check_output(path, flag: str, *, folder: bool = False) -> None:
@@ -219,15 +231,39 @@ def read_config(workdir: str) -> Optional[dict]:
   return _read_json(os.path.join(workdir, CONFIG_FILE))
 
 
-def write_config(workdir: str, config) -> None:
-  """Records `config` in `workdir`; an unchanged one is not rewritten."""
-  text = json.dumps(config_as_json(config), indent=2, sort_keys=True) + '\n'
+def write_config(workdir: str, config, keep: Optional[dict] = None) -> None:
+  """Records `config` in `workdir`, with the fields of `keep` ({dotted name: value}: fields
+  the recorded config has that this version does not read) kept as they were; an unchanged
+  one is not rewritten."""
+  data = config_as_json(config)
+  for name, value in (keep or {}).items():
+    *sections, last = name.split('.')
+    target = data
+    for section in sections:
+      target = target.setdefault(section, {})
+    target[last] = value
+  text = json.dumps(data, indent=2, sort_keys=True) + '\n'
   path = os.path.join(workdir, CONFIG_FILE)
   if files.exists(path):
     with files.open_file(path) as f:
       if f.read() == text:
         return
   files.write_text(path, text)
+
+
+def read_dataset(workdir: str) -> Optional[dict]:
+  """What the run in `workdir` recorded of its data (`data.datasets.record`), None when it
+  recorded nothing (a run of an older version) or the file does not read."""
+  try:
+    return _read_json(os.path.join(workdir, DATASET_FILE))
+  except (OSError, ValueError):
+    return None
+
+
+def write_dataset(workdir: str, record: dict) -> None:
+  """Records the run's data; an unchanged record is not rewritten."""
+  if read_dataset(workdir) != record:
+    _write_json(os.path.join(workdir, DATASET_FILE), record)
 
 
 def saved_steps(workdir: str) -> list:

@@ -183,6 +183,12 @@ def load(path: str) -> dict:
   }
 
 
+# More classes than any dataset has (JFT: about 18k, ImageNet-21k: 21,843, the largest
+# label sets in use some 10^5): a label past this is a wrong id, which would otherwise build a
+# head, and a list of names, that size.
+MAX_CLASSES = 1_000_000
+
+
 def _classes(what: str, labels: dict, class_names) -> dict:
   """{'num_classes', 'class_names'}: the names' count, else the largest id + 1 (at least 2)."""
   top = max((int(y.max()) for y in labels.values() if y.size), default=-1)
@@ -192,6 +198,13 @@ def _classes(what: str, labels: dict, class_names) -> dict:
         f'{what}: a label {top} but {len(class_names)} class_names; give a name per class'
       )
     return {'num_classes': len(class_names), 'class_names': class_names}
+  if top >= MAX_CLASSES:
+    split = next(s for s, y in labels.items() if y.size and int(y.max()) == top)
+    raise DataError(
+      f'{what}: y_{split} holds a label {top}, which would make {top + 1:,} classes; labels are '
+      'class ids 0..K-1: renumber them (np.unique(y, return_inverse=True)[1]) or give '
+      'class_names'
+    )
   if top < 1:
     raise DataError(
       f'{what}: every label is {max(top, 0)}; classification needs at least two classes'
@@ -230,15 +243,41 @@ def image_side(data: dict):
   return int(min(shape[1:3])) if len(shape) >= 3 else None
 
 
-def register(name: str, splits: dict) -> None:
-  """Names arrays handed over in Python ({'x_train': ..., 'y_train': ...}) for this process."""
+def register(name: str, splits: dict, replace: bool = False) -> None:
+  """Names arrays handed over in Python ({'x_train': ..., 'y_train': ...}) for this process.
+  The same arrays again under the same name (a notebook cell run twice) are fine; others are
+  refused unless `replace`: a run reading the name would silently train on other data."""
   if (
     name in presets.BUILTIN or name in presets.PRESETS or not name or os.sep in name or '.' in name
   ):
     raise DataError(
       f'register_arrays: {name!r} names a dataset or a path already; pick a plain new name'
     )
-  _REGISTERED[name] = from_arrays(name, splits)
+  if name in _REGISTERED and not replace and not _same_arrays(_REGISTERED[name]['given'], splits):
+    raise DataError(
+      f'register_arrays: {name!r} holds other arrays already in this process; pick another '
+      f'name, or pass replace=True to read these under it from now on'
+    )
+  _REGISTERED[name] = {**from_arrays(name, splits), 'given': dict(splits)}
+
+
+def _same_arrays(before: dict, now: dict) -> bool:
+  """Whether two registrations hand over equal arrays (the same objects, or equal values)."""
+  if before.keys() != now.keys():
+    return False
+  for key, value in now.items():
+    old = before[key]
+    if old is value:
+      continue
+    old, value = np.asarray(old), np.asarray(value)
+    if old.shape != value.shape or old.dtype != value.dtype or not np.array_equal(old, value):
+      return False
+  return True
+
+
+def is_registered(name: str) -> bool:
+  """Whether `name` names arrays registered in this process (`register`)."""
+  return name in _REGISTERED
 
 
 def _data(dataset: str) -> dict:

@@ -2,7 +2,8 @@
 
 Images are the files whose names end as a format `vit_jax.data.images.decode`
 reads (`images.extensions()`: JPEG, PNG, WebP, TIFF, BMP, GIF and PIL's other
-formats, any case), wherever they lie in a class folder: images in its
+formats, any case; a name without an extension, by its first bytes), wherever they
+lie in a class folder: images in its
 sub-folders are that class's images. What tools leave in a dataset -- notebook
 checkpoints, macOS archive metadata, version-control and editor folders,
 dot-files (`is_tool_entry`) -- is neither a split, a class nor an image; it is
@@ -35,6 +36,7 @@ from vit_jax.data.readers import reader
 from vit_jax.data.sources import DataError
 
 _MAX_NAMED = 20  # corrupt files named in the log line; the count is always exact
+_TOO_LARGE = 'too large to decode'  # an image over PIL's decompression-bomb limit
 _SIZE_SAMPLE = 32  # train images whose size is read to choose the defaults
 # Folders and files that tools make beside data; any name starting with a dot is one too
 # (.ipynb_checkpoints, .git, .svn, .hg, .idea, .vscode, .DS_Store, ._* AppleDouble files).
@@ -51,6 +53,34 @@ def is_tool_entry(name: str) -> bool:
 
 def is_image_name(name: str) -> bool:
   return os.fsdecode(name).lower().endswith(images.extensions())
+
+
+# How the formats start (their magic numbers): a file without an extension is an image when its
+# first bytes say so, as predict reads any file it is given.
+_MAGIC = (
+  b'\xff\xd8\xff',
+  b'\x89PNG\r\n\x1a\n',
+  b'GIF87a',
+  b'GIF89a',
+  b'BM',
+  b'II*\x00',
+  b'MM\x00*',
+)
+
+
+def is_image_file(folder: str, name: str) -> bool:
+  """An image by its name (`is_image_name`), or, for a name without an extension, by its
+  first bytes (JPEG, PNG, GIF, BMP, TIFF, WebP)."""
+  if is_image_name(name):
+    return True
+  if '.' in os.fsdecode(name):
+    return False
+  try:
+    with open(os.path.join(folder, name), 'rb') as f:
+      head = f.read(12)
+  except OSError:
+    return False
+  return head.startswith(_MAGIC) or (head[:4] == b'RIFF' and head[8:12] == b'WEBP')
 
 
 def subfolders(path: str) -> List[str]:
@@ -70,7 +100,7 @@ def images_under(folder: str) -> Tuple[List[str], List[str], List[str]]:
     tools += [relative(d) for d in dirs if is_tool_entry(d)]
     dirs[:] = sorted(d for d in dirs if not is_tool_entry(d))
     for name in names:
-      kind = tools if is_tool_entry(name) else found if is_image_name(name) else others
+      kind = tools if is_tool_entry(name) else found if is_image_file(top, name) else others
       kind.append(relative(name))
   return sorted(found), sorted(tools), sorted(others)
 
@@ -131,6 +161,8 @@ def check_image(path: str) -> Optional[str]:
       if image.format == 'JPEG':
         image.draft('RGB', (max(1, image.width // 8), max(1, image.height // 8)))
       image.load()
+  except Image.DecompressionBombError as e:
+    return f'{_TOO_LARGE}: {images.too_large_reason(e)}'
   except Exception as e:
     # Any failure means "not an image we can decode"; keep its first line.
     return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
@@ -162,15 +194,21 @@ def list_split(
   bad = [(p, why) for p, why in zip(paths, problems) if why]
   if bad and corrupt_images == 'fail':
     path, why = bad[0]
+    what = (
+      f'an image {why}' if why.startswith(_TOO_LARGE) else f'corrupt or truncated image ({why})'
+    )
     raise DataError(
-      f'{path}: corrupt or truncated image ({why}); replace or delete it, '
-      "or set corrupt_images='skip' to leave such files out"
+      f"{path}: {what}; replace or delete it, or set corrupt_images='skip' to leave such files out"
     )
   if bad:
-    names = ', '.join(p for p, _ in bad[:_MAX_NAMED]) + (' ...' if len(bad) > _MAX_NAMED else '')
-    logging.warning(
-      '%s: skipped %d corrupt image(s) of %d: %s', split_dir, len(bad), len(paths), names
-    )
+    large = [p for p, why in bad if why.startswith(_TOO_LARGE)]
+    corrupt = [p for p, why in bad if not why.startswith(_TOO_LARGE)]
+    for which, what in ((corrupt, 'corrupt image(s)'), (large, f'image(s) {_TOO_LARGE}')):
+      if which:
+        names = ', '.join(which[:_MAX_NAMED]) + (' ...' if len(which) > _MAX_NAMED else '')
+        logging.warning(
+          '%s: skipped %d %s of %d: %s', split_dir, len(which), what, len(paths), names
+        )
     before = set(labels)
     keep = [i for i, why in enumerate(problems) if not why]
     paths, labels = [paths[i] for i in keep], [labels[i] for i in keep]
