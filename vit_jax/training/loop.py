@@ -358,6 +358,7 @@ def _run_hooks(run: Run, loop: Loop, step: int, due: list, stop) -> None:
   if stop is not None:
     hooks.save_checkpoint(run, loop, step)  # a no-op where the checkpoint hook just wrote it
     run.manager.wait_until_finished()
+    stop.stopped = True
     raise stopping.Stopped(stop.stopped_line(step), stop.stopping_signal())
   loop.progress.restart_clock(step)
 

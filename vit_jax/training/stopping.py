@@ -75,6 +75,7 @@ class Stop:
     self.now = ''  # the line of a stop at once, once a signal asked for one
     self.signum = signal.SIGTERM  # the signal that stops the run (its exit status)
     self.lock: Optional[workdir_lib.Lock] = None  # released by a stop at once
+    self.stopped = False  # stopped after its checkpoint: the process is on its way out
     self._single = jax.process_count() == 1
     self._previous = {}
     self._unraisable = None
@@ -217,6 +218,9 @@ class Stop:
     )
 
   def restore(self):
+    """This run's signal handling undone: the previous handlers back, or, once the run has
+    stopped with its checkpoint (`stopped`), signals ignored while the process exits with its
+    line (SLURM's `srun --kill-on-bad-exit` sends the other processes SIGTERM then)."""
     if self.agreement is not None:
       self.agreement.close()
     if self._wakeup is not None:
@@ -228,6 +232,6 @@ class Stop:
       os.close(write)
       self._wakeup = None
     for sig, previous in self._previous.items():
-      signal.signal(sig, previous)
+      signal.signal(sig, signal.SIG_IGN if self.stopped else previous)
     if self._unraisable is not None and sys.unraisablehook == self._drop_stops:
       sys.unraisablehook = self._unraisable
