@@ -44,19 +44,88 @@ def relative_error(a, b):
   return float(np.max(np.abs(np.asarray(a) - b)) / np.max(np.abs(b)))
 
 
+# Our resize names -> timm's (interpolation, antialias) of the same resize.
+TIMM_RESIZE = {
+  'bilinear': ('bilinear', False),
+  'bilinear_antialias': ('bilinear', True),
+  'bicubic_antialias': ('bicubic', True),
+}
+
+
 @needs_timm
+@pytest.mark.parametrize('resize', ['bilinear', 'bicubic_antialias'])
 @pytest.mark.parametrize('old, new', [(16, 8), (16, 24), (16, 32), (4, 2), (4, 8), (14, 16)])
-def test_pi_resize_is_timms_resample_patch_embed(old, new):
+def test_pi_resize_is_timms_resample_patch_embed(old, new, resize):
+  """FlexiViT's bilinear, and timm's default (bicubic, antialiased) that c8cff89 lacked."""
   from timm.layers.patch_embed import resample_patch_embed
 
   kernel = np.random.default_rng(0).normal(size=(old, old, 3, 8)).astype(np.float32)
-  ours = vit_checkpoint.resize_patch_embedding(kernel, (new, new))
+  ours = vit_checkpoint.resize_patch_embedding(kernel, (new, new), resize)
   torch_kernel = torch.from_numpy(np.ascontiguousarray(kernel.transpose(3, 2, 0, 1)))
-  theirs = resample_patch_embed(torch_kernel, [new, new], interpolation='bilinear', antialias=False)
+  interpolation, antialias = TIMM_RESIZE[resize]
+  theirs = resample_patch_embed(torch_kernel, [new, new], interpolation, antialias)
   theirs = theirs.numpy().transpose(2, 3, 1, 0)
   assert ours.shape == theirs.shape == (new, new, 3, 8) and ours.dtype == np.float32
   # timm inverts in float32: measured 1e-7 to 2e-6 of the largest weight.
   assert_close(relative_error(ours, theirs), BOUND, 'PI-resized kernel against timm')
+
+
+@needs_timm
+@pytest.mark.parametrize('resize', sorted(TIMM_RESIZE))
+@pytest.mark.parametrize('old, new', [(14, 24), (14, 9), (4, 2), (2, 7)])
+def test_posemb_resizes_are_timms_resample_abs_pos_embed(old, new, resize):
+  """Position tables resized as timm's `resample_abs_pos_embed` (torch's interpolate) does,
+  larger and smaller, the class token's row kept; its default is bicubic_antialias."""
+  from timm.layers.pos_embed import resample_abs_pos_embed
+
+  posemb = np.random.default_rng(1).normal(size=(1, 1 + old * old, 8)).astype(np.float32)
+  ours = vit_checkpoint.resize_posemb(posemb, 1 + new * new, 1, resize)
+  interpolation, antialias = TIMM_RESIZE[resize]
+  theirs = resample_abs_pos_embed(
+    torch.from_numpy(posemb),
+    [new, new],
+    num_prefix_tokens=1,
+    interpolation=interpolation,
+    antialias=antialias,
+  ).numpy()
+  assert_close(relative_error(ours, theirs), BOUND, f'{resize} position table against timm')
+
+
+@needs_timm
+def test_timms_default_resizes_load_at_another_patch_size_both_ways(tmp_path):
+  """A patch-16 checkpoint at patch 8: timm resizing its own state_dict with its defaults
+  (`resample_patch_embed` and `resample_abs_pos_embed`: bicubic, antialiased) and ours loading
+  it with --resample=bicubic_antialias give the same logits, and our export at patch 8 loads
+  into timm with them; the default resizes (FlexiViT's bilinear, the official zoom) are another
+  model (c8cff89 had only those: 1.5e-2 to 2.5e-1 apart in the issue)."""
+  import safetensors.torch
+  from timm.layers.patch_embed import resample_patch_embed
+  from timm.layers.pos_embed import resample_abs_pos_embed
+
+  from vit_jax.interop import timm as interop_timm
+
+  config, flat, path = _checkpoint(tmp_path)
+  state = {k: torch.from_numpy(v) for k, v in interop_timm.to_timm(flat).items()}
+  state['patch_embed.proj.weight'] = resample_patch_embed(state['patch_embed.proj.weight'], [8, 8])
+  state['pos_embed'] = resample_abs_pos_embed(state['pos_embed'], [4, 4], num_prefix_tokens=1)
+  config.patches.size = (8, 8)
+  model = interop_timm.build_model(config, 5, 32)
+  model.load_state_dict(state, strict=True)
+  images = np.random.default_rng(2).uniform(-1, 1, (2, 32, 32, 3)).astype(np.float32)
+  with torch.no_grad():
+    theirs = model(torch.from_numpy(images.transpose(0, 3, 1, 2).copy())).numpy()
+  loaded = loader.load_model(path, 'testing', patch_size=8, resample='bicubic_antialias')
+  ours = loaded.model.apply({'params': loaded.params}, images, train=False)
+  assert_close(relative_error(ours, theirs), BOUND, 'logits against timm at patch 8')
+  default = loader.load_model(path, 'testing', patch_size=8)
+  logits = default.model.apply({'params': default.params}, images, train=False)
+  assert relative_error(logits, theirs) > 100 * BOUND
+  out = str(tmp_path / 'p8.safetensors')
+  export.export(str(path), 'timm', out, 'testing', patch_size=8, resample='bicubic_antialias')
+  model.load_state_dict(safetensors.torch.load_file(out), strict=True)
+  with torch.no_grad():
+    again = model(torch.from_numpy(images.transpose(0, 3, 1, 2).copy())).numpy()
+  assert_close(relative_error(again, theirs), BOUND, 'logits of the export in timm')
 
 
 def test_a_patch_resized_up_gives_the_old_token_exactly():

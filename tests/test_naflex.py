@@ -31,6 +31,7 @@ from vit_jax.evaluation import classify
 from vit_jax.evaluation import loader
 from vit_jax.interop import export
 from vit_jax.interop import timm as interop_timm
+from vit_jax.interop import torch_layout
 from vit_jax.models import naflex
 
 try:
@@ -123,10 +124,147 @@ def test_naflex_matches_timms_naflexvit_and_converts_both_ways(tmp_path, classif
     ).numpy()
   assert np.abs(theirs).max() > 0.05  # a non-trivial head
   assert_close(relative_error(ours, theirs), BOUND, 'logits against the peer')
-  back = interop_timm.from_timm_naflex(state, config, 'timm state')
+  back = interop_timm.from_timm_naflex(state, config, 'timm state', 'bilinear')
   assert sorted(back) == sorted(flat)
   for key in flat:
     np.testing.assert_array_equal(back[key], flat[key], err_msg=key)
+
+
+def _randomised(module, seed=0):
+  """`module` (a torch model) with every parameter drawn anew: normal(0, 0.05), LayerNorm
+  scales near 1, so that no parameter's role hides behind its initial value."""
+  generator = torch.Generator().manual_seed(seed)
+  with torch.no_grad():
+    for name, p in module.named_parameters():
+      p.copy_(0.05 * torch.randn(p.shape, generator=generator) + name.endswith('norm.weight'))
+  return module
+
+
+def _timm_naflexvit(classifier, **kwargs):
+  """timm's NaFlexVit at the test size (tanh GELU, the LayerNorm before pooling as ours)."""
+  from timm.models import naflexvit
+
+  return _randomised(
+    naflexvit.NaFlexVit(
+      num_classes=5,
+      patch_size=PATCH,
+      embed_dim=24,
+      depth=2,
+      num_heads=3,
+      mlp_ratio=2.0,
+      class_token=classifier == 'token',
+      global_pool=classifier if classifier == 'token' else 'avg',
+      fc_norm=False,
+      act_layer='gelu_tanh',
+      pos_embed_grid_size=(4, 4),
+      **kwargs,
+    )
+  ).eval()
+
+
+def _their_logits(model, packed):
+  with torch.no_grad():
+    return model(
+      torch.from_numpy(packed[..., :-3]),
+      patch_coord=torch.from_numpy(packed[..., -3:-1].astype(np.int64)),
+      patch_valid=torch.from_numpy(packed[..., -1] > 0),
+    ).numpy()
+
+
+@needs_timm
+def test_a_conv_projection_naflexvit_imports_with_timms_logits():
+  """timm's NaFlexVit with `embed_proj_type='conv'` holds its patch kernel as a Conv2d
+  [D, C, P, P]: imported, it gives timm's logits on the same images, at the table's grid and
+  at another (c8cff89 swapped each patch's rows and columns: 0.33 off in the issue)."""
+  theirs = _timm_naflexvit(
+    'token', embed_proj_type='conv', pos_embed_interp_mode='bilinear', pos_embed_antialias=False
+  )
+  state = {k: v.numpy() for k, v in theirs.state_dict().items()}
+  assert state['embeds.proj.weight'].shape == (24, 3, PATCH, PATCH)
+  config = small_vit_config('ViT-Ti_16', patches={'size': (PATCH, PATCH)})
+  flat = interop_timm.from_timm_naflex(state, config, 'timm state', 'bilinear')
+  model = naflex.NaFlexViT(num_classes=5, posemb_grid=(4, 4), **config)
+  rng = np.random.default_rng(3)
+  for rows, cols in ((4, 4), (3, 6)):
+    images = rng.uniform(-1, 1, (2, rows * PATCH, cols * PATCH, 3)).astype(np.float32)
+    ours = model.apply({'params': checkpoint.unflatten(flat)}, images, train=False)
+    with torch.no_grad():
+      want = theirs(torch.from_numpy(images.transpose(0, 3, 1, 2).copy())).numpy()
+    assert np.abs(want).max() > 0.05  # a non-trivial head
+    assert_close(relative_error(ours, want), BOUND, f'logits at a {rows}x{cols} grid')
+
+
+@needs_timm
+@pytest.mark.parametrize('resample', ['bicubic_antialias', 'bilinear_antialias'])
+def test_naflex_resamples_its_table_as_timms_antialiased_modes(resample):
+  """timm NaFlexVit's default resampling of the position table (bicubic, antialiased) and
+  its antialiased bilinear, each on a packed batch of grids below, at and above the table's
+  4x4: the logits of ours with `posemb_resample` set so (bilinear: the test above); the file
+  records none, so importing one asks for it. c8cff89 imported such files silently as bilinear
+  (4.5e-2 to 7.0e-2 off in the issue)."""
+  mode, antialias = interop_timm.NAFLEX_RESAMPLE[resample]
+  theirs = _timm_naflexvit(
+    'gap', embed_proj_type='linear', pos_embed_interp_mode=mode, pos_embed_antialias=antialias
+  )
+  state = {k: v.numpy() for k, v in theirs.state_dict().items()}
+  packed, _ = packed_batch()
+  want = _their_logits(theirs, packed)
+  config = small_vit_config('ViT-Ti_16', patches={'size': (PATCH, PATCH)}, classifier='gap')
+  with pytest.raises(torch_layout.ExportError, match='does not record how its position table'):
+    interop_timm.from_timm_naflex(state, config.copy_and_resolve_references(), 'f', None)
+  flat = interop_timm.from_timm_naflex(state, config, 'timm state', resample)
+  params = {'params': checkpoint.unflatten(flat)}
+  ours = naflex.NaFlexViT(num_classes=5, posemb_grid=(4, 4), **config).apply(
+    params, packed, train=False
+  )
+  assert_close(relative_error(ours, want), BOUND, f'logits against timm ({resample})')
+  # The mode matters on these grids: bilinear is 100x the bound off.
+  config.posemb_resample = 'bilinear'
+  other = naflex.NaFlexViT(num_classes=5, posemb_grid=(4, 4), **config).apply(
+    params, packed, train=False
+  )
+  assert relative_error(other, want) > 100 * BOUND
+  # And our export to timm says the mode: it loads back as it was.
+  assert interop_timm.build_naflex_model(config, 5, (4, 4)).embeds.pos_embed_interp_mode == (
+    'bilinear'
+  )
+
+
+# (height, width, budget) -> (rows, columns): timm's `get_image_size_for_seq` at patch 16
+# (timm 1.0.31), the grids a timm NaFlex loader resizes those images to.
+TIMM_GRIDS = {
+  (480, 640, 256): (14, 18),
+  (300, 1000, 49): (4, 12),
+  (224, 224, 196): (14, 14),
+  (1000, 300, 49): (12, 4),
+  (375, 500, 576): (21, 27),
+  (720, 1280, 1024): (24, 42),
+  (37, 1111, 64): (2, 32),
+  (640, 427, 729): (33, 22),
+  (1, 50, 16): (1, 16),
+  (100, 99, 9): (3, 3),
+}
+
+
+def test_grids_are_timms_for_the_same_budget():
+  """The grid of each image and budget is the one timm's NaFlex pipeline picks (c8cff89's
+  rounded both sides down: 13x18 = 234 tokens for 480x640 at 256, timm 14x18 = 252)."""
+  for (height, width, budget), want in TIMM_GRIDS.items():
+    assert naflex_data.grid_for(height, width, budget) == want, (height, width, budget)
+  if timm is None:
+    return
+  from timm.data.naflex_transforms import get_image_size_for_seq
+
+  rng = np.random.default_rng(0)
+  sizes = list(TIMM_GRIDS) + [
+    (int(h), int(w), int(b))
+    for h, w, b in zip(
+      rng.integers(8, 2000, 300), rng.integers(8, 2000, 300), rng.choice([49, 196, 256, 729], 300)
+    )
+  ]
+  for height, width, budget in sizes:
+    _, (h, w) = get_image_size_for_seq((height, width), 16, budget)
+    assert naflex_data.grid_for(height, width, budget) == (h // 16, w // 16), (height, width)
 
 
 def test_grids_keep_the_aspect_ratio_within_the_budget():
@@ -135,8 +273,10 @@ def test_grids_keep_the_aspect_ratio_within_the_budget():
       rows, cols = naflex_data.grid_for(height, width, budget)
       assert 1 <= rows * cols <= budget, (height, width, budget)
       if min(rows, cols) > 1 and rows < budget and cols < budget:
-        # Each side rounded down from the exact scale: the ratio within one patch.
-        assert abs(rows / cols - height / width) <= height / width * (1 / rows + 1 / cols)
+        # Each side rounded up from the exact scale: the ratio within one patch.
+        assert abs(rows / cols - height / width) <= height / width * (
+          1 / (rows - 1) + 1 / (cols - 1)
+        )
   assert naflex_data.grid_for(8, 8, 16) == (4, 4) and naflex_data.grid_for(6, 8, 16) == (3, 4)
 
 

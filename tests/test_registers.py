@@ -109,7 +109,8 @@ def test_registers_export_to_timms_reg_tokens_and_back(classifier):
 @needs_timm
 def test_a_timm_model_with_registers_that_timm_initialised_imports(tmp_path):
   config = architectures.MODEL_CONFIGS['testing']
-  config.num_registers = 4
+  # 2 registers: with 4, the 9 position rows would fit a 3x3 grid too (the test below).
+  config.num_registers = 2
   torch.manual_seed(0)
   model = interop_timm.build_model(config, 5, 32)
   with torch.no_grad():
@@ -117,12 +118,84 @@ def test_a_timm_model_with_registers_that_timm_initialised_imports(tmp_path):
       p.add_(0.05 * torch.randn_like(p))
   torch.save({k: v.contiguous() for k, v in model.state_dict().items()}, tmp_path / 'reg.pth')
   loaded = export.load(str(tmp_path / 'reg.pth'), 'testing').loaded
-  assert loaded.config.num_registers == 4 and loaded.num_prefix_tokens == 5
+  assert loaded.config.num_registers == 2 and loaded.num_prefix_tokens == 3
   x = images(32)
   with torch.no_grad():
     theirs = model(torch.from_numpy(x.transpose(0, 3, 1, 2).copy())).numpy()
   logits = loaded.model.apply({'params': loaded.params}, x, train=False)
   assert_close(relative_error(logits, theirs), BOUND, 'logits against the peer')
+
+
+def _timm_vit(classifier, registers, grid, no_embed_class, seed=0):
+  """timm's VisionTransformer at the test width, every parameter drawn anew (LayerNorm
+  scales near 1), in one of its two position layouts."""
+  model = timm.models.vision_transformer.VisionTransformer(
+    img_size=4 * grid,
+    patch_size=4,
+    embed_dim=24,
+    depth=2,
+    num_heads=3,
+    mlp_ratio=2.0,
+    num_classes=5,
+    act_layer='gelu_tanh',
+    reg_tokens=registers,
+    no_embed_class=no_embed_class,
+    class_token=classifier == 'token',
+    global_pool='token' if classifier == 'token' else 'avg',
+    fc_norm=False,
+  ).eval()
+  generator = torch.Generator().manual_seed(seed)
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      p.copy_(0.05 * torch.randn(p.shape, generator=generator) + name.endswith('norm.weight'))
+  return model, {k: v.numpy() for k, v in model.state_dict().items()}
+
+
+@needs_timm
+@pytest.mark.parametrize('classifier', ['token', 'gap'])
+def test_timms_no_embed_class_register_files_import_with_their_logits(tmp_path, classifier):
+  """DINOv2-reg and timm's `*_reg*_gap_256` files leave the class token and registers out
+  of the position embeddings (`no_embed_class=True`): each imports (their rows zero in ours),
+  gives timm's logits, and exports to a timm model that gives them too. c8cff89 refused
+  these files, blaming the token count."""
+  model, state = _timm_vit(classifier, 4, 8, no_embed_class=True)
+  assert state['pos_embed'].shape == (1, 64, 24)
+  name = 'ViT-Ti_16' if classifier == 'token' else 'ViT-S_16-gap'
+  config = small_vit_config(name, patches={'size': (4, 4)})
+  flat = interop_timm.from_timm(state, config, 'timm state')
+  prefix = 4 + (classifier == 'token')
+  posemb = flat['Transformer/posembed_input/pos_embedding']
+  np.testing.assert_array_equal(posemb[:, :prefix], 0)
+  np.testing.assert_array_equal(posemb[:, prefix:], state['pos_embed'])
+  x = images(32)
+  with torch.no_grad():
+    theirs = model(torch.from_numpy(x.transpose(0, 3, 1, 2).copy())).numpy()
+  assert np.abs(theirs).max() > 0.05
+  assert_close(relative_error(ours(config, flat, x), theirs), BOUND, 'logits against timm')
+  exported = interop_timm.build_model(config, 5, 32)
+  exported.load_state_dict(
+    {k: torch.from_numpy(v) for k, v in interop_timm.to_timm(flat).items()}, strict=True
+  )
+  with torch.no_grad():
+    again = exported(torch.from_numpy(x.transpose(0, 3, 1, 2).copy())).numpy()
+  assert_close(relative_error(again, theirs), BOUND, 'logits of the export against timm')
+
+
+@needs_timm
+def test_a_position_count_that_fits_both_layouts_is_refused_naming_them():
+  """A class token, 4 registers and 9 position rows: a 3x3 grid in timm's no_embed_class
+  layout or 2x2 in the other. c8cff89 imported it silently as 2x2, its rows mis-assigned;
+  now it is one line naming both."""
+  _, state = _timm_vit('token', 4, 3, no_embed_class=True)
+  config = small_vit_config('ViT-Ti_16', patches={'size': (4, 4)})
+  with pytest.raises(checkpoint.CheckpointError) as e:
+    interop_timm.from_timm(state, config, 'f.safetensors')
+  assert str(e.value) == (
+    "f.safetensors: its 9 position embeddings fit both of timm's layouts: 3x3 patches with the "
+    '5 class/register token(s) unembedded (no_embed_class=True) or 2x2 patches with them '
+    'embedded (no_embed_class=False); pass --model naming a model whose MODEL_CONFIGS entry '
+    'sets no_embed_class'
+  )
 
 
 def test_the_pytorch_forward_of_the_onnx_export_places_registers_as_ours(tmp_path):

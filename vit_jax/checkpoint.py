@@ -283,6 +283,7 @@ def load_pretrained(
   model_config: Mapping,
   verbose: bool = True,
   posemb_resize: str = 'zoom',
+  patch_resize: str = 'bilinear',
 ) -> dict:
   """Loads a pre-trained checkpoint for fine-tuning a model (paper 3.2): `load`, then
   `vit_checkpoint.adapt` (the backbone kept, the head `init_params`' own, pre-training's
@@ -296,7 +297,10 @@ def load_pretrained(
     posemb_resize: how position embeddings change resolution
       (`vit_checkpoint.POSEMB_RESIZE`);
       'zoom' is the official code's (and big_vision's), whose fine-tuning
-      recipe this package follows.
+      recipe this package follows; timm resizes with 'bicubic_antialias'.
+    patch_resize: the resize that a new patch size's PI-resize of the patch embedding
+      inverts (`vit_checkpoint.PATCH_RESIZE`; FlexiViT's 'bilinear', timm's
+      'bicubic_antialias').
 
   Returns:
     A parameter tree with the structure and shapes of `init_params`.
@@ -305,7 +309,7 @@ def load_pretrained(
   stacked = vit_checkpoint.is_stacked(init_params)  # a model with scan_layers=True
   init = flatten(vit_checkpoint.unstack_blocks(init_params))
   out, report = vit_checkpoint.adapt(
-    restored, init, model_config, posemb_resize, what=pretrained_path
+    restored, init, model_config, posemb_resize, pretrained_path, patch_resize
   )
   if verbose:
     num_kept = sum(int(np.size(out[k])) for k in report['kept'])

@@ -59,7 +59,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     output = export.output_path(args.format, args.output)
     with cli.writing(output):
       notes = export.export(
-        args.checkpoint, args.format, output, args.model, args.labels, args.patch_size
+        args.checkpoint,
+        args.format,
+        output,
+        args.model,
+        args.labels,
+        args.patch_size,
+        args.resample,
       )
     cli.note(parser.prog, loader.unfinished_note(args.checkpoint))
   print(f'wrote {args.format} to {output}')

@@ -123,6 +123,7 @@ class ModelSpec:
     if config.naflex_tokens:
       _check_naflex(arch, f'naflex_tokens={tuple(config.naflex_tokens)}')
       posemb_grid = (crop // step, crop // step)
+      arch.posemb_resample = config.naflex_resample
     return cls(
       ml_collections.FrozenConfigDict(arch), crop, posemb_grid, tuple(config.naflex_tokens)
     )

@@ -121,6 +121,23 @@ FIELDS = (
     bounds='[1, inf)',
   ),
   Field(
+    'posemb_resize',
+    'zoom',
+    str,
+    "how a pretrained checkpoint's position embeddings are resized to the run's grid (and "
+    "FlexiViT's per step): 'zoom' as the official code, half-pixel 'bilinear', or torch's "
+    "antialiased filters ('bicubic_antialias' is timm's default)",
+    ('zoom', 'bilinear', 'bilinear_antialias', 'bicubic_antialias'),
+  ),
+  Field(
+    'patch_resize',
+    'bilinear',
+    str,
+    "the resize of a patch that FlexiViT's PI-resize of the patch embedding inverts: "
+    "FlexiViT's 'bilinear', or an antialiased one ('bicubic_antialias' is timm's default)",
+    ('bilinear', 'bilinear_antialias', 'bicubic_antialias'),
+  ),
+  Field(
     'flexi_patch_sizes',
     (),
     tuple,
@@ -135,6 +152,14 @@ FIELDS = (
     'NaFlex (vit_jax.models.naflex) token budgets: each training image keeps its aspect '
     'ratio, resized to fit a budget drawn from these; evaluation at pp.crop; () = off',
     bounds='[1, inf)',
+  ),
+  Field(
+    'naflex_resample',
+    'bilinear',
+    str,
+    "how a NaFlex ViT resamples its position table to each image's grid: 'bilinear' as "
+    "big_vision, or torch's antialiased filters (timm NaFlexVit's default: 'bicubic_antialias')",
+    ('bilinear', 'bilinear_antialias', 'bicubic_antialias'),
   ),
   Field(
     'num_registers',

@@ -178,8 +178,8 @@ def positive_ints(text: str) -> tuple:
 
 
 def add_checkpoint_flags(parser, checkpoint: str = '.npz file or a workdir with params.npz'):
-  """--checkpoint (what it may be: `checkpoint`), --model and --patch_size: the flags of every
-  command that reads a checkpoint."""
+  """--checkpoint (what it may be: `checkpoint`), --model, --patch_size and --resample: the
+  flags of every command that reads a checkpoint."""
   parser.add_argument('--checkpoint', required=True, help=checkpoint)
   parser.add_argument(
     '--model', help='MODEL_CONFIGS name, e.g. ViT-B_16 (default: the one a workdir records)'
@@ -188,6 +188,14 @@ def add_checkpoint_flags(parser, checkpoint: str = '.npz file or a workdir with 
     '--patch_size',
     type=positive_int,
     help="load the checkpoint at this patch size (FlexiViT's PI-resize; default: its own)",
+  )
+  parser.add_argument(
+    '--resample',
+    choices=('bilinear', 'bilinear_antialias', 'bicubic_antialias'),
+    help='how position tables and patch kernels are resampled: at --patch_size (default: the '
+    "official zoom and FlexiViT's bilinear PI-resize) and a NaFlex ViT's table to each image's "
+    "grid (default: the run's, else bilinear; a timm NaFlexVit file needs it); timm's default "
+    'is bicubic_antialias',
   )
 
 

@@ -14,6 +14,7 @@ Order and randomness as `host.TrainBatches`: a batch is a pure function of
 (seed, step); each example's crop, flip and budget come from its own uniforms.
 """
 
+from fractions import Fraction
 import math
 
 import numpy as np
@@ -23,12 +24,24 @@ from vit_jax.data import images
 
 
 def grid_for(height: int, width: int, budget: int):
-  """(rows, columns) of patches for a height x width image: the aspect ratio kept (each
-  side rounded down), rows * columns <= budget, at least one patch each way."""
-  scale = math.sqrt(budget / (height * width))
-  rows = max(1, min(budget, math.floor(height * scale)))
-  cols = max(1, min(budget // rows, math.floor(width * scale)))
-  return rows, cols
+  """(rows, columns) of patches for a height x width image, as timm's NaFlex pipeline picks
+  them (`get_image_size_for_seq`): the image scaled by the largest s for which
+  ceil(height * s) * ceil(width * s) <= budget, each side rounded up to whole patches.
+
+  The count only grows with s, and steps up just past s = k / height or k / width, so the
+  largest s is one of those; exact fractions find it (timm searches it to 1e-5).
+  """
+  best = Fraction(1, max(height, width))  # one patch each way: 1 <= budget
+  for side in (height, width):
+    lo, hi = 1, budget  # ceil(side * k / side) = k rows (or columns): at most the budget
+    while lo <= hi:  # the largest k with k / side within the budget
+      mid = (lo + hi) // 2
+      s = Fraction(mid, side)
+      if math.ceil(height * s) * math.ceil(width * s) <= budget:
+        best, lo = max(best, s), mid + 1
+      else:
+        hi = mid - 1
+  return math.ceil(height * best), math.ceil(width * best)
 
 
 def pack_image(image: np.ndarray, patch: int, budget: int, length: int) -> np.ndarray:

@@ -74,7 +74,10 @@ def resolve_model_name(name: Optional[str], path: str, metadata: Optional[dict] 
 
 
 def load_model(
-  path: str, model_name: Optional[str] = None, patch_size: Optional[int] = None
+  path: str,
+  model_name: Optional[str] = None,
+  patch_size: Optional[int] = None,
+  resample: Optional[str] = None,
 ) -> LoadedModel:
   """The model a checkpoint holds, checked key by key and shape by shape.
 
@@ -84,24 +87,26 @@ def load_model(
       for a workdir, whose summary names it.
     patch_size: load it at this patch size (FlexiViT's PI-resize, `models.flexi`),
       at the checkpoint's resolution; None: its own.
+    resample: see `model_from_flat`; None: a NaFlex run's own (its `naflex_resample`).
   """
   path = os.fspath(path)
   step = unfinished_run_step(path)
   if step is None:
     checkpoint.resolve(path)  # a missing file is named as such, before a missing --model
   model_name = resolve_model_name(model_name, path)  # a wrong name fails before the file is read
+  resample = resample or workdir.recorded(path, 'naflex_resample')
   if step is None:
     flat = checkpoint.flatten(checkpoint.load(path))
-    return model_from_flat(flat, model_name, path, patch_size)
+    return model_from_flat(flat, model_name, path, patch_size, resample)
   what = f'{path} (the checkpoint at step {step} of an unfinished run)'
-  return model_from_flat(_checkpoint_params(path, step), model_name, what, patch_size)
+  return model_from_flat(_checkpoint_params(path, step), model_name, what, patch_size, resample)
 
 
 def load_from_flags(args, prog: str) -> LoadedModel:
   """The model of a command's `cli.add_checkpoint_flags` (an unfinished run's checkpoint said on
   stderr); where the command has --crop, `args.crop` becomes the resolution it runs at
   (`check_resolution`)."""
-  loaded = load_model(args.checkpoint, args.model, args.patch_size)
+  loaded = load_model(args.checkpoint, args.model, args.patch_size, args.resample)
   cli.note(prog, unfinished_note(args.checkpoint))
   if 'crop' in args:
     args.crop = check_resolution(loaded, args.crop)
@@ -162,19 +167,29 @@ def _checkpoint_params(path: str, step: int) -> dict:
 
 
 def model_from_flat(
-  flat: dict, model_name: str, what: str, patch_size: Optional[int] = None
+  flat: dict,
+  model_name: str,
+  what: str,
+  patch_size: Optional[int] = None,
+  resample: Optional[str] = None,
 ) -> LoadedModel:
   """`load_model` for parameters already in memory ({'a/b/c': array}, public names).
 
   `what` names their source in errors (a path, or a converted file). The model is what their
   shapes say (`vit_checkpoint.spec_of`: a run may train at another depth or patch size than
-  its model name's).
+  its model name's). `resample` (`vit_checkpoint.PATCH_RESIZE`; timm's default 'bicubic_antialias') is how
+  tables and kernels are resampled: at another `patch_size` the kernel's PI-resize and the
+  position table's resize (None: FlexiViT's 'bilinear' and the official 'zoom'), and a NaFlex
+  ViT's table to each image's grid (None: the model's, else 'bilinear').
   """
   flat = {k: v for k, v in flat.items() if not k.startswith(_MPP_ONLY)}
   spec = vit_checkpoint.spec_of(flat, model_name, what)
+  if spec.naflex:
+    default = spec.architecture.get('posemb_resample', 'bilinear')
+    spec = spec.changed(posemb_resample=resample or default)
   if patch_size is not None and patch_size != spec.stride:
     try:
-      flat, spec = flexi.load_at_patch_size(flat, spec, patch_size)
+      flat, spec = flexi.load_at_patch_size(flat, spec, patch_size, resample)
     except flexi.PatchSizeError as e:
       raise InputError(f'--patch_size={patch_size}: {e}') from None
   num_classes = int(flat['head/kernel'].shape[-1]) if 'head/kernel' in flat else None

@@ -47,9 +47,15 @@ def _read_torch_file(path: str):
   return torch_layout.load_torch_file(path), {}
 
 
-def load(path: str, model_name: Optional[str] = None, patch_size: Optional[int] = None) -> Source:
+def load(
+  path: str,
+  model_name: Optional[str] = None,
+  patch_size: Optional[int] = None,
+  resample: Optional[str] = None,
+) -> Source:
   """The model that a checkpoint of any supported kind holds, checked against `model_name`;
-  at `patch_size` when given (FlexiViT's PI-resize)."""
+  at `patch_size` when given (FlexiViT's PI-resize). `resample`: `loader.model_from_flat`'s;
+  a timm NaFlexVit file needs it unless our export wrote it (its metadata records it)."""
   path = os.fspath(path)
   local = not files.is_remote(path)
   # A transformers folder: its config.json without a run's final parameters (a
@@ -61,7 +67,8 @@ def load(path: str, model_name: Optional[str] = None, patch_size: Optional[int] 
     and not workdir.has_params(path)
   ):
     state, hf_config, metadata = hf.read_folder(path)
-    return _from_hf(state, hf_config, _model_name(model_name, path, metadata), path, patch_size)
+    model_name = _model_name(model_name, path, metadata)
+    return _from_hf(state, hf_config, model_name, path, patch_size, resample)
   if local and path.endswith(_TORCH_SUFFIXES):
     if not os.path.exists(path):
       raise checkpoint.CheckpointError(f'{path}: no such file')
@@ -70,27 +77,29 @@ def load(path: str, model_name: Optional[str] = None, patch_size: Optional[int] 
     if 'patch_embed.proj.weight' in state or 'embeds.proj.weight' in state:
       config = model_spec.registered(model_name)
       if 'embeds.proj.weight' in state:  # timm's NaFlexVit
-        flat = timm.from_timm_naflex(state, config, path)
+        resample = resample or metadata.get(timm.RESAMPLE_METADATA)
+        flat = timm.from_timm_naflex(state, config, path, resample)
       else:
         flat = timm.from_timm(state, config, path)
-      return Source(loader.model_from_flat(flat, model_name, path, patch_size), None, [])
+      loaded = loader.model_from_flat(flat, model_name, path, patch_size, resample)
+      return Source(loaded, None, [])
     if any(k.startswith(('vit.', 'embeddings.')) for k in state):
       folder = os.path.dirname(os.path.abspath(path))
       hf_config = (
         hf.read_config(folder) if os.path.exists(os.path.join(folder, hf.CONFIG_FILE)) else {}
       )
-      return _from_hf(hf.canonical_names(state), hf_config, model_name, path, patch_size)
+      return _from_hf(hf.canonical_names(state), hf_config, model_name, path, patch_size, resample)
     raise checkpoint.CheckpointError(
       f'{path}: neither timm (patch_embed.proj.weight) nor '
       'transformers (vit.embeddings...) ViT weights'
     )
-  return Source(loader.load_model(path, model_name, patch_size), None, [])
+  return Source(loader.load_model(path, model_name, patch_size, resample), None, [])
 
 
-def _from_hf(state, hf_config, model_name, what, patch_size=None) -> Source:
+def _from_hf(state, hf_config, model_name, what, patch_size=None, resample=None) -> Source:
   config = model_spec.registered(model_name)
   flat, notes = hf.from_hf(state, hf_config, config, what)
-  loaded = loader.model_from_flat(flat, model_name, what, patch_size)
+  loaded = loader.model_from_flat(flat, model_name, what, patch_size, resample)
   return Source(loaded, hf.class_names(hf_config), notes)
 
 
@@ -102,12 +111,19 @@ def _save_naflex_timm(loaded: loader.LoadedModel, output: str) -> List[str]:
   """A NaFlex ViT as timm NaFlexVit's state_dict."""
   flat = checkpoint.flatten(loaded.params)
   grid = loaded.model.posemb_grid
-  metadata = {'vit_jax_model': loaded.config.model_name or '', 'timm_model': 'naflexvit'}
+  resample = loaded.model.posemb_resample
+  metadata = {
+    'vit_jax_model': loaded.config.model_name or '',
+    'timm_model': 'naflexvit',
+    timm.RESAMPLE_METADATA: resample,
+  }
   os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
   torch_layout.save_safetensors(timm.to_timm_naflex(flat), output, metadata)
+  mode, antialias = timm.NAFLEX_RESAMPLE[resample]
   return [
     'timm NaFlexVit weights: build the model with vit_jax.interop.timm.build_naflex_model('
-    f'config, {loaded.model.num_classes}, {tuple(grid)}) and load_state_dict'
+    f'config, {loaded.model.num_classes}, {tuple(grid)}) and load_state_dict; its position '
+    f"table resampled with pos_embed_interp_mode='{mode}', pos_embed_antialias={antialias}"
   ]
 
 
@@ -185,13 +201,15 @@ def export(
   model_name: Optional[str] = None,
   labels: Optional[str] = None,
   patch_size: Optional[int] = None,
+  resample: Optional[str] = None,
 ) -> List[str]:
-  """Converts `checkpoint_path` (at `patch_size`, when given) to `fmt` at `output`; notes."""
+  """Converts `checkpoint_path` (at `patch_size`, when given; `resample`: `load`'s) to `fmt`
+  at `output`; notes."""
   if fmt not in FORMATS:
     raise loader.InputError(f'--format={fmt!r}: use one of {", ".join(FORMATS)}')
   output = output_path(fmt, output)
-  source = load(checkpoint_path, model_name, patch_size)
-  loaded, notes = source.loaded, list(source.notes)
+  source = load(checkpoint_path, model_name, patch_size, resample)
+  loaded, notes = source.loaded, list(source.notes) + _resample_notes(source.loaded, fmt)
   if timm.is_naflex(checkpoint.flatten(loaded.params)) and fmt in ('hf', 'onnx'):
     raise torch_layout.ExportError(
       f'a NaFlex ViT has no {fmt} counterpart here; use --format=timm (timm NaFlexVit), '
@@ -218,6 +236,18 @@ def export(
       )
     ) from None
   return [note.replace(staging, output) for note in notes]
+
+
+def _resample_notes(loaded: loader.LoadedModel, fmt: str) -> List[str]:
+  """What a file of `fmt` cannot record: a NaFlex ViT's resampling other than the default."""
+  resample = getattr(loaded.model, 'posemb_resample', 'bilinear')
+  if fmt == 'timm' or resample == 'bilinear':
+    return []
+  return [
+    f'the NaFlex ViT resamples its position table by {resample}, which only a timm export '
+    f'records: pass --resample={resample} to predict, evaluate, fewshot and export, and '
+    f'--config.naflex_resample={resample} to fine-tune'
+  ]
 
 
 def _said_in_one_line(error: BaseException) -> bool:

@@ -19,6 +19,7 @@ model (no head), like timm's own `*.orig_in21k` weights.
 """
 
 import functools
+import math
 import re
 from typing import Dict, Optional, Tuple
 
@@ -225,8 +226,49 @@ def to_timm(flat: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
   return torch_layout.to_torch_state(flat, timm_name)
 
 
+def _square(n: int) -> Optional[int]:
+  """The side of a square grid of `n` > 0 patches, else None."""
+  side = math.isqrt(max(n, 0))
+  return side if n > 0 and side * side == n else None
+
+
+def _position_layout(state, config, what: str) -> bool:
+  """Whether timm's `pos_embed` has rows for the patches alone (`no_embed_class=True`: the
+  class token and registers get no position embedding, as DINOv2 and DeiT III) rather than
+  for the prefix tokens too (False, ours). The row count decides unless both fit, which
+  registers allow on small grids (9 rows: 3x3 patches, or a class token, 4 registers and
+  2x2 patches); then the model's entry must say it (its `no_embed_class`)."""
+  rows = int(state['pos_embed'].shape[1])
+  prefix = model_spec.prefix_tokens(config.classifier, config.get('num_registers', 0))
+  embedded, alone = _square(rows - prefix), _square(rows) if prefix else None
+  if embedded and alone:
+    if 'no_embed_class' in config:
+      return bool(config.no_embed_class)
+    raise checkpoint.CheckpointError(
+      f"{what}: its {rows} position embeddings fit both of timm's layouts: {alone}x{alone} "
+      f'patches with the {prefix} class/register token(s) unembedded (no_embed_class=True) '
+      f'or {embedded}x{embedded} patches with them embedded (no_embed_class=False); pass '
+      '--model naming a model whose MODEL_CONFIGS entry sets no_embed_class'
+    )
+  if alone:
+    return True
+  if not embedded:
+    raise checkpoint.CheckpointError(
+      f'{what}: its {rows} position embeddings are neither {prefix} class/register token(s) '
+      "and a square patch grid (timm's no_embed_class=False) nor a square grid alone "
+      f'(no_embed_class=True), as {config.model_name} (classifier={config.classifier}) '
+      'needs; check --model'
+    )
+  return False
+
+
 def from_timm(state: Dict[str, np.ndarray], config, what: str) -> Dict[str, np.ndarray]:
-  """timm's state_dict -> our flat parameters for `config` (checked key by key)."""
+  """timm's state_dict -> our flat parameters for `config` (checked key by key).
+
+  Either position layout of timm's converts: rows for the prefix tokens and patches (ours),
+  or for the patches alone (`no_embed_class=True`), which gets zero rows for the prefix
+  tokens: the class token and registers plus zero are themselves, so the model is the same.
+  """
   if 'pos_embed' not in state or np.ndim(state['pos_embed']) != 3:
     raise checkpoint.CheckpointError(
       f'{what}: no pos_embed [1, tokens, width]; is it a timm ViT state_dict?'
@@ -236,10 +278,15 @@ def from_timm(state: Dict[str, np.ndarray], config, what: str) -> Dict[str, np.n
       f"{what}: normalises after pooling (fc_norm), unlike the paper's ViT; it cannot be converted"
     )
   num_classes = int(state['head.weight'].shape[0]) if 'head.weight' in state else None
-  if 'reg_token' in state:  # timm's register tokens (no_embed_class=False: ours)
+  if 'reg_token' in state:  # timm's register tokens
     config.num_registers = int(state['reg_token'].shape[1])
   if 'blocks.0.ls1.gamma' in state:  # timm's LayerScale (init_values; the value only initialises)
     config.transformer.layer_scale = 1.0
+  if _position_layout(state, config, what):
+    posemb = np.asarray(state['pos_embed'])
+    prefix = model_spec.prefix_tokens(config.classifier, config.get('num_registers', 0))
+    zeros = np.zeros((1, prefix, posemb.shape[-1]), posemb.dtype)
+    state = {**state, 'pos_embed': np.concatenate([zeros, posemb], axis=1)}
   expected = torch_layout.expected_shapes(
     config, num_classes, int(state['pos_embed'].shape[1]), what
   )
@@ -283,17 +330,45 @@ def to_timm_naflex(flat: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
   return state
 
 
-def from_timm_naflex(state: Dict[str, np.ndarray], config, what: str) -> Dict[str, np.ndarray]:
-  """timm NaFlexVit's state_dict -> our NaFlex flat parameters for `config`."""
+# NaFlexViT's `posemb_resample` -> timm's (pos_embed_interp_mode, pos_embed_antialias).
+NAFLEX_RESAMPLE = {
+  'bilinear': ('bilinear', False),
+  'bilinear_antialias': ('bilinear', True),
+  'bicubic_antialias': ('bicubic', True),
+}
+RESAMPLE_METADATA = 'vit_jax_posemb_resample'  # where our exports record it
+
+
+def from_timm_naflex(
+  state: Dict[str, np.ndarray], config, what: str, resample: Optional[str]
+) -> Dict[str, np.ndarray]:
+  """timm NaFlexVit's state_dict -> our NaFlex flat parameters for `config`, which gets the
+  model's `posemb_resample`: `resample` (one of NAFLEX_RESAMPLE, how the position table is
+  resampled to each image's grid), which the file itself does not record.
+
+  The patch embedding may be timm's `embed_proj_type='linear'` (a Linear over
+  (row, column, channel)-flattened patches) or 'conv' (a Conv2d [D, C, P, P]).
+  """
   from vit_jax.models import naflex
 
   ours, theirs = _NAFLEX_KERNEL
   posemb = state.get('embeds.pos_embed')
   if posemb is None or np.ndim(posemb) != 4 or theirs not in state:
     raise checkpoint.CheckpointError(
-      f'{what}: no embeds.pos_embed [1, rows, columns, width] with a linear embeds.proj; '
-      "is it a timm NaFlexVit with learned position embeddings (embed_proj_type='linear')?"
+      f'{what}: no embeds.pos_embed [1, rows, columns, width] with an embeds.proj; '
+      'is it a timm NaFlexVit with learned position embeddings?'
     )
+  if resample not in NAFLEX_RESAMPLE:
+    modes = ', '.join(
+      f'{name} ({mode}{", antialias" if aa else ""})'
+      for name, (mode, aa) in NAFLEX_RESAMPLE.items()
+    )
+    raise torch_layout.ExportError(
+      f'{what}: a timm NaFlexVit file does not record how its position table is resampled to '
+      f"each image's grid (timm's pos_embed_interp_mode and pos_embed_antialias; its default "
+      f'is bicubic with antialias); say which with --resample: one of {modes}'
+    )
+  config.posemb_resample = resample
   num_classes = int(state['head.weight'].shape[0]) if 'head.weight' in state else None
   patch = config.patches.size[0]
   if 'embeds.reg_token' in state:
@@ -309,12 +384,16 @@ def from_timm_naflex(state: Dict[str, np.ndarray], config, what: str) -> Dict[st
   expected = {k: tuple(v.shape) for k, v in shapes.items() if k != ours}
   rest = {k: v for k, v in state.items() if k != theirs}
   flat = torch_layout.from_torch_state(rest, expected, _naflex_name, what)
-  weight = np.asarray(state[theirs])
-  if weight.size != np.prod(shapes[ours].shape):
+  weight, shape = np.asarray(state[theirs]), tuple(shapes[ours].shape)
+  if weight.ndim == 4:  # the conv's [D, C, P, P]
+    kernel = weight.transpose(2, 3, 1, 0)
+  else:  # the linear's [D, P * P * C], patches flattened (row, column, channel) as ours
+    kernel = weight.T.reshape(shape) if weight.size == math.prod(shape) else weight
+  if kernel.shape != shape:
     raise checkpoint.CheckpointError(
-      f'{what}: {theirs} has shape {weight.shape}, {ours} needs {shapes[ours].shape}; check --model'
+      f'{what}: {theirs} has shape {weight.shape}, {ours} needs {shape}; check --model'
     )
-  flat[ours] = np.ascontiguousarray(weight.T.reshape(shapes[ours].shape))
+  flat[ours] = np.ascontiguousarray(kernel)
   return flat
 
 
@@ -330,12 +409,13 @@ def jax_eval_shape(model, image_shape):
 
 def build_naflex_model(config, num_classes: Optional[int], posemb_grid):
   """timm's `NaFlexVit` of a NaFlex `config`, numerically ours: tanh GELU, the final
-  LayerNorm before pooling (fc_norm=False), position embeddings resampled bilinearly
-  without antialiasing (ours: vit_jax.models.naflex.resample_grid)."""
+  LayerNorm before pooling (fc_norm=False), position embeddings resampled as the config's
+  `posemb_resample` says (NAFLEX_RESAMPLE; ours: vit_jax.models.naflex.GridPositionEmbs)."""
   torch_layout.require('timm')
   from timm.models import naflexvit
 
   hidden, mlp_dim = config.hidden_size, config.transformer.mlp_dim
+  interp_mode, antialias = NAFLEX_RESAMPLE[config.get('posemb_resample', 'bilinear')]
   return naflexvit.NaFlexVit(
     num_classes=num_classes or 0,
     patch_size=tuple(config.patches.size),
@@ -349,8 +429,8 @@ def build_naflex_model(config, num_classes: Optional[int], posemb_grid):
     act_layer='gelu_tanh',
     embed_proj_type='linear',
     pos_embed_grid_size=tuple(int(g) for g in posemb_grid),
-    pos_embed_interp_mode='bilinear',
-    pos_embed_antialias=False,
+    pos_embed_interp_mode=interp_mode,
+    pos_embed_antialias=antialias,
     reg_tokens=config.get('num_registers', 0),
     init_values=config.transformer.get('layer_scale'),
   ).eval()

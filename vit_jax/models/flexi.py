@@ -44,41 +44,63 @@ def check_patch_sizes(spec, sizes: Sequence[int]) -> None:
       )
 
 
-def at_patch_size(flat: dict, patch_size: int, image_size: int, num_prefix: int) -> dict:
+def at_patch_size(
+  flat: dict,
+  patch_size: int,
+  image_size: int,
+  num_prefix: int,
+  posemb_resize: str = 'zoom',
+  patch_resize: str = 'bilinear',
+) -> dict:
   """Flat parameters {'a/b': array} moved to `patch_size` at `image_size` px (NumPy).
 
-  The kernel is PI-resized, the position embeddings zoomed to the new grid.
+  The kernel is PI-resized over `patch_resize`'s resize, the position embeddings resized to
+  the new grid by `posemb_resize` (`vit_checkpoint.PATCH_RESIZE`, `POSEMB_RESIZE`; timm's
+  defaults are 'bicubic_antialias' for both).
   """
   out = dict(flat)
-  out[_KERNEL] = vit_checkpoint.resize_patch_embedding(flat[_KERNEL], (patch_size, patch_size))
+  size = (patch_size, patch_size)
+  out[_KERNEL] = vit_checkpoint.resize_patch_embedding(flat[_KERNEL], size, patch_resize)
   grid = image_size // patch_size
-  out[_POSEMB] = vit_checkpoint.resize_posemb(flat[_POSEMB], num_prefix + grid * grid, num_prefix)
+  out[_POSEMB] = vit_checkpoint.resize_posemb(
+    flat[_POSEMB], num_prefix + grid * grid, num_prefix, posemb_resize
+  )
   return out
 
 
-def load_at_patch_size(flat: dict, spec, patch_size: int) -> tuple:
+def load_at_patch_size(flat: dict, spec, patch_size: int, resample=None) -> tuple:
   """(flat parameters, spec) of a checkpoint moved to `patch_size`: a ViT's kernel PI-resized
-  and its position embeddings zoomed to the new grid at the same image size; a NaFlex ViT's
-  kernel alone (its 2D table is resampled per image anyway)."""
+  and its position embeddings resized to the new grid at the same image size; a NaFlex ViT's
+  kernel alone (its 2D table is resampled per image anyway). `resample` (PATCH_RESIZE's,
+  timm's default 'bicubic_antialias') is the resize of both; None: FlexiViT's bilinear
+  PI-resize and the official zoom."""
   if spec.naflex:
-    kernel = vit_checkpoint.resize_patch_embedding(flat[_KERNEL], (patch_size, patch_size))
+    size = (patch_size, patch_size)
+    kernel = vit_checkpoint.resize_patch_embedding(flat[_KERNEL], size, resample or 'bilinear')
     flat = {**flat, _KERNEL: kernel}
   else:
     check_patch_sizes(spec, [patch_size])
-    flat = at_patch_size(flat, patch_size, spec.image_size, spec.num_prefix_tokens)
+    flat = at_patch_size(
+      flat,
+      patch_size,
+      spec.image_size,
+      spec.num_prefix_tokens,
+      resample or 'zoom',
+      resample or 'bilinear',
+    )
   return flat, spec.changed(patches={'size': (patch_size, patch_size)})
 
 
-def _resized(params, base: int, size: int, image_size: int, num_prefix: int):
+def _resized(params, base, size, image_size, num_prefix, posemb_resize, patch_resize):
   """`at_patch_size` inside a traced step: the same linear maps as float32 matmuls."""
   if size == base:
     return params
   kernel = params['embedding']['kernel']
-  pinv = jnp.asarray(vit_checkpoint.pi_resize_matrix(base, size), jnp.float32)
+  pinv = jnp.asarray(vit_checkpoint.pi_resize_matrix(base, size, patch_resize), jnp.float32)
   kernel = jnp.einsum('ah,bw,hwcd->abcd', pinv, pinv, kernel, precision='highest')
   posemb = params['Transformer']['posembed_input']['pos_embedding']
   old, new = image_size // base, image_size // size
-  zoom = jnp.asarray(vit_checkpoint.zoom_matrix(old, new), jnp.float32)
+  zoom = jnp.asarray(vit_checkpoint.resize_matrix(old, new, posemb_resize), jnp.float32)
   grid = posemb[0, num_prefix:].reshape(old, old, -1)
   grid = jnp.einsum('ah,bw,hwd->abd', zoom, zoom, grid, precision='highest')
   posemb = jnp.concatenate([posemb[:, :num_prefix], grid.reshape(1, new * new, -1)], axis=1)
@@ -90,12 +112,20 @@ def _resized(params, base: int, size: int, image_size: int, num_prefix: int):
   }
 
 
-def random_patch_grad(model, sizes: Sequence[int], image_size: int, objective, compute=None):
+def random_patch_grad(
+  model,
+  sizes: Sequence[int],
+  image_size: int,
+  objective,
+  compute=None,
+  posemb_resize: str = 'zoom',
+  patch_resize: str = 'bilinear',
+):
   """A training `grad_fn(params, batch, rng) -> (loss, grads)` that runs each call at a patch
   size drawn uniformly from `sizes` (one per step, or per micro-batch), the parameters and
   their gradients staying at the model's own patch size. `objective(logits, batch)` is
   the loss; `compute(params)` casts the resized float32 parameters to the compute dtype
-  (`vit.compute_params`), once per call.
+  (`vit.compute_params`), once per call. The resizes are `at_patch_size`'s.
 
   One compiled program holds every size; `lax.switch` picks one branch, each branch its
   own loss and gradient (a switch inside the gradient would carry every branch's saved
@@ -110,7 +140,7 @@ def random_patch_grad(model, sizes: Sequence[int], image_size: int, objective, c
     sized = model.clone(patches={'size': (size, size)})
 
     def loss(params, batch, rng):
-      resized = _resized(params, base, size, image_size, num_prefix)
+      resized = _resized(params, base, size, image_size, num_prefix, posemb_resize, patch_resize)
       resized = compute(resized) if compute else resized
       logits = sized.apply({'params': resized}, batch['image'], train=True, rngs={'dropout': rng})
       return objective(logits, batch)

@@ -7,7 +7,9 @@ batch holds for every image N patches (its own first, in row order, then
 padding), their (row, column) in the image's grid and whether each is real.
 Attention ignores the padding (each image's sequence is its real tokens), the
 learned 2D position embeddings (a grid of the model's size) are resampled
-bilinearly to each image's grid, and pooling reads real tokens only.
+to each image's grid (`posemb_resample`: bilinearly, as big_vision's SigLIP 2, or with
+an antialiased filter, timm NaFlexVit's default being bicubic: `vit.NAFLEX_RESAMPLE`),
+and pooling reads real tokens only.
 
 One array carries a packed batch, so the trainer's steps and every
 `model.apply(params, x)` take it as they take images: float32 [B, N, P*P*C + 3],
@@ -89,6 +91,7 @@ class NaFlexViT(nn.Module):
   scan: bool = False
   pad_odd: Optional[bool] = None
   fp8: bool = False
+  posemb_resample: str = 'bilinear'  # how the table meets each image's grid (vit.NAFLEX_RESAMPLE)
 
   @nn.compact
   def __call__(self, inputs, *, train: bool):

@@ -43,6 +43,7 @@ from vit_jax.configs import schema
 from vit_jax.core import hardware
 from vit_jax.core import sharding
 from vit_jax.models import fp8 as fp8_lib
+from vit_jax.models import resample
 from vit_jax.models import resnet
 
 Dtype = Any
@@ -171,11 +172,18 @@ def resample_grid(table, rows, cols, real):
   return top * (1 - fy) + bottom * fy
 
 
+# How NaFlex's table is resampled to an image's grid: bilinear without antialiasing
+# (`resample_grid`, big_vision's), or torch's antialiased filters (`resample.resample_table`;
+# timm NaFlexVit's default is bicubic). No checkpoint records which a model was trained with.
+NAFLEX_RESAMPLE = schema.allowed('naflex_resample')
+
+
 class GridPositionEmbs(nn.Module):
   """NaFlex's learned 2D position embeddings `pos_embedding` [1, gh, gw, D], resampled to each
-  image's grid (`resample_grid`) and added to its patches, the last of its tokens."""
+  image's grid (see NAFLEX_RESAMPLE) and added to its patches, the last of its tokens."""
 
   grid: tuple
+  resample: str = 'bilinear'  # see NAFLEX_RESAMPLE
 
   @nn.compact
   def __call__(self, x, rows, cols, real):
@@ -184,7 +192,13 @@ class GridPositionEmbs(nn.Module):
     shape = (1, *self.grid, x.shape[-1])
     table = self.param('pos_embedding', nn.initializers.normal(stddev=0.02), shape, jnp.float32)
     first = x.shape[1] - rows.shape[1]  # the prefix tokens have no position embedding
-    patches = x[:, first:] + resample_grid(table, rows, cols, real).astype(x.dtype)
+    if self.resample == 'bilinear':
+      positions = resample_grid(table, rows, cols, real)
+    elif self.resample in NAFLEX_RESAMPLE:
+      positions = resample.resample_table(table, rows, cols, real, self.resample)
+    else:
+      raise ValueError(f'posemb_resample={self.resample!r}; use one of {NAFLEX_RESAMPLE}')
+    patches = x[:, first:] + positions.astype(x.dtype)
     real_tokens = (first + jnp.sum(real, axis=1)).astype(jnp.int32)
     return jnp.concatenate([x[:, :first], patches], axis=1), real_tokens
 
@@ -505,6 +519,7 @@ class Encoder(nn.Module):
   scan: bool = False
   pad_odd: Optional[bool] = None  # see pads_sequence; None: where attention runs on cuDNN
   posemb_grid: Optional[Tuple[int, int]] = None  # NaFlex: the 2D table's (rows, columns)
+  posemb_resample: str = 'bilinear'  # NaFlex: how the table meets each grid (NAFLEX_RESAMPLE)
 
   @nn.compact
   def __call__(self, x, *, train: bool, positions=None):
@@ -514,7 +529,9 @@ class Encoder(nn.Module):
     if positions is None:
       x, real_tokens = AddPositionEmbs(dtype=c.dtype, name='posembed_input')(x), None
     else:
-      x, real_tokens = GridPositionEmbs(self.posemb_grid, name='posembed_input')(x, *positions)
+      x, real_tokens = GridPositionEmbs(
+        self.posemb_grid, self.posemb_resample, name='posembed_input'
+      )(x, *positions)
       if c.attention == 'auto':  # the fused kernels take each image's length as it is
         fused = hardware.cudnn_attention_applies(c.dtype, x.shape[-1] // c.num_heads)
         c = dataclasses.replace(c, attention='cudnn' if fused else 'xla')
@@ -569,6 +586,7 @@ def encoder(model, posemb_grid=None) -> Encoder:
     scan=model.scan,
     pad_odd=getattr(model, 'pad_odd', None),
     posemb_grid=None if posemb_grid is None else tuple(posemb_grid),
+    posemb_resample=getattr(model, 'posemb_resample', 'bilinear'),
     name='Transformer',
   )
 

@@ -21,8 +21,10 @@ import ml_collections
 import numpy as np
 
 from vit_jax.configs import model_spec
+from vit_jax.configs import schema
 from vit_jax.configs.model_spec import ModelSpec
 from vit_jax.core.errors import UserError
+from vit_jax.models import resample
 from vit_jax.models import vit
 
 _PREFIXES = ('opt/target/', 'params/')
@@ -161,8 +163,23 @@ def stack_blocks(tree):
 # 'zoom' is the official `interpolate_posembed`, `scipy.ndimage.zoom(order=1)`
 # on the grid: linear, the corner embeddings stay on the corners. 'bilinear'
 # samples at half-pixel centres, as torch's `interpolate(mode='bilinear',
-# align_corners=False)`; kept for runs that started from it.
-POSEMB_RESIZE = ('zoom', 'bilinear')
+# align_corners=False)`; kept for runs that started from it. The antialiased
+# ones are torch's `interpolate(..., antialias=True)` (`resample.antialias_window`): timm resizes
+# position embeddings and patch kernels with 'bicubic_antialias' by default.
+POSEMB_RESIZE = schema.allowed('posemb_resize')
+# The resizes a FlexiViT PI-resize inverts (`pi_resize_matrix`): bilinear is FlexiViT's and
+# big_vision's; timm's `resample_patch_embed` defaults to 'bicubic_antialias'.
+PATCH_RESIZE = schema.allowed('patch_resize')
+
+
+def resize_matrix(old: int, new: int, method: str) -> np.ndarray:
+  """[new, old] float64: one axis resized from `old` to `new` samples by `method`
+  (POSEMB_RESIZE)."""
+  if method == 'zoom':
+    return zoom_matrix(old, new)
+  if method == 'bilinear':
+    return bilinear_matrix(old, new)
+  return resample.antialias_window(np.arange(new, dtype=np.float64), float(new), old, method)
 
 
 def _zoom_axis(grid: np.ndarray, axis: int, size: int) -> np.ndarray:
@@ -198,24 +215,27 @@ def bilinear_matrix(old: int, new: int) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=32)
-def pi_resize_matrix(old: int, new: int) -> np.ndarray:
+def pi_resize_matrix(old: int, new: int, method: str = 'bilinear') -> np.ndarray:
   """[new, old] float64: FlexiViT's PI-resize of one axis of a patch-embedding kernel.
 
-  With B the bilinear resize of a patch (`bilinear_matrix`), the new kernel is
-  pinv(B^T) @ kernel: tokens of a resized patch equal the old tokens whenever
+  With B the resize of a patch by `method` (PATCH_RESIZE; FlexiViT's is bilinear), the new
+  kernel is pinv(B^T) @ kernel: tokens of a resized patch equal the old tokens whenever
   B has full column rank (upsampling), a least-squares fit when shrinking.
-  Bilinear resizing is separable, so the 2D matrix is the Kronecker product of
+  These resizes are separable, so the 2D matrix is the Kronecker product of
   the two axes' and its pseudo-inverse the product of theirs.
   """
-  return np.linalg.pinv(bilinear_matrix(old, new).T)
+  if method not in PATCH_RESIZE:
+    raise CheckpointError(f'patch_resize={method!r}: use one of {", ".join(PATCH_RESIZE)}')
+  return np.linalg.pinv(resize_matrix(old, new, method).T)
 
 
-def resize_patch_embedding(kernel: np.ndarray, patch_size) -> np.ndarray:
+def resize_patch_embedding(kernel: np.ndarray, patch_size, method: str = 'bilinear') -> np.ndarray:
   """PI-resize (FlexiViT, Beyer et al. 2023) of an `embedding/kernel` [ph, pw, C, D] to
-  [patch_size[0], patch_size[1], C, D], in float64; big_vision's `flexi` and timm's
-  `resample_patch_embed(..., interpolation='bilinear', antialias=False)` compute the same."""
-  rows = pi_resize_matrix(kernel.shape[0], int(patch_size[0]))
-  cols = pi_resize_matrix(kernel.shape[1], int(patch_size[1]))
+  [patch_size[0], patch_size[1], C, D] over `method`'s resize (PATCH_RESIZE), in float64;
+  big_vision's `flexi` and timm's `resample_patch_embed(..., interpolation='bilinear',
+  antialias=False)` compute the 'bilinear' one, timm's defaults 'bicubic_antialias'."""
+  rows = pi_resize_matrix(kernel.shape[0], int(patch_size[0]), method)
+  cols = pi_resize_matrix(kernel.shape[1], int(patch_size[1]), method)
   resized = np.einsum('ah,bw,hwcd->abcd', rows, cols, np.asarray(kernel, np.float64))
   return resized.astype(np.asarray(kernel).dtype)
 
@@ -229,7 +249,8 @@ def resize_posemb(
     posemb: [1, num_prefix_tokens + g*g, D].
     num_tokens: new sequence length, num_prefix_tokens + G*G.
     num_prefix_tokens: leading rows kept as they are (1 for the class token).
-    method: 'zoom' (the official code's) or 'bilinear'.
+    method: 'zoom' (the official code's), 'bilinear', or an antialiased one (timm's default:
+      'bicubic_antialias').
 
   Returns:
     [1, num_tokens, D] float32.
@@ -248,6 +269,9 @@ def resize_posemb(
   if method == 'zoom':
     grid = grid.astype(np.float64)
     grid = _zoom_axis(_zoom_axis(grid, 0, g_new), 1, g_new)
+  elif method != 'bilinear':
+    matrix = resize_matrix(g_old, g_new, method)
+    grid = np.einsum('ah,bw,hwd->abd', matrix, matrix, grid.astype(np.float64))
   else:
     # No antialias: shrinking samples the grid rather than blurring it.
     grid = jax.image.resize(
@@ -365,7 +389,12 @@ def match_registers(restored: dict, init: dict, model_config: Mapping) -> tuple:
 
 
 def adapt(
-  restored: dict, init: dict, model_config: Mapping, posemb_resize: str = 'zoom', what='checkpoint'
+  restored: dict,
+  init: dict,
+  model_config: Mapping,
+  posemb_resize: str = 'zoom',
+  what='checkpoint',
+  patch_resize: str = 'bilinear',
 ) -> tuple:
   """Pre-trained parameters made into those of a model to fine-tune (paper 3.2).
 
@@ -373,7 +402,7 @@ def adapt(
   when the new model has none, as are the `mask_token` and `mpp_head` of masked patch
   prediction (`vit_jax.models.mpp`); position embeddings are resized when the resolution
   differs (`posemb_resize`, see POSEMB_RESIZE), the patch-embedding kernel when the patch
-  size does (FlexiViT); register tokens the checkpoint lacks are added as a fresh model's, and
+  size does (FlexiViT, over `patch_resize`: see PATCH_RESIZE); register tokens the checkpoint lacks are added as a fresh model's, and
   those the model lacks dropped (`match_registers`).
 
   Args:
@@ -382,8 +411,10 @@ def adapt(
     init: the new model's freshly initialised flat parameters, blocks unrolled.
     model_config: its architecture (a registry entry, a `ModelSpec.architecture`), for the
       tokens before the patches (classifier, registers).
-    posemb_resize: 'zoom' (the official code's and big_vision's) or 'bilinear'.
+    posemb_resize: 'zoom' (the official code's and big_vision's), 'bilinear', or an
+      antialiased one (timm's: 'bicubic_antialias'); see POSEMB_RESIZE.
     what: the checkpoint's name in errors.
+    patch_resize: the resize that a new patch size's PI-resize inverts (PATCH_RESIZE).
 
   Returns:
     (flat parameters shaped as `init`, {'kept', 'resized', 'dropped', 're-initialised':
@@ -396,7 +427,9 @@ def adapt(
   out = {}
   report = {'kept': [], 'resized': [], 'dropped': [], 're-initialised': []}
   for key, value in init.items():
-    out[key], action, line = _adapted(key, value, restored, num_prefix, posemb_resize, what)
+    out[key], action, line = _adapted(
+      key, value, restored, num_prefix, posemb_resize, what, patch_resize
+    )
     report[action].append(line)
   for key in sorted(set(restored) - set(init)):
     if not key.startswith(('head/',) + _PRETRAINING_ONLY):
@@ -413,7 +446,7 @@ def adapt(
   return out, report
 
 
-def _adapted(key, value, restored, num_prefix, posemb_resize, what) -> tuple:
+def _adapted(key, value, restored, num_prefix, posemb_resize, what, patch_resize) -> tuple:
   """(the fine-tuning value of `init`'s `key`, what `adapt` did, its report line)."""
   if key.startswith('head/') or key not in restored and key.startswith('pre_logits/'):
     return value, 're-initialised', f'{key} {shape_of(value)}'
@@ -427,8 +460,9 @@ def _adapted(key, value, restored, num_prefix, posemb_resize, what) -> tuple:
     resized = resize_posemb(restored[key], value.shape[1], num_prefix, posemb_resize)
     return resized, 'resized', f'{key} {old} -> {new} ({posemb_resize})'
   if key == _EMBEDDING and old != new == new[:2] + old[2:]:  # another patch size (FlexiViT)
-    resized = resize_patch_embedding(restored[key], value.shape[:2])
-    return resized, 'resized', f'{key} {old} -> {new} (PI-resize)'
+    resized = resize_patch_embedding(restored[key], value.shape[:2], patch_resize)
+    how = 'PI-resize' + ('' if patch_resize == 'bilinear' else f', {patch_resize}')
+    return resized, 'resized', f'{key} {old} -> {new} ({how})'
   if old != new:
     raise CheckpointError(
       f'{what}: {key} has shape {old}, the model expects {new}; check the model name'

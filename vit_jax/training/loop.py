@@ -299,6 +299,8 @@ def restore_or_initialize(run: Run):
       init_params=_host_tree(state.params),
       model_config=built.spec.architecture,
       verbose=jax.process_index() == 0,
+      posemb_resize=config.posemb_resize,
+      patch_resize=config.patch_resize,
     )
     params = jax.device_put(params, built.state_shardings.params)
     state = state.replace(params=params, ema_params=params if config.ema_decay else None)

@@ -90,7 +90,9 @@ def make_task(
     grad_fn = None
     if config.flexi_patch_sizes:  # FlexiViT: a random patch size per training step
       sizes = tuple(config.flexi_patch_sizes)
-      grad_fn = flexi.random_patch_grad(model, sizes, spec.image_size, objective, compute)
+      grad_fn = flexi.random_patch_grad(
+        model, sizes, spec.image_size, objective, compute, config.posemb_resize, config.patch_resize
+      )
 
     def eval_fn(params, batch):
       logits = model.apply({'params': compute(params)}, batch['image'], train=False)
