@@ -65,9 +65,9 @@ def add_common_flags(parser: Parser, workdir_help: str) -> None:
   )
 
 
-def main_command(python: str, args) -> List[str]:
-  """`python -m vit_jax.main` with the run's flags."""
-  command = [python, '-m', 'vit_jax.main', f'--workdir={args.workdir}']
+def main_command(python: str, args, workdir: str = '') -> List[str]:
+  """`python -m vit_jax.main` with the run's flags (on `workdir`, default --workdir)."""
+  command = [python, '-m', 'vit_jax.main', f'--workdir={workdir or args.workdir}']
   if args.config:
     command.append(f'--config={args.config}')
   return command + list(args.overrides)
@@ -89,12 +89,15 @@ def local_archive(name: str) -> tuple:
   ]
 
 
+def unpack(archive: str = ARCHIVE) -> str:
+  """Remote shell line: the archive's files over the checkout. Nothing there is deleted or
+  replaced but the code's own files: a run's workdir inside it, its log, a virtualenv stay."""
+  return f'mkdir -p {REMOTE_DIR} && tar xzf {archive}'
+
+
 def unpack_and_install(extra: str, python: str = 'python3') -> str:
-  """Remote shell line: unpack the archive over a fresh checkout and pip-install it."""
-  return (
-    f'rm -rf {REMOTE_DIR} && tar xzf {ARCHIVE} && '
-    f'{python} -m pip install -q -e "./{REMOTE_DIR}[{extra}]"'
-  )
+  """Remote shell line: unpack the archive over the checkout and pip-install it."""
+  return f'{unpack()} && {python} -m pip install -q -e "./{REMOTE_DIR}[{extra}]"'
 
 
 def shell_join(command: Sequence[str]) -> str:

@@ -12,7 +12,10 @@ Actions (positional, default `setup run`, plus `fetch` with --host):
          GPUs are used by the one process, so the same recipe fits an 8-GPU box
   fetch  (--host) copy summary.json and params.npz back to --results
 
-Rerunning `run` with the same workdir resumes from its checkpoints.
+Rerunning `run` with the same workdir resumes from its checkpoints. With --host
+a relative --workdir is in the remote login directory (not in the checkout),
+and no action deletes or replaces a file there but the code's own: `setup`
+again unpacks the new code over the checkout, and `run` again resumes.
 """
 
 import os
@@ -43,6 +46,10 @@ def commands(args) -> list:
   def remote(*lines):
     return ['ssh', args.host, ' && '.join(lines)]
 
+  # A relative workdir is in the login directory, beside the checkout rather than inside it.
+  remote_workdir = args.workdir if os.path.isabs(args.workdir) else f'../{args.workdir}'
+  train = common.main_command(python, args, workdir=remote_workdir)
+
   cd = f'cd {common.REMOTE_DIR}'
   for action in args.actions:
     if action == 'setup':
@@ -51,7 +58,7 @@ def commands(args) -> list:
       out.append(['scp', archive, f'{args.host}:{common.ARCHIVE}'])
       out.append(
         remote(
-          f'rm -rf {common.REMOTE_DIR} && tar xzf {common.ARCHIVE}',
+          common.unpack(),
           cd,
           f'python3 -m venv {args.venv}',
           f'{python} -m pip install -q -e ".[gpu]"',
@@ -61,15 +68,12 @@ def commands(args) -> list:
       export = f'export {" ".join(env)}'
       out.append(remote(cd, export, common.shell_join(check), common.shell_join(train)))
     elif action == 'fetch':
-      remote_workdir = (
-        args.workdir if os.path.isabs(args.workdir) else f'{common.REMOTE_DIR}/{args.workdir}'
-      )
       out.append(['mkdir', '-p', args.results])
       out.append(
         [
           'scp',
-          f'{args.host}:{remote_workdir}/summary.json',
-          f'{args.host}:{remote_workdir}/params.npz',
+          f'{args.host}:{args.workdir}/summary.json',
+          f'{args.host}:{args.workdir}/params.npz',
           args.results,
         ]
       )

@@ -1,20 +1,35 @@
-r"""Train on a multi-node GPU cluster with SLURM: write an sbatch script, submit it.
+r"""Train on a SLURM cluster: write an sbatch script beside the run, submit it.
 
   python launch/slurm.py --nodes=4 --gpus_per_node=8 --workdir=/shared/runs/b16 \
       --partition=gpu --time=24:00:00 --venv=/shared/vit_jax/.venv --dry-run \
       -- --config.batch=4096
+  python launch/slurm.py --gpus_per_node=0 --tasks_per_node=2 --workdir=runs/cpu --dry-run
 
 One process per GPU (`--ntasks-per-node` = GPUs per node), all started by
-`srun`. `python -m vit_jax.main` sees SLURM_NTASKS > 1 and calls
-`jax.distributed.initialize()`, which reads the coordinator (the first node),
-the process count and index from SLURM, and gives each process the GPU
-numbered SLURM_LOCALID; so the script needs no addresses or ports. (One
-process per node would drive a single GPU: JAX maps local id 0 to GPU 0.)
+`srun`; with --gpus_per_node=0 (a CPU partition, or a cluster without GPU
+GRES) --tasks_per_node processes per node and no GRES. `python -m
+vit_jax.main` sees SLURM_NTASKS > 1 and calls `jax.distributed.initialize()`,
+which reads the coordinator (the first node), the process count and index
+from SLURM, and gives each process the GPU numbered SLURM_LOCALID; so the
+script needs no addresses or ports. (One process per node would drive a
+single GPU: JAX maps local id 0 to GPU 0.)
 
-The workdir must be visible from every node (a shared filesystem, or gs://);
-resubmitting the same script resumes from its checkpoints. The repository is
-used in place (--repo, default: this checkout), so it must be on a shared
-filesystem too.
+Preemption and the time limit: SLURM sends SIGTERM --grace_s seconds before
+the time limit, on preemption and on `scancel --signal=TERM`; every process
+checkpoints after the same next step and exits with status 143. The script
+then requeues its own job (`scontrol requeue`), which resumes from that
+checkpoint, so a run longer than --time goes on through as many attempts as it
+needs, up to --max_attempts. A process that dies (status 128 + its signal)
+ends the others (`--kill-on-bad-exit`, and their one line naming it) and the
+job requeues the same way; errors of the run itself (status 1 or 2) and
+Ctrl-C (130) end the job. Each attempt appends to one log beside the run,
+`WORKDIR/slurm-JOBID.out`, under a line naming the attempt; each line of the
+processes starts with their rank (`srun --label`).
+
+The workdir must be visible from every node (a shared filesystem, or gs://;
+the run checks); a relative one is taken in the checkout the job runs in
+(--repo, default: this checkout), which must be on a shared filesystem too.
+Resubmitting the same script resumes from its checkpoints.
 """
 
 import os
@@ -22,45 +37,80 @@ import sys
 
 import common
 
+# The exit status of a run that a signal stopped after its checkpoint (128 + SIGTERM), of one
+# whose process was lost (the same; vit_jax.training.stopping), and of Ctrl-C (128 + SIGINT).
+_PREEMPTED, _INTERRUPTED = 143, 130
+
+
+def workdir(args) -> str:
+  """The run's workdir as the job sees it: a relative one is inside --repo, where it runs."""
+  if '://' in args.workdir or os.path.isabs(args.workdir):
+    return args.workdir
+  return os.path.join(args.repo, args.workdir)
+
 
 def sbatch_script(args) -> str:
-  log_dir = args.workdir if '://' not in args.workdir else '.'
+  run_dir = workdir(args)
+  log_dir = run_dir if '://' not in run_dir else '.'
+  tasks = args.tasks_per_node or args.gpus_per_node
   lines = [
     '#!/bin/bash',
     f'#SBATCH --job-name={args.job_name}',
     f'#SBATCH --nodes={args.nodes}',
-    f'#SBATCH --ntasks-per-node={args.gpus_per_node}',
-    f'#SBATCH --gpus-per-node={args.gpus_per_node}',
+    f'#SBATCH --ntasks-per-node={tasks}',
+  ]
+  lines += [f'#SBATCH --gpus-per-node={args.gpus_per_node}'] if args.gpus_per_node else []
+  lines += [
     f'#SBATCH --cpus-per-task={args.cpus_per_gpu}',
     f'#SBATCH --time={args.time}',
     f'#SBATCH --output={os.path.join(log_dir, "slurm-%j.out")}',
+    # A requeued job appends to its log rather than starting it afresh.
+    '#SBATCH --open-mode=append',
+    # SIGTERM to the processes this long before the time limit (and on preemption): they
+    # checkpoint at the next step and exit 143, and the script requeues the job below.
+    # --requeue lets SLURM requeue it itself after a node failure.
+    f'#SBATCH --signal=TERM@{args.grace_s}',
+    '#SBATCH --requeue',
   ]
-  # SIGTERM this long before the time limit (and on preemption): the trainer
-  # checkpoints at the next step and exits; resubmitting resumes. --requeue
-  # lets SLURM restart the job itself after a node failure or preemption.
-  lines += [f'#SBATCH --signal=TERM@{args.grace_s}', '#SBATCH --requeue']
   lines += [f'#SBATCH --partition={args.partition}'] if args.partition else []
   lines += [f'#SBATCH --account={args.account}'] if args.account else []
-  lines += ['set -euo pipefail']
   lines += (
     [f'source {common.shlex.quote(os.path.join(args.venv, "bin", "activate"))}']
     if args.venv
     else []
   )
-  lines += [f'export {name}={value}' for name, value in common.GPU_ENV.items()]
+  lines += ['set -uo pipefail']  # (after the venv's script, which may read unset variables)
+  if args.gpus_per_node:
+    lines += [f'export {name}={value}' for name, value in common.GPU_ENV.items()]
+  train = common.main_command('python', args, workdir=run_dir)
   lines += [
     f'cd {common.shlex.quote(args.repo)}',
-    # Every task sees all the node's GPUs; JAX picks GPU SLURM_LOCALID itself.
-    'srun --kill-on-bad-exit=1 ' + common.shell_join(common.main_command('python', args)),
+    'attempt=$((${SLURM_RESTART_COUNT:-0} + 1))',
+    f'echo "=== vit_jax: job $SLURM_JOB_ID, attempt $attempt of at most {args.max_attempts}, '
+    'started $(date -u +%Y-%m-%dT%H:%M:%SZ) on $SLURM_JOB_NODELIST ==="',
+    # Every task sees all the node's GPUs; JAX picks GPU SLURM_LOCALID itself. --label starts
+    # each line with the rank of the process that wrote it.
+    'srun --kill-on-bad-exit=1 --label ' + common.shell_join(train),
+    'status=$?',
+    f'if [ "$status" -ge 128 ] && [ "$status" -ne {_INTERRUPTED} ]; then',
+    f'  if [ "$attempt" -lt {args.max_attempts} ]; then',
+    '    echo "=== vit_jax: attempt $attempt stopped (status $status: preempted, the time limit,'
+    ' or a process lost); requeueing job $SLURM_JOB_ID to resume from its checkpoint ==="',
+    '    scontrol requeue "$SLURM_JOB_ID" && exit 0',
+    '  else',
+    f'    echo "=== vit_jax: error: attempt $attempt stopped (status $status) and was the last of'
+    f' --max_attempts={args.max_attempts}; resubmit the job (sbatch) to resume ==="',
+    '  fi',
+    'fi',
+    'exit "$status"',
   ]
   return '\n'.join(lines) + '\n'
 
 
 def commands(args) -> list:
+  run_dir = workdir(args)
   script = args.script or (
-    os.path.join(args.workdir, 'launch.sbatch')
-    if '://' not in args.workdir
-    else f'{args.job_name}.sbatch'
+    os.path.join(run_dir, 'launch.sbatch') if '://' not in run_dir else f'{args.job_name}.sbatch'
   )
   return [common.WriteFile(script, sbatch_script(args)), ['sbatch', script]]
 
@@ -72,7 +122,14 @@ def main(argv=None) -> int:
     formatter_class=common.argparse.RawDescriptionHelpFormatter,
   )
   parser.add_argument('--nodes', type=int, default=1)
-  parser.add_argument('--gpus_per_node', type=int, default=8)
+  parser.add_argument(
+    '--gpus_per_node', type=int, default=8, help='GPUs per node, one process each; 0: CPU only'
+  )
+  parser.add_argument(
+    '--tasks_per_node',
+    type=int,
+    help='processes per node (default: --gpus_per_node; give it with --gpus_per_node=0)',
+  )
   parser.add_argument(
     '--cpus_per_gpu', type=int, default=8, help='CPU cores per process, for the input pipeline'
   )
@@ -83,16 +140,34 @@ def main(argv=None) -> int:
     default=300,
     help='seconds before the time limit to signal the run to checkpoint',
   )
+  parser.add_argument(
+    '--max_attempts',
+    type=int,
+    default=10,
+    help='attempts of the job at most: it requeues itself after a preemption, the time limit '
+    'or a lost process until then',
+  )
   parser.add_argument('--partition', help='SLURM partition')
   parser.add_argument('--account', help='SLURM account')
   parser.add_argument('--job_name', default='vit_jax')
-  parser.add_argument('--venv', help='virtualenv with vit_jax[gpu] installed, on every node')
+  parser.add_argument('--venv', help='virtualenv with vit_jax installed, on every node')
   parser.add_argument('--repo', default=common.ROOT, help='checkout to run from, on every node')
   parser.add_argument('--script', help='where to write the sbatch script (default: in the workdir)')
   common.add_common_flags(parser, 'shared directory (or gs://) for checkpoints, logs and results')
   args = parser.parse(argv)
-  if args.nodes < 1 or args.gpus_per_node < 1:
-    parser.error('--nodes and --gpus_per_node must be at least 1')
+  if min(args.nodes, args.max_attempts, args.tasks_per_node or 1) < 1 or args.gpus_per_node < 0:
+    parser.error(
+      '--nodes, --tasks_per_node and --max_attempts must be at least 1, --gpus_per_node at least 0'
+    )
+  if args.gpus_per_node == 0 and not args.tasks_per_node:
+    parser.error('--gpus_per_node=0 runs on CPUs: give the processes per node, --tasks_per_node=N')
+  if args.gpus_per_node and args.tasks_per_node not in (None, args.gpus_per_node):
+    parser.error(
+      f'--tasks_per_node={args.tasks_per_node} with --gpus_per_node={args.gpus_per_node}: JAX '
+      'gives each process the GPU numbered SLURM_LOCALID, so it takes one process per GPU; '
+      'leave out --tasks_per_node'
+    )
+  args.repo = os.path.abspath(args.repo)
   return common.execute(commands(args), args.dry_run)
 
 

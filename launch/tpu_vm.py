@@ -9,13 +9,14 @@ Actions (positional, default `create install run fetch`):
   install  copy the committed tree (git archive HEAD) to every worker, pip install ".[tpu]"
   run      python3 -m vit_jax.main on all workers at once (--worker=all); each worker
            finds the others itself (jax.distributed on TPU pod slices). With
-           --detach it runs in the background, logging to vit_jax/run.log
+           --detach it runs in the background, appending to vit_jax/run.log
   logs     the last lines of worker 0's run.log (after run --detach)
   fetch    copy summary.json and params.npz from the gs:// workdir to --results
   delete   delete the TPU VM
 
 The workdir must be on Cloud Storage: a pod's workers share no disk, and a
-rerun of `run` resumes from the checkpoints there.
+rerun of `run` resumes from the checkpoints there; a rerun of `install` unpacks
+the new code over the checkout and deletes nothing.
 
 Multi-slice (`--num_slices=N`, N > 1): N slices of `--accelerator_type` joined
 over the data-centre network, created as one queued resource (`gcloud compute
@@ -80,7 +81,7 @@ def commands(args) -> list:
       run = common.shell_join(common.main_command('python3', args))
       if args.detach:
         # Survives the ssh session; `logs` shows worker 0's output.
-        run = f'nohup {run} > {LOG} 2>&1 < /dev/null &'
+        run = f'nohup {run} >> {LOG} 2>&1 < /dev/null &'  # after the log of runs before
       out.append(ssh + [f'--command=cd {common.REMOTE_DIR} && {run}'])
     elif action == 'logs':
       out.append(

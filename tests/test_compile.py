@@ -270,7 +270,8 @@ def test_compile_command_reports_flops_memory_and_collectives(tmp_path):
   assert 'v5e:2x2' in result.stdout and 'not measurements' in result.stdout
   # Where the time goes, by the compiler's estimate of each kernel: the matmuls and the rest.
   by_op = record['time_by_op']
-  assert 0.2 < by_op['matmul_share'] < 1 and len(by_op['top_other']) == 6
+  # (this tiny model's matmuls are small: 0.19 of the step by libtpu 0.0.42's estimate)
+  assert 0.1 < by_op['matmul_share'] < 1 and len(by_op['top_other']) == 6
   assert f'time by op       matmuls {100 * by_op["matmul_share"]:.1f}%' in result.stdout
   # libtpu's start-up (no TPU host here: no metadata server) says nothing either.
   assert said(result.stderr) == [], result.stderr[-3000:]

@@ -6,6 +6,7 @@ PATH, which record their arguments; the SLURM script is executed by bash.
 
 import os
 import pathlib
+import re
 import shlex
 import stat
 import subprocess
@@ -111,7 +112,7 @@ def test_tpu_vm_dry_run():
   assert [c[:5] for c in detached][-1] == ['gcloud', 'compute', 'tpus', 'tpu-vm', 'ssh']
   command = flags(detached[-1])['--command']
   assert command.startswith('cd vit_jax && nohup python3 -m vit_jax.main ')
-  assert command.endswith(' > run.log 2>&1 < /dev/null &')
+  assert command.endswith(' >> run.log 2>&1 < /dev/null &')  # after the earlier runs' log
   (logs,) = dry_run('tpu_vm.py', 'logs', *TPU_ARGS)
   assert '--worker=0' in logs and flags(logs)['--command'] == 'tail -n 100 vit_jax/run.log'
 
@@ -146,6 +147,14 @@ def test_tpu_vm_errors_are_one_line():
     assert result.stderr.count('\n') == 1 and not result.stdout
 
 
+def sbatch_directives(script):
+  return dict(
+    (line[len('#SBATCH ') :] + '=').split('=')[:2]
+    for line in script.splitlines()
+    if line.startswith('#SBATCH ')
+  )
+
+
 def test_slurm_dry_run_and_the_script_under_srun(tmp_path):
   workdir = tmp_path / 'run'
   args = (
@@ -165,12 +174,7 @@ def test_slurm_dry_run_and_the_script_under_srun(tmp_path):
   assert shlex.split(header) == ['cat', '>', path, '<<EOF']
   assert shlex.split(submit) == ['sbatch', path]
 
-  directives = dict(
-    (line[len('#SBATCH ') :] + '=').split('=')[:2]
-    for line in script.splitlines()
-    if line.startswith('#SBATCH ')
-  )
-  assert directives == {
+  assert sbatch_directives(script) == {
     '--job-name': 'vit_jax',
     '--nodes': '4',
     '--ntasks-per-node': '8',
@@ -178,26 +182,103 @@ def test_slurm_dry_run_and_the_script_under_srun(tmp_path):
     '--cpus-per-task': '8',
     '--time': '02:00:00',
     '--output': f'{workdir}/slurm-%j.out',
+    '--open-mode': 'append',
     '--partition': 'gpu',
     '--signal': 'TERM@300',
     '--requeue': '',
   }
   # JAX's share of each GPU's memory: what the compile command checks a program against.
   assert 'export XLA_PYTHON_CLIENT_MEM_FRACTION=0.9' in script.splitlines()
-  srun = shlex.split(script.splitlines()[-1])
-  assert srun[:5] == ['srun', '--kill-on-bad-exit=1', 'python', '-m', 'vit_jax.main']
-  assert flags(srun[5:]) == {'--workdir': str(workdir), '--config.batch': '4096'}
+  (srun_line,) = [line for line in script.splitlines() if line.startswith('srun ')]
+  srun = shlex.split(srun_line)
+  assert srun[:6] == ['srun', '--kill-on-bad-exit=1', '--label', 'python', '-m', 'vit_jax.main']
+  assert flags(srun[6:]) == {'--workdir': str(workdir), '--config.batch': '4096'}
 
-  # Submitting writes that script; bash runs it (with stand-ins for srun and
-  # the venv's activate script) into exactly that srun call.
-  env = fake_tools(tmp_path, 'sbatch', 'srun')
+  # Submitting writes that script; bash runs it (with stand-ins for srun, scontrol and the
+  # venv's activate script) into exactly that srun call.
+  env = fake_tools(tmp_path, 'sbatch', 'srun', 'scontrol')
   launch('slurm.py', *args, env=env)
   assert pathlib.Path(path).read_text() == script + '\n'
   (tmp_path / 'venv' / 'bin').mkdir(parents=True)
   (tmp_path / 'venv' / 'bin' / 'activate').write_text('export VIT_JAX_VENV=1\n')
-  subprocess.run(['bash', path], env={**os.environ, **env}, check=True)
+  job = {'SLURM_JOB_ID': '77', 'SLURM_JOB_NODELIST': 'gpu[1-4]'}
+  done = subprocess.run(
+    ['bash', path], env={**os.environ, **env, **job}, capture_output=True, text=True
+  )
+  assert done.returncode == 0, done.stderr
+  assert done.stdout.startswith('=== vit_jax: job 77, attempt 1 of at most 10, started ')
   calls = [shlex.split(line) for line in (tmp_path / 'calls').read_text().splitlines()]
   assert calls == [['sbatch', path], srun]
+
+
+def fake_srun(tmp_path, status):
+  """An srun that exits with `status` (and records its call, as `fake_tools`)."""
+  env = fake_tools(tmp_path, 'srun', 'scontrol')
+  srun = tmp_path / 'bin' / 'srun'
+  srun.write_text(srun.read_text() + f'sys.exit({status})\n')
+  return env
+
+
+@pytest.mark.parametrize(
+  'status, attempt, requeued',
+  [
+    (143, 1, True),  # preempted, the time limit, scancel --signal=TERM: checkpointed
+    (137, 1, True),  # a process killed (the others stopped with one line)
+    (143, 3, False),  # the last attempt (--max_attempts=3)
+    (130, 1, False),  # Ctrl-C
+    (2, 1, False),  # an error of the run itself
+    (0, 1, False),
+  ],
+)
+def test_the_slurm_job_requeues_itself_after_a_stop_but_not_an_error(
+  tmp_path, status, attempt, requeued
+):
+  workdir = tmp_path / 'run'
+  args = ('--gpus_per_node=0', '--tasks_per_node=2', f'--workdir={workdir}', '--max_attempts=3')
+  env = fake_srun(tmp_path, status)
+  launch('slurm.py', *args, env=fake_tools(tmp_path, 'sbatch'))
+  job = {'SLURM_JOB_ID': '77', 'SLURM_JOB_NODELIST': 'n1', 'SLURM_RESTART_COUNT': str(attempt - 1)}
+  done = subprocess.run(
+    ['bash', str(workdir / 'launch.sbatch')], env={**os.environ, **env, **job},
+    capture_output=True, text=True,
+  )  # fmt: skip
+  calls = (tmp_path / 'calls').read_text().splitlines()
+  assert ('scontrol requeue 77' in calls) == requeued
+  assert done.returncode == (0 if requeued else status), done.stdout
+  if status >= 128 and status != 130 and not requeued:
+    assert 'was the last of --max_attempts=3; resubmit the job' in done.stdout
+
+
+def test_slurm_on_cpus_and_a_relative_workdir(tmp_path):
+  """--gpus_per_node=0: no GRES, --tasks_per_node processes per node; a relative workdir is in
+  --repo, where the job runs, and so are its script and log."""
+  output = launch(
+    'slurm.py', '--dry-run', '--gpus_per_node=0', '--tasks_per_node=2', '--workdir=runs/cpu',
+    f'--repo={tmp_path}', '--max_attempts=5',
+  ).stdout  # fmt: skip
+  heredoc, submit = output.split('\nEOF\n')
+  header, script = heredoc.split('\n', 1)
+  run = tmp_path / 'runs' / 'cpu'
+  assert shlex.split(header)[2] == str(run / 'launch.sbatch')
+  directives = sbatch_directives(script)
+  assert directives['--ntasks-per-node'] == '2' and '--gpus-per-node' not in directives
+  assert directives['--output'] == f'{run}/slurm-%j.out'
+  assert 'XLA_PYTHON_CLIENT_MEM_FRACTION' not in script
+  assert f'--workdir={run}' in script and 'attempt $attempt of at most 5' in script
+
+
+@pytest.mark.parametrize(
+  'args, message',
+  [
+    (('--gpus_per_node=0',), 'runs on CPUs: give the processes per node, --tasks_per_node=N'),
+    (('--gpus_per_node=8', '--tasks_per_node=1'), 'it takes one process per GPU'),
+    (('--max_attempts=0',), 'must be at least 1'),
+  ],
+)
+def test_slurm_errors_are_one_line(args, message):
+  result = launch('slurm.py', '--workdir=/w', *args, '--dry-run', check=False)
+  assert result.returncode == 2 and message in result.stderr
+  assert result.stderr.count('\n') == 1 and not result.stdout
 
 
 def test_gpu_box_dry_runs(tmp_path):
@@ -227,17 +308,19 @@ def test_gpu_box_dry_runs(tmp_path):
   steps = run[2].split(' && ')
   assert run[:2] == ['ssh', 'me@box'] and steps[0] == 'cd vit_jax'
   assert steps[1] == 'export XLA_PYTHON_CLIENT_MEM_FRACTION=0.9'
+  # A relative workdir is in the login directory, beside the checkout (`setup` unpacks the
+  # code over the checkout: nothing inside it is a run's).
   assert shlex.split(steps[-1]) == [
     '.venv/bin/python',
     '-m',
     'vit_jax.main',
-    '--workdir=runs/b16',
+    '--workdir=../runs/b16',
     '--config.batch=256',
   ]
   assert fetch == [
     'scp',
-    'me@box:vit_jax/runs/b16/summary.json',
-    'me@box:vit_jax/runs/b16/params.npz',
+    'me@box:runs/b16/summary.json',
+    'me@box:runs/b16/params.npz',
     'results',
   ]
 
@@ -277,3 +360,109 @@ def test_tpu_vm_multi_slice_dry_run():
   assert delete[3:6] == ['queued-resources', 'delete', 'vit-b16'] and '--force' in delete
   (logs,) = dry_run('tpu_vm.py', 'logs', *TPU_ARGS, '--num_slices=2')
   assert '--node=0' in logs and '--worker=0' in logs
+
+
+STEP = {'SLURM_JOB_ID': '7', 'SLURM_STEP_ID': '0', 'SLURM_NODEID': '1', 'SLURM_PROCID': '9'}
+
+
+@pytest.mark.parametrize(
+  'environ, num_processes, mistake',
+  [
+    ({}, None, ''),  # not under SLURM
+    ({'SLURM_NTASKS': '1', **STEP}, None, ''),  # one process, all the node's GPUs
+    # sbatch --ntasks=2 running the command itself, without srun: it has no job step.
+    ({'SLURM_NTASKS': '2', 'SLURM_JOB_ID': '7'}, None, 'runs once, outside srun'),
+    # 8 tasks on each of 2 nodes, 8 GPUs each: one per GPU.
+    ({'SLURM_NTASKS': '16', 'SLURM_STEP_TASKS_PER_NODE': '8(x2)', 'SLURM_GPUS_ON_NODE': '8',
+      **STEP}, None, ''),
+    # One task per node on 8-GPU nodes: GPU 0 alone would work.
+    ({'SLURM_NTASKS': '2', 'SLURM_STEP_TASKS_PER_NODE': '1(x2)', 'SLURM_GPUS_ON_NODE': '8',
+      **STEP}, None, '1 task on a node with 8 GPUs: JAX gives each task the GPU numbered '
+     'SLURM_LOCALID, so 7 of them would sit idle'),
+    ({'SLURM_NTASKS': '3', 'SLURM_STEP_TASKS_PER_NODE': '2,1', 'SLURM_GPUS_ON_NODE': '2',
+      **STEP}, None, '1 task on a node with 2 GPUs'),  # node 1 of "2,1"
+    # CPU tasks: no GPUs to leave idle.
+    ({'SLURM_NTASKS': '2', 'SLURM_STEP_TASKS_PER_NODE': '1(x2)', **STEP}, None, ''),
+    # Flags that contradict the job step.
+    ({'SLURM_NTASKS': '4', **STEP}, 2, 'SLURM started 4 tasks but JAX would join 2 processes'),
+    ({'SLURM_NTASKS': '2', **STEP}, 2, ''),
+  ],
+)  # fmt: skip
+def test_slurm_launch_mistakes_are_named(environ, num_processes, mistake):
+  from vit_jax.core import processes
+
+  found = processes.slurm_mistake(environ, num_processes)
+  assert (found.startswith(mistake) or mistake in found) if mistake else found == ''
+  assert '\n' not in found
+
+
+def config_fields(path):
+  """The dotted names of every field of the config file `path` (its `get_config()`)."""
+  import importlib.util
+
+  spec = importlib.util.spec_from_file_location('launched_config', ROOT / path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+
+  def names(config, prefix=''):
+    for key, value in config.items():
+      yield prefix + key
+      if hasattr(value, 'items'):
+        yield from names(value, f'{prefix}{key}.')
+
+  return set(names(module.get_config()))
+
+
+def main_commands(commands):
+  """The `vit_jax.main` command lines inside a dry run's commands (also within ssh's strings
+  and an sbatch script)."""
+  found = []
+  for command in commands:
+    for text in [' '.join(command)] + [a.split('=', 1)[-1] for a in command]:
+      for part in text.replace('&&', '\n').splitlines():
+        words = shlex.split(part) if 'vit_jax.main' in part else []
+        if 'vit_jax.main' in words:
+          found.append(words[words.index('vit_jax.main') + 1 :])
+  return found
+
+
+@pytest.mark.parametrize(
+  'script, args',
+  [
+    ('tpu_vm.py', (*TPU_ARGS, '--detach', '--', '--config.batch=4096')),
+    ('tpu_vm.py', ('install', 'run', *TPU_ARGS, '--num_slices=2')),
+    ('gpu_box.py', ('--host=me@box', '--workdir=runs/b16', '--', '--config.batch=256')),
+    ('gpu_box.py', ('--workdir=runs/b16', '--config=vit_jax/configs/demo.py')),
+    ('slurm.py', ('--workdir=/shared/b16', '--', '--config.pp.crop=32', '--config.mesh.fsdp=2')),
+  ],
+)
+def test_a_rerun_deletes_nothing_and_the_dry_runs_use_the_current_configs(tmp_path, script, args):
+  """Whatever gpu_box.py or tpu_vm.py run again, no command deletes or truncates a file
+  (`setup` and `install` unpack the code over the checkout; a detached run appends to its
+  log), and every `vit_jax.main` command of a launcher names a config file of this checkout
+  and fields it has."""
+  output = launch(script, '--dry-run', *args).stdout
+  if script != 'slurm.py':  # (which writes its own sbatch script, `cat > ...`)
+    assert not re.search(r'\brm\b|(?<![>&])> ', output), output
+  commands = [shlex.split(line) for line in output.splitlines() if not line.startswith('#')]
+  runs = main_commands(commands)
+  assert runs, output
+  for run in runs:
+    named = dict(a.split('=', 1) for a in run if a.startswith('--') and '=' in a)
+    path = named.get('--config', 'vit_jax/configs/demo.py')
+    assert (ROOT / path).is_file(), path
+    fields = config_fields(path)
+    overrides = [k[len('--config.') :] for k in named if k.startswith('--config.')]
+    assert all(o in fields for o in overrides), (overrides, path)
+
+
+def test_the_docs_show_the_sbatch_script_slurm_py_writes():
+  docs = (ROOT / 'docs' / 'speed_and_scale.md').read_text()
+  shown = docs.split('writes `WORKDIR/launch.sbatch` and runs `sbatch` on it')[1]
+  shown = shown.split('```bash\n', 1)[1].split('```', 1)[0]
+  output = launch(
+    'slurm.py', '--nodes=4', '--gpus_per_node=8', '--workdir=/shared/runs/b16',
+    '--partition=gpu', '--time=24:00:00', '--venv=/shared/vit_jax/.venv',
+    '--repo=/path/to/vit_jax', '--dry-run', '--', '--config.batch=4096',
+  ).stdout  # fmt: skip
+  assert shown == output.split("<<'EOF'\n", 1)[1].split('\nEOF\n')[0] + '\n'

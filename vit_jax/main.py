@@ -24,6 +24,7 @@ from vit_jax.configs import flag
 from vit_jax.configs import schema
 from vit_jax.core import cli
 from vit_jax.core import console
+from vit_jax.core import processes
 
 _CONFIG = flag.ConfigFlag(
   'Experiment config file, optionally with `:ARGS` (default: the demo).',
@@ -64,25 +65,6 @@ def _fit_warmup(config, argv) -> None:
     config.warmup_steps = warmup
 
 
-def _initialize_distributed():
-  """jax.distributed for multi-host runs; single process when nothing says otherwise."""
-  import jax
-
-  # CPU processes talk through gloo; accelerators ignore this setting.
-  jax.config.update('jax_cpu_collectives_implementation', 'gloo')
-  if _COORDINATOR.value or _NUM_PROCESSES.value:
-    jax.distributed.initialize(
-      coordinator_address=_COORDINATOR.value,
-      num_processes=_NUM_PROCESSES.value,
-      process_id=_PROCESS_ID.value,
-    )
-  elif (
-    int(os.environ.get('SLURM_NTASKS', '1')) > 1
-    or len(os.environ.get('TPU_WORKER_HOSTNAMES', '').split(',')) > 1
-  ):
-    jax.distributed.initialize()  # detects SLURM and TPU pod slices itself
-
-
 def _default_workdir(argv):
   """workdirs/<config name>[_<config args>], e.g. workdirs/finetune_ViT-B_16_cifar10."""
   spec = flag.config_spec(argv) or 'demo'
@@ -109,7 +91,8 @@ def main(argv):
   # On a GPU, JAX takes 75% of its memory by default; `python -m vit_jax.compile
   # --topology=h100-8` and the launch scripts count on 90% (read as its backends start).
   os.environ.setdefault('XLA_PYTHON_CLIENT_MEM_FRACTION', str(hardware.GPU_MEMORY_FRACTION))
-  _initialize_distributed()
+  with cli.reported():  # a launch that cannot work (vit_jax.core.processes): one line
+    processes.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
 
   # Imported here: these pull in JAX and the input pipeline.
   from vit_jax.training import loop

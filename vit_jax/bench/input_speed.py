@@ -448,7 +448,7 @@ def _beyond_plain_training(folder, paths, batch, steps, threads, work_dir, out, 
     f'{put_float * 1e3:.1f} ms as float32'
   )
 
-  augmented = {'pp.randaug_layers': 2, 'pp.randaug_magnitude': 15, 'pp.mixup': 0.2}
+  augmented = {'pp.randaug_layers': 2, 'pp.randaug_magnitude': 10, 'pp.mixup': 0.2}
   _, rate, _ = time_train(folder, batch, steps, input_threads=threads, **augmented)
   more['randaugment_mixup_img_per_sec'] = round(rate)
   more['randaugment_mixup_ratio_to_plain'] = round(rate / out['img_per_sec'], 3)

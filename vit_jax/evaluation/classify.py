@@ -52,7 +52,7 @@ def image_files(specs: Sequence[str]) -> List[str]:
 
 
 def read_image(path: str, size: int) -> np.ndarray:
-  """[size, size, 3] float32 in [-1, 1]: the pixels the evaluation pipeline gives the same file."""
+  """[size, size, 3] float32 in [-1, 1]: the evaluation pipeline's pixels for the same file, scaled on the host."""
   from vit_jax.data import images
 
   return images.to_float(read_pixels(path, size))

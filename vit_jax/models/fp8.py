@@ -8,8 +8,8 @@ that flows back. The scale is computed from the tensor itself at every call
 ("current scaling"), not from a history of earlier steps ("delayed scaling",
 Transformer Engine's first recipe): no state to carry, checkpoint or resume,
 and no overflow when a tensor's range jumps (the first steps, a learning-rate
-change, a fine-tune's new head); it costs a max-reduction over each operand,
-which XLA fuses with the operand's producer where it can.
+change, a fine-tune's new head); it costs a max-reduction over each operand
+before it is rounded (docs/speed_and_scale.md: FP8 has what it costs on an H200).
 
 On a GPU with FP8 tensor cores (Ada and Hopper: compute capability 8.9 and up)
 XLA turns the pattern `convert(f8) * scale` feeding a dot into one cuBLASLt FP8

@@ -15,7 +15,6 @@ official vit_jax is translated before it gets here (`vit_jax.core.cli`,
 import contextlib
 import dataclasses
 import logging as py_logging
-import signal
 import time
 from typing import Any, Optional
 import warnings
@@ -313,11 +312,11 @@ def train(run: Run, loop: Loop, periodic: list, stop: Optional[stopping.Stop] = 
 
   A step's loss is read while the next one runs, except at steps where hooks
   are due; the loop's speed is timed by `loop.clock`. `stop` (SIGTERM, Ctrl-C)
-  checkpoints and stops at the next step boundary.
+  checkpoints and stops after the step it names (`Stop.due`, asked every step).
   """
   preemption = stop or stopping.Stop(run.workdir)
   try:
-    with _out_of_memory_advice(run.config):
+    with _out_of_memory_advice(run.config), _a_lost_process(preemption):
       step_fn, pending = None, None  # pending: (step, metrics) of the previous step
       for step in range(int(loop.state.step) + 1, run.config.total_steps + 1):
         batch = next(loop.train_iter)
@@ -333,10 +332,11 @@ def train(run: Run, loop: Loop, periodic: list, stop: Optional[stopping.Stop] = 
           loop.losses.add(_check_finite(run.config, loop.losses, *pending))
         pending = (step, loop.metrics)
         due = [hook for hook in periodic if hook.due(step, run.config.total_steps)]
-        if due or preemption.pending:
+        stop_here = preemption.due(step)
+        if due or stop_here:
           loop.losses.add(_check_finite(run.config, loop.losses, *pending))
           pending = None
-          _run_hooks(run, loop, step, due, preemption)
+          _run_hooks(run, loop, step, due, preemption if stop_here else None)
   finally:
     preemption.stepping = False  # the last checkpoint is asked for: a signal now stops at once,
     if stop is None:
@@ -345,8 +345,8 @@ def train(run: Run, loop: Loop, periodic: list, stop: Optional[stopping.Stop] = 
       run.manager.wait_until_finished()
 
 
-def _run_hooks(run: Run, loop: Loop, step: int, due: list, preemption) -> None:
-  """The hooks due after `step`, then a stop when preemption is requested."""
+def _run_hooks(run: Run, loop: Loop, step: int, due: list, stop) -> None:
+  """The hooks due after `step`, then the stop when `stop` (a `Stopped` with its checkpoint)."""
   if run.lock is not None and run.lock.lost:
     raise TrainingError(
       f"another run took over {run.lock.path} (this run's heartbeat went stale); "
@@ -356,11 +356,25 @@ def _run_hooks(run: Run, loop: Loop, step: int, due: list, preemption) -> None:
     with loop.clock.evaluation() if hook.evaluation else contextlib.nullcontext():
       with console.heartbeat(f'step {step}: {hook.name}', say=run.log.info):
         hook.fn(run, loop, step)
-  if preemption.reached(step):
-    hooks.save_checkpoint(run, loop, step)
+  if stop is not None:
+    hooks.save_checkpoint(run, loop, step)  # a no-op where the checkpoint hook just wrote it
     run.manager.wait_until_finished()
-    raise stopping.Stopped(preemption.stopped_line(step), preemption.requested or signal.SIGTERM)
+    stop.stopped = True
+    raise stopping.Stopped(stop.stopped_line(step), stop.stopping_signal())
   loop.progress.restart_clock(step)
+
+
+@contextlib.contextmanager
+def _a_lost_process(stop: stopping.Stop):
+  """An error in a run of several processes may only be the sign that one of them is gone:
+  then this process ends with the one line that names it (`Stop.roll_call`)."""
+  try:
+    yield
+  except UserError:
+    raise
+  except Exception:
+    stop.roll_call()
+    raise
 
 
 @contextlib.contextmanager

@@ -207,6 +207,8 @@ def acquire(workdir: str) -> Optional[Lock]:
     raise error
   if not ok:
     raise WorkdirError(f'process 0 could not lock {workdir}; see its log')
+  if jax.process_count() > 1 and not files.is_remote(workdir):
+    _check_shared(workdir, held)
   if held is not None and held.took_over:
     # A plain stdout line, like the run's other progress lines (run_log.RunLog.info).
     print(
@@ -215,6 +217,43 @@ def acquire(workdir: str) -> Optional[Lock]:
       flush=True,
     )
   return held
+
+
+def _check_shared(workdir: str, held: Optional[Lock]) -> None:
+  """Every process sees the lock that process 0 wrote, or all of them stop with WorkdirError:
+  a workdir on a disk of each node's own would split the run's checkpoints between them."""
+  from jax.experimental import multihost_utils
+  import numpy as np
+
+  mark = int(held._token[:7], 16) if held is not None else 0  # 28 bits: fits an int32
+  mark = int(multihost_utils.broadcast_one_to_all(np.int32(mark)))
+  seen = held is not None or _sees_lock(workdir, mark)
+  blind = np.flatnonzero(multihost_utils.process_allgather(np.int32(seen)) == 0).tolist()
+  if blind:
+    if held is not None:
+      held.release()
+    which = f'process{"es" if len(blind) > 1 else ""} {", ".join(map(str, blind))}'
+    raise WorkdirError(
+      f'{workdir} is not shared between the processes of this run: {which} cannot see the '
+      f'{LOCK_FILE} that process 0 wrote there. Put the workdir on a filesystem that every '
+      'node mounts (or gs://BUCKET/PATH), or run all processes on one node'
+    )
+
+
+def _sees_lock(workdir: str, mark: int, wait_s: float = 10.0) -> bool:
+  """Whether `workdir`'s lock is the one process 0 took (`mark`), waiting a little for a
+  network filesystem that shows another node's new file late."""
+  deadline = time.time() + wait_s
+  while True:
+    try:
+      with open(os.path.join(workdir, LOCK_FILE), encoding='utf-8') as f:
+        if int(json.load(f)['token'][:7], 16) == mark:
+          return True
+    except (OSError, ValueError, KeyError, TypeError):
+      pass
+    if time.time() > deadline:
+      return False
+    time.sleep(0.5)
 
 
 def _create_whole(path: str, text: str, temporary: str) -> bool:
