@@ -34,12 +34,22 @@ def registered(name: str) -> ml_collections.ConfigDict:
 
 def has_class_token(classifier: str) -> bool:
   """Whether a model of `classifier` prepends the class token (paper 3.1)."""
-  return classifier in ('token', 'token_unpooled')
+  return classifier in ('token', 'token_unpooled', 'token_gap')
 
 
 def prefix_tokens(classifier: str, num_registers: int = 0) -> int:
   """The tokens before the patches: the class token, then the registers (Darcet et al. 2023)."""
   return int(has_class_token(classifier)) + num_registers
+
+
+def embedded_prefix(architecture) -> int:
+  """The prefix tokens with rows in the 1D position embeddings: all of them, or none in
+  timm's `no_embed_class` layout (DINOv2 with registers, DeiT III: `configs.families`)."""
+  if architecture.get('no_embed_class', False):
+    return 0
+  return prefix_tokens(
+    architecture.get('classifier', 'token'), architecture.get('num_registers', 0)
+  )
 
 
 def stride(architecture) -> int:
@@ -144,6 +154,11 @@ class ModelSpec:
   @property
   def num_prefix_tokens(self) -> int:
     return prefix_tokens(self.architecture.classifier, self.architecture.get('num_registers', 0))
+
+  @property
+  def posemb_prefix(self) -> int:
+    """The prefix tokens with position embeddings (`embedded_prefix`)."""
+    return embedded_prefix(self.architecture)
 
   @property
   def grid(self) -> int:

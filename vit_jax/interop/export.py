@@ -11,6 +11,7 @@ from typing import List, NamedTuple, Optional
 
 from vit_jax import checkpoint
 from vit_jax import workdir
+from vit_jax.configs import families
 from vit_jax.configs import model_spec
 from vit_jax.core import console
 from vit_jax.core import files
@@ -147,7 +148,7 @@ def _save_timm(loaded: loader.LoadedModel, output: str) -> List[str]:
     'timm_kwargs': json.dumps(kwargs),
   }
   os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
-  torch_layout.save_safetensors(timm.to_timm(flat), output, metadata)
+  torch_layout.save_safetensors(timm.to_timm(flat, loaded.config), output, metadata)
   if name:
     call = ', '.join([repr(name)] + [f'{k}={v!r}' for k, v in kwargs.items()])
     notes.append(
@@ -214,6 +215,12 @@ def export(
     raise torch_layout.ExportError(
       f'a NaFlex ViT has no {fmt} counterpart here; use --format=timm (timm NaFlexVit), '
       'npz or savedmodel'
+    )
+  family = families.family_of(loaded.config.model_name or '')
+  if family is not None and fmt in ('hf', 'onnx'):
+    raise torch_layout.ExportError(
+      f'{loaded.config.model_name} ({family}, vit_jax.configs.families) has options that the '
+      f'{fmt} export does not write; use --format=timm, npz or savedmodel'
     )
   if fmt in ('timm', 'hf'):
     target = ('timm', timm.BLOCK_OPTIONS) if fmt == 'timm' else ('transformers', ())

@@ -326,6 +326,7 @@ class MultiHeadDotProductAttention(nn.Module):
   norm_bias: bool = True  # of the q/k LayerNorms
   fp8: bool = False  # the four projections as FP8 products (vit_jax.models.fp8)
   norm_eps: float = 1e-6  # of the q/k LayerNorms
+  key_bias: bool = True  # False: the keys' projection without bias (EVA-02), q and v with
 
   @nn.compact
   def __call__(self, x, *, deterministic: bool, inputs_kv=None, num_tokens=None, rope=None):
@@ -339,8 +340,9 @@ class MultiHeadDotProductAttention(nn.Module):
       raise ValueError(f'hidden size {d} is not divisible by num_heads={self.num_heads}')
     head_dim = d // self.num_heads
     bias_shape = (self.num_heads, head_dim) if self.qkv_bias else None
+    biased = {'query': True, 'key': self.key_bias, 'value': True}
     qkv_params = [
-      _Projection((d, self.num_heads, head_dim), bias_shape, 1, name=n)()
+      _Projection((d, self.num_heads, head_dim), bias_shape if biased[n] else None, 1, name=n)()
       for n in ('query', 'key', 'value')
     ]
     out_kernel, out_bias = _Projection((self.num_heads, head_dim, d), (d,), 2, name='out')()
@@ -353,13 +355,15 @@ class MultiHeadDotProductAttention(nn.Module):
     if rope is not None:  # the queries and keys rotated by their patches' positions
       sin, cos = rope
       norms = [
-        lambda y, layout, norm=norm: rotary.rotate(norm(y), sin, cos, layout)
-        for norm in norms[:2]
+        lambda y, layout, norm=norm: rotary.rotate(norm(y), sin, cos, layout) for norm in norms[:2]
       ] + [lambda y, layout: y]
     else:
       norms = [lambda y, layout, norm=norm: norm(y) for norm in norms]
 
-    qkv_params = [(k, b if self.qkv_bias else None) for k, b in qkv_params]
+    qkv_params = [
+      (k, b if self.qkv_bias and biased[n] else None)
+      for (k, b), n in zip(qkv_params, ('query', 'key', 'value'))
+    ]
     dot = fp8_lib.dot_general if self.fp8 else jax.lax.dot_general
     project = lambda layout: _project_qkv(x, inputs_kv, qkv_params, norms, layout, self.dtype, dot)
 
@@ -477,6 +481,8 @@ class BlockConfig:
   swiglu: bool = False  # the MLP gated: silu(gate) * value (MlpBlock)
   mlp_norm: bool = False  # EVA-02: a LayerNorm inside the MLP, before its second Dense
   norm_eps: float = 1e-6  # every LayerNorm's epsilon (CLIP: 1e-5)
+  key_bias: bool = True  # False: no bias in the keys' projection (EVA-02; with rotary
+  # embeddings a key bias is rotated per position, so it changes the scores)
   fp8: bool = False  # the dense layers (q/k/v/out, MLP) as FP8 products (models/fp8.py)
 
 
@@ -489,6 +495,8 @@ def block_options_of(names) -> dict:
     'qkv_and_norm_biases': 'LayerNorm_0/bias' in names,
     'layer_scale': 1.0 if 'ls1/gamma' in names else None,  # the value only initialises
     'mlp_norm': 'MlpBlock_3/LayerNorm_0/scale' in names,
+    'key_bias': 'MultiHeadDotProductAttention_1/key/bias' in names
+    or 'MultiHeadDotProductAttention_1/query/bias' not in names,
   }
 
 
@@ -533,6 +541,7 @@ class Encoder1DBlock(nn.Module):
       norm_bias=bias,
       fp8=c.fp8,
       norm_eps=c.norm_eps,
+      key_bias=c.key_bias,
       name='MultiHeadDotProductAttention_1',
     )(y, deterministic=deterministic, num_tokens=num_tokens, rope=rope)
     mlp = MlpBlock(
@@ -824,9 +833,11 @@ class PatchEmbedding(nn.Module):
     c = x.shape[-1] if x.ndim == 4 else x.shape[-1] // (ph * pw)
     shape = (ph, pw, c, self.features)
     kernel = self.param('kernel', nn.initializers.lecun_normal(), shape, jnp.float32)
-    bias = self.param('bias', nn.initializers.zeros, (self.features,), jnp.float32) if (
-      self.use_bias
-    ) else jnp.zeros((), jnp.float32)
+    bias = (
+      self.param('bias', nn.initializers.zeros, (self.features,), jnp.float32)
+      if (self.use_bias)
+      else jnp.zeros((), jnp.float32)
+    )
     if x.ndim == 4:
       n, h, w, _ = x.shape
       gh, gw = h // ph, w // pw

@@ -1,0 +1,179 @@
+"""The newer ViT families (`configs.families`: DINOv2, DINOv2 with registers, DeiT III, SigLIP,
+CLIP, EVA-02) against timm itself, both ways.
+
+Each family's model is built by `timm.create_model(name, pretrained=False)` at a test size
+(width 24, depth 2, 3 heads, a 3x3 patch grid), every parameter drawn anew: imported, our
+logits and pre-logits features equal timm's; our random parameters exported, timm's model of
+that name loads them strictly and gives ours. timm takes the family's normalised input, ours
+the [-1, 1] images every model here takes (the family's mean and std applied in the model).
+"""
+
+import numpy as np
+import pytest
+
+from tests.conftest import param_shapes
+from vit_jax import checkpoint
+from vit_jax import models
+from vit_jax.configs import architectures
+from vit_jax.configs import families
+from vit_jax.interop import timm as interop_timm
+
+torch = pytest.importorskip('torch')
+try:
+  import timm
+except ImportError:
+  timm = None  # CPU-only machines install it apart (README: Set-up)
+needs_timm = pytest.mark.skipif(timm is None, reason='timm is not installed (README: Set-up)')
+
+BOUND = 2e-6  # relative, on logits and on pre-logits features
+GRID = 3
+SIZES = {'embed_dim': 24, 'depth': 2, 'num_heads': 3}
+
+# One model of each family (and both of EVA-02's layouts in timm).
+CASES = (
+  'vit_base_patch14_dinov2',
+  'vit_base_patch14_reg4_dinov2',
+  'deit3_base_patch16_224',
+  'vit_base_patch16_siglip_224',
+  'vit_base_patch16_clip_224',
+  'vit_base_patch16_clip_quickgelu_224',
+  'eva02_tiny_patch14_224',
+  'eva02_base_patch14_224',
+)
+
+
+def timm_model(name, seed=0):
+  """timm's model `name` at the test size, every parameter random (norm scales and LayerScale
+  gammas near 1, so that each part of the model shows in its output)."""
+  patch = architectures.MODEL_CONFIGS[name].patches.size[0]
+  model = timm.create_model(
+    name, pretrained=False, img_size=GRID * patch, num_classes=5, **SIZES
+  ).eval()
+  generator = torch.Generator().manual_seed(seed)
+  with torch.no_grad():
+    for key, p in model.named_parameters():
+      module = key.rsplit('.', 2)[-2] if key.count('.') else ''
+      near_one = key.endswith('gamma') or ('norm' in module and key.endswith('weight'))
+      p.copy_(0.1 * torch.randn(p.shape, generator=generator) + near_one)
+  return model
+
+
+def our_config(name, model):
+  """The registry entry of `name` at the test size of timm's `model`."""
+  config = architectures.MODEL_CONFIGS[name]
+  config.hidden_size = SIZES['embed_dim']
+  fc2 = model.blocks[0].mlp.fc2.weight
+  config.transformer.update(
+    num_layers=SIZES['depth'], num_heads=SIZES['num_heads'], mlp_dim=int(fc2.shape[1])
+  )
+  return config
+
+
+def images(size, n=2, seed=1):
+  return np.random.default_rng(seed).uniform(-1, 1, (n, size, size, 3)).astype(np.float32)
+
+
+def timm_input(x, config):
+  """Our [-1, 1] images as the family's timm model takes them: (pixel - mean) / std."""
+  mean = np.asarray(config.get('input_mean') or 0.5, np.float64)
+  std = np.asarray(config.get('input_std') or 0.5, np.float64)
+  normalised = (((x.astype(np.float64) + 1) / 2 - mean) / std).astype(np.float32)
+  return torch.from_numpy(np.ascontiguousarray(normalised.transpose(0, 3, 1, 2)))
+
+
+def theirs(model, x, config):
+  """(logits, pre-logits features) of timm's model."""
+  with torch.no_grad():
+    features = model.forward_head(model.forward_features(timm_input(x, config)), pre_logits=True)
+    return model.head(features).numpy(), features.numpy()
+
+
+def ours(config, flat, x):
+  """(logits, pre-logits features) of our model."""
+  with_head = models.VisionTransformer(num_classes=5, **config)
+  features = models.VisionTransformer(num_classes=None, **config)
+  no_head = {k: v for k, v in flat.items() if not k.startswith('head/')}
+  return (
+    np.asarray(with_head.apply({'params': checkpoint.unflatten(flat)}, x, train=False)),
+    np.asarray(features.apply({'params': checkpoint.unflatten(no_head)}, x, train=False)),
+  )
+
+
+def relative_error(a, b):
+  return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+
+
+def random_flat(config, size, seed=0):
+  shapes = checkpoint.flatten(param_shapes(config, 5, size))
+  rng = np.random.default_rng(seed)
+  return {
+    k: (0.1 * rng.normal(size=v.shape) + k.endswith(('/scale', 'ls1/gamma', 'ls2/gamma'))).astype(
+      np.float32
+    )
+    for k, v in shapes.items()
+  }
+
+
+def test_every_family_model_is_named_as_in_timm():
+  if timm is None:
+    pytest.skip('timm is not installed (README: Set-up)')
+  assert set(families.MODELS) <= set(timm.list_models())
+  for name in families.MODELS:
+    assert architectures.MODEL_CONFIGS[name].model_name == name
+
+
+@needs_timm
+@pytest.mark.parametrize('name', CASES)
+def test_family_imports_from_and_exports_to_timm_with_its_outputs(name):
+  model = timm_model(name)
+  config = our_config(name, model)
+  size = GRID * config.patches.size[0]
+  x = images(size)
+  # timm -> ours.
+  state = {k: v.numpy() for k, v in model.state_dict().items()}
+  flat = interop_timm.from_timm(state, our_config(name, model), 'timm state')
+  logits, features = theirs(model, x, config)
+  assert np.abs(logits).max() > 0.1 and np.abs(features).max() > 0.1
+  our_logits, our_features = ours(config, flat, x)
+  assert relative_error(our_logits, logits) <= BOUND, 'logits, imported'
+  assert relative_error(our_features, features) <= BOUND, 'pre-logits, imported'
+  # ours -> timm: timm's own model of the name loads the export strictly.
+  flat = random_flat(config, size, seed=2)
+  exported = timm.create_model(name, pretrained=False, img_size=size, num_classes=5, **SIZES).eval()
+  state = interop_timm.to_timm(flat, config)
+  exported.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()}, strict=True)
+  logits, features = theirs(exported, x, config)
+  our_logits, our_features = ours(config, flat, x)
+  assert relative_error(logits, our_logits) <= BOUND, 'logits, exported'
+  assert relative_error(features, our_features) <= BOUND, 'pre-logits, exported'
+
+
+# The smallest model of each family, and EVA-02's other layout, in the fast tier; the rest
+# (seconds of tracing each) are slow.
+_COUNTED_FAST = (
+  'vit_small_patch14_dinov2',
+  'vit_small_patch14_reg4_dinov2',
+  'deit3_small_patch16_224',
+  'vit_base_patch16_siglip_224',
+  'vit_base_patch32_clip_224',
+  'eva02_tiny_patch14_224',
+)
+
+
+@needs_timm
+@pytest.mark.parametrize(
+  'name',
+  [n if n in _COUNTED_FAST else pytest.param(n, marks=pytest.mark.slow) for n in families.MODELS],
+)
+def test_each_named_model_has_timms_sizes_and_parameter_count(name):
+  """Our registry entry of each timm name against `timm.create_model(name)` on the meta device
+  (no memory): width, depth, heads, and the exact parameter count at its resolution."""
+  theirs = timm.create_model(name, pretrained=False, num_classes=1000, device='meta')
+  config = architectures.MODEL_CONFIGS[name]
+  size = theirs.patch_embed.img_size[0]
+  t = config.transformer
+  assert (config.hidden_size, t.num_layers) == (theirs.embed_dim, len(theirs.blocks))
+  assert t.num_heads == theirs.blocks[0].attn.num_heads
+  ours = param_shapes(config, 1000, size)
+  count = sum(int(np.prod(x.shape)) for x in checkpoint.flatten(ours).values())
+  assert count == sum(p.numel() for p in theirs.parameters())
