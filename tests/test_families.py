@@ -8,6 +8,8 @@ that name loads them strictly and gives ours. timm takes the family's normalised
 the [-1, 1] images every model here takes (the family's mean and std applied in the model).
 """
 
+import json
+
 import numpy as np
 import pytest
 
@@ -16,9 +18,12 @@ from vit_jax import checkpoint
 from vit_jax import models
 from vit_jax.configs import architectures
 from vit_jax.configs import families
+from vit_jax.interop import export as export_lib
 from vit_jax.interop import timm as interop_timm
 
 torch = pytest.importorskip('torch')
+safetensors = pytest.importorskip('safetensors')
+safetensors_torch = pytest.importorskip('safetensors.torch')
 try:
   import timm
 except ImportError:
@@ -177,3 +182,36 @@ def test_each_named_model_has_timms_sizes_and_parameter_count(name):
   ours = param_shapes(config, 1000, size)
   count = sum(int(np.prod(x.shape)) for x in checkpoint.flatten(ours).values())
   assert count == sum(p.numel() for p in theirs.parameters())
+
+
+@needs_timm
+@pytest.mark.parametrize('name', ['vit_small_patch14_reg4_dinov2', 'eva02_tiny_patch14_224'])
+def test_a_timm_file_goes_through_export_and_back_into_timm(tmp_path, name):
+  """A `.safetensors` of timm's model (full width, one block, a 2x2 grid) read as a file
+  (`export.load`: depth and layout from the file, the rest from the name), and written by
+  `export --format=timm` into a file that `timm.create_model` of the recorded name and
+  keywords loads strictly, giving the first model's logits."""
+  patch = architectures.MODEL_CONFIGS[name].patches.size[0]
+  size = 2 * patch
+  model = timm.create_model(name, pretrained=False, img_size=size, num_classes=5, depth=1).eval()
+  generator = torch.Generator().manual_seed(0)
+  with torch.no_grad():
+    for p in model.parameters():
+      p.add_(0.05 * torch.randn(p.shape, generator=generator))
+  source = tmp_path / 'timm.safetensors'
+  safetensors_torch.save_file({k: v.contiguous() for k, v in model.state_dict().items()}, source)
+  x = images(size)
+  logits, _ = theirs(model, x, architectures.MODEL_CONFIGS[name])
+  loaded = export_lib.load(str(source), name).loaded
+  ours_logits = np.asarray(loaded.model.apply({'params': loaded.params}, x, train=False))
+  assert relative_error(ours_logits, logits) <= BOUND
+  out = tmp_path / 'back.safetensors'
+  notes = export_lib.export(str(source), 'timm', str(out), model_name=name)
+  assert any(f"timm.create_model('{name}'" in note for note in notes), notes
+  with safetensors.safe_open(str(out), 'pt') as f:
+    meta = f.metadata()
+  assert meta['timm_model'] == name and json.loads(meta['timm_kwargs'])['depth'] == 1
+  again = timm.create_model(meta['timm_model'], **json.loads(meta['timm_kwargs'])).eval()
+  again.load_state_dict(safetensors_torch.load_file(str(out)), strict=True)
+  back, _ = theirs(again, x, architectures.MODEL_CONFIGS[name])
+  assert relative_error(back, logits) <= BOUND

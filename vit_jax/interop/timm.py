@@ -410,6 +410,8 @@ def from_timm(state: Dict[str, np.ndarray], config, what: str) -> Dict[str, np.n
     config.num_registers = int(state['reg_token'].shape[1])
   if 'blocks.0.ls1.gamma' in state:  # timm's LayerScale (init_values; the value only initialises)
     config.transformer.layer_scale = 1.0
+  blocks = {k.split('.')[1] for k in state if k.startswith('blocks.')}
+  config.transformer.num_layers = len(blocks) or config.transformer.num_layers  # as a run's
   if _position_layout(state, config, what) and not config.get('no_embed_class', False):
     posemb = np.asarray(state['pos_embed'])
     prefix = model_spec.prefix_tokens(config.classifier, config.get('num_registers', 0))
