@@ -27,6 +27,7 @@ from vit_jax.core import sharding
 from vit_jax.data.readers import builtin
 from vit_jax.interop import export as export_lib
 from vit_jax.interop import timm as interop_timm
+from vit_jax.models import vit_checkpoint
 from vit_jax.training import optim
 from vit_jax.training import steps
 
@@ -188,7 +189,8 @@ def test_each_named_model_has_timms_sizes_and_parameter_count(name):
   t = config.transformer
   assert (config.hidden_size, t.num_layers) == (theirs.embed_dim, len(theirs.blocks))
   assert t.num_heads == theirs.blocks[0].attn.num_heads
-  ours = param_shapes(config, 1000, size)
+  scanned = models.VisionTransformer(num_classes=1000, scan=True, **config)  # one block traced
+  ours = param_shapes(config, 1000, size, module=scanned)
   count = sum(int(np.prod(x.shape)) for x in checkpoint.flatten(ours).values())
   assert count == sum(p.numel() for p in theirs.parameters())
 
@@ -287,3 +289,35 @@ def test_a_family_fine_tunes_from_a_timm_model_on_the_digits(name):
       losses.append(float(metrics['loss']))
   assert np.mean(losses[:5]) == pytest.approx(np.log(10), rel=0.05)
   assert np.mean(losses[-5:]) < 0.75 * np.mean(losses[:5]), losses
+
+
+@needs_timm
+@pytest.mark.parametrize('name', ['vit_base_patch14_reg4_dinov2', 'eva02_tiny_patch14_224'])
+def test_a_new_resolution_resizes_as_timm_does_in_the_familys_layout(name):
+  """Fine-tuning at 4x4 patches from a 3x3 checkpoint (`vit_checkpoint.adapt`, timm's
+  'bicubic_antialias'): the position rows of the patches alone (DINOv2-reg: the prefix has
+  none; EVA-02: the class token's row kept) resized as timm's `resample_abs_pos_embed`, and
+  the model at the new grid (EVA-02's rotary angles at the new grid, on the same reference)
+  gives the logits of timm's model built at that size with those weights."""
+  from timm.layers import resample_abs_pos_embed
+
+  model = timm_model(name)
+  config = our_config(name, model)
+  patch = config.patches.size[0]
+  state = {k: v.numpy() for k, v in model.state_dict().items()}
+  restored = interop_timm.from_timm(state, our_config(name, model), 'timm state')
+  init = random_flat(config, 4 * patch)
+  adapted, _ = vit_checkpoint.adapt(restored, init, config, 'bicubic_antialias', 'timm')
+  prefix = 0 if config.get('no_embed_class') else 1
+  resized = resample_abs_pos_embed(
+    model.pos_embed.detach(), (4, 4), (3, 3), num_prefix_tokens=prefix, antialias=True
+  ).numpy()
+  posemb = adapted['Transformer/posembed_input/pos_embedding']
+  np.testing.assert_allclose(posemb, resized, atol=1e-6)
+  bigger = timm.create_model(name, pretrained=False, img_size=4 * patch, num_classes=5, **SIZES)
+  bigger.load_state_dict(
+    {k: torch.from_numpy(v) for k, v in interop_timm.to_timm(adapted, config).items()}, strict=True
+  )
+  x = images(4 * patch)
+  logits, _ = theirs(bigger.eval(), x, config)
+  assert relative_error(ours(config, adapted, x)[0], logits) <= BOUND
