@@ -321,3 +321,10 @@ def test_a_new_resolution_resizes_as_timm_does_in_the_familys_layout(name):
   x = images(4 * patch)
   logits, _ = theirs(bigger.eval(), x, config)
   assert relative_error(ours(config, adapted, x)[0], logits) <= BOUND
+
+
+def test_the_docs_table_of_families_is_the_registrys():
+  import os
+
+  docs = open(os.path.join(os.path.dirname(__file__), '..', 'docs', 'checkpoints_and_export.md'))
+  assert families.markdown_table() in docs.read()

@@ -124,3 +124,33 @@ def config(name: str) -> ml_collections.ConfigDict:
   if statistics is not None:
     out.input_mean, out.input_std = statistics
   return out
+
+
+_TITLES = {
+  'dinov2': 'DINOv2',
+  'dinov2_reg': 'DINOv2 with registers',
+  'deit3': 'DeiT III',
+  'siglip': 'SigLIP, SigLIP 2',
+  'clip': 'CLIP',
+  'clip_quickgelu': 'CLIP (OpenAI quick GELU)',
+  'eva02': 'EVA-02',
+}
+
+
+def markdown_table() -> str:
+  """docs/checkpoints_and_export.md's table of the families (tests/test_families.py holds the
+  two equal): each family's timm names, its options as the registry sets them, its input."""
+  rows = [
+    '| family | timm names | options | input (mean, std of [0, 1] pixels) |',
+    '|---|---|---|---|',
+  ]
+  for family, (entry, block, statistics) in FAMILIES.items():
+    names = ', '.join(f'`{n}`' for n, m in MODELS.items() if m[0] == family)
+    options = [f'{k}={v!r}' for k, v in {**entry, **block}.items()]
+    extra = {(k, v) for n, m in MODELS.items() if m[0] == family for k, v in m[3].items()}
+    for k, v in sorted(extra):
+      having = [f'`{n}`' for n, m in MODELS.items() if m[0] == family and m[3].get(k) == v]
+      options.append(f'{k}={v!r} (only {", ".join(having)})')
+    stats = '[-1, 1] as given' if statistics is None else f'{statistics[0]}, {statistics[1]}'
+    rows.append(f'| {_TITLES[family]} | {names} | {", ".join(options)} | {stats} |')
+  return '\n'.join(rows)
