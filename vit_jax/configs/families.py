@@ -4,14 +4,14 @@ DeiT III, SigLIP / SigLIP 2, CLIP and EVA-02.
 Each is the paper's encoder with a few options (`models.vit.VisionTransformer`'s and its
 `BlockConfig`'s), set as timm's `timm.create_model(name)` sets them (timm 1.0):
 
-| family | options |
-|---|---|
-| DINOv2 (Oquab et al. 2023) | LayerScale 1e-5, exact GELU; the giant's MLP SwiGLU |
-| DINOv2 with registers (Darcet et al. 2023) | as DINOv2, 4 registers, `no_embed_class` |
-| DeiT III (Touvron et al. 2022) | LayerScale 1e-6, `no_embed_class`, exact GELU |
-| SigLIP, SigLIP 2 (Zhai et al. 2023; Tschannen et al. 2025) | MAP head, no class token, exact GELU |
-| CLIP (Radford et al. 2021) | `pre_norm` (and no patch bias), LayerNorm eps 1e-5, exact or quick GELU |
-| EVA-02 (Fang et al. 2023) | SwiGLU, no key bias, rotary embeddings on a 16x16 grid, mean of the patches and `fc_norm`; B and L a LayerNorm in the MLP |
+- DINOv2 (Oquab et al. 2023): LayerScale 1e-5, exact GELU; the giant's MLP SwiGLU;
+- DINOv2 with registers (Darcet et al. 2023): as DINOv2, 4 registers, `no_embed_class`;
+- DeiT III (Touvron et al. 2022): LayerScale 1e-6, `no_embed_class`, exact GELU;
+- SigLIP (Zhai et al. 2023), SigLIP 2: the MAP head, no class token, exact GELU;
+- CLIP (Radford et al. 2021): `pre_norm` and no patch bias, LayerNorm eps 1e-5, exact GELU
+  or OpenAI's quick GELU;
+- EVA-02 (Fang et al. 2023): SwiGLU, no key bias, rotary embeddings (a 16x16 reference
+  grid), the mean of the patches and `fc_norm`; B and L a LayerNorm inside the MLP.
 
 SigLIP 2's weights load into SigLIP's architecture (timm's `.v2_webli` tags). Each family
 carries the input statistics its weights were trained with (timm's `pretrained_cfg` mean and

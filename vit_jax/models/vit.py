@@ -333,7 +333,8 @@ class MultiHeadDotProductAttention(nn.Module):
     """Self-attention over `x`, or (`inputs_kv` given) queries from `x` attending over `inputs_kv`.
 
     `num_tokens`: the real tokens of each example ([batch] int32) when padding follows them
-    (`pads_sequence`, NaFlex's budgets); attention reads no padding. `rope`: (sin, cos) rotary position embeddings (`models.rotary.padded`) for the queries and keys.
+    (`pads_sequence`, NaFlex's budgets); attention reads no padding. `rope`: (sin, cos) of
+    rotary position embeddings (`models.rotary.padded`) that rotate the queries and keys.
     """
     d = x.shape[-1]
     if d % self.num_heads:
