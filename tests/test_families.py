@@ -182,7 +182,8 @@ _COUNTED_FAST = (
 )
 def test_each_named_model_has_timms_sizes_and_parameter_count(name):
   """Our registry entry of each timm name against `timm.create_model(name)` on the meta device
-  (no memory): width, depth, heads, and the exact parameter count at its resolution."""
+  (no memory): width, depth, heads, the exact parameter count at its resolution, and the name
+  that a file of it is recognised as (`timm.family_name`)."""
   theirs = timm.create_model(name, pretrained=False, num_classes=1000, device='meta')
   config = architectures.MODEL_CONFIGS[name]
   size = theirs.patch_embed.img_size[0]
@@ -193,13 +194,26 @@ def test_each_named_model_has_timms_sizes_and_parameter_count(name):
   ours = param_shapes(config, 1000, size, module=scanned)
   count = sum(int(np.prod(x.shape)) for x in checkpoint.flatten(ours).values())
   assert count == sum(p.numel() for p in theirs.parameters())
+  # A file of it, without our metadata, is recognised by its tensors; CLIP's two GELUs are
+  # not in the file: one line names both.
+  plain = name.replace('_quickgelu', '')
+  twins = {plain, plain.replace('_clip_', '_clip_quickgelu_')}
+  if len(twins & set(families.MODELS)) < 2:
+    assert interop_timm.family_name(theirs.state_dict(), 'f.safetensors') == name
+    return
+  with pytest.raises(checkpoint.CheckpointError) as e:
+    interop_timm.family_name(theirs.state_dict(), 'f.safetensors')
+  assert str(e.value) == (
+    f'f.safetensors: its tensors fit {" and ".join(sorted(twins))}, which differ in what '
+    'the file does not record (the MLP activation); pass --model naming one'
+  )
 
 
 @needs_timm
 @pytest.mark.parametrize('name', ['vit_small_patch14_reg4_dinov2', 'eva02_tiny_patch14_224'])
 def test_a_timm_file_goes_through_export_and_back_into_timm(tmp_path, name):
   """A `.safetensors` of timm's model (full width, one block, a 2x2 grid) read as a file
-  (`export.load`: depth and layout from the file, the rest from the name), and written by
+  (`export.load`: the name from its tensors, depth and layout from the file), and written by
   `export --format=timm` into a file that `timm.create_model` of the recorded name and
   keywords loads strictly, giving the first model's logits."""
   patch = architectures.MODEL_CONFIGS[name].patches.size[0]
@@ -213,11 +227,12 @@ def test_a_timm_file_goes_through_export_and_back_into_timm(tmp_path, name):
   safetensors_torch.save_file({k: v.contiguous() for k, v in model.state_dict().items()}, source)
   x = images(size)
   logits, _ = theirs(model, x, architectures.MODEL_CONFIGS[name])
-  loaded = export_lib.load(str(source), name).loaded
+  loaded = export_lib.load(str(source)).loaded  # the name from its tensors (family_name)
+  assert loaded.config.model_name == name
   ours_logits = np.asarray(loaded.model.apply({'params': loaded.params}, x, train=False))
   assert relative_error(ours_logits, logits) <= BOUND
   out = tmp_path / 'back.safetensors'
-  notes = export_lib.export(str(source), 'timm', str(out), model_name=name)
+  notes = export_lib.export(str(source), 'timm', str(out))
   assert any(f"timm.create_model('{name}'" in note for note in notes), notes
   with safetensors.safe_open(str(out), 'pt') as f:
     meta = f.metadata()
@@ -328,3 +343,9 @@ def test_the_docs_table_of_families_is_the_registrys():
 
   docs = open(os.path.join(os.path.dirname(__file__), '..', 'docs', 'checkpoints_and_export.md'))
   assert families.markdown_table() in docs.read()
+
+
+@needs_timm
+def test_a_file_of_the_papers_vit_is_no_familys():
+  vit = timm.create_model('vit_base_patch16_224', pretrained=False, device='meta').state_dict()
+  assert interop_timm.family_name(vit, 'f.safetensors') is None  # --model names it

@@ -38,7 +38,11 @@ class Source(NamedTuple):
 # Reading any source.
 
 
-def _model_name(model_name: Optional[str], path: str, metadata: dict) -> str:
+def _model_name(model_name: Optional[str], path: str, metadata: dict, state=None) -> str:
+  """--model, else the name the file records, else (a timm file) the family's name that its
+  tensors fit (`timm.family_name`)."""
+  if not model_name and not metadata.get('vit_jax_model') and state is not None:
+    model_name = timm.family_name(state, path)
   return loader.resolve_model_name(model_name, path, metadata)
 
 
@@ -74,7 +78,7 @@ def load(
     if not os.path.exists(path):
       raise checkpoint.CheckpointError(f'{path}: no such file')
     state, metadata = _read_torch_file(path)
-    model_name = _model_name(model_name, path, metadata)
+    model_name = _model_name(model_name, path, metadata, state)
     if 'patch_embed.proj.weight' in state or 'embeds.proj.weight' in state:
       config = model_spec.registered(model_name)
       if 'embeds.proj.weight' in state:  # timm's NaFlexVit
