@@ -16,7 +16,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from tests.conftest import param_shapes
+from conftest import param_shapes
 from vit_jax import checkpoint
 from vit_jax import models
 from vit_jax.configs import architectures
@@ -27,6 +27,7 @@ from vit_jax.core import sharding
 from vit_jax.data.readers import builtin
 from vit_jax.interop import export as export_lib
 from vit_jax.interop import timm as interop_timm
+from vit_jax.interop import torch_layout
 from vit_jax.models import vit_checkpoint
 from vit_jax.training import optim
 from vit_jax.training import steps
@@ -241,6 +242,13 @@ def test_a_timm_file_goes_through_export_and_back_into_timm(tmp_path, name):
   again.load_state_dict(safetensors_torch.load_file(str(out)), strict=True)
   back, _ = theirs(again, x, architectures.MODEL_CONFIGS[name])
   assert relative_error(back, logits) <= BOUND
+  # transformers' ViT and our ONNX module are the paper's: refused in one line, nothing written.
+  with pytest.raises(torch_layout.ExportError) as e:
+    export_lib.export(str(source), 'hf', str(tmp_path / 'hf'))
+  assert str(e.value).endswith(
+    'that the hf export does not write; use --format=timm, npz or savedmodel'
+  )
+  assert not (tmp_path / 'hf').exists()
 
 
 # One model of each family fine-tuned; EVA-02 as its B (q/k/v apart, the MLP's LayerNorm).
