@@ -11,12 +11,12 @@ the [-1, 1] images every model here takes (the family's mean and std applied in 
 import functools
 import json
 
+from conftest import param_shapes
 import jax
 import ml_collections
 import numpy as np
 import pytest
 
-from conftest import param_shapes
 from vit_jax import checkpoint
 from vit_jax import models
 from vit_jax.configs import architectures
