@@ -1,4 +1,4 @@
-r"""The TPU step costs that CI holds (tests/test_step_cost.py), compiled by the command users run.
+r"""The step costs that CI holds (tests/test_step_cost.py), compiled by the command users run.
 
   python benchmarks/step_cost.py [--only=NAME] [--reason='why the record moved']
 
@@ -9,7 +9,9 @@ tens of minutes on a 2-core machine). The record is the command's own JSON
 (`--json`) with what made it: the command, the commit, the library versions and
 the reason it was (re)made. A change to the step that moves a figure beyond the
 test's tolerance fails CI until the record is made again by this script, with
-the reason in the commit. The figures are the TPU compiler's estimates.
+the reason in the commit. The figures are the compilers' estimates: on TPU the step
+time, FLOPs and memory; on GPU the memory (its compiler gives no step time on a CPU
+machine; tests/test_compile_gpu.py holds its kernels and bytes written per block).
 """
 
 import argparse
@@ -22,12 +24,19 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECORDS = os.path.join(ROOT, 'benchmarks', 'step_cost')
 # name: the compile command's arguments. ViT-B/16's ImageNet-21k recipe (Table 3: batch 4,096
-# on 32 TPUv3 cores, 128 per core) on one v3-8 host: 8 cores x 128.
+# on 32 TPUv3 cores, 128 per core) on one v3-8 host: 8 cores x 128; on one H100 the recipe's
+# micro-batch there (4,096 in 8 accumulation steps: benchmarks/gpu/vit_b16_i21k_h100-1.json).
 ENTRIES = {
   'vit_b16_i21k_v3-8_depth2': [
     '--config=configs/vit_b16.py:imagenet21k',
     '--topology=v3-8',
     '--config.batch=1024',
+    '--config.depth=2',
+  ],
+  'vit_b16_i21k_h100-1_depth2': [
+    '--config=configs/vit_b16.py:imagenet21k',
+    '--topology=h100-1',
+    '--config.batch=512',
     '--config.depth=2',
   ],
 }
@@ -69,10 +78,12 @@ def main():
     path = os.path.join(RECORDS, f'{name}.json')
     with open(path, 'w', encoding='utf-8') as f:
       json.dump(record, f, indent=1)
+    step = record.get('step_seconds_estimate')
+    cost = (
+      f'step >= {step:.4g} s, {record["flops_per_step_per_device"]:.4g} FLOPs, ' if step else ''
+    )
     print(
-      f'{name}: step >= {record["step_seconds_estimate"]:.4g} s, '
-      f'{record["flops_per_step_per_device"]:.4g} FLOPs, '
-      f'{record["hbm_bytes_per_device"] / 2**30:.2f} GiB per device; wrote {path}'
+      f'{name}: {cost}{record["hbm_bytes_per_device"] / 2**30:.2f} GiB per device; wrote {path}'
     )
 
 
