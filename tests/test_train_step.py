@@ -414,6 +414,7 @@ def test_layer_decay_scales_each_depths_step(scanned):
     blocks = {f'encoderblock_{i}': {'Dense_0': {'kernel': ones(3, 3)}} for i in range(2)}
   params = {
     'embedding': {'kernel': ones(2, 2)},
+    'conv_root': {'kernel': ones(2, 2)},  # a hybrid's ResNet: before the blocks too
     'cls': ones(1, 1, 3),
     'Transformer': {'posembed_input': {'pos_embedding': ones(1, 4, 3)}, **blocks},
     'head': {'kernel': ones(3, 5)},
@@ -426,6 +427,7 @@ def test_layer_decay_scales_each_depths_step(scanned):
   ratio = lambda x: np.asarray(x / plain)  # noqa: E731
   np.testing.assert_allclose(ratio(updates['embedding']['kernel']), 0.125, rtol=1e-6)
   np.testing.assert_allclose(ratio(updates['cls']), 0.125, rtol=1e-6)
+  np.testing.assert_allclose(ratio(updates['conv_root']['kernel']), 0.125, rtol=1e-6)
   posemb = updates['Transformer']['posembed_input']['pos_embedding']
   np.testing.assert_allclose(ratio(posemb), 0.125, rtol=1e-6)
   t = updates['Transformer']

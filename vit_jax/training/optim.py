@@ -37,14 +37,17 @@ def decay_mask(params):
 
 
 _BLOCK = re.compile(r'^encoderblock(_(\d+))?$')
-# Before the blocks: their depth is 0 (the patch embedding, tokens, position embeddings, CLIP's
-# pre-norm); what is neither these nor a block (final norms, heads) is above the last block.
-_EMBEDDING = ('embedding', 'cls', 'registers', 'posembed_input', 'pre_norm')
+# Before the blocks: their depth is 0 (the patch embedding, a hybrid's ResNet, the tokens,
+# position embeddings, CLIP's pre-norm); what is neither these nor a block (final norms, heads)
+# is above the last block.
+_EMBEDDING = re.compile(
+  r'^(embedding|cls|registers|posembed_input|pre_norm|conv_root|gn_root|block\d+)$'
+)
 
 
 def _depths(params):
-  """(number of blocks L, {path: depth}): 0 for the embeddings, i + 1 for block i (an array
-  over a scanned stack's leading axis), L + 1 for the rest."""
+  """(the number of blocks L, depth(path, leaf)): 0 for the embeddings, i + 1 for block i (an
+  array over a scanned stack's leading axis), L + 1 for the rest."""
   keys = lambda path: [getattr(k, 'key', None) for k in path]  # noqa: E731
   blocks = 0
   for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
@@ -61,7 +64,7 @@ def _depths(params):
         return int(match.group(2)) + 1
       if match:  # scanned: the stack's leading axis is the block
         return jnp.arange(1, leaf.shape[0] + 1).reshape((-1,) + (1,) * (leaf.ndim - 1))
-    return 0 if any(name in _EMBEDDING for name in names) else blocks + 1
+    return 0 if any(_EMBEDDING.match(name) for name in names) else blocks + 1
 
   return blocks, depth
 
