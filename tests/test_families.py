@@ -19,6 +19,7 @@ import pytest
 
 from vit_jax import checkpoint
 from vit_jax import models
+from vit_jax.configs import ConfigError
 from vit_jax.configs import architectures
 from vit_jax.configs import common
 from vit_jax.configs import families
@@ -382,3 +383,20 @@ def test_a_familys_input_statistics_are_one_pass_over_the_pixels():
   assert 'gather' not in hlo
   readers = [c for c in hlo.split('\n\n') if 'u8[2,32,32,3]' in c and c.startswith('%fused')]
   assert len(readers) == 1 and 'multiply(' in readers[0] and 'add(' in readers[0], readers
+
+
+def test_naflex_and_masked_patch_prediction_refuse_a_familys_options():
+  config = common.get_config()
+  config.unlock()
+  config.update(model='vit_base_patch16_clip_224', naflex_tokens=(64,))
+  config.pp.crop = 224
+  with pytest.raises(ConfigError) as e:
+    model_spec.ModelSpec.of(config)
+  assert str(e.value) == (
+    'vit_base_patch16_clip_224 sets pre_norm, input_mean, input_std, which NaFlex '
+    "(naflex_tokens) does not build (its model is the paper's ViT and registers); fine-tune it "
+    'as a ViT, or pick a model without them'
+  )
+  config.update(model='deit3_small_patch16_224', naflex_tokens=(), task='mpp')
+  with pytest.raises(ConfigError, match='^deit3_small_patch16_224 sets no_embed_class, input_'):
+    model_spec.ModelSpec.of(config)

@@ -21,6 +21,9 @@ from vit_jax.configs import schema
 # The pooling a NaFlex ViT takes (`models.naflex`): the class token, or the mean of the real
 # patches; every other head reads token positions that differ from image to image.
 NAFLEX_CLASSIFIERS = ('token', 'gap')
+# `VisionTransformer`'s options for the newer families (`configs.families`) that NaFlex's and
+# masked patch prediction's models do not take.
+VIT_ONLY_OPTIONS = ('no_embed_class', 'pre_norm', 'fc_norm', 'rotary', 'input_mean', 'input_std')
 # What a config's `block` section may set (`schema.FIELDS`), each as the `transformer` entry of
 # that name: a `models.vit.BlockConfig` field.
 BLOCK_OPTIONS = tuple(f.name[len('block.') :] for f in schema.FIELDS if f.name.startswith('block.'))
@@ -120,6 +123,13 @@ class ModelSpec:
       dropout=(config.dropout_rate, config.attention_dropout_rate),
       block=dict(config.block),
     )
+    only = [option for option in VIT_ONLY_OPTIONS if arch.get(option)]
+    other = 'NaFlex (naflex_tokens)' if config.naflex_tokens else 'task=mpp'
+    if only and (config.naflex_tokens or config.task == 'mpp'):
+      raise ConfigError(
+        f'{config.model} sets {", ".join(only)}, which {other} does not build (its model is '
+        "the paper's ViT and registers); fine-tune it as a ViT, or pick a model without them"
+      )
     crop = config.pp.crop
     step = stride(arch)
     if crop % step:
