@@ -359,7 +359,7 @@ FIELDS = (
     'layer_decay',
     1.0,
     float,
-    'layer-wise learning-rate decay (BEiT; DINOv2 and EVA-02 fine-tune with 0.65 to 0.9): '
+    'layer-wise learning-rate decay (Clark et al. 2020; as BEiT and EVA-02 fine-tune): '
     'block i of L learns at base_lr * layer_decay ** (L - i), the embeddings at '
     'layer_decay ** (L + 1), the head at base_lr; 1 = off',
     bounds='(0, 1]',

@@ -2,8 +2,8 @@
 
 Pre-training: Adam (b1 0.9, b2 0.999), linear warm-up, linear or cosine decay,
 high weight decay, gradient clipping at global norm 1. Fine-tuning: SGD with
-momentum 0.9, cosine decay, clipping at norm 1, no weight decay. Fine-tuning DINOv2,
-DeiT III or EVA-02 adds layer-wise learning-rate decay (Clark et al. 2020, as BEiT):
+momentum 0.9, cosine decay, clipping at norm 1, no weight decay. The newer families'
+fine-tunes (BEiT's, EVA-02's) add layer-wise learning-rate decay (Clark et al. 2020):
 `layer_decay`.
 """
 
