@@ -400,3 +400,42 @@ def test_naflex_and_masked_patch_prediction_refuse_a_familys_options():
   config.update(model='deit3_small_patch16_224', naflex_tokens=(), task='mpp')
   with pytest.raises(ConfigError, match='^deit3_small_patch16_224 sets no_embed_class, input_'):
     model_spec.ModelSpec.of(config)
+
+
+@needs_timm
+@pytest.mark.slow  # a whole run: 25-30 s on two cores
+def test_a_run_fine_tunes_a_timm_file_and_exports_it_back(tmp_path):
+  """The whole path, as a user takes it, for EVA-02 Ti (full width, one block, 2x2 patches):
+  timm's file -> `export --format=npz` -> a fine-tuning run from it (`pretrained_path`, the
+  head re-initialised for the digits' 10 classes, layer_decay 0.75) whose loss falls by 0.2
+  -> `export --format=timm` of the run, which `timm.create_model` of the recorded name and
+  keywords loads strictly and which gives the run's logits."""
+  from conftest import tiny_run_config
+
+  from vit_jax.evaluation import loader
+  from vit_jax.training import loop
+
+  name = 'eva02_tiny_patch14_224'
+  model = timm.create_model(name, pretrained=False, img_size=28, num_classes=5, depth=1).eval()
+  source = tmp_path / 'timm.safetensors'
+  safetensors_torch.save_file({k: v.contiguous() for k, v in model.state_dict().items()}, source)
+  export_lib.export(str(source), 'npz', str(tmp_path / 'eva.npz'))
+  workdir = str(tmp_path / 'run')
+  overrides = {'model': name, 'depth': 1, 'pp.crop': 28, 'layer_decay': 0.75}
+  overrides.update(total_steps=12, warmup_steps=2, eval_every=12, checkpoint_every=12)
+  config = tiny_run_config(pretrained_path=str(tmp_path / 'eva.npz'), **overrides)
+  loop.train_and_evaluate(config, workdir)
+  logged = [json.loads(line) for line in open(f'{workdir}/metrics.jsonl')]
+  losses = [entry['train_loss'] for entry in logged if 'train_loss' in entry]
+  assert losses[-1] < losses[0] - 0.2, losses
+  out = tmp_path / 'ft.safetensors'
+  export_lib.export(workdir, 'timm', str(out))
+  with safetensors.safe_open(str(out), 'pt') as f:
+    meta = f.metadata()
+  again = timm.create_model(meta['timm_model'], **json.loads(meta['timm_kwargs'])).eval()
+  again.load_state_dict(safetensors_torch.load_file(str(out)), strict=True)
+  run = loader.load_model(workdir)
+  x = images(28)
+  logits, _ = theirs(again, x, architectures.MODEL_CONFIGS[name])
+  ours_logits = np.asarray(run.model.apply({'params': run.params}, x, train=False))
+  assert ours_logits.shape == (2, 10) and relative_error(ours_logits, logits) <= BOUND
