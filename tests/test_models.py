@@ -16,6 +16,7 @@ import pytest
 from vit_jax import checkpoint
 from vit_jax import models
 from vit_jax.configs import architectures
+from vit_jax.configs import families
 from vit_jax.configs import models as official_models
 from vit_jax.models import resnet
 from vit_jax.models import vit
@@ -114,6 +115,7 @@ _COUNTED_FAST = (
     n if n in _COUNTED_FAST else pytest.param(n, marks=pytest.mark.slow)
     for n in sorted(architectures.MODEL_CONFIGS)
     if n.removesuffix('-map') not in architectures.GIANTS
+    and n not in families.MODELS  # counted against timm in test_families.py
   ],
 )
 def test_exact_parameter_count(name):

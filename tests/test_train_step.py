@@ -399,3 +399,42 @@ def test_parameters_cast_once_per_step_train_as_the_layers_casting_them():
   assert_trees_close(grads, grads_layers, 1e-6, 'gradients against per-layer casts')
   assert_close(abs(loss - loss_f32) / loss_f32, 0.05, 'bf16 loss against float32')
   assert_trees_close(grads, grads_f32, 0.05, 'bf16 gradients against float32')
+
+
+@pytest.mark.parametrize('scanned', [False, True])
+def test_layer_decay_scales_each_depths_step(scanned):
+  """layer_decay r over L = 2 blocks: the head's step is the plain one, block 1's r, block 0's
+  r^2, the embeddings' r^3 (unrolled blocks, or a scanned stack's leading axis)."""
+  config = small_config(grad_norm_clip=0.0, weight_decay=0.0, optimizer='sgd', layer_decay=0.5)
+  tx, _ = optim.make_optimizer(config)
+  ones = lambda *shape: jnp.ones(shape)  # noqa: E731
+  if scanned:
+    blocks = {'encoderblock': {'Dense_0': {'kernel': ones(2, 3, 3)}}}
+  else:
+    blocks = {f'encoderblock_{i}': {'Dense_0': {'kernel': ones(3, 3)}} for i in range(2)}
+  params = {
+    'embedding': {'kernel': ones(2, 2)},
+    'conv_root': {'kernel': ones(2, 2)},  # a hybrid's ResNet: before the blocks too
+    'cls': ones(1, 1, 3),
+    'Transformer': {'posembed_input': {'pos_embedding': ones(1, 4, 3)}, **blocks},
+    'head': {'kernel': ones(3, 5)},
+  }
+  state = tx.init(params)
+  for _ in range(11):  # to the end of warm-up: lr = 1e-3
+    updates, state = tx.update(jax.tree.map(jnp.ones_like, params), state, params)
+  plain = updates['head']['kernel'][0, 0]
+  assert plain < 0
+  ratio = lambda x: np.asarray(x / plain)  # noqa: E731
+  np.testing.assert_allclose(ratio(updates['embedding']['kernel']), 0.125, rtol=1e-6)
+  np.testing.assert_allclose(ratio(updates['cls']), 0.125, rtol=1e-6)
+  np.testing.assert_allclose(ratio(updates['conv_root']['kernel']), 0.125, rtol=1e-6)
+  posemb = updates['Transformer']['posembed_input']['pos_embedding']
+  np.testing.assert_allclose(ratio(posemb), 0.125, rtol=1e-6)
+  t = updates['Transformer']
+  if scanned:
+    per_block = ratio(t['encoderblock']['Dense_0']['kernel'])
+    np.testing.assert_allclose(per_block[0], 0.25, rtol=1e-6)
+    np.testing.assert_allclose(per_block[1], 0.5, rtol=1e-6)
+  else:
+    np.testing.assert_allclose(ratio(t['encoderblock_0']['Dense_0']['kernel']), 0.25, rtol=1e-6)
+    np.testing.assert_allclose(ratio(t['encoderblock_1']['Dense_0']['kernel']), 0.5, rtol=1e-6)

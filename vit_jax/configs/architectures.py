@@ -7,7 +7,8 @@ Every lookup returns a fresh copy, so editing one does not change the registry.
 
 The names are the official vit_jax's (google-research/vision_transformer,
 `vit_jax/configs/models.py`), with the same architectures and parameter
-counts, plus this package's `-gap` spellings and its demo model. The
+counts, plus this package's `-gap` spellings and its demo model, and the newer families under
+timm's names (`configs.families`: DINOv2, DeiT III, SigLIP, CLIP, EVA-02). The
 official `get_*_config()` functions and `AUGREG_CONFIGS` are views of this
 one registry, importable by the official path `vit_jax.configs.models` too. MLP-Mixer and LiT are not part of this package: asking for one
 says so in one line.
@@ -19,6 +20,7 @@ import difflib
 import ml_collections
 
 from vit_jax.configs import UnknownModelError
+from vit_jax.configs import families
 
 # name: (hidden_size, mlp_dim, num_heads, num_layers)
 _SIZES = {
@@ -177,6 +179,8 @@ def _factories():
   factories['testing'] = testing_config
   factories['testing-unpooled'] = lambda: testing_config('unpooled')
   factories['testing-map'] = lambda: testing_config('map')
+  for name in families.MODELS:  # DINOv2, DeiT III, SigLIP, CLIP, EVA-02 under timm's names
+    factories[name] = lambda n=name: families.config(n)
   # Dropout by the architecture's name: ViT-L_16-gap trains as ViT-L_16.
   return {
     name: _with_dropout(factory, name.replace('-gap-norep', '').replace('-gap', ''))
@@ -228,6 +232,7 @@ AUGREG_CONFIGS = _Registry(
     if name not in ('testing', 'testing-map', 'ViT-L_32', 'R50+ViT-B_16', 'ViT-H_14', 'ViT-Demo_4')
     and name.removesuffix('-map') not in GIANTS
     and not name.endswith('-gap')
+    and name not in families.MODELS
   },
   'vit_jax.configs.architectures.AUGREG_CONFIGS',
 )

@@ -21,6 +21,9 @@ from vit_jax.configs import schema
 # The pooling a NaFlex ViT takes (`models.naflex`): the class token, or the mean of the real
 # patches; every other head reads token positions that differ from image to image.
 NAFLEX_CLASSIFIERS = ('token', 'gap')
+# `VisionTransformer`'s options for the newer families (`configs.families`) that NaFlex's and
+# masked patch prediction's models do not take.
+VIT_ONLY_OPTIONS = ('no_embed_class', 'pre_norm', 'fc_norm', 'rotary', 'input_mean', 'input_std')
 # What a config's `block` section may set (`schema.FIELDS`), each as the `transformer` entry of
 # that name: a `models.vit.BlockConfig` field.
 BLOCK_OPTIONS = tuple(f.name[len('block.') :] for f in schema.FIELDS if f.name.startswith('block.'))
@@ -34,12 +37,22 @@ def registered(name: str) -> ml_collections.ConfigDict:
 
 def has_class_token(classifier: str) -> bool:
   """Whether a model of `classifier` prepends the class token (paper 3.1)."""
-  return classifier in ('token', 'token_unpooled')
+  return classifier in ('token', 'token_unpooled', 'token_gap')
 
 
 def prefix_tokens(classifier: str, num_registers: int = 0) -> int:
   """The tokens before the patches: the class token, then the registers (Darcet et al. 2023)."""
   return int(has_class_token(classifier)) + num_registers
+
+
+def embedded_prefix(architecture) -> int:
+  """The prefix tokens with rows in the 1D position embeddings: all of them, or none in
+  timm's `no_embed_class` layout (DINOv2 with registers, DeiT III: `configs.families`)."""
+  if architecture.get('no_embed_class', False):
+    return 0
+  return prefix_tokens(
+    architecture.get('classifier', 'token'), architecture.get('num_registers', 0)
+  )
 
 
 def stride(architecture) -> int:
@@ -110,6 +123,13 @@ class ModelSpec:
       dropout=(config.dropout_rate, config.attention_dropout_rate),
       block=dict(config.block),
     )
+    only = [option for option in VIT_ONLY_OPTIONS if arch.get(option)]
+    other = 'NaFlex (naflex_tokens)' if config.naflex_tokens else 'task=mpp'
+    if only and (config.naflex_tokens or config.task == 'mpp'):
+      raise ConfigError(
+        f'{config.model} sets {", ".join(only)}, which {other} does not build (its model is '
+        "the paper's ViT and registers); fine-tune it as a ViT, or pick a model without them"
+      )
     crop = config.pp.crop
     step = stride(arch)
     if crop % step:
@@ -144,6 +164,11 @@ class ModelSpec:
   @property
   def num_prefix_tokens(self) -> int:
     return prefix_tokens(self.architecture.classifier, self.architecture.get('num_registers', 0))
+
+  @property
+  def posemb_prefix(self) -> int:
+    """The prefix tokens with position embeddings (`embedded_prefix`)."""
+    return embedded_prefix(self.architecture)
 
   @property
   def grid(self) -> int:

@@ -356,6 +356,15 @@ FIELDS = (
     ('kernels', 'all'),
   ),
   Field(
+    'layer_decay',
+    1.0,
+    float,
+    'layer-wise learning-rate decay (Clark et al. 2020; as BEiT and EVA-02 fine-tune): '
+    'block i of L learns at base_lr * layer_decay ** (L - i), the embeddings at '
+    'layer_decay ** (L + 1), the head at base_lr; 1 = off',
+    bounds='(0, 1]',
+  ),
+  Field(
     'grad_norm_clip', 1.0, float, 'clip gradients at this global norm; 0 = off', bounds='[0, inf)'
   ),
   Field('label_smoothing', 0.0, float, 'label smoothing of the targets', bounds='[0, 1]'),

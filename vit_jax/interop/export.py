@@ -11,6 +11,7 @@ from typing import List, NamedTuple, Optional
 
 from vit_jax import checkpoint
 from vit_jax import workdir
+from vit_jax.configs import families
 from vit_jax.configs import model_spec
 from vit_jax.core import console
 from vit_jax.core import files
@@ -37,7 +38,11 @@ class Source(NamedTuple):
 # Reading any source.
 
 
-def _model_name(model_name: Optional[str], path: str, metadata: dict) -> str:
+def _model_name(model_name: Optional[str], path: str, metadata: dict, state=None) -> str:
+  """--model, else the name the file records, else (a timm file) the family's name that its
+  tensors fit (`timm.family_name`)."""
+  if not model_name and not metadata.get('vit_jax_model') and state is not None:
+    model_name = timm.family_name(state, path)
   return loader.resolve_model_name(model_name, path, metadata)
 
 
@@ -73,7 +78,7 @@ def load(
     if not os.path.exists(path):
       raise checkpoint.CheckpointError(f'{path}: no such file')
     state, metadata = _read_torch_file(path)
-    model_name = _model_name(model_name, path, metadata)
+    model_name = _model_name(model_name, path, metadata, state)
     if 'patch_embed.proj.weight' in state or 'embeds.proj.weight' in state:
       config = model_spec.registered(model_name)
       if 'embeds.proj.weight' in state:  # timm's NaFlexVit
@@ -147,7 +152,7 @@ def _save_timm(loaded: loader.LoadedModel, output: str) -> List[str]:
     'timm_kwargs': json.dumps(kwargs),
   }
   os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
-  torch_layout.save_safetensors(timm.to_timm(flat), output, metadata)
+  torch_layout.save_safetensors(timm.to_timm(flat, loaded.config), output, metadata)
   if name:
     call = ', '.join([repr(name)] + [f'{k}={v!r}' for k, v in kwargs.items()])
     notes.append(
@@ -214,6 +219,12 @@ def export(
     raise torch_layout.ExportError(
       f'a NaFlex ViT has no {fmt} counterpart here; use --format=timm (timm NaFlexVit), '
       'npz or savedmodel'
+    )
+  family = families.family_of(loaded.config.model_name or '')
+  if family is not None and fmt in ('hf', 'onnx'):
+    raise torch_layout.ExportError(
+      f'{loaded.config.model_name} ({family}, vit_jax.configs.families) has options that the '
+      f'{fmt} export does not write; use --format=timm, npz or savedmodel'
     )
   if fmt in ('timm', 'hf'):
     target = ('timm', timm.BLOCK_OPTIONS) if fmt == 'timm' else ('transformers', ())

@@ -27,6 +27,7 @@ import ml_collections
 import numpy as np
 
 from vit_jax import checkpoint
+from vit_jax.configs import families
 from vit_jax.configs import model_spec
 from vit_jax.interop import torch_layout
 
@@ -72,6 +73,9 @@ _RULES = (
   (r'^Transformer/posembed_input/pos_embedding$', 'pos_embed'),
   (r'^embedding/', 'patch_embed.proj.'),
   (r'^Transformer/encoder_norm/', 'norm.'),
+  (r'^Transformer/pre_norm/', 'norm_pre.'),  # CLIP
+  (r'^fc_norm/', 'fc_norm.'),  # the LayerNorm after pooling (EVA-02, timm's gap models)
+  (_BLOCK + r'MlpBlock_3/LayerNorm_0/', r'blocks.\1.mlp.norm.'),  # EVA-02's sub-LN
   (_BLOCK + r'LayerNorm_0/', r'blocks.\1.norm1.'),
   (_BLOCK + r'LayerNorm_2/', r'blocks.\1.norm2.'),
   (_BLOCK + r'MultiHeadDotProductAttention_1/(query|key|value)/', r'blocks.\1.attn.qkv.'),
@@ -125,6 +129,8 @@ def _pooling_kwargs(classifier: str) -> dict:
 
 def registered_name(config, image_size: int) -> Optional[str]:
   """timm's registered name for a released architecture at `image_size`, else None."""
+  if families.family_of(config.model_name or '') is not None:
+    return config.model_name  # timm's own name; create_model_kwargs sets what differs
   name = (config.model_name or '').removesuffix('-gap')
   if name not in TIMM_NAMES:
     return None
@@ -145,6 +151,8 @@ def _frozen(value):
 
 def create_model_kwargs(config, num_classes: Optional[int], image_size: int) -> dict:
   """Keyword arguments of `timm.create_model(registered_name(...), **kwargs)`."""
+  if families.family_of(config.model_name or '') is not None:
+    return _family_kwargs(config, num_classes, image_size)
   registers = config.get('num_registers', 0)
   return {
     'num_classes': num_classes or 0,
@@ -153,6 +161,42 @@ def create_model_kwargs(config, num_classes: Optional[int], image_size: int) -> 
     **_pooling_kwargs(config.classifier),
     **({'reg_tokens': registers} if registers else {}),
   }
+
+
+def _family_kwargs(config, num_classes: Optional[int], image_size: int) -> dict:
+  """`create_model_kwargs` of a family's model (`configs.families`): its head, resolution and
+  the sizes that differ from timm's model of that name (a run's depth, a shrunk test model)."""
+  registered = model_spec.registered(config.model_name)
+  t, r = config.transformer, registered.transformer
+  kwargs = {'num_classes': num_classes or 0, 'img_size': image_size}
+  if config.hidden_size != registered.hidden_size:
+    kwargs['embed_dim'] = config.hidden_size
+  for ours, theirs in (('num_layers', 'depth'), ('num_heads', 'num_heads')):
+    if t[ours] != r[ours]:
+      kwargs[theirs] = t[ours]
+  if (t.mlp_dim, config.hidden_size) != (r.mlp_dim, registered.hidden_size):
+    kwargs['mlp_ratio'] = _mlp_ratio(config)
+  if tuple(config.patches.size) != tuple(registered.patches.size):
+    kwargs['patch_size'] = tuple(config.patches.size)
+  if config.get('num_registers', 0) != registered.get('num_registers', 0):
+    kwargs['reg_tokens'] = config.get('num_registers', 0)
+  return kwargs
+
+
+def _mlp_ratio(config) -> float:
+  """timm's `mlp_ratio` of `config`: its MLP's first width over the model's (a packed SwiGLU's
+  first layer is twice the gated width, except EVA-02's, whose ratio is of the gated width)."""
+  hidden, mlp_dim = config.hidden_size, config.transformer.mlp_dim
+  packed = (
+    config.transformer.get('swiglu', False) and families.family_of(config.model_name) != 'eva02'
+  )
+  width = 2 * mlp_dim if packed else mlp_dim
+  ratio = width / hidden
+  if int(hidden * ratio) != width:
+    raise torch_layout.ExportError(
+      f'timm sizes the MLP as a ratio of the width; {width}/{hidden} does not round-trip'
+    )
+  return ratio
 
 
 def _std_conv_layer():
@@ -176,8 +220,12 @@ def _std_conv_layer():
 
 
 def build_model(config, num_classes: Optional[int], image_size: int):
-  """timm's `VisionTransformer` of `config`, numerically ours (tanh GELU, our eps)."""
+  """timm's `VisionTransformer` of `config`, numerically ours (tanh GELU, our eps); a family's
+  model (`configs.families`) as `timm.create_model` of its name builds it."""
   timm = torch_layout.require('timm')
+  if families.family_of(config.model_name or '') is not None:
+    kwargs = _family_kwargs(config, num_classes, image_size)
+    return timm.create_model(config.model_name, pretrained=False, **kwargs).eval()
   from timm.layers import GroupNormAct
   from timm.layers import HybridEmbed
   from timm.models import resnetv2
@@ -217,13 +265,89 @@ def build_model(config, num_classes: Optional[int], image_size: int):
   return timm.models.vision_transformer.VisionTransformer(**kwargs).eval()
 
 
-def to_timm(flat: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
-  """Our flat parameters (no `pre_logits`) -> timm's state_dict as numpy arrays."""
+def to_timm(flat: Dict[str, np.ndarray], config=None) -> Dict[str, np.ndarray]:
+  """Our flat parameters (no `pre_logits`) -> timm's state_dict as numpy arrays; an EVA-02
+  `config` (`configs.families`) gets timm's `Eva` layout."""
   if 'pre_logits/kernel' in flat:
     raise torch_layout.ExportError(
       "timm's ViT has no pre-logits layer; drop pre_logits and the head first (export does this)"
     )
-  return torch_layout.to_torch_state(flat, timm_name)
+  eva = config is not None and families.family_of(config.model_name or '') == 'eva02'
+  if eva:  # a zero key bias for the fused projection's bias, which _to_eva leaves out
+    flat = dict(flat)
+    for key in [k for k in flat if k.endswith('MultiHeadDotProductAttention_1/query/bias')]:
+      flat.setdefault(key.replace('/query/', '/key/'), np.zeros_like(flat[key]))
+  state = torch_layout.to_torch_state(flat, timm_name)
+  if eva:
+    state = _to_eva(state, config.transformer.get('mlp_norm', False))
+  return state
+
+
+# ---------------------------------------------------------------------------
+# EVA-02: timm's `Eva` names its blocks' q/k/v and MLP its own way. Its B and L models
+# (those with the MLP's LayerNorm) keep q, k, v apart (`q_proj`, `k_proj`, `v_proj`) and the
+# SwiGLU's gate and value apart (`fc1_g`, `fc1_x`); Ti and S fuse q/k/v (`qkv`, with `q_bias`
+# and `v_bias`) and pack the SwiGLU as `fc1` (gate first). Neither has a key bias, nor has
+# our EVA-02 (`key_bias=False`): the fused bias gets zeros in its place.
+
+_EVA_BLOCK = re.compile(r'^(blocks\.\d+\.)(attn\.qkv|mlp\.fc1)\.(weight|bias)$')
+
+
+def _to_eva(state: Dict[str, np.ndarray], apart: bool) -> Dict[str, np.ndarray]:
+  """A state_dict in the ViT's names (fused `attn.qkv`, packed `mlp.fc1`) -> `Eva`'s."""
+  out = {}
+  for key, value in state.items():
+    match = _EVA_BLOCK.match(key)
+    if not match:
+      out[key] = value
+      continue
+    block, module, leaf = match.groups()
+    if module == 'attn.qkv':
+      q, k, v = np.split(value, 3, axis=0)
+      if apart and leaf == 'weight':
+        out.update({f'{block}attn.{n}_proj.weight': w for n, w in zip('qkv', (q, k, v))})
+      elif apart:
+        out.update({f'{block}attn.q_proj.bias': q, f'{block}attn.v_proj.bias': v})
+      elif leaf == 'weight':
+        out[f'{block}attn.qkv.weight'] = value
+      else:
+        out.update({f'{block}attn.q_bias': q, f'{block}attn.v_bias': v})
+    elif apart:  # the SwiGLU's gate, then its value
+      gate, x = np.split(value, 2, axis=0)
+      out.update({f'{block}mlp.fc1_g.{leaf}': gate, f'{block}mlp.fc1_x.{leaf}': x})
+    else:
+      out[key] = value
+  return {k: np.ascontiguousarray(v) for k, v in out.items()}
+
+
+def _from_eva(state: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+  """`Eva`'s state_dict -> the ViT's names (`_to_eva`'s inverse; the fused bias's keys zero)."""
+  out = {}
+  blocks = sorted({m.group(1) for m in map(re.compile(r'^(blocks\.\d+\.)').match, state) if m})
+  taken = set()
+  for block in blocks:
+    names = {
+      'q': (f'{block}attn.q_proj.weight', f'{block}attn.q_proj.bias', f'{block}attn.q_bias'),
+      'k': (f'{block}attn.k_proj.weight',),
+      'v': (f'{block}attn.v_proj.weight', f'{block}attn.v_proj.bias', f'{block}attn.v_bias'),
+    }
+    if names['q'][0] in state:  # q, k, v apart
+      weights = [state[names[n][0]] for n in 'qkv']
+      out[f'{block}attn.qkv.weight'] = np.concatenate(weights, axis=0)
+      taken.update(names[n][0] for n in 'qkv')
+    q_bias = next((n for n in names['q'][1:] if n in state), None)
+    v_bias = next((n for n in names['v'][1:] if n in state), None)
+    if q_bias and v_bias:
+      zeros = np.zeros_like(state[q_bias])
+      out[f'{block}attn.qkv.bias'] = np.concatenate([state[q_bias], zeros, state[v_bias]])
+      taken.update((q_bias, v_bias))
+    for leaf in ('weight', 'bias'):
+      gate, x = f'{block}mlp.fc1_g.{leaf}', f'{block}mlp.fc1_x.{leaf}'
+      if gate in state and x in state:
+        out[f'{block}mlp.fc1.{leaf}'] = np.concatenate([state[gate], state[x]], axis=0)
+        taken.update((gate, x))
+  out.update({k: v for k, v in state.items() if k not in taken})
+  return out
 
 
 def _square(n: int) -> Optional[int]:
@@ -262,6 +386,59 @@ def _position_layout(state, config, what: str) -> bool:
   return False
 
 
+# What a family's timm file holds that the others' do not (`family_name`).
+_MARKS = {
+  'norm_pre.weight': ('clip', 'clip_quickgelu'),
+  'attn_pool.latent': ('siglip',),
+  'reg_token': ('dinov2_reg',),
+  'blocks.0.ls1.gamma': ('dinov2', 'dinov2_reg', 'deit3'),
+  'fc_norm.weight': ('eva02',),
+}
+
+
+def family_name(state, what: str) -> Optional[str]:
+  """The `configs.families` name of a timm file without our metadata, from its tensors'
+  names and shapes: the family's marks (`_MARKS`), the width, MLP width and patch size, and
+  the resolution where names differ by it alone; None for no family's (the paper's ViTs need
+  --model). A file that fits models of several families (CLIP's two GELUs: the file does not
+  record its activation) is one line naming them."""
+  shape = lambda key: tuple(state[key].shape) if key in state else None  # noqa: E731
+  kernel = shape('patch_embed.proj.weight')
+  fc2 = shape('blocks.0.mlp.fc2.weight')
+  if kernel is None or fc2 is None or shape('pos_embed') is None:
+    return None
+  width, patch = kernel[0], kernel[2]
+  eva = any(
+    k.startswith('blocks.0.attn.') and k.endswith(('q_bias', 'q_proj.weight')) for k in state
+  )
+  fits = []
+  for name, (family, (hidden, mlp_dim, _, _), size, extra) in families.MODELS.items():
+    marks = {mark for mark, owners in _MARKS.items() if family in owners}
+    if (hidden, mlp_dim, size) != (width, fc2[1], patch) or eva != (family == 'eva02'):
+      continue
+    if marks == {mark for mark in _MARKS if mark in state}:
+      fits.append(name)
+  if not fits:
+    return None
+  rows = shape('pos_embed')[1]
+  at_size = [n for n in fits if re.search(r'_(\d+)$', n) is None or _grid_fits(n, rows)]
+  fits = at_size or fits
+  kinds = {families.MODELS[n][0] for n in fits}
+  if len(kinds) > 1:
+    raise checkpoint.CheckpointError(
+      f'{what}: its tensors fit {" and ".join(sorted(fits))}, which differ in what the file '
+      'does not record (the MLP activation); pass --model naming one'
+    )
+  return fits[0]
+
+
+def _grid_fits(name: str, rows: int) -> bool:
+  """Whether `rows` position embeddings are the grid of `name`'s resolution suffix."""
+  config = model_spec.registered(name)
+  side = int(re.search(r'_(\d+)$', name).group(1)) // config.patches.size[0]
+  return rows - model_spec.embedded_prefix(config) == side * side
+
+
 def from_timm(state: Dict[str, np.ndarray], config, what: str) -> Dict[str, np.ndarray]:
   """timm's state_dict -> our flat parameters for `config` (checked key by key).
 
@@ -273,16 +450,22 @@ def from_timm(state: Dict[str, np.ndarray], config, what: str) -> Dict[str, np.n
     raise checkpoint.CheckpointError(
       f'{what}: no pos_embed [1, tokens, width]; is it a timm ViT state_dict?'
     )
-  if 'fc_norm.weight' in state:
+  if families.family_of(config.get('model_name') or '') == 'eva02':
+    state = _from_eva(state)
+  if 'fc_norm.weight' in state and not config.get('fc_norm', False):
     raise checkpoint.CheckpointError(
-      f"{what}: normalises after pooling (fc_norm), unlike the paper's ViT; it cannot be converted"
+      f"{what}: normalises after pooling (fc_norm), unlike the paper's ViT and "
+      f'{config.model_name}; pass --model naming a model that does (an EVA-02 of '
+      'vit_jax.configs.families)'
     )
   num_classes = int(state['head.weight'].shape[0]) if 'head.weight' in state else None
   if 'reg_token' in state:  # timm's register tokens
     config.num_registers = int(state['reg_token'].shape[1])
   if 'blocks.0.ls1.gamma' in state:  # timm's LayerScale (init_values; the value only initialises)
     config.transformer.layer_scale = 1.0
-  if _position_layout(state, config, what):
+  blocks = {k.split('.')[1] for k in state if k.startswith('blocks.')}
+  config.transformer.num_layers = len(blocks) or config.transformer.num_layers  # as a run's
+  if _position_layout(state, config, what) and not config.get('no_embed_class', False):
     posemb = np.asarray(state['pos_embed'])
     prefix = model_spec.prefix_tokens(config.classifier, config.get('num_registers', 0))
     zeros = np.zeros((1, prefix, posemb.shape[-1]), posemb.dtype)

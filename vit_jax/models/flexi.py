@@ -84,7 +84,7 @@ def load_at_patch_size(flat: dict, spec, patch_size: int, resample=None) -> tupl
       flat,
       patch_size,
       spec.image_size,
-      spec.num_prefix_tokens,
+      spec.posemb_prefix,
       resample or 'zoom',
       resample or 'bilinear',
     )
@@ -134,7 +134,8 @@ def random_patch_grad(
   same on every device and a pure function of the step.
   """
   base = model.patches['size'][0]
-  num_prefix = model_spec.prefix_tokens(model.classifier, model.num_registers)
+  layout = ('classifier', 'num_registers', 'no_embed_class')
+  num_prefix = model_spec.embedded_prefix({k: getattr(model, k, None) for k in layout})
 
   def at(size):
     sized = model.clone(patches={'size': (size, size)})

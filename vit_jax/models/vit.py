@@ -37,6 +37,7 @@ from typing import Any, Callable, Mapping, Optional, Tuple
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from vit_jax.configs import model_spec
 from vit_jax.configs import schema
@@ -45,10 +46,11 @@ from vit_jax.core import sharding
 from vit_jax.models import fp8 as fp8_lib
 from vit_jax.models import resample
 from vit_jax.models import resnet
+from vit_jax.models import rotary
 
 Dtype = Any
 
-CLASSIFIERS = ('token', 'gap', 'map', 'unpooled', 'token_unpooled')
+CLASSIFIERS = ('token', 'gap', 'map', 'unpooled', 'token_unpooled', 'token_gap')
 
 # How attention is computed when its weights are neither captured nor dropped
 # out (those two need the weights, so they always take the written-out path).
@@ -114,9 +116,19 @@ def fused_attention(q, k, v, implementation: str, num_tokens=None):
   )
 
 
-def _layer_norm(name, dtype, use_bias=True):
-  # Original code: LayerNorm epsilon 1e-6 everywhere.
-  return nn.LayerNorm(epsilon=1e-6, dtype=dtype, use_bias=use_bias, name=name)
+def _layer_norm(name, dtype, use_bias=True, eps=1e-6):
+  # Original code: LayerNorm epsilon 1e-6 everywhere (CLIP's towers: 1e-5, `norm_eps`).
+  return nn.LayerNorm(epsilon=eps, dtype=dtype, use_bias=use_bias, name=name)
+
+
+# The MLP's activation (`BlockConfig.activation`): the original code's tanh approximation of
+# GELU, the exact GELU (timm's default, with which DINOv2, DeiT III, SigLIP and CLIP run
+# there), and OpenAI CLIP's x * sigmoid(1.702 x).
+ACTIVATIONS = {
+  'gelu_tanh': nn.gelu,
+  'gelu': lambda x: nn.gelu(x, approximate=False),
+  'quick_gelu': lambda x: x * nn.sigmoid(1.702 * x),
+}
 
 
 def _flat_init(init, num_in_dims):
@@ -130,15 +142,20 @@ def _flat_init(init, num_in_dims):
 
 
 class AddPositionEmbs(nn.Module):
-  """Learned 1D position embeddings (paper 3.1), added to the token sequence."""
+  """Learned 1D position embeddings (paper 3.1), added to the token sequence: to every token,
+  or to all but the first `skip` (timm's `no_embed_class`: the class token and registers
+  without position embeddings, as DINOv2-reg and DeiT III)."""
 
   posemb_init: Callable = nn.initializers.normal(stddev=0.02)
   dtype: Dtype = jnp.float32
+  skip: int = 0
 
   @nn.compact
   def __call__(self, x):
-    shape = (1, x.shape[1], x.shape[2])
+    shape = (1, x.shape[1] - self.skip, x.shape[2])
     pe = self.param('pos_embedding', self.posemb_init, shape, jnp.float32)
+    if self.skip:
+      return jnp.concatenate([x[:, : self.skip], x[:, self.skip :] + pe.astype(self.dtype)], 1)
     return x + pe.astype(self.dtype)
 
 
@@ -246,7 +263,8 @@ def _explicit_attention(q, k, v, dtype, keep=None, num_tokens=None):
 
 def _project_qkv(x, inputs_kv, params, norms, layout: str, dtype, dot):
   """q, k and v of `x` (k and v of `inputs_kv` when given) in `layout` ('bnhk' or 'bhnk'), each
-  with its bias (`params`: (kernel, bias or None) of q, k, v) and q, k normalised (`norms`);
+  with its bias (`params`: (kernel, bias or None) of q, k, v) and q, k normalised (`norms`:
+  each a function of the projection and `layout`);
   `dot` is the products' `dot_general` (`lax.dot_general`, or FP8's).
 
   Straight into the layout the attention reads: XLA needs no transposes between
@@ -287,7 +305,7 @@ def _project_qkv(x, inputs_kv, params, norms, layout: str, dtype, dot):
   for y, bias, norm in zip(qkv, biases, norms):
     if bias is not None:
       y = y + (bias if layout == 'bnhk' else bias[:, None])
-    out.append(sharding.constrain(norm(y), heads))
+    out.append(sharding.constrain(norm(y, layout), heads))
   return out
 
 
@@ -307,30 +325,46 @@ class MultiHeadDotProductAttention(nn.Module):
   qkv_bias: bool = True
   norm_bias: bool = True  # of the q/k LayerNorms
   fp8: bool = False  # the four projections as FP8 products (vit_jax.models.fp8)
+  norm_eps: float = 1e-6  # of the q/k LayerNorms
+  key_bias: bool = True  # False: the keys' projection without bias (EVA-02), q and v with
 
   @nn.compact
-  def __call__(self, x, *, deterministic: bool, inputs_kv=None, num_tokens=None):
+  def __call__(self, x, *, deterministic: bool, inputs_kv=None, num_tokens=None, rope=None):
     """Self-attention over `x`, or (`inputs_kv` given) queries from `x` attending over `inputs_kv`.
 
     `num_tokens`: the real tokens of each example ([batch] int32) when padding follows them
-    (`pads_sequence`, NaFlex's budgets); attention reads no padding.
+    (`pads_sequence`, NaFlex's budgets); attention reads no padding. `rope`: (sin, cos) of
+    rotary position embeddings (`models.rotary.padded`) that rotate the queries and keys.
     """
     d = x.shape[-1]
     if d % self.num_heads:
       raise ValueError(f'hidden size {d} is not divisible by num_heads={self.num_heads}')
     head_dim = d // self.num_heads
     bias_shape = (self.num_heads, head_dim) if self.qkv_bias else None
+    biased = {'query': True, 'key': self.key_bias, 'value': True}
     qkv_params = [
-      _Projection((d, self.num_heads, head_dim), bias_shape, 1, name=n)()
+      _Projection((d, self.num_heads, head_dim), bias_shape if biased[n] else None, 1, name=n)()
       for n in ('query', 'key', 'value')
     ]
     out_kernel, out_bias = _Projection((self.num_heads, head_dim, d), (d,), 2, name='out')()
     norms = [
-      _layer_norm(f'{n}_norm', self.dtype, self.norm_bias) if self.qk_norm else (lambda y: y)
+      _layer_norm(f'{n}_norm', self.dtype, self.norm_bias, self.norm_eps)
+      if self.qk_norm
+      else (lambda y: y)
       for n in ('query', 'key')
     ] + [lambda y: y]
+    if rope is not None:  # the queries and keys rotated by their patches' positions
+      sin, cos = rope
+      norms = [
+        lambda y, layout, norm=norm: rotary.rotate(norm(y), sin, cos, layout) for norm in norms[:2]
+      ] + [lambda y, layout: y]
+    else:
+      norms = [lambda y, layout, norm=norm: norm(y) for norm in norms]
 
-    qkv_params = [(k, b if self.qkv_bias else None) for k, b in qkv_params]
+    qkv_params = [
+      (k, b if self.qkv_bias and biased[n] else None)
+      for (k, b), n in zip(qkv_params, ('query', 'key', 'value'))
+    ]
     dot = fp8_lib.dot_general if self.fp8 else jax.lax.dot_general
     project = lambda layout: _project_qkv(x, inputs_kv, qkv_params, norms, layout, self.dtype, dot)
 
@@ -358,12 +392,21 @@ class MultiHeadDotProductAttention(nn.Module):
 
 
 class MlpBlock(nn.Module):
-  """Transformer MLP: Dense, GELU (tanh approximation, as the original), Dense."""
+  """Transformer MLP: Dense, GELU (tanh approximation, as the original; see ACTIVATIONS), Dense.
+
+  With `swiglu` (Shazeer 2020; DINOv2's giant, EVA-02): the first Dense is twice as wide,
+  silu(gate) * value of its halves (gate first, timm's `SwiGLUPacked`) goes on; with `norm`
+  (EVA-02's sub-LN) a LayerNorm `LayerNorm_0` of that hidden layer comes before the second.
+  """
 
   mlp_dim: int
   dropout_rate: float = 0.0
   dtype: Dtype = jnp.float32
   fp8: bool = False  # both layers as FP8 products (vit_jax.models.fp8)
+  activation: str = 'gelu_tanh'  # see ACTIVATIONS
+  swiglu: bool = False
+  norm: bool = False
+  norm_eps: float = 1e-6
 
   @nn.compact
   def __call__(self, x, *, deterministic: bool):
@@ -375,7 +418,13 @@ class MlpBlock(nn.Module):
       dot_general=fp8_lib.dot_general if self.fp8 else None,
       name=name,
     )
-    y = nn.gelu(dense(self.mlp_dim, 'Dense_0')(x))
+    if self.swiglu:
+      gate, value = jnp.split(dense(2 * self.mlp_dim, 'Dense_0')(x), 2, axis=-1)
+      y = nn.silu(gate) * value
+    else:
+      y = ACTIVATIONS[self.activation](dense(self.mlp_dim, 'Dense_0')(x))
+    if self.norm:
+      y = _layer_norm('LayerNorm_0', self.dtype, eps=self.norm_eps)(y)
     y = sharding.constrain(y, ('batch', None, 'model'))
     y = nn.Dropout(self.dropout_rate)(y, deterministic=deterministic)
     y = dense(x.shape[-1], 'Dense_1')(y)
@@ -395,6 +444,8 @@ class MAPHead(nn.Module):
   num_heads: int
   mlp_dim: int
   dtype: Dtype = jnp.float32
+  activation: str = 'gelu_tanh'  # of its MLP (ACTIVATIONS)
+  norm_eps: float = 1e-6
 
   @nn.compact
   def __call__(self, x):
@@ -405,8 +456,9 @@ class MAPHead(nn.Module):
     y = MultiHeadDotProductAttention(
       self.num_heads, dtype=self.dtype, attention='explicit', name='MultiHeadDotProductAttention_0'
     )(probe, deterministic=True, inputs_kv=x)
-    z = _layer_norm('LayerNorm_0', self.dtype)(y)
-    y = y + MlpBlock(self.mlp_dim, dtype=self.dtype, name='MlpBlock_0')(z, deterministic=True)
+    z = _layer_norm('LayerNorm_0', self.dtype, eps=self.norm_eps)(y)
+    mlp = MlpBlock(self.mlp_dim, dtype=self.dtype, activation=self.activation, name='MlpBlock_0')
+    y = y + mlp(z, deterministic=True)
     return y[:, 0]
 
 
@@ -426,6 +478,12 @@ class BlockConfig:
   qk_norm: bool = False  # ViT-22B: LayerNorm of q and k per head
   qkv_and_norm_biases: bool = True  # False: ViT-22B's q/k/v projections and LayerNorms
   layer_scale: Optional[float] = None  # LayerScale's initial gamma; None: none (the paper's)
+  activation: str = 'gelu_tanh'  # the MLP's (ACTIVATIONS)
+  swiglu: bool = False  # the MLP gated: silu(gate) * value (MlpBlock)
+  mlp_norm: bool = False  # EVA-02: a LayerNorm inside the MLP, before its second Dense
+  norm_eps: float = 1e-6  # every LayerNorm's epsilon (CLIP: 1e-5)
+  key_bias: bool = True  # False: no bias in the keys' projection (EVA-02; with rotary
+  # embeddings a key bias is rotated per position, so it changes the scores)
   fp8: bool = False  # the dense layers (q/k/v/out, MLP) as FP8 products (models/fp8.py)
 
 
@@ -437,6 +495,9 @@ def block_options_of(names) -> dict:
     'qk_norm': 'MultiHeadDotProductAttention_1/query_norm/scale' in names,
     'qkv_and_norm_biases': 'LayerNorm_0/bias' in names,
     'layer_scale': 1.0 if 'ls1/gamma' in names else None,  # the value only initialises
+    'mlp_norm': 'MlpBlock_3/LayerNorm_0/scale' in names,
+    'key_bias': 'MultiHeadDotProductAttention_1/key/bias' in names
+    or 'MultiHeadDotProductAttention_1/query/bias' not in names,
   }
 
 
@@ -464,12 +525,13 @@ class Encoder1DBlock(nn.Module):
   config: BlockConfig
 
   @nn.compact
-  def __call__(self, x, deterministic: bool, num_tokens=None):
-    """`num_tokens` ([batch] int32): each example's real tokens, when padding follows them."""
+  def __call__(self, x, deterministic: bool, num_tokens=None, rope=None):
+    """`num_tokens` ([batch] int32): each example's real tokens, when padding follows them;
+    `rope`: rotary position embeddings (`MultiHeadDotProductAttention`)."""
     c = self.config
     bias = c.qkv_and_norm_biases
     x = sharding.constrain(x, ('batch', None, None))
-    y = _layer_norm('LayerNorm_0', c.dtype, bias)(x)
+    y = _layer_norm('LayerNorm_0', c.dtype, bias, c.norm_eps)(x)
     attention = MultiHeadDotProductAttention(
       num_heads=c.num_heads,
       dropout_rate=c.attention_dropout_rate,
@@ -479,16 +541,28 @@ class Encoder1DBlock(nn.Module):
       qkv_bias=bias,
       norm_bias=bias,
       fp8=c.fp8,
+      norm_eps=c.norm_eps,
+      key_bias=c.key_bias,
       name='MultiHeadDotProductAttention_1',
-    )(y, deterministic=deterministic, num_tokens=num_tokens)
-    mlp = MlpBlock(c.mlp_dim, c.dropout_rate, c.dtype, c.fp8, name='MlpBlock_3')
+    )(y, deterministic=deterministic, num_tokens=num_tokens, rope=rope)
+    mlp = MlpBlock(
+      c.mlp_dim,
+      c.dropout_rate,
+      c.dtype,
+      c.fp8,
+      c.activation,
+      c.swiglu,
+      c.mlp_norm,
+      c.norm_eps,
+      name='MlpBlock_3',
+    )
     scaled = lambda name, y: y if c.layer_scale is None else LayerScale(c.layer_scale, name=name)(y)
     x = x + scaled('ls1', nn.Dropout(c.dropout_rate)(attention, deterministic=deterministic))
     if c.parallel_block:  # the MLP reads the same normalised input as attention
       x = x + scaled('ls2', mlp(y, deterministic=deterministic))
     else:
       x = sharding.constrain(x, ('batch', None, None))
-      y = _layer_norm('LayerNorm_2', c.dtype, bias)(x)
+      y = _layer_norm('LayerNorm_2', c.dtype, bias, c.norm_eps)(x)
       x = x + scaled('ls2', mlp(y, deterministic=deterministic))
     x = sharding.constrain(x, ('batch', None, None))
     self.sow('intermediates', 'tokens', x)
@@ -499,8 +573,8 @@ class _ScannedBlock(Encoder1DBlock):
   """An encoder block as the body of `nn.scan`: (carry, broadcast inputs) -> (carry, None)."""
 
   @nn.compact
-  def __call__(self, x, deterministic: bool, num_tokens=None):
-    return super().__call__(x, deterministic, num_tokens), None
+  def __call__(self, x, deterministic: bool, num_tokens=None, rope=None):
+    return super().__call__(x, deterministic, num_tokens, rope), None
 
 
 class Encoder(nn.Module):
@@ -520,14 +594,20 @@ class Encoder(nn.Module):
   pad_odd: Optional[bool] = None  # see pads_sequence; None: where attention runs on cuDNN
   posemb_grid: Optional[Tuple[int, int]] = None  # NaFlex: the 2D table's (rows, columns)
   posemb_resample: str = 'bilinear'  # NaFlex: how the table meets each grid (NAFLEX_RESAMPLE)
+  unembedded: int = 0  # leading tokens without position embeddings (timm's no_embed_class)
+  pre_norm: bool = False  # CLIP: a LayerNorm `pre_norm` of the embedded tokens before the blocks
+  final_norm: bool = True  # False: the model normalises after pooling instead (`fc_norm`)
+  rotary: Optional[Tuple[int, int]] = None  # EVA-02: rotary embeddings on this reference grid
 
   @nn.compact
-  def __call__(self, x, *, train: bool, positions=None):
+  def __call__(self, x, *, train: bool, positions=None, grid=None):
     """[B, N, D] tokens -> [B, N, D]. `positions` (NaFlex): (rows, cols, real) [B, P] of the
-    last P tokens, the patches: their grid row and column, and 1 for a real patch."""
+    last P tokens, the patches: their grid row and column, and 1 for a real patch. `grid`:
+    (rows, columns) of the patches, the last of the tokens (for `rotary`)."""
     c = self.block
     if positions is None:
-      x, real_tokens = AddPositionEmbs(dtype=c.dtype, name='posembed_input')(x), None
+      posemb = AddPositionEmbs(dtype=c.dtype, skip=self.unembedded, name='posembed_input')
+      x, real_tokens = posemb(x), None
     else:
       x, real_tokens = GridPositionEmbs(
         self.posemb_grid, self.posemb_resample, name='posembed_input'
@@ -536,6 +616,8 @@ class Encoder(nn.Module):
         fused = hardware.cudnn_attention_applies(c.dtype, x.shape[-1] // c.num_heads)
         c = dataclasses.replace(c, attention='cudnn' if fused else 'xla')
     x = nn.Dropout(c.dropout_rate)(x, deterministic=not train)
+    if self.pre_norm:
+      x = _layer_norm('pre_norm', c.dtype, eps=c.norm_eps)(x)
     num_tokens = x.shape[1]
     implementation = resolve_attention(
       c.attention,
@@ -548,6 +630,10 @@ class Encoder(nn.Module):
       x = jnp.pad(x, ((0, 0), (0, 1), (0, 0)))
       if real_tokens is None:
         real_tokens = jnp.full((x.shape[0],), num_tokens, jnp.int32)
+    rope = None
+    if self.rotary is not None:
+      sin, cos = rotary.tables(grid, self.rotary, x.shape[-1] // c.num_heads)
+      rope = rotary.padded(sin, cos, num_tokens - len(sin), x.shape[1])
     block_cls = _ScannedBlock if self.scan else Encoder1DBlock
     if self.remat:
       # static_argnums=(2,): `deterministic` is a Python bool, not traced.
@@ -564,20 +650,27 @@ class Encoder(nn.Module):
         in_axes=nn.broadcast,
         length=self.num_layers,
       )
-      x, _ = stack(c, name='encoderblock')(x, not train, real_tokens)
+      x, _ = stack(c, name='encoderblock')(x, not train, real_tokens, rope)
     else:
       for i in range(self.num_layers):
-        x = block_cls(c, name=f'encoderblock_{i}')(x, not train, real_tokens)
+        x = block_cls(c, name=f'encoderblock_{i}')(x, not train, real_tokens, rope)
     if padded:
       x = sharding.constrain(x[:, :num_tokens], ('batch', None, None))
-    return _layer_norm('encoder_norm', c.dtype, c.qkv_and_norm_biases)(x)
+    if not self.final_norm:
+      return x
+    return _layer_norm('encoder_norm', c.dtype, c.qkv_and_norm_biases, c.norm_eps)(x)
 
 
 def encoder(model, posemb_grid=None) -> Encoder:
   """The `Transformer` of `model` (a VisionTransformer, MppViT or NaFlexViT): its `transformer`
   entry, and its attributes of the encoder's options (dtype, attention, fp8, remat,
-  remat_policy, scan, pad_odd); NaFlex's 2D table of `posemb_grid` positions."""
+  remat_policy, scan, pad_odd, no_embed_class, pre_norm, fc_norm, rotary); NaFlex's 2D table
+  of `posemb_grid` positions."""
   block = {k: v for k, v in model.transformer.items() if k != 'num_layers'}
+  unembedded = 0
+  if getattr(model, 'no_embed_class', False):
+    unembedded = model_spec.prefix_tokens(model.classifier, model.num_registers)
+  rotary_grid = getattr(model, 'rotary', None)
   return Encoder(
     model.transformer['num_layers'],
     BlockConfig(dtype=model.dtype, attention=model.attention, fp8=model.fp8, **block),
@@ -587,6 +680,10 @@ def encoder(model, posemb_grid=None) -> Encoder:
     pad_odd=getattr(model, 'pad_odd', None),
     posemb_grid=None if posemb_grid is None else tuple(posemb_grid),
     posemb_resample=getattr(model, 'posemb_resample', 'bilinear'),
+    unembedded=unembedded,
+    pre_norm=getattr(model, 'pre_norm', False),
+    final_norm=not getattr(model, 'fc_norm', False),
+    rotary=None if rotary_grid is None else tuple(rotary_grid),
     name='Transformer',
   )
 
@@ -599,7 +696,14 @@ class VisionTransformer(nn.Module):
   (all tokens for the `unpooled` classifiers).
 
   Attributes mirror the entries of `vit_jax.configs.architectures.MODEL_CONFIGS`, so
-  `VisionTransformer(num_classes=1000, **MODEL_CONFIGS['ViT-B_16'])` works.
+  `VisionTransformer(num_classes=1000, **MODEL_CONFIGS['ViT-B_16'])` works. Beyond the paper,
+  for the families that timm holds (`configs.families`): `no_embed_class` (the class token and
+  registers without position embeddings), `pre_norm` (CLIP: a LayerNorm before the blocks and
+  no patch-embedding bias), `fc_norm` (the LayerNorm after pooling instead of on every token),
+  `rotary` (EVA-02's rotary embeddings, `models.rotary`), the classifier 'token_gap' (a class
+  token in the sequence, the mean of the patches pooled), and `input_mean`/`input_std`: the
+  channel statistics (of pixels in [0, 1]) a family normalises its input with, applied to
+  the [-1, 1] images every model takes as one multiply-add per channel.
   """
 
   num_classes: Optional[int]
@@ -619,27 +723,54 @@ class VisionTransformer(nn.Module):
   num_registers: int = 0  # register tokens (Darcet et al. 2023): `prepend_tokens`
   pad_odd: Optional[bool] = None  # see pads_sequence; None: where attention runs on cuDNN
   fp8: bool = False  # the encoder's dense layers as FP8 products (vit_jax.models.fp8)
+  no_embed_class: bool = False
+  pre_norm: bool = False
+  fc_norm: bool = False
+  rotary: Optional[Tuple[int, int]] = None
+  input_mean: Optional[Tuple[float, ...]] = None
+  input_std: Optional[Tuple[float, ...]] = None
 
   @nn.compact
   def __call__(self, inputs, *, train: bool):
     if self.classifier not in CLASSIFIERS:
       raise ValueError(f'classifier={self.classifier!r}; use one of {CLASSIFIERS}')
-    x = embed_patches(inputs, self.patches, self.hidden_size, self.resnet, self.dtype)
+    inputs = normalise_input(inputs, self.input_mean, self.input_std)
+    x = embed_patches(
+      inputs, self.patches, self.hidden_size, self.resnet, self.dtype, bias=not self.pre_norm
+    )
+    ph, pw = self.patches['size']
+    grid = (inputs.shape[1] // ph, inputs.shape[2] // pw)
     x = prepend_tokens(self, x, self.classifier, self.num_registers)
-    x = encoder(self)(x, train=train)
+    x = encoder(self)(x, train=train, grid=grid)
 
     x = _drop_registers(x, self.num_registers, self.classifier)
     x = _pool(x, self.classifier, self.transformer, self.dtype)
+    if self.fc_norm:
+      eps = self.transformer.get('norm_eps', 1e-6)
+      x = _layer_norm('fc_norm', self.dtype, eps=eps)(x)
     return head(x, self.num_classes, self.representation_size, self.head_bias_init, self.dtype)
 
 
-def embed_patches(images, patches, hidden_size: int, resnet_config, dtype):
+def normalise_input(images, mean, std):
+  """Images in [-1, 1] -> ((x + 1) / 2 - mean) / std per channel, one multiply-add: a family's
+  own input statistics (timm's `pretrained_cfg` mean and std of pixels in [0, 1]). Unchanged
+  when neither is given (the paper's models take [-1, 1]: mean = std = 0.5)."""
+  if mean is None and std is None:
+    return images
+  mean = np.asarray(0.5 if mean is None else mean, np.float64)
+  std = np.asarray(0.5 if std is None else std, np.float64)
+  scale, offset = (0.5 / std).astype(np.float32), ((0.5 - mean) / std).astype(np.float32)
+  return images.astype(jnp.float32) * scale + offset
+
+
+def embed_patches(images, patches, hidden_size: int, resnet_config, dtype, bias: bool = True):
   """Paper 3.1's input, by the calling module's `embedding`: NHWC images -> patch embeddings
-  [n, N, hidden_size] in `dtype`, of the hybrid's ResNet features where `resnet_config` is set."""
+  [n, N, hidden_size] in `dtype`, of the hybrid's ResNet features where `resnet_config` is set;
+  without the projection's bias where `bias` is False (CLIP)."""
   x = images.astype(dtype)
   if resnet_config is not None:
     x = resnet.resnet_stem(x, resnet_config['num_layers'], resnet_config['width_factor'], dtype)
-  return PatchEmbedding(hidden_size, tuple(patches['size']), dtype, name='embedding')(x)
+  return PatchEmbedding(hidden_size, tuple(patches['size']), dtype, bias, name='embedding')(x)
 
 
 def prepend_tokens(module, x, classifier: str, num_registers: int = 0):
@@ -694,6 +825,7 @@ class PatchEmbedding(nn.Module):
   features: int
   patch_size: tuple  # (ph, pw)
   dtype: Dtype = jnp.float32
+  use_bias: bool = True
 
   @nn.compact
   def __call__(self, x):
@@ -702,7 +834,11 @@ class PatchEmbedding(nn.Module):
     c = x.shape[-1] if x.ndim == 4 else x.shape[-1] // (ph * pw)
     shape = (ph, pw, c, self.features)
     kernel = self.param('kernel', nn.initializers.lecun_normal(), shape, jnp.float32)
-    bias = self.param('bias', nn.initializers.zeros, (self.features,), jnp.float32)
+    bias = (
+      self.param('bias', nn.initializers.zeros, (self.features,), jnp.float32)
+      if (self.use_bias)
+      else jnp.zeros((), jnp.float32)
+    )
     if x.ndim == 4:
       n, h, w, _ = x.shape
       gh, gw = h // ph, w // pw
@@ -747,12 +883,21 @@ def _drop_registers(x, num_registers: int, classifier: str):
 
 
 def _pool(x, classifier: str, transformer, dtype):
-  """What the head reads: the class token (paper 3.1), the mean token, the MAP head's output,
-  or every token (the unpooled classifiers)."""
+  """What the head reads: the class token (paper 3.1), the mean token (of the patches alone
+  with 'token_gap'), the MAP head's output, or every token (the unpooled classifiers)."""
   if classifier == 'token':
     return x[:, 0]
   if classifier == 'gap':
     return jnp.mean(x, axis=1)
+  if classifier == 'token_gap':
+    return jnp.mean(x[:, 1:], axis=1)
   if classifier == 'map':
-    return MAPHead(transformer['num_heads'], transformer['mlp_dim'], dtype, name='MAPHead_0')(x)
+    return MAPHead(
+      transformer['num_heads'],
+      transformer['mlp_dim'],
+      dtype,
+      transformer.get('activation', 'gelu_tanh'),
+      transformer.get('norm_eps', 1e-6),
+      name='MAPHead_0',
+    )(x)
   return x

@@ -331,9 +331,7 @@ def spec_of(flat: dict, name: str, what: str) -> ModelSpec:
 def square_grid(num_tokens: int, architecture, what: str) -> int:
   """Patches per side of `num_tokens` position embeddings of `architecture`: its prefix tokens,
   then a square grid; CheckpointError for other counts."""
-  num_prefix = model_spec.prefix_tokens(
-    architecture.classifier, architecture.get('num_registers', 0)
-  )
+  num_prefix = model_spec.embedded_prefix(architecture)
   num_patches = num_tokens - num_prefix
   grid = math.isqrt(max(num_patches, 0))
   if num_patches < 1 or grid * grid != num_patches:
@@ -364,7 +362,8 @@ def match_registers(restored: dict, init: dict, model_config: Mapping) -> tuple:
   first = int(model_spec.has_class_token(model_config.get('classifier', 'token')))
   posemb, fresh = restored[_POSEMB], init[_POSEMB]
   kept = min(old, new)
-  if posemb.ndim == 3:  # 1D position embeddings hold a row per register (2D ones: patches only)
+  if posemb.ndim == 3 and not model_config.get('no_embed_class', False):
+    # 1D position embeddings hold a row per register (2D ones and no_embed_class: patches only)
     rows = [
       posemb[:, : first + kept],
       fresh[:, first + kept : first + new],
@@ -420,9 +419,7 @@ def adapt(
     (flat parameters shaped as `init`, {'kept', 'resized', 'dropped', 're-initialised':
     [what, one line each]}).
   """
-  num_prefix = model_spec.prefix_tokens(
-    model_config.get('classifier', 'token'), model_config.get('num_registers', 0)
-  )
+  num_prefix = model_spec.embedded_prefix(model_config)
   restored, registers = match_registers(restored, init, model_config)
   out = {}
   report = {'kept': [], 'resized': [], 'dropped': [], 're-initialised': []}

@@ -2,8 +2,12 @@
 
 Pre-training: Adam (b1 0.9, b2 0.999), linear warm-up, linear or cosine decay,
 high weight decay, gradient clipping at global norm 1. Fine-tuning: SGD with
-momentum 0.9, cosine decay, clipping at norm 1, no weight decay.
+momentum 0.9, cosine decay, clipping at norm 1, no weight decay. The newer families'
+fine-tunes (BEiT's, EVA-02's) add layer-wise learning-rate decay (Clark et al. 2020):
+`layer_decay`.
 """
+
+import re
 
 import jax
 import jax.numpy as jnp
@@ -32,6 +36,55 @@ def decay_mask(params):
   )
 
 
+_BLOCK = re.compile(r'^encoderblock(_(\d+))?$')
+# Before the blocks: their depth is 0 (the patch embedding, a hybrid's ResNet, the tokens,
+# position embeddings, CLIP's pre-norm); what is neither these nor a block (final norms, heads)
+# is above the last block.
+_EMBEDDING = re.compile(
+  r'^(embedding|cls|registers|posembed_input|pre_norm|conv_root|gn_root|block\d+)$'
+)
+
+
+def _depths(params):
+  """(the number of blocks L, depth(path, leaf)): 0 for the embeddings, i + 1 for block i (an
+  array over a scanned stack's leading axis), L + 1 for the rest."""
+  keys = lambda path: [getattr(k, 'key', None) for k in path]  # noqa: E731
+  blocks = 0
+  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+    for key in keys(path):
+      match = _BLOCK.match(str(key))
+      if match:
+        blocks = max(blocks, int(match.group(2)) + 1 if match.group(2) else leaf.shape[0])
+
+  def depth(path, leaf):
+    names = [str(k) for k in keys(path)]
+    for name in names:
+      match = _BLOCK.match(name)
+      if match and match.group(2):
+        return int(match.group(2)) + 1
+      if match:  # scanned: the stack's leading axis is the block
+        return jnp.arange(1, leaf.shape[0] + 1).reshape((-1,) + (1,) * (leaf.ndim - 1))
+    return 0 if any(_EMBEDDING.match(name) for name in names) else blocks + 1
+
+  return blocks, depth
+
+
+def layer_decay(rate: float) -> optax.GradientTransformation:
+  """Scales each parameter's update by rate ** (L + 1 - depth) (`_depths`): the head by 1,
+  block i by rate ** (L - i), the embeddings by rate ** (L + 1)."""
+
+  def update(updates, state, params=None):
+    blocks, depth = _depths(updates)
+
+    def scaled(path, u):
+      factor = jnp.power(jnp.float32(rate), blocks + 1 - depth(path, u))
+      return u * factor.astype(u.dtype)
+
+    return jax.tree_util.tree_map_with_path(scaled, updates), state
+
+  return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
 def make_optimizer(config):
   """The optimizer named by `config.optimizer`, with clipping and weight decay.
 
@@ -52,5 +105,7 @@ def make_optimizer(config):
   if config.weight_decay:
     mask = {'kernels': decay_mask, 'all': None}[config.weight_decay_on]
     parts.append(optax.add_decayed_weights(config.weight_decay, mask=mask))
+  if config.layer_decay != 1.0:  # the decay's step too, as a lower learning rate would
+    parts.append(layer_decay(config.layer_decay))
   parts.append(optax.scale_by_learning_rate(schedule))
   return optax.chain(*parts), schedule

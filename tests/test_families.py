@@ -1,0 +1,443 @@
+"""The newer ViT families (`configs.families`: DINOv2, DINOv2 with registers, DeiT III, SigLIP,
+CLIP, EVA-02) against timm itself, both ways.
+
+Each family's model is built by `timm.create_model(name, pretrained=False)` at a test size
+(width 24, depth 2, 3 heads, a 3x3 patch grid), every parameter drawn anew: imported, our
+logits and pre-logits features equal timm's; our random parameters exported, timm's model of
+that name loads them strictly and gives ours. timm takes the family's normalised input, ours
+the [-1, 1] images every model here takes (the family's mean and std applied in the model).
+"""
+
+import functools
+import json
+
+from conftest import param_shapes
+import jax
+import ml_collections
+import numpy as np
+import pytest
+
+from vit_jax import checkpoint
+from vit_jax import models
+from vit_jax.configs import ConfigError
+from vit_jax.configs import architectures
+from vit_jax.configs import common
+from vit_jax.configs import families
+from vit_jax.configs import model_spec
+from vit_jax.core import sharding
+from vit_jax.data import on_device
+from vit_jax.data.readers import builtin
+from vit_jax.interop import export as export_lib
+from vit_jax.interop import timm as interop_timm
+from vit_jax.interop import torch_layout
+from vit_jax.models import vit
+from vit_jax.models import vit_checkpoint
+from vit_jax.training import optim
+from vit_jax.training import steps
+
+torch = pytest.importorskip('torch')
+safetensors = pytest.importorskip('safetensors')
+safetensors_torch = pytest.importorskip('safetensors.torch')
+try:
+  import timm
+except ImportError:
+  timm = None  # CPU-only machines install it apart (README: Set-up)
+needs_timm = pytest.mark.skipif(timm is None, reason='timm is not installed (README: Set-up)')
+
+BOUND = 2e-6  # relative, on logits and on pre-logits features
+GRID = 3
+SIZES = {'embed_dim': 24, 'depth': 2, 'num_heads': 3}
+
+# One model of each family (and both of EVA-02's layouts in timm).
+CASES = (
+  'vit_base_patch14_dinov2',
+  'vit_base_patch14_reg4_dinov2',
+  'deit3_base_patch16_224',
+  'vit_base_patch16_siglip_224',
+  'vit_base_patch16_clip_224',
+  'vit_base_patch16_clip_quickgelu_224',
+  'eva02_tiny_patch14_224',
+  'eva02_base_patch14_224',
+)
+
+
+def timm_model(name, seed=0):
+  """timm's model `name` at the test size, every parameter random (norm scales and LayerScale
+  gammas near 1, so that each part of the model shows in its output)."""
+  patch = architectures.MODEL_CONFIGS[name].patches.size[0]
+  model = timm.create_model(
+    name, pretrained=False, img_size=GRID * patch, num_classes=5, **SIZES
+  ).eval()
+  generator = torch.Generator().manual_seed(seed)
+  with torch.no_grad():
+    for key, p in model.named_parameters():
+      module = key.rsplit('.', 2)[-2] if key.count('.') else ''
+      near_one = key.endswith('gamma') or ('norm' in module and key.endswith('weight'))
+      p.copy_(0.1 * torch.randn(p.shape, generator=generator) + near_one)
+  return model
+
+
+def our_config(name, model):
+  """The registry entry of `name` at the test size of timm's `model`."""
+  config = architectures.MODEL_CONFIGS[name]
+  config.hidden_size = SIZES['embed_dim']
+  fc2 = model.blocks[0].mlp.fc2.weight
+  config.transformer.update(
+    num_layers=SIZES['depth'], num_heads=SIZES['num_heads'], mlp_dim=int(fc2.shape[1])
+  )
+  return config
+
+
+def images(size, n=2, seed=1):
+  return np.random.default_rng(seed).uniform(-1, 1, (n, size, size, 3)).astype(np.float32)
+
+
+def timm_input(x, config):
+  """Our [-1, 1] images as the family's timm model takes them: (pixel - mean) / std."""
+  mean = np.asarray(config.get('input_mean') or 0.5, np.float64)
+  std = np.asarray(config.get('input_std') or 0.5, np.float64)
+  normalised = (((x.astype(np.float64) + 1) / 2 - mean) / std).astype(np.float32)
+  return torch.from_numpy(np.ascontiguousarray(normalised.transpose(0, 3, 1, 2)))
+
+
+def theirs(model, x, config):
+  """(logits, pre-logits features) of timm's model."""
+  with torch.no_grad():
+    features = model.forward_head(model.forward_features(timm_input(x, config)), pre_logits=True)
+    return model.head(features).numpy(), features.numpy()
+
+
+def ours(config, flat, x):
+  """(logits, pre-logits features) of our model."""
+  with_head = models.VisionTransformer(num_classes=5, **config)
+  features = models.VisionTransformer(num_classes=None, **config)
+  no_head = {k: v for k, v in flat.items() if not k.startswith('head/')}
+  return (
+    np.asarray(with_head.apply({'params': checkpoint.unflatten(flat)}, x, train=False)),
+    np.asarray(features.apply({'params': checkpoint.unflatten(no_head)}, x, train=False)),
+  )
+
+
+def relative_error(a, b):
+  return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+
+
+def random_flat(config, size, seed=0):
+  shapes = checkpoint.flatten(param_shapes(config, 5, size))
+  rng = np.random.default_rng(seed)
+  return {
+    k: (0.1 * rng.normal(size=v.shape) + k.endswith(('/scale', 'ls1/gamma', 'ls2/gamma'))).astype(
+      np.float32
+    )
+    for k, v in shapes.items()
+  }
+
+
+def test_every_family_model_is_named_as_in_timm():
+  if timm is None:
+    pytest.skip('timm is not installed (README: Set-up)')
+  assert set(families.MODELS) <= set(timm.list_models())
+  for name in families.MODELS:
+    assert architectures.MODEL_CONFIGS[name].model_name == name
+
+
+@needs_timm
+@pytest.mark.parametrize('name', CASES)
+def test_family_imports_from_and_exports_to_timm_with_its_outputs(name):
+  model = timm_model(name)
+  config = our_config(name, model)
+  size = GRID * config.patches.size[0]
+  x = images(size)
+  # timm -> ours.
+  state = {k: v.numpy() for k, v in model.state_dict().items()}
+  flat = interop_timm.from_timm(state, our_config(name, model), 'timm state')
+  logits, features = theirs(model, x, config)
+  assert np.abs(logits).max() > 0.1 and np.abs(features).max() > 0.1
+  our_logits, our_features = ours(config, flat, x)
+  assert relative_error(our_logits, logits) <= BOUND, 'logits, imported'
+  assert relative_error(our_features, features) <= BOUND, 'pre-logits, imported'
+  # ours -> timm: timm's own model of the name loads the export strictly.
+  flat = random_flat(config, size, seed=2)
+  exported = timm.create_model(name, pretrained=False, img_size=size, num_classes=5, **SIZES).eval()
+  state = interop_timm.to_timm(flat, config)
+  exported.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()}, strict=True)
+  logits, features = theirs(exported, x, config)
+  our_logits, our_features = ours(config, flat, x)
+  assert relative_error(logits, our_logits) <= BOUND, 'logits, exported'
+  assert relative_error(features, our_features) <= BOUND, 'pre-logits, exported'
+
+
+# The smallest model of each family, and EVA-02's other layout, in the fast tier; the rest
+# (seconds of tracing each) are slow.
+_COUNTED_FAST = (
+  'vit_small_patch14_dinov2',
+  'vit_small_patch14_reg4_dinov2',
+  'deit3_small_patch16_224',
+  'vit_base_patch16_siglip_224',
+  'vit_base_patch32_clip_224',
+  'eva02_tiny_patch14_224',
+)
+
+
+@needs_timm
+@pytest.mark.parametrize(
+  'name',
+  [n if n in _COUNTED_FAST else pytest.param(n, marks=pytest.mark.slow) for n in families.MODELS],
+)
+def test_each_named_model_has_timms_sizes_and_parameter_count(name):
+  """Our registry entry of each timm name against `timm.create_model(name)` on the meta device
+  (no memory): width, depth, heads, the exact parameter count at its resolution, and the name
+  that a file of it is recognised as (`timm.family_name`)."""
+  theirs = timm.create_model(name, pretrained=False, num_classes=1000, device='meta')
+  config = architectures.MODEL_CONFIGS[name]
+  size = theirs.patch_embed.img_size[0]
+  t = config.transformer
+  assert (config.hidden_size, t.num_layers) == (theirs.embed_dim, len(theirs.blocks))
+  assert t.num_heads == theirs.blocks[0].attn.num_heads
+  scanned = models.VisionTransformer(num_classes=1000, scan=True, **config)  # one block traced
+  ours = param_shapes(config, 1000, size, module=scanned)
+  count = sum(int(np.prod(x.shape)) for x in checkpoint.flatten(ours).values())
+  assert count == sum(p.numel() for p in theirs.parameters())
+  # A file of it, without our metadata, is recognised by its tensors; CLIP's two GELUs are
+  # not in the file: one line names both.
+  plain = name.replace('_quickgelu', '')
+  twins = {plain, plain.replace('_clip_', '_clip_quickgelu_')}
+  if len(twins & set(families.MODELS)) < 2:
+    assert interop_timm.family_name(theirs.state_dict(), 'f.safetensors') == name
+    return
+  with pytest.raises(checkpoint.CheckpointError) as e:
+    interop_timm.family_name(theirs.state_dict(), 'f.safetensors')
+  assert str(e.value) == (
+    f'f.safetensors: its tensors fit {" and ".join(sorted(twins))}, which differ in what '
+    'the file does not record (the MLP activation); pass --model naming one'
+  )
+
+
+@needs_timm
+@pytest.mark.parametrize('name', ['vit_small_patch14_reg4_dinov2', 'eva02_tiny_patch14_224'])
+def test_a_timm_file_goes_through_export_and_back_into_timm(tmp_path, name):
+  """A `.safetensors` of timm's model (full width, one block, a 2x2 grid) read as a file
+  (`export.load`: the name from its tensors, depth and layout from the file), and written by
+  `export --format=timm` into a file that `timm.create_model` of the recorded name and
+  keywords loads strictly, giving the first model's logits."""
+  patch = architectures.MODEL_CONFIGS[name].patches.size[0]
+  size = 2 * patch
+  model = timm.create_model(name, pretrained=False, img_size=size, num_classes=5, depth=1).eval()
+  generator = torch.Generator().manual_seed(0)
+  with torch.no_grad():
+    for p in model.parameters():
+      p.add_(0.05 * torch.randn(p.shape, generator=generator))
+  source = tmp_path / 'timm.safetensors'
+  safetensors_torch.save_file({k: v.contiguous() for k, v in model.state_dict().items()}, source)
+  x = images(size)
+  logits, _ = theirs(model, x, architectures.MODEL_CONFIGS[name])
+  loaded = export_lib.load(str(source)).loaded  # the name from its tensors (family_name)
+  assert loaded.config.model_name == name
+  ours_logits = np.asarray(loaded.model.apply({'params': loaded.params}, x, train=False))
+  assert relative_error(ours_logits, logits) <= BOUND
+  out = tmp_path / 'back.safetensors'
+  notes = export_lib.export(str(source), 'timm', str(out))
+  assert any(f"timm.create_model('{name}'" in note for note in notes), notes
+  with safetensors.safe_open(str(out), 'pt') as f:
+    meta = f.metadata()
+  assert meta['timm_model'] == name and json.loads(meta['timm_kwargs'])['depth'] == 1
+  again = timm.create_model(meta['timm_model'], **json.loads(meta['timm_kwargs'])).eval()
+  again.load_state_dict(safetensors_torch.load_file(str(out)), strict=True)
+  back, _ = theirs(again, x, architectures.MODEL_CONFIGS[name])
+  assert relative_error(back, logits) <= BOUND
+  # transformers' ViT and our ONNX module are the paper's: refused in one line, nothing written.
+  with pytest.raises(torch_layout.ExportError) as e:
+    export_lib.export(str(source), 'hf', str(tmp_path / 'hf'))
+  assert str(e.value).endswith(
+    'that the hf export does not write; use --format=timm, npz or savedmodel'
+  )
+  assert not (tmp_path / 'hf').exists()
+
+
+# One model of each family fine-tuned; EVA-02 as its B (q/k/v apart, the MLP's LayerNorm).
+_FINE_TUNED = (
+  'vit_base_patch14_dinov2',
+  'vit_base_patch14_reg4_dinov2',
+  'deit3_base_patch16_224',
+  'vit_base_patch16_siglip_224',
+  'vit_base_patch16_clip_224',
+  'eva02_base_patch14_224',
+)
+
+
+@needs_timm
+@pytest.mark.parametrize('name', _FINE_TUNED)
+def test_a_family_fine_tunes_from_a_timm_model_on_the_digits(name):
+  """Fine-tuning as the trainer steps (`steps.train_step`, SGD, layer-wise decay 0.75): the
+  backbone imported from timm's model of the name (test size), a fresh zero head of 10
+  classes, 30 steps over 4 batches of 32 digits at 3x3 patches. The loss of the last 5 steps
+  is under 75% of the first 5's (from ln 10 = 2.30: the head starts at zero)."""
+  model = timm_model(name)
+  spec_config = our_config(name, model)
+  size = GRID * spec_config.patches.size[0]
+  flat = interop_timm.from_timm(
+    {k: v.numpy() for k, v in model.state_dict().items()}, our_config(name, model), 'timm'
+  )
+  config = common.get_config()
+  config.unlock()
+  config.update(
+    model=name,
+    pp={**config.pp.to_dict(), 'crop': size},
+    batch=32,
+    total_steps=30,
+    warmup_steps=3,
+    optimizer='sgd',
+    base_lr=0.3,
+    decay_type='cosine',
+    layer_decay=0.75,
+  )
+  spec = model_spec.ModelSpec(ml_collections.FrozenConfigDict(spec_config), size)
+  task = steps.make_task(config, 10, multi_label=False, spec=spec)
+  tx, schedule = optim.make_optimizer(config)
+  backbone = checkpoint.unflatten({k: v for k, v in flat.items() if not k.startswith('head/')})
+
+  def init(rng):  # a fresh model's state (its zero head), the backbone timm's
+    state = steps.init_state(rng, model=task.model, tx=tx, image_size=size, ema=False)
+    return state.replace(params={**state.params, **backbone})
+
+  with jax.set_mesh(sharding.make_mesh()):
+    state = jax.jit(init)(jax.random.PRNGKey(0))
+  step = jax.jit(
+    functools.partial(steps.train_step, task=task, tx=tx, schedule=schedule, config=config)
+  )
+  pixels, labels = builtin.load_digits()
+  pixels = np.kron(pixels, np.ones((1, -(-size // 8), -(-size // 8), 1), np.uint8))[:, :size, :size]
+  losses = []
+  with jax.set_mesh(sharding.make_mesh()):
+    for i in range(30):
+      idx = np.arange(32 * i, 32 * (i + 1)) % 128  # 4 batches, seen 7 times and a half
+      state, metrics = step(state, {'image': pixels[idx], 'label': labels[idx]})
+      losses.append(float(metrics['loss']))
+  assert np.mean(losses[:5]) == pytest.approx(np.log(10), rel=0.05)
+  assert np.mean(losses[-5:]) < 0.75 * np.mean(losses[:5]), losses
+
+
+@needs_timm
+@pytest.mark.parametrize('name', ['vit_base_patch14_reg4_dinov2', 'eva02_tiny_patch14_224'])
+def test_a_new_resolution_resizes_as_timm_does_in_the_familys_layout(name):
+  """Fine-tuning at 4x4 patches from a 3x3 checkpoint (`vit_checkpoint.adapt`, timm's
+  'bicubic_antialias'): the position rows of the patches alone (DINOv2-reg: the prefix has
+  none; EVA-02: the class token's row kept) resized as timm's `resample_abs_pos_embed`, and
+  the model at the new grid (EVA-02's rotary angles at the new grid, on the same reference)
+  gives the logits of timm's model built at that size with those weights."""
+  from timm.layers import resample_abs_pos_embed
+
+  model = timm_model(name)
+  config = our_config(name, model)
+  patch = config.patches.size[0]
+  state = {k: v.numpy() for k, v in model.state_dict().items()}
+  restored = interop_timm.from_timm(state, our_config(name, model), 'timm state')
+  init = random_flat(config, 4 * patch)
+  adapted, _ = vit_checkpoint.adapt(restored, init, config, 'bicubic_antialias', 'timm')
+  prefix = 0 if config.get('no_embed_class') else 1
+  resized = resample_abs_pos_embed(
+    model.pos_embed.detach(), (4, 4), (3, 3), num_prefix_tokens=prefix, antialias=True
+  ).numpy()
+  posemb = adapted['Transformer/posembed_input/pos_embedding']
+  np.testing.assert_allclose(posemb, resized, atol=1e-6)
+  bigger = timm.create_model(name, pretrained=False, img_size=4 * patch, num_classes=5, **SIZES)
+  bigger.load_state_dict(
+    {k: torch.from_numpy(v) for k, v in interop_timm.to_timm(adapted, config).items()}, strict=True
+  )
+  x = images(4 * patch)
+  logits, _ = theirs(bigger.eval(), x, config)
+  assert relative_error(ours(config, adapted, x)[0], logits) <= BOUND
+
+
+def test_the_docs_table_of_families_is_the_registrys():
+  import os
+
+  docs = open(os.path.join(os.path.dirname(__file__), '..', 'docs', 'checkpoints_and_export.md'))
+  assert families.markdown_table() in docs.read()
+
+
+@needs_timm
+def test_a_file_of_the_papers_vit_is_no_familys():
+  vit = timm.create_model('vit_base_patch16_224', pretrained=False, device='meta').state_dict()
+  assert interop_timm.family_name(vit, 'f.safetensors') is None  # --model names it
+
+
+def test_a_familys_input_statistics_are_one_pass_over_the_pixels():
+  """CLIP's mean and std: the model applies ((x + 1) / 2 - mean) / std to its [-1, 1] input,
+  which equals the statistics applied to the pixels in float64 within 2e-6; compiled with the
+  devices' uint8 -> [-1, 1] step (`on_device.normalise`), one fusion reads the pixels (the
+  two scalings and the patch layout in one pass; no gather, no table)."""
+  config = architectures.MODEL_CONFIGS['vit_base_patch16_clip_224']
+  mean, std = (np.asarray(s, np.float64) for s in families.input_statistics('clip'))
+  pixels = np.random.default_rng(0).integers(0, 256, (2, 32, 32, 3), np.uint8)
+  x = on_device.normalise(pixels)
+  ours = vit.normalise_input(x, config.input_mean, config.input_std)
+  exact = (pixels / 255.0 - mean) / std
+  np.testing.assert_allclose(np.asarray(ours), exact, atol=2e-6 * np.abs(exact).max())
+  config.hidden_size = 24
+  config.transformer.update(num_layers=1, num_heads=3, mlp_dim=48)
+  model = models.VisionTransformer(num_classes=5, **config)
+  params = jax.eval_shape(  # shapes suffice to compile
+    lambda: model.init(jax.random.key(0), np.zeros((1, 32, 32, 3), np.float32), train=False)
+  )
+  apply = jax.jit(lambda p, x: model.apply(p, on_device.normalise(x), train=False))
+  hlo = apply.lower(params, pixels).compile().as_text()
+  assert 'gather' not in hlo
+  readers = [c for c in hlo.split('\n\n') if 'u8[2,32,32,3]' in c and c.startswith('%fused')]
+  assert len(readers) == 1 and 'multiply(' in readers[0] and 'add(' in readers[0], readers
+
+
+def test_naflex_and_masked_patch_prediction_refuse_a_familys_options():
+  config = common.get_config()
+  config.unlock()
+  config.update(model='vit_base_patch16_clip_224', naflex_tokens=(64,))
+  config.pp.crop = 224
+  with pytest.raises(ConfigError) as e:
+    model_spec.ModelSpec.of(config)
+  assert str(e.value) == (
+    'vit_base_patch16_clip_224 sets pre_norm, input_mean, input_std, which NaFlex '
+    "(naflex_tokens) does not build (its model is the paper's ViT and registers); fine-tune it "
+    'as a ViT, or pick a model without them'
+  )
+  config.update(model='deit3_small_patch16_224', naflex_tokens=(), task='mpp')
+  with pytest.raises(ConfigError, match='^deit3_small_patch16_224 sets no_embed_class, input_'):
+    model_spec.ModelSpec.of(config)
+
+
+@needs_timm
+@pytest.mark.slow  # a whole run: 25-30 s on two cores
+def test_a_run_fine_tunes_a_timm_file_and_exports_it_back(tmp_path):
+  """The whole path, as a user takes it, for EVA-02 Ti (full width, one block, 2x2 patches):
+  timm's file -> `export --format=npz` -> a fine-tuning run from it (`pretrained_path`, the
+  head re-initialised for the digits' 10 classes, layer_decay 0.75) whose loss falls by 0.2
+  -> `export --format=timm` of the run, which `timm.create_model` of the recorded name and
+  keywords loads strictly and which gives the run's logits."""
+  from conftest import tiny_run_config
+
+  from vit_jax.evaluation import loader
+  from vit_jax.training import loop
+
+  name = 'eva02_tiny_patch14_224'
+  model = timm.create_model(name, pretrained=False, img_size=28, num_classes=5, depth=1).eval()
+  source = tmp_path / 'timm.safetensors'
+  safetensors_torch.save_file({k: v.contiguous() for k, v in model.state_dict().items()}, source)
+  export_lib.export(str(source), 'npz', str(tmp_path / 'eva.npz'))
+  workdir = str(tmp_path / 'run')
+  overrides = {'model': name, 'depth': 1, 'pp.crop': 28, 'layer_decay': 0.75}
+  overrides.update(total_steps=12, warmup_steps=2, eval_every=12, checkpoint_every=12)
+  config = tiny_run_config(pretrained_path=str(tmp_path / 'eva.npz'), **overrides)
+  loop.train_and_evaluate(config, workdir)
+  logged = [json.loads(line) for line in open(f'{workdir}/metrics.jsonl')]
+  losses = [entry['train_loss'] for entry in logged if 'train_loss' in entry]
+  assert losses[-1] < losses[0] - 0.2, losses
+  out = tmp_path / 'ft.safetensors'
+  export_lib.export(workdir, 'timm', str(out))
+  with safetensors.safe_open(str(out), 'pt') as f:
+    meta = f.metadata()
+  again = timm.create_model(meta['timm_model'], **json.loads(meta['timm_kwargs'])).eval()
+  again.load_state_dict(safetensors_torch.load_file(str(out)), strict=True)
+  run = loader.load_model(workdir)
+  x = images(28)
+  logits, _ = theirs(again, x, architectures.MODEL_CONFIGS[name])
+  ours_logits = np.asarray(run.model.apply({'params': run.params}, x, train=False))
+  assert ours_logits.shape == (2, 10) and relative_error(ours_logits, logits) <= BOUND

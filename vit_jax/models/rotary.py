@@ -1,0 +1,56 @@
+"""2D rotary position embeddings (RoPE; Su et al. 2021) as EVA-02 uses them (Fang et al. 2023).
+
+Each attention head's queries and keys of the patch tokens are rotated, pair of channels by
+pair of channels, by angles that grow with the patch's row (the first half of the pairs) and
+column (the second half): the dot product of a query and a key then depends on their
+positions' difference. The class token and registers are not rotated. EVA-02 measures
+positions on the grid it was pre-trained at (`ref_grid`): a patch of another grid sits at
+its scaled position, so a new resolution needs no resizing of anything. Nothing here is a
+parameter: the angles are a fixed function of the grid, as timm's `RotaryEmbeddingCat` with
+`in_pixels=False` and `ref_feat_shape` computes them.
+"""
+
+from typing import Tuple
+
+import jax.numpy as jnp
+import numpy as np
+
+TEMPERATURE = 10000.0  # the frequencies' base, as the language models' RoPE
+
+
+def tables(grid: Tuple[int, int], ref_grid: Tuple[int, int], head_dim: int):
+  """(sin, cos) float32 [rows * columns, head_dim] of the patches of `grid` in row order: for
+  each channel pair, the sine and cosine of its angle, repeated over the pair's two channels."""
+  if head_dim % 4:
+    raise ValueError(f'rotary embeddings need a head width divisible by 4, not {head_dim}')
+  bands = head_dim // 4  # per axis: half of a head's channel pairs
+  frequencies = 1.0 / TEMPERATURE ** (np.arange(bands, dtype=np.float32) / np.float32(bands))
+  axes = [
+    np.arange(size, dtype=np.float32) / np.float32(size) * np.float32(ref)
+    for size, ref in zip(grid, ref_grid)
+  ]
+  rows, cols = np.meshgrid(*axes, indexing='ij')
+  angles = np.concatenate(
+    [rows.reshape(-1, 1) * frequencies, cols.reshape(-1, 1) * frequencies], axis=1
+  )  # [N, head_dim / 2]: the row's bands, then the column's
+  angles = np.repeat(angles, 2, axis=1)  # each pair's two channels share its angle
+  return np.sin(angles).astype(np.float32), np.cos(angles).astype(np.float32)
+
+
+def padded(sin, cos, first: int, length: int):
+  """(sin, cos) [length, head_dim] for a sequence whose patches start at `first`: the other
+  tokens (class token, registers, padding) get the angle 0, which leaves them as they are."""
+  after = length - first - sin.shape[0]
+  pad = lambda t, value: np.pad(t, ((first, after), (0, 0)), constant_values=value)  # noqa: E731
+  return pad(sin, 0.0), pad(cos, 1.0)
+
+
+def rotate(y, sin, cos, layout: str):
+  """Queries or keys `y` in `layout` ('bnhk' or 'bhnk') rotated by their tokens' angles
+  ([tokens, head_dim], `padded`): each channel pair (a, b) -> (a cos - b sin, b cos + a sin)."""
+  shape = (-1, 1, y.shape[-1]) if layout == 'bnhk' else (-1, y.shape[-1])
+  sin = jnp.asarray(sin).reshape(shape).astype(y.dtype)
+  cos = jnp.asarray(cos).reshape(shape).astype(y.dtype)
+  pairs = y.reshape(*y.shape[:-1], -1, 2)
+  swapped = jnp.stack([-pairs[..., 1], pairs[..., 0]], axis=-1).reshape(y.shape)
+  return y * cos + swapped * sin
