@@ -103,9 +103,21 @@ def step_time() -> dict:
   ]  # fmt: skip
   runs = [
     subprocess.Popen(
-      [sys.executable, '-m', 'vit_jax.main', f'--workdir={workdir}', *flags,
-       f'--coordinator_address={address}', '--num_processes=2', f'--process_id={i}'],
-      env=_env(), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+      [
+        sys.executable,
+        '-m',
+        'vit_jax.main',
+        f'--workdir={workdir}',
+        *flags,
+        f'--coordinator_address={address}',
+        '--num_processes=2',
+        f'--process_id={i}',
+      ],
+      env=_env(),
+      cwd=ROOT,
+      stdout=subprocess.DEVNULL,
+      stderr=subprocess.PIPE,
+      text=True,
     )  # fmt: skip
     for i in range(2)
   ]

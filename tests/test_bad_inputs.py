@@ -207,7 +207,9 @@ def test_every_image_mode_gives_the_evaluation_pixels_in_predict_and_analyze(nam
   # The floats: the host's scaling, within its stated bound of the device's.
   analysed = analyze._readable([path], SIZE, [])[1][0]
   np.testing.assert_array_equal(analysed, classify.read_image(path, SIZE))
-  assert np.abs(analysed - np.asarray(on_device.normalise(same[0]))).max() <= on_device.MAX_DIFFERENCE
+  assert (
+    np.abs(analysed - np.asarray(on_device.normalise(same[0]))).max() <= on_device.MAX_DIFFERENCE
+  )
 
 
 def test_a_16_bit_digit_is_the_8_bit_digit_and_exif_is_not_applied(mode_folder):

@@ -212,7 +212,7 @@ _SAME_PROGRAM = textwrap.dedent("""
   mesh = sharding.make_mesh(config.mesh.fsdp)
   with jax.set_mesh(mesh):
     # As the trainer does: real state, a real batch from the input pipeline.
-    run = loop.set_up(config, tempfile.mkdtemp(), mesh)
+    run = loop.set_up(config, tempfile.mkdtemp(), mesh, program.validate(config, mesh.size))
     state = loop.restore_or_initialize(run)[0]
     batch = next(pipeline.make_train_iterator(config, run.program.batch_sharding, raw=True))
     eval_batch = next(pipeline.make_eval_iterator(config, run.program.batch_sharding, raw=True))

@@ -190,6 +190,7 @@ import json, sys
 sys.modules['tensorflow'] = None  # as if not installed: `import tensorflow` fails
 sys.modules['tensorflow_datasets'] = None
 import numpy as np
+from vit_jax.configs.data import add_data_config, data_config
 from vit_jax.data import pipeline
 from vit_jax.data.readers import shards
 from vit_jax.training import loop  # noqa: F401  (the trainer imports)

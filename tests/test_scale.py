@@ -131,7 +131,7 @@ def test_a_scanned_run_checkpoints_encoderblocks_and_resumes_either_way(tmp_path
     config = _tiny_run_config(scan_layers=scan, total_steps=3)
     mesh = program.make_mesh(config)
     with jax.set_mesh(mesh):
-      run = loop.set_up(config, workdir, mesh)
+      run = loop.set_up(config, workdir, mesh, program.validate(config, mesh.size))
       state = loop.restore_or_initialize(run)[0]
       run.manager.close()
     assert int(state.step) == 2

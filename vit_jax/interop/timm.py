@@ -18,6 +18,7 @@ files), so a checkpoint with `pre_logits` exports as timm's features-only
 model (no head), like timm's own `*.orig_in21k` weights.
 """
 
+import dataclasses
 import functools
 import math
 import re
@@ -29,6 +30,7 @@ import numpy as np
 from vit_jax import checkpoint
 from vit_jax.configs import families
 from vit_jax.configs import model_spec
+from vit_jax.models import vit
 from vit_jax.interop import torch_layout
 
 # Released architectures -> timm's names (without the `_<resolution>` suffix).
@@ -135,9 +137,14 @@ def registered_name(config, image_size: int) -> Optional[str]:
   if name not in TIMM_NAMES:
     return None
   released = model_spec.registered(name)
+  # A loaded checkpoint's `transformer` also names the block options its parameters show; the
+  # released entry leaves them at the blocks' defaults.
+  blocks = {f.name: f.default for f in dataclasses.fields(vit.BlockConfig)}
+  extra = {k: blocks[k] for k in (config.get('transformer') or {}) if k in blocks}
+  released.transformer = {**extra, **released.transformer}
   for field in ('hidden_size', 'patches', 'transformer', 'resnet'):
     if _frozen(config.get(field)) != _frozen(released.get(field)):
-      return None  # same name, other sizes (a shrunk test model)
+      return None  # same name, other sizes or block options (a shrunk test model)
   base = TIMM_NAMES[name]
   return f'{base}_384' if image_size == 384 and base in TIMM_384 else f'{base}_224'
 
