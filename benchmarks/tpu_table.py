@@ -142,20 +142,20 @@ def markdown() -> str:
   """The docs' tables, from the records written so far: pre-training on v3, fine-tuning, newer chips."""
   columns = (
     '| run | slice | HBM per device | fitting overrides | step time (lower bound) '
-    '| img/s (upper bound) | MFU (upper bound) | {cost} |{extra}'
+    '| img/s (upper bound) | MFU (upper bound) | {cost} |{extra} compiled |'
   )
   tables = {
     'v3': [
       columns.format(cost='TPUv3-core-days (lower bound)', extra=' paper Table 2 |'),
-      '|---|---|---:|---|---:|---:|---:|---:|---:|',
+      '|---|---|---:|---|---:|---:|---:|---:|---:|---|',
     ],
     'finetune': [
       columns.format(cost='chip-hours for the run (lower bound)', extra=''),
-      '|---|---|---:|---|---:|---:|---:|---:|',
+      '|---|---|---:|---|---:|---:|---:|---:|---|',
     ],
     'newer': [
       columns.format(cost='img/s per chip (upper bound)', extra=''),
-      '|---|---|---:|---|---:|---:|---:|---:|',
+      '|---|---|---:|---|---:|---:|---:|---:|---|',
     ],
   }
   for name, config, topology, extra in ENTRIES:
@@ -169,7 +169,7 @@ def markdown() -> str:
     if not r['fits']:
       tables[table].append(
         f'| {run} | {topology} | does not fit: {r["hbm_bytes_per_device"] / 2**30:.2f} GiB needed '
-        f'| none found | | | | |' + (' |' if table == 'v3' else '')
+        f'| none found | | | | |' + (' |' if table == 'v3' else '') + f' {_compiled(r)} |'
       )
       continue
     roofline = r['step_seconds_estimate'] is None
@@ -190,9 +190,36 @@ def markdown() -> str:
       f'| {run} | {topology} | {r["hbm_bytes_per_device"] / 2**30:.2f} GiB '
       f'| {" ".join(r.get("overrides") or []) or "none"} | {r["step_seconds_estimate"]:.3f} s'
       f'{" (roofline)" if roofline else ""} '
-      f'| {r["img_per_sec_estimate"]:,.0f} | {_mfu(r)} | {cost} |'
+      f'| {r["img_per_sec_estimate"]:,.0f} | {_mfu(r)} | {cost} | {_compiled(r)} |'
     )
   return '\n\n'.join('\n'.join(rows) for rows in tables.values() if len(rows) > 2)
+
+
+def _compiled(record) -> str:
+  """When and at which commit a record was compiled (`made`; `stamp` for the older records)."""
+  made = record.get('made') or {}
+  return f'{made.get("date", "")} `{made.get("commit", "")}`' if made else ''
+
+
+def stamp(path: str, command: str) -> bool:
+  """Gives a record compiled before records said what made them a `made`: the compile command,
+  and the commit that last wrote the file and its date (the code it was compiled with is that
+  commit's or older). False if it has one."""
+  with open(path, encoding='utf-8') as f:
+    record = json.load(f)
+  if record.get('made'):
+    return False
+  git = ['git', 'log', '-1', '--format=%h %cs', '--', os.path.relpath(path, ROOT)]
+  commit, date = subprocess.run(git, cwd=ROOT, capture_output=True, text=True).stdout.split()
+  record['made'] = {
+    'command': command,
+    'date': date,
+    'commit': commit,
+    'stamped': 'not recorded when compiled: the commit that last wrote this record, and its date',
+  }
+  with open(path, 'w', encoding='utf-8') as f:
+    json.dump(record, f, indent=1)
+  return True
 
 
 def giant_markdown() -> str:
@@ -206,8 +233,8 @@ def giant_markdown() -> str:
   """
   rows = [
     '| run | slice | mesh (data x fsdp x model) | batch (micro-batches) | HBM per chip | compute '
-    'at peak | communication (lower bound) | MFU if not overlapped | compiler step time |',
-    '|---|---|---|---:|---:|---:|---:|---:|---|',
+    'at peak | communication (lower bound) | MFU if not overlapped | compiler step time | compiled |',
+    '|---|---|---|---:|---:|---:|---:|---:|---|---|',
   ]
   for name, config, topology, _ in GIANT_ENTRIES:
     path = os.path.join(ROOT, 'benchmarks', 'tpu', f'{name}.json')
@@ -226,7 +253,7 @@ def giant_markdown() -> str:
       f'{m["model"]} | {r["batch"]:,} ({r["accum_steps"]}) '
       f'| {r["hbm_bytes_per_device"] / 2**30:.2f} of {r["hbm_capacity_bytes"] / 2**30:.2f} GiB'
       f'{"" if r["fits"] else " (does not fit)"} | {compute:.2f} s | {comm:.2f} s '
-      f'| {compute / (compute + comm):.2f} | {step} |'
+      f'| {compute / (compute + comm):.2f} | {step} | {_compiled(r)} |'
     )
   return '\n'.join(rows)
 
@@ -267,6 +294,9 @@ def main():
   parser.add_argument(
     '--again', action='store_true', help='compile entries whose record exists too (a new step)'
   )
+  parser.add_argument(
+    '--stamp', action='store_true', help="give records compiled without 'made' their commit"
+  )
   args = parser.parse_args()
   if args.markdown:
     print(markdown() + '\n\n' + giant_markdown())
@@ -275,6 +305,11 @@ def main():
     if args.only and name != args.only:
       continue
     path = os.path.join(ROOT, 'benchmarks', 'tpu', f'{name}.json')
+    if args.stamp:
+      command = f'python -m vit_jax.compile --config={config} --topology={topology} --fit'
+      if os.path.exists(path) and stamp(path, ' '.join([command, *extra])):
+        print('stamped', path)
+      continue
     if os.path.exists(path) and not args.again:
       continue
     compile_entry(name, config, topology, extra, args.max_compiles)
