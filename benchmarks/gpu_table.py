@@ -72,7 +72,7 @@ def _record(name):
 def _row(config, extra, topology, r) -> str:
   run = f'`{config}`' + ''.join(f' `{x}`' for x in extra)
   if 'error' in r:
-    return f'| {run} | {topology} | does not fit: {r["error"]} | | | | | | |'
+    return f'| {run} | {topology} | does not fit: {r["error"]} | | | | | | | | {tpu_table._compiled(r)} |'
   m = r['mesh']
   mesh = f'{m["slice"] * m["data"]} x {m["fsdp"]} x {m["model"]}'
   attention = 'cuDNN' if r['attention']['custom_calls'] else 'XLA'
@@ -83,7 +83,7 @@ def _row(config, extra, topology, r) -> str:
     f'| {mesh} | {r["hbm_bytes_per_device"] / 2**30:.1f} of {r["usable_bytes"] / 2**30:.1f} GiB '
     f'| {attention} | {r["compute_seconds_at_peak"]:.3f} s | {r["comm_seconds_lower_bound"]:.3f} s '
     f'| {seconds:.3f} s | {r["img_per_sec_upper_bound"]:,.0f} '
-    f'| {_hours(hours, extra)} |'
+    f'| {_hours(hours, extra)} | {tpu_table._compiled(r)} |'
   )
 
 
@@ -100,8 +100,8 @@ def markdown() -> str:
   rows = [
     '| run | GPUs | fitting overrides | mesh (data x fsdp x model) | memory per GPU (of usable) '
     '| attention | compute at peak | communication (lower bound) | step time (lower bound) '
-    '| img/s (upper bound) | GPU-hours for the run (lower bound) |',
-    '|---|---|---|---|---:|---|---:|---:|---:|---:|---:|',
+    '| img/s (upper bound) | GPU-hours for the run (lower bound) | compiled |',
+    '|---|---|---|---|---:|---|---:|---:|---:|---:|---:|---|',
   ]
   for name, config, topology, extra in ENTRIES + GIANT_ENTRIES:
     r = _record(name)
@@ -125,6 +125,12 @@ def main():
   parser.add_argument('--only', help='run this entry only')
   parser.add_argument('--max_compiles', type=int, default=3)
   parser.add_argument('--markdown', action='store_true', help='print the table of the records')
+  parser.add_argument(
+    '--again', action='store_true', help='compile entries whose record exists too (a new step)'
+  )
+  parser.add_argument(
+    '--stamp', action='store_true', help="give records compiled without 'made' their commit"
+  )
   args = parser.parse_args()
   if args.markdown:
     print(markdown())
@@ -132,7 +138,13 @@ def main():
   for name, config, topology, extra in ENTRIES + GIANT_ENTRIES:
     if args.only and name != args.only:
       continue
-    if os.path.exists(os.path.join(ROOT, 'benchmarks', 'gpu', f'{name}.json')):
+    path = os.path.join(ROOT, 'benchmarks', 'gpu', f'{name}.json')
+    if args.stamp:
+      command = f'python -m vit_jax.compile --config={config} --topology={topology} --fit'
+      if os.path.exists(path) and tpu_table.stamp(path, ' '.join([command, *extra])):
+        print('stamped', path)
+      continue
+    if os.path.exists(path) and not args.again:
       continue
     compile_entry(name, config, topology, extra, args.max_compiles)
 
