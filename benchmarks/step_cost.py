@@ -3,9 +3,11 @@ r"""The step costs that CI holds (tests/test_step_cost.py), compiled by the comm
   python benchmarks/step_cost.py [--only=NAME] [--reason='why the record moved']
 
 Each entry is `python -m vit_jax.compile` of one of the paper's steps at a size CI
-can afford: the recipe's model, batch per core and classes, two encoder blocks
-deep (a block's cost is the same at any depth; the full depth compiles for
-tens of minutes on a 2-core machine). The record is the command's own JSON
+can afford: the recipe's model, batch per core and classes, one encoder block
+deep on TPU (a block's cost is the same at any depth; the full depth compiles for
+tens of minutes on a 2-core machine, one block in 4) and its evaluation step at
+one image per core (the evaluation compiles apart; the record's memory is the
+train step's). The record is the command's own JSON
 (`--json`) with what made it: the command, the commit, the library versions and
 the reason it was (re)made. A change to the step that moves a figure beyond the
 test's tolerance fails CI until the record is made again by this script, with
@@ -27,11 +29,12 @@ RECORDS = os.path.join(ROOT, 'benchmarks', 'step_cost')
 # on 32 TPUv3 cores, 128 per core) on one v3-8 host: 8 cores x 128; on one H100 the recipe's
 # micro-batch there (4,096 in 8 accumulation steps: benchmarks/gpu/vit_b16_i21k_h100-1.json).
 ENTRIES = {
-  'vit_b16_i21k_v3-8_depth2': [
+  'vit_b16_i21k_v3-8_depth1': [
     '--config=configs/vit_b16.py:imagenet21k',
     '--topology=v3-8',
     '--config.batch=1024',
-    '--config.depth=2',
+    '--config.depth=1',
+    '--config.batch_eval=8',
   ],
   'vit_b16_i21k_h100-1_depth2': [
     '--config=configs/vit_b16.py:imagenet21k',
