@@ -177,8 +177,8 @@ GPU_COMPILER_OPTIONS = {'xla_gpu_enable_triton_gemm': False}
 # gradients crossed in one all-reduce that waited for the whole backward pass, started and
 # finished with nothing to overlap. In 8 MiB buckets (a ViT-B/16 block's gradient is 14 MB in
 # bf16) each starts once its layers' gradients exist, and the latency-hiding scheduler (on by
-# default) runs the backward pass of the layers below under it (tests/test_compile_gpu.py
-# reads the schedule; the record: benchmarks/gpu/overlap_vit_b16_h100-8.json).
+# default) runs the backward pass of the layers below under it (tests/test_compile_gpu.py reads
+# the schedule; benchmarks/gpu/overlap_vit_b16.json, by `python benchmarks/gpu_overlap.py`).
 MULTI_GPU_COMPILER_OPTIONS = {
   'xla_gpu_enable_latency_hiding_scheduler': True,
   'xla_gpu_all_reduce_combine_threshold_bytes': 8 * 2**20,
