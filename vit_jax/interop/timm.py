@@ -30,8 +30,8 @@ import numpy as np
 from vit_jax import checkpoint
 from vit_jax.configs import families
 from vit_jax.configs import model_spec
-from vit_jax.models import vit
 from vit_jax.interop import torch_layout
+from vit_jax.models import vit
 
 # Released architectures -> timm's names (without the `_<resolution>` suffix).
 TIMM_NAMES = {
