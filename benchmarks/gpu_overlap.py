@@ -15,9 +15,9 @@ import argparse
 import datetime
 import json
 import os
-import subprocess
 import sys
-import tempfile
+
+import step_cost  # benchmarks/step_cost.py: the compile command's record
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, 'benchmarks', 'gpu', 'overlap_vit_b16.json')
@@ -30,29 +30,16 @@ XLA_DEFAULTS = (
 
 
 def compile_overlap(topology: str, depth: int, xla_flags: str) -> dict:
-  with tempfile.TemporaryDirectory() as tmp:
-    path = os.path.join(tmp, 'record.json')
-    args = [
-      '--config=configs/vit_b16.py:imagenet21k',
-      f'--topology={topology}',
-      f'--config.depth={depth}',
-      f'--json={path}',
-    ]
-    env = dict(os.environ, XLA_FLAGS=f'{os.environ.get("XLA_FLAGS", "")} {xla_flags}'.strip())
-    result = subprocess.run(
-      [sys.executable, '-m', 'vit_jax.compile', *args],
-      cwd=ROOT,
-      env=env,
-      capture_output=True,
-      text=True,
-    )
-    if result.returncode:
-      raise RuntimeError(result.stderr[-3000:])
-    with open(path, encoding='utf-8') as f:
-      record = json.load(f)
+  args = [
+    '--config=configs/vit_b16.py:imagenet21k',
+    f'--topology={topology}',
+    f'--config.depth={depth}',
+  ]
+  env = dict(os.environ, XLA_FLAGS=f'{os.environ.get("XLA_FLAGS", "")} {xla_flags}'.strip())
+  record = step_cost.compile_record(args, env=env)
   o = record['overlap']
   return {
-    'command': ' '.join(['python -m vit_jax.compile', *args[:-1]]),
+    'command': ' '.join(['python -m vit_jax.compile', *args]),
     'xla_flags': xla_flags,
     **o,
     'share_under_matmuls': o['bytes_under_matmuls'] / max(o['bytes'], 1),
