@@ -73,11 +73,12 @@ def resolve(
   representation_size: Optional[int] = None,
   dropout: Optional[Tuple[float, float]] = None,
   block: Optional[dict] = None,
+  drop_path: float = 0.0,
 ) -> ml_collections.ConfigDict:
   """Registry entry `name` with the given parts changed (None: the entry's own): the depth, the
   patch size (FlexiViT; a number, or (rows, columns)), register tokens, the pre-logits width,
-  (dropout, attention dropout), and the block options (`BLOCK_OPTIONS`; a None value keeps the
-  entry's)."""
+  (dropout, attention dropout), the block options (`BLOCK_OPTIONS`; a None value keeps the
+  entry's) and stochastic depth (`drop_path`, the blocks' `drop_path_rate`)."""
   arch = registered(name)
   if dropout is not None:
     arch.transformer.update(dropout_rate=dropout[0], attention_dropout_rate=dropout[1])
@@ -92,6 +93,8 @@ def resolve(
   for option, value in (block or {}).items():
     if value is not None:
       arch.transformer[option] = value
+  if drop_path:
+    arch.transformer.drop_path_rate = drop_path
   return arch
 
 
@@ -122,6 +125,7 @@ class ModelSpec:
       representation_size=config.representation_size,
       dropout=(config.dropout_rate, config.attention_dropout_rate),
       block=dict(config.block),
+      drop_path=config.get('drop_path_rate', 0.0),
     )
     only = [option for option in VIT_ONLY_OPTIONS if arch.get(option)]
     other = 'NaFlex (naflex_tokens)' if config.naflex_tokens else 'task=mpp'

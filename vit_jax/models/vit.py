@@ -485,6 +485,9 @@ class BlockConfig:
   key_bias: bool = True  # False: no bias in the keys' projection (EVA-02; with rotary
   # embeddings a key bias is rotated per position, so it changes the scores)
   fp8: bool = False  # the dense layers (q/k/v/out, MLP) as FP8 products (models/fp8.py)
+  # Stochastic depth (Huang et al. 2016; DINOv2 trains with it): in training each residual
+  # branch is dropped for an example with this probability, kept ones scaled by 1 / (1 - p).
+  drop_path_rate: float = 0.0
 
 
 def block_options_of(names) -> dict:
@@ -499,6 +502,16 @@ def block_options_of(names) -> dict:
     'key_bias': 'MultiHeadDotProductAttention_1/key/bias' in names
     or 'MultiHeadDotProductAttention_1/query/bias' not in names,
   }
+
+
+def drop_path(module, x, rate: float, deterministic: bool):
+  """`x` [B, ...] with whole examples zeroed with probability `rate` (a key of `module`'s
+  'dropout' stream), the others scaled by 1 / (1 - rate); as it is when `deterministic`."""
+  if deterministic or not rate:
+    return x
+  keep = jax.random.bernoulli(module.make_rng('dropout'), 1.0 - rate, (x.shape[0],))
+  scale = jnp.where(keep, 1.0 / (1.0 - rate), 0.0).astype(x.dtype)
+  return x * scale.reshape((-1,) + (1,) * (x.ndim - 1))
 
 
 class LayerScale(nn.Module):
@@ -556,7 +569,12 @@ class Encoder1DBlock(nn.Module):
       c.norm_eps,
       name='MlpBlock_3',
     )
-    scaled = lambda name, y: y if c.layer_scale is None else LayerScale(c.layer_scale, name=name)(y)
+    scaled = lambda name, y: drop_path(
+      self,
+      y if c.layer_scale is None else LayerScale(c.layer_scale, name=name)(y),
+      c.drop_path_rate,
+      deterministic,
+    )
     x = x + scaled('ls1', nn.Dropout(c.dropout_rate)(attention, deterministic=deterministic))
     if c.parallel_block:  # the MLP reads the same normalised input as attention
       x = x + scaled('ls2', mlp(y, deterministic=deterministic))
@@ -729,9 +747,12 @@ class VisionTransformer(nn.Module):
   rotary: Optional[Tuple[int, int]] = None
   input_mean: Optional[Tuple[float, ...]] = None
   input_std: Optional[Tuple[float, ...]] = None
+  mask_token: bool = False  # a learned `mask_token` that replaces the patches `masks` names
 
   @nn.compact
-  def __call__(self, inputs, *, train: bool):
+  def __call__(self, inputs, *, train: bool, masks=None):
+    """`masks` (bool [B, patches], with `mask_token`): the patch embeddings replaced by the mask
+    token before the learned tokens and position embeddings join them (iBOT, DINOv2)."""
     if self.classifier not in CLASSIFIERS:
       raise ValueError(f'classifier={self.classifier!r}; use one of {CLASSIFIERS}')
     inputs = normalise_input(inputs, self.input_mean, self.input_std)
@@ -740,6 +761,10 @@ class VisionTransformer(nn.Module):
     )
     ph, pw = self.patches['size']
     grid = (inputs.shape[1] // ph, inputs.shape[2] // pw)
+    if self.mask_token:
+      token = self.param('mask_token', nn.initializers.zeros, (1, 1, x.shape[-1]), jnp.float32)
+      if masks is not None:
+        x = jnp.where(masks[..., None], token.astype(x.dtype), x)
     x = prepend_tokens(self, x, self.classifier, self.num_registers)
     x = encoder(self)(x, train=train, grid=grid)
 
