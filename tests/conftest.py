@@ -316,3 +316,16 @@ def fake_tfds_dataset(data_dir, name, features, example, splits, file_format='ar
   builder = builder_class(data_dir=str(data_dir), file_format=file_format)
   builder.download_and_prepare()
   return builder
+
+
+@pytest.fixture(scope='session')
+def torch_process_group(tmp_path_factory):
+  """A one-process gloo group of torch.distributed: DINOv2's reference losses all-reduce (its
+  iBOT Sinkhorn-Knopp even without a group)."""
+  dist = pytest.importorskip('torch.distributed')
+  if not dist.is_initialized():
+    store = tmp_path_factory.mktemp('torch_dist') / 'store'
+    dist.init_process_group('gloo', init_method=f'file://{store}', rank=0, world_size=1)
+  yield dist
+  if dist.is_initialized():
+    dist.destroy_process_group()

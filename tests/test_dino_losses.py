@@ -18,18 +18,6 @@ from vit_jax.training import dino_losses  # noqa: E402
 TOL = 1e-5
 
 
-@pytest.fixture(scope='module')
-def torch_dist(tmp_path_factory):
-  """A one-process gloo group: DINOv2's iBOT Sinkhorn-Knopp all-reduces unconditionally."""
-  import torch.distributed as dist
-
-  if not dist.is_initialized():
-    store = tmp_path_factory.mktemp('dist') / 'store'
-    dist.init_process_group('gloo', init_method=f'file://{store}', rank=0, world_size=1)
-  yield dist
-  dist.destroy_process_group()
-
-
 def _logits(rng, *shape):
   """Head-like logits: cosines of unit vectors, in [-1, 1]."""
   return np.tanh(rng.normal(size=shape)).astype(np.float32)
@@ -168,7 +156,7 @@ def _slots(masks, slots):
 
 
 @pytest.mark.parametrize('centering', ['sinkhorn_knopp', 'centre'])
-def test_ibot_loss_matches_dinov2(centering, torch_dist):
+def test_ibot_loss_matches_dinov2(centering, torch_process_group):
   rng = np.random.default_rng(5)
   crops, n, k, slots = 6, 16, 96, 8
   masks = np.zeros((crops, n), bool)

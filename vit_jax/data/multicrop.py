@@ -344,6 +344,24 @@ class TrainBatches(host.TrainBatches):
     return {**out, 'label': np.concatenate([job.result() for job in jobs])}
 
 
+def describe(config, flip: bool, resize) -> str:
+  """The preprocessing of a self-distillation run, in one line."""
+  d, ibot = config.dino, config.ibot
+  scale = lambda s: f'area {s[0]:g}-{s[1]:g}'
+  evaluation = (
+    f'resize to {resize}, centre crop {config.pp.crop} px'
+    if resize
+    else f'resize to {config.pp.crop} px'
+  )
+  return (
+    f'preprocessing: train 2 global crops ({scale(d.global_scale)}) to {config.pp.crop} px and '
+    f'{d.local_crops} local crops ({scale(d.local_scale)}) to {d.local_crop} px, '
+    f'{"horizontal flip" if flip else "no flip"}, colour jitter, grey, blur and solarisation as '
+    f'DINOv2; iBOT masks of {ibot.mask_ratio[0]:g}-{ibot.mask_ratio[1]:g} of the patches in '
+    f'{ibot.mask_probability:g} of the global crops; eval {evaluation} (docs/self_supervised.md)'
+  )
+
+
 def check(settings: Settings, num_train: int, batch: int, name: str) -> None:
   """DataError for a split too small for a batch of distinct images: the losses compare each
   image's crops with the others' (KoLeo's nearest neighbour, Sinkhorn-Knopp's balance)."""

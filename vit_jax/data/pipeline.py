@@ -41,6 +41,7 @@ import numpy as np
 from vit_jax.configs import schema
 from vit_jax.data import datasets
 from vit_jax.data import host
+from vit_jax.data import multicrop
 from vit_jax.data import naflex
 from vit_jax.data import on_device
 from vit_jax.data import order
@@ -108,6 +109,8 @@ def describe_preprocessing(config) -> str:
   """The preprocessing a run uses, in one line, with where its defaults come from."""
   pp = _pp(config)
   base = datasets.defaults(config.dataset, config.tfds_data_dir)
+  if config.get('task') == 'dino':
+    return multicrop.describe(config, pp.flip, pp.resize)
   tokens = tuple(config.get('naflex_tokens') or ())
   if tokens:  # NaFlex (data.naflex): the crop keeps its aspect ratio, sized by a token budget
     budgets = (
@@ -208,6 +211,10 @@ def _train_batches(config, source, pp, local_batch, step, model_spec):
   )
   if model_spec is not None and model_spec.naflex_tokens:  # each image at its aspect ratio
     return naflex.TrainBatches(source, pp, model_spec.naflex_tokens, model_spec.patch_size, **where)
+  if config.get('task') == 'dino':  # self-distillation: global and local crops, block masks
+    settings = multicrop.Settings.of(config, model_spec.patch_size, pp.flip)
+    multicrop.check(settings, source.num_examples, int(config.batch), source.name)
+    return multicrop.TrainBatches(source, settings, **where)
   return host.TrainBatches(source, pp, **where)
 
 

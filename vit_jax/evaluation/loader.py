@@ -25,8 +25,9 @@ from vit_jax.models import flexi
 from vit_jax.models import naflex
 from vit_jax.models import vit_checkpoint
 
-# Layers of masked patch prediction (vit_jax.models.mpp); the backbone is analysed without them.
-_MPP_ONLY = ('mask_token', 'mpp_head/')
+# Layers of self-supervised pre-training (masked patch prediction, vit_jax.models.mpp;
+# self-distillation's heads, vit_jax.models.dino); the backbone is analysed without them.
+_PRETRAINING_ONLY = ('mask_token', 'mpp_head/', 'dino_head/', 'ibot_head/')
 
 
 class InputError(UserError, ValueError):
@@ -182,7 +183,7 @@ def model_from_flat(
   position table's resize (None: FlexiViT's 'bilinear' and the official 'zoom'), and a NaFlex
   ViT's table to each image's grid (None: the model's, else 'bilinear').
   """
-  flat = {k: v for k, v in flat.items() if not k.startswith(_MPP_ONLY)}
+  flat = {k: v for k, v in flat.items() if not k.startswith(_PRETRAINING_ONLY)}
   spec = vit_checkpoint.spec_of(flat, model_name, what)
   if spec.naflex:
     default = spec.architecture.get('posemb_resample', 'bilinear')

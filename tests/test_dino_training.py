@@ -1,0 +1,375 @@
+"""Self-distillation (task='dino') as a run: its schedules against DINOv2's, whole runs of
+`python -m vit_jax.main` (outputs, monitors, SIGTERM and a bitwise resume of student, teacher,
+centres and data order, two processes against one), and one `error:` line for each config
+value it cannot take."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from conftest import ROOT
+from conftest import said
+from conftest import subprocess_env
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from vit_jax import checkpoint
+from vit_jax.configs import ConfigError
+from vit_jax.configs import dino_demo
+from vit_jax.training import dino
+from vit_jax.training import program
+
+# The tests' tiny self-distillation run: the `testing` ViT (width 10, patch 16) at 32 px, global
+# crops of 2 x 2 patches and local crops of one, tiny heads, the running centre (so that the
+# checkpoints carry centres), six steps.
+TINY_DINO = {
+  'model': 'testing',
+  'pp.crop': 32,
+  'batch': 16,
+  'batch_eval': 64,
+  'total_steps': 6,
+  'warmup_steps': 2,
+  'progress_every': 1,
+  'eval_every': 3,
+  'checkpoint_every': 3,
+  'tensorboard': False,
+  'drop_path_rate': 0.1,
+  'dino.local_crops': 2,
+  'dino.local_crop': 16,
+  'dino.prototypes': 64,
+  'dino.head_hidden': 32,
+  'dino.head_bottleneck': 16,
+  'dino.teacher_temp_warmup_steps': 3,
+  'dino.freeze_last_layer_steps': 2,
+  'dino.centering': 'centre',
+  'ibot.mask_probability': 1.0,
+  'ibot.mask_ratio': (0.25, 0.5),
+}
+
+
+def tiny_dino_config(**overrides):
+  config = dino_demo.get_config()
+  for key, value in {**TINY_DINO, **overrides}.items():
+    *parents, last = key.split('.')
+    target = config
+    for part in parents:
+      target = target[part]
+    target[last] = value
+  return config
+
+
+def command(workdir, *flags, extra=(), overrides=None):
+  """`python -m vit_jax.main` of the tiny run with `overrides` of TINY_DINO's values, `flags`."""
+  tiny = [f'--config.{k}={v}' for k, v in {**TINY_DINO, **(overrides or {})}.items()]
+  return [
+    sys.executable,
+    '-m',
+    'vit_jax.main',
+    '--config=configs/dino_demo.py',
+    f'--workdir={workdir}',
+    *tiny,
+    *flags,
+    *extra,
+  ]
+
+
+def run(workdir, *flags, devices=1, timeout=600, overrides=None):
+  result = subprocess.run(
+    command(workdir, *flags, overrides=overrides),
+    env=subprocess_env(devices),
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+    cwd=ROOT,
+  )
+  assert result.returncode == 0, result.stderr[-3000:]
+  return result
+
+
+def final_state(workdir, step=6):
+  """The train state of the checkpoint at `step`, flattened to {path: array}."""
+  import jax
+
+  item = os.path.join(workdir, 'checkpoints', str(step), 'state')
+  state = ocp.StandardCheckpointer().restore(os.path.abspath(item))
+  leaves = jax.tree_util.tree_flatten_with_path(state)[0]
+  return {
+    '/'.join(str(getattr(k, 'key', getattr(k, 'idx', k))) for k in path): np.asarray(leaf)
+    for path, leaf in leaves
+  }
+
+
+def assert_bitwise_equal(a, b):
+  assert sorted(a) == sorted(b)
+  for key in a:
+    np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+
+
+@pytest.fixture(scope='module')
+def reference(tmp_path_factory):
+  """One uninterrupted tiny run that the others compare against."""
+  workdir = str(tmp_path_factory.mktemp('dino'))
+  return workdir, run(workdir)
+
+
+def test_schedules_are_dinov2s():
+  utils = pytest.importorskip('dinov2.utils.utils')
+  config = tiny_dino_config(total_steps=40, warmup_steps=7, base_lr=0.01)
+  config.dino.teacher_temp_warmup_steps = 12
+  plan = dino.schedules(config)
+  d = config.dino
+  references = {
+    'learning_rate': utils.CosineScheduler(0.01, d.min_lr, 40, warmup_iters=7),
+    'weight_decay': utils.CosineScheduler(config.weight_decay, d.weight_decay_end, 40),
+    'teacher_momentum': utils.CosineScheduler(d.teacher_momentum, 1.0, 40),
+    'teacher_temp': utils.CosineScheduler(
+      d.teacher_temp, d.teacher_temp, 12, warmup_iters=12, start_warmup_value=0.04
+    ),
+  }
+  for name, reference in references.items():
+    want = np.array([reference[i] for i in range(45)])
+    got = np.array([float(plan[name](i)) for i in range(45)])
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-9, err_msg=name)
+
+
+def test_a_run_writes_its_teacher_monitors_and_knn(reference):
+  workdir, result = reference
+  summary = json.load(open(os.path.join(workdir, 'summary.json')))
+  assert summary['step'] == 6 and summary['test_examples'] == 359
+  assert 0.0 < summary['test_accuracy'] <= 1.0  # k-NN of the teacher on the digits
+  assert 'Done: step 6, k-NN accuracy' in result.stdout
+  lines = [json.loads(x) for x in open(os.path.join(workdir, 'metrics.jsonl'))]
+  progress = [x for x in lines if 'train_loss' in x]
+  assert [x['step'] for x in progress] == [1, 2, 3, 4, 5, 6]
+  for key in ('dino_loss', 'ibot_loss', 'koleo_loss', 'teacher_entropy', 'prototype_usage'):
+    assert all(np.isfinite(x[key]) for x in progress), key
+  assert 'teacher_entropy' in result.stdout and 'feature_std' in result.stdout
+  # The teacher's temperature warms up, its momentum rises to 1, the prototypes start frozen.
+  temps = [x['teacher_temp'] for x in progress]
+  assert temps[0] == pytest.approx(0.04) and temps[-1] == pytest.approx(0.07)
+  # params.npz is the teacher's backbone and heads; as a ViT it loads without them.
+  from vit_jax.evaluation import loader
+
+  loaded = loader.load_model(workdir)
+  assert set(loaded.params) == {'embedding', 'cls', 'Transformer'}
+  teacher = final_state(workdir)
+  saved = checkpoint.flatten(checkpoint.load(os.path.join(workdir, 'params.npz')))
+  for key, value in saved.items():
+    np.testing.assert_array_equal(value, teacher[f'ema_params/{key}'])
+  assert not np.array_equal(teacher['params/cls'], teacher['ema_params/cls'])
+  assert teacher['task_state/dino_centre'].shape == (64,)
+
+
+def _wait_for(predicate, process, timeout=300):
+  deadline = time.time() + timeout
+  while time.time() < deadline:
+    if predicate():
+      return
+    if process.poll() is not None:
+      raise AssertionError(f'process ended early: {process.stderr.read()[-3000:]}')
+    time.sleep(0.05)
+  raise AssertionError('timed out')
+
+
+def test_sigterm_and_resume_are_bitwise(reference, tmp_path):
+  """Stopped by SIGTERM after step 3's checkpoint, resumed: the final state (student, teacher,
+  optimizer, centres, step) and params.npz equal the uninterrupted run's bit for bit."""
+  workdir = str(tmp_path / 'stopped')
+  rare = '--config.checkpoint_every=1000'  # the stop writes the one checkpoint it resumes from
+  process = subprocess.Popen(
+    command(workdir, rare), env=subprocess_env(), stderr=subprocess.PIPE, text=True, cwd=ROOT
+  )
+  metrics = os.path.join(workdir, 'metrics.jsonl')
+  _wait_for(lambda: os.path.exists(metrics) and os.path.getsize(metrics) > 0, process)
+  process.send_signal(signal.SIGTERM)
+  stderr = process.communicate(timeout=300)[1]
+  if process.returncode == 0:
+    pytest.skip('the run finished before the signal arrived')
+  assert process.returncode == 128 + signal.SIGTERM and 'preempted (SIGTERM)' in stderr
+  steps = os.listdir(os.path.join(workdir, 'checkpoints'))
+  assert len(steps) == 1 and 0 < int(steps[0]) < 6
+  result = run(workdir, rare)
+  assert 'Resuming from the checkpoint at step' in result.stdout
+  assert_bitwise_equal(final_state(workdir), final_state(reference[0]))
+  assert_bitwise_equal(
+    checkpoint.flatten(checkpoint.load(os.path.join(workdir, 'params.npz'))),
+    checkpoint.flatten(checkpoint.load(os.path.join(reference[0], 'params.npz'))),
+  )
+
+
+def _free_port():
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_processes_equal_one_process_of_two_devices_bitwise(tmp_path):
+  """The same mesh of two devices, in one process or one device in each of two: the run's
+  final state is bit for bit the same (the batch, crops and masks are a function of the step,
+  not of who reads them)."""
+  three = ['--config.total_steps=3', '--config.eval_every=100']
+  one = str(tmp_path / 'one')
+  run(one, *three, devices=2)
+  two = str(tmp_path / 'two')
+  address = f'127.0.0.1:{_free_port()}'
+  processes = [
+    subprocess.Popen(
+      command(
+        two,
+        *three,
+        extra=[f'--coordinator_address={address}', '--num_processes=2', f'--process_id={i}'],
+      ),
+      env=subprocess_env(devices=1),
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+      cwd=ROOT,
+    )
+    for i in range(2)
+  ]
+  for p in processes:
+    _, err = p.communicate(timeout=600)
+    assert p.returncode == 0, err[-3000:]
+  assert_bitwise_equal(final_state(two, 3), final_state(one, 3))
+
+
+@pytest.mark.parametrize(
+  'overrides, line',
+  [
+    (
+      {'accum_steps': 2},
+      'accum_steps=2: task=dino normalises and compares over the whole batch',
+    ),
+    ({'ema_decay': 0.999}, 'ema_decay=0.999: task=dino already keeps its teacher'),
+    ({'dino.local_scale': (0.4, 0.1)}, 'dino.local_scale=(0.4, 0.1): give (smallest, largest)'),
+    ({'ibot.mask_ratio': (0.5,)}, 'ibot.mask_ratio=(0.5,): give (smallest, largest)'),
+    ({'dino.centering': 'median'}, "dino.centering='median': use one of sinkhorn_knopp, centre"),
+    ({'dino.teacher_temp': 0.0}, 'dino.teacher_temp=0.0 must be in (0, inf)'),
+    ({'dino.teacher_momentum': 1.5}, 'dino.teacher_momentum=1.5 must be in [0, 1]'),
+    ({'dino.local_crops': -1}, 'dino.local_crops=-1 must be at least 0'),
+    ({'dino.global_scale': (0.0, 1.0)}, 'dino.global_scale=(0.0, 1.0): 0.0 is not a number'),
+    ({'ibot.mask_probability': 1.5}, 'ibot.mask_probability=1.5 must be in [0, 1]'),
+    ({'knn.k': 0}, 'knn.k=0 must be at least 1'),
+    ({'drop_path_rate': 1.0}, 'drop_path_rate=1.0 must be in [0, 1)'),
+    ({'batch': 1, 'batch_eval': 1}, 'batch=1: task=dino compares the images of a batch'),
+    ({'dino.local_crop': 20}, 'dino.local_crop=20 is not a multiple of the patch size 16'),
+    ({'model': 'ViT-S_16-gap'}, 'ViT-S_16-gap: task=dino trains a ViT that reads its class'),
+    (
+      {'model': 'eva02_tiny_patch14_224', 'pp.crop': 28, 'dino.local_crop': 14},
+      "not one with classifier='token_gap'",
+    ),
+    ({'model': 'R+ViT-Ti_16'}, 'a ResNet stem (a hybrid)'),
+    ({'flexi_patch_sizes': (8,)}, "flexi_patch_sizes trains classification only, not task='dino'"),
+    ({'naflex_tokens': (16,)}, 'NaFlex trains classification with a plain ViT (token or gap'),
+  ],
+)
+def test_a_config_value_the_task_cannot_take_is_one_line(overrides, line):
+  config = tiny_dino_config(**overrides)
+  with pytest.raises(ConfigError) as e:
+    program.validate(config, 1)
+  assert line in str(e.value) and '\n' not in str(e.value)
+
+
+def test_a_dataset_smaller_than_a_batch_is_one_line(tmp_path):
+  folder = tmp_path / 'photos'
+  folder.mkdir()
+  from PIL import Image
+
+  for i in range(5):
+    Image.fromarray(np.full((20, 20, 3), 40 * i, np.uint8)).save(folder / f'{i}.png')
+  result = subprocess.run(
+    command(str(tmp_path / 'w'), f'--config.dataset={folder}'),
+    env=subprocess_env(),
+    capture_output=True,
+    text=True,
+    timeout=300,
+    cwd=ROOT,
+  )
+  lines = said(result.stderr)
+  assert result.returncode == 2 and len(lines) == 1, result.stderr[-3000:]
+  assert (
+    lines[0].startswith(f'error: {folder}') and 'the train split has 5 images, fewer' in lines[0]
+  )
+
+
+@pytest.mark.slow
+def test_continued_pretraining_of_a_dinov2_reg_timm_file_resumes_and_exports_back(tmp_path):
+  """timm's `vit_small_patch14_reg4_dinov2` (random weights; full width, one block, a 2x2
+  grid at 28 px) -> `export --format=npz` -> a self-distillation run from it
+  (`pretrained_path`: student and teacher start as the file, heads fresh), stopped by SIGTERM
+  and resumed to bitwise the uninterrupted run -> `export --format=timm`, which
+  `timm.create_model` of the same name loads strictly and which gives the run's teacher's
+  features."""
+  torch = pytest.importorskip('torch')
+  timm = pytest.importorskip('timm')
+  safetensors_torch = pytest.importorskip('safetensors.torch')
+  import safetensors
+
+  from vit_jax.evaluation import loader
+  from vit_jax.interop import export as export_lib
+
+  name = 'vit_small_patch14_reg4_dinov2'
+  model = timm.create_model(name, pretrained=False, img_size=28, num_classes=0, depth=1).eval()
+  source = tmp_path / 'dinov2.safetensors'
+  safetensors_torch.save_file({k: v.contiguous() for k, v in model.state_dict().items()}, source)
+  converted = tmp_path / 'dinov2.npz'
+  result = subprocess.run(
+    [sys.executable, '-m', 'vit_jax.export', f'--checkpoint={source}', '--format=npz',
+     f'--output={converted}'],
+    env=subprocess_env(), capture_output=True, text=True, timeout=300, cwd=ROOT,
+  )  # fmt: skip
+  assert result.returncode == 0, result.stderr[-3000:]
+  overrides = {
+    'model': name,
+    'depth': 1,
+    'pp.crop': 28,
+    'dino.local_crop': 14,
+    'batch': 8,
+    'total_steps': 4,
+    'checkpoint_every': 1000,
+    'eval_every': 1000,
+    'pretrained_path': str(converted),
+  }
+  reference = str(tmp_path / 'reference')
+  said_first = run(reference, overrides=overrides).stdout
+  assert 'load_pretrained' in said_first and 're-initialised  dino_head/' in said_first
+  workdir = str(tmp_path / 'stopped')
+  process = subprocess.Popen(
+    command(workdir, overrides=overrides), env=subprocess_env(), stderr=subprocess.PIPE,
+    text=True, cwd=ROOT,
+  )  # fmt: skip
+  metrics = os.path.join(workdir, 'metrics.jsonl')
+  _wait_for(lambda: os.path.exists(metrics) and os.path.getsize(metrics) > 0, process)
+  process.send_signal(signal.SIGTERM)
+  process.communicate(timeout=300)
+  if process.returncode == 0:
+    pytest.skip('the run finished before the signal arrived')
+  assert process.returncode == 128 + signal.SIGTERM
+  assert 'Resuming from the checkpoint at step' in run(workdir, overrides=overrides).stdout
+  assert_bitwise_equal(final_state(workdir, 4), final_state(reference, 4))
+  out = tmp_path / 'back.safetensors'
+  notes = export_lib.export(workdir, 'timm', str(out))
+  assert any(f"timm.create_model('{name}'" in note for note in notes), notes
+  with safetensors.safe_open(str(out), 'pt') as f:
+    meta = f.metadata()
+  assert meta['timm_model'] == name
+  again = timm.create_model(name, **json.loads(meta['timm_kwargs'])).eval()
+  again.load_state_dict(safetensors_torch.load_file(str(out)), strict=True)
+  x = np.random.default_rng(0).uniform(-1, 1, (2, 28, 28, 3)).astype(np.float32)
+  teacher = loader.load_model(workdir)
+  ours = np.asarray(teacher.model.apply({'params': teacher.params}, x, train=False))
+  mean, std = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])
+  pixels = ((x + 1) / 2 - mean) / std  # timm's input: ImageNet-normalised [0, 1] pixels
+  with torch.no_grad():
+    theirs = again(torch.from_numpy(pixels.transpose(0, 3, 1, 2)).float()).numpy()
+  assert theirs.shape == ours.shape == (2, 384)
+  np.testing.assert_allclose(ours, theirs, atol=2e-5 * np.abs(theirs).max())
+  # The file's backbone moved: continued pre-training trained it.
+  start = checkpoint.flatten(checkpoint.load(str(converted)))
+  assert not np.allclose(start['cls'], checkpoint.flatten(teacher.params)['cls'])
