@@ -358,3 +358,76 @@ def _check_update(got, want, grads, grad_error, lr, moved):
     rounding = 4 * np.finfo(np.float32).eps * (np.abs(b) + lr)
     excess = np.abs(a - b) - (moved * lr * adam + rounding)
     assert excess.max() <= 0, (key, float(excess.max()), float(np.abs(a - b).max()))
+
+
+def test_learning_rate_and_decay_of_each_parameter_are_dinov2s():
+  """Per parameter, layer_decay ** (L + 1 - depth) (times the patch embedding's multiplier) and
+  whether weight decay applies, against DINOv2's `get_params_groups_with_decay` of the same
+  backbone (timm's names) and head. One difference, kept on purpose: DINOv2's rule knows no
+  register tokens and gives them the head's rate; ours, as timm's layer decay, the embeddings'
+  (they join the patches before the first block)."""
+  config = _config('sinkhorn_knopp')
+  config.layer_decay, depth = 0.8, 3
+  model = timm.create_model(NAME, pretrained=False, img_size=28, num_classes=0, depth=depth)
+  backbone = Backbone(model, np.zeros(384, np.float32))
+  head = dinov2_layers.DINOHead(384, 16, False, 3, 8, 4)
+  # Each torch tensor filled with its number: after conversion each of our leaves says its own.
+  names = [n for n, _ in backbone.model.named_parameters()]
+  state = {
+    n: np.full(p.shape, i, np.float32) for i, (n, p) in enumerate(model.state_dict().items())
+  }
+  flat = interop_timm.from_timm(state, architectures.MODEL_CONFIGS[NAME], 'timm')
+  reference = {}
+  for module, prefix in ((backbone, ''), (head, 'dino_head/')):
+    for group in param_groups.get_params_groups_with_decay(
+      module, config.layer_decay, config.dino.patch_embed_lr_mult
+    ):
+      reference[prefix + group['name']] = (group['lr_multiplier'], group['wd_multiplier'])
+  keys = list(model.state_dict())
+  ours = dict(flat)
+  ours['mask_token'] = np.zeros((1, 1, 384))
+  head_params = {
+    'Dense_0': {'kernel': 0, 'bias': 0},
+    'Dense_1': {'kernel': 0, 'bias': 0},
+    'Dense_2': {'kernel': 0, 'bias': 0},
+    'prototypes': {'kernel': 0, 'scale': 0},
+  }
+  tree = {**checkpoint.unflatten(ours), 'dino_head': jax.tree.map(np.zeros, head_params)}
+  factors = checkpoint.flatten(jax.tree.map(np.asarray, optim_factors(tree, config.layer_decay)))
+  head_names = {
+    'dino_head/Dense_0/kernel': 'dino_head/mlp.0.weight',
+    'dino_head/Dense_0/bias': 'dino_head/mlp.0.bias',
+    'dino_head/Dense_1/kernel': 'dino_head/mlp.2.weight',
+    'dino_head/Dense_1/bias': 'dino_head/mlp.2.bias',
+    'dino_head/Dense_2/kernel': 'dino_head/mlp.4.weight',
+    'dino_head/Dense_2/bias': 'dino_head/mlp.4.bias',
+    'dino_head/prototypes/kernel': 'dino_head/last_layer.weight_v',
+    'dino_head/prototypes/scale': 'dino_head/last_layer.weight_g',
+  }
+  checked = 0
+  for key, value in checkpoint.flatten(tree).items():
+    if key in head_names:
+      theirs = head_names[key]
+    elif key == 'mask_token':
+      theirs = 'mask_token'
+    else:
+      theirs = 'model.' + keys[int(np.asarray(flat[key]).flat[0])]
+    lr_mult, wd_mult = reference[theirs]
+    ours_lr = float(np.asarray(factors[key]).flat[0])
+    if key.startswith('embedding/'):
+      ours_lr *= config.dino.patch_embed_lr_mult
+    if key == 'registers':  # the one difference (docstring)
+      assert lr_mult == 1.0 and ours_lr == pytest.approx(config.layer_decay ** (depth + 1))
+    else:
+      assert ours_lr == pytest.approx(lr_mult, rel=1e-6), (key, theirs)
+    path = tuple(jax.tree_util.DictKey(k) for k in key.split('/'))
+    assert dino.decays(path) == (wd_mult == 1.0), (key, theirs)
+    checked += 1
+  # timm's qkv weight and bias are three of ours each; the mask token; the head's eight.
+  assert checked == len(names) + 4 * depth + 1 + 8
+
+
+def optim_factors(tree, rate):
+  from vit_jax.training import optim
+
+  return optim.layer_factors(tree, rate)

@@ -71,6 +71,7 @@ def get_config(arg: str = 'ViT-S_14'):
     d.prototypes, d.head_bottleneck = 131072, 384
     config.ibot.separate_head = True
     config.ibot.prototypes = 131072
+    config.scan_layers = True  # compile time flat in depth (configs/giant.py does the same)
   config.eval_every = 10 * EPOCH
   config.checkpoint_every = EPOCH
   config.progress_every = 100

@@ -9,8 +9,10 @@ the probabilities its released code applies:
   `pp.flip`, off for the digits);
 - colour jitter with probability 0.8 (brightness 0.4, contrast 0.4, saturation 0.2, hue 0.1
   in a random order, PIL's operations), grey with probability 0.2;
-- Gaussian blur (9x9, sigma uniform in [0.1, 2]) with probability 0 for the first global crop,
-  0.9 for the second and 0.5 for local crops; solarisation (threshold 128) with probability
+- Gaussian blur (9x9, sigma uniform in [0.1, 2] px at DINOv2's 224 px global crops, in
+  proportion to the global crop at other sizes, so that a blur takes the same share of an image
+  at any resolution) with probability 0 for the first global crop, 0.9 for the second and 0.5
+  for local crops; solarisation (threshold 128) with probability
   0.2 for the second global crop. DINOv2's code passes 1 - p to torchvision's `RandomApply`
   (`GaussianBlur(p=1.0)` never blurs): these are the probabilities its checkpoints were
   trained with (facebookresearch/dinov2#411, dinov3#286 say so).
@@ -44,7 +46,8 @@ JITTER_PROBABILITY = 0.8
 JITTER = (0.4, 0.4, 0.2, 0.1)  # brightness, contrast, saturation, hue
 GREY_PROBABILITY = 0.2
 BLUR_KERNEL = 9
-BLUR_SIGMA = (0.1, 2.0)
+BLUR_SIGMA = (0.1, 2.0)  # in pixels of a global crop of BLUR_AT px: in proportion at others
+BLUR_AT = 224
 # (blur, solarise) probabilities of the first global crop, the second, and the local crops.
 GLOBAL_1, GLOBAL_2, LOCAL = (0.0, 0.0), (0.9, 0.2), (0.5, 0.0)
 SOLARISE_THRESHOLD = 128
@@ -131,8 +134,11 @@ class Photometric:
   solarise: bool = False
 
 
-def draw_photometric(rng, blur_probability: float, solarise_probability: float) -> Photometric:
-  """The colour and blur draws of one crop, in torchvision's order and ranges."""
+def draw_photometric(
+  rng, blur_probability: float, solarise_probability: float, blur_scale: float = 1.0
+) -> Photometric:
+  """The colour and blur draws of one crop, in torchvision's order and ranges; the blur's sigma
+  times `blur_scale`."""
   order_, factors = (), (1.0, 1.0, 1.0, 0.0)
   if rng.uniform() < JITTER_PROBABILITY:
     order_ = tuple(int(i) for i in rng.permutation(4))
@@ -144,7 +150,7 @@ def draw_photometric(rng, blur_probability: float, solarise_probability: float) 
       rng.uniform(-h, h),
     )
   grey = rng.uniform() < GREY_PROBABILITY
-  sigma = rng.uniform(*BLUR_SIGMA) if rng.uniform() < blur_probability else 0.0
+  sigma = blur_scale * rng.uniform(*BLUR_SIGMA) if rng.uniform() < blur_probability else 0.0
   solarise = bool(rng.uniform() < solarise_probability)
   return Photometric(order_, factors, bool(grey), float(sigma), solarise)
 
@@ -279,7 +285,8 @@ def views(image: np.ndarray, rng, settings: Settings, out_global, out_local, out
   for size, scale, (blur, solarise), out in kinds:
     window = crop_window(rng, height, width, scale)
     flip = settings.flip and rng.uniform() < 0.5
-    crop(pil, window, size, flip, draw_photometric(rng, blur, solarise), out)
+    photometric = draw_photometric(rng, blur, solarise, settings.global_size / BLUR_AT)
+    crop(pil, window, size, flip, photometric, out)
   for c in range(NUM_GLOBAL):
     out_masks[c] = crop_mask(rng, settings)
 

@@ -152,7 +152,8 @@ def unfinished_note(path: str) -> str:
 
 
 def _checkpoint_params(path: str, step: int) -> dict:
-  """{'a/b/c': array}: the parameters of a training checkpoint (`training.hooks`)."""
+  """{'a/b/c': array}: the parameters of a training checkpoint (`training.hooks`): its trained
+  parameters, or a self-distillation run's teacher."""
   import numpy as np
   import orbax.checkpoint as ocp
 
@@ -164,7 +165,9 @@ def _checkpoint_params(path: str, step: int) -> dict:
       f'{item}: the checkpoint does not restore ({type(e).__name__}); pass a finished run or '
       'an .npz file'
     ) from None
-  return checkpoint.flatten(jax.tree.map(np.asarray, state['params']))
+  # A self-distillation run is its teacher, the EMA (what its params.npz will hold).
+  evaluated = 'ema_params' if workdir.recorded(path, 'task') == 'dino' else 'params'
+  return checkpoint.flatten(jax.tree.map(np.asarray, state[evaluated]))
 
 
 def model_from_flat(
