@@ -10,6 +10,7 @@ the [-1, 1] images every model here takes (the family's mean and std applied in 
 
 import functools
 import json
+import re
 
 from conftest import param_shapes
 import jax
@@ -24,11 +25,13 @@ from vit_jax.configs import architectures
 from vit_jax.configs import common
 from vit_jax.configs import families
 from vit_jax.configs import model_spec
+from vit_jax.configs import timm_weights
 from vit_jax.core import sharding
 from vit_jax.data import on_device
 from vit_jax.data.readers import builtin
 from vit_jax.interop import export as export_lib
 from vit_jax.interop import timm as interop_timm
+from vit_jax.interop import timm_files
 from vit_jax.interop import torch_layout
 from vit_jax.models import vit
 from vit_jax.models import vit_checkpoint
@@ -187,7 +190,7 @@ _COUNTED_FAST = (
 def test_each_named_model_has_timms_sizes_and_parameter_count(name):
   """Our registry entry of each timm name against `timm.create_model(name)` on the meta device
   (no memory): width, depth, heads, the exact parameter count at its resolution, and the name
-  that a file of it is recognised as (`timm.family_name`)."""
+  that a file of it is recognised as (`timm_files.model_name`)."""
   theirs = timm.create_model(name, pretrained=False, num_classes=1000, device='meta')
   config = architectures.MODEL_CONFIGS[name]
   size = theirs.patch_embed.img_size[0]
@@ -198,19 +201,40 @@ def test_each_named_model_has_timms_sizes_and_parameter_count(name):
   ours = param_shapes(config, 1000, size, module=scanned)
   count = sum(int(np.prod(x.shape)) for x in checkpoint.flatten(ours).values())
   assert count == sum(p.numel() for p in theirs.parameters())
-  # A file of it, without our metadata, is recognised by its tensors; CLIP's two GELUs are
-  # not in the file: one line names both.
-  plain = name.replace('_quickgelu', '')
-  twins = {plain, plain.replace('_clip_', '_clip_quickgelu_')}
-  if len(twins & set(families.MODELS)) < 2:
-    assert interop_timm.family_name(theirs.state_dict(), 'f.safetensors') == name
+  # A file of it, without our metadata, is recognised by its tensors; where they fit models
+  # that differ in what the file does not record (CLIP's two GELUs; the paper's layout of DeiT
+  # and SigLIP's mean-pooled models), one line names them.
+  twins = _TWINS.get(re.sub(r'_\d+$', '', name.replace('_quickgelu', '')))
+  if twins is None:
+    got = timm_files.model_name(theirs.state_dict(), 'f.safetensors')
+    assert got == _SAME_TENSORS.get(name, name)
     return
   with pytest.raises(checkpoint.CheckpointError) as e:
-    interop_timm.family_name(theirs.state_dict(), 'f.safetensors')
-  assert str(e.value) == (
-    f'f.safetensors: its tensors fit {" and ".join(sorted(twins))}, which differ in what '
-    'the file does not record (the MLP activation); pass --model naming one'
+    timm_files.model_name(theirs.state_dict(), 'f.safetensors')
+  named = re.findall(r'(?:fit | and )(\S+) \(', str(e.value))
+  assert set(named) == {name if t == '*' else t for t in twins}, str(e.value)
+  assert str(e.value).endswith(
+    'which differ in what the file does not record; pass --model naming the one whose weights '
+    'it holds'
   )
+
+
+# timm's 384 px so400m/14 has the 27x27 grid of its 378 px one: the same tensors.
+_SAME_TENSORS = {'vit_so400m_patch14_siglip_gap_384': 'vit_so400m_patch14_siglip_gap_378'}
+# The files whose tensors fit other models too: their names without the resolution ('*': the
+# name itself).
+_TWINS = {
+  **{
+    f'vit_{size}_clip': {f'vit_{size}_clip_224', f'vit_{size}_clip_quickgelu_224'}
+    for size in ('base_patch32', 'base_patch16', 'large_patch14')
+  },
+  'deit_tiny_patch16': {'*', 'ViT-Ti_16'},
+  'deit_small_patch16': {'*', 'ViT-S_16'},
+  'deit_base_patch16': {'*', 'ViT-B_16'},
+  'vit_base_patch16_siglip_gap': {'*', 'ViT-B_16-gap'},
+  'vit_base_patch32_siglip_gap': {'*', 'ViT-B_32-gap'},
+  'vit_large_patch16_siglip_gap': {'*', 'ViT-L_16-gap'},
+}
 
 
 @needs_timm
@@ -231,7 +255,7 @@ def test_a_timm_file_goes_through_export_and_back_into_timm(tmp_path, name):
   safetensors_torch.save_file({k: v.contiguous() for k, v in model.state_dict().items()}, source)
   x = images(size)
   logits, _ = theirs(model, x, architectures.MODEL_CONFIGS[name])
-  loaded = export_lib.load(str(source)).loaded  # the name from its tensors (family_name)
+  loaded = export_lib.load(str(source)).loaded  # the name from its tensors (model_name)
   assert loaded.config.model_name == name
   ours_logits = np.asarray(loaded.model.apply({'params': loaded.params}, x, train=False))
   assert relative_error(ours_logits, logits) <= BOUND
@@ -357,9 +381,17 @@ def test_the_docs_table_of_families_is_the_registrys():
 
 
 @needs_timm
-def test_a_file_of_the_papers_vit_is_no_familys():
+def test_a_file_of_the_papers_vit_names_the_models_it_may_be():
+  """The paper's layout is also DeiT's: a bare file of it names both, and what tells them
+  apart, never one model by way of example."""
   vit = timm.create_model('vit_base_patch16_224', pretrained=False, device='meta').state_dict()
-  assert interop_timm.family_name(vit, 'f.safetensors') is None  # --model names it
+  with pytest.raises(checkpoint.CheckpointError) as e:
+    timm_files.model_name(vit, 'f.safetensors')
+  assert str(e.value) == (
+    "f.safetensors: its tensors fit deit_base_patch16_224 (exact GELU, ImageNet's mean and "
+    "std) and ViT-B_16 (the paper's: tanh GELU, [-1, 1] pixels), which differ in what the file "
+    'does not record; pass --model naming the one whose weights it holds'
+  )
 
 
 def test_a_familys_input_statistics_are_one_pass_over_the_pixels():
@@ -368,7 +400,7 @@ def test_a_familys_input_statistics_are_one_pass_over_the_pixels():
   devices' uint8 -> [-1, 1] step (`on_device.normalise`), one fusion reads the pixels (the
   two scalings and the patch layout in one pass; no gather, no table)."""
   config = architectures.MODEL_CONFIGS['vit_base_patch16_clip_224']
-  mean, std = (np.asarray(s, np.float64) for s in families.input_statistics('clip'))
+  mean, std = (np.asarray(s, np.float64) for s in timm_weights.STATISTICS['openai_clip'])
   pixels = np.random.default_rng(0).integers(0, 256, (2, 32, 32, 3), np.uint8)
   x = on_device.normalise(pixels)
   ours = vit.normalise_input(x, config.input_mean, config.input_std)

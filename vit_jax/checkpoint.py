@@ -11,6 +11,7 @@ resizing and head) is the model's: `vit_jax.models.vit_checkpoint`.
 """
 
 import io
+import json
 import os
 import re
 from typing import Any, Mapping, Optional
@@ -244,14 +245,16 @@ def load(path: str, like: Optional[Params] = None) -> dict:
   return params
 
 
-def save_npz(params: Params, path: str) -> str:
+def save_npz(params: Params, path: str, metadata: Optional[dict] = None) -> str:
   """Writes `params` in the public layout; returns `path`.
 
   Local files are written to a temporary name and renamed, so a killed process
   never leaves a truncated file under `path` (a failed write removes its temporary file, the
   next write one that a killed process left). Arrays are stored as their numpy
   dtype; bfloat16 leaves are widened to float32 (numpy cannot read bfloat16
-  from `.npz` without pickling).
+  from `.npz` without pickling). `metadata` (JSON data: the model's name, the weights'
+  preprocessing) is the archive's comment, which `numpy.load` and every reader of the
+  arrays pass over (`npz_metadata` reads it).
   """
   path = os.fspath(path)
   flat = {}
@@ -261,15 +264,48 @@ def save_npz(params: Params, path: str) -> str:
   if files.is_remote(path):
     buffer = io.BytesIO()
     np.savez(buffer, **flat)
+    _comment(buffer, metadata)
     with files.open_file(path, 'wb') as f:
       f.write(buffer.getvalue())
     return path
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   with files.temporary_beside(path) as tmp:  # removed if the write fails (a full disk)
-    with open(tmp, 'wb') as f:
+    with open(tmp, 'w+b') as f:
       np.savez(f, **flat)
+      _comment(f, metadata)
     os.replace(tmp, path)
   return path
+
+
+_METADATA = b'vit_jax metadata '  # the comment's start: a comment of another tool is not ours
+
+
+def _comment(f, metadata: Optional[dict]) -> None:
+  if metadata:
+    f.seek(0)
+    with zipfile.ZipFile(f, 'a') as archive:
+      archive.comment = _METADATA + json.dumps(metadata, sort_keys=True).encode()
+
+
+def npz_metadata(path: str) -> dict:
+  """What `save_npz` recorded with a `.npz` (a workdir: its params.npz), {} for none (a file of
+  another tool, a Flax checkpoint, an unreadable file: `load` names those)."""
+  try:
+    path = resolve(path)
+    if _is_flax_checkpoint(path):
+      return {}
+    with files.open_file(path, 'rb') as f:
+      with zipfile.ZipFile(f) as archive:
+        comment = archive.comment
+  except (CheckpointError, OSError, zipfile.BadZipFile, ValueError):
+    return {}
+  if not comment.startswith(_METADATA):
+    return {}
+  try:
+    data = json.loads(comment[len(_METADATA) :].decode())
+  except (UnicodeDecodeError, ValueError):
+    return {}
+  return data if isinstance(data, dict) else {}
 
 
 # ---------------------------------------------------------------------------

@@ -6,7 +6,8 @@
 Images are read as the evaluation pipeline reads them (`vit_jax.data.images`:
 every PIL mode decoded as in training, EXIF orientation not applied), resized
 to the checkpoint's resolution (read from its position embeddings) and scaled
-to [-1, 1]. A workdir whose run has not finished (stopped, preempted) is read
+to [-1, 1]; a checkpoint of a family converted from timm by its weights' own transform
+(timm's, which it records: said on stderr in one line). A workdir whose run has not finished (stopped, preempted) is read
 from its newest checkpoint. Class names: `--labels=FILE`, else those a
 workdir's run recorded (dataset.json), or the class folders (or labels) of its
 dataset, else ImageNet-1k for 1000-way heads, ImageNet-21k for 21843-way heads
@@ -45,6 +46,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         f'{args.checkpoint}: no head/kernel, so it cannot classify; '
         'pass a checkpoint with a classification head'
       )
+    if loaded.preprocessing is not None:
+      cli.note(parser.prog, loaded.preprocessing.line())
     names, why = classify.class_names_and_why(
       loaded.model.num_classes, args.labels, args.checkpoint
     )

@@ -33,7 +33,7 @@ its part to the same number of batches and marks padding with mask = 0.
 
 import dataclasses
 import functools
-from typing import Iterator, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 import jax
 import numpy as np
@@ -84,9 +84,12 @@ class _PP:
   randaug_layers: int
   randaug_magnitude: float
   mixup: float
+  # Evaluation by the weights' own transform (`configs.timm_weights.Preprocessing`, at `crop`
+  # px) instead of the official resize: a checkpoint of a family converted from timm.
+  transform: Any = None
 
 
-def _pp(config) -> _PP:
+def _pp(config, transform=None) -> _PP:
   # The data fields' rules, as the trainer checks them (`program.validate`), for the callers of
   # the iterators that do not go through it.
   schema.validate_data(config)
@@ -101,12 +104,14 @@ def _pp(config) -> _PP:
     int(pp.randaug_layers),
     float(pp.randaug_magnitude),
     float(pp.mixup),
+    None if transform is None else transform.at(int(pp.crop)),
   )
 
 
-def describe_preprocessing(config) -> str:
-  """The preprocessing a run uses, in one line, with where its defaults come from."""
-  pp = _pp(config)
+def describe_preprocessing(config, transform=None) -> str:
+  """The preprocessing a run uses, in one line, with where its defaults come from; `transform`:
+  the weights' evaluation transform (`make_eval_iterator`)."""
+  pp = _pp(config, transform)
   base = datasets.defaults(config.dataset, config.tfds_data_dir)
   tokens = tuple(config.get('naflex_tokens') or ())
   if tokens:  # NaFlex (data.naflex): the crop keeps its aspect ratio, sized by a token budget
@@ -129,6 +134,8 @@ def describe_preprocessing(config) -> str:
   evaluation = (
     f'resize to {pp.resize}, centre crop {pp.crop} px' if pp.resize else f'resize to {pp.crop} px'
   )
+  if pp.transform is not None:
+    evaluation = pp.transform.line()
   chosen = [
     name
     for name, value in (
@@ -318,12 +325,16 @@ def _eval_batches(config, source, pp, local_batch):
     yield {'image': batch['image'], 'label': batch['label'], 'mask': mask}
 
 
-def make_eval_iterator(config, sharding, split='test', *, raw=False) -> Iterator[dict]:
+def make_eval_iterator(
+  config, sharding, split='test', *, raw=False, transform=None
+) -> Iterator[dict]:
   """One pass over `split` ('test', 'train' or a split expression), every example once;
-  `raw`: uint8 images, for a step that prepares them (`on_device.prepare`)."""
+  `raw`: uint8 images, for a step that prepares them (`on_device.prepare`); `transform`: the
+  weights' own evaluation transform (`configs.timm_weights.Preprocessing`) at `pp.crop` px
+  instead of the official resize."""
   source = _open(config, split)
   prepare = None if raw else _prepare_fn(source.num_classes, sharding is None)
-  pp = _pp(config)
+  pp = _pp(config, transform)
   local_batch = _local_batch(config.batch_eval, 'batch_eval', sharding, jax.process_count())
   batches = _eval_batches(config, source, pp, local_batch)
   for batch in host.ahead_of((_to_device(b, sharding) for b in batches), config.prefetch):

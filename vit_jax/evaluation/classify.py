@@ -4,7 +4,8 @@
 `evaluate` the exact top-1 and top-5 accuracy over a split (`python -m
 vit_jax.evaluate`, with ImageNet's ReaL labels in `evaluate_checkpoint`).
 Images are read as the evaluation pipeline reads them: RGB, a bilinear resize
-to the checkpoint's resolution, uint8 pixels made [-1, 1] on the device.
+to the checkpoint's resolution, uint8 pixels made [-1, 1] on the device; a family's
+checkpoint by its weights' own transform (timm's: `LoadedModel.preprocessing`).
 """
 
 import contextlib
@@ -51,19 +52,20 @@ def image_files(specs: Sequence[str]) -> List[str]:
   return files
 
 
-def read_image(path: str, size: int) -> np.ndarray:
+def read_image(path: str, size: int, transform=None) -> np.ndarray:
   """[size, size, 3] float32 in [-1, 1]: the evaluation pipeline's pixels for the same file, scaled on the host."""
   from vit_jax.data import images
 
-  return images.to_float(read_pixels(path, size))
+  return images.to_float(read_pixels(path, size, transform))
 
 
-def read_pixels(path: str, size: int) -> np.ndarray:
+def read_pixels(path: str, size: int, transform=None) -> np.ndarray:
   """`read_image` as uint8 pixels [size, size, 3], before the [-1, 1] scaling.
 
   `vit_jax.data.images` decodes (every PIL mode as training reads it: 16-bit
   grey by its high byte, alpha dropped, CMYK converted, EXIF orientation not
-  applied, as TensorFlow) and resizes as `tf.image.resize`.
+  applied, as TensorFlow) and resizes as `tf.image.resize`; with `transform` (a family's
+  weights' `configs.timm_weights.Preprocessing`) it reads and resizes as timm evaluates them.
   """
   from vit_jax.data import images
 
@@ -72,7 +74,10 @@ def read_pixels(path: str, size: int) -> np.ndarray:
       data = f.read()
     if not data:
       raise InputError(f'{path}: an empty file, not an image; pass a JPEG or PNG file')
-    pixels = images.eval_image(data, size)
+    if transform is not None:
+      pixels = images.timm_eval_image(data, transform.at(size))
+    else:
+      pixels = images.eval_image(data, size)
   except OSError as e:
     raise InputError(
       f'{path}: cannot read it ({e.strerror or e}); pass a JPEG or PNG file'
@@ -243,7 +248,7 @@ def predict(loaded: LoadedModel, files: Sequence[str], k: int = 5, *, unreadable
     images = []
     for f in files[start : start + _PREDICT_BATCH]:
       try:
-        images.append(read_pixels(f, loaded.image_size))
+        images.append(read_pixels(f, loaded.image_size, loaded.preprocessing))
       except InputError as e:
         if unreadable is None:
           raise
@@ -262,6 +267,12 @@ def evaluate(loaded: LoadedModel, data_config, split: str, batch_sharding) -> di
   from vit_jax.data import pipeline  # TensorFlow: imported when a dataset is read
 
   source = pipeline.split_source(data_config, split)
+  transform = loaded.preprocessing
+  if transform is not None and data_config.pp.resize:
+    raise InputError(
+      f"--resize={data_config.pp.resize}: the checkpoint evaluates by its weights' own "
+      f'transform ({transform.line()}); leave --resize out'
+    )
   if loaded.model.num_classes != source.num_classes:
     raise InputError(
       f"{data_config.dataset} has {source.num_classes} classes, the checkpoint's head "
@@ -277,7 +288,9 @@ def evaluate(loaded: LoadedModel, data_config, split: str, batch_sharding) -> di
   counts_fn = jax.jit(counts_fn, compiler_options=options)
 
   params = jax.device_put(loaded.params, sharding.replicated(batch_sharding.mesh))
-  batches = pipeline.make_eval_iterator(data_config, batch_sharding, split=split, raw=True)
+  batches = pipeline.make_eval_iterator(
+    data_config, batch_sharding, split=split, raw=True, transform=transform
+  )
   result = metrics.accuracy(counts_fn, params, batches)
   top5 = result.pop('accuracy_top5', None)
   return {

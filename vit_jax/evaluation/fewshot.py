@@ -315,11 +315,12 @@ def extract_features(model, params, batches: Iterable[Mapping], *, features_fn=N
 # On datasets the input pipeline reads: during training and from the command line.
 
 
-def evaluate_datasets(config, model, params, sharding, *, features_fn=None) -> dict:
+def evaluate_datasets(config, model, params, sharding, *, features_fn=None, transform=None) -> dict:
   """Few-shot accuracies on every dataset of `config.fewshot.datasets`.
 
   Features of each dataset's train and test splits (eval preprocessing at
-  `config.pp.crop`) are extracted with `model`, then `fewshot_accuracy` runs.
+  `config.pp.crop`: the official resize, or `transform`, the weights' own) are extracted with
+  `model`, then `fewshot_accuracy` runs.
 
   Args:
     config: a run config: `fewshot.*`, plus `pp.crop`, `batch_eval`,
@@ -348,13 +349,17 @@ def evaluate_datasets(config, model, params, sharding, *, features_fn=None) -> d
     train = extract_features(
       model,
       params,
-      pipeline.make_eval_iterator(data, sharding, split=config.fewshot.train_split, raw=True),
+      pipeline.make_eval_iterator(
+        data, sharding, split=config.fewshot.train_split, raw=True, transform=transform
+      ),
       features_fn=features_fn,
     )
     test = extract_features(
       model,
       params,
-      pipeline.make_eval_iterator(data, sharding, split=config.fewshot.test_split, raw=True),
+      pipeline.make_eval_iterator(
+        data, sharding, split=config.fewshot.test_split, raw=True, transform=transform
+      ),
       features_fn=features_fn,
     )
     results = fewshot_accuracy(
@@ -397,7 +402,8 @@ def evaluate_checkpoint(loaded, datasets: Sequence[str], *, crop=None, batch=256
   `fields`: `shots`, `seeds`, `l2_reg`, `train_split`, `test_split` of
   `config.fewshot` (None or absent: the defaults above), `tfds_data_dir`,
   `tfds_manual_dir`. `crop` defaults to the checkpoint's resolution. The
-  parameters are replicated over one mesh of every device.
+  parameters are replicated over one mesh of every device; a family's checkpoint is read by its
+  weights' own transform (`LoadedModel.preprocessing`).
   """
   import ml_collections
 
@@ -422,4 +428,6 @@ def evaluate_checkpoint(loaded, datasets: Sequence[str], *, crop=None, batch=256
   )
   batch_sharding = sharding.batch_sharding(sharding.make_mesh())
   params = jax.device_put(loaded.params, sharding.replicated(batch_sharding.mesh))
-  return evaluate_datasets(config, loaded.model, params, batch_sharding)
+  return evaluate_datasets(
+    config, loaded.model, params, batch_sharding, transform=loaded.preprocessing
+  )

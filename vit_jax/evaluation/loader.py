@@ -17,7 +17,9 @@ import jax.numpy as jnp
 from vit_jax import checkpoint
 from vit_jax import models
 from vit_jax import workdir
+from vit_jax.configs import families
 from vit_jax.configs import model_spec
+from vit_jax.configs import timm_weights
 from vit_jax.configs.model_spec import ModelSpec
 from vit_jax.core import cli
 from vit_jax.core.errors import UserError
@@ -43,9 +45,12 @@ class LoadedModel(NamedTuple):
   grid_size: int  # patches per side
   pixels_per_patch: int  # input pixels per patch step (the backbone stride for hybrids)
   num_prefix_tokens: int
+  # A family's weights: their preprocessing (`configs.timm_weights.Preprocessing`, at
+  # `image_size`), which predict, evaluate and few-shot apply; None: the official resize.
+  preprocessing: Any = None
 
   @classmethod
-  def of(cls, model, params, spec: ModelSpec) -> 'LoadedModel':
+  def of(cls, model, params, spec: ModelSpec, preprocessing=None) -> 'LoadedModel':
     return cls(
       model,
       params,
@@ -54,6 +59,7 @@ class LoadedModel(NamedTuple):
       spec.grid,
       spec.stride,
       spec.num_prefix_tokens,
+      preprocessing,
     )
 
 
@@ -91,15 +97,33 @@ def load_model(
   """
   path = os.fspath(path)
   step = unfinished_run_step(path)
+  metadata = {}
   if step is None:
     checkpoint.resolve(path)  # a missing file is named as such, before a missing --model
-  model_name = resolve_model_name(model_name, path)  # a wrong name fails before the file is read
+    metadata = checkpoint.npz_metadata(path)
+  # A wrong name fails before the file is read.
+  model_name = resolve_model_name(model_name, path, metadata)
   resample = resample or workdir.recorded(path, 'naflex_resample')
+  preprocessing = recorded_preprocessing(path, metadata, model_name)
   if step is None:
     flat = checkpoint.flatten(checkpoint.load(path))
-    return model_from_flat(flat, model_name, path, patch_size, resample)
+    return model_from_flat(flat, model_name, path, patch_size, resample, preprocessing)
   what = f'{path} (the checkpoint at step {step} of an unfinished run)'
-  return model_from_flat(_checkpoint_params(path, step), model_name, what, patch_size, resample)
+  flat = _checkpoint_params(path, step)
+  return model_from_flat(flat, model_name, what, patch_size, resample, preprocessing)
+
+
+def recorded_preprocessing(path: str, metadata: dict, model_name: str):
+  """The weights' preprocessing that a checkpoint records (`checkpoint.save_npz`'s metadata, a
+  workdir's `workdir.read_preprocessing`) for `model_name`, else None. A record of another model
+  than `model_name` (--model naming another) is not its."""
+  record = metadata.get('preprocessing')
+  if record is None and workdir.is_workdir(path):
+    record = workdir.read_preprocessing(path)
+  recorded_for = metadata.get('vit_jax_model') or workdir.recorded(path, 'model')
+  if record is None or (recorded_for and recorded_for != model_name):
+    return None
+  return timm_weights.Preprocessing.from_json(record)
 
 
 def load_from_flags(args, prog: str) -> LoadedModel:
@@ -172,6 +196,7 @@ def model_from_flat(
   what: str,
   patch_size: Optional[int] = None,
   resample: Optional[str] = None,
+  preprocessing=None,
 ) -> LoadedModel:
   """`load_model` for parameters already in memory ({'a/b/c': array}, public names).
 
@@ -180,10 +205,14 @@ def model_from_flat(
   its model name's). `resample` (`vit_checkpoint.PATCH_RESIZE`; timm's default 'bicubic_antialias') is how
   tables and kernels are resampled: at another `patch_size` the kernel's PI-resize and the
   position table's resize (None: FlexiViT's 'bilinear' and the official 'zoom'), and a NaFlex
-  ViT's table to each image's grid (None: the model's, else 'bilinear').
+  ViT's table to each image's grid (None: the model's, else 'bilinear'). `preprocessing`: the
+  weights' (`configs.timm_weights.Preprocessing`) of a family's model, their statistics the
+  model's input statistics (None: timm's default weights' of the name); the paper's models
+  take none.
   """
   flat = {k: v for k, v in flat.items() if not k.startswith(_MPP_ONLY)}
   spec = vit_checkpoint.spec_of(flat, model_name, what)
+  spec, preprocessing = with_weights(spec, preprocessing)
   if spec.naflex:
     default = spec.architecture.get('posemb_resample', 'bilinear')
     spec = spec.changed(posemb_resample=resample or default)
@@ -200,4 +229,16 @@ def model_from_flat(
   )['params']
   params = checkpoint.unflatten(flat)
   checkpoint.check_tree(params, expected, what=what)
-  return LoadedModel.of(model, params, spec)
+  return LoadedModel.of(model, params, spec, preprocessing)
+
+
+def with_weights(spec: ModelSpec, preprocessing=None) -> tuple:
+  """(`spec` whose input statistics are the weights', their preprocessing at its resolution) for
+  a family's model (`preprocessing` None: timm's default weights of its name); (spec, None) for
+  the paper's models, which keep the official resize."""
+  name = spec.name or ''
+  if families.family_of(name) is None:
+    return spec, None
+  preprocessing = (preprocessing or timm_weights.default(name)).at(spec.image_size)
+  mean, std = preprocessing.model_statistics
+  return spec.changed(input_mean=mean, input_std=std), preprocessing

@@ -20,6 +20,7 @@ from vit_jax.evaluation import classify
 from vit_jax.evaluation import loader
 from vit_jax.interop import hf
 from vit_jax.interop import timm
+from vit_jax.interop import timm_files
 from vit_jax.interop import torch_layout
 
 FORMATS = ('timm', 'hf', 'npz', 'savedmodel', 'onnx')
@@ -38,11 +39,20 @@ class Source(NamedTuple):
 # Reading any source.
 
 
-def _model_name(model_name: Optional[str], path: str, metadata: dict, state=None) -> str:
-  """--model, else the name the file records, else (a timm file) the family's name that its
-  tensors fit (`timm.family_name`)."""
-  if not model_name and not metadata.get('vit_jax_model') and state is not None:
-    model_name = timm.family_name(state, path)
+def _timm_model_name(model_name: Optional[str], path: str, state, metadata: dict) -> str:
+  """The model of a timm file: --model, else the name our export recorded, else what lies with
+  the file names (`timm_files.where`), else the model its tensors fit (`timm_files.model_name`).
+  A --model that what lies with a file of another tool, or its tensors, contradicts is refused
+  (`timm_files.check_model`)."""
+  if not metadata.get('vit_jax_model') and 'patch_embed.proj.weight' in state:
+    place = timm_files.where(path)
+    if model_name:
+      timm_files.check_model(model_name, state, place, path)
+    elif place is not None:
+      model_name = timm_files.our_name(place.name)
+      timm_files.check_model(model_name, state, place, path)  # a name we do not have: one line
+    else:
+      model_name = timm_files.model_name(state, path)
   return loader.resolve_model_name(model_name, path, metadata)
 
 
@@ -57,12 +67,21 @@ def load(
   model_name: Optional[str] = None,
   patch_size: Optional[int] = None,
   resample: Optional[str] = None,
+  tag: Optional[str] = None,
 ) -> Source:
   """The model that a checkpoint of any supported kind holds, checked against `model_name`;
   at `patch_size` when given (FlexiViT's PI-resize). `resample`: `loader.model_from_flat`'s;
-  a timm NaFlexVit file needs it unless our export wrote it (its metadata records it)."""
+  a timm NaFlexVit file needs it unless our export wrote it (its metadata records it). `tag`:
+  timm's weights that a timm file holds ('TAG' or 'NAME.TAG'), which decide its preprocessing
+  where nothing with the file does (`timm_files.preprocessing`)."""
   path = os.fspath(path)
   local = not files.is_remote(path)
+  timm_file = local and path.endswith(_TORCH_SUFFIXES)
+  if tag and not timm_file:
+    raise loader.InputError(
+      f"--tag={tag}: {path} is not a timm file; only timm's weights have a tag (a checkpoint "
+      'of ours records its preprocessing); leave --tag out'
+    )
   # A transformers folder: its config.json without a run's final parameters (a
   # training workdir records its config under the same name).
   if (
@@ -72,33 +91,53 @@ def load(
     and not workdir.has_params(path)
   ):
     state, hf_config, metadata = hf.read_folder(path)
-    model_name = _model_name(model_name, path, metadata)
+    model_name = loader.resolve_model_name(model_name, path, metadata)
     return _from_hf(state, hf_config, model_name, path, patch_size, resample)
-  if local and path.endswith(_TORCH_SUFFIXES):
+  if timm_file:
     if not os.path.exists(path):
       raise checkpoint.CheckpointError(f'{path}: no such file')
     state, metadata = _read_torch_file(path)
-    model_name = _model_name(model_name, path, metadata, state)
     if 'patch_embed.proj.weight' in state or 'embeds.proj.weight' in state:
+      model_name = _timm_model_name(model_name, path, state, metadata)
       config = model_spec.registered(model_name)
       if 'embeds.proj.weight' in state:  # timm's NaFlexVit
         resample = resample or metadata.get(timm.RESAMPLE_METADATA)
         flat = timm.from_timm_naflex(state, config, path, resample)
       else:
         flat = timm.from_timm(state, config, path)
-      loaded = loader.model_from_flat(flat, model_name, path, patch_size, resample)
+      preprocessing = _preprocessing(model_name, state, path, metadata, tag)
+      loaded = loader.model_from_flat(flat, model_name, path, patch_size, resample, preprocessing)
       return Source(loaded, None, [])
     if any(k.startswith(('vit.', 'embeddings.')) for k in state):
       folder = os.path.dirname(os.path.abspath(path))
       hf_config = (
         hf.read_config(folder) if os.path.exists(os.path.join(folder, hf.CONFIG_FILE)) else {}
       )
+      model_name = loader.resolve_model_name(model_name, path, metadata)
       return _from_hf(hf.canonical_names(state), hf_config, model_name, path, patch_size, resample)
     raise checkpoint.CheckpointError(
       f'{path}: neither timm (patch_embed.proj.weight) nor '
       'transformers (vit.embeddings...) ViT weights'
     )
   return Source(loader.load_model(path, model_name, patch_size, resample), None, [])
+
+
+def _preprocessing(model_name: str, state, path: str, metadata: dict, tag: Optional[str]):
+  """The preprocessing of a timm file's weights, for a family's model: what our export recorded,
+  else what lies with the file, --tag or its head say (`timm_files.preprocessing`). None for the
+  paper's models, which keep the official resize."""
+  if families.family_of(model_name) is None:
+    if tag:
+      raise loader.InputError(
+        f"--tag={tag}: {model_name} is the paper's model, fed as the paper's (the official "
+        'resize to [-1, 1] pixels) whatever its tag; leave --tag out'
+      )
+    return None
+  recorded = timm_files.recorded(metadata)
+  if recorded is not None:
+    return recorded
+  place = None if metadata.get('vit_jax_model') else timm_files.where(path)
+  return timm_files.preprocessing(model_name, state, path, place, tag)
 
 
 def _from_hf(state, hf_config, model_name, what, patch_size=None, resample=None) -> Source:
@@ -151,6 +190,8 @@ def _save_timm(loaded: loader.LoadedModel, output: str) -> List[str]:
     'timm_model': name or '',
     'timm_kwargs': json.dumps(kwargs),
   }
+  if loaded.preprocessing is not None:
+    metadata[timm_files.PREPROCESSING_METADATA] = json.dumps(loaded.preprocessing.to_json())
   os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
   torch_layout.save_safetensors(timm.to_timm(flat, loaded.config), output, metadata)
   if name:
@@ -207,14 +248,17 @@ def export(
   labels: Optional[str] = None,
   patch_size: Optional[int] = None,
   resample: Optional[str] = None,
+  tag: Optional[str] = None,
 ) -> List[str]:
-  """Converts `checkpoint_path` (at `patch_size`, when given; `resample`: `load`'s) to `fmt`
-  at `output`; notes."""
+  """Converts `checkpoint_path` (at `patch_size`, when given; `resample`, `tag`: `load`'s) to
+  `fmt` at `output`; notes."""
   if fmt not in FORMATS:
     raise loader.InputError(f'--format={fmt!r}: use one of {", ".join(FORMATS)}')
   output = output_path(fmt, output)
-  source = load(checkpoint_path, model_name, patch_size, resample)
+  source = load(checkpoint_path, model_name, patch_size, resample, tag)
   loaded, notes = source.loaded, list(source.notes) + _resample_notes(source.loaded, fmt)
+  if loaded.preprocessing is not None:  # what predict, evaluate and fine-tuning will apply
+    notes.insert(0, loaded.preprocessing.line())
   if timm.is_naflex(checkpoint.flatten(loaded.params)) and fmt in ('hf', 'onnx'):
     raise torch_layout.ExportError(
       f'a NaFlex ViT has no {fmt} counterpart here; use --format=timm (timm NaFlexVit), '
@@ -261,6 +305,15 @@ def _resample_notes(loaded: loader.LoadedModel, fmt: str) -> List[str]:
   ]
 
 
+def npz_metadata(loaded: loader.LoadedModel) -> dict:
+  """What an `.npz` of `loaded` records (`checkpoint.save_npz`): its model's name, and a family's
+  weights' preprocessing, which predict, evaluate, few-shot and fine-tuning apply."""
+  metadata = {'vit_jax_model': loaded.config.model_name or ''}
+  if loaded.preprocessing is not None:
+    metadata['preprocessing'] = loaded.preprocessing.to_json()
+  return metadata
+
+
 def _said_in_one_line(error: BaseException) -> bool:
   return isinstance(error, UserError) or workdir.storage_failure(error) is not None
 
@@ -268,7 +321,7 @@ def _said_in_one_line(error: BaseException) -> bool:
 def _write(fmt: str, loaded: loader.LoadedModel, output: str, names) -> List[str]:
   """Writes `loaded` in `fmt` at `output`; notes for the user."""
   if fmt == 'npz':
-    checkpoint.save_npz(loaded.params, output)
+    checkpoint.save_npz(loaded.params, output, npz_metadata(loaded))
     return []
   if fmt == 'timm':
     return _save_timm(loaded, output)

@@ -393,59 +393,6 @@ def _position_layout(state, config, what: str) -> bool:
   return False
 
 
-# What a family's timm file holds that the others' do not (`family_name`).
-_MARKS = {
-  'norm_pre.weight': ('clip', 'clip_quickgelu'),
-  'attn_pool.latent': ('siglip',),
-  'reg_token': ('dinov2_reg',),
-  'blocks.0.ls1.gamma': ('dinov2', 'dinov2_reg', 'deit3'),
-  'fc_norm.weight': ('eva02',),
-}
-
-
-def family_name(state, what: str) -> Optional[str]:
-  """The `configs.families` name of a timm file without our metadata, from its tensors'
-  names and shapes: the family's marks (`_MARKS`), the width, MLP width and patch size, and
-  the resolution where names differ by it alone; None for no family's (the paper's ViTs need
-  --model). A file that fits models of several families (CLIP's two GELUs: the file does not
-  record its activation) is one line naming them."""
-  shape = lambda key: tuple(state[key].shape) if key in state else None  # noqa: E731
-  kernel = shape('patch_embed.proj.weight')
-  fc2 = shape('blocks.0.mlp.fc2.weight')
-  if kernel is None or fc2 is None or shape('pos_embed') is None:
-    return None
-  width, patch = kernel[0], kernel[2]
-  eva = any(
-    k.startswith('blocks.0.attn.') and k.endswith(('q_bias', 'q_proj.weight')) for k in state
-  )
-  fits = []
-  for name, (family, (hidden, mlp_dim, _, _), size, extra) in families.MODELS.items():
-    marks = {mark for mark, owners in _MARKS.items() if family in owners}
-    if (hidden, mlp_dim, size) != (width, fc2[1], patch) or eva != (family == 'eva02'):
-      continue
-    if marks == {mark for mark in _MARKS if mark in state}:
-      fits.append(name)
-  if not fits:
-    return None
-  rows = shape('pos_embed')[1]
-  at_size = [n for n in fits if re.search(r'_(\d+)$', n) is None or _grid_fits(n, rows)]
-  fits = at_size or fits
-  kinds = {families.MODELS[n][0] for n in fits}
-  if len(kinds) > 1:
-    raise checkpoint.CheckpointError(
-      f'{what}: its tensors fit {" and ".join(sorted(fits))}, which differ in what the file '
-      'does not record (the MLP activation); pass --model naming one'
-    )
-  return fits[0]
-
-
-def _grid_fits(name: str, rows: int) -> bool:
-  """Whether `rows` position embeddings are the grid of `name`'s resolution suffix."""
-  config = model_spec.registered(name)
-  side = int(re.search(r'_(\d+)$', name).group(1)) // config.patches.size[0]
-  return rows - model_spec.embedded_prefix(config) == side * side
-
-
 def from_timm(state: Dict[str, np.ndarray], config, what: str) -> Dict[str, np.ndarray]:
   """timm's state_dict -> our flat parameters for `config` (checked key by key).
 

@@ -80,7 +80,9 @@ def accuracy(run, params) -> dict:
   return metrics.accuracy(
     run.program.eval_step,
     params,
-    pipeline.make_eval_iterator(run.config, run.program.batch_sharding, raw=True),
+    pipeline.make_eval_iterator(
+      run.config, run.program.batch_sharding, raw=True, transform=run.transform
+    ),
   )
 
 
@@ -110,6 +112,7 @@ class FewShotProbe:
       loop.state.params,
       run.program.batch_sharding,
       features_fn=self._features,
+      transform=run.transform,
     )
     run.log.scalars(step, scalars)
     run.log.info(

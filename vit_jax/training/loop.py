@@ -27,11 +27,13 @@ import orbax.checkpoint as ocp
 from vit_jax import checkpoint
 from vit_jax import workdir as workdir_lib
 from vit_jax.configs import ConfigError
+from vit_jax.configs import timm_weights
 from vit_jax.core import console
 from vit_jax.core import files
 from vit_jax.core import hardware
 from vit_jax.core.errors import UserError
 from vit_jax.data import pipeline
+from vit_jax.evaluation import loader
 from vit_jax.models import fp8
 from vit_jax.models import vit_checkpoint
 from vit_jax.training import hooks
@@ -54,6 +56,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
   # Our own one-line errors pass as they are; a failed write becomes one.
   with workdir_lib.storage_errors(workdir, keep=(UserError,)):
     workdir_lib.check_folder(workdir)
+    spec, transform = weights_of(config, spec, workdir)
     resume.check_config(workdir, config)
     summary = resume.finished(workdir, config)
     if summary is not None:
@@ -78,7 +81,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
           workdir_lib.write_config(workdir, config, keep=unknown)
         # Orbax logs each unreadable checkpoint file it meets; resume says it in one line.
         with resume.without_orbax_errors():
-          run = set_up(config, workdir, mesh, spec, lock=lock)
+          run = set_up(config, workdir, mesh, spec, lock=lock, transform=transform)
           stop.check()
           state, data_state, clock.prior = restore_or_initialize(run)
         stop.check()
@@ -123,6 +126,22 @@ def _check_pretrained(path: str) -> None:
     ) from None
 
 
+def weights_of(config, spec, workdir: str) -> tuple:
+  """(`spec` with the input statistics of the weights it trains, their evaluation transform) for
+  a family's model: the preprocessing the run recorded (a resumed run), else what its
+  pretrained checkpoint records for its model, else timm's default weights' of the name
+  (`loader.with_weights`); (spec, None) for the paper's models, which keep the official resize."""
+  record = workdir_lib.read_preprocessing(workdir) if workdir_lib.is_workdir(workdir) else None
+  if record is None and config.pretrained_path:
+    metadata = checkpoint.npz_metadata(config.pretrained_path)
+    if metadata.get('vit_jax_model') in (None, config.model):
+      record = metadata.get('preprocessing')
+    if record is None and workdir_lib.is_workdir(config.pretrained_path):
+      record = workdir_lib.read_preprocessing(config.pretrained_path)
+  preprocessing = None if record is None else timm_weights.Preprocessing.from_json(record)
+  return loader.with_weights(spec, preprocessing)
+
+
 def _report_finished(workdir: str, summary: dict) -> None:
   if jax.process_index() == 0:
     print(
@@ -148,6 +167,9 @@ class Run:
   manager: ocp.CheckpointManager
   peak_flops: Optional[float]
   lock: Optional[workdir_lib.Lock] = None  # process 0's hold on the workdir
+  # A family's weights: their evaluation transform (`configs.timm_weights.Preprocessing`);
+  # None: the official resize.
+  transform: Any = None
 
 
 class Losses:
@@ -229,18 +251,23 @@ class Loop:
     return self.clock.totals(self.losses.last_mean)
 
 
-def set_up(config, workdir: str, mesh, spec, lock: Optional[workdir_lib.Lock] = None) -> Run:
+def set_up(
+  config, workdir: str, mesh, spec, lock: Optional[workdir_lib.Lock] = None, transform=None
+) -> Run:
   """Checks the config against the data; builds the task of the model `spec` (which
   `program.validate` resolved, checking the config against the devices), the optimizer and the
-  checkpoint manager."""
+  checkpoint manager. `transform`: the evaluation transform of a family's weights
+  (`weights_of`), recorded in the workdir."""
   info = pipeline.get_info(config)
   resume.check_classes(workdir, info)
   if jax.process_index() == 0:
     resume.record_dataset(workdir, info)
+    if transform is not None:
+      workdir_lib.write_preprocessing(workdir, transform.to_json())
   if info.multi_label and config.loss != 'sigmoid' and config.task == 'classification':
     raise ConfigError(f'{info.name} is multi-label: set --config.loss=sigmoid')
   log = run_log.RunLog(workdir, is_main=jax.process_index() == 0, tensorboard=config.tensorboard)
-  log.info(pipeline.describe_preprocessing(config))
+  log.info(pipeline.describe_preprocessing(config, transform))
   device = mesh.devices.flat[0]
   if config.fp8 and not fp8.native(device):
     log.info(
@@ -267,6 +294,7 @@ def set_up(config, workdir: str, mesh, spec, lock: Optional[workdir_lib.Lock] = 
     # A peak that does not drop on a busy machine: MFU stays at most 1 (vit_jax.core.hardware).
     peak_flops=config.peak_flops or hardware.stable_peak()[0],
     lock=lock,
+    transform=transform,
   )
 
 
@@ -453,9 +481,12 @@ def _write_results(run: Run, loop: Loop, summary: dict) -> None:
   params = _host_tree(loop.state.params)
   ema = _host_tree(loop.state.ema_params) if run.config.ema_decay else None
   if jax.process_index() == 0:
-    checkpoint.save_npz(params, workdir_lib.params_path(run.workdir))
+    metadata = {'vit_jax_model': run.config.model}
+    if run.transform is not None:
+      metadata['preprocessing'] = run.transform.to_json()
+    checkpoint.save_npz(params, workdir_lib.params_path(run.workdir), metadata)
     if ema is not None:
-      checkpoint.save_npz(ema, workdir_lib.params_path(run.workdir, ema=True))
+      checkpoint.save_npz(ema, workdir_lib.params_path(run.workdir, ema=True), metadata)
   summary['wall_time_s'] = loop.totals()['wall_time_s']
   if jax.process_index() == 0:
     workdir_lib.write_summary(run.workdir, summary)

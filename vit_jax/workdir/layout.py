@@ -3,6 +3,7 @@
   WORKDIR/
     config.json            the run's config; a run resumes only when it agrees (training.resume)
     dataset.json           its data: the path it names, its class names (for predict and export)
+    preprocessing.json     a family model's weights: their statistics and evaluation transform
     checkpoints/<step>/    orbax checkpoints: train state, data iterator position, run totals
     corrupt_checkpoints/   checkpoints that did not restore, moved aside, never deleted
     summary.json           the finished run: step, accuracy, speed and its model's name
@@ -25,6 +26,7 @@ from vit_jax.core.errors import UserError
 __all__ = [  # `vit_jax.workdir`'s names for the files of a run
   'CONFIG_FILE',
   'DATASET_FILE',
+  'PREPROCESSING_FILE',
   'CHECKPOINTS',
   'CORRUPT_CHECKPOINTS',
   'SUMMARY_FILE',
@@ -52,6 +54,8 @@ __all__ = [  # `vit_jax.workdir`'s names for the files of a run
   'write_config',
   'read_dataset',
   'write_dataset',
+  'read_preprocessing',
+  'write_preprocessing',
   'saved_steps',
   'checkpoint_has_item',
   'set_aside',
@@ -61,6 +65,7 @@ __all__ = [  # `vit_jax.workdir`'s names for the files of a run
 
 CONFIG_FILE = 'config.json'
 DATASET_FILE = 'dataset.json'
+PREPROCESSING_FILE = 'preprocessing.json'
 CHECKPOINTS = 'checkpoints'
 CORRUPT_CHECKPOINTS = 'corrupt_checkpoints'
 SUMMARY_FILE = 'summary.json'
@@ -102,6 +107,7 @@ _RUN_WORK = (PARAMS_FILE, PARAMS_EMA_FILE, CHECKPOINTS, SUMMARY_FILE, LOCK_FILE)
 _RUN_FILES = _RUN_WORK + (
   CONFIG_FILE,
   DATASET_FILE,
+  PREPROCESSING_FILE,
   CORRUPT_CHECKPOINTS,
   FEWSHOT_FILE,
   METRICS_FILE,
@@ -264,6 +270,21 @@ def write_dataset(workdir: str, record: dict) -> None:
   """Records the run's data; an unchanged record is not rewritten."""
   if read_dataset(workdir) != record:
     _write_json(os.path.join(workdir, DATASET_FILE), record)
+
+
+def read_preprocessing(workdir: str) -> Optional[dict]:
+  """The preprocessing of the weights the run in `workdir` trains (a family model's:
+  `configs.timm_weights.Preprocessing.to_json`), None when it recorded none."""
+  try:
+    return _read_json(os.path.join(workdir, PREPROCESSING_FILE))
+  except (OSError, ValueError):
+    return None
+
+
+def write_preprocessing(workdir: str, record: dict) -> None:
+  """Records the weights' preprocessing; an unchanged record is not rewritten."""
+  if read_preprocessing(workdir) != record:
+    _write_json(os.path.join(workdir, PREPROCESSING_FILE), record)
 
 
 def saved_steps(workdir: str) -> list:

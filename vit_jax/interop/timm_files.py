@@ -1,0 +1,391 @@
+"""What a timm file holds: its model and its weights, from where it lies and from its tensors.
+
+A timm state_dict records neither its model's name nor its weights' tag, and timm keeps the
+preprocessing with the tag (`configs.timm_weights`). What says what a file is, surest first:
+
+- what lies with it (`where`): a timm `config.json` beside it (timm's `push_to_hub` writes its
+  `architecture` and `pretrained_cfg`), the hub cache's folder `models--timm--NAME.TAG` (where
+  `timm.create_model(NAME, pretrained=True)` puts its download), or a file or folder named
+  NAME[.TAG] after a timm name of `configs.timm_weights`;
+- its tensors (`model_name`): each family's marks (`_MARKS`), the class token, the width, MLP
+  width, patch size and grid; a file of a family we do not have by its own marks (`_OTHERS`).
+
+--model and --tag may settle what neither says, never contradict it (`check_model`): a file
+converted as another model would be fed the wrong pixels or the wrong activation, silently.
+"""
+
+import json
+import os
+import re
+from typing import Dict, List, NamedTuple, Optional
+
+from vit_jax import checkpoint
+from vit_jax.configs import families
+from vit_jax.configs import model_spec
+from vit_jax.configs import timm_weights
+from vit_jax.interop import timm
+
+PREPROCESSING_METADATA = 'vit_jax_preprocessing'  # where our timm exports record it
+
+
+class Place(NamedTuple):
+  """What lies with a file: the timm name and tag it says, and where it says it."""
+
+  name: str
+  tag: Optional[str]
+  source: str  # 'config.json beside it', 'its folder models--timm--...', ...
+  pretrained_cfg: Optional[dict] = None  # a timm config.json's, the file's own preprocessing
+
+
+_HUB_FOLDER = re.compile(r'^models--timm--([A-Za-z0-9_]+)(?:\.([A-Za-z0-9_]+))?$')
+_NAMED = re.compile(r'^([a-z0-9_]+)(?:\.([A-Za-z0-9_]+))?$')
+_SUFFIXES = ('.safetensors', '.pth', '.pt', '.bin')
+
+
+def where(path: str) -> Optional[Place]:
+  """What lies with the timm file `path` (see the module's docstring); None for nothing."""
+  path = os.path.abspath(path)
+  beside = os.path.join(os.path.dirname(path), 'config.json')
+  try:
+    with open(beside, encoding='utf-8') as f:
+      config = json.load(f)
+  except (OSError, ValueError):
+    config = None
+  if isinstance(config, dict) and isinstance(config.get('architecture'), str):
+    cfg = config.get('pretrained_cfg') if isinstance(config.get('pretrained_cfg'), dict) else {}
+    return Place(config['architecture'], cfg.get('tag'), f"{beside} (timm's config)", cfg)
+  parts = path.split(os.sep)
+  for part in reversed(parts[:-1]):
+    hub = _HUB_FOLDER.match(part)
+    if hub:
+      return Place(hub.group(1), hub.group(2), f"its folder {part} (timm's hub download)")
+  base = parts[-1]
+  for suffix in _SUFFIXES:
+    base = base.removesuffix(suffix)
+  for part in [base] + list(reversed(parts[:-1])):
+    named = _NAMED.match(part)
+    if named and timm_weights.has_tags(named.group(1)):
+      return Place(named.group(1), named.group(2), f'its name {part}')
+  return None
+
+
+def split_tag(text: Optional[str]):
+  """--tag's (name, tag): 'NAME.TAG' or 'TAG' (name None); (None, None) for no --tag."""
+  if not text:
+    return None, None
+  name, _, tag = text.rpartition('.')
+  return name or None, tag
+
+
+# ---------------------------------------------------------------------------
+# Names: timm's and ours.
+
+
+def _paper_names() -> Dict[str, str]:
+  """timm's names of the paper's models -> ours (`ViT-B_16` for vit_base_patch16_224/384)."""
+  out = {}
+  for ours, base in timm.TIMM_NAMES.items():
+    out[f'{base}_224'] = ours
+    if base in timm.TIMM_384:
+      out[f'{base}_384'] = ours
+  return out
+
+
+def our_name(timm_name: str) -> Optional[str]:
+  """The model of ours that timm's `timm_name` is (the same for a family's), else None."""
+  if families.family_of(timm_name) is not None:
+    return timm_name
+  return _paper_names().get(timm_name)
+
+
+# Families of timm's that vit_jax does not convert: a prefix of their timm names, their title.
+_OTHER_NAMES = (
+  ('beitv2_', 'BEiT v2'),
+  ('beit3_', 'BEiT-3'),
+  ('beit_', 'BEiT'),
+  ('deit_', 'DeiT (distilled, with its second token)'),
+  ('cait_', 'CaiT'),
+  ('swin', 'Swin Transformer'),
+  ('eva02_', 'EVA-02 (its CLIP towers and 336/448 px models)'),
+  ('eva_', 'EVA'),
+  ('vit_', "timm's ViT variants"),
+  ('naflexvit_', "timm's NaFlexViT"),
+)
+
+
+def _other_family(name: str) -> Optional[str]:
+  """The title of a timm name of a family we do not convert (by its prefix), else None."""
+  if our_name(name) is not None:
+    return None
+  if 'dinov3' in name:
+    return 'DINOv3'
+  for prefix, title in _OTHER_NAMES:
+    if name.startswith(prefix):
+      return title
+  return None
+
+
+# What the tensors of a family we do not convert show: (title, keys all present, keys absent).
+_OTHERS = (
+  ('Swin Transformer', ('layers.0.blocks.0.attn.relative_position_bias_table',), ()),
+  ('CaiT', ('blocks_token_only.0.norm1.weight',), ()),
+  ('DeiT (distilled, with its second token)', ('dist_token',), ()),
+  ('BEiT', ('blocks.0.gamma_1', 'blocks.0.attn.relative_position_bias_table'), ()),
+  ('BEiT', ('rel_pos_bias.relative_position_bias_table',), ()),
+  ('DINOv3', ('cls_token', 'reg_token', 'blocks.0.gamma_1'), ('pos_embed', 'fc_norm.weight')),
+  (
+    "timm's rotary ViT (vit_*_rope_*)",
+    ('blocks.0.gamma_1',),
+    ('pos_embed', 'blocks.0.attn.relative_position_bias_table'),
+  ),
+)
+# Marks that a family of ours shares (EVA-02's q/v biases), told only where no family's fits.
+_OTHERS_UNFIT = (('EVA', ('blocks.0.attn.q_bias', 'pos_embed'), ()),)
+
+
+def other_family(state, marks=_OTHERS) -> Optional[str]:
+  """The title of a family we do not convert whose marks the tensors show, else None."""
+  for title, present, absent in marks:
+    if all(k in state for k in present) and not any(k in state for k in absent):
+      return title
+  return None
+
+
+def unsupported(what: str, why: str) -> checkpoint.CheckpointError:
+  return checkpoint.CheckpointError(
+    f"{what}: {why}, a family vit_jax does not convert (its models: the paper's and "
+    'vit_jax.configs.families); it cannot be imported'
+  )
+
+
+# ---------------------------------------------------------------------------
+# The model from the tensors.
+
+# What a family's timm file holds that the others' do not.
+_MARKS = {
+  'norm_pre.weight': ('clip', 'clip_quickgelu'),
+  'attn_pool.latent': ('siglip',),
+  'reg_token': ('dinov2_reg',),
+  'blocks.0.ls1.gamma': ('dinov2', 'dinov2_reg', 'deit3'),
+  'fc_norm.weight': ('eva02',),
+}
+
+
+def _shape(state, key):
+  return tuple(state[key].shape) if key in state else None
+
+
+def family_fits(state) -> List[str]:
+  """The family models (`configs.families.MODELS`) whose layout the tensors show, at any
+  resolution: the family's marks, the class token, width, MLP width and patch size."""
+  kernel, fc2 = _shape(state, 'patch_embed.proj.weight'), _shape(state, 'blocks.0.mlp.fc2.weight')
+  if kernel is None or fc2 is None or _shape(state, 'pos_embed') is None:
+    return []
+  width, patch = kernel[0], kernel[2]
+  eva = any(
+    k.startswith('blocks.0.attn.') and k.endswith(('q_bias', 'q_proj.weight')) for k in state
+  )
+  marks = {mark for mark in _MARKS if mark in state}
+  fits = []
+  for name, (family, (hidden, mlp_dim, _, _), size, extra) in families.MODELS.items():
+    if (hidden, mlp_dim, size) != (width, fc2[1], patch) or eva != (family == 'eva02'):
+      continue
+    classifier = families.FAMILIES[family][0].get('classifier', 'token')
+    if ('cls_token' in state) != model_spec.has_class_token(classifier):
+      continue
+    if marks == {mark for mark, owners in _MARKS.items() if family in owners}:
+      fits.append(name)
+  return fits
+
+
+def _paper_fits(state) -> List[str]:
+  """The paper's models (timm's `vit_*` names, ours `ViT-*`, `-gap` for mean pooling) whose
+  sizes a plain ViT file's tensors show."""
+  kernel, fc2 = _shape(state, 'patch_embed.proj.weight'), _shape(state, 'blocks.0.mlp.fc2.weight')
+  if kernel is None or fc2 is None or any(k.startswith('patch_embed.backbone') for k in state):
+    return []
+  fits = []
+  for ours in timm.TIMM_NAMES:
+    name = ours if 'cls_token' in state else f'{ours}-gap'
+    try:
+      config = model_spec.registered(name)
+    except KeyError:
+      continue
+    if config.get('resnet') is not None:
+      continue
+    sizes = (config.hidden_size, config.transformer.mlp_dim, config.patches.size[0])
+    if sizes == (kernel[0], fc2[1], kernel[2]):
+      fits.append(name)
+  return fits
+
+
+def _grid_fits(name: str, rows: int) -> bool:
+  """Whether `rows` position embeddings are the grid of `name`'s resolution suffix."""
+  config = model_spec.registered(name)
+  side = int(re.search(r'_(\d+)$', name).group(1)) // config.patches.size[0]
+  return rows - model_spec.embedded_prefix(config) == side * side
+
+
+_ACTIVATIONS = {'gelu': 'exact GELU', 'gelu_tanh': 'tanh GELU', 'quick_gelu': 'quick GELU'}
+
+
+def _named(name: str) -> str:
+  """`name` and what tells it apart from a model of the same tensors: its MLP's activation and
+  its default weights' input."""
+  block = model_spec.registered(name).transformer
+  activation = (
+    'SwiGLU' if block.get('swiglu') else _ACTIVATIONS[block.get('activation', 'gelu_tanh')]
+  )
+  if families.family_of(name) is None:
+    return f"{name} (the paper's: {activation}, [-1, 1] pixels)"
+  statistics = timm_weights.statistics_name(name, timm_weights.tags(name)[0])
+  return f'{name} ({activation}, {timm_weights.STATISTICS_TITLES[statistics]})'
+
+
+def model_name(state, what: str) -> str:
+  """The model of a timm file that nothing beside it names, from its tensors; a file of a
+  family we do not have, or one whose tensors fit models that differ in what the file does
+  not record (an activation, input statistics), is one line naming them."""
+  title = other_family(state)
+  if title is not None:
+    raise unsupported(what, f'its tensors are those of {title}')
+  fits = family_fits(state)
+  title = None if fits else other_family(state, _OTHERS_UNFIT)
+  if title is not None:
+    raise unsupported(what, f'its tensors are those of {title}')
+  rows = _shape(state, 'pos_embed')
+  if fits and rows is not None:
+    at_size = [n for n in fits if re.search(r'_(\d+)$', n) is None or _grid_fits(n, rows[1])]
+    fits = at_size or fits
+  if not fits or all(_plain(n) for n in fits):
+    fits += _paper_fits(state)  # the paper's layout: its models fit too
+  kinds = {}  # a family, or a paper's model -> the first name of it
+  for name in fits:
+    kinds.setdefault(families.family_of(name) or name, name)
+  if len(kinds) == 1 and families.family_of(fits[0]) is not None:
+    return fits[0]
+  if not kinds:
+    kernel, fc2 = _shape(state, 'patch_embed.proj.weight'), _shape(state, 'blocks.0.mlp.fc2.weight')
+    sizes = f' (width {kernel[0]}, MLP {fc2[1]}, patch {kernel[2]})' if kernel and fc2 else ''
+    raise checkpoint.CheckpointError(
+      f'{what}: its tensors{sizes} fit no model of vit_jax.configs.architectures.MODEL_CONFIGS '
+      'by their sizes and layout; pass --model naming the one whose architecture it is'
+    )
+  raise checkpoint.CheckpointError(
+    f'{what}: its tensors fit {" and ".join(_named(n) for n in kinds.values())}, which differ '
+    'in what the file does not record; pass --model naming the one whose weights it holds'
+  )
+
+
+def _plain(name: str) -> bool:
+  """Whether a family's file shows no marks (DeiT, SigLIP's mean-pooled: the paper's layout)."""
+  family = families.family_of(name)
+  return family is not None and not any(family in owners for owners in _MARKS.values())
+
+
+def check_model(name: str, state, place: Optional[Place], what: str) -> None:
+  """Refuses --model=`name` where what lies with the file, or its tensors, show another model
+  (see the module's docstring)."""
+  if place is not None:
+    named = our_name(place.name)
+    if named is None:
+      title = _other_family(place.name)
+      raise unsupported(
+        what, f"{place.source} names timm's {place.name}" + (f' ({title})' if title else '')
+      )
+    if named != name:
+      raise checkpoint.CheckpointError(
+        f"--model={name}: {place.source} names timm's {place.name}, our {named}; leave "
+        '--model out (or rename the file, if that name is not what it holds)'
+      )
+    if families.family_of(name) is None and place.tag and timm_weights.has_tags(place.name):
+      if place.tag in timm_weights.tags(place.name):
+        weights = timm_weights.preprocessing(place.name, place.tag)
+        if weights.model_statistics != (None, None):
+          raise checkpoint.CheckpointError(
+            f"{what}: {place.source} says it holds timm's {place.name}.{place.tag}, weights "
+            f"that take other input statistics (mean {weights.mean}) than the paper's "
+            f'{name} ([-1, 1] pixels); vit_jax does not convert them'
+          )
+    return
+  title = other_family(state)
+  if title is not None:
+    raise unsupported(what, f'its tensors are those of {title}')
+  fits = family_fits(state)
+  if not fits or name in fits:
+    return
+  if families.family_of(name) is None and all(_plain(n) for n in fits):
+    return  # a plain ViT's tensors: --model settles whose weights they are
+  raise checkpoint.CheckpointError(
+    f'--model={name}: the tensors of {what} show the layout of '
+    f'{" and ".join(sorted(set(fits)))}, not of {name}; leave --model out'
+  )
+
+
+# ---------------------------------------------------------------------------
+# The weights' preprocessing.
+
+
+def preprocessing(
+  name: str, state, what: str, place: Optional[Place], tag: Optional[str]
+) -> timm_weights.Preprocessing:
+  """The preprocessing of the weights a timm file of family model `name` holds: its
+  config.json's, else that of --tag (`tag`: 'TAG' or 'NAME.TAG') or the tag its place names,
+  else the one that every tag of `name` with its head's classes shares; tags that differ are
+  one line naming them and --tag."""
+  size = timm_weights.default(name).size
+  if place is not None and place.pretrained_cfg and 'mean' in place.pretrained_cfg:
+    return _from_config(name, place, size)
+  named, tag = split_tag(tag)
+  if named not in (None, name):
+    raise checkpoint.CheckpointError(
+      f'--tag={named}.{tag}: {what} holds {name}; pass --tag={name}.TAG or TAG alone'
+    )
+  tags = timm_weights.tags(name)
+  if tag is None and place is not None and place.name == name:
+    tag = place.tag
+  if tag is not None:
+    if tag not in tags:
+      raise checkpoint.CheckpointError(
+        f"--tag={tag}: timm's {name} has the weights {', '.join(tags)}; pass one of them"
+      )
+    return timm_weights.preprocessing(name, tag)
+  classes = int(state['head.weight'].shape[0]) if 'head.weight' in state else 0
+  with_head = [t for t in tags if timm_weights.head_classes(name, t) == classes]
+  groups = timm_weights.groups(name, with_head or tags)
+  if len(groups) == 1:
+    (candidates,) = groups.values()
+    if len(candidates) == 1:
+      return timm_weights.preprocessing(name, candidates[0])
+    return timm_weights.preprocessing(name, candidates[0]).named(name)
+  heads = f' with a {classes}-class head' if with_head else ''
+  described = '; '.join(
+    f'{", ".join(t)}: {timm_weights.preprocessing(name, t[0]).summary()}' for t in groups.values()
+  )
+  raise checkpoint.CheckpointError(
+    f"{what}: timm's weights of {name}{heads} differ in preprocessing ({described}); pass "
+    f'--tag naming its weights (e.g. --tag={name}.{next(iter(groups.values()))[0]})'
+  )
+
+
+def _from_config(name: str, place: Place, size: int) -> timm_weights.Preprocessing:
+  """The preprocessing a timm config.json beside the file records (its pretrained_cfg)."""
+  cfg = place.pretrained_cfg
+  input_size = cfg.get('input_size') or (3, size, size)
+  weights = f'{name}.{place.tag}' if place.tag else name
+  return timm_weights.Preprocessing(
+    weights,
+    tuple(float(v) for v in cfg['mean']),
+    tuple(float(v) for v in cfg['std']),
+    int(input_size[-1]),
+    float(cfg.get('crop_pct', timm_weights.DEFAULT_CROP_PCT)),
+    cfg.get('interpolation', 'bicubic'),
+    cfg.get('crop_mode', 'center'),
+  )
+
+
+def recorded(metadata: dict) -> Optional[timm_weights.Preprocessing]:
+  """The preprocessing our timm export recorded in a file's metadata, else None."""
+  if not metadata.get(PREPROCESSING_METADATA):
+    return None
+  return timm_weights.Preprocessing.from_json(json.loads(metadata[PREPROCESSING_METADATA]))
