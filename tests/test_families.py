@@ -373,6 +373,69 @@ def test_a_new_resolution_resizes_as_timm_does_in_the_familys_layout(name):
   assert relative_error(ours(config, adapted, x)[0], logits) <= BOUND
 
 
+@needs_timm
+def test_the_fine_tune_of_a_family_resizes_its_positions_as_timm_does(tmp_path):
+  """The documented fine-tune (`configs/finetune.py:NAME,DATASET`) of a family's checkpoint at
+  a new grid: the position rows resized as timm's `resample_abs_pos_embed` (bicubic,
+  antialiased: its fine-tunes' default), within 1e-6; the paper's models keep the zoom."""
+  from timm.layers import resample_abs_pos_embed
+
+  from vit_jax.configs import recipes
+
+  name = 'vit_base_patch14_reg4_dinov2'
+  model = timm_model(name)
+  config = our_config(name, model)
+  patch = config.patches.size[0]
+  state = {k: v.numpy() for k, v in model.state_dict().items()}
+  npz = checkpoint.save_npz(
+    checkpoint.unflatten(interop_timm.from_timm(state, our_config(name, model), 'timm')),
+    tmp_path / 'dinov2.npz',
+  )
+  run = recipes.finetune(f'{name},cifar10')
+  assert recipes.finetune('ViT-B_16,cifar10').posemb_resize == 'zoom'
+  params = checkpoint.load_pretrained(
+    pretrained_path=npz,
+    init_params=checkpoint.unflatten(random_flat(config, 4 * patch)),
+    model_config=config,
+    posemb_resize=run.posemb_resize,
+  )
+  resized = resample_abs_pos_embed(
+    model.pos_embed.detach(), (4, 4), (3, 3), num_prefix_tokens=0, antialias=True
+  ).numpy()
+  posemb = checkpoint.flatten(params)['Transformer/posembed_input/pos_embedding']
+  np.testing.assert_allclose(posemb, resized, atol=1e-6)
+
+
+@needs_timm
+def test_layer_decay_scales_are_timms_but_the_final_norms():
+  """`layer_decay` (0.5, four blocks) scales each parameter of a DINOv2 model as timm's
+  `param_groups_layer_decay` scales the learning rate of timm's parameter of that name, except
+  the final LayerNorm (`norm`): timm gives it the last block's 0.5, ours the head's 1."""
+  from timm.optim._param_groups import param_groups_layer_decay
+
+  name = 'vit_base_patch14_dinov2'
+  theirs = timm.create_model(
+    name, pretrained=False, img_size=42, num_classes=5, **{**SIZES, 'depth': 4}
+  )
+  by_param = {id(p): n for n, p in theirs.named_parameters()}
+  timm_scale = {
+    by_param[id(p)]: group['lr_scale']
+    for group in param_groups_layer_decay(theirs, layer_decay=0.5)
+    for p in group['params']
+  }
+  config = our_config(name, theirs)
+  config.transformer.num_layers = 4
+  ones = {k: np.ones_like(v) for k, v in random_flat(config, 42).items()}
+  scaled, _ = optim.layer_decay(0.5).update(checkpoint.unflatten(ones), None)
+  differ = {}
+  for key, value in checkpoint.flatten(scaled).items():
+    timm_key, _ = interop_timm.timm_name(key)
+    ours = float(np.asarray(value).flat[0])
+    if ours != timm_scale[timm_key]:
+      differ[timm_key] = (ours, timm_scale[timm_key])
+  assert differ == {'norm.weight': (1.0, 0.5), 'norm.bias': (1.0, 0.5)}
+
+
 def test_the_docs_table_of_families_is_the_registrys():
   import os
 
@@ -459,6 +522,13 @@ def test_a_run_fine_tunes_a_timm_file_and_exports_it_back(tmp_path):
   overrides.update(total_steps=12, warmup_steps=2, eval_every=12, checkpoint_every=12)
   config = tiny_run_config(pretrained_path=str(tmp_path / 'eva.npz'), **overrides)
   loop.train_and_evaluate(config, workdir)
+  # The weights' preprocessing (timm's default tag of the name) goes with the run: recorded
+  # beside it and in its params.npz, which predict and evaluate apply.
+  weights = timm_weights.default(name).at(28)
+  assert loader.load_model(workdir).preprocessing == weights
+  assert checkpoint.npz_metadata(workdir)['preprocessing'] == json.loads(
+    json.dumps(weights.to_json())
+  )
   logged = [json.loads(line) for line in open(f'{workdir}/metrics.jsonl')]
   losses = [entry['train_loss'] for entry in logged if 'train_loss' in entry]
   assert losses[-1] < losses[0] - 0.2, losses

@@ -15,6 +15,7 @@ import ml_collections
 
 from vit_jax.configs import ConfigError
 from vit_jax.configs import common
+from vit_jax.configs import families
 from vit_jax.configs import model_spec
 from vit_jax.configs import schema
 from vit_jax.configs.common import finetune_steps
@@ -180,6 +181,10 @@ def finetune(arg: str) -> ml_collections.ConfigDict:
   config.base_lr = 0.01 if dataset.startswith('vtab/') else 0.03
   config.total_steps = finetune_steps(dataset)
   config.ema_decay = 0.0  # Polyak averaging: --config.ema_decay=0.9999
+  if families.family_of(model) is not None:
+    # A family's weights come from timm, whose fine-tunes resize the position table by
+    # `resample_abs_pos_embed` (bicubic, antialiased); the paper's keep the official zoom.
+    config.posemb_resize = 'bicubic_antialias'
   config.progress_every = 50
   config.eval_every = 1000
   config.checkpoint_every = 1000
