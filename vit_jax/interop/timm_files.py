@@ -23,9 +23,12 @@ from vit_jax import checkpoint
 from vit_jax.configs import families
 from vit_jax.configs import model_spec
 from vit_jax.configs import timm_weights
+from vit_jax.interop import hf
 from vit_jax.interop import timm
 
 PREPROCESSING_METADATA = 'vit_jax_preprocessing'  # where our timm exports record it
+# timm's `push_to_hub` writes it beside the weights; the name of the transformers' file too.
+CONFIG_FILE = hf.CONFIG_FILE
 
 
 class Place(NamedTuple):
@@ -45,7 +48,7 @@ _SUFFIXES = ('.safetensors', '.pth', '.pt', '.bin')
 def where(path: str) -> Optional[Place]:
   """What lies with the timm file `path` (see the module's docstring); None for nothing."""
   path = os.path.abspath(path)
-  beside = os.path.join(os.path.dirname(path), 'config.json')
+  beside = os.path.join(os.path.dirname(path), CONFIG_FILE)
   try:
     with open(beside, encoding='utf-8') as f:
       config = json.load(f)
