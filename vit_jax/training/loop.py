@@ -27,6 +27,7 @@ import orbax.checkpoint as ocp
 from vit_jax import checkpoint
 from vit_jax import workdir as workdir_lib
 from vit_jax.configs import ConfigError
+from vit_jax.configs import families
 from vit_jax.configs import timm_weights
 from vit_jax.core import console
 from vit_jax.core import files
@@ -131,6 +132,8 @@ def weights_of(config, spec, workdir: str) -> tuple:
   a family's model: the preprocessing the run recorded (a resumed run), else what its
   pretrained checkpoint records for its model, else timm's default weights' of the name
   (`loader.with_weights`); (spec, None) for the paper's models, which keep the official resize."""
+  if families.family_of(spec.name or '') is None:
+    return spec, None  # nothing to read: a pretrained gs:// file is not opened twice
   record = workdir_lib.read_preprocessing(workdir) if workdir_lib.is_workdir(workdir) else None
   if record is None and config.pretrained_path:
     metadata = checkpoint.npz_metadata(config.pretrained_path)
