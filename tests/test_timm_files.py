@@ -282,7 +282,7 @@ def test_a_model_that_would_change_the_files_activation_or_input_is_refused(
   ):
     args = [f'--checkpoint={source}', '--format=npz', f'--output={tmp_path / "x.npz"}']
     assert command_error(export_cli.main, args + [f'--model={model_name}'], capsys) == (
-      f"error: --model={model_name}: {by} names timm's {name}, our {name}; leave --model out (or "
+      f"error: --model={model_name}: {by} names timm's {name}; leave --model out (or "
       'rename the file, if that name is not what it holds)'
     )
     assert not (tmp_path / 'x.npz').exists()

@@ -297,9 +297,10 @@ def check_model(name: str, state, place: Optional[Place], what: str) -> None:
         what, f"{place.source} names timm's {place.name}" + (f' ({title})' if title else '')
       )
     if named != name:
+      ours = '' if named == place.name else f', our {named}'
       raise checkpoint.CheckpointError(
-        f"--model={name}: {place.source} names timm's {place.name}, our {named}; leave "
-        '--model out (or rename the file, if that name is not what it holds)'
+        f"--model={name}: {place.source} names timm's {place.name}{ours}; leave --model out "
+        '(or rename the file, if that name is not what it holds)'
       )
     if families.family_of(name) is None and place.tag and timm_weights.has_tags(place.name):
       if place.tag in timm_weights.tags(place.name):
