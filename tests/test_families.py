@@ -436,6 +436,28 @@ def test_layer_decay_scales_are_timms_but_the_final_norms():
   assert differ == {'norm.weight': (1.0, 0.5), 'norm.bias': (1.0, 0.5)}
 
 
+@needs_timm
+@pytest.mark.parametrize('grid, head_dim', [((3, 3), 8), ((4, 6), 64)])
+def test_dinov3_rotary_embeddings_are_timms(grid, head_dim):
+  """DINOv3's rotary angles (patch centres on [-1, 1] per axis, periods 100 ** (2k / (d / 2)))
+  equal timm's `RotaryEmbeddingDinoV3` within 2e-7, and the half-layout rotation of queries
+  equals timm's `apply_rot_embed_cat(half=True)` within 1e-6, on a non-square grid too."""
+  from timm.layers.pos_embed_sincos import RotaryEmbeddingDinoV3
+  from timm.layers.pos_embed_sincos import apply_rot_embed_cat
+
+  from vit_jax.models import rotary
+
+  embed = RotaryEmbeddingDinoV3(dim=head_dim, temperature=100, rotate_half=True)
+  theirs = embed.get_embed(list(grid)).numpy()
+  sin, cos = rotary.dinov3_tables(grid, head_dim)
+  np.testing.assert_allclose(sin, theirs[:, :head_dim], atol=2e-7)
+  np.testing.assert_allclose(cos, theirs[:, head_dim:], atol=2e-7)
+  q = np.random.default_rng(0).normal(size=(2, 1, len(sin), head_dim)).astype(np.float32)
+  rotated = apply_rot_embed_cat(torch.from_numpy(q), torch.from_numpy(theirs), half=True)
+  ours = np.asarray(rotary.rotate(q, sin, cos, 'bhnk', half=True))
+  np.testing.assert_allclose(ours, rotated.numpy(), atol=1e-6)
+
+
 def test_the_docs_table_of_families_is_the_registrys():
   import os
 
