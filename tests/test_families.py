@@ -51,12 +51,16 @@ BOUND = 2e-6  # relative, on logits and on pre-logits features
 GRID = 3
 SIZES = {'embed_dim': 24, 'depth': 2, 'num_heads': 3}
 
-# One model of each family (and both of EVA-02's layouts in timm).
+# One model of each family (and both of EVA-02's layouts in timm, and both GELUs of SigLIP's).
 CASES = (
   'vit_base_patch14_dinov2',
   'vit_base_patch14_reg4_dinov2',
+  'deit_small_patch16_224',
   'deit3_base_patch16_224',
   'vit_base_patch16_siglip_224',
+  'vit_so400m_patch16_siglip_256',  # SigLIP 2's tanh GELU
+  'vit_base_patch16_siglip_gap_224',
+  'vit_large_patch16_siglip_gap_512',  # the tanh GELU
   'vit_base_patch16_clip_224',
   'vit_base_patch16_clip_quickgelu_224',
   'eva02_tiny_patch14_224',
@@ -189,14 +193,19 @@ _COUNTED_FAST = (
 )
 def test_each_named_model_has_timms_sizes_and_parameter_count(name):
   """Our registry entry of each timm name against `timm.create_model(name)` on the meta device
-  (no memory): width, depth, heads, the exact parameter count at its resolution, and the name
-  that a file of it is recognised as (`timm_files.model_name`)."""
+  (no memory): width, depth, heads, the MLP's activation, the exact parameter count at its
+  resolution, and the name that a file of it is recognised as (`timm_files.model_name`)."""
   theirs = timm.create_model(name, pretrained=False, num_classes=1000, device='meta')
   config = architectures.MODEL_CONFIGS[name]
   size = theirs.patch_embed.img_size[0]
   t = config.transformer
   assert (config.hidden_size, t.num_layers) == (theirs.embed_dim, len(theirs.blocks))
   assert t.num_heads == theirs.blocks[0].attn.num_heads
+  act = getattr(theirs.blocks[0].mlp, 'act', None)
+  activation = {'GELUTanh': 'gelu_tanh', 'QuickGELU': 'quick_gelu', 'SiLU': 'swiglu'}.get(
+    type(act).__name__, 'gelu' if getattr(act, 'approximate', None) == 'none' else act
+  )
+  assert activation == ('swiglu' if t.get('swiglu') else t.get('activation', 'gelu_tanh'))
   scanned = models.VisionTransformer(num_classes=1000, scan=True, **config)  # one block traced
   ours = param_shapes(config, 1000, size, module=scanned)
   count = sum(int(np.prod(x.shape)) for x in checkpoint.flatten(ours).values())
@@ -204,10 +213,18 @@ def test_each_named_model_has_timms_sizes_and_parameter_count(name):
   # A file of it, without our metadata, is recognised by its tensors; where they fit models
   # that differ in what the file does not record (CLIP's two GELUs; the paper's layout of DeiT
   # and SigLIP's mean-pooled models), one line names them.
-  twins = _TWINS.get(re.sub(r'_\d+$', '', name.replace('_quickgelu', '')))
+  plain = name.replace('_quickgelu', '')
+  quick = plain.replace('_clip_', '_clip_quickgelu_')
+  twins = _TWINS.get(re.sub(r'_\d+$', '', name))
+  if {plain, quick} <= set(families.MODELS) and plain != quick:
+    twins = {plain, quick}
+  if name in _SAME_GRID:
+    with pytest.raises(checkpoint.CheckpointError) as e:
+      timm_files.model_name(theirs.state_dict(), 'f.safetensors')
+    assert str(e.value).startswith(f'f.safetensors: its tensors fit {_SAME_GRID[name]}, whose ')
+    return
   if twins is None:
-    got = timm_files.model_name(theirs.state_dict(), 'f.safetensors')
-    assert got == _SAME_TENSORS.get(name, name)
+    assert timm_files.model_name(theirs.state_dict(), 'f.safetensors') == name
     return
   with pytest.raises(checkpoint.CheckpointError) as e:
     timm_files.model_name(theirs.state_dict(), 'f.safetensors')
@@ -220,14 +237,16 @@ def test_each_named_model_has_timms_sizes_and_parameter_count(name):
 
 
 # timm's 384 px so400m/14 has the 27x27 grid of its 378 px one: the same tensors.
-_SAME_TENSORS = {'vit_so400m_patch14_siglip_gap_384': 'vit_so400m_patch14_siglip_gap_378'}
-# The files whose tensors fit other models too: their names without the resolution ('*': the
-# name itself).
+_SAME_GRID = {
+  f'vit_so400m_patch14_siglip{gap}_{res}': (
+    f'vit_so400m_patch14_siglip{gap}_378 and vit_so400m_patch14_siglip{gap}_384'
+  )
+  for gap in ('', '_gap')
+  for res in (378, 384)
+}
+# The files whose tensors fit the paper's models too: their names without the resolution ('*':
+# the name itself); CLIP's files fit both GELUs' models where both are registered.
 _TWINS = {
-  **{
-    f'vit_{size}_clip': {f'vit_{size}_clip_224', f'vit_{size}_clip_quickgelu_224'}
-    for size in ('base_patch32', 'base_patch16', 'large_patch14')
-  },
   'deit_tiny_patch16': {'*', 'ViT-Ti_16'},
   'deit_small_patch16': {'*', 'ViT-S_16'},
   'deit_base_patch16': {'*', 'ViT-B_16'},

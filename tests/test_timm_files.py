@@ -63,7 +63,7 @@ def test_every_tag_of_the_supported_families_has_timms_preprocessing():
       assert timm_weights.head_classes(name, tag) == cfg.num_classes, f'{name}.{tag}'
       assert cfg.test_input_size is None and cfg.test_crop_pct is None
       checked += 1
-  assert checked == 223
+  assert checked == 273
 
 
 def _timm_model(name, tag, num_classes, seed=0):

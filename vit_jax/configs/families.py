@@ -53,8 +53,23 @@ FAMILIES = {
 # `transformer` options). A SwiGLU MLP's mlp_dim is its gated width (half of its first layer).
 _TI, _S = (192, 768, 3, 12), (384, 1536, 6, 12)
 _B, _L = (768, 3072, 12, 12), (1024, 4096, 16, 24)
-_SO400M = (1152, 4304, 16, 27)
+_SO400M, _H = (1152, 4304, 16, 27), (1280, 5120, 16, 32)
+_GOPT = (1536, 6144, 16, 40)  # SigLIP 2's giant (opt)
 _TANH = {'activation': 'gelu_tanh'}
+# CLIP's sizes: (timm's size and patch, dims, patch, {family: resolutions}).
+_CLIP = (
+  ('xsmall_patch16', (256, 1024, 4, 10), 16, {'clip': (224,), 'clip_quickgelu': ()}),
+  ('medium_patch32', (512, 2048, 8, 12), 32, {'clip': (224,), 'clip_quickgelu': ()}),
+  ('medium_patch16', (512, 2048, 8, 12), 16, {'clip': (224,), 'clip_quickgelu': ()}),
+  ('betwixt_patch32', (640, 2560, 10, 12), 32, {'clip': (224,), 'clip_quickgelu': ()}),
+  ('base_patch32', _B, 32, {'clip': (224, 256, 384, 448), 'clip_quickgelu': (224,)}),
+  ('base_patch16', _B, 16, {'clip': (224, 384), 'clip_quickgelu': (224,)}),
+  ('base_patch16_plus', (896, 3584, 14, 12), 16, {'clip': (240,), 'clip_quickgelu': ()}),
+  ('large_patch14', _L, 14, {'clip': (224, 336), 'clip_quickgelu': (224, 336)}),
+  ('huge_patch14', _H, 14, {'clip': (224, 336, 378), 'clip_quickgelu': (224, 378)}),
+  ('giant_patch14', (1408, 6144, 16, 40), 14, {'clip': (224,), 'clip_quickgelu': ()}),
+  ('gigantic_patch14', (1664, 8192, 16, 48), 14, {'clip': (224, 378), 'clip_quickgelu': (224,)}),
+)
 MODELS = {
   **{
     f'vit_{size}_patch14{reg}_dinov2': (family, dims, 14, {})
@@ -76,11 +91,16 @@ MODELS = {
     for res in (224, 384)
     if (size, res) != ('medium', 384)
   },
-  'deit3_huge_patch14_224': ('deit3', (1280, 5120, 16, 32), 14, {}),
+  'deit3_huge_patch14_224': ('deit3', _H, 14, {}),
   **{f'vit_base_patch16_siglip_{res}': ('siglip', _B, 16, {}) for res in (224, 256, 384, 512)},
-  **{f'vit_large_patch16_siglip_{res}': ('siglip', _L, 16, {}) for res in (256, 384)},
-  **{f'vit_so400m_patch14_siglip_{res}': ('siglip', _SO400M, 14, {}) for res in (224, 384)},
-  **{f'vit_so400m_patch16_siglip_{res}': ('siglip', _SO400M, 16, {}) for res in (256, 384)},
+  'vit_base_patch32_siglip_256': ('siglip', _B, 32, _TANH),
+  **{
+    f'vit_large_patch16_siglip_{res}': ('siglip', _L, 16, _TANH if res == 512 else {})
+    for res in (256, 384, 512)
+  },
+  **{f'vit_so400m_patch14_siglip_{res}': ('siglip', _SO400M, 14, {}) for res in (224, 378, 384)},
+  **{f'vit_so400m_patch16_siglip_{res}': ('siglip', _SO400M, 16, _TANH) for res in (256, 384, 512)},
+  **{f'vit_giantopt_patch16_siglip_{res}': ('siglip', _GOPT, 16, _TANH) for res in (256, 384)},
   **{
     f'vit_base_patch16_siglip_gap_{res}': ('siglip_gap', _B, 16, {}) for res in (224, 256, 384, 512)
   },
@@ -98,20 +118,24 @@ MODELS = {
     for res in (256, 384, 512)
   },
   **{
-    f'vit_giantopt_patch16_siglip_gap_{res}': ('siglip_gap', (1536, 6144, 16, 40), 16, _TANH)
-    for res in (256, 384)
+    f'vit_giantopt_patch16_siglip_gap_{res}': ('siglip_gap', _GOPT, 16, _TANH) for res in (256, 384)
   },
-  'vit_base_patch32_clip_224': ('clip', _B, 32, {}),
-  'vit_base_patch16_clip_224': ('clip', _B, 16, {}),
-  'vit_large_patch14_clip_224': ('clip', _L, 14, {}),
-  'vit_huge_patch14_clip_224': ('clip', (1280, 5120, 16, 32), 14, {}),
-  'vit_base_patch32_clip_quickgelu_224': ('clip_quickgelu', _B, 32, {}),
-  'vit_base_patch16_clip_quickgelu_224': ('clip_quickgelu', _B, 16, {}),
-  'vit_large_patch14_clip_quickgelu_224': ('clip_quickgelu', _L, 14, {}),
-  'eva02_tiny_patch14_224': ('eva02', (192, 512, 3, 12), 14, {}),
-  'eva02_small_patch14_224': ('eva02', (384, 1024, 6, 12), 14, {}),
-  'eva02_base_patch14_224': ('eva02', (768, 2048, 12, 12), 14, {'mlp_norm': True}),
-  'eva02_large_patch14_224': ('eva02', (1024, 2730, 16, 24), 14, {'mlp_norm': True}),
+  **{
+    f'vit_{size}_clip{quick}_{res}': (family, dims, patch, {})
+    for quick, family in (('', 'clip'), ('_quickgelu', 'clip_quickgelu'))
+    for size, dims, patch, sizes in _CLIP
+    for res in sizes[family]
+  },
+  **{f'eva02_tiny_patch14_{res}': ('eva02', (192, 512, 3, 12), 14, {}) for res in (224, 336)},
+  **{f'eva02_small_patch14_{res}': ('eva02', (384, 1024, 6, 12), 14, {}) for res in (224, 336)},
+  **{
+    f'eva02_base_patch14_{res}': ('eva02', (768, 2048, 12, 12), 14, {'mlp_norm': True})
+    for res in (224, 448)
+  },
+  **{
+    f'eva02_large_patch14_{res}': ('eva02', (1024, 2730, 16, 24), 14, {'mlp_norm': True})
+    for res in (224, 448)
+  },
 }
 
 

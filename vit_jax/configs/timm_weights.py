@@ -378,6 +378,107 @@ WEIGHTS = {
   'vit_tiny_patch16_dinov3_qkvb': (256, {'eupe_lvd1689m': ('imagenet', 1.0, 0)}),
   'naflexvit_base_patch16_siglip': (384, {'v2_webli': ('half', 1.0, 0)}),
   'naflexvit_so400m_patch16_siglip': (384, {'v2_webli': ('half', 1.0, 0)}),
+  'vit_base_patch32_siglip_256': (256, {'v2_webli': ('half', 0.9, 0)}),
+  'vit_large_patch16_siglip_512': (512, {'v2_webli': ('half', 0.9, 0)}),
+  'vit_so400m_patch14_siglip_378': (
+    378,
+    {
+      'v2_webli': ('half', 0.9, 0),
+      'webli': ('half', 0.9, 0),
+      'webli_ft_in1k': ('half', 1.0, 1000, 'squash'),
+    },
+  ),
+  'vit_so400m_patch16_siglip_512': (512, {'v2_webli': ('half', 0.9, 0)}),
+  'vit_giantopt_patch16_siglip_256': (256, {'v2_webli': ('half', 0.9, 0)}),
+  'vit_giantopt_patch16_siglip_384': (384, {'v2_webli': ('half', 0.9, 0)}),
+  'vit_xsmall_patch16_clip_224': (224, {'tinyclip_yfcc15m': ('openai_clip', 0.9, 512)}),
+  'vit_medium_patch32_clip_224': (224, {'tinyclip_laion400m': ('openai_clip', 0.9, 512)}),
+  'vit_medium_patch16_clip_224': (224, {'tinyclip_yfcc15m': ('openai_clip', 0.9, 512)}),
+  'vit_betwixt_patch32_clip_224': (224, {'tinyclip_laion400m': ('openai_clip', 0.9, 512)}),
+  'vit_base_patch32_clip_256': (256, {'datacompxl': ('openai_clip', 1.0, 512)}),
+  'vit_base_patch32_clip_384': (
+    384,
+    {
+      'laion2b_ft_in12k_in1k': ('openai_clip', 1.0, 1000),
+      'openai_ft_in12k_in1k': ('openai_clip', 0.95, 1000, 'squash'),
+    },
+  ),
+  'vit_base_patch32_clip_448': (448, {'laion2b_ft_in12k_in1k': ('openai_clip', 1.0, 1000)}),
+  'vit_base_patch16_clip_384': (
+    384,
+    {
+      'laion2b_ft_in12k_in1k': ('openai_clip', 1.0, 1000, 'squash'),
+      'laion2b_ft_in1k': ('openai_clip', 1.0, 1000, 'squash'),
+      'openai_ft_in1k': ('openai_clip', 1.0, 1000, 'squash'),
+      'openai_ft_in12k_in1k': ('openai_clip', 0.95, 1000, 'squash'),
+    },
+  ),
+  'vit_base_patch16_plus_clip_240': (240, {'laion400m_e32': ('openai_clip', 1.0, 640)}),
+  'vit_large_patch14_clip_336': (
+    336,
+    {
+      'laion2b_ft_in12k_in1k': ('half', 1.0, 1000, 'squash'),
+      'laion2b_ft_in1k': ('half', 1.0, 1000, 'squash'),
+      'openai': ('openai_clip', 1.0, 768),
+      'openai_ft_in12k_in1k': ('openai_clip', 1.0, 1000, 'squash'),
+    },
+  ),
+  'vit_huge_patch14_clip_336': (
+    336,
+    {'laion2b_ft_in12k_in1k': ('openai_clip', 1.0, 1000, 'squash')},
+  ),
+  'vit_huge_patch14_clip_378': (
+    378,
+    {
+      'dfn5b': ('openai_clip', 1.0, 1024),
+      'metaclip2_worldwide': ('openai_clip', 1.0, 1024, 'squash'),
+    },
+  ),
+  'vit_giant_patch14_clip_224': (224, {'laion2b': ('openai_clip', 1.0, 1024)}),
+  'vit_gigantic_patch14_clip_224': (
+    224,
+    {
+      'laion2b': ('openai_clip', 1.0, 1280),
+      'metaclip2_worldwide': ('openai_clip', 1.0, 1280),
+      'metaclip_2pt5b': ('openai_clip', 1.0, 1280),
+    },
+  ),
+  'vit_gigantic_patch14_clip_378': (
+    378,
+    {'metaclip2_worldwide': ('openai_clip', 1.0, 1280, 'squash')},
+  ),
+  'vit_large_patch14_clip_quickgelu_336': (336, {'openai': ('openai_clip', 1.0, 768)}),
+  'vit_huge_patch14_clip_quickgelu_224': (
+    224,
+    {
+      'dfn5b': ('openai_clip', 1.0, 1024),
+      'metaclip2_worldwide': ('openai_clip', 1.0, 1024),
+      'metaclip_2pt5b': ('openai_clip', 1.0, 1024),
+    },
+  ),
+  'vit_huge_patch14_clip_quickgelu_378': (378, {'dfn5b': ('openai_clip', 1.0, 1024)}),
+  'vit_gigantic_patch14_clip_quickgelu_224': (224, {'metaclip_2pt5b': ('openai_clip', 1.0, 1280)}),
+  'eva02_tiny_patch14_336': (336, {'mim_in22k_ft_in1k': ('openai_clip', 1.0, 1000)}),
+  'eva02_small_patch14_336': (336, {'mim_in22k_ft_in1k': ('openai_clip', 1.0, 1000)}),
+  'eva02_base_patch14_448': (
+    448,
+    {
+      'mim_in22k_ft_in22k_in1k': ('openai_clip', 1.0, 1000, 'squash'),
+      'mim_in22k_ft_in1k': ('openai_clip', 1.0, 1000),
+      'mim_in22k_ft_in22k': ('openai_clip', 1.0, 21841, 'squash'),
+    },
+  ),
+  'eva02_large_patch14_448': (
+    448,
+    {
+      'mim_in22k_ft_in22k_in1k': ('openai_clip', 1.0, 1000, 'squash'),
+      'mim_in22k_ft_in1k': ('openai_clip', 1.0, 1000),
+      'mim_in22k_ft_in22k': ('openai_clip', 1.0, 21841, 'squash'),
+      'mim_m38m_ft_in1k': ('openai_clip', 1.0, 1000),
+      'mim_m38m_ft_in22k': ('openai_clip', 1.0, 21841, 'squash'),
+      'mim_m38m_ft_in22k_in1k': ('openai_clip', 1.0, 1000, 'squash'),
+    },
+  ),
 }
 
 # The paper's models under timm's names (`interop.timm.TIMM_NAMES`), in the same layout.

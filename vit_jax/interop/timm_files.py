@@ -260,6 +260,11 @@ def model_name(state, what: str) -> str:
   if fits and rows is not None:
     at_size = [n for n in fits if re.search(r'_(\d+)$', n) is None or _grid_fits(n, rows[1])]
     fits = at_size or fits
+    if len(at_size) > 1 and len({families.family_of(n) for n in at_size}) == 1:
+      raise checkpoint.CheckpointError(
+        f'{what}: its tensors fit {" and ".join(at_size)}, whose resolutions give the same grid '
+        "and which timm's weights crop at their own; pass --model naming the one it holds"
+      )
   if not fits or all(_plain(n) for n in fits):
     fits += _paper_fits(state)  # the paper's layout: its models fit too
   kinds = {}  # a family, or a paper's model -> the first name of it
