@@ -1,17 +1,18 @@
 """The ViT families people fine-tune from today, under timm's names: DINOv2 (with registers),
 DeiT III, SigLIP / SigLIP 2, CLIP and EVA-02.
 
-Each is the paper's encoder with a few options (`models.vit.VisionTransformer`'s and its
-`BlockConfig`'s), set as timm's `timm.create_model(name)` sets them (timm 1.0):
+Each is the paper's encoder with a few options (`configs.model_spec.Architecture`'s and its
+`Block`'s), set as timm's `timm.create_model(name)` sets them (timm 1.0):
 
 - DINOv2 (Oquab et al. 2023): LayerScale 1e-5, exact GELU; the giant's MLP SwiGLU;
-- DINOv2 with registers (Darcet et al. 2023): as DINOv2, 4 registers, `no_embed_class`;
-- DeiT III (Touvron et al. 2022): LayerScale 1e-6, `no_embed_class`, exact GELU;
+- DINOv2 with registers (Darcet et al. 2023): as DINOv2, 4 registers, position embeddings for
+  the patches alone (`posemb='patches'`, timm's `no_embed_class`);
+- DeiT III (Touvron et al. 2022): LayerScale 1e-6, `posemb='patches'`, exact GELU;
 - SigLIP (Zhai et al. 2023), SigLIP 2: the MAP head, no class token, exact GELU;
 - CLIP (Radford et al. 2021): `pre_norm` and no patch bias, LayerNorm eps 1e-5, exact GELU
   or OpenAI's quick GELU;
 - EVA-02 (Fang et al. 2023): SwiGLU, no key bias, rotary embeddings (a 16x16 reference
-  grid), the mean of the patches and `fc_norm`; B and L a LayerNorm inside the MLP.
+  grid), the mean of the patches normalised after pooling; B and L a LayerNorm inside the MLP.
 
 SigLIP 2's weights load into SigLIP's architecture (timm's `.v2_webli` tags). Each family
 carries the input statistics its weights were trained with (timm's `pretrained_cfg` mean and
@@ -26,25 +27,21 @@ import ml_collections
 IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 OPENAI_CLIP = ((0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711))
 
-# family -> (entry options, `transformer` options, (input mean, std) or None for [-1, 1]).
+# family -> (entry options, `transformer` (block) options, (input mean, std) or None for [-1, 1]).
 FAMILIES = {
-  'dinov2': ({}, {'layer_scale': 1e-5, 'activation': 'gelu'}, IMAGENET),
+  'dinov2': ({}, {'layer_scale': 1e-5, 'mlp': 'gelu'}, IMAGENET),
   'dinov2_reg': (
-    {'num_registers': 4, 'no_embed_class': True},
-    {'layer_scale': 1e-5, 'activation': 'gelu'},
+    {'num_registers': 4, 'posemb': 'patches'},
+    {'layer_scale': 1e-5, 'mlp': 'gelu'},
     IMAGENET,
   ),
-  'deit3': ({'no_embed_class': True}, {'layer_scale': 1e-6, 'activation': 'gelu'}, IMAGENET),
-  'siglip': ({'classifier': 'map'}, {'activation': 'gelu'}, None),
-  'clip': ({'pre_norm': True}, {'activation': 'gelu', 'norm_eps': 1e-5}, OPENAI_CLIP),
-  'clip_quickgelu': (
-    {'pre_norm': True},
-    {'activation': 'quick_gelu', 'norm_eps': 1e-5},
-    OPENAI_CLIP,
-  ),
+  'deit3': ({'posemb': 'patches'}, {'layer_scale': 1e-6, 'mlp': 'gelu'}, IMAGENET),
+  'siglip': ({'classifier': 'map'}, {'mlp': 'gelu'}, None),
+  'clip': ({'pre_norm': True}, {'mlp': 'gelu', 'norm_eps': 1e-5}, OPENAI_CLIP),
+  'clip_quickgelu': ({'pre_norm': True}, {'mlp': 'quick_gelu', 'norm_eps': 1e-5}, OPENAI_CLIP),
   'eva02': (
-    {'classifier': 'token_gap', 'fc_norm': True, 'rotary': (16, 16)},
-    {'swiglu': True, 'key_bias': False},
+    {'classifier': 'token_gap', 'final_norm': 'pooled', 'rotary': (16, 16)},
+    {'mlp': 'swiglu', 'biases': 'no_key'},
     OPENAI_CLIP,
   ),
 }
@@ -60,7 +57,7 @@ MODELS = {
     for size, dims in (('small', _S), ('base', _B), ('large', _L))
   },
   **{
-    f'vit_giant_patch14{reg}_dinov2': (family, (1536, 4096, 24, 40), 14, {'swiglu': True})
+    f'vit_giant_patch14{reg}_dinov2': (family, (1536, 4096, 24, 40), 14, {'mlp': 'swiglu'})
     for reg, family in (('', 'dinov2'), ('_reg4', 'dinov2_reg'))
   },
   **{
@@ -122,7 +119,7 @@ def config(name: str) -> ml_collections.ConfigDict:
   )
   out.update(entry)
   if statistics is not None:
-    out.input_mean, out.input_std = statistics
+    out.input_stats = statistics
   return out
 
 

@@ -34,27 +34,12 @@ class InputError(UserError, ValueError):
 
 
 class LoadedModel(NamedTuple):
-  """A checkpoint's model and parameters, and what the commands read of its `ModelSpec`."""
+  """A checkpoint's model, its parameters and its `ModelSpec` (the registry entry with the
+  checkpoint's shapes, at the resolution its position embeddings hold)."""
 
-  model: models.VisionTransformer
+  model: Any  # a vit.VisionTransformer or naflex.NaFlexViT
   params: Any
-  config: Any  # the spec's architecture: the registry entry with the checkpoint's shapes
-  image_size: int
-  grid_size: int  # patches per side
-  pixels_per_patch: int  # input pixels per patch step (the backbone stride for hybrids)
-  num_prefix_tokens: int
-
-  @classmethod
-  def of(cls, model, params, spec: ModelSpec) -> 'LoadedModel':
-    return cls(
-      model,
-      params,
-      spec.architecture,
-      spec.image_size,
-      spec.grid,
-      spec.stride,
-      spec.num_prefix_tokens,
-    )
+  spec: ModelSpec
 
 
 def resolve_model_name(name: Optional[str], path: str, metadata: Optional[dict] = None) -> str:
@@ -117,18 +102,18 @@ def check_resolution(loaded: LoadedModel, crop: Optional[int]) -> int:
   """`crop`, or the checkpoint's resolution when None; InputError for another one (its
   position embeddings fix the number of patches), except for NaFlex ViTs, which take
   any multiple of their patch size."""
-  if crop is None or crop == loaded.image_size:
-    return loaded.image_size
+  if crop is None or crop == loaded.spec.image_size:
+    return loaded.spec.image_size
   if isinstance(loaded.model, naflex.NaFlexViT):
-    if crop % loaded.pixels_per_patch == 0:
+    if crop % loaded.spec.stride == 0:
       return crop
     raise InputError(
-      f'--crop={crop}: use a multiple of the patch size {loaded.pixels_per_patch} '
+      f'--crop={crop}: use a multiple of the patch size {loaded.spec.stride} '
       '(the NaFlex ViT takes any)'
     )
   raise InputError(
-    f'--crop={crop}: the checkpoint takes {loaded.image_size} px images (its position '
-    f'embeddings hold a {loaded.grid_size}x{loaded.grid_size} patch grid); leave --crop out, '
+    f'--crop={crop}: the checkpoint takes {loaded.spec.image_size} px images (its position '
+    f'embeddings hold a {loaded.spec.grid}x{loaded.spec.grid} patch grid); leave --crop out, '
     f'or fine-tune it at {crop} px (--config.pretrained_path resizes them)'
   )
 
@@ -184,9 +169,8 @@ def model_from_flat(
   """
   flat = {k: v for k, v in flat.items() if not k.startswith(_MPP_ONLY)}
   spec = vit_checkpoint.spec_of(flat, model_name, what)
-  if spec.naflex:
-    default = spec.architecture.get('posemb_resample', 'bilinear')
-    spec = spec.changed(posemb_resample=resample or default)
+  if spec.naflex and resample:
+    spec = spec.changed(posemb_resample=resample)
   if patch_size is not None and patch_size != spec.stride:
     try:
       flat, spec = flexi.load_at_patch_size(flat, spec, patch_size, resample)
@@ -200,4 +184,4 @@ def model_from_flat(
   )['params']
   params = checkpoint.unflatten(flat)
   checkpoint.check_tree(params, expected, what=what)
-  return LoadedModel.of(model, params, spec)
+  return LoadedModel(model, params, spec)
