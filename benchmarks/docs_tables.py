@@ -1,4 +1,4 @@
-r"""The tables in docs/ that records give, written from the records, never typed.
+r"""The tables in docs/ that records or declarations give, written from them, never typed.
 
   python benchmarks/docs_tables.py           # name the tables that differ from their records
   python benchmarks/docs_tables.py --write   # write them, after a script wrote new records
@@ -20,6 +20,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpu_measured  # noqa: E402
 import gpu_table  # noqa: E402
 import tpu_table  # noqa: E402
+
+from vit_jax.configs import families  # noqa: E402
+from vit_jax.configs import schema  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GiB = 2**30
@@ -162,6 +165,8 @@ def gpu_kernels() -> str:
 
 
 TABLES = {
+  'schema.markdown_table': schema.markdown_table,  # the config fields, from their declarations
+  'families.markdown_table': families.markdown_table,  # the families, from the registry
   'tpu_table.markdown': tpu_table.markdown,
   'tpu_table.giant_markdown': tpu_table.giant_markdown,
   'gpu_table.markdown': gpu_table.markdown,

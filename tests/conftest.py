@@ -36,6 +36,7 @@ import pytest  # noqa: E402
 
 from vit_jax import models  # noqa: E402
 from vit_jax.configs import architectures  # noqa: E402
+from vit_jax.configs import model_spec  # noqa: E402
 from vit_jax.configs.data import add_data_config
 from vit_jax.core import sharding  # noqa: E402
 
@@ -70,6 +71,16 @@ def small_vit_config(name='ViT-Ti_16', hybrid_units=None, **overrides):
     config.resnet = ml_collections.ConfigDict({'num_layers': hybrid_units, 'width_factor': 0.5})
   config.update(overrides)
   return config
+
+
+def small_arch(
+  name='ViT-Ti_16', hybrid_units=None, naflex_grid=None, resample='bilinear', **changes
+):
+  """`small_vit_config` as a typed `Architecture` with `changes` (its or its block's fields);
+  with `naflex_grid`, a NaFlex ViT whose 2D table has those (rows, columns), resampled by
+  `resample`."""
+  arch = model_spec.Architecture.of(small_vit_config(name, hybrid_units)).changed(**changes)
+  return model_spec.naflex_of(arch, naflex_grid, resample) if naflex_grid else arch
 
 
 def param_shapes(config, num_classes, size, module=None):

@@ -14,6 +14,8 @@ from vit_jax import analyze
 from vit_jax import checkpoint
 from vit_jax import models
 from vit_jax.configs import architectures
+from vit_jax.configs.model_spec import Architecture
+from vit_jax.configs.model_spec import ModelSpec
 from vit_jax.data.readers import builtin
 from vit_jax.evaluation import analysis
 from vit_jax.evaluation import classify
@@ -109,7 +111,7 @@ def test_analyze_a_model_without_class_token(classifier):
   shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), images, train=False))['params']
   rng = np.random.default_rng(0)
   params = jax.tree.map(lambda s: rng.normal(0, 0.5, s.shape).astype(np.float32), shapes)
-  loaded = loader.LoadedModel(model, params, config, 32, 2, 16, 0)
+  loaded = loader.LoadedModel(model, params, ModelSpec(Architecture.of(config), 32))
   result = figures.compute(loaded, images, num_components=4)
   _, state = model.apply({'params': params}, images, train=False, mutable=['intermediates'])
   att = np.asarray(
@@ -136,7 +138,10 @@ def test_analyze_an_mpp_checkpoint(tmp_path):
   """Its pre-training layers are skipped and the backbone analysed."""
   folder = image_dir(tmp_path, n=1)
   path, _ = random_checkpoint(
-    tmp_path / 'mpp.npz', small_config(), size=32, module=mpp.MppViT(**small_config())
+    tmp_path / 'mpp.npz',
+    small_config(),
+    size=32,
+    module=mpp.MppViT(Architecture.of(small_config())),
   )
   loaded = loader.load_model(path, 'testing')
   assert loaded.model.num_classes is None and 'mask_token' not in loaded.params

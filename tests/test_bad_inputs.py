@@ -38,6 +38,8 @@ from vit_jax.configs import architectures
 from vit_jax.configs import demo
 from vit_jax.configs import flag
 from vit_jax.configs.data import data_config
+from vit_jax.configs.model_spec import Architecture
+from vit_jax.configs.model_spec import naflex_of
 from vit_jax.core import cli
 from vit_jax.core import files
 from vit_jax.data import images
@@ -998,7 +1000,7 @@ def test_analyze_reads_a_naflex_checkpoint_with_a_plain_vits_attention(tmp_path,
   from vit_jax.models import naflex
 
   config = architectures.MODEL_CONFIGS['testing']
-  model = naflex.NaFlexViT(num_classes=3, posemb_grid=(2, 2), **config)
+  model = naflex.NaFlexViT(3, naflex_of(Architecture.of(config), (2, 2), 'bilinear'))
   shapes = param_shapes(config, 3, 16, module=model)
   flat = checkpoint.flatten(random_like(shapes, seed=3, scale=0.3))
   path = checkpoint.save_npz(checkpoint.unflatten(flat), tmp_path / 'naflex.npz')

@@ -26,6 +26,7 @@ from vit_jax.bench import hlo
 from vit_jax.bench import topology
 from vit_jax.configs import demo
 from vit_jax.configs import models as model_configs
+from vit_jax.configs.model_spec import Architecture
 from vit_jax.training import loop
 
 needs_libtpu = pytest.mark.skipif(
@@ -173,7 +174,9 @@ def test_time_by_op_reads_each_kernels_cycles_and_counts_loops():
 def test_closed_form_flops_of_vit_b16():
   # 2 x 17.6 G multiply-accumulates forward at 224 px (REFERENCE.md section 7).
   arch = model_configs.MODEL_CONFIGS['ViT-B_16']
-  assert flops.forward_flops_per_image(arch, 224, 1000) == pytest.approx(2 * 17.6e9, rel=0.01)
+  assert flops.forward_flops_per_image(Architecture.of(arch), 224, 1000) == pytest.approx(
+    2 * 17.6e9, rel=0.01
+  )
 
 
 def test_closed_form_flops_of_the_map_head():
@@ -188,7 +191,7 @@ def test_closed_form_flops_of_the_map_head():
     params = param_shapes(arch, 10, 32)
     forward = jax.jit(lambda p, x: model.apply({'params': p}, x, train=False))
     xla = forward.lower(params, images).compile().cost_analysis()['flops']
-    return xla, flops.forward_flops_per_image(arch, 32, 10)
+    return xla, flops.forward_flops_per_image(Architecture.of(arch), 32, 10)
 
   (xla_map, closed_map), (xla_gap, closed_gap) = both('map'), both('gap')
   head = closed_map - closed_gap

@@ -29,6 +29,7 @@ from vit_jax.bench import gpu_record
 from vit_jax.bench import gpus
 from vit_jax.bench import hlo
 from vit_jax.core import hardware
+from vit_jax.models import attention
 from vit_jax.models import vit
 
 needs_gpu_compiler = pytest.mark.skipif(
@@ -160,8 +161,8 @@ def test_padded_attention_matches_the_unpadded_one():
   def run(padded):
     def attend(q, k, v):
       if not padded:
-        return vit.fused_attention(q, k, v, 'xla')
-      return vit.fused_attention(pad(q), pad(k), pad(v), 'xla', num_tokens=197)[:, :197]
+        return attention.fused_attention(q, k, v, 'xla')
+      return attention.fused_attention(pad(q), pad(k), pad(v), 'xla', num_tokens=197)[:, :197]
 
     y, pullback = jax.vjp(attend, q, k, v)
     return (y, *pullback(cot))

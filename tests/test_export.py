@@ -27,6 +27,8 @@ from vit_jax import checkpoint
 from vit_jax import export as export_cli
 from vit_jax import models
 from vit_jax.configs import architectures
+from vit_jax.configs.model_spec import Architecture
+from vit_jax.configs.model_spec import ModelSpec
 from vit_jax.evaluation import classify
 from vit_jax.evaluation import loader
 from vit_jax.interop import export
@@ -98,9 +100,9 @@ def test_every_released_architecture_has_its_timm_name():
     at_384 = interop_timm.TIMM_NAMES[name] in interop_timm.TIMM_384
     sizes = (224, 384) if at_384 else (224,)
     for size in sizes:
-      assert interop_timm.registered_name(config, size) in registered, (name, size)
+      assert interop_timm.registered_name(Architecture.of(config), size) in registered, (name, size)
   # A shrunk model under a released name is not that timm model.
-  assert interop_timm.registered_name(small_vit_config(), 224) is None
+  assert interop_timm.registered_name(Architecture.of(small_vit_config()), 224) is None
 
 
 # Every structure: ViT, gap, three- and four-stage hybrids, the largest hybrid.
@@ -111,8 +113,8 @@ def test_every_released_architecture_has_its_timm_name():
 def test_timm_names_and_shapes_of_released_architectures(name):
   """Our mapping yields exactly timm.create_model(name).state_dict()'s keys and shapes."""
   config = architectures.MODEL_CONFIGS[name]
-  timm_name = interop_timm.registered_name(config, 224)
-  kwargs = interop_timm.create_model_kwargs(config, 1000, 224)
+  timm_name = interop_timm.registered_name(Architecture.of(config), 224)
+  kwargs = interop_timm.create_model_kwargs(Architecture.of(config), 1000, 224)
   theirs = {
     k: tuple(v.shape)
     for k, v in timm.create_model(timm_name, device='meta', **kwargs).state_dict().items()
@@ -155,7 +157,7 @@ def test_timm_export_matches_timm_and_its_own_npz_loader(tmp_path, name, units, 
   torch_layout.save_safetensors(state, str(out), {})
   exported = safetensors_torch.load_file(str(out))
 
-  model = interop_timm.build_model(config, 7, size)
+  model = interop_timm.build_model(Architecture.of(config), 7, size)
   model.load_state_dict(exported, strict=True)
   with torch.no_grad():
     theirs = model(nchw(images(size))).numpy()
@@ -165,14 +167,17 @@ def test_timm_export_matches_timm_and_its_own_npz_loader(tmp_path, name, units, 
   )
 
   # timm's own reader of the public .npz layout, an independent mapping.
-  reference = interop_timm.build_model(config, 7, size)
+  reference = interop_timm.build_model(Architecture.of(config), 7, size)
   load_npz = timm.models.vision_transformer._load_weights
   load_npz(reference, str(npz))
   for key, value in reference.state_dict().items():
     assert torch.equal(value, exported[key]), key
 
   assert_flat_equal(
-    interop_timm.from_timm({k: v.numpy() for k, v in exported.items()}, config, str(out)), flat
+    interop_timm.from_timm(
+      {k: v.numpy() for k, v in exported.items()}, Architecture.of(config), str(out)
+    ),
+    flat,
   )
 
 
@@ -214,7 +219,7 @@ def test_import_a_timm_model_that_timm_initialised(tmp_path):
   """Import direction with weights written by timm itself, as .safetensors and as .pth."""
   config = architectures.MODEL_CONFIGS['testing']
   torch.manual_seed(0)
-  model = interop_timm.build_model(config, 5, 32)
+  model = interop_timm.build_model(Architecture.of(config), 5, 32)
   with torch.no_grad():
     for p in model.parameters():  # timm zero-initialises biases and the head
       p.add_(0.05 * torch.randn_like(p))
@@ -342,7 +347,7 @@ def test_hf_pre_logits_become_the_pooler(tmp_path, capsys):
   flat = random_flat(config, 7, 32)
   from vit_jax.interop import hf as interop_hf
 
-  notes = interop_hf.save(flat, config, 32, str(tmp_path / 'hf'))
+  notes = interop_hf.save(flat, Architecture.of(config), 32, str(tmp_path / 'hf'))
   assert any('head dropped' in n for n in notes)
   model = transformers.ViTModel.from_pretrained(str(tmp_path / 'hf')).eval()
   assert model.config.architectures == ['ViTModel'] and model.config.pooler_output_size == 20
@@ -427,7 +432,9 @@ def test_torch_forward_matches_ours(name, units, classifier):
   config = small_vit_config(name, hybrid_units=units, classifier=classifier, representation_size=12)
   flat = random_flat(config, 7, 32)
   model = models.VisionTransformer(num_classes=7, **config)
-  loaded = loader.LoadedModel(model, checkpoint.unflatten(flat), config, 32, 0, 0, 0)
+  loaded = loader.LoadedModel(
+    model, checkpoint.unflatten(flat), ModelSpec(Architecture.of(config), 32)
+  )
   x = images(32)
   with torch.no_grad():
     theirs = torch_vit.build(loaded)(torch.from_numpy(x)).numpy()
@@ -449,11 +456,7 @@ def test_onnx_with_pre_logits_matches_in_onnxruntime(tmp_path, monkeypatch):
   loaded = loader.LoadedModel(
     models.VisionTransformer(num_classes=5, **config),
     checkpoint.unflatten(flat),
-    config,
-    32,
-    2,
-    16,
-    1,
+    ModelSpec(Architecture.of(config), 32),
   )
   onnx.save(loaded, str(tmp_path / 'model.onnx'))
   session = ort.InferenceSession(str(tmp_path / 'model.onnx'))
@@ -522,18 +525,18 @@ def test_errors_are_one_line(tmp_path, capsys, monkeypatch):
     capsys, ('checkpoint', bad), ('model', 'testing'), ('format', 'npz'), out
   )
 
-  hybrid = architectures.MODEL_CONFIGS['R50+ViT-B_16']
-  with pytest.raises(torch_layout.ExportError, match='no R\\+ViT hybrid'):
-    from vit_jax.interop import hf as interop_hf
+  from vit_jax.configs import model_spec
+  from vit_jax.interop import hf as interop_hf
 
-    interop_hf.check_exportable(hybrid)
+  with pytest.raises(torch_layout.ExportError, match='no R\\+ViT hybrid'):
+    interop_hf.check_exportable(model_spec.registered('R50+ViT-B_16'))
   with pytest.raises(torch_layout.ExportError, match='class token only'):
-    interop_hf.check_exportable(architectures.MODEL_CONFIGS['ViT-B_16-gap'])
+    interop_hf.check_exportable(model_spec.registered('ViT-B_16-gap'))
   with pytest.raises(torch_layout.ExportError) as error:
-    torch_layout.check_standard_blocks(architectures.MODEL_CONFIGS['ViT-22B_14'], 'timm')
+    torch_layout.check_writes(model_spec.registered('ViT-22B_14'), 'timm', interop_timm.WRITES)
   assert str(error.value) == (
-    "ViT-22B_14: the timm export writes the paper's encoder blocks, not parallel_block, "
-    'qk_norm, qkv_and_norm_biases=False; use --format=npz or --format=savedmodel'
+    "ViT-22B_14: the timm export writes the paper's ViT, not biases='no_qkv_or_norm', qk_norm, "
+    'parallel_block; use --format=npz or --format=savedmodel'
   )
 
   monkeypatch.setitem(sys.modules, 'torch', None)  # as if torch were not installed
@@ -590,8 +593,7 @@ def test_layer_scale_is_timms_ls1_ls2_and_a_run_and_a_checkpoint_take_it(tmp_pat
   on each residual branch, timm's `blocks.N.ls1/ls2.gamma` (`init_values=V`): its logits within
   1e-5 of timm's on the same weights, the state both ways bitwise; a run's model starts at V;
   a checkpoint of it loads by its model name and exports through the CLI (issue 45: a model
-  option is a schema field, a BlockConfig field and its code, and timm's names)."""
-  from vit_jax.configs.model_spec import ModelSpec
+  option is a schema field, a `Block` field and its code, and timm's names)."""
   from vit_jax.training import program
   from vit_jax.training import steps
 
@@ -601,12 +603,14 @@ def test_layer_scale_is_timms_ls1_ls2_and_a_run_and_a_checkpoint_take_it(tmp_pat
   assert flat['Transformer/encoderblock_1/ls2/gamma'].shape == (24,)
   state = interop_timm.to_timm(flat)
   assert state['blocks.1.ls2.gamma'].shape == (24,)
-  model = interop_timm.build_model(config, 7, 32)
+  model = interop_timm.build_model(Architecture.of(config), 7, 32)
   model.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()}, strict=True)
   with torch.no_grad():
     theirs = model(nchw(images(32))).numpy()
   assert_close(relative_error(ours(config, flat, images(32)), theirs), BOUND, 'logits')
-  assert_flat_equal(interop_timm.from_timm(state, small_vit_config('ViT-Ti_16'), 'timm'), flat)
+  assert_flat_equal(
+    interop_timm.from_timm(state, Architecture.of(small_vit_config('ViT-Ti_16')), 'timm'), flat
+  )
 
   run_config = tiny_run_config(**{'block.layer_scale': 0.1})
   spec = program.validate(run_config, 1)
@@ -616,11 +620,11 @@ def test_layer_scale_is_timms_ls1_ls2_and_a_run_and_a_checkpoint_take_it(tmp_pat
   np.testing.assert_array_equal(
     init['Transformer']['encoderblock_0']['ls1']['gamma'], np.float32(0.1)
   )
-  assert 'ls1' not in ModelSpec.of(tiny_run_config()).architecture.transformer  # off: the paper's
+  assert ModelSpec.of(tiny_run_config()).architecture.block.layer_scale is None  # the paper's
 
   npz = checkpoint.save_npz(init, tmp_path / 'ls.npz')
   loaded = loader.load_model(npz, 'testing')
-  assert loaded.config.transformer.layer_scale is not None
+  assert loaded.spec.architecture.block.layer_scale is not None
   assert (
     run(
       ('checkpoint', npz),

@@ -14,7 +14,6 @@ import re
 
 from conftest import param_shapes
 import jax
-import ml_collections
 import numpy as np
 import pytest
 
@@ -71,7 +70,7 @@ CASES = (
 def timm_model(name, seed=0):
   """timm's model `name` at the test size, every parameter random (norm scales and LayerScale
   gammas near 1, so that each part of the model shows in its output)."""
-  patch = architectures.MODEL_CONFIGS[name].patches.size[0]
+  patch = model_spec.registered(name).patch_size[0]
   model = timm.create_model(
     name, pretrained=False, img_size=GRID * patch, num_classes=5, **SIZES
   ).eval()
@@ -85,14 +84,14 @@ def timm_model(name, seed=0):
 
 
 def our_config(name, model):
-  """The registry entry of `name` at the test size of timm's `model`."""
-  config = architectures.MODEL_CONFIGS[name]
-  config.hidden_size = SIZES['embed_dim']
+  """The architecture of registry entry `name` at the test size of timm's `model`."""
   fc2 = model.blocks[0].mlp.fc2.weight
-  config.transformer.update(
-    num_layers=SIZES['depth'], num_heads=SIZES['num_heads'], mlp_dim=int(fc2.shape[1])
+  return model_spec.registered(name).changed(
+    hidden_size=SIZES['embed_dim'],
+    num_layers=SIZES['depth'],
+    num_heads=SIZES['num_heads'],
+    mlp_dim=int(fc2.shape[1]),
   )
-  return config
 
 
 def images(size, n=2, seed=1):
@@ -101,8 +100,7 @@ def images(size, n=2, seed=1):
 
 def timm_input(x, config):
   """Our [-1, 1] images as the family's timm model takes them: (pixel - mean) / std."""
-  mean = np.asarray(config.get('input_mean') or 0.5, np.float64)
-  std = np.asarray(config.get('input_std') or 0.5, np.float64)
+  mean, std = (np.asarray(v, np.float64) for v in config.input_stats or (0.5, 0.5))
   normalised = (((x.astype(np.float64) + 1) / 2 - mean) / std).astype(np.float32)
   return torch.from_numpy(np.ascontiguousarray(normalised.transpose(0, 3, 1, 2)))
 
@@ -116,8 +114,8 @@ def theirs(model, x, config):
 
 def ours(config, flat, x):
   """(logits, pre-logits features) of our model."""
-  with_head = models.VisionTransformer(num_classes=5, **config)
-  features = models.VisionTransformer(num_classes=None, **config)
+  with_head = vit.VisionTransformer(5, config)
+  features = vit.VisionTransformer(None, config)
   no_head = {k: v for k, v in flat.items() if not k.startswith('head/')}
   return (
     np.asarray(with_head.apply({'params': checkpoint.unflatten(flat)}, x, train=False)),
@@ -130,7 +128,7 @@ def relative_error(a, b):
 
 
 def random_flat(config, size, seed=0):
-  shapes = checkpoint.flatten(param_shapes(config, 5, size))
+  shapes = checkpoint.flatten(param_shapes(None, 5, size, vit.VisionTransformer(5, config)))
   rng = np.random.default_rng(seed)
   return {
     k: (0.1 * rng.normal(size=v.shape) + k.endswith(('/scale', 'ls1/gamma', 'ls2/gamma'))).astype(
@@ -153,7 +151,7 @@ def test_every_family_model_is_named_as_in_timm():
 def test_family_imports_from_and_exports_to_timm_with_its_outputs(name):
   model = timm_model(name)
   config = our_config(name, model)
-  size = GRID * config.patches.size[0]
+  size = GRID * config.patch_size[0]
   x = images(size)
   # timm -> ours.
   state = {k: v.numpy() for k, v in model.state_dict().items()}
@@ -205,7 +203,7 @@ def test_each_named_model_has_timms_sizes_and_parameter_count(name):
   activation = {'GELUTanh': 'gelu_tanh', 'QuickGELU': 'quick_gelu', 'SiLU': 'swiglu'}.get(
     type(act).__name__, 'gelu' if getattr(act, 'approximate', None) == 'none' else act
   )
-  assert activation == ('swiglu' if t.get('swiglu') else t.get('activation', 'gelu_tanh'))
+  assert activation == model_spec.registered(name).block.mlp
   scanned = models.VisionTransformer(num_classes=1000, scan=True, **config)  # one block traced
   ours = param_shapes(config, 1000, size, module=scanned)
   count = sum(int(np.prod(x.shape)) for x in checkpoint.flatten(ours).values())
@@ -245,13 +243,13 @@ _SAME_GRID = {
   for res in (378, 384)
 }
 # The files whose tensors fit the paper's models too: their names without the resolution ('*':
-# the name itself); CLIP's files fit both GELUs' models where both are registered.
+# the name itself); CLIP's files fit both GELUs' models where both are registered. (SigLIP 2's
+# mean-pooled B/32 computes what ViT-B_32-gap does, tanh GELU and all: it is named.)
 _TWINS = {
   'deit_tiny_patch16': {'*', 'ViT-Ti_16'},
   'deit_small_patch16': {'*', 'ViT-S_16'},
   'deit_base_patch16': {'*', 'ViT-B_16'},
   'vit_base_patch16_siglip_gap': {'*', 'ViT-B_16-gap'},
-  'vit_base_patch32_siglip_gap': {'*', 'ViT-B_32-gap'},
   'vit_large_patch16_siglip_gap': {'*', 'ViT-L_16-gap'},
 }
 
@@ -263,7 +261,7 @@ def test_a_timm_file_goes_through_export_and_back_into_timm(tmp_path, name):
   (`export.load`: the name from its tensors, depth and layout from the file), and written by
   `export --format=timm` into a file that `timm.create_model` of the recorded name and
   keywords loads strictly, giving the first model's logits."""
-  patch = architectures.MODEL_CONFIGS[name].patches.size[0]
+  patch = model_spec.registered(name).patch_size[0]
   size = 2 * patch
   model = timm.create_model(name, pretrained=False, img_size=size, num_classes=5, depth=1).eval()
   generator = torch.Generator().manual_seed(0)
@@ -273,9 +271,9 @@ def test_a_timm_file_goes_through_export_and_back_into_timm(tmp_path, name):
   source = tmp_path / 'timm.safetensors'
   safetensors_torch.save_file({k: v.contiguous() for k, v in model.state_dict().items()}, source)
   x = images(size)
-  logits, _ = theirs(model, x, architectures.MODEL_CONFIGS[name])
-  loaded = export_lib.load(str(source)).loaded  # the name from its tensors (model_name)
-  assert loaded.config.model_name == name
+  logits, _ = theirs(model, x, model_spec.registered(name))
+  loaded = export_lib.load(str(source)).loaded  # the name from its tensors (timm_files.model_name)
+  assert loaded.spec.architecture.name == name
   ours_logits = np.asarray(loaded.model.apply({'params': loaded.params}, x, train=False))
   assert relative_error(ours_logits, logits) <= BOUND
   out = tmp_path / 'back.safetensors'
@@ -286,14 +284,13 @@ def test_a_timm_file_goes_through_export_and_back_into_timm(tmp_path, name):
   assert meta['timm_model'] == name and json.loads(meta['timm_kwargs'])['depth'] == 1
   again = timm.create_model(meta['timm_model'], **json.loads(meta['timm_kwargs'])).eval()
   again.load_state_dict(safetensors_torch.load_file(str(out)), strict=True)
-  back, _ = theirs(again, x, architectures.MODEL_CONFIGS[name])
+  back, _ = theirs(again, x, model_spec.registered(name))
   assert relative_error(back, logits) <= BOUND
   # transformers' ViT and our ONNX module are the paper's: refused in one line, nothing written.
   with pytest.raises(torch_layout.ExportError) as e:
     export_lib.export(str(source), 'hf', str(tmp_path / 'hf'))
-  assert str(e.value).endswith(
-    'that the hf export does not write; use --format=timm, npz or savedmodel'
-  )
+  assert str(e.value).startswith(f"{name}: the transformers export writes the paper's ViT, not ")
+  assert str(e.value).endswith('; use --format=npz or --format=savedmodel, or --format=timm')
   assert not (tmp_path / 'hf').exists()
 
 
@@ -317,7 +314,7 @@ def test_a_family_fine_tunes_from_a_timm_model_on_the_digits(name):
   is under 75% of the first 5's (from ln 10 = 2.30: the head starts at zero)."""
   model = timm_model(name)
   spec_config = our_config(name, model)
-  size = GRID * spec_config.patches.size[0]
+  size = GRID * spec_config.patch_size[0]
   flat = interop_timm.from_timm(
     {k: v.numpy() for k, v in model.state_dict().items()}, our_config(name, model), 'timm'
   )
@@ -334,7 +331,7 @@ def test_a_family_fine_tunes_from_a_timm_model_on_the_digits(name):
     decay_type='cosine',
     layer_decay=0.75,
   )
-  spec = model_spec.ModelSpec(ml_collections.FrozenConfigDict(spec_config), size)
+  spec = model_spec.ModelSpec(spec_config, size)
   task = steps.make_task(config, 10, multi_label=False, spec=spec)
   tx, schedule = optim.make_optimizer(config)
   backbone = checkpoint.unflatten({k: v for k, v in flat.items() if not k.startswith('head/')})
@@ -372,12 +369,12 @@ def test_a_new_resolution_resizes_as_timm_does_in_the_familys_layout(name):
 
   model = timm_model(name)
   config = our_config(name, model)
-  patch = config.patches.size[0]
+  patch = config.patch_size[0]
   state = {k: v.numpy() for k, v in model.state_dict().items()}
   restored = interop_timm.from_timm(state, our_config(name, model), 'timm state')
   init = random_flat(config, 4 * patch)
   adapted, _ = vit_checkpoint.adapt(restored, init, config, 'bicubic_antialias', 'timm')
-  prefix = 0 if config.get('no_embed_class') else 1
+  prefix = config.posemb_prefix
   resized = resample_abs_pos_embed(
     model.pos_embed.detach(), (4, 4), (3, 3), num_prefix_tokens=prefix, antialias=True
   ).numpy()
@@ -404,7 +401,7 @@ def test_the_fine_tune_of_a_family_resizes_its_positions_as_timm_does(tmp_path):
   name = 'vit_base_patch14_reg4_dinov2'
   model = timm_model(name)
   config = our_config(name, model)
-  patch = config.patches.size[0]
+  patch = config.patch_size[0]
   state = {k: v.numpy() for k, v in model.state_dict().items()}
   npz = checkpoint.save_npz(
     checkpoint.unflatten(interop_timm.from_timm(state, our_config(name, model), 'timm')),
@@ -442,8 +439,7 @@ def test_layer_decay_scales_are_timms_but_the_final_norms():
     for group in param_groups_layer_decay(theirs, layer_decay=0.5)
     for p in group['params']
   }
-  config = our_config(name, theirs)
-  config.transformer.num_layers = 4
+  config = our_config(name, theirs).changed(num_layers=4)
   ones = {k: np.ones_like(v) for k, v in random_flat(config, 42).items()}
   scaled, _ = optim.layer_decay(0.5).update(checkpoint.unflatten(ones), None)
   differ = {}
@@ -477,13 +473,6 @@ def test_dinov3_rotary_embeddings_are_timms(grid, head_dim):
   np.testing.assert_allclose(ours, rotated.numpy(), atol=1e-6)
 
 
-def test_the_docs_table_of_families_is_the_registrys():
-  import os
-
-  docs = open(os.path.join(os.path.dirname(__file__), '..', 'docs', 'checkpoints_and_export.md'))
-  assert families.markdown_table() in docs.read()
-
-
 @needs_timm
 def test_a_file_of_the_papers_vit_names_the_models_it_may_be():
   """The paper's layout is also DeiT's: a bare file of it names both, and what tells them
@@ -507,7 +496,7 @@ def test_a_familys_input_statistics_are_one_pass_over_the_pixels():
   mean, std = (np.asarray(s, np.float64) for s in timm_weights.STATISTICS['openai_clip'])
   pixels = np.random.default_rng(0).integers(0, 256, (2, 32, 32, 3), np.uint8)
   x = on_device.normalise(pixels)
-  ours = vit.normalise_input(x, config.input_mean, config.input_std)
+  ours = vit.normalise_input(x, model_spec.registered('vit_base_patch16_clip_224').input_stats)
   exact = (pixels / 255.0 - mean) / std
   np.testing.assert_allclose(np.asarray(ours), exact, atol=2e-6 * np.abs(exact).max())
   config.hidden_size = 24
@@ -531,12 +520,12 @@ def test_naflex_and_masked_patch_prediction_refuse_a_familys_options():
   with pytest.raises(ConfigError) as e:
     model_spec.ModelSpec.of(config)
   assert str(e.value) == (
-    'vit_base_patch16_clip_224 sets pre_norm, input_mean, input_std, which NaFlex '
+    'vit_base_patch16_clip_224 sets pre_norm, input_stats, which NaFlex '
     "(naflex_tokens) does not build (its model is the paper's ViT and registers); fine-tune it "
     'as a ViT, or pick a model without them'
   )
   config.update(model='deit3_small_patch16_224', naflex_tokens=(), task='mpp')
-  with pytest.raises(ConfigError, match='^deit3_small_patch16_224 sets no_embed_class, input_'):
+  with pytest.raises(ConfigError, match='^deit3_small_patch16_224 sets posemb, input_stats, '):
     model_spec.ModelSpec.of(config)
 
 
@@ -581,6 +570,6 @@ def test_a_run_fine_tunes_a_timm_file_and_exports_it_back(tmp_path):
   again.load_state_dict(safetensors_torch.load_file(str(out)), strict=True)
   run = loader.load_model(workdir)
   x = images(28)
-  logits, _ = theirs(again, x, architectures.MODEL_CONFIGS[name])
+  logits, _ = theirs(again, x, model_spec.registered(name))
   ours_logits = np.asarray(run.model.apply({'params': run.params}, x, train=False))
   assert ours_logits.shape == (2, 10) and relative_error(ours_logits, logits) <= BOUND

@@ -23,6 +23,7 @@ import pytest
 from vit_jax import checkpoint
 from vit_jax import models
 from vit_jax.configs import architectures
+from vit_jax.configs.model_spec import Architecture
 from vit_jax.evaluation import loader
 from vit_jax.interop import export
 from vit_jax.models import flexi
@@ -109,7 +110,7 @@ def test_timms_default_resizes_load_at_another_patch_size_both_ways(tmp_path):
   state['patch_embed.proj.weight'] = resample_patch_embed(state['patch_embed.proj.weight'], [8, 8])
   state['pos_embed'] = resample_abs_pos_embed(state['pos_embed'], [4, 4], num_prefix_tokens=1)
   config.patches.size = (8, 8)
-  model = interop_timm.build_model(config, 5, 32)
+  model = interop_timm.build_model(Architecture.of(config), 5, 32)
   model.load_state_dict(state, strict=True)
   images = np.random.default_rng(2).uniform(-1, 1, (2, 32, 32, 3)).astype(np.float32)
   with torch.no_grad():
@@ -157,7 +158,7 @@ def test_a_checkpoint_loads_at_another_patch_size(tmp_path):
   config, flat, path = _checkpoint(tmp_path)
   for patch in (4, 8):
     loaded = loader.load_model(path, 'testing', patch_size=patch)
-    assert (loaded.image_size, loaded.grid_size, loaded.pixels_per_patch) == (
+    assert (loaded.spec.image_size, loaded.spec.grid, loaded.spec.stride) == (
       32,
       32 // patch,
       patch,
@@ -172,7 +173,7 @@ def test_a_checkpoint_loads_at_another_patch_size(tmp_path):
     for key in set(flat) - {'embedding/kernel', 'Transformer/posembed_input/pos_embedding'}:
       np.testing.assert_array_equal(got[key], flat[key])
     again = checkpoint.save_npz(loaded.params, tmp_path / f'p{patch}.npz')
-    assert loader.load_model(again, 'testing').pixels_per_patch == patch
+    assert loader.load_model(again, 'testing').spec.stride == patch
   with pytest.raises(loader.InputError, match='--patch_size=5: patch size 5 does not tile 32 px'):
     loader.load_model(path, 'testing', patch_size=5)
 
@@ -198,7 +199,7 @@ def test_export_at_another_patch_size_matches_timm(tmp_path):
   state = safetensors.torch.load_file(out)
   assert tuple(state['patch_embed.proj.weight'].shape) == (10, 3, 8, 8)
   config.patches.size = (8, 8)
-  model = interop_timm.build_model(config, 5, 32)
+  model = interop_timm.build_model(Architecture.of(config), 5, 32)
   model.load_state_dict(state, strict=True)
   images = np.random.default_rng(2).uniform(-1, 1, (2, 32, 32, 3)).astype(np.float32)
   with torch.no_grad():
@@ -249,7 +250,10 @@ def test_random_patch_grad_is_the_model_at_the_drawn_patch_size():
   for size in sizes:
     at = checkpoint.unflatten(flexi.at_patch_size(flat, size, 32, 1))
     apply = jax.jit(
-      functools.partial(model.clone(patches={'size': (size, size)}).apply, train=False)
+      functools.partial(
+        model.clone(architecture=model.architecture.changed(patch_size=(size, size))).apply,
+        train=False,
+      )
     )
     expected[size] = float(_weighted_sum(apply({'params': at}, batch['image']), batch))
   seen = set()
@@ -292,7 +296,7 @@ def test_gradients_reach_the_underlying_kernel_and_position_embeddings():
     'weights': rng.normal(size=(2, 4)).astype(np.float32),
   }
   grad_fn = jax.jit(flexi.random_patch_grad(model, (8, 16), 32, _weighted_sum))
-  small = model.clone(patches={'size': (8, 8)})
+  small = model.clone(architecture=model.architecture.changed(patch_size=(8, 8)))
   at = checkpoint.unflatten(flexi.at_patch_size(checkpoint.flatten(params), 8, 32, 1))
   apply_small = lambda p: small.apply({'params': p}, batch['image'], train=False)
   want_loss, want = jax.jit(jax.value_and_grad(lambda p: _weighted_sum(apply_small(p), batch)))(at)
@@ -334,7 +338,7 @@ def test_a_run_with_a_random_patch_size_per_step_learns_and_evaluates(tmp_path):
   flat = checkpoint.flatten(checkpoint.load(workdir))
   assert flat['embedding/kernel'].shape == (16, 16, 3, 10)
   for patch in (4, 8):
-    assert loader.load_model(workdir, patch_size=patch).grid_size == 16 // patch
+    assert loader.load_model(workdir, patch_size=patch).spec.grid == 16 // patch
 
 
 def test_evaluate_and_predict_take_a_patch_size(tmp_path, capsys):

@@ -12,7 +12,7 @@ import json
 import os
 
 from conftest import assert_close
-from conftest import small_vit_config
+from conftest import small_arch
 from conftest import tiny_run_config
 import jax
 import jax.numpy as jnp
@@ -20,7 +20,9 @@ import numpy as np
 import pytest
 
 from vit_jax import checkpoint
+from vit_jax.configs import model_spec
 from vit_jax.configs.data import data_config
+from vit_jax.configs.model_spec import Compute
 from vit_jax.configs.model_spec import ModelSpec
 from vit_jax.data import images
 from vit_jax.data import naflex as naflex_data
@@ -53,8 +55,8 @@ def relative_error(a, b):
 
 
 def model_and_params(classifier, seed=0):
-  config = small_vit_config('ViT-Ti_16', patches={'size': (PATCH, PATCH)}, classifier=classifier)
-  model = naflex.NaFlexViT(num_classes=5, posemb_grid=(4, 4), **config)
+  config = small_arch(patch_size=(PATCH, PATCH), classifier=classifier, naflex_grid=(4, 4))
+  model = naflex.NaFlexViT(5, config)
   shapes = jax.eval_shape(
     lambda: model.init(jax.random.key(0), jnp.zeros((1, 16, 16, 3)), train=False)
   )['params']
@@ -113,7 +115,7 @@ def test_naflex_matches_timms_naflexvit_and_converts_both_ways(tmp_path, classif
   packed, _ = packed_batch()
   ours = model.apply({'params': checkpoint.unflatten(flat)}, packed, train=False)
   state = interop_timm.to_timm_naflex(flat)
-  theirs_model = interop_timm.build_naflex_model(config, 5, (4, 4))
+  theirs_model = interop_timm.build_naflex_model(config, 5)
   theirs_model.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()}, strict=True)
   coords = torch.from_numpy(packed[..., -3:-1].astype(np.int64))
   with torch.no_grad():
@@ -181,9 +183,9 @@ def test_a_conv_projection_naflexvit_imports_with_timms_logits():
   )
   state = {k: v.numpy() for k, v in theirs.state_dict().items()}
   assert state['embeds.proj.weight'].shape == (24, 3, PATCH, PATCH)
-  config = small_vit_config('ViT-Ti_16', patches={'size': (PATCH, PATCH)})
+  config = small_arch(patch_size=(PATCH, PATCH))
   flat = interop_timm.from_timm_naflex(state, config, 'timm state', 'bilinear')
-  model = naflex.NaFlexViT(num_classes=5, posemb_grid=(4, 4), **config)
+  model = naflex.NaFlexViT(5, model_spec.naflex_of(config, (4, 4), 'bilinear'))
   rng = np.random.default_rng(3)
   for rows, cols in ((4, 4), (3, 6)):
     images = rng.uniform(-1, 1, (2, rows * PATCH, cols * PATCH, 3)).astype(np.float32)
@@ -209,25 +211,21 @@ def test_naflex_resamples_its_table_as_timms_antialiased_modes(resample):
   state = {k: v.numpy() for k, v in theirs.state_dict().items()}
   packed, _ = packed_batch()
   want = _their_logits(theirs, packed)
-  config = small_vit_config('ViT-Ti_16', patches={'size': (PATCH, PATCH)}, classifier='gap')
+  config = small_arch(patch_size=(PATCH, PATCH), classifier='gap')
   with pytest.raises(torch_layout.ExportError, match='does not record how its position table'):
-    interop_timm.from_timm_naflex(state, config.copy_and_resolve_references(), 'f', None)
+    interop_timm.from_timm_naflex(state, config, 'f', None)
   flat = interop_timm.from_timm_naflex(state, config, 'timm state', resample)
   params = {'params': checkpoint.unflatten(flat)}
-  ours = naflex.NaFlexViT(num_classes=5, posemb_grid=(4, 4), **config).apply(
-    params, packed, train=False
-  )
+  resampled = model_spec.naflex_of(config, (4, 4), resample)
+  ours = naflex.NaFlexViT(5, resampled).apply(params, packed, train=False)
   assert_close(relative_error(ours, want), BOUND, f'logits against timm ({resample})')
   # The mode matters on these grids: bilinear is 100x the bound off.
-  config.posemb_resample = 'bilinear'
-  other = naflex.NaFlexViT(num_classes=5, posemb_grid=(4, 4), **config).apply(
-    params, packed, train=False
-  )
+  bilinear = model_spec.naflex_of(config, (4, 4), 'bilinear')
+  other = naflex.NaFlexViT(5, bilinear).apply(params, packed, train=False)
   assert relative_error(other, want) > 100 * BOUND
   # And our export to timm says the mode: it loads back as it was.
-  assert interop_timm.build_naflex_model(config, 5, (4, 4)).embeds.pos_embed_interp_mode == (
-    'bilinear'
-  )
+  assert interop_timm.build_naflex_model(bilinear, 5).embeds.pos_embed_interp_mode == 'bilinear'
+  assert interop_timm.build_naflex_model(resampled, 5).embeds.pos_embed_interp_mode == mode
 
 
 # (height, width, budget) -> (rows, columns): timm's `get_image_size_for_seq` at patch 16
@@ -339,7 +337,10 @@ def test_a_naflex_run_trains_at_mixed_budgets_and_evaluates_at_three_resolutions
   losses = [entry['train_loss'] for entry in logged if 'train_loss' in entry]
   assert losses[-1] < losses[0] - 0.1, losses
   loaded = loader.load_model(workdir)
-  assert isinstance(loaded.model, naflex.NaFlexViT) and loaded.model.posemb_grid == (4, 4)
+  assert isinstance(loaded.model, naflex.NaFlexViT) and loaded.spec.architecture.posemb_grid == (
+    4,
+    4,
+  )
   for crop in (8, 16, 24):
     data = data_config()
     data.update(dataset='digits', batch_eval=128)
@@ -374,13 +375,14 @@ def test_naflex_runs_on_the_vits_encoder_with_its_options():
   def logits(module, tree):
     return jax.jit(functools.partial(module.apply, train=False))({'params': tree}, packed)
 
-  fused = logits(model.clone(attention='xla'), params)
-  explicit = logits(model.clone(attention='explicit'), params)
+  fused = logits(model.clone(compute=Compute(attention='xla')), params)
+  explicit = logits(model.clone(compute=Compute(attention='explicit')), params)
   assert_close(relative_error(explicit, fused), BOUND, 'written-out attention')
-  remat = logits(model.clone(remat=True), params)
+  remat = logits(model.clone(compute=Compute(remat=True)), params)
   assert_close(relative_error(remat, fused), BOUND, 'rematerialised blocks')
   stacked = vit_checkpoint.stack_blocks(params)
-  assert_close(relative_error(logits(model.clone(scan=True), stacked), fused), BOUND, 'scan')
+  scanned = logits(model.clone(compute=Compute(scan=True)), stacked)
+  assert_close(relative_error(scanned, fused), BOUND, 'scan')
   _, state = model.apply({'params': params}, packed, train=False, mutable=['intermediates'])
   block = state['intermediates']['Transformer']['encoderblock_0']
   weights = np.asarray(block['MultiHeadDotProductAttention_1']['attention_weights'][0])

@@ -222,8 +222,7 @@ def test_official_config_trains_as_the_official_fine_tuning():
     1,
   )
   assert (
-    'pretrained_dir' not in config
-    and ModelSpec.of(config).architecture.transformer.dropout_rate == 0.1
+    'pretrained_dir' not in config and ModelSpec.of(config).architecture.block.dropout_rate == 0.1
   )
 
 

@@ -107,7 +107,7 @@ def test_image_files_expands_directories_and_commas(tmp_path):
 )
 def test_the_stride_is_the_token_stride(name, stride):
   config = architectures.MODEL_CONFIGS[name]
-  assert model_spec.stride(config) == stride
+  assert model_spec.Architecture.of(config).stride == stride
   model = models.VisionTransformer(num_classes=None, **config)
   shapes = jax.eval_shape(
     lambda: model.init(jax.random.key(0), jnp.zeros((1, 128, 128, 3)), train=False)
@@ -143,8 +143,8 @@ def solid_png(path, colour=(10, 200, 30), size=(20, 24)):
 def test_load_model_reads_classes_and_resolution(tmp_path):
   path = write_checkpoint(tmp_path / 'c.npz', 7, size=48, representation_size=8)
   loaded = loader.load_model(path, 'testing')
-  assert loaded.model.num_classes == 7 and loaded.config.representation_size == 8
-  assert (loaded.image_size, loaded.grid_size, loaded.pixels_per_patch) == (48, 3, 16)
+  assert loaded.model.num_classes == 7 and loaded.spec.architecture.representation_size == 8
+  assert (loaded.spec.image_size, loaded.spec.grid, loaded.spec.stride) == (48, 3, 16)
   with pytest.raises(
     checkpoint.CheckpointError,
     match=r'encoder_norm/bias has shape \(10,\), the model expects \(192,\)',

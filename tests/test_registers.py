@@ -11,6 +11,7 @@ import os
 
 from conftest import assert_close
 from conftest import param_shapes
+from conftest import small_arch
 from conftest import small_vit_config
 from conftest import tiny_run_config
 import jax
@@ -21,6 +22,7 @@ import pytest
 from vit_jax import checkpoint
 from vit_jax import models
 from vit_jax.configs import architectures
+from vit_jax.configs.model_spec import Architecture
 from vit_jax.evaluation import loader
 from vit_jax.interop import export
 from vit_jax.interop import timm as interop_timm
@@ -92,7 +94,7 @@ def test_registers_export_to_timms_reg_tokens_and_back(classifier):
   flat = random_flat(config, 7, size)
   state = interop_timm.to_timm(flat)
   assert state['reg_token'].shape == (1, 2, 24)
-  model = interop_timm.build_model(config, 7, size)
+  model = interop_timm.build_model(Architecture.of(config), 7, size)
   model.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()}, strict=True)
   assert model.num_reg_tokens == 2 and not model.no_embed_class
   x = images(size)
@@ -100,7 +102,9 @@ def test_registers_export_to_timms_reg_tokens_and_back(classifier):
     theirs = model(torch.from_numpy(x.transpose(0, 3, 1, 2).copy())).numpy()
   assert np.abs(theirs).max() > 0.05
   assert_close(relative_error(ours(config, flat, x), theirs), BOUND, 'logits against the peer')
-  back = interop_timm.from_timm(state, small_vit_config(name), 'timm state')  # reads reg_token
+  back = interop_timm.from_timm(
+    state, Architecture.of(small_vit_config(name)), 'timm state'
+  )  # reads reg_token
   assert sorted(back) == sorted(flat)
   for key in flat:
     np.testing.assert_array_equal(back[key], flat[key], err_msg=key)
@@ -112,13 +116,13 @@ def test_a_timm_model_with_registers_that_timm_initialised_imports(tmp_path):
   # 2 registers: with 4, the 9 position rows would fit a 3x3 grid too (the test below).
   config.num_registers = 2
   torch.manual_seed(0)
-  model = interop_timm.build_model(config, 5, 32)
+  model = interop_timm.build_model(Architecture.of(config), 5, 32)
   with torch.no_grad():
     for p in model.parameters():  # timm zero-initialises biases and the head
       p.add_(0.05 * torch.randn_like(p))
   torch.save({k: v.contiguous() for k, v in model.state_dict().items()}, tmp_path / 'reg.pth')
   loaded = export.load(str(tmp_path / 'reg.pth'), 'testing').loaded
-  assert loaded.config.num_registers == 2 and loaded.num_prefix_tokens == 3
+  assert loaded.spec.architecture.num_registers == 2 and loaded.spec.num_prefix_tokens == 3
   x = images(32)
   with torch.no_grad():
     theirs = model(torch.from_numpy(x.transpose(0, 3, 1, 2).copy())).numpy()
@@ -161,8 +165,8 @@ def test_timms_no_embed_class_register_files_import_with_their_logits(tmp_path, 
   model, state = _timm_vit(classifier, 4, 8, no_embed_class=True)
   assert state['pos_embed'].shape == (1, 64, 24)
   name = 'ViT-Ti_16' if classifier == 'token' else 'ViT-S_16-gap'
-  config = small_vit_config(name, patches={'size': (4, 4)})
-  flat = interop_timm.from_timm(state, config, 'timm state')
+  config = small_vit_config(name, patches={'size': (4, 4)}, num_registers=4)
+  flat = interop_timm.from_timm(state, Architecture.of(config), 'timm state')
   prefix = 4 + (classifier == 'token')
   posemb = flat['Transformer/posembed_input/pos_embedding']
   np.testing.assert_array_equal(posemb[:, :prefix], 0)
@@ -172,7 +176,7 @@ def test_timms_no_embed_class_register_files_import_with_their_logits(tmp_path, 
     theirs = model(torch.from_numpy(x.transpose(0, 3, 1, 2).copy())).numpy()
   assert np.abs(theirs).max() > 0.05
   assert_close(relative_error(ours(config, flat, x), theirs), BOUND, 'logits against timm')
-  exported = interop_timm.build_model(config, 5, 32)
+  exported = interop_timm.build_model(Architecture.of(config), 5, 32)
   exported.load_state_dict(
     {k: torch.from_numpy(v) for k, v in interop_timm.to_timm(flat).items()}, strict=True
   )
@@ -189,12 +193,12 @@ def test_a_position_count_that_fits_both_layouts_is_refused_naming_them():
   _, state = _timm_vit('token', 4, 3, no_embed_class=True)
   config = small_vit_config('ViT-Ti_16', patches={'size': (4, 4)})
   with pytest.raises(checkpoint.CheckpointError) as e:
-    interop_timm.from_timm(state, config, 'f.safetensors')
+    interop_timm.from_timm(state, Architecture.of(config), 'f.safetensors')
   assert str(e.value) == (
     "f.safetensors: its 9 position embeddings fit both of timm's layouts: 3x3 patches with the "
     '5 class/register token(s) unembedded (no_embed_class=True) or 2x2 patches with them '
-    'embedded (no_embed_class=False); pass --model naming a model whose MODEL_CONFIGS entry '
-    'sets no_embed_class'
+    "embedded (no_embed_class=False); pass --model naming a model of timm's whose layout is "
+    'known (vit_jax.configs.families)'
   )
 
 
@@ -204,7 +208,7 @@ def test_the_pytorch_forward_of_the_onnx_export_places_registers_as_ours(tmp_pat
   flat = random_flat(config, 5, 32)
   path = checkpoint.save_npz(checkpoint.unflatten(flat), tmp_path / 'reg.npz')
   loaded = loader.load_model(path, 'testing')
-  assert loaded.config.num_registers == 2 and loaded.num_prefix_tokens == 3
+  assert loaded.spec.architecture.num_registers == 2 and loaded.spec.num_prefix_tokens == 3
   x = images(32)
   with torch.no_grad():
     theirs = torch_vit.build(loaded)(torch.from_numpy(x)).numpy()
@@ -237,8 +241,8 @@ def test_fine_tuning_and_patch_resizing_keep_the_register_rows(tmp_path, capsys)
 
 @needs_timm
 def test_naflex_registers_match_timms_naflexvit():
-  config = small_vit_config('ViT-Ti_16', patches={'size': (4, 4)}, num_registers=2)
-  model = naflex.NaFlexViT(num_classes=5, posemb_grid=(4, 4), **config)
+  config = small_arch(patch_size=(4, 4), num_registers=2, naflex_grid=(4, 4))
+  model = naflex.NaFlexViT(5, config)
   shapes = jax.eval_shape(
     lambda: model.init(jax.random.key(0), jnp.zeros((1, 16, 16, 3)), train=False)
   )['params']
@@ -251,7 +255,7 @@ def test_naflex_registers_match_timms_naflexvit():
   pixels, rows, cols, real = (np.asarray(a) for a in naflex.patchify(x, 4))
   packed = naflex.pack(pixels, rows, cols, real)
   logits = model.apply({'params': checkpoint.unflatten(flat)}, packed, train=False)
-  theirs_model = interop_timm.build_naflex_model(config, 5, (4, 4))
+  theirs_model = interop_timm.build_naflex_model(config, 5)
   theirs_model.load_state_dict(
     {k: torch.from_numpy(v) for k, v in interop_timm.to_timm_naflex(flat).items()}, strict=True
   )
@@ -275,6 +279,6 @@ def test_a_run_with_a_register_learns_and_saves_it(tmp_path):
   losses = [entry['train_loss'] for entry in logged if 'train_loss' in entry]
   assert losses[-1] < losses[0] - 0.1, losses
   assert checkpoint.flatten(checkpoint.load(workdir))['registers'].shape == (1, 1, 10)
-  assert loader.load_model(workdir).num_prefix_tokens == 2
+  assert loader.load_model(workdir).spec.num_prefix_tokens == 2
   with pytest.raises(program.ConfigError, match='masked patch prediction reads patch tokens'):
     program.validate(tiny_run_config(num_registers=1, task='mpp'), 1)

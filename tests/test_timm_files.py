@@ -136,7 +136,7 @@ def test_predict_gives_timms_top5_on_a_non_square_photo(tmp_path, capsys, name, 
   top5 = [int(row.rsplit('(class ', 1)[1].rstrip(')')) for row in out.splitlines()[1:6]]
   assert top5 == list(np.argsort(-theirs)[:5])
   loaded = loader.load_model(npz)
-  pixels = classify.read_pixels(photo, loaded.image_size, loaded.preprocessing)
+  pixels = classify.read_pixels(photo, loaded.spec.image_size, loaded.preprocessing)
   from vit_jax.data import on_device
 
   ours = np.asarray(
@@ -178,10 +178,10 @@ def test_a_timm_config_beside_the_file_is_its_preprocessing(tmp_path):
   with open(tmp_path / 'mine' / 'config.json', 'w') as f:
     json.dump({'architecture': name, 'num_classes': 10, 'pretrained_cfg': cfg}, f)
   loaded = export_lib.load(source).loaded
-  assert loaded.config.model_name == name
+  assert loaded.spec.name == name
   p = loaded.preprocessing
   assert (p.mean, p.std, p.crop_pct, p.interpolation) == ((0.4,) * 3, (0.2,) * 3, 0.8, 'bilinear')
-  assert loaded.config.input_mean == (0.4,) * 3
+  assert loaded.spec.architecture.input_stats == ((0.4,) * 3, (0.2,) * 3)
 
 
 def test_evaluation_batches_are_timms_eval_pixels(tmp_path):
@@ -287,8 +287,10 @@ def test_a_model_that_would_change_the_files_activation_or_input_is_refused(
     )
     assert not (tmp_path / 'x.npz').exists()
   loaded = export_lib.load(source).loaded
-  assert loaded.config.model_name == name
-  x = np.random.default_rng(0).uniform(-1, 1, (2, loaded.image_size, loaded.image_size, 3))
+  assert loaded.spec.name == name
+  x = np.random.default_rng(0).uniform(
+    -1, 1, (2, loaded.spec.image_size, loaded.spec.image_size, 3)
+  )
   x = x.astype(np.float32)
   p = loaded.preprocessing
   normalised = ((x + 1) / 2 - np.asarray(p.mean)) / np.asarray(p.std)
@@ -324,6 +326,6 @@ def test_the_papers_timm_weights_of_other_statistics_are_refused(tmp_path, capsy
   # The paper's own weights of the name convert as ViT-B_16, fed as the paper's.
   source = _hub_file(tmp_path, 'vit_base_patch16_224', 'augreg2_in21k_ft_in1k', model)
   loaded = export_lib.load(source).loaded
-  assert loaded.config.model_name == 'ViT-B_16' and loaded.preprocessing is None
+  assert loaded.spec.name == 'ViT-B_16' and loaded.preprocessing is None
   assert interop_timm.TIMM_NAMES['ViT-B_16'] == 'vit_base_patch16'
   assert timm_files.our_name('vit_base_patch16_384') == 'ViT-B_16'

@@ -205,7 +205,7 @@ def test_a_workdir_on_another_file_system_names_its_model_and_holds_its_results(
   assert workdir.recorded(remote, 'model') == 'testing'
   assert workdir.read_config(remote)['model'] == 'ViT-Demo_4'
   loaded = loader.load_model(remote)  # no --model: the summary names it
-  assert (loaded.model.num_classes, loaded.image_size) == (10, 16)
+  assert (loaded.model.num_classes, loaded.spec.image_size) == (10, 16)
   np.testing.assert_array_equal(loaded.params['head']['kernel'], params['head']['kernel'])
   # Nothing was written locally.
   assert not os.path.exists('memory:')

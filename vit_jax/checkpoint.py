@@ -20,6 +20,7 @@ import zipfile
 import numpy as np
 
 from vit_jax import workdir
+from vit_jax.configs import model_spec
 from vit_jax.core import files
 from vit_jax.models import vit_checkpoint
 from vit_jax.models.vit_checkpoint import CheckpointError
@@ -328,7 +329,8 @@ def load_pretrained(
   Args:
     pretrained_path: a released `.npz`, or a workdir holding `params.npz`.
     init_params: freshly initialised parameters of the model to fine-tune.
-    model_config: its config (a `MODEL_CONFIGS` entry), for the classifier.
+    model_config: its architecture (a `model_spec.Architecture`, or a `MODEL_CONFIGS` entry
+      as the official code passes), for the tokens before the patches.
     verbose: print a table of what was kept, resized, dropped or re-initialised.
     posemb_resize: how position embeddings change resolution
       (`vit_checkpoint.POSEMB_RESIZE`);
@@ -344,6 +346,8 @@ def load_pretrained(
   restored = flatten(load(pretrained_path))
   stacked = vit_checkpoint.is_stacked(init_params)  # a model with scan_layers=True
   init = flatten(vit_checkpoint.unstack_blocks(init_params))
+  if not isinstance(model_config, model_spec.Architecture):
+    model_config = model_spec.Architecture.of(model_config)
   out, report = vit_checkpoint.adapt(
     restored, init, model_config, posemb_resize, pretrained_path, patch_resize
   )

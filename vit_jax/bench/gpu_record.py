@@ -204,7 +204,7 @@ def step_kernels(opts, device, options=None) -> dict:
   per encoder block (the whole program less its one-block copy, over the other blocks), and
   the compiler's estimate of its memory (`bench.memory.estimate_bytes`, what the benchmark's
   record on the card calls `memory_estimate_bytes`)."""
-  depth = opts.depth or ModelSpec.of(speed.train_config(opts)).architecture.transformer.num_layers
+  depth = opts.depth or ModelSpec.of(speed.train_config(opts)).architecture.num_layers
   whole = compile_benchmark_step(dataclasses.replace(opts, depth=depth), device, options)
   one = compile_benchmark_step(dataclasses.replace(opts, depth=1), device, options)
   counts, first = kernel_counts(whole.as_text()), kernel_counts(one.as_text())

@@ -1,21 +1,22 @@
 """The ViT families people fine-tune from today, under timm's names: DINOv2 (with registers),
 DeiT, DeiT III, SigLIP / SigLIP 2 (attention-pooled and mean-pooled), CLIP and EVA-02.
 
-Each is the paper's encoder with a few options (`models.vit.VisionTransformer`'s and its
-`BlockConfig`'s), set as timm's `timm.create_model(name)` sets them (timm 1.0):
+Each is the paper's encoder with a few options (`configs.model_spec.Architecture`'s and its
+`Block`'s), set as timm's `timm.create_model(name)` sets them (timm 1.0):
 
 - DINOv2 (Oquab et al. 2023): LayerScale 1e-5, exact GELU; the giant's MLP SwiGLU;
-- DINOv2 with registers (Darcet et al. 2023): as DINOv2, 4 registers, `no_embed_class`;
+- DINOv2 with registers (Darcet et al. 2023): as DINOv2, 4 registers, position embeddings for
+  the patches alone (`posemb='patches'`, timm's `no_embed_class`);
 - DeiT (Touvron et al. 2021; the distilled models' second token aside): the paper's ViT with
   the exact GELU;
-- DeiT III (Touvron et al. 2022): LayerScale 1e-6, `no_embed_class`, exact GELU;
-- SigLIP (Zhai et al. 2023), SigLIP 2: the MAP head, no class token, exact GELU; timm's
-  `_siglip_gap` models (PaliGemma's towers among them) pool by the mean of the tokens instead,
-  some with the tanh GELU;
+- DeiT III (Touvron et al. 2022): LayerScale 1e-6, `posemb='patches'`, exact GELU;
+- SigLIP (Zhai et al. 2023), SigLIP 2: the MAP head, no class token, exact GELU (SigLIP 2's
+  so400m/16, B/32, L/16 at 512 and giant: the tanh GELU); timm's `_siglip_gap` models
+  (PaliGemma's towers among them) pool by the mean of the tokens instead;
 - CLIP (Radford et al. 2021): `pre_norm` and no patch bias, LayerNorm eps 1e-5, exact GELU
   or OpenAI's quick GELU;
 - EVA-02 (Fang et al. 2023): SwiGLU, no key bias, rotary embeddings (a 16x16 reference
-  grid), the mean of the patches and `fc_norm`; B and L a LayerNorm inside the MLP.
+  grid), the mean of the patches normalised after pooling; B and L a LayerNorm inside the MLP.
 
 SigLIP 2's weights load into SigLIP's architecture (timm's `.v2_webli` tags). A model's input
 statistics (the mean and std of [0, 1] pixels it normalises with; [-1, 1] is every model's input
@@ -30,22 +31,19 @@ import ml_collections
 
 from vit_jax.configs import timm_weights
 
-# family -> (entry options, `transformer` options).
+# family -> (entry options, `transformer` (block) options).
 FAMILIES = {
-  'dinov2': ({}, {'layer_scale': 1e-5, 'activation': 'gelu'}),
-  'dinov2_reg': (
-    {'num_registers': 4, 'no_embed_class': True},
-    {'layer_scale': 1e-5, 'activation': 'gelu'},
-  ),
-  'deit': ({}, {'activation': 'gelu'}),
-  'deit3': ({'no_embed_class': True}, {'layer_scale': 1e-6, 'activation': 'gelu'}),
-  'siglip': ({'classifier': 'map'}, {'activation': 'gelu'}),
-  'siglip_gap': ({'classifier': 'gap'}, {'activation': 'gelu'}),
-  'clip': ({'pre_norm': True}, {'activation': 'gelu', 'norm_eps': 1e-5}),
-  'clip_quickgelu': ({'pre_norm': True}, {'activation': 'quick_gelu', 'norm_eps': 1e-5}),
+  'dinov2': ({}, {'layer_scale': 1e-5, 'mlp': 'gelu'}),
+  'dinov2_reg': ({'num_registers': 4, 'posemb': 'patches'}, {'layer_scale': 1e-5, 'mlp': 'gelu'}),
+  'deit': ({}, {'mlp': 'gelu'}),
+  'deit3': ({'posemb': 'patches'}, {'layer_scale': 1e-6, 'mlp': 'gelu'}),
+  'siglip': ({'classifier': 'map'}, {'mlp': 'gelu'}),
+  'siglip_gap': ({'classifier': 'gap'}, {'mlp': 'gelu'}),
+  'clip': ({'pre_norm': True}, {'mlp': 'gelu', 'norm_eps': 1e-5}),
+  'clip_quickgelu': ({'pre_norm': True}, {'mlp': 'quick_gelu', 'norm_eps': 1e-5}),
   'eva02': (
-    {'classifier': 'token_gap', 'fc_norm': True, 'rotary': (16, 16)},
-    {'swiglu': True, 'key_bias': False},
+    {'classifier': 'token_gap', 'final_norm': 'pooled', 'rotary': (16, 16)},
+    {'mlp': 'swiglu', 'biases': 'no_key'},
   ),
 }
 
@@ -55,7 +53,7 @@ _TI, _S = (192, 768, 3, 12), (384, 1536, 6, 12)
 _B, _L = (768, 3072, 12, 12), (1024, 4096, 16, 24)
 _SO400M, _H = (1152, 4304, 16, 27), (1280, 5120, 16, 32)
 _GOPT = (1536, 6144, 16, 40)  # SigLIP 2's giant (opt)
-_TANH = {'activation': 'gelu_tanh'}
+_TANH = {'mlp': 'gelu_tanh'}
 # CLIP's sizes: (timm's size and patch, dims, patch, {family: resolutions}).
 _CLIP = (
   ('xsmall_patch16', (256, 1024, 4, 10), 16, {'clip': (224,), 'clip_quickgelu': ()}),
@@ -77,7 +75,7 @@ MODELS = {
     for size, dims in (('small', _S), ('base', _B), ('large', _L))
   },
   **{
-    f'vit_giant_patch14{reg}_dinov2': (family, (1536, 4096, 24, 40), 14, {'swiglu': True})
+    f'vit_giant_patch14{reg}_dinov2': (family, (1536, 4096, 24, 40), 14, {'mlp': 'swiglu'})
     for reg, family in (('', 'dinov2'), ('_reg4', 'dinov2_reg'))
   },
   **{
@@ -167,9 +165,9 @@ def config(name: str) -> ml_collections.ConfigDict:
     }
   )
   out.update(entry)
-  mean, std = timm_weights.default(name).model_statistics
-  if mean is not None:
-    out.input_mean, out.input_std = mean, std
+  stats = timm_weights.default(name).input_stats
+  if stats is not None:
+    out.input_stats = stats
   return out
 
 

@@ -62,10 +62,11 @@ class Preprocessing:
     return math.floor(self.size / self.crop_pct)
 
   @property
-  def model_statistics(self) -> Tuple[Optional[tuple], Optional[tuple]]:
-    """(input_mean, input_std) of `models.vit.VisionTransformer`: None, None for [-1, 1]."""
+  def input_stats(self) -> Optional[Tuple[tuple, tuple]]:
+    """`Architecture.input_stats` of weights of this preprocessing: (mean, std); None for
+    [-1, 1] pixels, what every model here takes."""
     if (self.mean, self.std) == STATISTICS['half']:
-      return None, None
+      return None
     return self.mean, self.std
 
   def at(self, size: int) -> 'Preprocessing':

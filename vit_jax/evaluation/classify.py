@@ -248,7 +248,7 @@ def predict(loaded: LoadedModel, files: Sequence[str], k: int = 5, *, unreadable
     images = []
     for f in files[start : start + _PREDICT_BATCH]:
       try:
-        images.append(read_pixels(f, loaded.image_size, loaded.preprocessing))
+        images.append(read_pixels(f, loaded.spec.image_size, loaded.preprocessing))
       except InputError as e:
         if unreadable is None:
           raise

@@ -296,7 +296,7 @@ def extract_features(model, params, batches: Iterable[Mapping], *, features_fn=N
   """
   features_fn = features_fn or representation_fn(model)
   # Cast once for every batch, not in every layer of every call (vit.compute_params).
-  params = jax.jit(vit.compute_params, static_argnums=1)(params, jnp.dtype(model.dtype))
+  params = jax.jit(vit.compute_params, static_argnums=1)(params, jnp.dtype(model.compute.dtype))
   features, labels = [], []
   for batch in batches:
     out = _host(features_fn(params, batch['image']))
@@ -420,7 +420,7 @@ def evaluate_checkpoint(loaded, datasets: Sequence[str], *, crop=None, batch=256
   method.update({k: v for k, v in fields.items() if v is not None})
   config = ml_collections.ConfigDict(
     {
-      'pp': {'crop': crop or loaded.image_size},
+      'pp': {'crop': crop or loaded.spec.image_size},
       'batch_eval': batch,
       **data_dirs,
       'fewshot': {'datasets': tuple(datasets), **method},

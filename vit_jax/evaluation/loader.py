@@ -36,31 +36,15 @@ class InputError(UserError, ValueError):
 
 
 class LoadedModel(NamedTuple):
-  """A checkpoint's model and parameters, and what the commands read of its `ModelSpec`."""
+  """A checkpoint's model, its parameters and its `ModelSpec` (the registry entry with the
+  checkpoint's shapes, at the resolution its position embeddings hold)."""
 
-  model: models.VisionTransformer
+  model: Any  # a vit.VisionTransformer or naflex.NaFlexViT
   params: Any
-  config: Any  # the spec's architecture: the registry entry with the checkpoint's shapes
-  image_size: int
-  grid_size: int  # patches per side
-  pixels_per_patch: int  # input pixels per patch step (the backbone stride for hybrids)
-  num_prefix_tokens: int
-  # A family's weights: their preprocessing (`configs.timm_weights.Preprocessing`, at
-  # `image_size`), which predict, evaluate and few-shot apply; None: the official resize.
+  spec: ModelSpec
+  # A family's weights: their preprocessing (`configs.timm_weights.Preprocessing`, at the
+  # spec's resolution), which predict, evaluate and few-shot apply; None: the official resize.
   preprocessing: Any = None
-
-  @classmethod
-  def of(cls, model, params, spec: ModelSpec, preprocessing=None) -> 'LoadedModel':
-    return cls(
-      model,
-      params,
-      spec.architecture,
-      spec.image_size,
-      spec.grid,
-      spec.stride,
-      spec.num_prefix_tokens,
-      preprocessing,
-    )
 
 
 def resolve_model_name(name: Optional[str], path: str, metadata: Optional[dict] = None) -> str:
@@ -141,18 +125,18 @@ def check_resolution(loaded: LoadedModel, crop: Optional[int]) -> int:
   """`crop`, or the checkpoint's resolution when None; InputError for another one (its
   position embeddings fix the number of patches), except for NaFlex ViTs, which take
   any multiple of their patch size."""
-  if crop is None or crop == loaded.image_size:
-    return loaded.image_size
+  if crop is None or crop == loaded.spec.image_size:
+    return loaded.spec.image_size
   if isinstance(loaded.model, naflex.NaFlexViT):
-    if crop % loaded.pixels_per_patch == 0:
+    if crop % loaded.spec.stride == 0:
       return crop
     raise InputError(
-      f'--crop={crop}: use a multiple of the patch size {loaded.pixels_per_patch} '
+      f'--crop={crop}: use a multiple of the patch size {loaded.spec.stride} '
       '(the NaFlex ViT takes any)'
     )
   raise InputError(
-    f'--crop={crop}: the checkpoint takes {loaded.image_size} px images (its position '
-    f'embeddings hold a {loaded.grid_size}x{loaded.grid_size} patch grid); leave --crop out, '
+    f'--crop={crop}: the checkpoint takes {loaded.spec.image_size} px images (its position '
+    f'embeddings hold a {loaded.spec.grid}x{loaded.spec.grid} patch grid); leave --crop out, '
     f'or fine-tune it at {crop} px (--config.pretrained_path resizes them)'
   )
 
@@ -213,9 +197,8 @@ def model_from_flat(
   flat = {k: v for k, v in flat.items() if not k.startswith(_MPP_ONLY)}
   spec = vit_checkpoint.spec_of(flat, model_name, what)
   spec, preprocessing = with_weights(spec, preprocessing)
-  if spec.naflex:
-    default = spec.architecture.get('posemb_resample', 'bilinear')
-    spec = spec.changed(posemb_resample=resample or default)
+  if spec.naflex and resample:
+    spec = spec.changed(posemb_resample=resample)
   if patch_size is not None and patch_size != spec.stride:
     try:
       flat, spec = flexi.load_at_patch_size(flat, spec, patch_size, resample)
@@ -229,7 +212,7 @@ def model_from_flat(
   )['params']
   params = checkpoint.unflatten(flat)
   checkpoint.check_tree(params, expected, what=what)
-  return LoadedModel.of(model, params, spec, preprocessing)
+  return LoadedModel(model, params, spec, preprocessing)
 
 
 def with_weights(spec: ModelSpec, preprocessing=None) -> tuple:
@@ -240,5 +223,4 @@ def with_weights(spec: ModelSpec, preprocessing=None) -> tuple:
   if families.family_of(name) is None:
     return spec, None
   preprocessing = (preprocessing or timm_weights.default(name)).at(spec.image_size)
-  mean, std = preprocessing.model_statistics
-  return spec.changed(input_mean=mean, input_std=std), preprocessing
+  return spec.changed(input_stats=preprocessing.input_stats), preprocessing

@@ -126,7 +126,7 @@ def _preprocessing(model_name: str, state, path: str, metadata: dict, tag: Optio
   """The preprocessing of a timm file's weights, for a family's model: what our export recorded,
   else what lies with the file, --tag or its head say (`timm_files.preprocessing`). None for the
   paper's models, which keep the official resize."""
-  if families.family_of(model_name) is None:
+  if model_name not in families.MODELS:
     if tag:
       raise loader.InputError(
         f"--tag={tag}: {model_name} is the paper's model, fed as the paper's (the official "
@@ -154,10 +154,10 @@ def _from_hf(state, hf_config, model_name, what, patch_size=None, resample=None)
 def _save_naflex_timm(loaded: loader.LoadedModel, output: str) -> List[str]:
   """A NaFlex ViT as timm NaFlexVit's state_dict."""
   flat = checkpoint.flatten(loaded.params)
-  grid = loaded.model.posemb_grid
-  resample = loaded.model.posemb_resample
+  grid = loaded.spec.architecture.posemb_grid
+  resample = loaded.spec.architecture.posemb_resample
   metadata = {
-    'vit_jax_model': loaded.config.model_name or '',
+    'vit_jax_model': loaded.spec.architecture.name or '',
     'timm_model': 'naflexvit',
     timm.RESAMPLE_METADATA: resample,
   }
@@ -183,17 +183,17 @@ def _save_timm(loaded: loader.LoadedModel, output: str) -> List[str]:
       "pre_logits and head dropped: timm's ViT has no pre-logits layer; the file is "
       "a features-only model (num_classes=0), as timm's *.orig_in21k weights"
     )
-  name = timm.registered_name(loaded.config, loaded.image_size)
-  kwargs = timm.create_model_kwargs(loaded.config, num_classes, loaded.image_size)
+  name = timm.registered_name(loaded.spec.architecture, loaded.spec.image_size)
+  kwargs = timm.create_model_kwargs(loaded.spec.architecture, num_classes, loaded.spec.image_size)
   metadata = {
-    'vit_jax_model': loaded.config.model_name or '',
+    'vit_jax_model': loaded.spec.architecture.name or '',
     'timm_model': name or '',
     'timm_kwargs': json.dumps(kwargs),
   }
   if loaded.preprocessing is not None:
     metadata[timm_files.PREPROCESSING_METADATA] = json.dumps(loaded.preprocessing.to_json())
   os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
-  torch_layout.save_safetensors(timm.to_timm(flat, loaded.config), output, metadata)
+  torch_layout.save_safetensors(timm.to_timm(flat, loaded.spec.architecture), output, metadata)
   if name:
     call = ', '.join([repr(name)] + [f'{k}={v!r}' for k, v in kwargs.items()])
     notes.append(
@@ -204,7 +204,7 @@ def _save_timm(loaded: loader.LoadedModel, output: str) -> List[str]:
       'no timm name for this architecture: build it with '
       'vit_jax.interop.timm.build_model(config, num_classes, image_size)'
     )
-  if loaded.config.get('resnet') is not None:
+  if loaded.spec.architecture.resnet is not None:
     notes.append(
       "timm.create_model's hybrids standardise kernels by sqrt(var + 1e-8) and use GroupNorm "
       'eps 1e-5 (ours, as the original code: std + 1e-5 and 1e-6); '
@@ -264,15 +264,14 @@ def export(
       f'a NaFlex ViT has no {fmt} counterpart here; use --format=timm (timm NaFlexVit), '
       'npz or savedmodel'
     )
-  family = families.family_of(loaded.config.model_name or '')
-  if family is not None and fmt in ('hf', 'onnx'):
-    raise torch_layout.ExportError(
-      f'{loaded.config.model_name} ({family}, vit_jax.configs.families) has options that the '
-      f'{fmt} export does not write; use --format=timm, npz or savedmodel'
-    )
-  if fmt in ('timm', 'hf'):
-    target = ('timm', timm.BLOCK_OPTIONS) if fmt == 'timm' else ('transformers', ())
-    torch_layout.check_standard_blocks(loaded.config, *target)
+  arch = loaded.spec.architecture
+  if fmt == 'timm':  # timm builds what its name for the model has; its ViT has LayerScale too
+    named = arch.name in families.MODELS
+    reference = model_spec.registered(arch.name) if named else None
+    writes = timm.WRITES + (('posemb',) if arch.posemb == 'grid' else ())  # NaFlexVit's table
+    torch_layout.check_writes(arch, 'timm', writes, reference)
+  elif fmt in ('hf', 'onnx'):
+    torch_layout.check_writes(arch, 'transformers' if fmt == 'hf' else fmt)
   names = _class_names(source, checkpoint_path, labels) if fmt == 'hf' else None
   # Written whole or not at all: a full disk or a kill leaves nothing at `output`, and the
   # temporary files are removed (a killed export's by the next one; `files.staged`).
@@ -295,7 +294,7 @@ def export(
 
 def _resample_notes(loaded: loader.LoadedModel, fmt: str) -> List[str]:
   """What a file of `fmt` cannot record: a NaFlex ViT's resampling other than the default."""
-  resample = getattr(loaded.model, 'posemb_resample', 'bilinear')
+  resample = loaded.spec.architecture.posemb_resample
   if fmt == 'timm' or resample == 'bilinear':
     return []
   return [
@@ -308,7 +307,7 @@ def _resample_notes(loaded: loader.LoadedModel, fmt: str) -> List[str]:
 def npz_metadata(loaded: loader.LoadedModel) -> dict:
   """What an `.npz` of `loaded` records (`checkpoint.save_npz`): its model's name, and a family's
   weights' preprocessing, which predict, evaluate, few-shot and fine-tuning apply."""
-  metadata = {'vit_jax_model': loaded.config.model_name or ''}
+  metadata = {'vit_jax_model': loaded.spec.name or ''}
   if loaded.preprocessing is not None:
     metadata['preprocessing'] = loaded.preprocessing.to_json()
   return metadata
@@ -327,7 +326,11 @@ def _write(fmt: str, loaded: loader.LoadedModel, output: str, names) -> List[str
     return _save_timm(loaded, output)
   if fmt == 'hf':
     return hf.save(
-      checkpoint.flatten(loaded.params), loaded.config, loaded.image_size, output, names
+      checkpoint.flatten(loaded.params),
+      loaded.spec.architecture,
+      loaded.spec.image_size,
+      output,
+      names,
     )
   # TensorFlow's and torch's start-up and progress lines.
   with console.library_output_hidden(quiet_on=_said_in_one_line):

@@ -96,7 +96,7 @@ def _paper_names() -> Dict[str, str]:
 
 def our_name(timm_name: str) -> Optional[str]:
   """The model of ours that timm's `timm_name` is (the same for a family's), else None."""
-  if families.family_of(timm_name) is not None:
+  if timm_name in families.MODELS:
     return timm_name
   return _paper_names().get(timm_name)
 
@@ -164,39 +164,72 @@ def unsupported(what: str, why: str) -> checkpoint.CheckpointError:
 # ---------------------------------------------------------------------------
 # The model from the tensors.
 
-# What a family's timm file holds that the others' do not.
-_MARKS = {
-  'norm_pre.weight': ('clip', 'clip_quickgelu'),
-  'attn_pool.latent': ('siglip',),
-  'reg_token': ('dinov2_reg',),
-  'blocks.0.ls1.gamma': ('dinov2', 'dinov2_reg', 'deit3'),
-  'fc_norm.weight': ('eva02',),
-}
+
+def _marks(arch) -> set:
+  """The state_dict keys that timm's model of `arch` has and the paper's ViT has not (its Eva
+  layout, that of the rotary models, names LayerScale `gamma_1`)."""
+  scale = 'blocks.0.gamma_1' if arch.rotary is not None else 'blocks.0.ls1.gamma'
+  return {
+    mark
+    for mark, has in (
+      ('norm_pre.weight', arch.pre_norm),
+      ('attn_pool.latent', arch.classifier == 'map'),
+      ('reg_token', arch.num_registers > 0),
+      (scale, arch.block.layer_scale is not None),
+      ('fc_norm.weight', arch.final_norm == 'pooled'),
+      ('cls_token', arch.has_class_token),
+      ('pos_embed', arch.posemb != 'none'),
+    )
+    if has
+  }
+
+
+_ALL_MARKS = ('norm_pre.weight', 'attn_pool.latent', 'reg_token', 'blocks.0.ls1.gamma')
+_ALL_MARKS += ('blocks.0.gamma_1', 'fc_norm.weight', 'cls_token', 'pos_embed')
+
+
+def _attention_biases(state) -> str:
+  """Which biases the first block's q/k/v projections have: 'all' (fused, timm's ViT), 'no_key'
+  (the query's and value's: timm's Eva, EVA-02), or 'none'."""
+  if 'blocks.0.attn.qkv.bias' in state:
+    return 'all'
+  if any(f'blocks.0.attn.{k}' in state for k in ('q_bias', 'q_proj.bias')):
+    return 'no_key'
+  return 'none'
+
+
+def _arch_biases(arch) -> str:
+  return {'all': 'all', 'no_key': 'no_key'}.get(arch.block.biases, 'none')
 
 
 def _shape(state, key):
   return tuple(state[key].shape) if key in state else None
 
 
+def _sizes(state):
+  """(width, MLP width, patch size) of a timm ViT file, None for another file; a SwiGLU's MLP
+  width is its gated one (timm's Eva keeps the gate apart, `fc1_g`)."""
+  kernel, fc2 = _shape(state, 'patch_embed.proj.weight'), _shape(state, 'blocks.0.mlp.fc2.weight')
+  if kernel is None or fc2 is None:
+    return None
+  return kernel[0], fc2[1], kernel[2]
+
+
 def family_fits(state) -> List[str]:
   """The family models (`configs.families.MODELS`) whose layout the tensors show, at any
-  resolution: the family's marks, the class token, width, MLP width and patch size."""
-  kernel, fc2 = _shape(state, 'patch_embed.proj.weight'), _shape(state, 'blocks.0.mlp.fc2.weight')
-  if kernel is None or fc2 is None or _shape(state, 'pos_embed') is None:
+  resolution: the keys that set a model apart (`_marks`), the attention's biases, the width,
+  MLP width and patch size."""
+  sizes = _sizes(state)
+  if sizes is None:
     return []
-  width, patch = kernel[0], kernel[2]
-  eva = any(
-    k.startswith('blocks.0.attn.') and k.endswith(('q_bias', 'q_proj.weight')) for k in state
-  )
-  marks = {mark for mark in _MARKS if mark in state}
+  present = {mark for mark in _ALL_MARKS if mark in state}
+  biases = _attention_biases(state)
   fits = []
-  for name, (family, (hidden, mlp_dim, _, _), size, extra) in families.MODELS.items():
-    if (hidden, mlp_dim, size) != (width, fc2[1], patch) or eva != (family == 'eva02'):
+  for name in families.MODELS:
+    arch = model_spec.registered(name)
+    if (arch.hidden_size, arch.block.mlp_dim, arch.patch_size[0]) != sizes:
       continue
-    classifier = families.FAMILIES[family][0].get('classifier', 'token')
-    if ('cls_token' in state) != model_spec.has_class_token(classifier):
-      continue
-    if marks == {mark for mark, owners in _MARKS.items() if family in owners}:
+    if _marks(arch) == present and _arch_biases(arch) == biases:
       fits.append(name)
   return fits
 
@@ -204,42 +237,41 @@ def family_fits(state) -> List[str]:
 def _paper_fits(state) -> List[str]:
   """The paper's models (timm's `vit_*` names, ours `ViT-*`, `-gap` for mean pooling) whose
   sizes a plain ViT file's tensors show."""
-  kernel, fc2 = _shape(state, 'patch_embed.proj.weight'), _shape(state, 'blocks.0.mlp.fc2.weight')
-  if kernel is None or fc2 is None or any(k.startswith('patch_embed.backbone') for k in state):
+  sizes = _sizes(state)
+  if sizes is None or any(k.startswith('patch_embed.backbone') for k in state):
     return []
   fits = []
   for ours in timm.TIMM_NAMES:
     name = ours if 'cls_token' in state else f'{ours}-gap'
     try:
-      config = model_spec.registered(name)
+      arch = model_spec.registered(name)
     except KeyError:
       continue
-    if config.get('resnet') is not None:
-      continue
-    sizes = (config.hidden_size, config.transformer.mlp_dim, config.patches.size[0])
-    if sizes == (kernel[0], fc2[1], kernel[2]):
+    if arch.resnet is None and (arch.hidden_size, arch.block.mlp_dim, arch.patch_size[0]) == sizes:
       fits.append(name)
   return fits
 
 
 def _grid_fits(name: str, rows: int) -> bool:
   """Whether `rows` position embeddings are the grid of `name`'s resolution suffix."""
-  config = model_spec.registered(name)
-  side = int(re.search(r'_(\d+)$', name).group(1)) // config.patches.size[0]
-  return rows - model_spec.embedded_prefix(config) == side * side
+  arch = model_spec.registered(name)
+  side = int(re.search(r'_(\d+)$', name).group(1)) // arch.patch_size[0]
+  return rows - arch.posemb_prefix == side * side
 
 
-_ACTIVATIONS = {'gelu': 'exact GELU', 'gelu_tanh': 'tanh GELU', 'quick_gelu': 'quick GELU'}
+_ACTIVATIONS = {
+  'gelu': 'exact GELU',
+  'gelu_tanh': 'tanh GELU',
+  'quick_gelu': 'quick GELU',
+  'swiglu': 'SwiGLU',
+}
 
 
 def _named(name: str) -> str:
   """`name` and what tells it apart from a model of the same tensors: its MLP's activation and
   its default weights' input."""
-  block = model_spec.registered(name).transformer
-  activation = (
-    'SwiGLU' if block.get('swiglu') else _ACTIVATIONS[block.get('activation', 'gelu_tanh')]
-  )
-  if families.family_of(name) is None:
+  activation = _ACTIVATIONS[model_spec.registered(name).block.mlp]
+  if name not in families.MODELS:
     return f"{name} (the paper's: {activation}, [-1, 1] pixels)"
   statistics = timm_weights.statistics_name(name, timm_weights.tags(name)[0])
   return f'{name} ({activation}, {timm_weights.STATISTICS_TITLES[statistics]})'
@@ -260,21 +292,21 @@ def model_name(state, what: str) -> str:
   if fits and rows is not None:
     at_size = [n for n in fits if re.search(r'_(\d+)$', n) is None or _grid_fits(n, rows[1])]
     fits = at_size or fits
-    if len(at_size) > 1 and len({families.family_of(n) for n in at_size}) == 1:
+    if len(at_size) > 1 and len({_layout(n) for n in at_size}) == 1:
       raise checkpoint.CheckpointError(
         f'{what}: its tensors fit {" and ".join(at_size)}, whose resolutions give the same grid '
         "and which timm's weights crop at their own; pass --model naming the one it holds"
       )
   if not fits or all(_plain(n) for n in fits):
     fits += _paper_fits(state)  # the paper's layout: its models fit too
-  kinds = {}  # a family, or a paper's model -> the first name of it
+  kinds = {}  # an architecture (whatever its name) -> the first name of it
   for name in fits:
-    kinds.setdefault(families.family_of(name) or name, name)
-  if len(kinds) == 1 and families.family_of(fits[0]) is not None:
+    kinds.setdefault(_layout(name), name)
+  if len(kinds) == 1 and fits[0] in families.MODELS:
     return fits[0]
   if not kinds:
-    kernel, fc2 = _shape(state, 'patch_embed.proj.weight'), _shape(state, 'blocks.0.mlp.fc2.weight')
-    sizes = f' (width {kernel[0]}, MLP {fc2[1]}, patch {kernel[2]})' if kernel and fc2 else ''
+    sizes = _sizes(state)
+    sizes = f' (width {sizes[0]}, MLP {sizes[1]}, patch {sizes[2]})' if sizes else ''
     raise checkpoint.CheckpointError(
       f'{what}: its tensors{sizes} fit no model of vit_jax.configs.architectures.MODEL_CONFIGS '
       'by their sizes and layout; pass --model naming the one whose architecture it is'
@@ -285,10 +317,18 @@ def model_name(state, what: str) -> str:
   )
 
 
+def _layout(name: str):
+  """Registry entry `name`'s architecture whatever its name: names that differ in their
+  resolution alone have one."""
+  return model_spec.registered(name).changed(name=None)
+
+
 def _plain(name: str) -> bool:
-  """Whether a family's file shows no marks (DeiT, SigLIP's mean-pooled: the paper's layout)."""
-  family = families.family_of(name)
-  return family is not None and not any(family in owners for owners in _MARKS.values())
+  """Whether a family's file has the paper's layout (DeiT, SigLIP's mean-pooled models)."""
+  if name not in families.MODELS:
+    return False
+  arch = model_spec.registered(name)
+  return _marks(arch) <= {'cls_token', 'pos_embed'} and _arch_biases(arch) == 'all'
 
 
 def check_model(name: str, state, place: Optional[Place], what: str) -> None:
@@ -307,10 +347,10 @@ def check_model(name: str, state, place: Optional[Place], what: str) -> None:
         f"--model={name}: {place.source} names timm's {place.name}{ours}; leave --model out "
         '(or rename the file, if that name is not what it holds)'
       )
-    if families.family_of(name) is None and place.tag and timm_weights.has_tags(place.name):
+    if name not in families.MODELS and place.tag and timm_weights.has_tags(place.name):
       if place.tag in timm_weights.tags(place.name):
         weights = timm_weights.preprocessing(place.name, place.tag)
-        if weights.model_statistics != (None, None):
+        if weights.input_stats is not None:
           raise checkpoint.CheckpointError(
             f"{what}: {place.source} says it holds timm's {place.name}.{place.tag}, weights "
             f"that take other input statistics (mean {weights.mean}) than the paper's "
@@ -323,7 +363,7 @@ def check_model(name: str, state, place: Optional[Place], what: str) -> None:
   fits = family_fits(state)
   if not fits or name in fits:
     return
-  if families.family_of(name) is None and all(_plain(n) for n in fits):
+  if name not in families.MODELS and all(_plain(n) for n in fits):
     return  # a plain ViT's tensors: --model settles whose weights they are
   raise checkpoint.CheckpointError(
     f'--model={name}: the tensors of {what} show the layout of '

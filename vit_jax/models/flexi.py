@@ -16,7 +16,6 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 
-from vit_jax.configs import model_spec
 from vit_jax.core.errors import UserError
 from vit_jax.models import vit_checkpoint
 
@@ -88,7 +87,7 @@ def load_at_patch_size(flat: dict, spec, patch_size: int, resample=None) -> tupl
       resample or 'zoom',
       resample or 'bilinear',
     )
-  return flat, spec.changed(patches={'size': (patch_size, patch_size)})
+  return flat, spec.changed(patch_size=(patch_size, patch_size))
 
 
 def _resized(params, base, size, image_size, num_prefix, posemb_resize, patch_resize):
@@ -133,12 +132,11 @@ def random_patch_grad(
   always drawing the smallest patch). The draw comes from the dropout key, so it is the
   same on every device and a pure function of the step.
   """
-  base = model.patches['size'][0]
-  layout = ('classifier', 'num_registers', 'no_embed_class')
-  num_prefix = model_spec.embedded_prefix({k: getattr(model, k, None) for k in layout})
+  base = model.architecture.patch_size[0]
+  num_prefix = model.architecture.posemb_prefix
 
   def at(size):
-    sized = model.clone(patches={'size': (size, size)})
+    sized = model.clone(architecture=model.architecture.changed(patch_size=(size, size)))
 
     def loss(params, batch, rng):
       resized = _resized(params, base, size, image_size, num_prefix, posemb_resize, patch_resize)

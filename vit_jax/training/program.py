@@ -44,9 +44,9 @@ def validate(config, num_devices: int) -> ModelSpec:
     except flexi.PatchSizeError as e:
       raise ConfigError(f'pp.crop={config.pp.crop}: {e}') from None
   if config.mesh.model > 1:
-    t = spec.architecture.transformer
+    block = spec.architecture.block
     try:
-      sharding.check_model_fits(t.num_heads, t.mlp_dim, config.mesh.model)
+      sharding.check_model_fits(block.num_heads, block.mlp_dim, config.mesh.model)
     except sharding.MeshError as e:
       raise ConfigError(f'{config.model}: {e}') from None
   return spec
