@@ -64,6 +64,9 @@ CASES = (
   'vit_base_patch16_clip_quickgelu_224',
   'eva02_tiny_patch14_224',
   'eva02_base_patch14_224',
+  'vit_small_patch16_dinov3',
+  'vit_base_patch16_dinov3_qkvb',  # the query's and value's biases
+  'vit_huge_plus_patch16_dinov3',  # SwiGLU, its gate apart
 )
 
 
@@ -181,6 +184,7 @@ _COUNTED_FAST = (
   'vit_base_patch16_siglip_224',
   'vit_base_patch32_clip_224',
   'eva02_tiny_patch14_224',
+  'vit_small_patch16_dinov3',
 )
 
 
@@ -302,6 +306,7 @@ _FINE_TUNED = (
   'vit_base_patch16_siglip_224',
   'vit_base_patch16_clip_224',
   'eva02_base_patch14_224',
+  'vit_base_patch16_dinov3',
 )
 
 

@@ -1,5 +1,5 @@
 """The ViT families people fine-tune from today, under timm's names: DINOv2 (with registers),
-DeiT, DeiT III, SigLIP / SigLIP 2 (attention-pooled and mean-pooled), CLIP and EVA-02.
+DINOv3, DeiT, DeiT III, SigLIP / SigLIP 2 (attention-pooled and mean-pooled), CLIP and EVA-02.
 
 Each is the paper's encoder with a few options (`configs.model_spec.Architecture`'s and its
 `Block`'s), set as timm's `timm.create_model(name)` sets them (timm 1.0):
@@ -16,7 +16,11 @@ Each is the paper's encoder with a few options (`configs.model_spec.Architecture
 - CLIP (Radford et al. 2021): `pre_norm` and no patch bias, LayerNorm eps 1e-5, exact GELU
   or OpenAI's quick GELU;
 - EVA-02 (Fang et al. 2023): SwiGLU, no key bias, rotary embeddings (a 16x16 reference
-  grid), the mean of the patches normalised after pooling; B and L a LayerNorm inside the MLP.
+  grid), the mean of the patches normalised after pooling; B and L a LayerNorm inside the MLP;
+- DINOv3 (Siméoni et al. 2025): the class token and 4 registers, no position table but
+  rotary embeddings on patch centres normalised to [-1, 1] (`rotary='dinov3'`), LayerScale
+  1e-5, exact GELU, no q/k/v biases (the `_qkvb` models: the query's and value's), LayerNorm
+  eps 1e-5, the mean of the patches (timm's default pooling); SwiGLU at S+, H+ and 7B.
 
 SigLIP 2's weights load into SigLIP's architecture (timm's `.v2_webli` tags). A model's input
 statistics (the mean and std of [0, 1] pixels it normalises with; [-1, 1] is every model's input
@@ -31,6 +35,10 @@ import ml_collections
 
 from vit_jax.configs import timm_weights
 
+# DINOv3 (timm's `vit_*_dinov3`): the class token, 4 registers, no position table but rotary
+# embeddings, the mean of the patches (timm's default pooling), LayerScale 1e-5, eps 1e-5.
+_DINOV3 = {'classifier': 'token_gap', 'num_registers': 4, 'posemb': 'none', 'rotary': 'dinov3'}
+_DINOV3_BLOCK = {'layer_scale': 1e-5, 'mlp': 'gelu', 'norm_eps': 1e-5}
 # family -> (entry options, `transformer` (block) options).
 FAMILIES = {
   'dinov2': ({}, {'layer_scale': 1e-5, 'mlp': 'gelu'}),
@@ -45,6 +53,8 @@ FAMILIES = {
     {'classifier': 'token_gap', 'final_norm': 'pooled', 'rotary': (16, 16)},
     {'mlp': 'swiglu', 'biases': 'no_key'},
   ),
+  'dinov3': (_DINOV3, {**_DINOV3_BLOCK, 'biases': 'no_qkv'}),
+  'dinov3_qkvb': (_DINOV3, {**_DINOV3_BLOCK, 'biases': 'no_key'}),
 }
 
 # timm's name -> (family, (hidden_size, mlp_dim, num_heads, num_layers), patch size, extra
@@ -53,7 +63,7 @@ _TI, _S = (192, 768, 3, 12), (384, 1536, 6, 12)
 _B, _L = (768, 3072, 12, 12), (1024, 4096, 16, 24)
 _SO400M, _H = (1152, 4304, 16, 27), (1280, 5120, 16, 32)
 _GOPT = (1536, 6144, 16, 40)  # SigLIP 2's giant (opt)
-_TANH = {'mlp': 'gelu_tanh'}
+_TANH, _SWIGLU = {'mlp': 'gelu_tanh'}, {'mlp': 'swiglu'}
 # CLIP's sizes: (timm's size and patch, dims, patch, {family: resolutions}).
 _CLIP = (
   ('xsmall_patch16', (256, 1024, 4, 10), 16, {'clip': (224,), 'clip_quickgelu': ()}),
@@ -124,6 +134,20 @@ MODELS = {
     for size, dims, patch, sizes in _CLIP
     for res in sizes[family]
   },
+  **{
+    f'vit_{size}_patch16_dinov3{qkvb}': (f'dinov3{qkvb}', dims, 16, extra)
+    for qkvb in ('', '_qkvb')
+    for size, dims, extra in (
+      ('tiny', _TI, {}),
+      ('small', _S, {}),
+      ('small_plus', _S, _SWIGLU),
+      ('base', _B, {}),
+      ('large', _L, {}),
+      ('huge_plus', (1280, 5120, 20, 32), _SWIGLU),
+      ('7b', (4096, 8192, 32, 40), _SWIGLU),
+    )
+    if (size, qkvb) not in (('tiny', ''), ('7b', '_qkvb'))
+  },
   **{f'eva02_tiny_patch14_{res}': ('eva02', (192, 512, 3, 12), 14, {}) for res in (224, 336)},
   **{f'eva02_small_patch14_{res}': ('eva02', (384, 1024, 6, 12), 14, {}) for res in (224, 336)},
   **{
@@ -181,6 +205,8 @@ _TITLES = {
   'clip': 'CLIP',
   'clip_quickgelu': 'CLIP (OpenAI quick GELU)',
   'eva02': 'EVA-02',
+  'dinov3': 'DINOv3',
+  'dinov3_qkvb': 'DINOv3 (q/v biases)',
 }
 
 

@@ -31,8 +31,8 @@ from vit_jax.configs import schema
 # or SwiGLU (Shazeer 2020: the first layer twice as wide, silu(gate) * value).
 MLPS = ('gelu_tanh', 'gelu', 'quick_gelu', 'swiglu')
 # The biases slot: everywhere (the paper), none in the keys' projection (EVA-02: with rotary
-# embeddings a key bias is rotated per position), none in the q/k/v projections and the
-# LayerNorms (ViT-22B); a run's config may set it (`block.biases`).
+# embeddings a key bias is rotated per position), none in the q/k/v projections (DINOv3), none
+# there and in the LayerNorms (ViT-22B); a run's config may set it (`block.biases`).
 BIASES = schema.allowed('block.biases')
 # Pooling: the class token (paper 3.1), the mean token, the mean of the patches behind a class
 # token, multi-head attention pooling (big_vision's MAP head), or every token.
@@ -42,6 +42,8 @@ CLASSIFIERS = ('token', 'gap', 'map', 'unpooled', 'token_unpooled', 'token_gap')
 # III); NaFlex's 2D table of `posemb_grid`, resampled to each image's grid, the prefix without
 # one; or no absolute table at all.
 POSEMBS = ('tokens', 'patches', 'grid', 'none')
+# Rotary embeddings named by their scheme rather than a reference grid: DINOv3's.
+ROTARIES = ('dinov3',)
 # Where the final LayerNorm acts: on every token (`encoder_norm`), or on the pooled
 # representation (`fc_norm`: EVA-02, timm's gap models).
 FINAL_NORMS = ('tokens', 'pooled')
@@ -101,7 +103,10 @@ class Architecture:
   posemb_grid: Optional[Tuple[int, int]] = None  # posemb='grid': the table's rows, columns
   # posemb='grid': how the table meets each image's grid (`models.positions.NAFLEX_RESAMPLE`)
   posemb_resample: str = 'bilinear'
-  rotary: Optional[Tuple[int, int]] = None  # rotary embeddings on this reference grid (EVA-02)
+  # Rotary embeddings (`models.rotary`): measured on this (rows, columns) reference grid
+  # (EVA-02), or 'dinov3' (DINOv3: patch centres on [-1, 1] per axis, channel k paired with
+  # k + head_dim / 2); None: none.
+  rotary: Optional[Any] = None
   pre_norm: bool = False  # CLIP: a LayerNorm of the embedded tokens, no patch-embedding bias
   final_norm: str = 'tokens'  # FINAL_NORMS
   # (mean, std) per channel of pixels in [0, 1] that the weights take; None: [-1, 1] as given.
@@ -113,6 +118,12 @@ class Architecture:
     _one_of('classifier', self.classifier, CLASSIFIERS)
     _one_of('posemb', self.posemb, POSEMBS)
     _one_of('final_norm', self.final_norm, FINAL_NORMS)
+    grid = isinstance(self.rotary, tuple) and len(self.rotary) == 2
+    if self.rotary is not None and not grid and self.rotary not in ROTARIES:
+      raise ConfigError(
+        f'rotary={self.rotary!r}: use a (rows, columns) reference grid (EVA-02) or one of '
+        f'{", ".join(map(repr, ROTARIES))}'
+      )
     if (self.posemb == 'grid') != (self.posemb_grid is not None):
       raise ConfigError(
         f"posemb={self.posemb!r} with posemb_grid={self.posemb_grid}: NaFlex's 2D table "
@@ -144,7 +155,7 @@ class Architecture:
     if stats is not None:
       stats = tuple(tuple(float(v) for v in part) for part in stats)
     for key in ('posemb_grid', 'rotary'):
-      if entry.get(key) is not None:
+      if entry.get(key) is not None and not isinstance(entry[key], str):
         entry[key] = tuple(entry[key])
     known = {f.name for f in dataclasses.fields(cls)} - {'name', 'block', 'num_layers'}
     unknown = sorted(set(entry) - known - {'model_name'}) + sorted(

@@ -101,10 +101,10 @@ FIELDS = (
     'block.biases',
     None,
     str,
-    "which biases exist: 'all', 'no_key' (none in the keys' projection: EVA-02) or "
-    "'no_qkv_or_norm' (none in the q/k/v projections and LayerNorms: ViT-22B); None: the "
-    "model's",
-    ('all', 'no_key', 'no_qkv_or_norm'),
+    "which biases exist: 'all', 'no_key' (none in the keys' projection: EVA-02), 'no_qkv' "
+    "(none in the q/k/v projections: DINOv3) or 'no_qkv_or_norm' (none there and in the "
+    "LayerNorms: ViT-22B); None: the model's",
+    ('all', 'no_key', 'no_qkv', 'no_qkv_or_norm'),
   ),
   Field(
     'block.layer_scale',

@@ -191,11 +191,15 @@ def model_from_flat(
   position table's resize (None: FlexiViT's 'bilinear' and the official 'zoom'), and a NaFlex
   ViT's table to each image's grid (None: the model's, else 'bilinear'). `preprocessing`: the
   weights' (`configs.timm_weights.Preprocessing`) of a family's model, their statistics the
-  model's input statistics (None: timm's default weights' of the name); the paper's models
-  take none.
+  model's input statistics and their resolution that of a model without a position table
+  (None: timm's default weights' of the name); the paper's models take none.
   """
   flat = {k: v for k, v in flat.items() if not k.startswith(_MPP_ONLY)}
-  spec = vit_checkpoint.spec_of(flat, model_name, what)
+  # A model without a position table holds no resolution: its weights' is its.
+  weights = preprocessing or (
+    timm_weights.default(model_name) if model_name in families.MODELS else None
+  )
+  spec = vit_checkpoint.spec_of(flat, model_name, what, weights.size if weights else None)
   spec, preprocessing = with_weights(spec, preprocessing)
   if spec.naflex and resample:
     spec = spec.changed(posemb_resample=resample)

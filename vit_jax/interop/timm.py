@@ -172,8 +172,8 @@ def _family_kwargs(arch, num_classes: Optional[int], image_size: int) -> dict:
     kwargs['mlp_ratio'] = _mlp_ratio(arch)
   if changed('patch_size'):
     kwargs['patch_size'] = arch.patch_size
-  if changed('num_registers'):
-    kwargs['reg_tokens'] = arch.num_registers
+  if changed('num_registers'):  # timm's Eva (the rotary models) names it its own way
+    kwargs['num_reg_tokens' if arch.rotary is not None else 'reg_tokens'] = arch.num_registers
   return kwargs
 
 
@@ -272,25 +272,41 @@ def to_timm(flat: Dict[str, np.ndarray], arch=None) -> Dict[str, np.ndarray]:
       flat.setdefault(key.replace('/query/', '/key/'), np.zeros_like(flat[key]))
   state = torch_layout.to_torch_state(flat, timm_name)
   if eva:
-    state = _to_eva(state, arch.block.mlp_norm)
+    state = _to_eva(state, *eva_apart(arch))
   return state
 
 
+def eva_apart(arch) -> Tuple[bool, bool]:
+  """Whether timm's `Eva` of `arch` keeps q, k, v apart (EVA-02's B and L: those with the MLP's
+  LayerNorm), and the SwiGLU's gate and value apart (those too, and DINOv3's SwiGLU models)."""
+  swiglu = arch.block.mlp == 'swiglu'
+  return arch.block.mlp_norm, swiglu and (arch.block.mlp_norm or arch.rotary == 'dinov3')
+
+
 # ---------------------------------------------------------------------------
-# timm's `Eva` (its rotary models: EVA-02) names its blocks' q/k/v and MLP its own way. Its B and L models
-# (those with the MLP's LayerNorm) keep q, k, v apart (`q_proj`, `k_proj`, `v_proj`) and the
-# SwiGLU's gate and value apart (`fc1_g`, `fc1_x`); Ti and S fuse q/k/v (`qkv`, with `q_bias`
-# and `v_bias`) and pack the SwiGLU as `fc1` (gate first). Neither has a key bias, nor has
-# our EVA-02 (`key_bias=False`): the fused bias gets zeros in its place.
+# timm's `Eva` (its rotary models: EVA-02, DINOv3) names its blocks' q/k/v, MLP and LayerScale
+# its own way. EVA-02's B and L (those with the MLP's LayerNorm) keep q, k, v apart (`q_proj`,
+# `k_proj`, `v_proj`) and the SwiGLU's gate and value apart (`fc1_g`, `fc1_x`); its Ti and S
+# fuse q/k/v (`qkv`, with `q_bias` and `v_bias`) and pack the SwiGLU as `fc1` (gate first);
+# DINOv3 fuses q/k/v (biases none, or `q_bias` and `v_bias`: the `_qkvb` models) and keeps its
+# SwiGLU's gate and value apart. None has a key bias, nor have ours (`biases='no_key'` or
+# 'no_qkv'): a fused bias gets zeros in its place. LayerScale's gammas are `gamma_1`, `gamma_2`.
 
 _EVA_BLOCK = re.compile(r'^(blocks\.\d+\.)(attn\.qkv|mlp\.fc1)\.(weight|bias)$')
+_LAYER_SCALE = re.compile(r'^(blocks\.\d+\.)ls([12])\.gamma$')
+_EVA_SCALE = re.compile(r'^(blocks\.\d+\.)gamma_([12])$')
 
 
-def _to_eva(state: Dict[str, np.ndarray], apart: bool) -> Dict[str, np.ndarray]:
-  """A state_dict in the ViT's names (fused `attn.qkv`, packed `mlp.fc1`) -> `Eva`'s."""
+def _to_eva(state: Dict[str, np.ndarray], apart: bool, gate_apart: bool) -> Dict[str, np.ndarray]:
+  """A state_dict in the ViT's names (fused `attn.qkv`, packed `mlp.fc1`, LayerScale `ls1`)
+  -> `Eva`'s (`_eva_apart`; LayerScale `gamma_1`)."""
   out = {}
   for key, value in state.items():
     match = _EVA_BLOCK.match(key)
+    scale = _LAYER_SCALE.match(key)
+    if scale:
+      out[f'{scale.group(1)}gamma_{scale.group(2)}'] = value
+      continue
     if not match:
       out[key] = value
       continue
@@ -305,7 +321,7 @@ def _to_eva(state: Dict[str, np.ndarray], apart: bool) -> Dict[str, np.ndarray]:
         out[f'{block}attn.qkv.weight'] = value
       else:
         out.update({f'{block}attn.q_bias': q, f'{block}attn.v_bias': v})
-    elif apart:  # the SwiGLU's gate, then its value
+    elif gate_apart:  # the SwiGLU's gate, then its value
       gate, x = np.split(value, 2, axis=0)
       out.update({f'{block}mlp.fc1_g.{leaf}': gate, f'{block}mlp.fc1_x.{leaf}': x})
     else:
@@ -339,6 +355,11 @@ def _from_eva(state: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
       if gate in state and x in state:
         out[f'{block}mlp.fc1.{leaf}'] = np.concatenate([state[gate], state[x]], axis=0)
         taken.update((gate, x))
+  for key in state:
+    scale = _EVA_SCALE.match(key)
+    if scale:
+      out[f'{scale.group(1)}ls{scale.group(2)}.gamma'] = state[key]
+      taken.add(key)
   out.update({k: v for k, v in state.items() if k not in taken})
   return out
 
@@ -386,9 +407,14 @@ def from_timm(state: Dict[str, np.ndarray], arch, what: str) -> Dict[str, np.nda
   or for the patches alone (`no_embed_class=True`), which gets zero rows for the prefix
   tokens: the class token and registers plus zero are themselves, so the model is the same.
   """
-  if 'pos_embed' not in state or np.ndim(state['pos_embed']) != 3:
+  table = arch.posemb != 'none'  # rotary embeddings alone: no table (DINOv3)
+  if table and ('pos_embed' not in state or np.ndim(state['pos_embed']) != 3):
     raise checkpoint.CheckpointError(
       f'{what}: no pos_embed [1, tokens, width]; is it a timm ViT state_dict?'
+    )
+  if not table and 'pos_embed' in state:
+    raise checkpoint.CheckpointError(
+      f'{what}: has a position table (pos_embed), which {arch.name} has not; check --model'
     )
   if arch.rotary is not None:
     state = _from_eva(state)
@@ -405,11 +431,12 @@ def from_timm(state: Dict[str, np.ndarray], arch, what: str) -> Dict[str, np.nda
     arch = arch.changed(layer_scale=1.0)
   blocks = {k.split('.')[1] for k in state if k.startswith('blocks.')}
   arch = arch.changed(num_layers=len(blocks) or arch.num_layers)  # as a run's
-  if _position_layout(state, arch, what) and arch.posemb == 'tokens':
+  if table and _position_layout(state, arch, what) and arch.posemb == 'tokens':
     posemb = np.asarray(state['pos_embed'])
     zeros = np.zeros((1, arch.num_prefix_tokens, posemb.shape[-1]), posemb.dtype)
     state = {**state, 'pos_embed': np.concatenate([zeros, posemb], axis=1)}
-  expected = torch_layout.expected_shapes(arch, num_classes, int(state['pos_embed'].shape[1]), what)
+  rows = int(state['pos_embed'].shape[1]) if table else None
+  expected = torch_layout.expected_shapes(arch, num_classes, rows, what)
   return torch_layout.from_torch_state(state, expected, timm_name, what)
 
 

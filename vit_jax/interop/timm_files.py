@@ -120,8 +120,6 @@ def _other_family(name: str) -> Optional[str]:
   """The title of a timm name of a family we do not convert (by its prefix), else None."""
   if our_name(name) is not None:
     return None
-  if 'dinov3' in name:
-    return 'DINOv3'
   for prefix, title in _OTHER_NAMES:
     if name.startswith(prefix):
       return title
@@ -135,15 +133,14 @@ _OTHERS = (
   ('DeiT (distilled, with its second token)', ('dist_token',), ()),
   ('BEiT', ('blocks.0.gamma_1', 'blocks.0.attn.relative_position_bias_table'), ()),
   ('BEiT', ('rel_pos_bias.relative_position_bias_table',), ()),
-  ('DINOv3', ('cls_token', 'reg_token', 'blocks.0.gamma_1'), ('pos_embed', 'fc_norm.weight')),
-  (
-    "timm's rotary ViT (vit_*_rope_*)",
-    ('blocks.0.gamma_1',),
-    ('pos_embed', 'blocks.0.attn.relative_position_bias_table'),
-  ),
 )
-# Marks that a family of ours shares (EVA-02's q/v biases), told only where no family's fits.
-_OTHERS_UNFIT = (('EVA', ('blocks.0.attn.q_bias', 'pos_embed'), ()),)
+
+# Marks that a family of ours shares (EVA-02's q/v biases, DINOv3's LayerScale without a
+# table), told only where no family's fits.
+_OTHERS_UNFIT = (
+  ('EVA', ('blocks.0.attn.q_bias', 'pos_embed'), ()),
+  ("timm's rotary ViT (vit_*_rope_*)", ('blocks.0.gamma_1',), ('pos_embed',)),
+)
 
 
 def other_family(state, marks=_OTHERS) -> Optional[str]:
@@ -202,6 +199,21 @@ def _arch_biases(arch) -> str:
   return {'all': 'all', 'no_key': 'no_key'}.get(arch.block.biases, 'none')
 
 
+def _mlp_layout(state) -> str:
+  """The first block's MLP: a SwiGLU with its gate apart ('apart', timm's `fc1_g`) or packed
+  into a first layer twice the MLP's width ('packed'), or one activation ('plain')."""
+  if 'blocks.0.mlp.fc1_g.weight' in state:
+    return 'apart'
+  fc1, fc2 = _shape(state, 'blocks.0.mlp.fc1.weight'), _shape(state, 'blocks.0.mlp.fc2.weight')
+  return 'packed' if fc1 and fc2 and fc1[0] == 2 * fc2[1] else 'plain'
+
+
+def _arch_mlp_layout(arch) -> str:
+  if arch.block.mlp != 'swiglu':
+    return 'plain'
+  return 'apart' if arch.rotary is not None and timm.eva_apart(arch)[1] else 'packed'
+
+
 def _shape(state, key):
   return tuple(state[key].shape) if key in state else None
 
@@ -217,19 +229,20 @@ def _sizes(state):
 
 def family_fits(state) -> List[str]:
   """The family models (`configs.families.MODELS`) whose layout the tensors show, at any
-  resolution: the keys that set a model apart (`_marks`), the attention's biases, the width,
-  MLP width and patch size."""
+  resolution: the keys that set a model apart (`_marks`), the attention's biases, the MLP's
+  layout, the width, MLP width and patch size."""
   sizes = _sizes(state)
   if sizes is None:
     return []
   present = {mark for mark in _ALL_MARKS if mark in state}
-  biases = _attention_biases(state)
+  biases, mlp = _attention_biases(state), _mlp_layout(state)
   fits = []
   for name in families.MODELS:
     arch = model_spec.registered(name)
     if (arch.hidden_size, arch.block.mlp_dim, arch.patch_size[0]) != sizes:
       continue
-    if _marks(arch) == present and _arch_biases(arch) == biases:
+    layout = (_marks(arch), _arch_biases(arch), _arch_mlp_layout(arch))
+    if layout == (present, biases, mlp):
       fits.append(name)
   return fits
 
@@ -357,11 +370,13 @@ def check_model(name: str, state, place: Optional[Place], what: str) -> None:
             f'{name} ([-1, 1] pixels); vit_jax does not convert them'
           )
     return
-  title = other_family(state)
+  fits = family_fits(state)
+  if name in fits:
+    return
+  title = other_family(state) or (None if fits else other_family(state, _OTHERS_UNFIT))
   if title is not None:
     raise unsupported(what, f'its tensors are those of {title}')
-  fits = family_fits(state)
-  if not fits or name in fits:
+  if not fits:
     return
   if name not in families.MODELS and all(_plain(n) for n in fits):
     return  # a plain ViT's tensors: --model settles whose weights they are

@@ -224,10 +224,10 @@ def from_torch_state(
 # Shapes our model expects for a foreign checkpoint.
 
 
-def expected_shapes(arch, num_classes: Optional[int], num_tokens: int, what: str) -> dict:
+def expected_shapes(arch, num_classes: Optional[int], num_tokens, what: str) -> dict:
   """{key: shape} of the ViT of architecture `arch` with a head of `num_classes` and
-  `num_tokens` position embeddings."""
-  grid = vit_checkpoint.square_grid(num_tokens, arch, what)
+  `num_tokens` position embeddings (None for a model without a table: posemb='none')."""
+  grid = 2 if arch.posemb == 'none' else vit_checkpoint.square_grid(num_tokens, arch, what)
   spec = ModelSpec(arch, grid * arch.stride)
   model = models.build(spec, num_classes)
   shapes = jax.eval_shape(

@@ -205,7 +205,8 @@ class MultiHeadDotProductAttention(nn.Module):
 
     `num_tokens`: the real tokens of each example ([batch] int32) when padding follows them
     (`pads_sequence`, NaFlex's budgets); attention reads no padding. `rope`: (sin, cos) of
-    rotary position embeddings (`models.rotary.padded`) that rotate the queries and keys.
+    rotary position embeddings (`models.rotary.padded`) that rotate the queries and keys, and
+    whether their channel pairs are halves (`models.rotary.half`).
     """
     c = self.compute
     dtype = jnp.dtype(c.dtype)
@@ -214,9 +215,9 @@ class MultiHeadDotProductAttention(nn.Module):
       raise ValueError(f'hidden size {d} is not divisible by num_heads={self.num_heads}')
     head_dim = d // self.num_heads
     biased = {
-      'query': self.biases != 'no_qkv_or_norm',
+      'query': self.biases in ('all', 'no_key'),
       'key': self.biases == 'all',
-      'value': self.biases != 'no_qkv_or_norm',
+      'value': self.biases in ('all', 'no_key'),
     }
     qkv_params = [
       _Projection(
@@ -231,9 +232,10 @@ class MultiHeadDotProductAttention(nn.Module):
       for n in ('query', 'key')
     ] + [lambda y: y]
     if rope is not None:  # the queries and keys rotated by their patches' positions
-      sin, cos = rope
+      sin, cos, half = rope
       norms = [
-        lambda y, layout, norm=norm: rotary.rotate(norm(y), sin, cos, layout) for norm in norms[:2]
+        lambda y, layout, norm=norm: rotary.rotate(norm(y), sin, cos, layout, half)
+        for norm in norms[:2]
       ] + [lambda y, layout: y]
     else:
       norms = [lambda y, layout, norm=norm: norm(y) for norm in norms]

@@ -24,9 +24,14 @@ import numpy as np
 TEMPERATURE = 10000.0  # the frequencies' base, as the language models' RoPE
 
 
-def tables(grid: Tuple[int, int], ref_grid: Tuple[int, int], head_dim: int):
-  """(sin, cos) float32 [rows * columns, head_dim] of the patches of `grid` in row order: for
-  each channel pair, the sine and cosine of its angle, repeated over the pair's two channels."""
+def tables(grid: Tuple[int, int], scheme, head_dim: int):
+  """(sin, cos) float32 [rows * columns, head_dim] of the patches of `grid` in row order, by
+  `scheme` (`Architecture.rotary`): 'dinov3' (`dinov3_tables`), or EVA-02's reference grid:
+  for each channel pair, the sine and cosine of its angle, repeated over the pair's two
+  channels."""
+  if scheme == 'dinov3':
+    return dinov3_tables(grid, head_dim)
+  ref_grid = scheme
   if head_dim % 4:
     raise ValueError(f'rotary embeddings need a head width divisible by 4, not {head_dim}')
   bands = head_dim // 4  # per axis: half of a head's channel pairs
@@ -44,6 +49,11 @@ def tables(grid: Tuple[int, int], ref_grid: Tuple[int, int], head_dim: int):
 
 
 DINOV3_TEMPERATURE = 100.0
+
+
+def half(scheme) -> bool:
+  """Whether `scheme` pairs channel k with k + head_dim / 2 (DINOv3) rather than neighbours."""
+  return scheme == 'dinov3'
 
 
 def dinov3_tables(grid: Tuple[int, int], head_dim: int):

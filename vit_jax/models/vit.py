@@ -248,7 +248,7 @@ class Encoder(nn.Module):
     rope = None
     if a.rotary is not None:
       sin, cos = rotary.tables(grid, a.rotary, x.shape[-1] // b.num_heads)
-      rope = rotary.padded(sin, cos, num_tokens - len(sin), x.shape[1])
+      rope = (*rotary.padded(sin, cos, num_tokens - len(sin), x.shape[1]), rotary.half(a.rotary))
     block_cls = _ScannedBlock if c.scan else Encoder1DBlock
     if c.remat:
       # static_argnums=(2,): `deterministic` is a Python bool, not traced.

@@ -14,7 +14,7 @@ holds from its shapes (`configs.model_spec.ModelSpec`). Reading and writing file
 import functools
 import math
 import re
-from typing import Mapping
+from typing import Mapping, Optional
 
 import jax
 import numpy as np
@@ -290,7 +290,9 @@ def block_options_of(names) -> dict:
   attention = 'MultiHeadDotProductAttention_1/'
   if 'LayerNorm_0/bias' not in names:
     biases = 'no_qkv_or_norm'
-  elif attention + 'key/bias' not in names and attention + 'query/bias' in names:
+  elif attention + 'query/bias' not in names:
+    biases = 'no_qkv'
+  elif attention + 'key/bias' not in names:
     biases = 'no_key'
   else:
     biases = 'all'
@@ -303,12 +305,14 @@ def block_options_of(names) -> dict:
   }
 
 
-def spec_of(flat: dict, name: str, what: str) -> ModelSpec:
+def spec_of(flat: dict, name: str, what: str, image_size: Optional[int] = None) -> ModelSpec:
   """The model that flat parameters ({'a/b': array} in this model's names, blocks unrolled) of
   registry model `name` hold: what their shapes fix taken from them (depth, a plain ViT's patch
   size, the pre-logits width, registers, block options, the resolution its position
-  embeddings hold; a 2D table is a NaFlex ViT), the rest from the registry. CheckpointError
-  (one line) for shapes that `name` cannot have; `what` names the parameters in it."""
+  embeddings hold; a 2D table is a NaFlex ViT), the rest from the registry. A model without a
+  position table (posemb='none': rotary embeddings alone) holds no resolution: `image_size`
+  is its (None: the patch size times 16). CheckpointError (one line) for shapes that `name`
+  cannot have; `what` names the parameters in it."""
   registered = model_spec.registered(name)
   kernel = flat.get(_EMBEDDING)
   patch = None
@@ -336,12 +340,17 @@ def spec_of(flat: dict, name: str, what: str) -> ModelSpec:
     grid = tuple(int(g) for g in np.shape(posemb)[1:3])
     arch = arch.changed(posemb='grid', posemb_grid=grid)
     return ModelSpec(arch, grid[0] * arch.patch_size[0])
+  if posemb is None and arch.posemb == 'none':
+    return ModelSpec(arch, image_size or _NO_TABLE_GRID * arch.stride)
   if posemb is None or np.ndim(posemb) != 3:
     raise CheckpointError(
       f'{what}: no {_POSEMB} of shape [1, tokens, width]; is it a ViT checkpoint?'
     )
   grid = square_grid(np.shape(posemb)[1], arch, what)
   return ModelSpec(arch, grid * arch.stride)
+
+
+_NO_TABLE_GRID = 16  # patches per side of a checkpoint without a table, unless told otherwise
 
 
 def square_grid(num_tokens: int, architecture, what: str) -> int:
