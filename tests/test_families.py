@@ -479,6 +479,41 @@ def test_dinov3_rotary_embeddings_are_timms(grid, head_dim):
 
 
 @needs_timm
+def test_a_checkpoint_without_a_position_table_loads_resizes_and_exports(tmp_path):
+  """A DINOv3 file (one block, its hub folder) converted to `.npz`: it loads with no --model
+  at its weights' resolution (256 px, no table to say it), at another resolution gives timm's
+  logits there (rotary embeddings need no resizing), at patch size 8 (FlexiViT: its kernel
+  alone PI-resized), and its timm export loads strictly into `timm.create_model`."""
+  from vit_jax.evaluation import loader
+
+  name = 'vit_small_patch16_dinov3'
+  model = timm.create_model(name, pretrained=False, num_classes=5, depth=1).eval()
+  source = tmp_path / f'models--timm--{name}.lvd1689m' / 'snapshots' / 'c0' / 'model.safetensors'
+  source.parent.mkdir(parents=True)
+  safetensors_torch.save_file({k: v.contiguous() for k, v in model.state_dict().items()}, source)
+  npz = tmp_path / 'dinov3.npz'
+  export_lib.export(str(source), 'npz', str(npz))
+  loaded = loader.load_model(str(npz))
+  assert (loaded.spec.name, loaded.spec.image_size) == (name, 256)
+  assert 'Transformer/posembed_input/pos_embedding' not in checkpoint.flatten(loaded.params)
+  x = images(64)  # a 4x4 grid: the same weights at another resolution
+  logits, _ = theirs(model, x, loaded.spec.architecture)
+  run = lambda m, p: np.asarray(jax.jit(lambda p: m.apply({'params': p}, x, train=False))(p))  # noqa: E731
+  assert relative_error(run(loaded.model, loaded.params), logits) <= BOUND
+  flexi = loader.load_model(str(npz), patch_size=8)
+  assert flexi.spec.stride == 8 and flexi.spec.image_size == 256
+  assert run(flexi.model, flexi.params).shape == (2, 5)
+  out = tmp_path / 'back.safetensors'
+  export_lib.export(str(npz), 'timm', str(out))
+  with safetensors.safe_open(str(out), 'pt') as f:
+    meta = f.metadata()
+  again = timm.create_model(meta['timm_model'], **json.loads(meta['timm_kwargs'])).eval()
+  again.load_state_dict(safetensors_torch.load_file(str(out)), strict=True)
+  back, _ = theirs(again, x, loaded.spec.architecture)
+  assert relative_error(back, logits) <= BOUND
+
+
+@needs_timm
 def test_a_file_of_the_papers_vit_names_the_models_it_may_be():
   """The paper's layout is also DeiT's: a bare file of it names both, and what tells them
   apart, never one model by way of example."""
