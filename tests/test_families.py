@@ -199,7 +199,9 @@ def test_each_named_model_has_timms_sizes_and_parameter_count(name):
   resolution, and the name that a file of it is recognised as (`timm_files.model_name`)."""
   theirs = timm.create_model(name, pretrained=False, num_classes=1000, device='meta')
   config = architectures.MODEL_CONFIGS[name]
-  size = theirs.patch_embed.img_size[0]
+  arch = model_spec.registered(name)
+  naflex = arch.posemb == 'grid'  # NaFlexVit: its table's grid, whatever the image
+  size = arch.posemb_grid[0] * arch.patch_size[0] if naflex else theirs.patch_embed.img_size[0]
   t = config.transformer
   assert (config.hidden_size, t.num_layers) == (theirs.embed_dim, len(theirs.blocks))
   assert t.num_heads == theirs.blocks[0].attn.num_heads
@@ -208,7 +210,8 @@ def test_each_named_model_has_timms_sizes_and_parameter_count(name):
     type(act).__name__, 'gelu' if getattr(act, 'approximate', None) == 'none' else act
   )
   assert activation == model_spec.registered(name).block.mlp
-  scanned = models.VisionTransformer(num_classes=1000, scan=True, **config)  # one block traced
+  compute = model_spec.Compute(scan=True)  # one block traced
+  scanned = models.build(model_spec.ModelSpec(arch, size), 1000, compute)
   ours = param_shapes(config, 1000, size, module=scanned)
   count = sum(int(np.prod(x.shape)) for x in checkpoint.flatten(ours).values())
   assert count == sum(p.numel() for p in theirs.parameters())
@@ -511,6 +514,102 @@ def test_a_checkpoint_without_a_position_table_loads_resizes_and_exports(tmp_pat
   again.load_state_dict(safetensors_torch.load_file(str(out)), strict=True)
   back, _ = theirs(again, x, loaded.spec.architecture)
   assert relative_error(back, logits) <= BOUND
+
+
+def _naflex_batch(patch, seed=1):
+  """A packed NaFlex batch of three images of grids 2x3, 4x4 and 1x1 at `patch` px, 20 tokens
+  each (padding rows random: they must reach nothing)."""
+  from vit_jax.models import naflex
+
+  rng = np.random.default_rng(seed)
+  rows = []
+  for gh, gw in ((2, 3), (4, 4), (1, 1)):
+    image = rng.uniform(-1, 1, (1, gh * patch, gw * patch, 3)).astype(np.float32)
+    pixels, r, c, real = (np.asarray(a)[0] for a in naflex.patchify(image, patch))
+    pad = 20 - len(pixels)
+    noise = rng.normal(size=(pad, pixels.shape[1])).astype(np.float32)
+    zeros = np.zeros(pad)
+    rows.append(
+      naflex.pack(
+        *(np.concatenate([a, b])[None] for a, b in ((pixels, noise), (r, zeros))),
+        np.concatenate([c, zeros])[None],
+        np.concatenate([real, zeros])[None],
+      )[0]
+    )
+  return np.stack(rows)
+
+
+def _naflex_logits(model, packed):
+  with torch.no_grad():
+    return model(
+      torch.from_numpy(packed[..., :-3]),
+      patch_coord=torch.from_numpy(packed[..., -3:-1].astype(np.int64)),
+      patch_valid=torch.from_numpy(packed[..., -1] > 0),
+    ).numpy()
+
+
+@needs_timm
+@pytest.mark.parametrize(
+  'name', ['naflexvit_base_patch16_siglip', 'naflexvit_so400m_patch16_siglip']
+)
+def test_siglip2_naflex_imports_from_and_exports_to_timm_with_its_outputs(name):
+  """SigLIP 2 NaFlex (timm's NaFlexVit of the name: its 2D table resampled bilinearly with
+  antialiasing, the MAP head over the real patches) at the test size with 4 px patches and a
+  4x4 table, every parameter random, on a packed batch of three grids and padding: imported,
+  our logits are timm's within 2e-6; our random parameters exported, timm's model of the name
+  loads them strictly and gives ours within 2e-6."""
+  from vit_jax.models import naflex
+
+  sizes = dict(SIZES, patch_size=4, pos_embed_grid_size=(4, 4), num_classes=5)
+  model = timm.create_model(name, pretrained=False, **sizes).eval()
+  generator = torch.Generator().manual_seed(0)
+  with torch.no_grad():
+    for key, p in model.named_parameters():
+      p.copy_(0.1 * torch.randn(p.shape, generator=generator) + key.endswith('norm.weight'))
+  arch = model_spec.registered(name).changed(
+    hidden_size=SIZES['embed_dim'],
+    num_layers=SIZES['depth'],
+    num_heads=SIZES['num_heads'],
+    mlp_dim=int(model.blocks[0].mlp.fc2.weight.shape[1]),
+    patch_size=(4, 4),
+    posemb_grid=(4, 4),
+  )
+  packed = _naflex_batch(4)
+  state = {k: v.numpy() for k, v in model.state_dict().items()}
+  flat = interop_timm.from_timm_naflex(state, arch, 'timm state', arch.posemb_resample)
+  forward = jax.jit(lambda p: naflex.NaFlexViT(5, arch).apply({'params': p}, packed, train=False))
+  apply = lambda flat: np.asarray(forward(checkpoint.unflatten(flat)))  # noqa: E731
+  theirs = _naflex_logits(model, packed)
+  assert np.abs(theirs).max() > 0.05
+  assert relative_error(apply(flat), theirs) <= BOUND, 'logits, imported'
+  flat = {
+    k: (0.1 * np.random.default_rng(2).normal(size=v.shape) + k.endswith('/scale')).astype(
+      np.float32
+    )
+    for k, v in flat.items()
+  }
+  exported = timm.create_model(name, pretrained=False, **sizes).eval()
+  state = interop_timm.to_timm_naflex(flat)
+  exported.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()}, strict=True)
+  assert relative_error(_naflex_logits(exported, packed), apply(flat)) <= BOUND, 'exported'
+
+
+@needs_timm
+def test_a_siglip2_naflex_file_converts_as_it_is(tmp_path):
+  """timm's `naflexvit_base_patch16_siglip` file (one block) in its hub folder converts with
+  neither --model nor --resample (its name and its resampling are timm's of that name), and
+  gives timm's logits on a packed batch."""
+  name = 'naflexvit_base_patch16_siglip'
+  model = timm.create_model(name, pretrained=False, num_classes=5, depth=1).eval()
+  source = tmp_path / f'models--timm--{name}.v2_webli' / 'snapshots' / 'c0' / 'model.safetensors'
+  source.parent.mkdir(parents=True)
+  safetensors_torch.save_file({k: v.contiguous() for k, v in model.state_dict().items()}, source)
+  loaded = export_lib.load(str(source)).loaded
+  assert loaded.spec.name == name
+  assert loaded.spec.architecture.posemb_resample == 'bilinear_antialias'
+  packed = _naflex_batch(16)
+  ours = jax.jit(lambda p: loaded.model.apply({'params': p}, packed, train=False))(loaded.params)
+  assert relative_error(np.asarray(ours), _naflex_logits(model, packed)) <= BOUND
 
 
 @needs_timm

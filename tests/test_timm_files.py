@@ -249,13 +249,13 @@ def test_a_file_of_a_family_we_do_not_have_is_named_and_refused(
 
 
 def test_a_hub_file_of_a_family_we_do_not_have_is_named_by_its_folder(tmp_path, capsys):
-  model = timm.create_model('vit_small_patch16_dinov3', pretrained=False, **SIZES).eval()
-  source = _hub_file(tmp_path, 'vit_small_patch16_dinov3', 'lvd1689m', model)
+  model = timm.create_model('beit_base_patch16_224', pretrained=False, depth=1).eval()
+  source = _hub_file(tmp_path, 'beit_base_patch16_224', 'in22k_ft_in22k_in1k', model)
   args = [f'--checkpoint={source}', '--format=npz', f'--output={tmp_path / "x.npz"}']
   assert command_error(export_cli.main, args, capsys) == (
-    f"error: {source}: its folder models--timm--vit_small_patch16_dinov3.lvd1689m (timm's hub "
-    "download) names timm's vit_small_patch16_dinov3 (DINOv3), a family vit_jax does not "
-    "convert (its models: the paper's and vit_jax.configs.families); it cannot be imported"
+    f'error: {source}: its folder models--timm--beit_base_patch16_224.in22k_ft_in22k_in1k '
+    "(timm's hub download) names timm's beit_base_patch16_224 (BEiT), a family vit_jax does "
+    "not convert (its models: the paper's and vit_jax.configs.families); it cannot be imported"
   )
 
 

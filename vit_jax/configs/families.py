@@ -13,6 +13,9 @@ Each is the paper's encoder with a few options (`configs.model_spec.Architecture
 - SigLIP (Zhai et al. 2023), SigLIP 2: the MAP head, no class token, exact GELU (SigLIP 2's
   so400m/16, B/32, L/16 at 512 and giant: the tanh GELU); timm's `_siglip_gap` models
   (PaliGemma's towers among them) pool by the mean of the tokens instead;
+- SigLIP 2 NaFlex (Tschannen et al. 2025; timm's `naflexvit_*_siglip`): NaFlex's 2D position
+  table (16x16, resampled bilinearly with antialiasing to each image's grid), the MAP head
+  over the real patches, the tanh GELU;
 - CLIP (Radford et al. 2021): `pre_norm` and no patch bias, LayerNorm eps 1e-5, exact GELU
   or OpenAI's quick GELU;
 - EVA-02 (Fang et al. 2023): SwiGLU, no key bias, rotary embeddings (a 16x16 reference
@@ -52,6 +55,15 @@ FAMILIES = {
   'eva02': (
     {'classifier': 'token_gap', 'final_norm': 'pooled', 'rotary': (16, 16)},
     {'mlp': 'swiglu', 'biases': 'no_key'},
+  ),
+  'siglip_naflex': (
+    {
+      'classifier': 'map',
+      'posemb': 'grid',
+      'posemb_grid': (16, 16),
+      'posemb_resample': 'bilinear_antialias',
+    },
+    {'mlp': 'gelu_tanh'},
   ),
   'dinov3': (_DINOV3, {**_DINOV3_BLOCK, 'biases': 'no_qkv'}),
   'dinov3_qkvb': (_DINOV3, {**_DINOV3_BLOCK, 'biases': 'no_key'}),
@@ -134,6 +146,8 @@ MODELS = {
     for size, dims, patch, sizes in _CLIP
     for res in sizes[family]
   },
+  'naflexvit_base_patch16_siglip': ('siglip_naflex', _B, 16, {}),
+  'naflexvit_so400m_patch16_siglip': ('siglip_naflex', _SO400M, 16, {}),
   **{
     f'vit_{size}_patch16_dinov3{qkvb}': (f'dinov3{qkvb}', dims, 16, extra)
     for qkvb in ('', '_qkvb')
@@ -205,6 +219,7 @@ _TITLES = {
   'clip': 'CLIP',
   'clip_quickgelu': 'CLIP (OpenAI quick GELU)',
   'eva02': 'EVA-02',
+  'siglip_naflex': 'SigLIP 2 NaFlex',
   'dinov3': 'DINOv3',
   'dinov3_qkvb': 'DINOv3 (q/v biases)',
 }

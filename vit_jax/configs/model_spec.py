@@ -47,9 +47,10 @@ ROTARIES = ('dinov3',)
 # Where the final LayerNorm acts: on every token (`encoder_norm`), or on the pooled
 # representation (`fc_norm`: EVA-02, timm's gap models).
 FINAL_NORMS = ('tokens', 'pooled')
-# The pooling a NaFlex ViT takes (`models.naflex`): the class token, or the mean of the real
-# patches; every other head reads token positions that differ from image to image.
-NAFLEX_CLASSIFIERS = ('token', 'gap')
+# The pooling a NaFlex ViT takes (`models.naflex`): the class token, the mean of the real
+# patches, or the MAP head over them (SigLIP 2); the others read token positions that differ
+# from image to image.
+NAFLEX_CLASSIFIERS = ('token', 'gap', 'map')
 # What a run's config may change of the block (`schema.FIELDS`' `block.*`): fields of `Block`.
 BLOCK_OPTIONS = tuple(f.name[len('block.') :] for f in schema.FIELDS if f.name.startswith('block.'))
 
@@ -343,6 +344,11 @@ class ModelSpec:
         f'covers: the last {crop % step} px of each row and column would be dropped; use '
         f'--config.pp.crop={upper}' + (f' or {lower}' if lower else '')
       )
+    if arch.posemb == 'grid' and not config.naflex_tokens:
+      raise ConfigError(
+        f'{config.model} is a NaFlex model (2D position table): set --config.naflex_tokens, '
+        'the token budgets it trains at (e.g. 256,576)'
+      )
     if config.naflex_tokens:
       arch = naflex_of(arch, (crop // step,) * 2, config.naflex_resample)
     elif config.task == 'mpp':
@@ -413,14 +419,16 @@ def naflex_of(arch: Architecture, grid: Tuple[int, int], resample: str) -> Archi
   """`arch` as a NaFlex ViT with a 2D position table of `grid`; ConfigError for a model NaFlex
   cannot be (another pooling, a hybrid, an option only the ViT builds)."""
   what = 'NaFlex (naflex_tokens)'
-  check_plain(arch, what)
+  # A NaFlex model of timm's (SigLIP 2's) has the 2D table already: a new grid replaces it.
+  plain = arch.changed(posemb='tokens', posemb_grid=None, posemb_resample='bilinear')
+  check_plain(plain if arch.posemb == 'grid' else arch, what)
   for bad, which in (
     (arch.classifier not in NAFLEX_CLASSIFIERS, f'classifier={arch.classifier!r}'),
     (arch.resnet is not None, 'a hybrid'),
   ):
     if bad:
       raise ConfigError(
-        f'{what}: NaFlex trains a plain ViT with token or gap pooling, not {which}; change '
+        f'{what}: NaFlex trains a plain ViT with token, gap or MAP pooling, not {which}; change '
         'the model or leave naflex_tokens empty'
       )
   return arch.changed(posemb='grid', posemb_grid=tuple(grid), posemb_resample=resample)

@@ -44,7 +44,8 @@ def _timm_model_name(model_name: Optional[str], path: str, state, metadata: dict
   the file names (`timm_files.where`), else the model its tensors fit (`timm_files.model_name`).
   A --model that what lies with a file of another tool, or its tensors, contradicts is refused
   (`timm_files.check_model`)."""
-  if not metadata.get('vit_jax_model') and 'patch_embed.proj.weight' in state:
+  timm_layout = 'patch_embed.proj.weight' in state or 'embeds.proj.weight' in state
+  if not metadata.get('vit_jax_model') and timm_layout:
     place = timm_files.where(path)
     if model_name:
       timm_files.check_model(model_name, state, place, path)
@@ -101,7 +102,9 @@ def load(
       model_name = _timm_model_name(model_name, path, state, metadata)
       config = model_spec.registered(model_name)
       if 'embeds.proj.weight' in state:  # timm's NaFlexVit
-        resample = resample or metadata.get(timm.RESAMPLE_METADATA)
+        # A NaFlex model under timm's own name resamples as timm's model of it does.
+        own = config.posemb_resample if model_name in families.MODELS else None
+        resample = resample or metadata.get(timm.RESAMPLE_METADATA) or own
         flat = timm.from_timm_naflex(state, config, path, resample)
       else:
         flat = timm.from_timm(state, config, path)

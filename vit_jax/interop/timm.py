@@ -555,9 +555,12 @@ def jax_eval_shape(model, image_shape):
   ]
 
 
+_ACT_LAYERS = {'gelu_tanh': 'gelu_tanh', 'gelu': 'gelu', 'quick_gelu': 'quick_gelu'}
+
+
 def build_naflex_model(arch, num_classes: Optional[int], posemb_grid=None):
   """timm's `NaFlexVit` of a NaFlex ViT's architecture (a `model_spec.Architecture`, or a
-  registry entry), numerically ours: tanh GELU, the final LayerNorm before pooling
+  registry entry), numerically ours: its MLP's GELU, its pooling, the final LayerNorm before pooling
   (fc_norm=False), position embeddings resampled as its `posemb_resample` says
   (NAFLEX_RESAMPLE; ours: vit_jax.models.positions.GridPositionEmbs), its table of
   `posemb_grid` (None: the architecture's)."""
@@ -576,9 +579,9 @@ def build_naflex_model(arch, num_classes: Optional[int], posemb_grid=None):
     num_heads=arch.block.num_heads,
     mlp_ratio=mlp_dim / hidden,
     class_token=arch.classifier == 'token',
-    global_pool='token' if arch.classifier == 'token' else 'avg',
+    global_pool={'token': 'token', 'gap': 'avg', 'map': 'map'}[arch.classifier],
     fc_norm=False,
-    act_layer='gelu_tanh',
+    act_layer=_ACT_LAYERS[arch.block.mlp],
     embed_proj_type='linear',
     pos_embed_grid_size=tuple(int(g) for g in (posemb_grid or arch.posemb_grid)),
     pos_embed_interp_mode=interp_mode,

@@ -15,6 +15,7 @@ converted as another model would be fed the wrong pixels or the wrong activation
 """
 
 import json
+import math
 import os
 import re
 from typing import Dict, List, NamedTuple, Optional
@@ -219,12 +220,30 @@ def _shape(state, key):
 
 
 def _sizes(state):
-  """(width, MLP width, patch size) of a timm ViT file, None for another file; a SwiGLU's MLP
-  width is its gated one (timm's Eva keeps the gate apart, `fc1_g`)."""
-  kernel, fc2 = _shape(state, 'patch_embed.proj.weight'), _shape(state, 'blocks.0.mlp.fc2.weight')
-  if kernel is None or fc2 is None:
+  """(width, MLP width, patch size) of a timm ViT or NaFlexVit file, None for another file; a
+  SwiGLU's MLP width is its gated one (timm's Eva keeps the gate apart, `fc1_g`)."""
+  fc2 = _shape(state, 'blocks.0.mlp.fc2.weight')
+  kernel = _shape(state, 'patch_embed.proj.weight')
+  linear = _shape(state, 'embeds.proj.weight')  # NaFlexVit's: [width, patch * patch * 3]
+  if fc2 is None or (kernel is None and linear is None):
     return None
+  if kernel is None:
+    patch = math.isqrt(linear[1] // 3) if len(linear) == 2 else linear[2]
+    return linear[0], fc2[1], patch
   return kernel[0], fc2[1], kernel[2]
+
+
+def _naflex_marks(arch) -> set:
+  """The keys that timm's NaFlexVit of `arch` has beyond the blocks."""
+  return {
+    mark
+    for mark, has in (
+      ('embeds.cls_token', arch.has_class_token),
+      ('embeds.reg_token', arch.num_registers > 0),
+      ('attn_pool.latent', arch.classifier == 'map'),
+    )
+    if has
+  }
 
 
 def family_fits(state) -> List[str]:
@@ -234,13 +253,25 @@ def family_fits(state) -> List[str]:
   sizes = _sizes(state)
   if sizes is None:
     return []
+  if 'embeds.proj.weight' in state:  # timm's NaFlexVit: the NaFlex models of timm's
+    present = {
+      m for m in ('embeds.cls_token', 'embeds.reg_token', 'attn_pool.latent') if m in state
+    }
+    return [
+      name
+      for name in families.MODELS
+      for arch in [model_spec.registered(name)]
+      if arch.posemb == 'grid'
+      and (arch.hidden_size, arch.block.mlp_dim, arch.patch_size[0]) == sizes
+      and _naflex_marks(arch) == present
+    ]
   present = {mark for mark in _ALL_MARKS if mark in state}
   biases, mlp = _attention_biases(state), _mlp_layout(state)
   fits = []
   for name in families.MODELS:
     arch = model_spec.registered(name)
-    if (arch.hidden_size, arch.block.mlp_dim, arch.patch_size[0]) != sizes:
-      continue
+    if arch.posemb == 'grid' or (arch.hidden_size, arch.block.mlp_dim, arch.patch_size[0]) != sizes:
+      continue  # (NaFlex's models are timm's NaFlexVit, whose files are told apart above)
     layout = (_marks(arch), _arch_biases(arch), _arch_mlp_layout(arch))
     if layout == (present, biases, mlp):
       fits.append(name)

@@ -70,8 +70,9 @@ def _tokens(inputs, patch: int):
 class NaFlexViT(nn.Module):
   """A ViT taking packed NaFlex batches or images (see above): its architecture's position
   table is NaFlex's 2D one (`posemb='grid'`, `posemb_grid` the (rows, columns) of the grid of
-  the resolution it is trained at; `model_spec.naflex_of`). Classifiers: 'token' or 'gap'
-  (the mean of the real patches' outputs). The fields are `vit.VisionTransformer`'s.
+  the resolution it is trained at; `model_spec.naflex_of`). Classifiers: 'token', 'gap' (the
+  mean of the real patches' outputs) or 'map' (the MAP head over them, SigLIP 2's). The fields
+  are `vit.VisionTransformer`'s.
   """
 
   num_classes: Optional[int]
@@ -93,6 +94,11 @@ class NaFlexViT(nn.Module):
     x = encoder(x, train=train, positions=(rows, cols, real))
     if a.classifier == 'token':
       x = x[:, 0]
+    elif a.classifier == 'map':  # the MAP head over the real patches (SigLIP 2, timm's)
+      b = a.block
+      real_patches = jnp.sum(real > 0, axis=1).astype(jnp.int32)
+      head = vit.MAPHead(b.num_heads, b.mlp_dim, b.mlp, b.norm_eps, dtype, name='MAPHead_0')
+      x = head(x[:, num_prefix:], real_patches)
     else:  # the mean of the real patches (registers, padding left out)
       weights = real[..., None].astype(x.dtype)
       x = jnp.sum(x[:, num_prefix:] * weights, axis=1) / jnp.maximum(jnp.sum(weights, axis=1), 1)

@@ -119,7 +119,9 @@ class MAPHead(nn.Module):
   dtype: Dtype = jnp.float32
 
   @nn.compact
-  def __call__(self, x):
+  def __call__(self, x, num_tokens=None):
+    """The pooled [B, D] of tokens `x` [B, N, D]; `num_tokens` ([B]): each example's real
+    tokens, padding after them (NaFlex), which the probe does not attend to."""
     n, _, d = x.shape
     probe = self.param('probe', nn.initializers.xavier_uniform(), (1, 1, d), jnp.float32)
     probe = jnp.broadcast_to(probe.astype(self.dtype), (n, 1, d))
@@ -127,7 +129,7 @@ class MAPHead(nn.Module):
     compute = Compute(dtype=self.dtype, attention='explicit')
     y = MultiHeadDotProductAttention(
       self.num_heads, compute=compute, name='MultiHeadDotProductAttention_0'
-    )(probe, deterministic=True, inputs_kv=x)
+    )(probe, deterministic=True, inputs_kv=x, num_tokens=num_tokens)
     z = layer_norm('LayerNorm_0', self.dtype, eps=self.norm_eps)(y)
     mlp = MlpBlock(self.mlp_dim, mlp=self.mlp, compute=compute, name='MlpBlock_0')
     y = y + mlp(z, deterministic=True)
