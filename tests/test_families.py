@@ -666,6 +666,18 @@ def test_naflex_and_masked_patch_prediction_refuse_a_familys_options():
   config.update(model='deit3_small_patch16_224', naflex_tokens=(), task='mpp')
   with pytest.raises(ConfigError, match='^deit3_small_patch16_224 sets posemb, input_stats, '):
     model_spec.ModelSpec.of(config)
+  # SigLIP 2's NaFlex model trains as NaFlex: its budgets are needed, its table taken as it is.
+  config.update(model='naflexvit_base_patch16_siglip', task='classification')
+  config.pp.crop = 256
+  with pytest.raises(ConfigError) as e:
+    model_spec.ModelSpec.of(config)
+  assert str(e.value) == (
+    'naflexvit_base_patch16_siglip is a NaFlex model (2D position table): set '
+    '--config.naflex_tokens, the token budgets it trains at (e.g. 256,576)'
+  )
+  config.update(naflex_tokens=(64, 256))
+  arch = model_spec.ModelSpec.of(config).architecture
+  assert (arch.classifier, arch.posemb, arch.posemb_grid) == ('map', 'grid', (16, 16))
 
 
 @needs_timm
