@@ -44,7 +44,10 @@ def test_the_model_is_its_architecture_and_how_it_runs():
     ({'key_bias': False}, 'unknown option(s) key_bias'),
     ({'qkv_and_norm_biases': False}, 'unknown option(s) qkv_and_norm_biases'),
     ({'mlp': 'relu'}, "mlp='relu': use one of 'gelu_tanh', 'gelu', 'quick_gelu', 'swiglu'"),
-    ({'biases': 'no_query'}, "biases='no_query': use one of 'all', 'no_key', 'no_qkv_or_norm'"),
+    (
+      {'biases': 'no_query'},
+      "biases='no_query': use one of 'all', 'no_key', 'no_qkv', 'no_qkv_or_norm'",
+    ),
   ],
 )
 def test_a_block_option_has_one_slot(entry, message):
@@ -81,7 +84,7 @@ def test_unknown_entry_keys_are_named():
 
 def test_block_fields_are_the_configs_block_options():
   assert set(model_spec.BLOCK_OPTIONS) <= {f.name for f in dataclasses.fields(Block)}
-  assert model_spec.BIASES == ('all', 'no_key', 'no_qkv_or_norm')
+  assert model_spec.BIASES == ('all', 'no_key', 'no_qkv', 'no_qkv_or_norm')
 
 
 def _trees():

@@ -21,7 +21,7 @@ Each is the paper's encoder with a few options (`configs.model_spec.Architecture
 - EVA-02 (Fang et al. 2023): SwiGLU, no key bias, rotary embeddings (a 16x16 reference
   grid), the mean of the patches normalised after pooling; B and L a LayerNorm inside the MLP;
 - DINOv3 (Siméoni et al. 2025): the class token and 4 registers, no position table but
-  rotary embeddings on patch centres normalised to [-1, 1] (`rotary='dinov3'`), LayerScale
+  rotary embeddings on patch centres normalised to [-1, 1] (`rotary='normalised'`), LayerScale
   1e-5, exact GELU, no q/k/v biases (the `_qkvb` models: the query's and value's), LayerNorm
   eps 1e-5, the mean of the patches (timm's default pooling); SwiGLU at S+, H+ and 7B.
 
@@ -40,7 +40,7 @@ from vit_jax.configs import timm_weights
 
 # DINOv3 (timm's `vit_*_dinov3`): the class token, 4 registers, no position table but rotary
 # embeddings, the mean of the patches (timm's default pooling), LayerScale 1e-5, eps 1e-5.
-_DINOV3 = {'classifier': 'token_gap', 'num_registers': 4, 'posemb': 'none', 'rotary': 'dinov3'}
+_DINOV3 = {'classifier': 'token_gap', 'num_registers': 4, 'posemb': 'none', 'rotary': 'normalised'}
 _DINOV3_BLOCK = {'layer_scale': 1e-5, 'mlp': 'gelu', 'norm_eps': 1e-5}
 # family -> (entry options, `transformer` (block) options).
 FAMILIES = {

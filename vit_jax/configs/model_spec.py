@@ -43,7 +43,7 @@ CLASSIFIERS = ('token', 'gap', 'map', 'unpooled', 'token_unpooled', 'token_gap')
 # one; or no absolute table at all.
 POSEMBS = ('tokens', 'patches', 'grid', 'none')
 # Rotary embeddings named by their scheme rather than a reference grid: DINOv3's.
-ROTARIES = ('dinov3',)
+ROTARIES = ('normalised',)
 # Where the final LayerNorm acts: on every token (`encoder_norm`), or on the pooled
 # representation (`fc_norm`: EVA-02, timm's gap models).
 FINAL_NORMS = ('tokens', 'pooled')
@@ -105,7 +105,7 @@ class Architecture:
   # posemb='grid': how the table meets each image's grid (`models.positions.NAFLEX_RESAMPLE`)
   posemb_resample: str = 'bilinear'
   # Rotary embeddings (`models.rotary`): measured on this (rows, columns) reference grid
-  # (EVA-02), or 'dinov3' (DINOv3: patch centres on [-1, 1] per axis, channel k paired with
+  # (EVA-02), or 'normalised' (DINOv3: patch centres on [-1, 1] per axis, channel k paired with
   # k + head_dim / 2); None: none.
   rotary: Optional[Any] = None
   pre_norm: bool = False  # CLIP: a LayerNorm of the embedded tokens, no patch-embedding bias

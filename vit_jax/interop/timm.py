@@ -280,7 +280,7 @@ def eva_apart(arch) -> Tuple[bool, bool]:
   """Whether timm's `Eva` of `arch` keeps q, k, v apart (EVA-02's B and L: those with the MLP's
   LayerNorm), and the SwiGLU's gate and value apart (those too, and DINOv3's SwiGLU models)."""
   swiglu = arch.block.mlp == 'swiglu'
-  return arch.block.mlp_norm, swiglu and (arch.block.mlp_norm or arch.rotary == 'dinov3')
+  return arch.block.mlp_norm, swiglu and (arch.block.mlp_norm or arch.rotary == 'normalised')
 
 
 # ---------------------------------------------------------------------------

@@ -26,10 +26,10 @@ TEMPERATURE = 10000.0  # the frequencies' base, as the language models' RoPE
 
 def tables(grid: Tuple[int, int], scheme, head_dim: int):
   """(sin, cos) float32 [rows * columns, head_dim] of the patches of `grid` in row order, by
-  `scheme` (`Architecture.rotary`): 'dinov3' (`dinov3_tables`), or EVA-02's reference grid:
+  `scheme` (`Architecture.rotary`): 'normalised' (DINOv3's: `dinov3_tables`), or EVA-02's reference grid:
   for each channel pair, the sine and cosine of its angle, repeated over the pair's two
   channels."""
-  if scheme == 'dinov3':
+  if scheme == 'normalised':
     return dinov3_tables(grid, head_dim)
   ref_grid = scheme
   if head_dim % 4:
@@ -53,7 +53,7 @@ DINOV3_TEMPERATURE = 100.0
 
 def half(scheme) -> bool:
   """Whether `scheme` pairs channel k with k + head_dim / 2 (DINOv3) rather than neighbours."""
-  return scheme == 'dinov3'
+  return scheme == 'normalised'
 
 
 def dinov3_tables(grid: Tuple[int, int], head_dim: int):
