@@ -53,8 +53,9 @@ def resolve_model_name(name: Optional[str], path: str, metadata: Optional[dict] 
   name = name or (metadata or {}).get('vit_jax_model') or workdir.recorded(path, 'model')
   if not name:
     raise InputError(
-      f'{path}: pass --model (a vit_jax.configs.architectures.MODEL_CONFIGS name such as '
-      'ViT-B_16); only a training workdir records its model'
+      f'{path}: records no model; pass --model naming the one it holds (a vit_jax.configs.'
+      "architectures.MODEL_CONFIGS name: the paper's ViT-*, or timm's name of a family, whose "
+      'GELU and input differ); workdirs and our conversions record theirs'
     )
   try:
     model_spec.registered(name)
