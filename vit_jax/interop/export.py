@@ -296,9 +296,12 @@ def export(
 
 
 def _resample_notes(loaded: loader.LoadedModel, fmt: str) -> List[str]:
-  """What a file of `fmt` cannot record: a NaFlex ViT's resampling other than the default."""
+  """What a file of `fmt` cannot record: a NaFlex ViT's resampling other than the default
+  (a model under timm's name has its own in the registry)."""
   resample = loaded.spec.architecture.posemb_resample
-  if fmt == 'timm' or resample == 'bilinear':
+  name = loaded.spec.name
+  own = name in families.MODELS and model_spec.registered(name).posemb_resample == resample
+  if fmt == 'timm' or resample == 'bilinear' or own:
     return []
   return [
     f'the NaFlex ViT resamples its position table by {resample}, which only a timm export '
