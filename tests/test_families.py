@@ -490,6 +490,7 @@ def test_a_checkpoint_without_a_position_table_loads_resizes_and_exports(tmp_pat
   from vit_jax.evaluation import loader
 
   name = 'vit_small_patch16_dinov3'
+  torch.manual_seed(0)
   model = timm.create_model(name, pretrained=False, num_classes=5, depth=1).eval()
   source = tmp_path / f'models--timm--{name}.lvd1689m' / 'snapshots' / 'c0' / 'model.safetensors'
   source.parent.mkdir(parents=True)
