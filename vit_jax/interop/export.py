@@ -78,7 +78,9 @@ def load(
     if not os.path.exists(path):
       raise checkpoint.CheckpointError(f'{path}: no such file')
     state, metadata = _read_torch_file(path)
+    given = model_name or metadata.get('vit_jax_model')
     model_name = _model_name(model_name, path, metadata, state)
+    notes = [] if given else [f'recognised {path} as {model_name} (its tensors fit that model)']
     if 'patch_embed.proj.weight' in state or 'embeds.proj.weight' in state:
       config = model_spec.registered(model_name)
       if 'embeds.proj.weight' in state:  # timm's NaFlexVit
@@ -87,7 +89,7 @@ def load(
       else:
         flat = timm.from_timm(state, config, path)
       loaded = loader.model_from_flat(flat, model_name, path, patch_size, resample)
-      return Source(loaded, None, [])
+      return Source(loaded, None, notes)
     if any(k.startswith(('vit.', 'embeddings.')) for k in state):
       folder = os.path.dirname(os.path.abspath(path))
       hf_config = (
@@ -186,6 +188,39 @@ def _class_names(source: Source, path: str, labels: Optional[str]) -> Optional[L
   return None if why else names
 
 
+def _npz_record(source: Source, path: str, labels: Optional[str]) -> tuple:
+  """(what an exported .npz records, `checkpoint.read_metadata`; the note saying it): the
+  model's name, and the class names of --labels, a transformers folder, the run (its record
+  or dataset) or the file's own record, never names assumed from the head's size alone."""
+  loaded = source.loaded
+  num_classes = loaded.model.num_classes
+  dataset = workdir.recorded(path, 'dataset') or checkpoint.read_metadata(path).get('dataset')
+  names, why = None, ''
+  if num_classes is not None:
+    if labels:
+      names = classify.class_names(num_classes, labels)
+    elif source.class_names is not None and len(source.class_names) == num_classes:
+      names = list(source.class_names)
+    else:
+      found = classify.class_names_of(num_classes, None, path)
+      if found.source in ('run', 'file', 'dataset') or (found.source == 'imagenet' and dataset):
+        names = found.names
+      elif found.source == 'imagenet':
+        why = f"ImageNet's would be assumed from its {num_classes}-way head alone"
+      else:  # 'classes named class_<i>: REASON; pass --labels=FILE, ...'
+        why = found.why.split(': ', 1)[-1].split('; pass --labels')[0]
+  record = {'model': loaded.config.model_name, 'class_names': names, 'dataset': dataset}
+  said = [f'model {record["model"]}']
+  if names:
+    said.append(f'{len(names)} class names')
+  if dataset:
+    said.append(f'dataset {dataset}')
+  note = f'recorded in the .npz (predict and export read it): {", ".join(said)}'
+  if num_classes is not None and not names:
+    note += f'; no class names ({why or "none known"}): pass --labels=FILE to record them'
+  return record, note
+
+
 def output_path(fmt: str, output: str) -> str:
   """Where `export` writes: a one-file format given a folder (existing, or a path ending in
   a slash) writes `_FILE_NAMES[fmt]` inside it; a folder format refuses an existing file.
@@ -230,11 +265,15 @@ def export(
     target = ('timm', timm.BLOCK_OPTIONS) if fmt == 'timm' else ('transformers', ())
     torch_layout.check_standard_blocks(loaded.config, *target)
   names = _class_names(source, checkpoint_path, labels) if fmt == 'hf' else None
+  record = None
+  if fmt == 'npz':
+    record, note = _npz_record(source, checkpoint_path, labels)
+    notes.append(note)
   # Written whole or not at all: a full disk or a kill leaves nothing at `output`, and the
   # temporary files are removed (a killed export's by the next one; `files.staged`).
   try:
     with files.staged(output) as staging:
-      notes += _write(fmt, loaded, staging, names)
+      notes += _write(fmt, loaded, staging, names, record)
   except Exception as e:
     failure = workdir.storage_failure(e)
     if failure is None or isinstance(e, UserError):
@@ -265,10 +304,11 @@ def _said_in_one_line(error: BaseException) -> bool:
   return isinstance(error, UserError) or workdir.storage_failure(error) is not None
 
 
-def _write(fmt: str, loaded: loader.LoadedModel, output: str, names) -> List[str]:
-  """Writes `loaded` in `fmt` at `output`; notes for the user."""
+def _write(fmt: str, loaded: loader.LoadedModel, output: str, names, record=None) -> List[str]:
+  """Writes `loaded` in `fmt` at `output` (an npz with `record`: `checkpoint.read_metadata`);
+  notes for the user."""
   if fmt == 'npz':
-    checkpoint.save_npz(loaded.params, output)
+    checkpoint.save_npz(loaded.params, output, metadata=record)
     return []
   if fmt == 'timm':
     return _save_timm(loaded, output)
