@@ -13,6 +13,7 @@ import warnings
 import jax
 import numpy as np
 
+from vit_jax.configs import model_spec
 from vit_jax.core import files
 from vit_jax.evaluation import analysis
 from vit_jax.evaluation import loader
@@ -68,8 +69,10 @@ def compute(loaded: loader.LoadedModel, images: np.ndarray, num_components: int)
     analysis.attention_rollout(attentions), (g, g), loaded.num_prefix_tokens, readout
   )
   posemb = np.asarray(loaded.params['Transformer']['posembed_input']['pos_embedding'])
-  # A NaFlex ViT's are a grid of their own [1, rows, columns, D], the prefix tokens without any.
-  table, prefix = ((g, g), loaded.num_prefix_tokens) if posemb.ndim == 3 else (posemb.shape[1:3], 0)
+  # A NaFlex ViT's are a grid of their own [1, rows, columns, D], the prefix tokens without any;
+  # a 1D table has rows for the prefix tokens unless they have none (no_embed_class).
+  embedded = model_spec.embedded_prefix(loaded.config)
+  table, prefix = ((g, g), embedded) if posemb.ndim == 3 else (posemb.shape[1:3], 0)
   kernel = np.asarray(loaded.params['embedding']['kernel'])
   components = ratio = None
   if kernel.shape[2] == 3:  # hybrids embed ResNet features, not RGB pixels

@@ -128,10 +128,24 @@ def _save_naflex_timm(loaded: loader.LoadedModel, output: str) -> List[str]:
   torch_layout.save_safetensors(timm.to_timm_naflex(flat), output, metadata)
   mode, antialias = timm.NAFLEX_RESAMPLE[resample]
   return [
-    'timm NaFlexVit weights: build the model with vit_jax.interop.timm.build_naflex_model('
-    f'config, {loaded.model.num_classes}, {tuple(grid)}) and load_state_dict; its position '
-    f"table resampled with pos_embed_interp_mode='{mode}', pos_embed_antialias={antialias}"
+    f'load: vit_jax.interop.export.timm_naflex_model({output!r}) (timm NaFlexVit, built as '
+    f"the file records it: registers, depth, LayerScale; position table resampled with "
+    f"pos_embed_interp_mode='{mode}', pos_embed_antialias={antialias})"
   ]
+
+
+def timm_naflex_model(path: str):
+  """timm's `NaFlexVit` holding a NaFlex ViT that `--format=timm` wrote, its architecture read
+  back from the file (the run's registers, depth, LayerScale, resampling: what the model
+  name's registry entry does not say), the weights loaded strictly."""
+  torch = torch_layout.require('torch')
+  loaded = load(path).loaded
+  state, _ = torch_layout.load_safetensors(path)
+  model = timm.build_naflex_model(
+    loaded.config, loaded.model.num_classes, loaded.model.posemb_grid
+  )
+  model.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()}, strict=True)
+  return model
 
 
 def _save_timm(loaded: loader.LoadedModel, output: str) -> List[str]:

@@ -560,7 +560,11 @@ def from_timm_naflex(
     )
   config.posemb_resample = resample
   num_classes = int(state['head.weight'].shape[0]) if 'head.weight' in state else None
-  patch = config.patches.size[0]
+  # The patch size is the file's (a run may train at another than its model name's): a conv's
+  # [D, C, P, P], or a linear's [D, P * P * C].
+  weight = state[theirs]
+  patch = int(weight.shape[2]) if np.ndim(weight) == 4 else math.isqrt(int(weight.shape[1]) // 3)
+  config.patches = ml_collections.ConfigDict({'size': (patch, patch)})
   if 'embeds.reg_token' in state:
     config.num_registers = int(state['embeds.reg_token'].shape[1])
   if 'blocks.0.ls1.gamma' in state:
