@@ -343,7 +343,9 @@ def _clone(tmp_path):
   shutil.copytree(LAUNCH, root / 'launch', ignore=shutil.ignore_patterns('__pycache__'))
   (root / 'configs' / 'demo.py').write_text('committed = 1\n')
   (root / '.gitignore').write_text('ignored/\n')
-  git = lambda *args: subprocess.run(['git', '-C', str(root), *args], check=True, capture_output=True)
+  git = lambda *args: subprocess.run(
+    ['git', '-C', str(root), *args], check=True, capture_output=True
+  )
   git('init', '-q')
   git('add', '.')
   git('-c', 'user.name=u', '-c', 'user.email=u@x', 'commit', '-q', '-m', 'clone')

@@ -58,7 +58,8 @@ def resolve(path: str) -> str:
     ]
     if not steps:
       if files.exists(os.path.join(path, 'config.json')) and any(
-        files.exists(os.path.join(path, name)) for name in ('model.safetensors', 'pytorch_model.bin')
+        files.exists(os.path.join(path, name))
+        for name in ('model.safetensors', 'pytorch_model.bin')
       ):
         raise CheckpointError(_convert_first(path, 'a transformers model folder'))
       raise CheckpointError(

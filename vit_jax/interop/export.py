@@ -117,7 +117,6 @@ def _from_hf(state, hf_config, model_name, what, patch_size=None, resample=None)
 def _save_naflex_timm(loaded: loader.LoadedModel, output: str) -> List[str]:
   """A NaFlex ViT as timm NaFlexVit's state_dict."""
   flat = checkpoint.flatten(loaded.params)
-  grid = loaded.model.posemb_grid
   resample = loaded.model.posemb_resample
   metadata = {
     'vit_jax_model': loaded.config.model_name or '',
@@ -129,7 +128,7 @@ def _save_naflex_timm(loaded: loader.LoadedModel, output: str) -> List[str]:
   mode, antialias = timm.NAFLEX_RESAMPLE[resample]
   return [
     f'load: vit_jax.interop.export.timm_naflex_model({output!r}) (timm NaFlexVit, built as '
-    f"the file records it: registers, depth, LayerScale; position table resampled with "
+    f'the file records it: registers, depth, LayerScale; position table resampled with '
     f"pos_embed_interp_mode='{mode}', pos_embed_antialias={antialias})"
   ]
 
@@ -141,9 +140,7 @@ def timm_naflex_model(path: str):
   torch = torch_layout.require('torch')
   loaded = load(path).loaded
   state, _ = torch_layout.load_safetensors(path)
-  model = timm.build_naflex_model(
-    loaded.config, loaded.model.num_classes, loaded.model.posemb_grid
-  )
+  model = timm.build_naflex_model(loaded.config, loaded.model.num_classes, loaded.model.posemb_grid)
   model.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()}, strict=True)
   return model
 

@@ -162,7 +162,7 @@ def moved_here(workdir: str, now) -> bool:
   if not os.path.exists(path) or not then:
     if gone:
       raise ResumeError(
-        f"{workdir} holds a run on {old}, which is no longer there, and its dataset.json has no "
+        f'{workdir} holds a run on {old}, which is no longer there, and its dataset.json has no '
         f'fingerprint of that data (an older version wrote it) to check {now} against: put the '
         f'data back at {old} (a symlink there will do), or use another --workdir'
       )
@@ -174,7 +174,7 @@ def moved_here(workdir: str, now) -> bool:
     return False  # both exist and differ: the config's difference, said as any other
   if (got['files'], got['bytes']) != (then['files'], then['bytes']):
     how = (
-      f'{got["files"]:,} files of {got["bytes"]:,} bytes where the run\'s data had '
+      f"{got['files']:,} files of {got['bytes']:,} bytes where the run's data had "
       f'{then["files"]:,} of {then["bytes"]:,}'
     )
   else:
