@@ -57,10 +57,9 @@ def resolve(path: str) -> str:
       if match
     ]
     if not steps:
-      if files.exists(os.path.join(path, 'config.json')) and any(
-        files.exists(os.path.join(path, name))
-        for name in ('model.safetensors', 'pytorch_model.bin')
-      ):
+      # A transformers (or Hub) model folder: its weights under the names transformers gives.
+      weights = ('model.safetensors', 'pytorch_model.bin')
+      if any(files.exists(os.path.join(path, name)) for name in weights):
         raise CheckpointError(_convert_first(path, 'a transformers model folder'))
       raise CheckpointError(
         f'{path}: a directory without {workdir.PARAMS_FILE} or checkpoint_<step>; pass the .npz '
