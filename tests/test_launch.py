@@ -77,8 +77,10 @@ def test_tpu_vm_dry_run():
   }
   assert '--spot' in create
 
-  # The committed tree goes to every worker and is installed with the TPU extra.
-  assert archive[:4] == ['git', '-C', str(ROOT), 'archive'] and archive[-1] == 'HEAD'
+  # The working tree (HEAD, or a commit of its edits) goes to every worker, installed with the
+  # TPU extra.
+  assert archive[:4] == ['git', '-C', str(ROOT), 'archive']
+  assert archive[-1] == 'HEAD' or re.fullmatch('[0-9a-f]{40}', archive[-1])
   tarball = archive[archive.index('-o') + 1]
   assert scp[:6] == ['gcloud', 'compute', 'tpus', 'tpu-vm', 'scp', tarball]
   assert '--worker=all' in scp and scp[6] == 'vit-b16:vit_jax-src.tar.gz'
@@ -125,7 +127,7 @@ def test_tpu_vm_runs_exactly_its_dry_run(tmp_path):
   launch('tpu_vm.py', *TPU_ARGS, 'create', 'install', 'run', 'fetch', env=env)
   gcloud_lines = [line for line in expected.splitlines() if line.startswith('gcloud')]
   assert (tmp_path / 'calls').read_text().splitlines() == gcloud_lines
-  # git archive really ran: the tarball holds the committed tree.
+  # git archive really ran: the tarball holds the tree.
   listing = subprocess.run(
     ['tar', 'tzf', str(tmp_path / 'vit-b16-vit_jax-src.tar.gz')],
     capture_output=True,
@@ -330,6 +332,93 @@ def test_gpu_box_dry_runs(tmp_path):
   launch('gpu_box.py', *args, env=env)
   calls = (tmp_path / 'calls').read_text().splitlines()
   assert calls == [line for line in expected if not line.startswith('git ')]
+
+
+def _clone(tmp_path):
+  """A git checkout holding the launch scripts and a committed config, as a user's clone."""
+  import shutil
+
+  root = tmp_path / 'clone'
+  (root / 'configs').mkdir(parents=True)
+  shutil.copytree(LAUNCH, root / 'launch', ignore=shutil.ignore_patterns('__pycache__'))
+  (root / 'configs' / 'demo.py').write_text('committed = 1\n')
+  (root / '.gitignore').write_text('ignored/\n')
+  git = lambda *args: subprocess.run(
+    ['git', '-C', str(root), *args], check=True, capture_output=True
+  )
+  git('init', '-q')
+  git('add', '.')
+  git('-c', 'user.name=u', '-c', 'user.email=u@x', 'commit', '-q', '-m', 'clone')
+  return root
+
+
+def test_the_tpu_vm_and_gpu_box_ship_the_working_tree_as_the_user_has_it(tmp_path):
+  """An edited config travels edited, an untracked one travels, ignored files stay; stderr says
+  what was added to HEAD. The checkout itself is left as it was (no stash, no new file)."""
+  root = _clone(tmp_path)
+  (root / 'configs' / 'demo.py').write_text('committed = 1\nedited = 2\n')
+  (root / 'configs' / 'mine.py').write_text('mine = 3\n')
+  (root / 'ignored').mkdir()
+  (root / 'ignored' / 'big.bin').write_bytes(b'0' * 1000)
+  status = subprocess.run(['git', '-C', str(root), 'status', '--porcelain'], capture_output=True,
+                          text=True).stdout  # fmt: skip
+  env = fake_tools(tmp_path, 'gcloud', 'ssh', 'scp')
+  for script, args, tarball in (
+    ('tpu_vm.py', ('install', *TPU_ARGS), 'vit-b16-vit_jax-src.tar.gz'),
+    ('gpu_box.py', ('setup', '--host=me@box', '--workdir=runs/b16'), 'gpu_box-vit_jax-src.tar.gz'),
+  ):
+    result = subprocess.run(
+      [sys.executable, str(root / 'launch' / script), *args],
+      capture_output=True, text=True, env={**os.environ, **env},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines() == [
+      f'shipping the working tree of {root}: HEAD with 1 edited and 1 untracked '
+      '(configs/mine.py) file(s)'
+    ]
+    path = str(tmp_path / tarball)
+    listing = subprocess.run(['tar', 'tzf', path], capture_output=True, text=True).stdout.split()
+    assert 'vit_jax/configs/mine.py' in listing and not any('ignored' in n for n in listing)
+    shipped = subprocess.run(['tar', 'xzf', path, '-O', 'vit_jax/configs/demo.py'],
+                             capture_output=True, text=True).stdout  # fmt: skip
+    assert shipped == 'committed = 1\nedited = 2\n'
+  after = subprocess.run(['git', '-C', str(root), 'status', '--porcelain'], capture_output=True,
+                         text=True).stdout  # fmt: skip
+  assert after == status
+  assert not subprocess.run(['git', '-C', str(root), 'stash', 'list'], capture_output=True,
+                            text=True).stdout  # fmt: skip
+
+
+def test_untracked_files_too_large_to_ship_are_one_line(tmp_path):
+  """A dataset left untracked in the checkout would travel to every worker: refused, naming it."""
+  root = _clone(tmp_path)
+  with open(root / 'cifar.npz', 'wb') as f:
+    f.truncate(60 * 2**20)  # sparse: 60 MiB to git and os.path.getsize, nothing on disk
+  result = subprocess.run(
+    [sys.executable, str(root / 'launch' / 'tpu_vm.py'), 'install', *TPU_ARGS, '--dry-run'],
+    capture_output=True, text=True,
+  )  # fmt: skip
+  assert result.returncode == 2 and not result.stdout
+  assert result.stderr.splitlines() == [
+    f'error: 60 MiB of untracked files in {root} would be shipped (the largest: cifar.npz); add '
+    'them to .gitignore, or move them out of the checkout'
+  ]
+
+
+def test_gpu_box_run_without_a_gpu_is_one_line():
+  """`run` where JAX sees no GPU (this machine): the check's one line, exit status 2, nothing
+  of the libraries' start-up and no training started."""
+  venv = os.path.dirname(os.path.dirname(sys.executable))
+  result = launch('gpu_box.py', 'run', '--workdir=/nonexistent/run', f'--venv={venv}', check=False)
+  assert result.returncode == 2, result.stderr
+  [line] = result.stderr.splitlines()
+  assert line.startswith('error: JAX sees no GPU on this machine (') and line.endswith(
+    'check that nvidia-smi lists one and that the venv holds vit_jax[gpu] (JAX with its CUDA '
+    'wheels: run setup)'
+  )
+  [check] = result.stdout.splitlines()  # the check's command, printed as it ran; no training
+  assert 'jax.devices("gpu")' in check and 'vit_jax.main' not in check
+  assert not os.path.exists('/nonexistent/run')
 
 
 @pytest.mark.parametrize('script', ['tpu_vm.py', 'slurm.py', 'gpu_box.py'])

@@ -43,13 +43,19 @@ class LoadedModel(NamedTuple):
 
 
 def resolve_model_name(name: Optional[str], path: str, metadata: Optional[dict] = None) -> str:
-  """`name`, else the one the checkpoint records (a workdir's summary, file metadata)."""
+  """`name`, else the one the checkpoint records (a workdir's summary, file metadata: a
+  safetensors file's or an `.npz`'s that this package wrote, `checkpoint.read_metadata`)."""
   path = os.fspath(path)
-  name = name or (metadata or {}).get('vit_jax_model') or workdir.recorded(path, 'model')
+  name = (
+    name
+    or (metadata or {}).get('vit_jax_model')
+    or workdir.recorded(path, 'model')
+    or (checkpoint.read_metadata(path).get('model') if path.endswith('.npz') else None)
+  )
   if not name:
     raise InputError(
       f'{path}: pass --model (a vit_jax.configs.architectures.MODEL_CONFIGS name such as '
-      'ViT-B_16); only a training workdir records its model'
+      'ViT-B_16); a training workdir, and the .npz files it and the export write, record it'
     )
   try:
     model_spec.registered(name)
@@ -77,7 +83,8 @@ def load_model(
   path = os.fspath(path)
   step = unfinished_run_step(path)
   if step is None:
-    checkpoint.resolve(path)  # a missing file is named as such, before a missing --model
+    # A missing file, or a timm file to convert first, is named as such before --model is asked.
+    checkpoint.refuse_torch_file(path)
   model_name = resolve_model_name(model_name, path)  # a wrong name fails before the file is read
   resample = resample or workdir.recorded(path, 'naflex_resample')
   if step is None:
