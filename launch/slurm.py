@@ -8,21 +8,25 @@ r"""Train on a SLURM cluster: write an sbatch script beside the run, submit it.
 One process per GPU (`--ntasks-per-node` = GPUs per node), all started by
 `srun`; with --gpus_per_node=0 (a CPU partition, or a cluster without GPU
 GRES) --tasks_per_node processes per node and no GRES. `python -m
-vit_jax.main` sees SLURM_NTASKS > 1 and calls `jax.distributed.initialize()`,
-which reads the coordinator (the first node), the process count and index
-from SLURM, and gives each process the GPU numbered SLURM_LOCALID; so the
-script needs no addresses or ports. (One process per node would drive a
-single GPU: JAX maps local id 0 to GPU 0.)
+vit_jax.main` sees SLURM_NTASKS > 1 and calls `jax.distributed.initialize()`
+with the process count and index from SLURM, the coordinator at the first
+node's NodeAddr (vit_jax.core.coordinator), and JAX gives each process the GPU
+numbered SLURM_LOCALID; so the script needs no addresses or ports. (One
+process per node would drive a single GPU: JAX maps local id 0 to GPU 0.)
+--nodes=MIN-MAX takes whole nodes and starts the tasks on as many as the job
+got: requeued after a node was lost, it goes on with fewer.
 
 Preemption and the time limit: SLURM sends SIGTERM --grace_s seconds before
 the time limit, on preemption and on `scancel --signal=TERM`; every process
 checkpoints after the same next step and exits with status 143. The script
 then requeues its own job (`scontrol requeue`), which resumes from that
 checkpoint, so a run longer than --time goes on through as many attempts as it
-needs, up to --max_attempts. A process that dies (status 128 + its signal)
-ends the others (`--kill-on-bad-exit`, and their one line naming it) and the
-job requeues the same way; errors of the run itself (status 1 or 2) and
-Ctrl-C (130) end the job. Each attempt appends to one log beside the run,
+needs, up to --max_attempts. A drained node of the job (checked every
+--drain_check_s) stops the run the same way. A process that dies (status 128
++ its signal) ends the others (`--kill-on-bad-exit`, and their one line naming
+it) and the job requeues the same way; a lost node ends the others alike, and
+SLURM requeues the job once it marks the node down. Errors of the run itself
+(status 1 or 2: processes that cannot meet, too) and Ctrl-C (130) end the job. Each attempt appends to one log beside the run,
 `WORKDIR/slurm-JOBID.out`, under a line naming the attempt; each line of the
 processes starts with their rank (`srun --label`).
 

@@ -377,7 +377,7 @@ def test_a_drained_node_stops_the_slurm_job_to_requeue_it(tmp_path):
     done.stdout
   )
   calls = (tmp_path / 'calls').read_text().splitlines()
-  assert 'scontrol show node --oneliner n[1-2]' in calls
+  assert "scontrol show node --oneliner 'n[1-2]'" in calls
   assert calls[-2:] == ['scancel --signal=TERM 77', 'scontrol requeue 77']
 
 
@@ -640,8 +640,10 @@ import sys, time
 from vit_jax.core import coordinator
 place = coordinator.Coordinator('n1', '127.0.0.1', int(sys.argv[1]), "n1's NodeAddr")
 join = coordinator.Join(place, 1, 2, 'n2', {'VIT_JAX_JOIN_TIMEOUT_S': sys.argv[2]})
-print('joining', flush=True)
-join.run(lambda address, timeout: time.sleep(600))  # a coordinator that never lets it in
+def initialize(address, timeout):  # a coordinator that never lets it in
+  print('joining', flush=True)
+  time.sleep(600)
+join.run(initialize)
 """
 
 

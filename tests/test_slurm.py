@@ -1,12 +1,15 @@
-"""A real SLURM cluster of one node on this machine (Debian's slurmctld, slurmd and munge),
-driven as a user drives one: `launch/slurm.py` writes and submits the job (2 tasks of the
-testing model on CPU), and `sbatch`, `srun`, `scancel` and `scontrol` act on it.
+"""A real SLURM cluster of two nodes on this machine (Debian's slurmctld, two slurmd and munge),
+driven as a user drives one: `launch/slurm.py` writes and submits each job (CPU tasks of the
+testing model), and `sbatch`, `srun`, `scancel` and `scontrol` act on it; a node is drained,
+lost (its daemon and tasks killed) and brought back as an administrator would.
 
 The cluster is started once for the module, by PID, from a slurm.conf without cgroups
 (`proctrack/linuxproc`, `task/none`: the cgroup plugins need a cgroup namespace that a
-container may not have), and stopped at its end. It needs the binaries (`apt-get install
-slurmctld slurmd slurm-client munge`, which `.ci/run` does) and root (the daemons run as
-root here); without them the tests skip, saying which is missing.
+container may not have): nodes n1 and n2 at 127.0.0.2 and 127.0.0.3, each `slurmd -N NAME`
+with a port, spool folder and pid file of its own. Each test leaves no process of its jobs
+behind, and the module none of the cluster's (both checked). It needs the binaries
+(`apt-get install slurmctld slurmd slurm-client munge`, which `.ci/run` does) and root (the
+daemons run as root here); without them the tests skip, saying which is missing.
 """
 
 import json

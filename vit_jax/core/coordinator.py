@@ -237,8 +237,8 @@ class Join:
     print(f'error: {line}', file=sys.stderr, flush=True)
     with _Signals() as signals:
       signals.wait(max(0.0, self.deadline - time.time()))
-    sys.stdout.flush()
-    os._exit(_EXIT_ERROR)
+      sys.stdout.flush()
+      os._exit(_EXIT_ERROR)
 
   def run(self, initialize: Callable[[str, int], None]) -> None:
     """Joins, or ends this process with its line (it does not return then)."""
@@ -246,21 +246,22 @@ class Join:
     if line:
       self.wait_and_end(line)
     timeout = int(max(0.0, self.deadline - time.time())) + 30  # JAX's own gives up after ours
+    failed = None
     with _Signals() as signals:
       watch = threading.Thread(target=self._watch, args=(signals,), daemon=True)
       watch.start()
       try:
         initialize(self.coordinator.address, timeout)
-      except Exception as e:  # noqa: BLE001  one that is not the port's is re-raised below
-        if self.rank != 0 or 'Failed to start RPC server' not in str(e):
-          signals.stop()
-          watch.join()
-          raise
+      except Exception as e:  # noqa: BLE001  re-raised below unless it is the port's
+        failed = e
+      finally:
         signals.stop()
         watch.join()
-        self.wait_and_end(self.port_taken(e))
-      signals.stop()
-      watch.join()
+    if failed is None:
+      return
+    if self.rank == 0 and 'Failed to start RPC server' in str(failed):
+      self.wait_and_end(self.port_taken(failed))
+    raise failed
 
   def _watch(self, signals) -> None:
     """While `initialize` blocks (in C++, where no Python handler runs): the deadline or a
@@ -312,10 +313,17 @@ class _Signals:
 
   def __exit__(self, *exc):
     signal.set_wakeup_fd(self._previous_fd)
+    os.set_blocking(self._read, False)
+    try:
+      late = [n for n in os.read(self._read, 64) if n in self._previous]
+    except BlockingIOError:
+      late = []
     for number, handler in self._previous.items():
       signal.signal(number, handler)
     os.close(self._read)
     os.close(self._write)
+    for number in late:  # arrived as the join ended: to the handlers that were there before
+      signal.raise_signal(number)
 
 
 def publish_node(client, rank: int, node: str) -> None:

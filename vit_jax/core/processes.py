@@ -4,7 +4,9 @@ would leave it hanging or idle, named in one line before any work.
 The processes find each other through `jax.distributed.initialize`: from the
 flags (`--coordinator_address`, `--num_processes`, `--process_id`), or from
 the environment of a TPU pod slice or a SLURM job step. Under SLURM that is
-one process per task of `srun`, each driving the GPU numbered SLURM_LOCALID:
+one process per task of `srun`, each driving the GPU numbered SLURM_LOCALID,
+meeting at the first node's NodeAddr; a coordinator they cannot reach ends
+each of them in one line (`vit_jax.core.coordinator`). Launch mistakes:
 
 - a command run once in an allocation of several tasks (in the batch script
   or an `salloc` shell, without `srun`) has no job step to read;

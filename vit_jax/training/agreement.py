@@ -152,11 +152,14 @@ class Agreement:
       self._heard = {r: (count, max(heard, now)) for r, (count, heard) in self._heard.items()}
     self._beat_at = now
     self._beats += 1
-    self._client.key_value_set(f'{self._key}/beat/{self.rank}', str(self._beats), True)
+    beat = (f'{self._key}/beat/{self.rank}', str(self._beats), True)
     if self.rank != 0:
       try:
+        # Answered at once while process 0's service is up; only then the beat, which has no
+        # deadline of its own (a service cut off by the network would hold it).
         self._client.blocking_key_value_get(f'{self._key}/beat/0', _POLL_MS)
         self._heard[0] = (None, now)
+        self._client.key_value_set(*beat)
       except Exception as e:  # noqa: BLE001
         if not _timed_out(e):
           raise
@@ -164,6 +167,7 @@ class Agreement:
         self._service_lost()
         return False
       return True
+    self._client.key_value_set(*beat)
     counts = dict(self._client.key_value_dir_get(f'{self._key}/beat/'))
     closed = {
       k.rsplit('/', 1)[1] for k, _ in self._client.key_value_dir_get(f'{self._key}/closed/')
