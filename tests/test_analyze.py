@@ -134,6 +134,27 @@ def test_analyze_a_model_without_class_token(classifier):
   assert result['posemb_similarity'].shape == (2, 2, 2, 2)
 
 
+def test_analyze_a_model_whose_prefix_tokens_have_no_position_embeddings():
+  """timm's no_embed_class layout (posemb='patches': DINOv2 with registers, DeiT III): the class
+  token and four registers attend, but the position table holds the 2x2 patches' rows alone,
+  compared as they are."""
+  config = small_config(num_registers=4, posemb='patches')
+  model = models.VisionTransformer(num_classes=3, **config)
+  images = np.random.default_rng(0).uniform(-1, 1, (2, 32, 32, 3)).astype(np.float32)
+  shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), images, train=False))['params']
+  rng = np.random.default_rng(0)
+  params = jax.tree.map(lambda s: rng.normal(0, 0.5, s.shape).astype(np.float32), shapes)
+  posemb = params['Transformer']['posembed_input']['pos_embedding'][0]
+  assert posemb.shape[0] == 4  # patches only
+  loaded = loader.LoadedModel(model, params, ModelSpec(Architecture.of(config), 32))
+  result = figures.compute(loaded, images, num_components=4)
+  unit = posemb / np.linalg.norm(posemb, axis=1, keepdims=True)
+  np.testing.assert_allclose(
+    result['posemb_similarity'].reshape(4, 4), unit @ unit.T, rtol=1e-6, atol=1e-6
+  )
+  assert result['attention_distance'].shape == (1, 2) and result['rollout'].shape == (2, 2, 2)
+
+
 def test_analyze_an_mpp_checkpoint(tmp_path):
   """Its pre-training layers are skipped and the backbone analysed."""
   folder = image_dir(tmp_path, n=1)

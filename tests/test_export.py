@@ -635,3 +635,144 @@ def test_layer_scale_is_timms_ls1_ls2_and_a_run_and_a_checkpoint_take_it(tmp_pat
     == 0
   )
   assert 'blocks.0.ls1.gamma' in safetensors_torch.load_file(str(tmp_path / 'ls.safetensors'))
+
+
+# ---------------------------------------------------------------------------
+# What an exported .npz records, and timm files where an .npz is read.
+
+
+def _predicted(argv, capsys):
+  """(exit status, stdout lines, stderr lines) of `python -m vit_jax.predict ARGV`."""
+  from vit_jax import predict
+  from vit_jax.core import cli
+
+  capsys.readouterr()
+  code = cli.run(predict.main, argv)
+  out, err = capsys.readouterr()
+  return code, out.splitlines(), err.splitlines()
+
+
+def _a_1000_class_run(path, dataset, names=None):
+  """A finished workdir of the `testing` model whose 1000-way head always answers class 487;
+  `names`: the class names its dataset.json records (None: it records none)."""
+  from conftest import random_like
+
+  shapes = param_shapes(architectures.MODEL_CONFIGS['testing'], 1000, 16)
+  params = random_like(shapes, scale=0.02)
+  params['head']['kernel'] = np.zeros_like(params['head']['kernel'])
+  params['head']['bias'] = np.where(np.arange(1000) == 487, 20.0, 0.0).astype(np.float32)
+  os.makedirs(path)
+  checkpoint.save_npz(params, path / 'params.npz')  # as an older version wrote it: bare
+  (path / 'summary.json').write_text(json.dumps({'model': 'testing', 'dataset': dataset}))
+  record = {'dataset': dataset, 'path': None, 'num_classes': 1000, 'class_names': names}
+  (path / 'dataset.json').write_text(json.dumps(record))
+  return str(path)
+
+
+def test_an_npz_export_carries_its_runs_class_names_and_model_to_predict(tmp_path, capsys):
+  """A custom 1000-class run exported to a bare .npz and moved away predicts with its own
+  names (not ImageNet's) and needs no --model; a run that knows no names records that it
+  has none, and predict says so; a file that records nothing gets ImageNet's, said so."""
+  from PIL import Image
+
+  image = str(tmp_path / 'x.png')
+  Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(image)
+  names = [f'part-{i:04d}' for i in range(1000)]
+  run_dir = _a_1000_class_run(tmp_path / 'named', str(tmp_path / 'parts'), names)
+  out = tmp_path / 'elsewhere' / 'parts.npz'
+  assert run(('checkpoint', run_dir), ('format', 'npz'), ('output', out)) == 0
+  said = capsys.readouterr().out
+  assert (
+    'recorded in the .npz (predict and export read it): model testing, 1000 class names, '
+    f'dataset {tmp_path}/parts'
+  ) in said
+  code, lines, err = _predicted([f'--checkpoint={out}', '--top_k=1', image], capsys)
+  assert (code, lines[1], err) == (0, '  1. 100.00%  part-0487  (class 487)', [])
+
+  nameless = _a_1000_class_run(tmp_path / 'nameless', str(tmp_path / 'gone'))
+  bare = tmp_path / 'nameless.npz'
+  assert run(('checkpoint', nameless), ('format', 'npz'), ('output', bare)) == 0
+  assert '; no class names (' in capsys.readouterr().out
+  code, lines, err = _predicted([f'--checkpoint={bare}', '--top_k=1', image], capsys)
+  assert (code, lines[1]) == (0, '  1. 100.00%  class_487  (class 487)')
+  assert err == [
+    'python -m vit_jax.predict: classes named class_<i>: the file records no class names (a '
+    f'1000-way head trained on {tmp_path}/gone); pass --labels=FILE, one name per line'
+  ]
+
+  released = checkpoint.save_npz(checkpoint.load(run_dir), tmp_path / 'released.npz')
+  argv = [f'--checkpoint={released}', '--model=testing', '--top_k=1', image]
+  code, lines, err = _predicted(argv, capsys)
+  assert lines[1].startswith('  1. 100.00%  cellular telephone')
+  assert err == [
+    "python -m vit_jax.predict: class names: ImageNet-1k's, assumed for a 1000-way head of a "
+    'file that records none (a released checkpoint); pass --labels=FILE if it was trained on '
+    'other classes'
+  ]
+
+
+@needs_timm
+def test_a_timm_file_where_an_npz_is_read_says_to_convert_it_and_the_conversion_names_it(
+  tmp_path, capsys
+):
+  """predict and --config.pretrained_path take an .npz: a timm file (safetensors or
+  torch.save) is one line saying how to convert it, before --model is asked for and before a
+  run writes anything; the conversion says which model it recognised and records it, so
+  predict then needs no --model."""
+  from vit_jax.training import loop
+
+  model = timm.create_model('deit3_small_patch16_224', depth=1, img_size=32, num_classes=10)
+  state = {k: v.contiguous() for k, v in model.state_dict().items()}
+  files = {'safetensors': str(tmp_path / 'deit3.safetensors'), 'pth': str(tmp_path / 'deit3.pth')}
+  safetensors_torch.save_file(state, files['safetensors'])
+  torch.save(state, files['pth'])
+  kinds = {'safetensors': 'a safetensors file', 'pth': 'a PyTorch file (torch.save)'}
+  image = str(tmp_path / 'x.png')
+  from PIL import Image
+
+  Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(image)
+  from vit_jax import predict
+
+  for kind, path in files.items():
+    convert = (
+      f'{path}: {kinds[kind]}, not an .npz; convert it first: python -m vit_jax.export '
+      f'--checkpoint={path} --format=npz --output=deit3.npz (it says which model it '
+      'recognised, or pass --model), then pass that .npz'
+    )
+    assert command_error(predict.main, [f'--checkpoint={path}', image], capsys) == (
+      f'error: {convert}'
+    )
+    workdir = tmp_path / f'run_{kind}'
+    config = tiny_run_config(model='deit3_small_patch16_224', pretrained_path=path)
+    with pytest.raises(loop.ConfigError) as e:
+      loop.train_and_evaluate(config, str(workdir))
+    assert str(e.value) == f'--config.pretrained_path: {convert}'
+    assert not workdir.exists()
+
+  npz = tmp_path / 'deit3.npz'
+  assert run(('checkpoint', files['safetensors']), ('format', 'npz'), ('output', npz)) == 0
+  said = capsys.readouterr().out
+  assert f'recognised {files["safetensors"]} as deit3_small_patch16_224 (its tensors' in said
+  assert checkpoint.read_metadata(npz)['model'] == 'deit3_small_patch16_224'
+  code, lines, _ = _predicted([f'--checkpoint={npz}', '--top_k=1', image], capsys)
+  assert code == 0 and lines[0] == image and lines[1].startswith('  1. ')
+
+
+def test_fine_tuning_a_family_without_a_pretrained_path_says_how_to_convert(tmp_path):
+  """configs/finetune.py names gs://vit_models/imagenet21k/MODEL.npz; no such file exists for
+  a timm family's model: one line before any network access, nothing written."""
+  from vit_jax.configs import ConfigError
+  from vit_jax.configs import recipes
+  from vit_jax.training import loop
+
+  config = recipes.finetune('deit3_small_patch16_224,digits')
+  with pytest.raises(ConfigError) as e:
+    loop.train_and_evaluate(config, str(tmp_path / 'run'))
+  assert str(e.value) == (
+    '--config.pretrained_path: gs://vit_models/imagenet21k/deit3_small_patch16_224.npz: no such '
+    "released file; gs://vit_models holds the paper's and AugReg's ViTs, not "
+    "deit3_small_patch16_224 (deit3): convert timm's weights of it first (python -m "
+    'vit_jax.export --checkpoint=FILE.safetensors --format=npz '
+    '--output=deit3_small_patch16_224.npz) and pass that .npz'
+  )
+  assert not (tmp_path / 'run').exists()

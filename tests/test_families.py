@@ -717,7 +717,7 @@ def test_a_run_fine_tunes_a_timm_file_and_exports_it_back(tmp_path):
   # beside it and in its params.npz, which predict and evaluate apply.
   weights = timm_weights.default(name).at(28)
   assert loader.load_model(workdir).preprocessing == weights
-  assert checkpoint.npz_metadata(workdir)['preprocessing'] == json.loads(
+  assert checkpoint.read_metadata(workdir)['preprocessing'] == json.loads(
     json.dumps(weights.to_json())
   )
   logged = [json.loads(line) for line in open(f'{workdir}/metrics.jsonl')]

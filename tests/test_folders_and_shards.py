@@ -184,6 +184,36 @@ def test_a_folder_as_users_have_it(tmp_path, caplog, capsys):
   assert code == 0 and json.loads(capsys.readouterr().out)['examples'] == 8
 
 
+def test_symlinked_sub_folders_of_a_class_folder_are_read_as_real_ones(tmp_path):
+  """A class folder's images at any depth, through symlinked sub-folders too (a shared
+  folder of images linked in), as through a real sub-folder and a symlinked class folder;
+  a link back up the tree is read once, not in a loop. Training, predict and the shards
+  converter list the same images."""
+  from vit_jax.data.readers import folder
+  from vit_jax.evaluation import classify
+
+  rng = np.random.default_rng(0)
+  shared = tmp_path / 'shared'
+  for name in ('cat', 'dog'):
+    (shared / name).mkdir(parents=True)
+    for i in range(3):
+      _image(_COLOURS[name], 'RGB', rng).save(shared / name / f's{i}.png')
+  root = tmp_path / 'data'
+  for name in ('cat', 'dog'):
+    (root / 'train' / name / 'real').mkdir(parents=True)
+    _image(_COLOURS[name], 'RGB', rng).save(root / 'train' / name / 'a.png')
+    _image(_COLOURS[name], 'RGB', rng).save(root / 'train' / name / 'real' / 'b.png')
+    os.symlink(shared / name, root / 'train' / name / 'linked')
+    os.symlink(root / 'train' / name, root / 'train' / name / 'real' / 'loop')
+  paths, labels = folder.labelled_images(str(root / 'train'), ['cat', 'dog'])
+  relative = [os.path.relpath(p, root / 'train') for p in paths]
+  want = [f'{n}/{f}' for n in ('cat', 'dog') for f in ('a.png', *(f'linked/s{i}.png' for i in range(3)), 'real/b.png')]  # fmt: skip
+  assert relative == want and labels == [0] * 5 + [1] * 5
+  assert len(classify.image_files([str(root)])) == 10
+  examples, _ = shards.examples_from_folder(str(root / 'train'))
+  assert len(examples) == 10
+
+
 def test_rgba_and_grey_become_rgb_like_pil(tmp_path):
   root = make_folder(tmp_path / 'f', splits=(('train', 3), ('test', 3)))
   config = _config(root, crop=40)  # no resize: 40x30 -> 40x40 only stretches rows

@@ -22,6 +22,7 @@ import pytest
 from vit_jax import checkpoint
 from vit_jax.configs import model_spec
 from vit_jax.configs.data import data_config
+from vit_jax.configs.model_spec import Architecture
 from vit_jax.configs.model_spec import Compute
 from vit_jax.configs.model_spec import ModelSpec
 from vit_jax.data import images
@@ -35,6 +36,8 @@ from vit_jax.interop import export
 from vit_jax.interop import timm as interop_timm
 from vit_jax.interop import torch_layout
 from vit_jax.models import naflex
+from vit_jax.models import vit
+from vit_jax.models import vit_checkpoint
 
 try:
   import timm
@@ -405,3 +408,68 @@ def test_naflex_runs_on_the_vits_encoder_with_its_options():
   loss = jax.jit(task.loss_fn, static_argnums=3)
   losses = [loss(init, batch, jax.random.key(k), True) for k in (0, 1)]
   assert np.isfinite(losses).all() and losses[0] != losses[1]  # attention dropout draws
+
+
+def test_naflex_fine_tunes_from_a_plain_vits_checkpoint(tmp_path):
+  """A plain ViT's 1D table (class token row, then a 4x4 grid) becomes NaFlex's 2D table: the
+  patch rows as they are at the same grid, resized by posemb_resize at another (the 1D 'zoom'
+  resize of the same grid, laid out in 2D), the class token row dropped; the rest kept."""
+  from conftest import param_shapes
+  from conftest import random_like
+
+  config = small_arch(patch_size=(PATCH, PATCH))
+  plain = random_like(param_shapes(None, 5, 16, vit.VisionTransformer(5, config)), seed=3)
+  path = checkpoint.save_npz(plain, tmp_path / 'plain.npz')
+  table = np.asarray(plain['Transformer']['posembed_input']['pos_embedding'])
+  for grid in ((4, 4), (2, 2)):
+    model = naflex.NaFlexViT(5, model_spec.naflex_of(config, grid, 'bilinear'))
+    init = jax.eval_shape(
+      lambda: model.init(jax.random.key(0), jnp.zeros((1, 16, 16, 3)), train=False)
+    )['params']
+    init = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), init)
+    got = checkpoint.flatten(
+      checkpoint.load_pretrained(
+        pretrained_path=str(path), init_params=init, model_config=config, verbose=False
+      )
+    )
+    posemb = got['Transformer/posembed_input/pos_embedding']
+    side = grid[0]
+    want = vit_checkpoint.resize_posemb(table, 1 + side * side, 1, 'zoom')[0, 1:]
+    np.testing.assert_allclose(posemb.reshape(side * side, -1), want, rtol=1e-6, atol=1e-7)
+    if grid == (4, 4):
+      np.testing.assert_array_equal(posemb.reshape(16, -1), table[0, 1:])
+    for key, value in checkpoint.flatten(plain).items():
+      if not key.startswith(('Transformer/posembed_input', 'head/')):
+        np.testing.assert_array_equal(got[key], value, err_msg=key)
+
+
+@needs_timm
+def test_the_timm_exports_loading_recipe_rebuilds_a_run_with_registers(tmp_path):
+  """The line `--format=timm` prints for a NaFlex ViT, run as printed, gives timm's NaFlexVit
+  with the file's two registers (which the model name's registry entry lacks) and our logits."""
+  from vit_jax.configs import architectures
+
+  config = architectures.MODEL_CONFIGS['testing']
+  config.update(patches={'size': (PATCH, PATCH)}, num_registers=2)
+  model = naflex.NaFlexViT(5, model_spec.naflex_of(Architecture.of(config), (4, 4), 'bilinear'))
+  shapes = jax.eval_shape(
+    lambda: model.init(jax.random.key(0), jnp.zeros((1, 16, 16, 3)), train=False)
+  )['params']
+  rng = np.random.default_rng(4)
+  flat = {
+    k: (0.3 * rng.normal(size=v.shape) + k.endswith('/scale')).astype(np.float32)
+    for k, v in checkpoint.flatten(shapes).items()
+  }
+  path = checkpoint.save_npz(checkpoint.unflatten(flat), tmp_path / 'naflex.npz')
+  out = str(tmp_path / 'naflex.safetensors')
+  notes = export.export(path, 'timm', out, 'testing')
+  [recipe] = [n for n in notes if n.startswith('load: ')]
+  call = recipe[len('load: ') :].split(' (timm NaFlexVit')[0]
+  import vit_jax.interop.export  # noqa: F401  the recipe names it from the package
+
+  theirs_model = eval(call, {'vit_jax': __import__('vit_jax')})
+  packed, _ = packed_batch()
+  ours = model.apply({'params': checkpoint.unflatten(flat)}, packed, train=False)
+  theirs = _their_logits(theirs_model, packed)
+  assert np.abs(theirs).max() > 0.05
+  assert_close(relative_error(ours, theirs), BOUND, 'logits of the rebuilt model')

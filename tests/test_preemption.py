@@ -181,7 +181,8 @@ def test_a_killed_rank_ends_the_other_within_seconds_with_one_line(tmp_path):
   step = int(line.split(' after step ')[1].split()[0])
   assert last <= step <= last + 2
   assert line == (
-    f'error: process 1 of 2 stopped answering after step {step} (killed, crashed, or its '
+    f'error: process 1 of 2 on {socket.gethostname().split(".")[0]} stopped answering after '
+    f'step {step} (killed, crashed, or its '
     'machine lost; its own log says why); process 0 cannot go on without it and stopped. Run '
     'the same command again (under SLURM: the job requeues itself, or resubmit it) to resume '
     'from the start'

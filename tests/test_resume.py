@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 
 import numpy as np
 import orbax.checkpoint as ocp
@@ -144,3 +145,116 @@ def test_when_no_checkpoint_restores_nothing_is_moved(tmp_path):
   assert '\n' not in str(e.value)
   assert os.listdir(tmp_path / 'checkpoints') == ['5']
   assert not os.path.exists(tmp_path / 'corrupt_checkpoints')
+
+
+# ---------------------------------------------------------------------------
+# Resuming a whole (tiny, in-process) run: the loss curve, and data that moved.
+
+
+def _digits_npz(path, relabel=False):
+  """The built-in digits as an .npz (`relabel`: one train label changed: other data)."""
+  from vit_jax.data.readers import builtin
+
+  pixels, labels = builtin.load_digits()
+  train, test = builtin.digits_split_indices()
+  y_train = labels[train].copy()
+  if relabel:
+    y_train[0] = (y_train[0] + 1) % 10
+  np.savez(path, x_train=pixels[train], y_train=y_train, x_test=pixels[test], y_test=labels[test])
+  return str(path)
+
+
+def _tiny_config(dataset):
+  from conftest import tiny_run_config
+
+  # Progress every 4 steps, a checkpoint at 6: a resume from it starts inside a window.
+  return tiny_run_config(dataset=dataset, total_steps=8, checkpoint_every=6, eval_every=100)
+
+
+@pytest.fixture(scope='module')
+def finished_run(tmp_path_factory):
+  """(workdir, dataset) of one uninterrupted run of 8 steps on an .npz of the digits."""
+  from vit_jax.training import loop
+
+  root = tmp_path_factory.mktemp('resumed')
+  dataset = _digits_npz(root / 'digits.npz')
+  workdir = str(root / 'run')
+  loop.train_and_evaluate(_tiny_config(dataset), workdir)
+  return workdir, dataset
+
+
+def _stopped_at_6(run, target):
+  """A copy of the finished run as a kill after step 8's progress line, before its checkpoint,
+  leaves it: the checkpoint at 6, the metrics of steps 7 and 8 already logged."""
+  shutil.copytree(run, target)
+  shutil.rmtree(os.path.join(target, 'checkpoints', '8'))
+  for name in (workdir_lib.SUMMARY_FILE, workdir_lib.PARAMS_FILE):
+    os.remove(os.path.join(target, name))
+  return str(target)
+
+
+def _metrics(workdir):
+  with open(os.path.join(workdir, workdir_lib.METRICS_FILE)) as f:
+    return [json.loads(line) for line in f]
+
+
+def _params(workdir):
+  from vit_jax import checkpoint
+
+  return checkpoint.flatten(checkpoint.load(workdir))
+
+
+def test_a_resumed_run_logs_the_loss_curve_of_an_uninterrupted_one(finished_run, tmp_path):
+  """Resumed from step 6, the progress line at step 8 averages steps 5 to 8 as the
+  uninterrupted run's did (the window's losses travel in the checkpoint), and metrics.jsonl
+  holds each step's lines once: equal losses, rates aside."""
+  from vit_jax.training import loop
+
+  run, dataset = finished_run
+  workdir = _stopped_at_6(run, tmp_path / 'run')
+  loop.train_and_evaluate(_tiny_config(dataset), workdir)
+  rates = ('img_per_sec', 'mfu')
+  strip = lambda lines: [{k: v for k, v in line.items() if k not in rates} for line in lines]
+  assert strip(_metrics(workdir)) == strip(_metrics(run))
+  assert [line['step'] for line in _metrics(workdir) if 'train_loss' in line] == [4, 8]
+
+
+def test_a_run_whose_data_moved_resumes_from_the_new_path_and_other_data_is_refused(
+  finished_run, tmp_path
+):
+  """dataset.json's fingerprint of the data: the same file at another path resumes (bitwise
+  the uninterrupted run's parameters); other data there is one line, the workdir untouched."""
+  from vit_jax.training import loop
+
+  run, dataset = finished_run
+  workdir = _stopped_at_6(run, tmp_path / 'run')
+  moved = str(tmp_path / 'elsewhere' / 'digits.npz')
+  os.makedirs(os.path.dirname(moved))
+  os.replace(_digits_npz(tmp_path / 'digits.npz', relabel=True), moved)  # other data first
+  # The recorded path is gone as well: the copy's dataset.json names this test's old path.
+  recorded = json.load(open(os.path.join(workdir, workdir_lib.DATASET_FILE)))
+  recorded['path'] = str(tmp_path / 'gone' / 'digits.npz')
+  json.dump(recorded, open(os.path.join(workdir, workdir_lib.DATASET_FILE), 'w'))
+  before = {
+    name: open(os.path.join(workdir, name), 'rb').read()
+    for name in (workdir_lib.CONFIG_FILE, workdir_lib.DATASET_FILE, workdir_lib.METRICS_FILE)
+  }
+  with pytest.raises(resume.ResumeError) as e:
+    loop.train_and_evaluate(_tiny_config(moved), workdir)
+  assert str(e.value).startswith(
+    f'{moved} is not the data the run in {workdir} was trained on '
+    f'({tmp_path}/gone/digits.npz, no longer there): as many files and bytes, but other names '
+    'or contents. Pass the folder or file that data moved to'
+  )
+  for name, data in before.items():
+    assert open(os.path.join(workdir, name), 'rb').read() == data, name
+  assert workdir_lib.saved_steps(workdir) == [6]
+
+  shutil.copyfile(dataset, moved)  # the run's own file, copied (moved: the same)
+  summary = loop.train_and_evaluate(_tiny_config(moved), workdir)
+  assert summary['resumed_from_step'] == 6
+  got, want = _params(workdir), _params(run)
+  assert sorted(got) == sorted(want)
+  for key in want:
+    np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+  assert json.load(open(os.path.join(workdir, workdir_lib.DATASET_FILE)))['path'] == moved

@@ -123,7 +123,7 @@ def test_predict_gives_timms_top5_on_a_non_square_photo(tmp_path, capsys, name, 
   line = timm_weights.preprocessing(name, tag).line()
   assert line.startswith(f'preprocessing of {name}.{tag}: resize the shorter side to ')
   assert f'  {line}' in capsys.readouterr().out.splitlines()
-  recorded = timm_weights.Preprocessing.from_json(checkpoint.npz_metadata(npz)['preprocessing'])
+  recorded = timm_weights.Preprocessing.from_json(checkpoint.read_metadata(npz)['preprocessing'])
   assert recorded == timm_weights.preprocessing(name, tag)
 
   photo = _photo(tmp_path / 'photo.jpg')

@@ -20,6 +20,7 @@ import zipfile
 import numpy as np
 
 from vit_jax import workdir
+from vit_jax.configs import families
 from vit_jax.configs import model_spec
 from vit_jax.core import files
 from vit_jax.models import vit_checkpoint
@@ -57,6 +58,10 @@ def resolve(path: str) -> str:
       if match
     ]
     if not steps:
+      # A transformers (or Hub) model folder: its weights under the names transformers gives.
+      weights = ('model.safetensors', 'pytorch_model.bin')
+      if any(files.exists(os.path.join(path, name)) for name in weights):
+        raise CheckpointError(_convert_first(path, 'a transformers model folder'))
       raise CheckpointError(
         f'{path}: a directory without {workdir.PARAMS_FILE} or checkpoint_<step>; pass the .npz '
         'file itself'
@@ -192,6 +197,9 @@ def load_flat(path: str) -> dict:
       data = path
       with open(path, 'rb') as f:
         head = f.read(4)
+    torch_kind = _torch_file_kind(data, head)
+    if torch_kind:
+      raise CheckpointError(_convert_first(path, torch_kind))
     if head != _ZIP_MAGIC:
       # np.load would read other files as pickles and suggest allow_pickle=True.
       raise CheckpointError(
@@ -208,6 +216,83 @@ def load_flat(path: str) -> dict:
       f'{path}: not a readable .npz checkpoint ({type(e).__name__}: {e}); '
       'the file may be truncated, download it again'
     ) from None
+
+
+# Where the released .npz files are (gs://vit_models/imagenet21k/ViT-B_16.npz, augreg/...).
+_RELEASED = re.compile(r'gs://vit_models/[^/]+/([^/]+)\.npz')
+
+
+def released_file(path: str) -> None:
+  """CheckpointError for a path in the released bucket named after a model whose weights are
+  timm's, never released there (a family of `configs.families`, as configs/finetune.py names
+  its default): before any network access, saying how to convert timm's file."""
+  match = _RELEASED.fullmatch(os.fspath(path))
+  family = families.family_of(match.group(1)) if match else None
+  if family is None:
+    return
+  name = match.group(1)
+  raise CheckpointError(
+    f"{path}: no such released file; gs://vit_models holds the paper's and AugReg's ViTs, not "
+    f"{name} ({family}): convert timm's weights of it first (python -m vit_jax.export "
+    f'--checkpoint=FILE.safetensors --format=npz --output={name}.npz) and pass that .npz'
+  )
+
+
+def refuse_torch_file(path: str) -> None:
+  """CheckpointError, saying how to convert it, when the local file `path` (resolved) is a
+  timm or transformers checkpoint: before a command asks for --model or reads it as an .npz."""
+  path = resolve(path)
+  if files.is_remote(path) or os.path.isdir(path):
+    return
+  try:
+    with open(path, 'rb') as f:
+      head = f.read(4)
+  except OSError:
+    return
+  kind = _torch_file_kind(path, head)
+  if kind:
+    raise CheckpointError(_convert_first(path, kind))
+
+
+def _torch_file_kind(data, head: bytes) -> str:
+  """What a PyTorch checkpoint (timm's, transformers') is, by its first bytes and, for a
+  zip archive, its members: 'a safetensors file', 'a PyTorch file' (torch.save), or ''."""
+  if head != _ZIP_MAGIC:
+    try:
+      if hasattr(data, 'getvalue'):
+        start = data.getvalue()[:9]
+      else:
+        with open(data, 'rb') as f:
+          start = f.read(9)
+    except OSError:
+      return ''
+    # safetensors: an 8-byte little-endian header length, then the JSON header.
+    if len(start) == 9 and start[8:9] == b'{' and int.from_bytes(start[:8], 'little') < 1 << 32:
+      return 'a safetensors file'
+    if start[:1] == b'\x80':  # a pickle: torch.save's legacy format
+      return 'a PyTorch file (torch.save)'
+    return ''
+  try:
+    with zipfile.ZipFile(data) as archive:
+      names = archive.namelist()
+  except (zipfile.BadZipFile, OSError):
+    return ''
+  finally:
+    if hasattr(data, 'seek'):
+      data.seek(0)  # np.load reads the buffer from where it is
+  if any(name.endswith('data.pkl') for name in names):  # torch.save's zip format
+    return 'a PyTorch file (torch.save)'
+  return ''
+
+
+def _convert_first(path: str, kind: str) -> str:
+  """The line for a timm or transformers checkpoint where an .npz is read."""
+  stem = os.path.splitext(os.path.basename(path.rstrip('/')))[0] or 'converted'
+  return (
+    f'{path}: {kind}, not an .npz; convert it first: python -m vit_jax.export '
+    f'--checkpoint={path} --format=npz --output={stem}.npz (it says which model it recognised, '
+    'or pass --model), then pass that .npz'
+  )
 
 
 def _array(npz, key: str, path: str) -> np.ndarray:
@@ -246,26 +331,27 @@ def load(path: str, like: Optional[Params] = None) -> dict:
   return params
 
 
-def save_npz(params: Params, path: str, metadata: Optional[dict] = None) -> str:
+def save_npz(params: Params, path: str, metadata: Optional[Mapping] = None) -> str:
   """Writes `params` in the public layout; returns `path`.
 
   Local files are written to a temporary name and renamed, so a killed process
   never leaves a truncated file under `path` (a failed write removes its temporary file, the
   next write one that a killed process left). Arrays are stored as their numpy
   dtype; bfloat16 leaves are widened to float32 (numpy cannot read bfloat16
-  from `.npz` without pickling). `metadata` (JSON data: the model's name, the weights'
-  preprocessing) is the archive's comment, which `numpy.load` and every reader of the
-  arrays pass over (`npz_metadata` reads it).
+  from `.npz` without pickling). `metadata` (the model's name, the run's class names and
+  dataset: `read_metadata`) goes in the archive's comment, where no reader of the public
+  layout looks: the file holds the same arrays as one without it.
   """
   path = os.fspath(path)
   flat = {}
   for key, value in flatten(vit_checkpoint.unstack_blocks(params)).items():
     array = np.asarray(value)
     flat[key] = array.astype(np.float32) if array.dtype.name == 'bfloat16' else array
+  comment = _comment(metadata) if metadata else b''
   if files.is_remote(path):
     buffer = io.BytesIO()
     np.savez(buffer, **flat)
-    _comment(buffer, metadata)
+    _set_comment(buffer, comment)
     with files.open_file(path, 'wb') as f:
       f.write(buffer.getvalue())
     return path
@@ -273,40 +359,62 @@ def save_npz(params: Params, path: str, metadata: Optional[dict] = None) -> str:
   with files.temporary_beside(path) as tmp:  # removed if the write fails (a full disk)
     with open(tmp, 'w+b') as f:
       np.savez(f, **flat)
-      _comment(f, metadata)
+    _set_comment(tmp, comment)
     os.replace(tmp, path)
   return path
 
 
-_METADATA = b'vit_jax metadata '  # the comment's start: a comment of another tool is not ours
+# The zip format's limit on an archive comment.
+_COMMENT_BYTES = 65535
+_METADATA_KEY = 'vit_jax'
+_COMPRESSED = b'zlib:'
 
 
-def _comment(f, metadata: Optional[dict]) -> None:
-  if metadata:
-    f.seek(0)
-    with zipfile.ZipFile(f, 'a') as archive:
-      archive.comment = _METADATA + json.dumps(metadata, sort_keys=True).encode()
+def _comment(metadata: Mapping) -> bytes:
+  """`metadata` as an archive comment: ASCII JSON (no byte a zip reader could take for the end
+  of the archive), compressed when long; class names left out when even that is too long
+  (a head of some 10^5 classes), which `read_metadata` then lacks."""
+  import base64
+  import zlib
+
+  metadata = {k: v for k, v in metadata.items() if v is not None}
+  for attempt in (metadata, {k: v for k, v in metadata.items() if k != 'class_names'}):
+    text = json.dumps({_METADATA_KEY: attempt}, ensure_ascii=True, separators=(',', ':'))
+    data = text.encode('ascii')
+    if len(data) > _COMMENT_BYTES:
+      data = _COMPRESSED + base64.b64encode(zlib.compress(data, 9))
+    if len(data) <= _COMMENT_BYTES:
+      return data
+  return b''
 
 
-def npz_metadata(path: str) -> dict:
-  """What `save_npz` recorded with a `.npz` (a workdir: its params.npz), {} for none (a file of
-  another tool, a Flax checkpoint, an unreadable file: `load` names those)."""
+def _set_comment(file, comment: bytes) -> None:
+  if comment:
+    with zipfile.ZipFile(file, 'a') as archive:
+      archive.comment = comment
+
+
+def read_metadata(path) -> dict:
+  """What `save_npz` recorded with a local `.npz` (a workdir: its params.npz): {'model': a
+  MODEL_CONFIGS name, 'class_names': [...], 'dataset': ...}, each where known; {} for a file
+  without it (a released checkpoint), a remote or unreadable one."""
+  import base64
+  import zlib
+
+  path = os.fspath(path)
+  if files.is_remote(path):
+    return {}
+  if os.path.isdir(path):
+    path = workdir.params_path(path.rstrip('/'))
   try:
-    path = resolve(path)
-    if _is_flax_checkpoint(path):
-      return {}
-    with files.open_file(path, 'rb') as f:
-      with zipfile.ZipFile(f) as archive:
-        comment = archive.comment
-  except (CheckpointError, OSError, zipfile.BadZipFile, ValueError):
+    with zipfile.ZipFile(path) as archive:
+      data = archive.comment
+    if data.startswith(_COMPRESSED):
+      data = zlib.decompress(base64.b64decode(data[len(_COMPRESSED) :]))
+    found = json.loads(data.decode('ascii')).get(_METADATA_KEY) if data else None
+  except (OSError, zipfile.BadZipFile, ValueError, zlib.error, AttributeError):
     return {}
-  if not comment.startswith(_METADATA):
-    return {}
-  try:
-    data = json.loads(comment[len(_METADATA) :].decode())
-  except (UnicodeDecodeError, ValueError):
-    return {}
-  return data if isinstance(data, dict) else {}
+  return found if isinstance(found, dict) else {}
 
 
 # ---------------------------------------------------------------------------

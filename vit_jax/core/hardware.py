@@ -138,6 +138,14 @@ def library_versions(names=('jax', 'jaxlib', 'flax', 'optax', 'numpy', 'torch', 
   return versions
 
 
+def host_memory() -> Optional[int]:
+  """This machine's physical memory in bytes (None where the OS does not say)."""
+  try:
+    return os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
+  except (AttributeError, ValueError, OSError):
+    return None
+
+
 def machine_info() -> dict:
   """What a benchmark number depends on: CPU, cores, devices, libraries, XLA flags."""
   cpu, cpu_flags = _cpu_model_and_flags()

@@ -12,7 +12,7 @@ import contextlib
 import importlib.resources
 import logging
 import os
-from typing import List, Optional, Sequence
+from typing import List, NamedTuple, Optional, Sequence
 
 import jax
 import numpy as np
@@ -138,33 +138,68 @@ def _imagenet_names(num_classes: int) -> List[str]:
   )
 
 
+class ClassNames(NamedTuple):
+  """A head's class names and where they come from."""
+
+  names: List[str]
+  why: str  # '' or why the names are `class_<i>`, and what to do
+  note: str  # '' or a remark beside names that were assumed (ImageNet's, for a bare file)
+  source: str  # 'labels', 'run' (dataset.json), 'file' (its record), 'dataset', 'imagenet', ''
+
+
 def class_names_and_why(
   num_classes: int, labels_file: Optional[str] = None, checkpoint: Optional[str] = None
 ) -> tuple:
   """(`class_names`, '' or a line saying why the names are `class_<i>` and what to do)."""
+  found = class_names_of(num_classes, labels_file, checkpoint)
+  return found.names, found.why
+
+
+def class_names_of(
+  num_classes: int, labels_file: Optional[str] = None, checkpoint: Optional[str] = None
+) -> ClassNames:
+  """`class_names` with where they come from: --labels, the run's record (a workdir's
+  dataset.json, or what an .npz this package wrote records, `checkpoint.read_metadata`), its
+  dataset, ImageNet's for a 1000- or 21843-way head of a file that records none (said in
+  `note`) or of an ImageNet run, else `class_<i>` (`why`)."""
+  from vit_jax import checkpoint as checkpoint_lib
   from vit_jax import workdir
 
   if labels_file:
-    return _labels_file(labels_file, num_classes), ''
+    return ClassNames(_labels_file(labels_file, num_classes), '', '', 'labels')
   why = []
-  recorded = (
-    (workdir.read_dataset(checkpoint) or {}) if workdir.is_workdir(checkpoint or '') else {}
-  )
+  run = workdir.is_workdir(checkpoint or '')
+  if run:
+    recorded, source = workdir.read_dataset(checkpoint) or {}, 'run'
+  else:
+    recorded, source = (checkpoint_lib.read_metadata(checkpoint) if checkpoint else {}), 'file'
   names = recorded.get('class_names')
-  if names is None and checkpoint:
-    names = dataset_class_names(checkpoint, why)
+  if names is None and run:
+    names, source = dataset_class_names(checkpoint, why), 'dataset'
   if names is not None and len(names) == num_classes:
-    return list(names), ''
-  dataset = workdir.recorded(checkpoint, 'dataset') if checkpoint else None
+    return ClassNames(list(names), '', '', source)
+  dataset = workdir.recorded(checkpoint, 'dataset') if run else recorded.get('dataset')
   if num_classes in LABEL_FILES and (not dataset or _is_imagenet(dataset)):
-    return _imagenet_names(num_classes), ''
+    note = ''
+    if not run and not recorded:
+      which = 'ImageNet-1k' if num_classes == 1000 else 'ImageNet-21k'
+      note = (
+        f"class names: {which}'s, assumed for a {num_classes}-way head of a file that records "
+        'none (a released checkpoint); pass --labels=FILE if it was trained on other classes'
+      )
+    return ClassNames(_imagenet_names(num_classes), '', note, 'imagenet')
   if names is not None:
     why.append(f'its dataset has {len(names)} classes, the head {num_classes}')
   reason = why[0] if why else f'a {num_classes}-way head, not an ImageNet one (1000 or 21843)'
   if not why and num_classes in LABEL_FILES:
     reason = f'a {num_classes}-way head trained on {dataset}, not ImageNet'
-  return [f'class_{i}' for i in range(num_classes)], (
-    f'classes named class_<i>: {reason}; pass --labels=FILE, one name per line'
+  if not why and not run and recorded and not names:
+    reason = f'the file records no class names (a {num_classes}-way head trained on {dataset})'
+  return ClassNames(
+    [f'class_{i}' for i in range(num_classes)],
+    f'classes named class_<i>: {reason}; pass --labels=FILE, one name per line',
+    '',
+    '',
   )
 
 

@@ -68,10 +68,10 @@ def compute(loaded: loader.LoadedModel, images: np.ndarray, num_components: int)
     analysis.attention_rollout(attentions), (g, g), loaded.spec.num_prefix_tokens, readout
   )
   posemb = np.asarray(loaded.params['Transformer']['posembed_input']['pos_embedding'])
-  # A NaFlex ViT's are a grid of their own [1, rows, columns, D], the prefix tokens without any.
-  table, prefix = (
-    ((g, g), loaded.spec.num_prefix_tokens) if posemb.ndim == 3 else (posemb.shape[1:3], 0)
-  )
+  # A NaFlex ViT's are a grid of their own [1, rows, columns, D], the prefix tokens without any;
+  # a 1D table has rows for the prefix tokens unless they have none (posemb='patches').
+  embedded = loaded.spec.posemb_prefix
+  table, prefix = ((g, g), embedded) if posemb.ndim == 3 else (posemb.shape[1:3], 0)
   kernel = np.asarray(loaded.params['embedding']['kernel'])
   components = ratio = None
   if kernel.shape[2] == 3:  # hybrids embed ResNet features, not RGB pixels

@@ -48,14 +48,21 @@ class LoadedModel(NamedTuple):
 
 
 def resolve_model_name(name: Optional[str], path: str, metadata: Optional[dict] = None) -> str:
-  """`name`, else the one the checkpoint records (a workdir's summary, file metadata)."""
+  """`name`, else the one the checkpoint records (a workdir's summary, file metadata: a
+  safetensors file's or an `.npz`'s that this package wrote, `checkpoint.read_metadata`)."""
   path = os.fspath(path)
-  name = name or (metadata or {}).get('vit_jax_model') or workdir.recorded(path, 'model')
+  name = (
+    name
+    or (metadata or {}).get('vit_jax_model')
+    or workdir.recorded(path, 'model')
+    or (checkpoint.read_metadata(path).get('model') if path.endswith('.npz') else None)
+  )
   if not name:
     raise InputError(
       f'{path}: records no model; pass --model naming the one it holds (a vit_jax.configs.'
       "architectures.MODEL_CONFIGS name: the paper's ViT-*, or timm's name of a family, whose "
-      'GELU and input differ); workdirs and our conversions record theirs'
+      'GELU and input differ); a training workdir, and the .npz files it and the export write, '
+      'record it'
     )
   try:
     model_spec.registered(name)
@@ -84,10 +91,10 @@ def load_model(
   step = unfinished_run_step(path)
   metadata = {}
   if step is None:
-    checkpoint.resolve(path)  # a missing file is named as such, before a missing --model
-    metadata = checkpoint.npz_metadata(path)
-  # A wrong name fails before the file is read.
-  model_name = resolve_model_name(model_name, path, metadata)
+    # A missing file, or a timm file to convert first, is named as such before --model is asked.
+    checkpoint.refuse_torch_file(path)
+    metadata = checkpoint.read_metadata(path)
+  model_name = resolve_model_name(model_name, path)  # a wrong name fails before the file is read
   resample = resample or workdir.recorded(path, 'naflex_resample')
   preprocessing = recorded_preprocessing(path, metadata, model_name)
   if step is None:
@@ -105,7 +112,7 @@ def recorded_preprocessing(path: str, metadata: dict, model_name: str):
   record = metadata.get('preprocessing')
   if record is None and workdir.is_workdir(path):
     record = workdir.read_preprocessing(path)
-  recorded_for = metadata.get('vit_jax_model') or workdir.recorded(path, 'model')
+  recorded_for = metadata.get('model') or workdir.recorded(path, 'model')
   if record is None or (recorded_for and recorded_for != model_name):
     return None
   return timm_weights.Preprocessing.from_json(record)

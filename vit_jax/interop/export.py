@@ -39,22 +39,24 @@ class Source(NamedTuple):
 # Reading any source.
 
 
-def _timm_model_name(model_name: Optional[str], path: str, state, metadata: dict) -> str:
-  """The model of a timm file: --model, else the name our export recorded, else what lies with
-  the file names (`timm_files.where`), else the model its tensors fit (`timm_files.model_name`).
-  A --model that what lies with a file of another tool, or its tensors, contradicts is refused
-  (`timm_files.check_model`)."""
-  timm_layout = 'patch_embed.proj.weight' in state or 'embeds.proj.weight' in state
-  if not metadata.get('vit_jax_model') and timm_layout:
+def _timm_model_name(model_name: Optional[str], path: str, state, metadata: dict) -> tuple:
+  """(the model of a timm file, how it was recognised or None where named): --model, else the
+  name our export recorded, else what lies with the file names (`timm_files.where`), else the
+  model its tensors fit (`timm_files.model_name`). A --model that what lies with a file of
+  another tool, or its tensors, contradicts is refused (`timm_files.check_model`)."""
+  how = None
+  if not metadata.get('vit_jax_model'):
     place = timm_files.where(path)
     if model_name:
       timm_files.check_model(model_name, state, place, path)
     elif place is not None:
       model_name = timm_files.our_name(place.name)
       timm_files.check_model(model_name, state, place, path)  # a name we do not have: one line
+      how = f'{place.source} names it'
     else:
       model_name = timm_files.model_name(state, path)
-  return loader.resolve_model_name(model_name, path, metadata)
+      how = 'its tensors fit that model'
+  return loader.resolve_model_name(model_name, path, metadata), how
 
 
 def _read_torch_file(path: str):
@@ -99,7 +101,8 @@ def load(
       raise checkpoint.CheckpointError(f'{path}: no such file')
     state, metadata = _read_torch_file(path)
     if 'patch_embed.proj.weight' in state or 'embeds.proj.weight' in state:
-      model_name = _timm_model_name(model_name, path, state, metadata)
+      model_name, how = _timm_model_name(model_name, path, state, metadata)
+      notes = [f'recognised {path} as {model_name} ({how})'] if how else []
       config = model_spec.registered(model_name)
       if 'embeds.proj.weight' in state:  # timm's NaFlexVit
         # A NaFlex model under timm's own name resamples as timm's model of it does.
@@ -110,7 +113,7 @@ def load(
         flat = timm.from_timm(state, config, path)
       preprocessing = _preprocessing(model_name, state, path, metadata, tag)
       loaded = loader.model_from_flat(flat, model_name, path, patch_size, resample, preprocessing)
-      return Source(loaded, None, [])
+      return Source(loaded, None, notes)
     if any(k.startswith(('vit.', 'embeddings.')) for k in state):
       folder = os.path.dirname(os.path.abspath(path))
       hf_config = (
@@ -157,7 +160,6 @@ def _from_hf(state, hf_config, model_name, what, patch_size=None, resample=None)
 def _save_naflex_timm(loaded: loader.LoadedModel, output: str) -> List[str]:
   """A NaFlex ViT as timm NaFlexVit's state_dict."""
   flat = checkpoint.flatten(loaded.params)
-  grid = loaded.spec.architecture.posemb_grid
   resample = loaded.spec.architecture.posemb_resample
   metadata = {
     'vit_jax_model': loaded.spec.architecture.name or '',
@@ -168,10 +170,22 @@ def _save_naflex_timm(loaded: loader.LoadedModel, output: str) -> List[str]:
   torch_layout.save_safetensors(timm.to_timm_naflex(flat), output, metadata)
   mode, antialias = timm.NAFLEX_RESAMPLE[resample]
   return [
-    'timm NaFlexVit weights: build the model with vit_jax.interop.timm.build_naflex_model('
-    f'config, {loaded.model.num_classes}, {tuple(grid)}) and load_state_dict; its position '
-    f"table resampled with pos_embed_interp_mode='{mode}', pos_embed_antialias={antialias}"
+    f'load: vit_jax.interop.export.timm_naflex_model({output!r}) (timm NaFlexVit, built as '
+    f'the file records it: registers, depth, LayerScale; position table resampled with '
+    f"pos_embed_interp_mode='{mode}', pos_embed_antialias={antialias})"
   ]
+
+
+def timm_naflex_model(path: str):
+  """timm's `NaFlexVit` holding a NaFlex ViT that `--format=timm` wrote, its architecture read
+  back from the file (the run's registers, depth, LayerScale, resampling: what the model
+  name's registry entry does not say), the weights loaded strictly."""
+  torch = torch_layout.require('torch')
+  loaded = load(path).loaded
+  state, _ = torch_layout.load_safetensors(path)
+  model = timm.build_naflex_model(loaded.spec.architecture, loaded.model.num_classes)
+  model.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()}, strict=True)
+  return model
 
 
 def _save_timm(loaded: loader.LoadedModel, output: str) -> List[str]:
@@ -230,6 +244,41 @@ def _class_names(source: Source, path: str, labels: Optional[str]) -> Optional[L
   return None if why else names
 
 
+def _npz_record(source: Source, path: str, labels: Optional[str]) -> tuple:
+  """(what an exported .npz records, `checkpoint.read_metadata`; the note saying it): the
+  model's name, and the class names of --labels, a transformers folder, the run (its record
+  or dataset) or the file's own record, never names assumed from the head's size alone."""
+  loaded = source.loaded
+  num_classes = loaded.model.num_classes
+  dataset = workdir.recorded(path, 'dataset') or checkpoint.read_metadata(path).get('dataset')
+  names, why = None, ''
+  if num_classes is not None:
+    if labels:
+      names = classify.class_names(num_classes, labels)
+    elif source.class_names is not None and len(source.class_names) == num_classes:
+      names = list(source.class_names)
+    else:
+      found = classify.class_names_of(num_classes, None, path)
+      if found.source in ('run', 'file', 'dataset') or (found.source == 'imagenet' and dataset):
+        names = found.names
+      elif found.source == 'imagenet':
+        why = f"ImageNet's would be assumed from its {num_classes}-way head alone"
+      else:  # 'classes named class_<i>: REASON; pass --labels=FILE, ...'
+        why = found.why.split(': ', 1)[-1].split('; pass --labels')[0]
+  record = {'model': loaded.spec.architecture.name, 'class_names': names, 'dataset': dataset}
+  if loaded.preprocessing is not None:  # a family's weights': predict and evaluate apply it
+    record['preprocessing'] = loaded.preprocessing.to_json()
+  said = [f'model {record["model"]}']
+  if names:
+    said.append(f'{len(names)} class names')
+  if dataset:
+    said.append(f'dataset {dataset}')
+  note = f'recorded in the .npz (predict and export read it): {", ".join(said)}'
+  if num_classes is not None and not names:
+    note += f'; no class names ({why or "none known"}): pass --labels=FILE to record them'
+  return record, note
+
+
 def output_path(fmt: str, output: str) -> str:
   """Where `export` writes: a one-file format given a folder (existing, or a path ending in
   a slash) writes `_FILE_NAMES[fmt]` inside it; a folder format refuses an existing file.
@@ -276,11 +325,15 @@ def export(
   elif fmt in ('hf', 'onnx'):
     torch_layout.check_writes(arch, 'transformers' if fmt == 'hf' else fmt)
   names = _class_names(source, checkpoint_path, labels) if fmt == 'hf' else None
+  record = None
+  if fmt == 'npz':
+    record, note = _npz_record(source, checkpoint_path, labels)
+    notes.append(note)
   # Written whole or not at all: a full disk or a kill leaves nothing at `output`, and the
   # temporary files are removed (a killed export's by the next one; `files.staged`).
   try:
     with files.staged(output) as staging:
-      notes += _write(fmt, loaded, staging, names)
+      notes += _write(fmt, loaded, staging, names, record)
   except Exception as e:
     failure = workdir.storage_failure(e)
     if failure is None or isinstance(e, UserError):
@@ -310,23 +363,15 @@ def _resample_notes(loaded: loader.LoadedModel, fmt: str) -> List[str]:
   ]
 
 
-def npz_metadata(loaded: loader.LoadedModel) -> dict:
-  """What an `.npz` of `loaded` records (`checkpoint.save_npz`): its model's name, and a family's
-  weights' preprocessing, which predict, evaluate, few-shot and fine-tuning apply."""
-  metadata = {'vit_jax_model': loaded.spec.name or ''}
-  if loaded.preprocessing is not None:
-    metadata['preprocessing'] = loaded.preprocessing.to_json()
-  return metadata
-
-
 def _said_in_one_line(error: BaseException) -> bool:
   return isinstance(error, UserError) or workdir.storage_failure(error) is not None
 
 
-def _write(fmt: str, loaded: loader.LoadedModel, output: str, names) -> List[str]:
-  """Writes `loaded` in `fmt` at `output`; notes for the user."""
+def _write(fmt: str, loaded: loader.LoadedModel, output: str, names, record=None) -> List[str]:
+  """Writes `loaded` in `fmt` at `output` (an npz with `record`: `checkpoint.read_metadata`);
+  notes for the user."""
   if fmt == 'npz':
-    checkpoint.save_npz(loaded.params, output, npz_metadata(loaded))
+    checkpoint.save_npz(loaded.params, output, metadata=record)
     return []
   if fmt == 'timm':
     return _save_timm(loaded, output)

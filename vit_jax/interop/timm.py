@@ -518,7 +518,11 @@ def from_timm_naflex(
   grid = tuple(int(g) for g in posemb.shape[1:3])
   arch = arch.changed(posemb='grid', posemb_grid=grid, posemb_resample=resample)
   num_classes = int(state['head.weight'].shape[0]) if 'head.weight' in state else None
-  patch = arch.patch_size[0]
+  # The patch size is the file's (a run may train at another than its model name's): a conv's
+  # [D, C, P, P], or a linear's [D, P * P * C].
+  weight = state[theirs]
+  patch = int(weight.shape[2]) if np.ndim(weight) == 4 else math.isqrt(int(weight.shape[1]) // 3)
+  arch = arch.changed(patch_size=(patch, patch))
   if 'embeds.reg_token' in state:
     arch = arch.changed(num_registers=int(state['embeds.reg_token'].shape[1]))
   if 'blocks.0.ls1.gamma' in state:

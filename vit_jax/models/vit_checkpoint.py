@@ -387,13 +387,15 @@ def match_registers(restored: dict, init: dict, architecture) -> tuple:
   first = int(architecture.has_class_token)
   posemb, fresh = restored[_POSEMB], init[_POSEMB]
   kept = min(old, new)
-  if posemb.ndim == 3 and architecture.posemb == 'tokens':
-    # the 1D table holds a row per register (posemb='tokens'); NaFlex's and 'patches': none
-    rows = [
-      posemb[:, : first + kept],
-      fresh[:, first + kept : first + new],
-      posemb[:, first + old :],
-    ]
+  if posemb.ndim == 3 and architecture.posemb != 'patches':
+    # A 1D table holds a row per register (posemb='tokens'; 'patches': none); a NaFlex model's
+    # 2D table has none, so the new rows there are placeholders `adapt` drops.
+    added = (
+      fresh[:, first + kept : first + new]
+      if np.ndim(fresh) == 3
+      else np.zeros((1, new - kept, posemb.shape[-1]), np.float32)
+    )
+    rows = [posemb[:, : first + kept], added, posemb[:, first + old :]]
     posemb = np.concatenate([np.asarray(r, np.float32) for r in rows], axis=1)
   out = {k: v for k, v in restored.items() if k != _REGISTERS}
   out[_POSEMB] = posemb.astype(np.asarray(restored[_POSEMB]).dtype)
@@ -444,7 +446,10 @@ def adapt(
     (flat parameters shaped as `init`, {'kept', 'resized', 'dropped', 're-initialised':
     [what, one line each]}).
   """
-  num_prefix = architecture.posemb_prefix
+  # The prefix rows of a 1D table: the model's own, or, for a NaFlex model started from a plain
+  # ViT, those of the paper's layout (a row per prefix token; NaFlex takes no other).
+  grid = architecture.posemb == 'grid'
+  num_prefix = architecture.num_prefix_tokens if grid else architecture.posemb_prefix
   restored, registers = match_registers(restored, init, architecture)
   out = {}
   report = {'kept': [], 'resized': [], 'dropped': [], 're-initialised': []}
@@ -468,6 +473,46 @@ def adapt(
   return out, report
 
 
+def resize_posemb_grid(table: np.ndarray, rows: int, cols: int, method: str = 'zoom') -> np.ndarray:
+  """A 2D table of position embeddings [1, h, w, D] (a NaFlex ViT's) resized to
+  [1, rows, cols, D] by `method` (POSEMB_RESIZE), one axis after the other; float32."""
+  if method not in POSEMB_RESIZE:
+    raise CheckpointError(f'posemb_resize={method!r}: use one of {", ".join(POSEMB_RESIZE)}')
+  grid = np.asarray(table, np.float64)[0]
+  down = resize_matrix(grid.shape[0], rows, method)
+  across = resize_matrix(grid.shape[1], cols, method)
+  return np.einsum('ah,bw,hwd->abd', down, across, grid)[None].astype(np.float32)
+
+
+def _between_layouts(posemb, init, num_prefix: int, method: str, what: str) -> tuple:
+  """(the table of `init`'s layout from `posemb`, how): a plain ViT's 1D table [1, prefix +
+  g*g, D] and a NaFlex ViT's 2D one [1, rows, cols, D] (no rows for prefix tokens), either way
+  or between two 2D grids; the patches' grid is resized by `method`. A NaFlex table becomes
+  a plain one with `init`'s (fresh) rows for the prefix tokens."""
+  posemb = np.asarray(posemb)
+  if posemb.ndim == 3:
+    patches = posemb[0, num_prefix:]
+    side = math.isqrt(len(patches))
+    if side * side != len(patches):
+      raise CheckpointError(
+        f'{what}: its {posemb.shape[1]} position embeddings are no {num_prefix} prefix rows and '
+        'a square grid of patches; fine-tune it as the model it is'
+      )
+    grid = patches.reshape(1, side, side, -1)
+    rows = 'row' if num_prefix == 1 else 'rows'
+    dropped = f', {num_prefix} prefix {rows} dropped' if num_prefix else ''
+  else:
+    grid, dropped = posemb, ''
+  if np.ndim(init) == 4:
+    resized = resize_posemb_grid(grid, init.shape[1], init.shape[2], method)
+    return resized.astype(np.asarray(posemb).dtype), f'as a 2D grid, {method}{dropped}'
+  side = math.isqrt(init.shape[1] - num_prefix)
+  table = resize_posemb_grid(grid, side, side, method).reshape(1, side * side, -1)
+  prefix = np.asarray(init[:, :num_prefix], np.float32)
+  fresh = f', {num_prefix} fresh prefix row{"" if num_prefix == 1 else "s"}' if num_prefix else ''
+  return np.concatenate([prefix, table], axis=1), f'from a 2D grid, {method}{fresh}'
+
+
 def _adapted(key, value, restored, num_prefix, posemb_resize, what, patch_resize) -> tuple:
   """(the fine-tuning value of `init`'s `key`, what `adapt` did, its report line)."""
   if key.startswith('head/') or key not in restored and key.startswith('pre_logits/'):
@@ -478,6 +523,9 @@ def _adapted(key, value, restored, num_prefix, posemb_resize, what, patch_resize
       'model?'
     )
   old, new = shape_of(restored[key]), shape_of(value)
+  if key == _POSEMB and old != new and (len(old) == 4 or len(new) == 4):
+    resized, how = _between_layouts(restored[key], value, num_prefix, posemb_resize, what)
+    return resized, 'resized', f'{key} {old} -> {new} ({how})'
   if key == _POSEMB and old != new:
     resized = resize_posemb(restored[key], value.shape[1], num_prefix, posemb_resize)
     return resized, 'resized', f'{key} {old} -> {new} ({posemb_resize})'

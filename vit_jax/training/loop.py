@@ -54,6 +54,9 @@ def train_and_evaluate(config, workdir: str) -> dict:
   clock = Clock()
   mesh = program.make_mesh(config)
   spec = program.validate(config, mesh.size)
+  program.check_host_batch(config, jax.process_count(), hardware.host_memory())
+  created = workdir_lib.first_missing(workdir)  # removed again if the run fails before a step
+  failed = False
   # Our own one-line errors pass as they are; a failed write becomes one.
   with workdir_lib.storage_errors(workdir, keep=(UserError,)):
     workdir_lib.check_folder(workdir)
@@ -87,6 +90,8 @@ def train_and_evaluate(config, workdir: str) -> dict:
           state, data_state, clock.prior = restore_or_initialize(run)
         stop.check()
         first_step = int(state.step)
+        if first_step:  # resumed: the lines of steps it will take again go
+          run.log.rewind(first_step)
         if data_state and resume.same_data(workdir, data_state.get('dataset'), config.dataset):
           data_state = {**data_state, 'dataset': config.dataset}  # the same data, spelled anew
         loop = Loop(
@@ -96,17 +101,28 @@ def train_and_evaluate(config, workdir: str) -> dict:
           ),
           progress=console.Progress(config.total_steps, first_step, config.batch),
           clock=clock,
+          losses=Losses.resumed(clock.prior),
         )
         periodic = hooks.hooks(run)
         train(run, loop, periodic, stop)
         return finish(run, loop, periodic, first_step=first_step)
     except stopping.StopNow as e:
       _quiet_a_write_cut_short()
+      failed = True
       raise stopping.Stopped(str(e), stop.signum) from None
+    except UserError:
+      failed = True
+      raise
     finally:
       stop.restore()
       if lock is not None:
+        # A run refused before its first step, in a workdir it made, leaves nothing behind.
+        undo = failed and created is not None and not clock.stepped
+        if undo:
+          workdir_lib.remove_unstarted(workdir, created, lock_released=False)
         lock.release()
+        if undo:
+          workdir_lib.remove_unstarted(workdir, created, lock_released=True)
 
 
 def _quiet_a_write_cut_short() -> None:
@@ -120,8 +136,11 @@ def _quiet_a_write_cut_short() -> None:
 def _check_pretrained(path: str) -> None:
   """A pretrained checkpoint out of reach stops a new run before its set-up, in one line."""
   try:
-    checkpoint.resolve(path)
-  except (files.RemoteFilesError, checkpoint.CheckpointError) as e:
+    checkpoint.released_file(path)
+    checkpoint.refuse_torch_file(path)
+  except checkpoint.CheckpointError as e:  # no such file, or one to convert first
+    raise ConfigError(f'--config.pretrained_path: {e}') from None
+  except files.RemoteFilesError as e:
     raise ConfigError(
       f'--config.pretrained_path: {e} (--config.pretrained_path=LOCAL_COPY.npz)'
     ) from None
@@ -136,8 +155,8 @@ def weights_of(config, spec, workdir: str) -> tuple:
     return spec, None  # nothing to read: a pretrained gs:// file is not opened twice
   record = workdir_lib.read_preprocessing(workdir) if workdir_lib.is_workdir(workdir) else None
   if record is None and config.pretrained_path:
-    metadata = checkpoint.npz_metadata(config.pretrained_path)
-    if metadata.get('vit_jax_model') in (None, config.model):
+    metadata = checkpoint.read_metadata(config.pretrained_path)
+    if metadata.get('model') in (None, config.model):
       record = metadata.get('preprocessing')
     if record is None and workdir_lib.is_workdir(config.pretrained_path):
       record = workdir_lib.read_preprocessing(config.pretrained_path)
@@ -176,12 +195,31 @@ class Run:
 
 
 class Losses:
-  """The step losses since the last progress line, and the mean of the last window."""
+  """The step losses since the last progress line, and the mean of the last window.
 
-  def __init__(self, last_mean: float = float('nan')):
-    self._window = []
+  The window and the count of skipped steps are saved with each checkpoint (`totals`), so a
+  resumed run's first progress line averages the same steps as an uninterrupted run's."""
+
+  def __init__(self, last_mean: float = float('nan'), window=(), nonfinite_in_a_row: int = 0):
+    self._window = [float(x) for x in window]
     self.last_mean = last_mean
-    self.nonfinite_in_a_row = 0  # skipped steps since the last finite one (skip_nonfinite)
+    self.nonfinite_in_a_row = nonfinite_in_a_row  # skipped steps since the last finite one
+
+  @classmethod
+  def resumed(cls, prior: dict) -> 'Losses':
+    """The losses a checkpoint's totals (`Clock.totals`) carry on; fresh ones for a new run
+    (or a checkpoint written before they were saved)."""
+    last = prior.get('train_loss')
+    return cls(
+      float('nan') if last is None else float(last),
+      prior.get('loss_window') or (),
+      int(prior.get('nonfinite_in_a_row') or 0),
+    )
+
+  @property
+  def window(self) -> list:
+    """The open window's finite losses (the only ones its mean reads)."""
+    return [x for x in self._window if np.isfinite(x)]
 
   def add(self, loss: float) -> None:
     self._window.append(loss)
@@ -209,6 +247,11 @@ class Clock:
   _loop_start: Optional[float] = None  # perf_counter at the end of the first step
   _eval_time: float = 0.0  # in evaluation since _loop_start
   _timed_steps: int = 0  # steps of this session after the first
+
+  @property
+  def stepped(self) -> bool:
+    """Whether this session has taken a step."""
+    return self._loop_start is not None
 
   def step_done(self, metrics) -> None:
     if self._loop_start is None:
@@ -250,8 +293,14 @@ class Loop:
   metrics: Optional[dict] = None  # the latest step's, still on the devices
 
   def totals(self) -> dict:
-    """The run's totals so far, over every session (saved with each checkpoint)."""
-    return self.clock.totals(self.losses.last_mean)
+    """The run's totals so far, over every session, and the losses of the open progress window
+    (saved with each checkpoint)."""
+    return {
+      **self.clock.totals(self.losses.last_mean),
+      # JSON keeps each float exactly (repr): the resumed mean is the uninterrupted run's.
+      'loss_window': self.losses.window,
+      'nonfinite_in_a_row': self.losses.nonfinite_in_a_row,
+    }
 
 
 def set_up(
@@ -410,9 +459,16 @@ def _a_lost_process(stop: stopping.Stop):
 
 @contextlib.contextmanager
 def _out_of_memory_advice(config):
-  """Out of device memory: one line with the three ways out."""
+  """Out of device memory: one line with the three ways out; out of host memory (numpy's
+  MemoryError, assembling batches): one line too."""
   try:
     yield
+  except MemoryError as e:
+    raise TrainingError(
+      f'out of host memory ({e}) at batch {config.batch:,} of {config.pp.crop} px images: '
+      f'lower --config.batch, or --config.prefetch (now {config.prefetch}) and '
+      '--config.eval_cache_mb, which hold batches in memory'
+    ) from None
   except jax.errors.JaxRuntimeError as e:
     if hardware.is_out_of_memory(e):
       tokens = tuple(config.get('naflex_tokens') or ())
@@ -484,12 +540,17 @@ def _write_results(run: Run, loop: Loop, summary: dict) -> None:
   params = _host_tree(loop.state.params)
   ema = _host_tree(loop.state.ema_params) if run.config.ema_decay else None
   if jax.process_index() == 0:
-    metadata = {'vit_jax_model': run.config.model}
-    if run.transform is not None:
-      metadata['preprocessing'] = run.transform.to_json()
-    checkpoint.save_npz(params, workdir_lib.params_path(run.workdir), metadata)
+    # The file names its model and classes itself: a copy taken out of the workdir predicts;
+    # and a family's weights' preprocessing, which predict and evaluate apply.
+    record = {
+      'model': run.config.model,
+      'class_names': list(run.info.class_names) if run.info.class_names else None,
+      'dataset': run.info.name,
+      'preprocessing': run.transform.to_json() if run.transform is not None else None,
+    }
+    checkpoint.save_npz(params, workdir_lib.params_path(run.workdir), metadata=record)
     if ema is not None:
-      checkpoint.save_npz(ema, workdir_lib.params_path(run.workdir, ema=True), metadata)
+      checkpoint.save_npz(ema, workdir_lib.params_path(run.workdir, ema=True), metadata=record)
   summary['wall_time_s'] = loop.totals()['wall_time_s']
   if jax.process_index() == 0:
     workdir_lib.write_summary(run.workdir, summary)

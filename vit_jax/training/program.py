@@ -52,6 +52,24 @@ def validate(config, num_devices: int) -> ModelSpec:
   return spec
 
 
+def check_host_batch(config, process_count: int, memory: Optional[int]) -> None:
+  """ConfigError when one batch of a process, as the uint8 pixels the input pipeline assembles,
+  is larger than this machine's `memory` (bytes): a batch that could never be read (a digit
+  too many in --config.batch) is one line before the run starts, not an allocation failure."""
+  if not memory:
+    return
+  side = int(config.pp.crop)
+  for name in ('batch', 'batch_eval'):
+    need = config[name] // max(process_count, 1) * side * side * 3
+    if need > memory:
+      per = ' in each of the processes' if process_count > 1 else ''
+      raise ConfigError(
+        f'{name}={config[name]:,}: one batch of {side} px images takes {need / 2**30:,.0f} GiB '
+        f"of host memory{per}, more than this machine's {memory / 2**30:,.0f} GiB; lower "
+        f'--config.{name}'
+      )
+
+
 def make_mesh(config, devices=None):
   """The run's (slice, data, fsdp, model) mesh; a misfit is a one-line ConfigError."""
   try:

@@ -15,6 +15,7 @@
 Every path here may be local or behind a scheme (`gs://`, `vit_jax.core.files`).
 """
 
+import contextlib
 import json
 import math
 import os
@@ -61,6 +62,8 @@ __all__ = [  # `vit_jax.workdir`'s names for the files of a run
   'set_aside',
   'corrupt_checkpoints_dir',
   'add_fewshot',
+  'first_missing',
+  'remove_unstarted',
 ]
 
 CONFIG_FILE = 'config.json'
@@ -138,6 +141,44 @@ def check_output(path, flag: str, *, folder: bool = False) -> None:
     raise WorkdirError(
       f"{flag} {what} holds a run's work ({shown}) that this would replace; pass {instead}"
     )
+
+
+def first_missing(workdir: str) -> Optional[str]:
+  """The outermost of `workdir` and its parents that does not exist yet: what a run there
+  creates, and may remove again (`remove_unstarted`); None when `workdir` exists or is remote."""
+  if files.is_remote(workdir):
+    return None
+  path, missing = os.path.abspath(workdir), None
+  while not os.path.lexists(path) and os.path.dirname(path) != path:
+    path, missing = os.path.dirname(path), path
+  return missing
+
+
+def remove_unstarted(workdir: str, created: str, lock_released: bool) -> None:
+  """What a run that never took a step wrote in the `workdir` it created (`first_missing`):
+  its config, data record, empty logs and checkpoints folder; once `lock_released`, the folders
+  from `workdir` up to `created` left empty. A command that failed leaves nothing behind; a
+  file of anyone else keeps its folder."""
+  import shutil
+
+  if not lock_released:
+    if saved_steps(workdir):
+      return
+    for name in (CONFIG_FILE, DATASET_FILE, METRICS_FILE):
+      with contextlib.suppress(FileNotFoundError):
+        os.remove(os.path.join(workdir, name))
+    for name in (TENSORBOARD, CHECKPOINTS):
+      shutil.rmtree(os.path.join(workdir, name), ignore_errors=True)
+    return
+  path = os.path.abspath(workdir)
+  while True:
+    try:
+      os.rmdir(path)
+    except OSError:  # not empty: someone else's file
+      return
+    if path == created or os.path.dirname(path) == path:
+      return
+    path = os.path.dirname(path)
 
 
 def checkpoints_dir(workdir: str, absolute: bool = False) -> str:
