@@ -453,6 +453,14 @@ def preprocessing(
     if len(candidates) == 1:
       return timm_weights.preprocessing(name, candidates[0])
     return timm_weights.preprocessing(name, candidates[0]).named(name)
+  default = timm_weights.preprocessing(name, tags[0])
+  if (
+    not with_head
+    and len({timm_weights.preprocessing(name, g[0]).input_stats for g in groups.values()}) == 1
+  ):
+    # A head of its own (a fine-tune): whichever tag it started from, the model's input is the
+    # same; the evaluation crop is taken from timm's default weights, and says so.
+    return default.named(f'{name}.{tags[0]} (assumed: its head fits no tag; --tag names another)')
   heads = f' with a {classes}-class head' if with_head else ''
   described = '; '.join(
     f'{", ".join(t)}: {timm_weights.preprocessing(name, t[0]).summary()}' for t in groups.values()

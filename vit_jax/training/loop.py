@@ -60,7 +60,6 @@ def train_and_evaluate(config, workdir: str) -> dict:
   # Our own one-line errors pass as they are; a failed write becomes one.
   with workdir_lib.storage_errors(workdir, keep=(UserError,)):
     workdir_lib.check_folder(workdir)
-    spec, transform = weights_of(config, spec, workdir)
     resume.check_config(workdir, config)
     summary = resume.finished(workdir, config)
     if summary is not None:
@@ -69,6 +68,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
     resume.check_dataset(workdir, config)
     if config.pretrained_path and not workdir_lib.saved_steps(workdir):
       _check_pretrained(config.pretrained_path)
+    spec, transform = weights_of(config, spec, workdir)  # after: it reads the pretrained file
     stop, lock = stopping.Stop(workdir), None
     try:
       with stop.held():  # a stop raised halfway through taking the lock would leave it
