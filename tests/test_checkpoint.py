@@ -1,5 +1,6 @@
 """The public .npz layout: load/save, key variants, fine-tuning adaptation, errors."""
 
+from conftest import TESTING_SIZE
 from conftest import param_shapes
 from conftest import random_like
 from conftest import small_vit_config
@@ -297,3 +298,54 @@ def test_load_pretrained_errors(tmp_path):
     )
   with pytest.raises(checkpoint.CheckpointError, match='only square grids'):
     vit_checkpoint.resize_posemb(np.zeros((1, 1 + 12, 4)), 1 + 16, 1)
+
+
+# ---------------------------------------------------------------------------
+# Register tokens added or dropped when fine-tuning from a checkpoint.
+
+
+@pytest.mark.parametrize('before, after', [(0, 2), (2, 0), (1, 3)])
+def test_registers_added_or_dropped_on_a_checkpoint_keep_the_rest(before, after, tmp_path, capsys):
+  """`--config.pretrained_path=RUN --config.num_registers=1` on a run without registers was
+  'cannot resize 15 to 16 patch positions; only square grids (square images)': registers the
+  checkpoint lacks start as a fresh model's (token and position row), those the model lacks
+  are dropped, every other row and parameter is loaded, and the table says so."""
+  config = architectures.MODEL_CONFIGS['testing']
+  config.num_registers = before
+  pretrained = random_like(param_shapes(config, 5, TESTING_SIZE), seed=1)
+  path = checkpoint.save_npz(pretrained, tmp_path / 'run.npz')
+  config.num_registers = after
+  init = random_like(param_shapes(config, 3, 2 * TESTING_SIZE), seed=2)  # at 64 px: a 4x4 grid
+  params = checkpoint.load_pretrained(
+    pretrained_path=str(path), init_params=init, model_config=config
+  )
+  posemb = params['Transformer']['posembed_input']['pos_embedding']
+  old = pretrained['Transformer']['posembed_input']['pos_embedding']
+  fresh = init['Transformer']['posembed_input']['pos_embedding']
+  kept = min(before, after)
+  assert posemb.shape == (1, 1 + after + 16, 10)
+  np.testing.assert_array_equal(posemb[:, : 1 + kept], old[:, : 1 + kept])
+  np.testing.assert_array_equal(posemb[:, 1 + kept : 1 + after], fresh[:, 1 + kept : 1 + after])
+  np.testing.assert_array_equal(
+    posemb[:, 1 + after :],
+    vit_checkpoint.resize_posemb(old[:, [0, *range(1 + before, 5 + before)]], 17, 1)[:, 1:],
+  )
+  if after:
+    if kept:
+      np.testing.assert_array_equal(
+        params['registers'][:, :kept], pretrained['registers'][:, :kept]
+      )
+    np.testing.assert_array_equal(params['registers'][:, kept:], init['registers'][:, kept:])
+  else:
+    assert 'registers' not in params
+  for key, value in checkpoint.flatten(pretrained).items():
+    if not key.startswith(('head/', 'registers', 'Transformer/posembed_input')):
+      np.testing.assert_array_equal(checkpoint.flatten(params)[key], value, err_msg=key)
+  table = capsys.readouterr().out
+  if after > before:
+    assert (
+      f're-initialised  registers (1, {after}, 10): {after - kept} new register token(s) and '
+      f"their position rows, as a fresh model's ({kept} kept)"
+    ) in table, table
+  else:
+    assert f'dropped         registers (1, {before}, 10): {before} register token(s)' in table

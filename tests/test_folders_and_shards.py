@@ -5,8 +5,10 @@ import logging
 import os
 import re
 
+from conftest import CLASSES
 from conftest import batch_sharding
 from conftest import data_config
+from conftest import run_command
 import numpy as np
 from PIL import Image
 import pytest
@@ -419,3 +421,23 @@ def test_shards_keep_names_in_any_encoding(tmp_path):
   reader = records.open_records([(str(tmp_path / 'out' / name), 0, 2)], 'tfrecord')
   ids = {bytes(example_proto.parse(r)['image/id'][0]) for r in reader.read([0, 1])}
   assert ids == {latin1, utf8}
+
+
+# ---------------------------------------------------------------------------
+# jft's result line.
+
+
+def test_jft_prints_its_result_on_stdout(digit_folder, tmp_path, capsys):
+  """Item 8: the result is a line on stdout (ba6a7de logged it on stderr); class names in
+  info.json are the folders' names as text."""
+  from vit_jax import jft
+
+  argv = [f'--folder={digit_folder}/test', f'--out={tmp_path}/shards', '--shards=2']
+  code, out, err = run_command(jft.main, argv, capsys)
+  assert code == 0 and err == '', err
+  assert out == (
+    f'wrote 12 examples of split train (3 classes) in 2 shards to {tmp_path}/shards; '
+    '0 corrupt images skipped\n'
+  )
+  info = json.loads((tmp_path / 'shards' / 'info.json').read_text(encoding='utf-8'))
+  assert info['class_names'] == CLASSES

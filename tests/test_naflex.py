@@ -473,3 +473,38 @@ def test_the_timm_exports_loading_recipe_rebuilds_a_run_with_registers(tmp_path)
   theirs = _their_logits(theirs_model, packed)
   assert np.abs(theirs).max() > 0.05
   assert_close(relative_error(ours, theirs), BOUND, 'logits of the rebuilt model')
+
+
+# ---------------------------------------------------------------------------
+# What a NaFlex run says: its memory advice and its preprocessing.
+
+
+def test_out_of_memory_under_naflex_names_the_token_budget():
+  """`--config.naflex_tokens='(4,100000)'` ran out of memory with advice about accum_steps,
+  remat and batch, never the budget that padded every image to 100,000 tokens."""
+  from conftest import tiny_run_config
+  import jax
+
+  from vit_jax.training import loop
+
+  config = tiny_run_config(naflex_tokens=(4, 100_000))
+  with pytest.raises(loop.TrainingError) as e:
+    with loop._out_of_memory_advice(config):
+      raise jax.errors.JaxRuntimeError('RESOURCE_EXHAUSTED: Out of memory allocating 9 GB')
+  assert str(e.value) == (
+    'out of device memory at batch 32 per step of up to 100,000 tokens an image: lower the '
+    'largest budget in --config.naflex_tokens (now (4, 100000)), raise --config.accum_steps '
+    '(now 1), or lower --config.batch'
+  )
+
+
+def test_a_naflex_runs_preprocessing_line_says_its_budgets():
+  """A NaFlex run's preprocessing line described a square crop to pp.crop."""
+  from conftest import tiny_run_config
+
+  config = tiny_run_config(model='ViT-Demo_4', naflex_tokens=(4, 9, 16))
+  line = pipeline.describe_preprocessing(config)
+  assert line.startswith(
+    'preprocessing: train inception crop (area 0.5-1) at its own aspect ratio, resized to a '
+    'budget drawn from 4, 9, 16 tokens (NaFlex), no flip; eval resize to 16 px.'
+  ), line
