@@ -219,8 +219,8 @@ def test_analyze_digits_uses_the_demo_test_images(tmp_path):
 
 
 def test_analyze_skips_an_unreadable_image_and_titles_the_model(tmp_path, user_files, capsys):
-  """Item 8: as predict, an unreadable image is named and left out (exit 1); the figures and
-  analysis.json name the model a workdir records, not None."""
+  """As predict, an unreadable image is named and left out (exit 1); the figures and
+  analysis.json name the model a workdir records."""
   from vit_jax import analyze
 
   run = tiny_workdir(tmp_path / 'run', 'digits')
@@ -233,9 +233,9 @@ def test_analyze_skips_an_unreadable_image_and_titles_the_model(tmp_path, user_f
 
 
 def test_analyze_reads_a_naflex_checkpoint_with_a_plain_vits_attention(tmp_path, capsys):
-  """`analyze` on a NaFlex checkpoint was `KeyError: 'intermediates'` (27 lines): its blocks now
-  sow their attention where the analyses ask, the weights of a plain ViT that computes the
-  same (its class token's position row zero, its patches' the NaFlex grid)."""
+  """`analyze` reads a NaFlex checkpoint: its blocks sow their attention where the analyses ask,
+  the weights of a plain ViT that computes the same (its class token's position row zero, its
+  patches' the NaFlex grid)."""
   from vit_jax import analyze
   from vit_jax.evaluation import figures
   from vit_jax.evaluation import loader

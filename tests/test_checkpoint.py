@@ -141,7 +141,7 @@ def test_truncated_and_missing_files(tmp_path):
 
 
 def test_pickled_npz_is_refused(tmp_path):
-  """Issue 35, category 8: refused as what it is, not as "may be truncated, download it again"."""
+  """Refused as what it is, not as "may be truncated, download it again"."""
   path = tmp_path / 'pickle.npz'
   np.savez(path, obj=np.array([{'a': 1}], dtype=object))
   with pytest.raises(checkpoint.CheckpointError) as e:
@@ -306,10 +306,10 @@ def test_load_pretrained_errors(tmp_path):
 
 @pytest.mark.parametrize('before, after', [(0, 2), (2, 0), (1, 3)])
 def test_registers_added_or_dropped_on_a_checkpoint_keep_the_rest(before, after, tmp_path, capsys):
-  """`--config.pretrained_path=RUN --config.num_registers=1` on a run without registers was
-  'cannot resize 15 to 16 patch positions; only square grids (square images)': registers the
-  checkpoint lacks start as a fresh model's (token and position row), those the model lacks
-  are dropped, every other row and parameter is loaded, and the table says so."""
+  """`--config.pretrained_path=RUN --config.num_registers=N` on a run with another number of
+  registers: registers the checkpoint lacks start as a fresh model's (token and position row),
+  those the model lacks are dropped, every other row and parameter is loaded, and the table says
+  so."""
   config = architectures.MODEL_CONFIGS['testing']
   config.num_registers = before
   pretrained = random_like(param_shapes(config, 5, TESTING_SIZE), seed=1)

@@ -108,9 +108,9 @@ def test_every_command_as_a_program(name, tmp_path):
 
 
 def test_a_long_wait_says_it_goes_on(monkeypatch, tmp_path, capsys):
-  """Issue 35, category 5: compiling for a big topology (10 minutes), evaluating at 384 px (6)
-  and benchmarking (4) printed nothing. `console.heartbeat` says what runs at least every 30 s,
-  on stderr (stdout keeps the result alone); here with a fake slow call and 0.05 s beats."""
+  """A long wait (compiling for a big topology, evaluating at 384 px, benchmarking) is never
+  silent: `console.heartbeat` says what runs at least every 30 s, on stderr (stdout keeps the
+  result alone); here with a fake slow call and 0.05 s beats."""
   import json
   import re
   import time
@@ -188,9 +188,9 @@ print('read')
 
 @pytest.mark.slow
 def test_start_up_noise_the_readme_says_is_hidden_is_hidden(tmp_path):
-  """Issue 35, category 8: TensorFlow's native start-up lines in `prepare` (absl's notice and
-  `I... oneDNN custom operations are on`), torchvision's warnings beside a CPU-only torch, PIL's
-  decompression-bomb warning in predict: stderr holds only what the command says."""
+  """TensorFlow's native start-up lines in `prepare` (absl's notice and `I... oneDNN custom
+  operations are on`), torchvision's warnings beside a CPU-only torch, PIL's decompression-bomb
+  warning in predict are hidden: stderr holds only what the command says."""
   from PIL import Image
 
   pytest.importorskip('tensorflow')
@@ -217,9 +217,9 @@ def test_start_up_noise_the_readme_says_is_hidden_is_hidden(tmp_path):
 
 
 def test_setup_py_admits_the_oldest_versions_ci_tests():
-  """Issue 35, category 6: `jax>=0.5` admitted 0.5.3, where the main job died (no
-  jax.set_mesh). Each lower bound in setup.py is the version .ci/oldest.txt pins, which
-  .ci/run installs and tests; the versions installed here are at least those."""
+  """Each lower bound in setup.py is the version .ci/oldest.txt pins, which .ci/run installs
+  and tests (a bound below it, such as jax 0.5.3 without jax.set_mesh, admits a version the
+  main job dies on); the versions installed here are at least those."""
   import importlib.metadata
   import re
 
@@ -333,7 +333,7 @@ def test_every_error_a_command_catches_is_a_user_error():
   def is_user_error(name):
     return name == 'UserError' or any(is_user_error(b) for b in bases.get(name, []) if b in bases)
 
-  assert len(bases) >= 18, sorted(bases)  # 17 in 15 modules when issue 36 was filed, and more
+  assert len(bases) >= 18, sorted(bases)  # the error classes are found (18 or more)
   assert sorted(name for name in bases if not is_user_error(name)) == []
   assert list(inspect.signature(cli.reported).parameters) == []
 
@@ -343,7 +343,7 @@ def test_every_error_a_command_catches_is_a_user_error():
 
 
 ERRORS = [
-  # Item 6: remote storage out of reach is one line naming the path, the cause and what to do.
+  # Remote storage out of reach is one line naming the path, the cause and what to do.
   (
     'predict',
     ['--checkpoint=gs://vit_models/imagenet21k/ViT-B_16.npz', '--model=testing', '{png}'],
@@ -375,7 +375,7 @@ ERRORS = [
     ['--checkpoint={npz}', '--model=testing', '--dataset=gs://bucket/shards'],
     'gs://bucket/shards/info.json: cannot reach storage.googleapis.com',
   ),
-  # Item 7 and the like: a path that names the wrong kind of thing, said before the work.
+  # A path that names the wrong kind of thing, said before the work.
   (
     'evaluate',
     ['--checkpoint={npz}', '--model=testing', '--dataset=digits', '--output={tmp}/no/x.json'],
@@ -402,7 +402,7 @@ ERRORS = [
     '--output {file} is a file; --format=hf writes a folder',
   ),
   ('jft', ['--folder={tmp}', '--out={file}'], '--out {file} is a file; pass a folder'),
-  # Issue 35, category 8: every missing flag at once (argparse named --out, then the group).
+  # Every missing flag at once, not one at a time.
   (
     'jft',
     [],
@@ -491,8 +491,8 @@ def test_a_bad_input_is_one_line(name, argv, line, user_files, offline, capsys):
 
 @pytest.mark.parametrize('command', ['main', 'compile'])
 def test_help_of_main_and_compile_lists_their_flags_and_every_config_field(command):
-  """`main --help` showed neither --config nor a field (exit 1); `compile --help` printed
-  `error: --config is required`."""
+  """`main --help` and `compile --help` exit 0 listing their flags, `--config` among them, and
+  every config field with its default and type."""
   from vit_jax.configs import schema
 
   result = subprocess.run(
@@ -536,8 +536,8 @@ def test_help_of_every_other_command_lists_its_flags(command, capsys):
 
 
 def test_a_library_writing_during_an_export_is_not_shown(user_files, monkeypatch, capfd):
-  """`export --format=savedmodel` printed 4 TensorFlow lines, `--format=onnx` 4 torch lines:
-  what the exporters write to stdout and stderr is hidden (and shown if the export fails)."""
+  """What the exporters write to stdout and stderr (TensorFlow's lines for --format=savedmodel,
+  torch's for --format=onnx) is hidden, and shown if the export fails."""
   from vit_jax import export
   from vit_jax.core import console
   from vit_jax.interop import onnx
@@ -569,8 +569,8 @@ def test_a_library_writing_during_an_export_is_not_shown(user_files, monkeypatch
   not __import__('importlib').util.find_spec('libtpu'), reason='libtpu is not installed'
 )
 def test_the_python_api_leaves_out_a_tpu_that_is_not_there(tmp_path):
-  """`train.train_and_evaluate` from Python printed libtpu's 5 lines (`E0000 ...
-  INVALID_ARGUMENT`) on a machine without a TPU (the commands had hidden them)."""
+  """`train.train_and_evaluate` from Python says nothing of a TPU the machine lacks (libtpu's
+  `E0000 ... INVALID_ARGUMENT` lines hidden, as the commands hide them)."""
   script = (
     'from vit_jax import train\n'
     'from vit_jax.configs import demo\n'

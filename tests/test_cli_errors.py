@@ -89,7 +89,7 @@ _TYPO = 'from vit_jax.configs import demo\n\n\ndef get_config():\n  config = dem
 
 
 MAIN_ERRORS = [
-  # Item 4: as a flag would be (--config.total_step=4: "unknown config field 'total_step'").
+  # A misspelt field in a config file, as a flag would be (--config.total_step=4).
   (
     ['--config={tmp}/typo.py'],
     {'typo.py': _TYPO + '  config.total_step = 4\n  return config\n'},
@@ -102,7 +102,7 @@ MAIN_ERRORS = [
     "config file {tmp}/typo.py: unknown config field 'pp.crops' (no run reads it); did you mean "
     'pp.crop?',
   ),
-  # Item 7.
+  # A config file that is not Python, a workdir that is a file.
   (
     ['--config={tmp}/syntax.py'],
     {'syntax.py': 'def get_config(:\n'},
@@ -118,14 +118,14 @@ MAIN_ERRORS = [
     {'file.txt': ''},
     "{tmp}/file.txt is a file: a workdir is a folder (made when missing) for the run's",
   ),
-  # Item 3, through the command.
+  # A class folder in one split only, through the command.
   (
     ['--config.dataset={tmp}/data'],
     {'data/train/circle/a.png': 'png', 'data/train/square/a.png': 'png'}
     | {'data/test/Circle/a.png': 'png', 'data/test/square/a.png': 'png'},
     "{tmp}/data: class folder 'Circle' is in test but not in train (is it 'circle' there?)",
   ),
-  # Item 6: the fine-tuning recipe's default pretrained checkpoint, and a gs:// workdir.
+  # Offline: the fine-tuning recipe's default pretrained checkpoint, and a gs:// workdir.
   (
     ['--config=configs/finetune.py:testing,digits'],
     {},
@@ -234,9 +234,9 @@ FLAG_CASES = [
   'command, argv, env, line', FLAG_CASES, ids=[f'{i}-{c[0]}' for i, c in enumerate(FLAG_CASES)]
 )
 def test_a_flag_or_config_file_main_cannot_take_is_one_line(command, argv, env, line, tmp_path):
-  """A config file importing a missing module (55 lines) or whose get_config returns a dict
-  (23), `Did you mean: coordinator_address ?` for --foo, "configs live in configs/" from
-  another folder, and VIT_JAX_VERBOSITY=abc ignored unseen."""
+  """A config file importing a missing module or whose get_config returns a dict, an unknown flag
+  (with the flag it may mean), a config path relative to another folder, and
+  VIT_JAX_VERBOSITY=abc: each one line."""
   (tmp_path / 'imports.py').write_text('import no_such_module\n')
   (tmp_path / 'returns_dict.py').write_text('def get_config():\n  return {"total_steps": 4}\n')
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -258,7 +258,7 @@ def test_a_flag_or_config_file_main_cannot_take_is_one_line(command, argv, env, 
 
 @pytest.mark.parametrize('platform', ['gpu', 'cuda'])
 def test_a_platform_the_machine_lacks_is_one_line(platform, user_files):
-  """`JAX_PLATFORMS=gpu` (41 lines) and `=cuda` (36, a bare AssertionError) without a GPU."""
+  """`JAX_PLATFORMS=gpu` or `=cuda` without a GPU is one line saying what to set."""
   env = subprocess_env()
   env['JAX_PLATFORMS'] = platform
   argv = ['-m', 'vit_jax.predict', f'--checkpoint={user_files["npz"]}', '--model=testing']

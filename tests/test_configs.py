@@ -317,8 +317,8 @@ def test_the_warm_up_a_short_run_gets_is_the_one_the_check_suggests():
   ],
 )
 def test_a_resolution_the_patches_do_not_tile_is_one_line(model, crop, line):
-  """Issue 35, category 4: the demo at pp.crop=30 trained with 2 px of each image dropped, and
-  predict then resized to 28 px. The fine-tuning recipe tiles: 392 px for 14 px patches."""
+  """A pp.crop the patches do not tile (the demo at 30 px would drop 2 px of each image) is one
+  line naming the sizes that tile; the fine-tuning recipe tiles: 392 px for 14 px patches."""
   from vit_jax.configs import ConfigError
   from vit_jax.configs import recipes
   from vit_jax.training import program
@@ -386,8 +386,9 @@ def _numeric_fields():
 
 @pytest.mark.parametrize('name', [f.name for f in _numeric_fields()])
 def test_every_number_field_has_bounds_and_a_value_outside_is_one_line(name):
-  """`--config.num_registers=-1` (52 lines) and `--config.pp.crop=0` (58, OpenCV) reached a
-  library; every number of the schema now has its interval, checked before anything runs."""
+  """Every number of the schema has its interval, checked before anything runs: a value outside
+  (`--config.num_registers=-1`, `--config.pp.crop=0`) is one line naming the field, never an
+  error from a library."""
   from conftest import tiny_run_config
 
   from vit_jax.configs import ConfigError

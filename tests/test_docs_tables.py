@@ -1,7 +1,6 @@
 """The tables of README.md and docs/ that records give are written from them
 (`benchmarks/docs_tables.py`): each marked table is its generator's output from the records
-as they are, and every generator has its table somewhere (issue 45: the docs narrated figures
-that the JSON records already hold)."""
+as they are, and every generator has its table somewhere: no figure a record holds is typed."""
 
 import sys
 

@@ -299,9 +299,8 @@ def test_hf_folder_loads_with_from_pretrained_and_matches(tmp_path, capsys):
 
 
 def test_an_exports_files_share_one_mode(tmp_path):
-  """Issue 35, category 8: safetensors wrote model.safetensors readable by its owner alone
-  (0600) beside an hf folder's 0644 JSON files; every exported file now gets the mode `open`
-  gives a new file here."""
+  """Every exported file gets the mode `open` gives a new file here: model.safetensors too
+  (safetensors alone writes it 0600, beside an hf folder's 0644 JSON files)."""
   _, npz = write_npz(tmp_path, architectures.MODEL_CONFIGS['testing'], 3, 32)
   (tmp_path / 'probe').write_text('')
   mode = (tmp_path / 'probe').stat().st_mode & 0o777
@@ -592,8 +591,8 @@ def test_layer_scale_is_timms_ls1_ls2_and_a_run_and_a_checkpoint_take_it(tmp_pat
   """`--config.block.layer_scale=V` (CaiT's LayerScale): per block a gamma [D] that starts at V
   on each residual branch, timm's `blocks.N.ls1/ls2.gamma` (`init_values=V`): its logits within
   1e-5 of timm's on the same weights, the state both ways bitwise; a run's model starts at V;
-  a checkpoint of it loads by its model name and exports through the CLI (issue 45: a model
-  option is a schema field, a `Block` field and its code, and timm's names)."""
+  a checkpoint of it loads by its model name and exports through the CLI (a model option is a
+  schema field, a `Block` field and its code, and timm's names)."""
   from vit_jax.training import program
   from vit_jax.training import steps
 

@@ -155,7 +155,7 @@ def test_extract_features_are_what_the_head_reads(representation_size):
 
 
 def test_few_shot_keys_name_a_folder_by_its_last_part(tmp_path, digit_folder, user_files, capsys):
-  """Few-shot metric keys embedded the dataset's absolute path (`fewshot//<abs path>/odd_1shot`)."""
+  """Few-shot metric keys name a folder dataset by its last part, not its absolute path."""
   from vit_jax import fewshot
 
   argv = [f'--checkpoint={user_files["npz"]}', '--model=testing', f'--datasets={digit_folder}/']

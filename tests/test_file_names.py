@@ -59,7 +59,7 @@ def test_a_folder_named_in_any_script_trains_stops_predicts_and_resumes(digit_fo
     pytest.skip('the run finished before Ctrl-C arrived')  # a very fast machine
   lines = said(stderr)
   step = workdir_lib.saved_steps(run)
-  # 130: what a shell reports for a process Ctrl-C ended (issue 35; it was 2).
+  # 130: what a shell reports for a process Ctrl-C ended.
   assert process.returncode == 130 and len(step) == 1 and lines == [lines[-1]], stderr[-3000:]
   assert lines[-1] == (
     f'error: interrupted (Ctrl-C) at step {step[0]}; checkpoint written to {run}; run the same '
@@ -101,7 +101,7 @@ def test_a_folder_named_in_any_script_trains_stops_predicts_and_resumes(digit_fo
 
 @pytest.mark.slow
 def test_jft_converts_a_folder_named_in_any_script(digit_folder, tmp_path):
-  """Item 1: shards of the folder in a C locale, the Latin-1 file name included."""
+  """Shards of the folder in a C locale, the Latin-1 file name included."""
   result = subprocess.run(
     [sys.executable, '-m', 'vit_jax.jft', f'--folder={digit_folder}/train', f'--out={tmp_path}/é'],
     env=subprocess_env(**C_LOCALE),

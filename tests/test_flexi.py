@@ -57,7 +57,7 @@ TIMM_RESIZE = {
 @pytest.mark.parametrize('resize', ['bilinear', 'bicubic_antialias'])
 @pytest.mark.parametrize('old, new', [(16, 8), (16, 24), (16, 32), (4, 2), (4, 8), (14, 16)])
 def test_pi_resize_is_timms_resample_patch_embed(old, new, resize):
-  """FlexiViT's bilinear, and timm's default (bicubic, antialiased) that c8cff89 lacked."""
+  """FlexiViT's bilinear, and timm's default (bicubic, antialiased)."""
   from timm.layers.patch_embed import resample_patch_embed
 
   kernel = np.random.default_rng(0).normal(size=(old, old, 3, 8)).astype(np.float32)
@@ -97,8 +97,8 @@ def test_timms_default_resizes_load_at_another_patch_size_both_ways(tmp_path):
   """A patch-16 checkpoint at patch 8: timm resizing its own state_dict with its defaults
   (`resample_patch_embed` and `resample_abs_pos_embed`: bicubic, antialiased) and ours loading
   it with --resample=bicubic_antialias give the same logits, and our export at patch 8 loads
-  into timm with them; the default resizes (FlexiViT's bilinear, the official zoom) are another
-  model (c8cff89 had only those: 1.5e-2 to 2.5e-1 apart in the issue)."""
+  into timm with them; the default resizes (FlexiViT's bilinear, the official zoom) give
+  another model (logits 1.5e-2 to 2.5e-1 apart from timm's)."""
   import safetensors.torch
   from timm.layers.patch_embed import resample_patch_embed
   from timm.layers.pos_embed import resample_abs_pos_embed
@@ -319,8 +319,8 @@ def test_gradients_reach_the_underlying_kernel_and_position_embeddings():
 
 def test_a_run_with_a_random_patch_size_per_step_learns_and_evaluates(tmp_path):
   """The tiny run (`testing`, 16 px patches at 16 px) drawing 8 or 16 px patches per step:
-  the loss falls (by 0.1; by 0.27-0.31 here, before and after issue 34's pixels, at base_lr 0.1;
-  at 0.3 the mixed sizes were unstable: 0.07-0.3 as the pixels changed), and the saved
+  the loss falls (by 0.1; by 0.27-0.31 here at base_lr 0.1; at 0.3 the mixed sizes are
+  unstable, 0.07-0.3), and the saved
   parameters are the model's own (16 px kernel), which then load at each patch size."""
   from conftest import tiny_run_config
 

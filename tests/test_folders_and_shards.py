@@ -97,7 +97,7 @@ def test_folder_formats_labels_and_exact_eval(tmp_path):
 
 
 def _as_users_have_it(root):
-  """A folder as tools leave it (issue 35): notebook checkpoints, macOS archive metadata, a git
+  """A folder as tools leave it: notebook checkpoints, macOS archive metadata, a git
   folder, dot-files and a note beside the images; WebP and TIFF images, and JPEGs in a
   sub-folder of their class folder; the colour of each image says its class."""
   rng = np.random.default_rng(0)
@@ -120,10 +120,10 @@ def _as_users_have_it(root):
 
 
 def test_a_folder_as_users_have_it(tmp_path, caplog, capsys):
-  """Issue 35, category 1: tools' folders are neither splits, classes nor images (and said, once
-  per split); WebP and TIFF train as predict reads them (one list of endings, from `decode`);
-  images in a class folder's sub-folders are that class's; `predict DIR` finds the images in
-  the class folders; `evaluate` on a folder with only test/ works."""
+  """Tools' folders are neither splits, classes nor images (and said, once per split); WebP and TIFF
+  train as predict reads them (one list of endings, from `decode`); images in a class folder's
+  sub-folders are that class's; `predict DIR` finds the images in the class folders; `evaluate` on a
+  folder with only test/ works."""
   from conftest import param_shapes
   from conftest import random_like
 
@@ -428,8 +428,7 @@ def test_shards_keep_names_in_any_encoding(tmp_path):
 
 
 def test_jft_prints_its_result_on_stdout(digit_folder, tmp_path, capsys):
-  """Item 8: the result is a line on stdout (ba6a7de logged it on stderr); class names in
-  info.json are the folders' names as text."""
+  """The result is a line on stdout; class names in info.json are the folders' names as text."""
   from vit_jax import jft
 
   argv = [f'--folder={digit_folder}/test', f'--out={tmp_path}/shards', '--shards=2']

@@ -290,8 +290,8 @@ def test_a_state_from_the_tf_data_backend_resumes_on_the_same_examples(photos):
 
 
 def test_host_memory_running_out_for_a_batch_is_one_line():
-  """Item 7: a batch the host cannot hold (10^9 images of 4096 px: numpy refuses at once, so
-  the test needs no memory), as the input pipeline allocates each batch."""
+  """A batch the host cannot hold (10^9 images of 4096 px: numpy refuses at once, so the test
+  needs no memory), as the input pipeline allocates each batch, is one line."""
   from vit_jax.data import host
 
   with pytest.raises(DataError, match='^out of host memory for a batch of 1000000000 ') as e:

@@ -110,8 +110,8 @@ def test_every_image_mode_gives_the_evaluation_pixels_in_predict_and_analyze(nam
 
 def test_a_16_bit_digit_is_the_8_bit_digit_and_exif_is_not_applied(mode_folder):
   root = mode_folder[0] / 'test' / 'a'
-  # 16-bit samples keep their high byte: the same pixels as the 8-bit file (ba6a7de clipped
-  # them to two grey levels, and predicted another class).
+  # 16-bit samples keep their high byte: the same pixels as the 8-bit file (not clipped to two
+  # grey levels).
   np.testing.assert_array_equal(
     classify.read_image(root / 'grey 16-bit.png', TESTING_SIZE),
     classify.read_image(root / 'grey 8-bit.png', TESTING_SIZE),
@@ -128,8 +128,7 @@ def test_a_16_bit_digit_is_the_8_bit_digit_and_exif_is_not_applied(mode_folder):
 def test_an_image_without_an_extension_is_an_image_to_training_as_to_predict(
   tmp_path, digit_folder
 ):
-  """A PNG without an extension was 'not an image' to the folder scan, yet predicted when
-  named."""
+  """A PNG without an extension is an image to the folder scan, as to predict when named."""
   import shutil
 
   from vit_jax.data.readers import folder as folder_reader
@@ -163,8 +162,8 @@ def _bomb_png(width=14_000, height=14_000) -> bytes:
 
 
 def test_a_decompression_bomb_is_called_too_large_not_corrupt(tmp_path, user_files, capsys, caplog):
-  """A decompression-bomb PNG was 'corrupt' to training, and predict's hint said 'pass a JPEG
-  or PNG file' for a PNG."""
+  """A decompression-bomb PNG is too large to decode, not corrupt: to training and to predict,
+  whose line asks for a smaller copy."""
   import logging
 
   from vit_jax import predict
@@ -187,7 +186,7 @@ def test_a_decompression_bomb_is_called_too_large_not_corrupt(tmp_path, user_fil
 
 
 def test_a_decompression_bomb_in_a_training_folder_is_skipped(tmp_path, caplog):
-  """Item 7: a huge image is left out like a corrupt one (ba6a7de: a traceback at set-up)."""
+  """A huge image in a training folder is left out like a corrupt one, and named."""
   import logging
 
   root = digit_pngs(tmp_path / 'bombed', (('train', 2), ('test', 1)))

@@ -180,7 +180,7 @@ def _their_logits(model, packed):
 def test_a_conv_projection_naflexvit_imports_with_timms_logits():
   """timm's NaFlexVit with `embed_proj_type='conv'` holds its patch kernel as a Conv2d
   [D, C, P, P]: imported, it gives timm's logits on the same images, at the table's grid and
-  at another (c8cff89 swapped each patch's rows and columns: 0.33 off in the issue)."""
+  at another (each patch's rows and columns in timm's order, not swapped)."""
   theirs = _timm_naflexvit(
     'token', embed_proj_type='conv', pos_embed_interp_mode='bilinear', pos_embed_antialias=False
   )
@@ -205,8 +205,8 @@ def test_naflex_resamples_its_table_as_timms_antialiased_modes(resample):
   """timm NaFlexVit's default resampling of the position table (bicubic, antialiased) and
   its antialiased bilinear, each on a packed batch of grids below, at and above the table's
   4x4: the logits of ours with `posemb_resample` set so (bilinear: the test above); the file
-  records none, so importing one asks for it. c8cff89 imported such files silently as bilinear
-  (4.5e-2 to 7.0e-2 off in the issue)."""
+  records none, so importing one asks for it (read as bilinear, such a file's logits are
+  4.5e-2 to 7.0e-2 off)."""
   mode, antialias = interop_timm.NAFLEX_RESAMPLE[resample]
   theirs = _timm_naflexvit(
     'gap', embed_proj_type='linear', pos_embed_interp_mode=mode, pos_embed_antialias=antialias
@@ -248,8 +248,8 @@ TIMM_GRIDS = {
 
 
 def test_grids_are_timms_for_the_same_budget():
-  """The grid of each image and budget is the one timm's NaFlex pipeline picks (c8cff89's
-  rounded both sides down: 13x18 = 234 tokens for 480x640 at 256, timm 14x18 = 252)."""
+  """The grid of each image and budget is the one timm's NaFlex pipeline picks (not both sides
+  rounded down: 14x18 = 252 tokens for 480x640 at 256, not 13x18 = 234)."""
   for (height, width, budget), want in TIMM_GRIDS.items():
     assert naflex_data.grid_for(height, width, budget) == want, (height, width, budget)
   if timm is None:
@@ -363,7 +363,7 @@ def test_a_naflex_run_trains_at_mixed_budgets_and_evaluates_at_three_resolutions
 @pytest.mark.equivalence
 def test_naflex_runs_on_the_vits_encoder_with_its_options():
   """NaFlex's blocks are `vit.Encoder`'s over each image's real tokens, so it takes the
-  encoder's options (issue 45): the written-out attention masks the padding as XLA's kernel
+  encoder's options: the written-out attention masks the padding as XLA's kernel
   does (the same math in another order, within 1e-5) and records weights that give it none;
   scanned and rematerialised blocks give the unrolled ones' logits; a run may set ViT-22B's
   block options and attention dropout."""
@@ -480,8 +480,8 @@ def test_the_timm_exports_loading_recipe_rebuilds_a_run_with_registers(tmp_path)
 
 
 def test_out_of_memory_under_naflex_names_the_token_budget():
-  """`--config.naflex_tokens='(4,100000)'` ran out of memory with advice about accum_steps,
-  remat and batch, never the budget that padded every image to 100,000 tokens."""
+  """Out of memory under NaFlex names the token budget (`--config.naflex_tokens`) beside
+  accum_steps and batch."""
   from conftest import tiny_run_config
   import jax
 
@@ -499,7 +499,7 @@ def test_out_of_memory_under_naflex_names_the_token_budget():
 
 
 def test_a_naflex_runs_preprocessing_line_says_its_budgets():
-  """A NaFlex run's preprocessing line described a square crop to pp.crop."""
+  """A NaFlex run's preprocessing line says its token budgets, not a square crop to pp.crop."""
   from conftest import tiny_run_config
 
   config = tiny_run_config(model='ViT-Demo_4', naflex_tokens=(4, 9, 16))

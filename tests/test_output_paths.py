@@ -12,7 +12,8 @@ from vit_jax import workdir as workdir_lib
 
 @pytest.mark.parametrize('fmt, name', [('npz', 'params.npz'), ('timm', 'model.safetensors')])
 def test_export_to_a_folder_writes_the_file_inside(fmt, name, user_files, capsys):
-  """Item 7: a folder as --output of a one-file format (the README shows one for hf)."""
+  """A folder as --output of a one-file format gets the file inside (the README shows one for
+  hf)."""
   from vit_jax import export
 
   if fmt == 'timm':
@@ -69,8 +70,8 @@ OVER_A_RUN = [
   'name, argv, what', OVER_A_RUN, ids=[f'{i}-{case[0]}' for i, case in enumerate(OVER_A_RUN)]
 )
 def test_no_command_writes_over_a_runs_work(name, argv, what, user_files, tmp_path, capsys):
-  """`export --format=npz --output=<workdir>` replaced the run's final weights without a word;
-  every command that writes refuses in one line (`workdir.check_output`), before its work."""
+  """Every command that writes refuses, in one line and before its work, an output in a run's
+  workdir that would replace its files (`workdir.check_output`)."""
   import importlib
 
   run = tiny_workdir(tmp_path / 'run', 'digits')

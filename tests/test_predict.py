@@ -270,7 +270,7 @@ def test_commands_read_the_model_from_a_workdir_and_predict_skips_bad_images(tmp
 
 
 def test_predict_says_why_classes_are_class_i(tmp_path, digit_folder, capsys):
-  """Issue 35, category 4: names that fall back to class_<i> say why, and what to do."""
+  """Names that fall back to class_<i> say why, and what to do."""
   import shutil
 
   from vit_jax import predict
@@ -298,8 +298,8 @@ def test_predict_says_why_classes_are_class_i(tmp_path, digit_folder, capsys):
 
 
 def test_a_class_name_with_a_newline_is_one_line_of_predict(tmp_path, capsys):
-  """Issue 35, category 8: a class folder whose name holds a newline broke predict's lines (the
-  second half read as the next file's name); control characters are shown as escapes."""
+  """A class folder whose name holds a newline keeps predict's lines one per class: control
+  characters are shown as escapes."""
   from vit_jax import predict
 
   root = tmp_path / 'data'
@@ -321,7 +321,7 @@ def test_a_class_name_with_a_newline_is_one_line_of_predict(tmp_path, capsys):
 
 
 def test_predict_names_a_folder_trained_workdirs_classes(digit_folder, tmp_path, capsys):
-  """Item 8: the class folders' names, not class_0, class_1, ..."""
+  """A workdir trained on a folder gives the class folders' names, not class_0, class_1, ..."""
   from vit_jax import predict
 
   run = tiny_workdir(tmp_path / 'run', digit_folder, favourite=1)
@@ -333,7 +333,7 @@ def test_predict_names_a_folder_trained_workdirs_classes(digit_folder, tmp_path,
 
 
 def test_an_unfinished_workdir_is_read_from_its_checkpoint(digit_folder, tmp_path, capsys):
-  """Item 8: a preempted run has no params.npz; its newest checkpoint is read, and said so."""
+  """A preempted run has no params.npz; its newest checkpoint is read, and said so."""
   from vit_jax import evaluate
   from vit_jax import predict
 
@@ -353,9 +353,9 @@ def test_an_unfinished_workdir_is_read_from_its_checkpoint(digit_folder, tmp_pat
 
 
 def test_a_1000_class_head_gets_its_runs_names_never_imagenets(tmp_path, capsys):
-  """A 1000-class head trained on a folder that is gone got ImageNet-1k's names (`cellular
-  telephone (class 487)`) from predict and export's id2label: the run's own record
-  (dataset.json) names them; without one, class_<i> and why; a bare file is ImageNet's."""
+  """A 1000-class head trained on a folder that is gone gets the run's own class names (its
+  dataset.json) from predict and export's id2label, never ImageNet-1k's; without a record,
+  class_<i> and why; a bare file is ImageNet's."""
   from vit_jax import export
   from vit_jax import predict
 
@@ -392,9 +392,9 @@ def test_a_1000_class_head_gets_its_runs_names_never_imagenets(tmp_path, capsys)
 def test_predict_on_a_workdir_says_nothing_of_its_training_folder(
   tmp_path, digit_folder, capsys, caplog
 ):
-  """predict and export on a workdir printed the training folder's scan warnings
-  (`WARNING:root:DATA/train: skipped 2 corrupt image(s) ...`) for an unrelated image: a run's
-  record names its classes without a scan, and an older run's scan is silent."""
+  """predict on a workdir says nothing of the training folder (no `DATA/train: skipped 2 corrupt
+  image(s) ...` for an unrelated image): a run's record names its classes without a scan, and an
+  older run's scan is silent."""
   import logging
   import shutil
 

@@ -113,7 +113,8 @@ def test_a_new_reader_is_one_entry(monkeypatch):
 
 
 def test_register_arrays_twice_under_a_name_takes_the_same_arrays_only(monkeypatch):
-  """A second `register_arrays('mine', ...)` replaced the first silently."""
+  """A second `register_arrays('mine', ...)` takes the same arrays (a notebook cell run again);
+  other arrays are one line, unless replace=True."""
   from vit_jax.data import datasets
   from vit_jax.data.readers import arrays
 

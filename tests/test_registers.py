@@ -160,8 +160,7 @@ def _timm_vit(classifier, registers, grid, no_embed_class, seed=0):
 def test_timms_no_embed_class_register_files_import_with_their_logits(tmp_path, classifier):
   """DINOv2-reg and timm's `*_reg*_gap_256` files leave the class token and registers out
   of the position embeddings (`no_embed_class=True`): each imports (their rows zero in ours),
-  gives timm's logits, and exports to a timm model that gives them too. c8cff89 refused
-  these files, blaming the token count."""
+  gives timm's logits, and exports to a timm model that gives them too."""
   model, state = _timm_vit(classifier, 4, 8, no_embed_class=True)
   assert state['pos_embed'].shape == (1, 64, 24)
   name = 'ViT-Ti_16' if classifier == 'token' else 'ViT-S_16-gap'
@@ -188,8 +187,8 @@ def test_timms_no_embed_class_register_files_import_with_their_logits(tmp_path, 
 @needs_timm
 def test_a_position_count_that_fits_both_layouts_is_refused_naming_them():
   """A class token, 4 registers and 9 position rows: a 3x3 grid in timm's no_embed_class
-  layout or 2x2 in the other. c8cff89 imported it silently as 2x2, its rows mis-assigned;
-  now it is one line naming both."""
+  layout or 2x2 in the other: refused in one line naming both, never imported with its rows
+  mis-assigned."""
   _, state = _timm_vit('token', 4, 3, no_embed_class=True)
   config = small_vit_config('ViT-Ti_16', patches={'size': (4, 4)})
   with pytest.raises(checkpoint.CheckpointError) as e:

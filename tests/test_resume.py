@@ -290,8 +290,8 @@ def _handmade_run(path, config, *, step=4, dataset_record=None, checkpoint_step=
 
 
 def test_a_run_on_arrays_registered_in_python_resumed_without_them_says_how(tmp_path):
-  """Resumed from the command line, such a run sent the user to download the name from TFDS
-  (`myarrays: not prepared in ~/tensorflow_datasets/...; run python -m vit_jax.prepare`)."""
+  """A run on arrays registered in Python, resumed where they are not registered, says to resume
+  it from Python with the same arrays, never to download the name from TFDS."""
   from conftest import tiny_run_config
 
   from vit_jax.training import loop
@@ -312,8 +312,8 @@ def test_a_run_on_arrays_registered_in_python_resumed_without_them_says_how(tmp_
 
 
 def test_a_class_folder_added_between_runs_is_said_as_the_data_changing(tmp_path, digit_folder):
-  """A class folder added between runs got "if the config changed since the run started, run
-  it with the original one": the config had not changed, the data had."""
+  """A class folder added between runs is said as the data changing, not the config, with how to
+  resume and how to train on the new classes."""
   import shutil
 
   from conftest import tiny_run_config
@@ -342,8 +342,8 @@ def test_a_class_folder_added_between_runs_is_said_as_the_data_changing(tmp_path
 def test_the_same_data_spelled_otherwise_resumes(
   spelling, tmp_path, digit_folder, monkeypatch, capsys
 ):
-  """The same dataset spelled with a trailing slash, a relative path or a symlink was refused
-  on resume (`holds a run with dataset=... where this command has ...`)."""
+  """The same dataset spelled with a trailing slash, a relative path or a symlink resumes the
+  run."""
   import shutil
 
   from conftest import tiny_run_config
@@ -366,8 +366,8 @@ def test_the_same_data_spelled_otherwise_resumes(
 def test_fields_a_run_recorded_that_this_version_does_not_read_are_said_and_kept(
   tmp_path, monkeypatch, capsys
 ):
-  """A config.json with fields of another version was resumed and rewritten without them,
-  silently."""
+  """Fields of another version in a run's config.json are named in one line on resume and kept in
+  the file."""
   from conftest import tiny_run_config
 
   from vit_jax.training import loop

@@ -21,11 +21,10 @@ from vit_jax.evaluation import classify
 
 
 def test_signals_ask_for_a_checkpoint_only_where_one_holds_something_new(tmp_path):
-  """Item 5, the policy (`training.stopping.Stop`), signal by signal in this process: before the
-  first step a signal stops at once (inside `held`, once the block is done); while stepping
-  the first asks for a checkpoint at the next step and a second ends the process at once; a
-  stop whose raise Python swallowed (a garbage collector callback) is raised again at the next
-  check."""
+  """The policy (`training.stopping.Stop`), signal by signal in this process: before the first
+  step a signal stops at once (inside `held`, once the block is done); while stepping the first
+  asks for a checkpoint at the next step and a second ends the process at once; a stop whose
+  raise Python swallowed (a garbage collector callback) is raised again at the next check."""
   import threading
 
   from vit_jax.training import stopping
@@ -78,9 +77,9 @@ def test_signals_ask_for_a_checkpoint_only_where_one_holds_something_new(tmp_pat
 
 
 def test_a_signal_while_the_last_checkpoint_is_written_waits_for_it(tmp_path):
-  """Item 5: Ctrl-C after the last step, as orbax writes the final checkpoint, used to cut the
-  write short (a temporary folder left, orbax's traceback logged, the run's last steps lost);
-  now the write ends, then the run stops in one line that names the checkpoint kept."""
+  """Ctrl-C after the last step, as orbax writes the final checkpoint, does not cut the write
+  short (no temporary folder left, no traceback, the run's last steps kept): the write ends, then
+  the run stops in one line that names the checkpoint kept."""
   import threading
   import types
 
@@ -117,8 +116,8 @@ def test_a_signal_while_the_last_checkpoint_is_written_waits_for_it(tmp_path):
 
 @pytest.mark.slow
 def test_a_second_ctrl_c_or_a_signal_during_set_up_stops_at_once(tmp_path):
-  """Item 5, as a user meets it: the second Ctrl-C does not wait for the checkpoint; SIGTERM
-  while the run sets up (compiles) has nothing to save. Both: one line, the lock released."""
+  """As a user meets it: the second Ctrl-C does not wait for the checkpoint; SIGTERM while the
+  run sets up (compiles) has nothing to save. Both: one line, the lock released."""
   command = [sys.executable, '-m', 'vit_jax.main', *STOPPABLE_RUN]
   cases = [
     ('second', signal.SIGINT, 'metrics.jsonl', 'interrupted (Ctrl-C) again'),
@@ -153,8 +152,8 @@ def test_a_second_ctrl_c_or_a_signal_during_set_up_stops_at_once(tmp_path):
 
 
 def test_a_run_a_signal_stopped_exits_as_shells_expect(capsys):
-  """Issue 35, category 8: a training run stopped by Ctrl-C exited 2, as a bad input; now 130
-  (128 + SIGINT), and 143 for SIGTERM, as a shell reports a process the signal ended."""
+  """A training run stopped by Ctrl-C exits 130 (128 + SIGINT), and 143 for SIGTERM, as a shell
+  reports a process the signal ended, not 2 as a bad input."""
   from vit_jax.training import stopping
 
   for sig, status in ((signal.SIGINT, 130), (signal.SIGTERM, 143)):
@@ -166,7 +165,7 @@ def test_a_run_a_signal_stopped_exits_as_shells_expect(capsys):
 
 
 def test_ctrl_c_in_a_command_is_one_line(user_files, monkeypatch, capsys):
-  """Item 5, outside training: nothing to save; one line and exit status 130."""
+  """Ctrl-C outside training: nothing to save; one line and exit status 130."""
   from vit_jax import predict
 
   def interrupted(*args, **kwargs):

@@ -41,8 +41,8 @@ class _Full:
 def test_an_export_onto_a_full_disk_is_one_line_and_leaves_nothing(
   fmt, user_files, monkeypatch, capsys
 ):
-  """hf onto a full disk was a 22-line SafetensorError, npz 43 lines and a 1 MB x.npz.tmp-*
-  left behind."""
+  """An export onto a full disk, in each format, is one line and leaves no file behind (no
+  x.npz.tmp-*, no SafetensorError traceback)."""
   pytest.importorskip('safetensors')
   from vit_jax import export
   from vit_jax.interop import torch_layout
@@ -61,8 +61,8 @@ def test_an_export_onto_a_full_disk_is_one_line_and_leaves_nothing(
 
 
 def test_a_full_disk_or_a_kill_leaves_no_temporary_npz_for_good(tmp_path, monkeypatch):
-  """Training's full-disk path left `params.npz.tmp-*` in the workdir for good: a failed write
-  removes its file, and the next write one that a killed process left."""
+  """A failed write of params.npz removes its temporary file, and the next write removes one that
+  a killed process left (a live process's is kept)."""
   params = tiny_params(3)
   stale = tmp_path / f'params.npz.tmp-{_dead_pid()}'
   stale.write_bytes(b'half a file')
@@ -78,13 +78,13 @@ def test_a_full_disk_or_a_kill_leaves_no_temporary_npz_for_good(tmp_path, monkey
 
 
 def test_an_export_a_kill_cut_short_is_cleaned_by_the_next(user_files, capsys):
-  """A `kill -9` during an export left its temporary file beside the output, and the next
-  export of the same path left it there."""
+  """What a `kill -9` during an export left beside the output (a staged folder, a temporary file)
+  is removed by the next export of the same path."""
   from vit_jax import export
 
   out, pid = user_files['tmp'] / 'exports', _dead_pid()
   (out / f'.x.npz.tmp-{pid}' / 'x.npz').mkdir(parents=True)  # a staged export, killed
-  (out / f'x.npz.tmp-{pid}').write_bytes(b'half')  # c8cff89's save_npz, killed
+  (out / f'x.npz.tmp-{pid}').write_bytes(b'half')  # a save_npz writing in place, killed
   argv = [f'--checkpoint={user_files["npz"]}', '--model=testing', '--format=npz']
   code, out_, err = run_command(export.main, argv + [f'--output={out}/x.npz'], capsys)
   assert code == 0, err
@@ -93,8 +93,8 @@ def test_an_export_a_kill_cut_short_is_cleaned_by_the_next(user_files, capsys):
 
 @pytest.mark.slow
 def test_a_savedmodel_export_replaces_what_a_killed_one_left(user_files, capsys):
-  """TensorFlow writes a SavedModel's variables under variables/variables_temp first; a kill
-  -9 left that folder, and the next export into the same folder kept it."""
+  """TensorFlow writes a SavedModel's variables under variables/variables_temp first; what a kill
+  -9 left there is replaced by the next export into the same folder."""
   pytest.importorskip('tensorflow')
   from vit_jax import export
 

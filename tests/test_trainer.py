@@ -441,17 +441,16 @@ def test_nan_loss_stops_and_keeps_the_last_checkpoint(tmp_path, monkeypatch, cap
   capsys.readouterr()
   summary = loop.train_and_evaluate(config, str(tmp_path / 'skip'))
   assert summary['skipped_steps'] == 1 and summary['step'] == 12
-  # The last line says what was skipped (issue 35: a run that skipped most steps said `Done:`).
+  # The last line says what was skipped.
   done = capsys.readouterr().out.splitlines()[-1]
   assert done.startswith('Done: step 12, ') and ', 1 of 12 steps skipped (NaN/Inf); wrote ' in done
 
 
 @pytest.mark.slow
 def test_a_diverged_run_stops_and_every_line_it_logged_is_json(tmp_path, capsys):
-  """Issue 35: with skip_nonfinite, a run at base_lr=1e4 skipped 297 of 300 steps and ended
-  `Done:` (exit 0, accuracy at chance), and metrics.jsonl held bare NaNs. Now
-  `max_nonfinite_in_a_row` skipped steps in a row stop it in one line; a run that skipped a
-  few says how many in its `Done:` line; NaN is logged as null."""
+  """With skip_nonfinite, a run at base_lr=1e4 would skip nearly every step and end `Done:` at
+  chance: `max_nonfinite_in_a_row` skipped steps in a row stop it in one line; a run that
+  skipped a few says how many in its `Done:` line; NaN is logged as null."""
   config = tiny_run_config(total_steps=12, warmup_steps=2, checkpoint_every=4, eval_every=100)
   config.update(base_lr=1e4, skip_nonfinite=True, max_nonfinite_in_a_row=3, progress_every=1)
   with pytest.raises(loop.TrainingError) as e:
@@ -628,11 +627,11 @@ def test_bugs_keep_their_tracebacks(tmp_path):
 
 
 def test_the_readmes_demo_figures_are_records_and_hold_the_target(monkeypatch):
-  """Issue 35, category 9: the README said 98.33% and "the accuracy does not vary", but the
-  demo ends at 97.77% where XLA generates AVX-512 code (Intel Xeon, AMD EPYC) and 98.33% with
-  AVX2. Each figure is now a record's sentence (`benchmarks/measure_demo.py`): the README's
-  Set-up line, and docs/development.md's naming each CPU, its vector instructions and load;
-  what is tested is the bound, the target of at least 97%."""
+  """The demo's accuracy depends on the vector instructions XLA generates code for (AVX-512
+  and AVX2 round float32 sums differently). Each figure is a record's sentence
+  (`benchmarks/measure_demo.py`): the README's Set-up line, and docs/development.md's naming
+  each CPU, its vector instructions and load; what is tested is the bound, the target of at
+  least 97%."""
   from conftest import ROOT
 
   monkeypatch.syspath_prepend(str(ROOT / 'benchmarks'))
@@ -775,7 +774,7 @@ def test_out_of_memory_suggests_accumulation(tmp_path, monkeypatch):
 
 def test_the_variants_table_in_the_docs_is_its_records(monkeypatch):
   """docs/registers_flexi_naflex.md quotes the table `benchmarks/measure_variants.py --table`
-  prints for the record it names (issue 37: the demo each way)."""
+  prints for the record it names (the demo each way)."""
   from conftest import ROOT
 
   monkeypatch.syspath_prepend(str(ROOT / 'benchmarks'))

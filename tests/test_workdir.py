@@ -93,7 +93,7 @@ def test_the_heartbeat_refreshes_and_notices_a_replaced_lock(tmp_path, monkeypat
 
 
 def test_the_lock_is_whole_whenever_it_is_there(tmp_path):
-  """Issue 35: a second run that reads lock.json the moment it appears finds the holder's pid,
+  """A second run that reads lock.json the moment it appears finds the holder's pid,
   never an empty file ("pid ?", seen on a loaded machine). Checked at every line our code runs
   while taking the lock and refreshing it, not by racing a reader."""
   import threading
