@@ -96,6 +96,42 @@ def param_shapes(config, num_classes, size, module=None):
   )['params']
 
 
+def random_flat_like(shapes, seed=0, scale=0.05):
+  """Flat float32 parameters shaped like the tree `shapes`: Normal(0, scale), plus 1 for norm
+  scales (LayerNorm and GroupNorm scales near 1 keep activations in a realistic range)."""
+  rng = np.random.default_rng(seed)
+  return {
+    k: (scale * rng.normal(size=v.shape) + k.endswith('/scale')).astype(np.float32)
+    for k, v in checkpoint.flatten(shapes).items()
+  }
+
+
+def random_flat(config, num_classes, size, seed=0):
+  """`random_flat_like` the parameters of a ViT of `config` at `size` px."""
+  return random_flat_like(param_shapes(config, num_classes, size), seed)
+
+
+def random_images(size, n=2, seed=1):
+  """`n` float32 images of `size` x `size` px, uniform in [-1, 1]."""
+  return np.random.default_rng(seed).uniform(-1, 1, (n, size, size, 3)).astype(np.float32)
+
+
+def relative_error(a, b):
+  """max |a - b| / max |b|: logits against a peer's."""
+  return float(np.max(np.abs(np.asarray(a) - b)) / np.max(np.abs(b)))
+
+
+def current_flax_names(flat):
+  """Flat parameters under the names current Flax gives the official model's layers (its
+  MlpBlock_0 where this package and the released files have MlpBlock_3, ...)."""
+  renames = {
+    'LayerNorm_2': 'LayerNorm_1',
+    'MultiHeadDotProductAttention_1': 'MultiHeadDotProductAttention_0',
+    'MlpBlock_3': 'MlpBlock_0',
+  }
+  return {'/'.join(renames.get(part, part) for part in k.split('/')): v for k, v in flat.items()}
+
+
 def map_head_parameter_count(d, m):
   """A MAP head's parameters at width d and MLP width m, written out: the probe, q/k/v/out
   with biases, a LayerNorm, the MLP."""
@@ -223,6 +259,19 @@ def subprocess_env(devices=1, **extra):
   return env
 
 
+def run_module(name, *args, env=None, timeout=300):
+  """`python -m vit_jax.NAME ARGS` from the checkout's root (where configs/ is), as a user runs
+  it, in `env` (default `subprocess_env()`): its CompletedProcess, output as text."""
+  return subprocess.run(
+    [sys.executable, '-m', f'vit_jax.{name}', *args],
+    capture_output=True,
+    text=True,
+    cwd=ROOT,
+    env=env or subprocess_env(),
+    timeout=timeout,
+  )
+
+
 def child_json(script: str, devices=1, timeout=600):
   """Runs `python -c script` on `devices` CPU devices (`subprocess_env`); the JSON of the last
   line it prints."""
@@ -332,6 +381,38 @@ def fake_tfds_dataset(data_dir, name, features, example, splits, file_format='ar
   builder = builder_class(data_dir=str(data_dir), file_format=file_format)
   builder.download_and_prepare()
   return builder
+
+
+def fake_image_dataset(data_dir, name, shape, classes, example, splits, label='label', **kw):
+  """`fake_tfds_dataset` of an image of `shape` and a class label named `label`: `classes` is
+  their number or their names; `example(split, i)` gives the i-th example."""
+  kind = 'names' if isinstance(classes, (list, tuple)) else 'num_classes'
+  return fake_tfds_dataset(
+    data_dir,
+    name,
+    lambda t: {
+      'image': t.features.Image(shape=shape),
+      label: t.features.ClassLabel(**{kind: classes}),
+    },
+    example,
+    splits,
+    **kw,
+  )
+
+
+def write_photo_folder(root, per_class, classes):
+  """An image folder at `root` of crops of scikit-learn's photos (`input_speed.write_photos`:
+  JPEGs of several sizes), with a PNG and a grey JPEG added to train's first two classes."""
+  from PIL import Image
+  from sklearn.datasets import load_sample_images
+
+  from vit_jax.bench import input_speed
+
+  input_speed.write_photos(root, per_class, classes=classes)
+  flower = load_sample_images().images[1]
+  Image.fromarray(flower[::4, ::4]).save(os.path.join(root, 'train', 'class0', 'png.png'))
+  Image.fromarray(flower[::3, ::3, 1]).save(os.path.join(root, 'train', 'class1', 'grey.jpg'))
+  return root
 
 
 # ---------------------------------------------------------------------------

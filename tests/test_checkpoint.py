@@ -1,6 +1,7 @@
 """The public .npz layout: load/save, key variants, fine-tuning adaptation, errors."""
 
 from conftest import TESTING_SIZE
+from conftest import current_flax_names
 from conftest import param_shapes
 from conftest import random_like
 from conftest import small_vit_config
@@ -48,24 +49,10 @@ def test_save_npz_accepts_jax_arrays_and_a_workdir(tmp_path):
   assert_trees_equal(checkpoint.load(tmp_path), jax.tree.map(np.asarray, params))
 
 
-def _to_new_numbering(flat):
-  renames = {
-    'LayerNorm_2': 'LayerNorm_1',
-    'MultiHeadDotProductAttention_1': 'MultiHeadDotProductAttention_0',
-    'MlpBlock_3': 'MlpBlock_0',
-  }
-  out = {}
-  for key, value in flat.items():
-    for old, new in renames.items():
-      key = key.replace(f'/{old}/', f'/{new}/')
-    out[key] = value
-  return out
-
-
 @pytest.mark.parametrize('prefix', ['', 'params/', 'opt/target/'])
 def test_newer_numbering_and_prefixes(tmp_path, prefix):
   params = random_params(small_vit_config(), 5, 32)
-  flat = _to_new_numbering(checkpoint.flatten(params))
+  flat = current_flax_names(checkpoint.flatten(params))
   assert 'Transformer/encoderblock_0/MlpBlock_0/Dense_1/bias' in flat
   path = write_npz(tmp_path / 'new.npz', {prefix + k: v for k, v in flat.items()})
   assert_trees_equal(checkpoint.load(path), params)
@@ -73,7 +60,7 @@ def test_newer_numbering_and_prefixes(tmp_path, prefix):
 
 def test_scanned_blocks_are_unstacked(tmp_path):
   params = random_params(small_vit_config(), 5, 32)
-  flat = _to_new_numbering(checkpoint.flatten(params))
+  flat = current_flax_names(checkpoint.flatten(params))
   stacked = {k: v for k, v in flat.items() if not k.startswith('Transformer/encoderblock_')}
   for key in [k for k in flat if k.startswith('Transformer/encoderblock_0/')]:
     rest = key[len('Transformer/encoderblock_0/') :]

@@ -3,7 +3,10 @@
 An input error (a file that is not there, an unknown model or dataset) and a
 usage error (an unknown flag) of each command. In-process for the argparse
 commands; every command, main and compile included, once more as a user runs
-it, in a subprocess (slow: a process start each).
+it, in a subprocess (slow: a process start each). Then the table of what users
+pass that cannot work (remote storage out of reach, a path of the wrong kind,
+images and label files that do not read, values out of range), each with its
+line; help that lists every flag; library output hidden.
 """
 
 import importlib

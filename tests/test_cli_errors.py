@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 from conftest import OFFLINE
-from conftest import ROOT
+from conftest import run_module
 from conftest import said
 from conftest import subprocess_env
 import numpy as np
@@ -21,14 +21,7 @@ import pytest
 def _command(name, *args, platform='cpu'):
   env = subprocess_env()
   env['JAX_PLATFORMS'] = platform
-  return subprocess.run(
-    [sys.executable, '-m', f'vit_jax.{name}', *args],
-    env=env,
-    capture_output=True,
-    text=True,
-    timeout=300,
-    cwd=ROOT,  # where configs/ is
-  )
+  return run_module(name, *args, env=env)
 
 
 def _one_line(result) -> str:

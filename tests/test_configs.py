@@ -1,4 +1,5 @@
-"""The experiment configs: paper numbers, and every field settable from the command line."""
+"""The experiment configs: paper numbers, every field settable from the command line, every
+number bounded, and config values and files a run cannot take refused in one line."""
 
 import glob
 import importlib.util

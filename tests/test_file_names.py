@@ -12,6 +12,7 @@ import sys
 
 from conftest import CLASSES
 from conftest import LATIN1_FILE
+from conftest import MAIN
 from conftest import STOPPABLE_RUN
 from conftest import said
 from conftest import subprocess_env
@@ -43,13 +44,7 @@ for main, argv in [
 def test_a_folder_named_in_any_script_trains_stops_predicts_and_resumes(digit_folder, tmp_path):
   env = subprocess_env(**C_LOCALE)
   run = str(tmp_path / 'exécution')
-  command = [
-    sys.executable,
-    '-m',
-    'vit_jax.main',
-    f'--config.dataset={digit_folder}',
-    f'--workdir={run}',
-  ]
+  command = [*MAIN, f'--config.dataset={digit_folder}', f'--workdir={run}']
   process = subprocess.Popen(command + STOPPABLE_RUN, env=env, stderr=subprocess.PIPE, text=True)
   metrics = os.path.join(run, 'metrics.jsonl')
   wait_for_child(lambda: os.path.exists(metrics) and os.path.getsize(metrics) > 0, process)

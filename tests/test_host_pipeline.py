@@ -14,8 +14,8 @@ import sys
 
 from conftest import ROOT
 from conftest import subprocess_env
+from conftest import write_photo_folder
 import numpy as np
-from PIL import Image
 import pytest
 
 from vit_jax.bench import input_speed
@@ -32,14 +32,7 @@ from vit_jax.data.sources import DataError
 @pytest.fixture(scope='module')
 def photos(tmp_path_factory):
   """An image folder of crops of scikit-learn's photos: JPEGs of several sizes, PNG, grey."""
-  root = str(tmp_path_factory.mktemp('photos'))
-  input_speed.write_photos(root, 24, classes=3)
-  from sklearn.datasets import load_sample_images
-
-  flower = load_sample_images().images[1]
-  Image.fromarray(flower[::4, ::4]).save(os.path.join(root, 'train', 'class0', 'png.png'))
-  Image.fromarray(flower[::3, ::3, 1]).save(os.path.join(root, 'train', 'class1', 'grey.jpg'))
-  return root
+  return write_photo_folder(str(tmp_path_factory.mktemp('photos')), 24, classes=3)
 
 
 def _config(dataset, **overrides):

@@ -12,6 +12,9 @@ import json
 import os
 
 from conftest import assert_close
+from conftest import param_shapes
+from conftest import random_flat_like
+from conftest import relative_error
 from conftest import small_arch
 from conftest import tiny_run_config
 import jax
@@ -51,10 +54,6 @@ BOUND = 1e-5
 PATCH = 4
 GRIDS = ((2, 3), (4, 4), (5, 2), (1, 1))  # (rows, columns) of the images of one batch
 LENGTH = 20  # the batch's token budget: the largest grid, 16 patches, plus padding
-
-
-def relative_error(a, b):
-  return float(np.max(np.abs(np.asarray(a) - b)) / np.max(np.abs(b)))
 
 
 def model_and_params(classifier, seed=0):
@@ -452,14 +451,7 @@ def test_the_timm_exports_loading_recipe_rebuilds_a_run_with_registers(tmp_path)
   config = architectures.MODEL_CONFIGS['testing']
   config.update(patches={'size': (PATCH, PATCH)}, num_registers=2)
   model = naflex.NaFlexViT(5, model_spec.naflex_of(Architecture.of(config), (4, 4), 'bilinear'))
-  shapes = jax.eval_shape(
-    lambda: model.init(jax.random.key(0), jnp.zeros((1, 16, 16, 3)), train=False)
-  )['params']
-  rng = np.random.default_rng(4)
-  flat = {
-    k: (0.3 * rng.normal(size=v.shape) + k.endswith('/scale')).astype(np.float32)
-    for k, v in checkpoint.flatten(shapes).items()
-  }
+  flat = random_flat_like(param_shapes(None, None, 16, module=model), seed=4, scale=0.3)
   path = checkpoint.save_npz(checkpoint.unflatten(flat), tmp_path / 'naflex.npz')
   out = str(tmp_path / 'naflex.safetensors')
   notes = export.export(path, 'timm', out, 'testing')

@@ -6,7 +6,9 @@ import shutil
 
 from conftest import CLASSES
 from conftest import TESTING_SIZE
+from conftest import assert_bitwise_equal
 from conftest import dataset_record
+from conftest import final_params
 from conftest import tiny_params
 import numpy as np
 import orbax.checkpoint as ocp
@@ -202,12 +204,6 @@ def _metrics(workdir):
     return [json.loads(line) for line in f]
 
 
-def _params(workdir):
-  from vit_jax import checkpoint
-
-  return checkpoint.flatten(checkpoint.load(workdir))
-
-
 def test_a_resumed_run_logs_the_loss_curve_of_an_uninterrupted_one(finished_run, tmp_path):
   """Resumed from step 6, the progress line at step 8 averages steps 5 to 8 as the
   uninterrupted run's did (the window's losses travel in the checkpoint), and metrics.jsonl
@@ -257,10 +253,7 @@ def test_a_run_whose_data_moved_resumes_from_the_new_path_and_other_data_is_refu
   shutil.copyfile(dataset, moved)  # the run's own file, copied (moved: the same)
   summary = loop.train_and_evaluate(_tiny_config(moved), workdir)
   assert summary['resumed_from_step'] == 6
-  got, want = _params(workdir), _params(run)
-  assert sorted(got) == sorted(want)
-  for key in want:
-    np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+  assert_bitwise_equal(final_params(workdir), final_params(run))
   assert json.load(open(os.path.join(workdir, workdir_lib.DATASET_FILE)))['path'] == moved
 
 

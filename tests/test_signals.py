@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+from conftest import MAIN
 from conftest import STOPPABLE_RUN
 from conftest import run_command
 from conftest import said
@@ -118,7 +119,7 @@ def test_a_signal_while_the_last_checkpoint_is_written_waits_for_it(tmp_path):
 def test_a_second_ctrl_c_or_a_signal_during_set_up_stops_at_once(tmp_path):
   """As a user meets it: the second Ctrl-C does not wait for the checkpoint; SIGTERM while the
   run sets up (compiles) has nothing to save. Both: one line, the lock released."""
-  command = [sys.executable, '-m', 'vit_jax.main', *STOPPABLE_RUN]
+  command = [*MAIN, *STOPPABLE_RUN]
   cases = [
     ('second', signal.SIGINT, 'metrics.jsonl', 'interrupted (Ctrl-C) again'),
     ('set-up', signal.SIGTERM, 'lock.json', 'preempted (SIGTERM)'),
