@@ -164,6 +164,53 @@ def gpu_kernels() -> str:
   return '\n'.join(rows)
 
 
+_TIER_ORDER = ('suite', 'fast', 'equivalence')
+
+
+def _suite_records() -> dict:
+  """{tier: its newest record} of `benchmarks/suite_time.py`, runs of chosen files left out."""
+  newest = {}
+  for path in sorted(glob.glob(os.path.join(ROOT, 'benchmarks', 'suite', '*.json'))):
+    with open(path, encoding='utf-8') as f:
+      record = json.load(f)
+    if record['tier'] != 'files' and record['date'] >= newest.get(record['tier'], {}).get(
+      'date', ''
+    ):
+      newest[record['tier']] = {**record, 'path': os.path.relpath(path, ROOT)}
+  order = lambda tier: (_TIER_ORDER.index(tier) if tier in _TIER_ORDER else len(_TIER_ORDER), tier)
+  return {tier: newest[tier] for tier in sorted(newest, key=order)}
+
+
+def suite_tiers() -> str:
+  """`benchmarks/suite_time.py`: each tier of the suite, its newest record."""
+  rows = [
+    '| tier | command | passed, skipped | wall time | machine | load average (mean, max) | record |',
+    '|---|---|---|---:|---|---|---|',
+  ]
+  for tier, r in _suite_records().items():
+    m, c, load = r['machine'], r['counts'], r['load_average']
+    cpu = f'{m["cpu_cores"]}-core {m["cpu"]} ({m["vector_isa"]})'
+    busy = f'{load["mean"]:.1f}, {load["max"]:.1f}' if load else 'not sampled'
+    rows.append(
+      f'| {tier} | `{r["command"]}` | {c["passed"]}, {c["skipped"]} '
+      f'| {r["wall_s"] / 60:.1f} min | {cpu} | {busy} | `{r["path"]}` ({r["date"][:10]}) |'
+    )
+  if len(rows) == 2:
+    rows.append('| (no record yet: `python benchmarks/suite_time.py`) | | | | | | |')
+  return '\n'.join(rows)
+
+
+def suite_slowest() -> str:
+  """The slowest tests of the newest record of the whole suite."""
+  record = _suite_records().get('suite')
+  rows = ['| test | seconds |', '|---|---:|']
+  for entry in record['slowest'] if record else []:
+    rows.append(f'| `{entry["test"]}` | {entry["seconds"]:,.0f} |')
+  if not record:
+    rows.append('| (no record of the whole suite yet: `python benchmarks/suite_time.py`) | |')
+  return '\n'.join(rows)
+
+
 TABLES = {
   'schema.markdown_table': schema.markdown_table,  # the config fields, from their declarations
   'families.markdown_table': families.markdown_table,  # the families, from the registry
@@ -176,6 +223,8 @@ TABLES = {
   'cpu_speed': cpu_speed,
   'max_batch': max_batch,
   'loop': loop,
+  'suite_tiers': suite_tiers,
+  'suite_slowest': suite_slowest,
 }
 
 

@@ -1,4 +1,4 @@
-r"""What ViT-B/16 and ViT-L/16 launch on an H100, compiled on this CPU: the record issue 33 holds.
+r"""What ViT-B/16 and ViT-L/16 launch on an H100, compiled on this CPU.
 
   python benchmarks/gpu_hlo.py [--gpu=h100-1] [--only=NAME,...]
 
@@ -11,7 +11,7 @@ convolutions, the `pad`s, the parameters cast to bfloat16 inside the program,
 cuBLASLt's fused epilogues, and the compiler's estimate of the step's memory
 (`memory_estimate_bytes`, which benchmarks/gpu_session.py puts beside the
 peak measured on the card). `options_<gpu>.json` compiles ViT-B/16 again with
-each candidate XLA option of issue 33 item 4 against the options the programs
+each candidate XLA option (`CANDIDATES`) against the options the programs
 are built with (`hardware.GPU_COMPILER_OPTIONS`).
 
 The compiler runs without the card: no autotuning, so cuBLAS's algorithms and
@@ -56,7 +56,7 @@ ENTRIES = {
   'vit_b16_depth2_train': (dataclasses.replace(B16_TRAIN, depth=2), [128]),
   'vit_b16_depth2_infer': (dataclasses.replace(B16_INFER, depth=2), [128]),
 }
-# Issue 33 item 4: each XLA option against the programs as built, ViT-B/16 at one batch.
+# Each candidate XLA option against the programs as built, ViT-B/16 at one batch.
 CANDIDATES = {
   'triton_gemm_on': {'xla_gpu_enable_triton_gemm': True},
   'cublaslt_off': {'xla_gpu_enable_cublaslt': False},
@@ -65,8 +65,8 @@ CANDIDATES = {
 
 
 def _pad_in_every_layer(q, k, v, implementation, num_tokens=None):
-  """The attention before issue 33: an odd sequence padded in every layer (q, k and v padded,
-  the output sliced), so that cuDNN's backward pass takes it."""
+  """The attention without the sequence padded once: an odd sequence padded in every layer (q,
+  k and v padded, the output sliced), so that cuDNN's backward pass takes it."""
   del num_tokens
   n = q.shape[1]
   if implementation != 'cudnn' or n % 2 == 0:
@@ -80,7 +80,7 @@ def _pad_in_every_layer(q, k, v, implementation, num_tokens=None):
 
 
 class _ConvolutionEmbedding(nn.Module):
-  """The patch embedding before issue 33: a convolution with stride = kernel = patch."""
+  """The patch embedding as a convolution with stride = kernel = patch, not a matmul."""
 
   features: int
   patch_size: tuple
@@ -93,7 +93,7 @@ class _ConvolutionEmbedding(nn.Module):
     return y.reshape(y.shape[0], -1, self.features)
 
 
-# Each of issue 33's changes undone on its own: (module, attribute, what replaces it).
+# Each choice of the GPU programs undone on its own: (module, attribute, what replaces it).
 ABLATIONS = {
   '1_pad_in_every_layer': [
     (vit, 'pads_sequence', lambda *args, **kwargs: False),
@@ -109,7 +109,7 @@ ABLATIONS['all_undone'] = [change for changes in ABLATIONS.values() for change i
 
 def record_ablations(gpu: str, device) -> dict:
   """Kernels and bytes written per block of ViT-B/16 (training at batch 512, inference at
-  1024) with each change of issue 33 undone, beside the programs as built."""
+  1024) with each choice of `ABLATIONS` undone, beside the programs as built."""
   out = {**_header(gpu), 'results': {}}
   for opts, batch in ((B16_TRAIN, 512), (B16_INFER, 1024)):
     opts = dataclasses.replace(opts, batch=batch)

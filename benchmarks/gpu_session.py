@@ -56,7 +56,8 @@ class Item(NamedTuple):
   profile: bool = False  # --profile: the kernels that took the most device time, in the record
 
 
-# Issue 33 item 4: XLA options not yet timed on a GPU, each against the programs as built.
+# XLA options that the compiled programs leave out (benchmarks/gpu_hlo.py), each timed against
+# the programs as built.
 XLA_OPTIONS = {
   'as_built': [],
   'triton_gemm_on': ['--xla_flags=--xla_gpu_enable_triton_gemm=true'],
@@ -73,7 +74,7 @@ XLA_OPTIONS = {
 # The B/16 batches are those benchmarks/gpu_hlo.py compiles (the predicted memory). Each
 # side's best batch was among them on the H200 (ours 512 training, 1024 inference; timm 512
 # both); training at 128 and inference at 256 were slower for both and are left out.
-# Issue 44: FP8 products (vit_jax.models.fp8) against bf16, ours alone, at the largest batch
+# FP8 products (vit_jax.models.fp8) against bf16, ours alone, at the largest batch
 # of the 2026-11-26 records for B/16 and its memory scaled by 3.5 for L/16 (141 GB on an H200).
 FP8 = {'bf16': [], 'fp8': ['--fp8']}
 ITEMS = [

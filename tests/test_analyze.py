@@ -2,9 +2,12 @@
 
 import json
 
+from conftest import TESTING_SIZE
 from conftest import command_error
 from conftest import param_shapes
 from conftest import random_like
+from conftest import run_command
+from conftest import tiny_workdir
 import jax
 import numpy as np
 from PIL import Image
@@ -16,6 +19,7 @@ from vit_jax import models
 from vit_jax.configs import architectures
 from vit_jax.configs.model_spec import Architecture
 from vit_jax.configs.model_spec import ModelSpec
+from vit_jax.configs.model_spec import naflex_of
 from vit_jax.data.readers import builtin
 from vit_jax.evaluation import analysis
 from vit_jax.evaluation import classify
@@ -208,3 +212,54 @@ def test_analyze_digits_uses_the_demo_test_images(tmp_path):
   assert images.shape == (4, 64, 64, 3) and images.min() >= -1.0 and images.max() <= 1.0
   # Bright strokes on a dark ground, as the training pipeline sees them.
   assert images.min() == -1.0 and images.max() > 0.5
+
+
+# ---------------------------------------------------------------------------
+# Unreadable images, workdirs and NaFlex checkpoints.
+
+
+def test_analyze_skips_an_unreadable_image_and_titles_the_model(tmp_path, user_files, capsys):
+  """As predict, an unreadable image is named and left out (exit 1); the figures and
+  analysis.json name the model a workdir records."""
+  from vit_jax import analyze
+
+  run = tiny_workdir(tmp_path / 'run', 'digits')
+  argv = [f'--checkpoint={run}', f'--images={user_files["png"]},{tmp_path}/text.jpg']
+  code, out, err = run_command(analyze.main, argv + [f'--output={tmp_path}/out'], capsys)
+  assert code == 1 and out.startswith('wrote attention_distance.png'), err
+  assert f'skipped {tmp_path}/text.jpg: not a readable image' in err and 'Traceback' not in err
+  summary = json.loads((tmp_path / 'out' / 'analysis.json').read_text())
+  assert summary['model'] == 'testing' and summary['images'] == [str(user_files['png'])]
+
+
+def test_analyze_reads_a_naflex_checkpoint_with_a_plain_vits_attention(tmp_path, capsys):
+  """`analyze` reads a NaFlex checkpoint: its blocks sow their attention where the analyses ask,
+  the weights of a plain ViT that computes the same (its class token's position row zero, its
+  patches' the NaFlex grid)."""
+  from vit_jax import analyze
+  from vit_jax.evaluation import figures
+  from vit_jax.evaluation import loader
+  from vit_jax.models import naflex
+
+  config = architectures.MODEL_CONFIGS['testing']
+  model = naflex.NaFlexViT(3, naflex_of(Architecture.of(config), (2, 2), 'bilinear'))
+  shapes = param_shapes(config, 3, 16, module=model)
+  flat = checkpoint.flatten(random_like(shapes, seed=3, scale=0.3))
+  path = checkpoint.save_npz(checkpoint.unflatten(flat), tmp_path / 'naflex.npz')
+  table = flat['Transformer/posembed_input/pos_embedding']
+  plain = dict(flat)
+  plain['Transformer/posembed_input/pos_embedding'] = np.concatenate(
+    [np.zeros((1, 1, 10), np.float32), table.reshape(1, 4, 10)], axis=1
+  )
+  images_ = (
+    np.random.default_rng(0).uniform(-1, 1, (3, TESTING_SIZE, TESTING_SIZE, 3)).astype(np.float32)
+  )
+  got = figures.attention_weights(loader.model_from_flat(flat, 'testing', 'naflex'), images_)
+  want = figures.attention_weights(loader.model_from_flat(plain, 'testing', 'plain'), images_)
+  assert len(got) == len(want) == 1
+  np.testing.assert_allclose(got[0], want[0], atol=1e-6)
+  argv = [f'--checkpoint={path}', '--model=testing', '--images=digits', f'--output={tmp_path}/a']
+  code, out, err = run_command(analyze.main, argv, capsys)
+  assert code == 0 and out.startswith('wrote attention_distance.png'), err
+  summary = json.loads((tmp_path / 'a' / 'analysis.json').read_text())
+  assert np.shape(summary['posemb_similarity']['values']) == (2, 2, 2, 2)

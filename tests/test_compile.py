@@ -6,15 +6,12 @@ TPU tests skip and only the refusal message is checked.
 
 import importlib.util
 import json
-import subprocess
-import sys
 import textwrap
 
-from conftest import ROOT
 from conftest import child_json
 from conftest import param_shapes
+from conftest import run_module
 from conftest import said
-from conftest import subprocess_env
 import jax
 import jax.numpy as jnp
 import pytest
@@ -36,17 +33,6 @@ needs_libtpu = pytest.mark.skipif(
 # 21 s for it on this CPU, 44 s at 32 px.
 SIZE = 16
 SMALL = ['--config=configs/demo.py', f'--config.pp.crop={SIZE}', '--config.batch=64']
-
-
-def compile_cli(tmp_path, *args):
-  return subprocess.run(
-    [sys.executable, '-m', 'vit_jax.compile', *args],
-    capture_output=True,
-    text=True,
-    cwd=ROOT,
-    env=subprocess_env(),
-    timeout=300,
-  )
 
 
 @pytest.mark.parametrize(
@@ -253,7 +239,7 @@ def test_trainer_and_compile_command_lower_identical_programs():
 @needs_libtpu
 def test_compile_command_reports_flops_memory_and_collectives(tmp_path):
   path = tmp_path / 'record.json'
-  result = compile_cli(tmp_path, *SMALL, '--topology=v5e:2x2', f'--json={path}')
+  result = run_module('compile', *SMALL, '--topology=v5e:2x2', f'--json={path}')
   assert result.returncode == 0, result.stderr[-3000:]
   record = json.loads(path.read_text())
   assert record['fits'] and record['devices'] == 4
@@ -283,7 +269,7 @@ def test_compile_command_reports_flops_memory_and_collectives(tmp_path):
 @pytest.mark.slow
 @needs_libtpu
 def test_a_config_that_does_not_fit_is_one_line(tmp_path):
-  result = compile_cli(tmp_path, *SMALL, '--topology=v5e-1', '--config.batch=262144')
+  result = run_module('compile', *SMALL, '--topology=v5e-1', '--config.batch=262144')
   assert result.returncode == 2
   (line,) = result.stderr.strip().splitlines()[-1:]
   assert line.startswith('error: ViT-Demo_4 at batch 262144 does not fit v5e-1 (needs ')

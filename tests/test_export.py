@@ -15,6 +15,9 @@ from conftest import ROOT
 from conftest import assert_close
 from conftest import command_error
 from conftest import param_shapes
+from conftest import random_flat
+from conftest import random_images
+from conftest import relative_error
 from conftest import small_vit_config
 from conftest import subprocess_env
 from conftest import tiny_run_config
@@ -48,16 +51,6 @@ safetensors_torch = pytest.importorskip('safetensors.torch')
 BOUND = 1e-5
 
 
-def random_flat(config, num_classes, size, seed=0):
-  shapes = param_shapes(config, num_classes, size)
-  rng = np.random.default_rng(seed)
-  # LayerNorm / GroupNorm scales near 1 keep activations in a realistic range.
-  return {
-    k: (0.05 * rng.normal(size=v.shape) + k.endswith('/scale')).astype(np.float32)
-    for k, v in checkpoint.flatten(shapes).items()
-  }
-
-
 def ours(config, flat, images):
   num_classes = flat['head/kernel'].shape[-1] if 'head/kernel' in flat else None
   model = models.VisionTransformer(num_classes=num_classes, **config)
@@ -65,16 +58,8 @@ def ours(config, flat, images):
   return np.asarray(apply(checkpoint.unflatten(flat), images))
 
 
-def images(size, n=2, seed=1):
-  return np.random.default_rng(seed).uniform(-1, 1, (n, size, size, 3)).astype(np.float32)
-
-
 def nchw(x):
   return torch.from_numpy(np.ascontiguousarray(x.transpose(0, 3, 1, 2)))
-
-
-def relative_error(a, b):
-  return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
 
 
 def run(*args):
@@ -160,10 +145,12 @@ def test_timm_export_matches_timm_and_its_own_npz_loader(tmp_path, name, units, 
   model = interop_timm.build_model(Architecture.of(config), 7, size)
   model.load_state_dict(exported, strict=True)
   with torch.no_grad():
-    theirs = model(nchw(images(size))).numpy()
+    theirs = model(nchw(random_images(size))).numpy()
   assert np.abs(theirs).max() > 0.05  # a non-trivial head
   assert_close(
-    relative_error(ours(config, flat, images(size)), theirs), BOUND, 'logits against the peer'
+    relative_error(ours(config, flat, random_images(size)), theirs),
+    BOUND,
+    'logits against the peer',
   )
 
   # timm's own reader of the public .npz layout, an independent mapping.
@@ -204,7 +191,7 @@ def test_timm_cli_writes_a_file_timm_create_model_loads_strictly(tmp_path, capsy
   assert meta['timm_model'] == 'vit_tiny_patch16_224' and meta['vit_jax_model'] == 'ViT-Ti_16'
   model = timm.create_model(meta['timm_model'], **json.loads(meta['timm_kwargs'])).eval()
   model.load_state_dict(safetensors_torch.load_file(str(out)), strict=True)
-  x = images(224)
+  x = random_images(224)
   with torch.no_grad():
     theirs = model(nchw(x)).numpy()
   assert_close(relative_error(ours(config, flat, x), theirs), BOUND, 'logits against the peer')
@@ -226,7 +213,7 @@ def test_import_a_timm_model_that_timm_initialised(tmp_path):
   state = {k: v.contiguous() for k, v in model.state_dict().items()}
   safetensors_torch.save_file(state, str(tmp_path / 'timm.safetensors'))
   torch.save(state, tmp_path / 'timm.pth')
-  x = images(32)
+  x = random_images(32)
   with torch.no_grad():
     theirs = model(nchw(x)).numpy()
   imported = [
@@ -277,7 +264,7 @@ def test_hf_folder_loads_with_from_pretrained_and_matches(tmp_path, capsys):
   )
   assert not info['missing_keys'] and not info['unexpected_keys'] and not info['mismatched_keys']
   assert model.config.id2label == {0: 'cat', 1: 'dog', 2: 'bird'}
-  x = images(16, n=3)
+  x = random_images(16, n=3)
   with torch.no_grad():
     theirs = model.eval()(pixel_values=nchw(x)).logits.numpy()
   assert np.abs(theirs).max() > 0.05
@@ -299,9 +286,8 @@ def test_hf_folder_loads_with_from_pretrained_and_matches(tmp_path, capsys):
 
 
 def test_an_exports_files_share_one_mode(tmp_path):
-  """Issue 35, category 8: safetensors wrote model.safetensors readable by its owner alone
-  (0600) beside an hf folder's 0644 JSON files; every exported file now gets the mode `open`
-  gives a new file here."""
+  """Every exported file gets the mode `open` gives a new file here: model.safetensors too
+  (safetensors alone writes it 0600, beside an hf folder's 0644 JSON files)."""
   _, npz = write_npz(tmp_path, architectures.MODEL_CONFIGS['testing'], 3, 32)
   (tmp_path / 'probe').write_text('')
   mode = (tmp_path / 'probe').stat().st_mode & 0o777
@@ -351,7 +337,7 @@ def test_hf_pre_logits_become_the_pooler(tmp_path, capsys):
   assert any('head dropped' in n for n in notes)
   model = transformers.ViTModel.from_pretrained(str(tmp_path / 'hf')).eval()
   assert model.config.architectures == ['ViTModel'] and model.config.pooler_output_size == 20
-  x = images(32)
+  x = random_images(32)
   with torch.no_grad():
     theirs = model(pixel_values=nchw(x)).pooler_output.numpy()
   features = {k: v for k, v in flat.items() if not k.startswith('head/')}
@@ -381,7 +367,7 @@ def test_import_a_transformers_model_in_its_own_naming(tmp_path):
   assert 'vit.layers.0.attention.q_proj.weight' in state  # 5.x names
   safetensors_torch.save_file(state, str(tmp_path / 'hf5.safetensors'), metadata={'format': 'pt'})
   source = export.load(str(tmp_path / 'hf5.safetensors'), 'testing')
-  x = images(32)
+  x = random_images(32)
   with torch.no_grad():
     theirs = hf(pixel_values=nchw(x)).logits.numpy()
   flat = checkpoint.flatten(source.loaded.params)
@@ -435,7 +421,7 @@ def test_torch_forward_matches_ours(name, units, classifier):
   loaded = loader.LoadedModel(
     model, checkpoint.unflatten(flat), ModelSpec(Architecture.of(config), 32)
   )
-  x = images(32)
+  x = random_images(32)
   with torch.no_grad():
     theirs = torch_vit.build(loaded)(torch.from_numpy(x)).numpy()
   assert_close(relative_error(ours(config, flat, x), theirs), BOUND, 'logits against the peer')
@@ -461,7 +447,7 @@ def test_onnx_with_pre_logits_matches_in_onnxruntime(tmp_path, monkeypatch):
   onnx.save(loaded, str(tmp_path / 'model.onnx'))
   session = ort.InferenceSession(str(tmp_path / 'model.onnx'))
   assert [i.name for i in session.get_inputs()] == ['images']
-  x = images(32, n=3)
+  x = random_images(32, n=3)
   expected = ours(config, flat, x)
   for n in (1, 3):  # the batch dimension is dynamic
     (logits,) = session.run(['logits'], {'images': x[:n]})
@@ -592,8 +578,8 @@ def test_layer_scale_is_timms_ls1_ls2_and_a_run_and_a_checkpoint_take_it(tmp_pat
   """`--config.block.layer_scale=V` (CaiT's LayerScale): per block a gamma [D] that starts at V
   on each residual branch, timm's `blocks.N.ls1/ls2.gamma` (`init_values=V`): its logits within
   1e-5 of timm's on the same weights, the state both ways bitwise; a run's model starts at V;
-  a checkpoint of it loads by its model name and exports through the CLI (issue 45: a model
-  option is a schema field, a `Block` field and its code, and timm's names)."""
+  a checkpoint of it loads by its model name and exports through the CLI (a model option is a
+  schema field, a `Block` field and its code, and timm's names)."""
   from vit_jax.training import program
   from vit_jax.training import steps
 
@@ -606,8 +592,8 @@ def test_layer_scale_is_timms_ls1_ls2_and_a_run_and_a_checkpoint_take_it(tmp_pat
   model = interop_timm.build_model(Architecture.of(config), 7, 32)
   model.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()}, strict=True)
   with torch.no_grad():
-    theirs = model(nchw(images(32))).numpy()
-  assert_close(relative_error(ours(config, flat, images(32)), theirs), BOUND, 'logits')
+    theirs = model(nchw(random_images(32))).numpy()
+  assert_close(relative_error(ours(config, flat, random_images(32)), theirs), BOUND, 'logits')
   assert_flat_equal(
     interop_timm.from_timm(state, Architecture.of(small_vit_config('ViT-Ti_16')), 'timm'), flat
   )

@@ -14,6 +14,7 @@ import os
 from conftest import assert_close
 from conftest import param_shapes
 from conftest import random_like
+from conftest import relative_error
 from conftest import small_vit_config
 import jax
 import jax.numpy as jnp
@@ -41,10 +42,6 @@ needs_timm = pytest.mark.skipif(timm is None, reason='timm is not installed (REA
 BOUND = 1e-5
 
 
-def relative_error(a, b):
-  return float(np.max(np.abs(np.asarray(a) - b)) / np.max(np.abs(b)))
-
-
 # Our resize names -> timm's (interpolation, antialias) of the same resize.
 TIMM_RESIZE = {
   'bilinear': ('bilinear', False),
@@ -57,7 +54,7 @@ TIMM_RESIZE = {
 @pytest.mark.parametrize('resize', ['bilinear', 'bicubic_antialias'])
 @pytest.mark.parametrize('old, new', [(16, 8), (16, 24), (16, 32), (4, 2), (4, 8), (14, 16)])
 def test_pi_resize_is_timms_resample_patch_embed(old, new, resize):
-  """FlexiViT's bilinear, and timm's default (bicubic, antialiased) that c8cff89 lacked."""
+  """FlexiViT's bilinear, and timm's default (bicubic, antialiased)."""
   from timm.layers.patch_embed import resample_patch_embed
 
   kernel = np.random.default_rng(0).normal(size=(old, old, 3, 8)).astype(np.float32)
@@ -92,13 +89,26 @@ def test_posemb_resizes_are_timms_resample_abs_pos_embed(old, new, resize):
   assert_close(relative_error(ours, theirs), BOUND, f'{resize} position table against timm')
 
 
+def _timm_at_patch_8(config, state):
+  """timm's model of `config` at patch 8 holding `state`, two images, and its logits on them."""
+  from vit_jax.interop import timm as interop_timm
+
+  config.patches.size = (8, 8)
+  model = interop_timm.build_model(Architecture.of(config), 5, 32)
+  model.load_state_dict(state, strict=True)
+  images = np.random.default_rng(2).uniform(-1, 1, (2, 32, 32, 3)).astype(np.float32)
+  with torch.no_grad():
+    theirs = model(torch.from_numpy(images.transpose(0, 3, 1, 2).copy())).numpy()
+  return model, images, theirs
+
+
 @needs_timm
 def test_timms_default_resizes_load_at_another_patch_size_both_ways(tmp_path):
   """A patch-16 checkpoint at patch 8: timm resizing its own state_dict with its defaults
   (`resample_patch_embed` and `resample_abs_pos_embed`: bicubic, antialiased) and ours loading
   it with --resample=bicubic_antialias give the same logits, and our export at patch 8 loads
-  into timm with them; the default resizes (FlexiViT's bilinear, the official zoom) are another
-  model (c8cff89 had only those: 1.5e-2 to 2.5e-1 apart in the issue)."""
+  into timm with them; the default resizes (FlexiViT's bilinear, the official zoom) give
+  another model (logits 1.5e-2 to 2.5e-1 apart from timm's)."""
   import safetensors.torch
   from timm.layers.patch_embed import resample_patch_embed
   from timm.layers.pos_embed import resample_abs_pos_embed
@@ -109,12 +119,7 @@ def test_timms_default_resizes_load_at_another_patch_size_both_ways(tmp_path):
   state = {k: torch.from_numpy(v) for k, v in interop_timm.to_timm(flat).items()}
   state['patch_embed.proj.weight'] = resample_patch_embed(state['patch_embed.proj.weight'], [8, 8])
   state['pos_embed'] = resample_abs_pos_embed(state['pos_embed'], [4, 4], num_prefix_tokens=1)
-  config.patches.size = (8, 8)
-  model = interop_timm.build_model(Architecture.of(config), 5, 32)
-  model.load_state_dict(state, strict=True)
-  images = np.random.default_rng(2).uniform(-1, 1, (2, 32, 32, 3)).astype(np.float32)
-  with torch.no_grad():
-    theirs = model(torch.from_numpy(images.transpose(0, 3, 1, 2).copy())).numpy()
+  model, images, theirs = _timm_at_patch_8(config, state)
   loaded = loader.load_model(path, 'testing', patch_size=8, resample='bicubic_antialias')
   ours = loaded.model.apply({'params': loaded.params}, images, train=False)
   assert_close(relative_error(ours, theirs), BOUND, 'logits against timm at patch 8')
@@ -191,19 +196,12 @@ def test_export_at_another_patch_size_matches_timm(tmp_path):
   the exported weights gives our logits at patch 8."""
   import safetensors.torch
 
-  from vit_jax.interop import timm as interop_timm
-
   config, _, path = _checkpoint(tmp_path)
   out = str(tmp_path / 'p8.safetensors')
   export.export(str(path), 'timm', out, 'testing', patch_size=8)
   state = safetensors.torch.load_file(out)
   assert tuple(state['patch_embed.proj.weight'].shape) == (10, 3, 8, 8)
-  config.patches.size = (8, 8)
-  model = interop_timm.build_model(Architecture.of(config), 5, 32)
-  model.load_state_dict(state, strict=True)
-  images = np.random.default_rng(2).uniform(-1, 1, (2, 32, 32, 3)).astype(np.float32)
-  with torch.no_grad():
-    theirs = model(torch.from_numpy(images.transpose(0, 3, 1, 2).copy())).numpy()
+  _, images, theirs = _timm_at_patch_8(config, state)
   loaded = loader.load_model(path, 'testing', patch_size=8)
   ours = loaded.model.apply({'params': loaded.params}, images, train=False)
   assert_close(relative_error(ours, theirs), BOUND, 'logits against the peer')
@@ -319,8 +317,8 @@ def test_gradients_reach_the_underlying_kernel_and_position_embeddings():
 
 def test_a_run_with_a_random_patch_size_per_step_learns_and_evaluates(tmp_path):
   """The tiny run (`testing`, 16 px patches at 16 px) drawing 8 or 16 px patches per step:
-  the loss falls (by 0.1; by 0.27-0.31 here, before and after issue 34's pixels, at base_lr 0.1;
-  at 0.3 the mixed sizes were unstable: 0.07-0.3 as the pixels changed), and the saved
+  the loss falls (by 0.1; by 0.27-0.31 here at base_lr 0.1; at 0.3 the mixed sizes are
+  unstable, 0.07-0.3), and the saved
   parameters are the model's own (16 px kernel), which then load at each patch size."""
   from conftest import tiny_run_config
 

@@ -5,8 +5,10 @@ import logging
 import os
 import re
 
+from conftest import CLASSES
 from conftest import batch_sharding
 from conftest import data_config
+from conftest import run_command
 import numpy as np
 from PIL import Image
 import pytest
@@ -95,7 +97,7 @@ def test_folder_formats_labels_and_exact_eval(tmp_path):
 
 
 def _as_users_have_it(root):
-  """A folder as tools leave it (issue 35): notebook checkpoints, macOS archive metadata, a git
+  """A folder as tools leave it: notebook checkpoints, macOS archive metadata, a git
   folder, dot-files and a note beside the images; WebP and TIFF images, and JPEGs in a
   sub-folder of their class folder; the colour of each image says its class."""
   rng = np.random.default_rng(0)
@@ -118,10 +120,10 @@ def _as_users_have_it(root):
 
 
 def test_a_folder_as_users_have_it(tmp_path, caplog, capsys):
-  """Issue 35, category 1: tools' folders are neither splits, classes nor images (and said, once
-  per split); WebP and TIFF train as predict reads them (one list of endings, from `decode`);
-  images in a class folder's sub-folders are that class's; `predict DIR` finds the images in
-  the class folders; `evaluate` on a folder with only test/ works."""
+  """Tools' folders are neither splits, classes nor images (and said, once per split); WebP and TIFF
+  train as predict reads them (one list of endings, from `decode`); images in a class folder's
+  sub-folders are that class's; `predict DIR` finds the images in the class folders; `evaluate` on a
+  folder with only test/ works."""
   from conftest import param_shapes
   from conftest import random_like
 
@@ -419,3 +421,22 @@ def test_shards_keep_names_in_any_encoding(tmp_path):
   reader = records.open_records([(str(tmp_path / 'out' / name), 0, 2)], 'tfrecord')
   ids = {bytes(example_proto.parse(r)['image/id'][0]) for r in reader.read([0, 1])}
   assert ids == {latin1, utf8}
+
+
+# ---------------------------------------------------------------------------
+# jft's result line.
+
+
+def test_jft_prints_its_result_on_stdout(digit_folder, tmp_path, capsys):
+  """The result is a line on stdout; class names in info.json are the folders' names as text."""
+  from vit_jax import jft
+
+  argv = [f'--folder={digit_folder}/test', f'--out={tmp_path}/shards', '--shards=2']
+  code, out, err = run_command(jft.main, argv, capsys)
+  assert code == 0 and err == '', err
+  assert out == (
+    f'wrote 12 examples of split train (3 classes) in 2 shards to {tmp_path}/shards; '
+    '0 corrupt images skipped\n'
+  )
+  info = json.loads((tmp_path / 'shards' / 'info.json').read_text(encoding='utf-8'))
+  assert info['class_names'] == CLASSES

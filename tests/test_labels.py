@@ -99,3 +99,32 @@ def test_a_run_refused_for_its_labels_leaves_no_workdir(tmp_path):
   with pytest.raises(DataError, match='a label 2147483648 but 3 class_names'):
     loop.train_and_evaluate(tiny_run_config(dataset=path), str(workdir))
   assert sorted(os.listdir(tmp_path / 'runs')) == ['notes.txt']
+
+
+# ---------------------------------------------------------------------------
+# A label that would make a huge head.
+
+
+def test_an_npz_label_past_a_million_classes_is_one_line_at_once(tmp_path):
+  """One label of 2,000,000,000 in an .npz without class_names is one line at once, before any
+  class name is built: the check allocates next to nothing (2e9 names would take GBs)."""
+  import tracemalloc
+
+  from vit_jax.data.readers import arrays
+
+  x = np.zeros((4, 8, 8, 3), np.uint8)
+  path = tmp_path / 'data.npz'
+  np.savez(path, x_train=x, y_train=np.array([0, 1, 2, 2_000_000_000]), x_test=x, y_test=[0] * 4)
+  tracemalloc.start()
+  try:
+    with pytest.raises(DataError) as e:
+      arrays.load(str(path))
+    _, peak = tracemalloc.get_traced_memory()
+  finally:
+    tracemalloc.stop()
+  assert peak < 50 * 2**20
+  assert str(e.value) == (
+    f'{path}: y_train holds a label 2000000000, which would make 2,000,000,001 classes; labels '
+    'are class ids 0..K-1: renumber them (np.unique(y, return_inverse=True)[1]) or give '
+    'class_names'
+  )

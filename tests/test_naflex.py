@@ -12,6 +12,9 @@ import json
 import os
 
 from conftest import assert_close
+from conftest import param_shapes
+from conftest import random_flat_like
+from conftest import relative_error
 from conftest import small_arch
 from conftest import tiny_run_config
 import jax
@@ -51,10 +54,6 @@ BOUND = 1e-5
 PATCH = 4
 GRIDS = ((2, 3), (4, 4), (5, 2), (1, 1))  # (rows, columns) of the images of one batch
 LENGTH = 20  # the batch's token budget: the largest grid, 16 patches, plus padding
-
-
-def relative_error(a, b):
-  return float(np.max(np.abs(np.asarray(a) - b)) / np.max(np.abs(b)))
 
 
 def model_and_params(classifier, seed=0):
@@ -180,7 +179,7 @@ def _their_logits(model, packed):
 def test_a_conv_projection_naflexvit_imports_with_timms_logits():
   """timm's NaFlexVit with `embed_proj_type='conv'` holds its patch kernel as a Conv2d
   [D, C, P, P]: imported, it gives timm's logits on the same images, at the table's grid and
-  at another (c8cff89 swapped each patch's rows and columns: 0.33 off in the issue)."""
+  at another (each patch's rows and columns in timm's order, not swapped)."""
   theirs = _timm_naflexvit(
     'token', embed_proj_type='conv', pos_embed_interp_mode='bilinear', pos_embed_antialias=False
   )
@@ -205,8 +204,8 @@ def test_naflex_resamples_its_table_as_timms_antialiased_modes(resample):
   """timm NaFlexVit's default resampling of the position table (bicubic, antialiased) and
   its antialiased bilinear, each on a packed batch of grids below, at and above the table's
   4x4: the logits of ours with `posemb_resample` set so (bilinear: the test above); the file
-  records none, so importing one asks for it. c8cff89 imported such files silently as bilinear
-  (4.5e-2 to 7.0e-2 off in the issue)."""
+  records none, so importing one asks for it (read as bilinear, such a file's logits are
+  4.5e-2 to 7.0e-2 off)."""
   mode, antialias = interop_timm.NAFLEX_RESAMPLE[resample]
   theirs = _timm_naflexvit(
     'gap', embed_proj_type='linear', pos_embed_interp_mode=mode, pos_embed_antialias=antialias
@@ -248,8 +247,8 @@ TIMM_GRIDS = {
 
 
 def test_grids_are_timms_for_the_same_budget():
-  """The grid of each image and budget is the one timm's NaFlex pipeline picks (c8cff89's
-  rounded both sides down: 13x18 = 234 tokens for 480x640 at 256, timm 14x18 = 252)."""
+  """The grid of each image and budget is the one timm's NaFlex pipeline picks (not both sides
+  rounded down: 14x18 = 252 tokens for 480x640 at 256, not 13x18 = 234)."""
   for (height, width, budget), want in TIMM_GRIDS.items():
     assert naflex_data.grid_for(height, width, budget) == want, (height, width, budget)
   if timm is None:
@@ -363,7 +362,7 @@ def test_a_naflex_run_trains_at_mixed_budgets_and_evaluates_at_three_resolutions
 @pytest.mark.equivalence
 def test_naflex_runs_on_the_vits_encoder_with_its_options():
   """NaFlex's blocks are `vit.Encoder`'s over each image's real tokens, so it takes the
-  encoder's options (issue 45): the written-out attention masks the padding as XLA's kernel
+  encoder's options: the written-out attention masks the padding as XLA's kernel
   does (the same math in another order, within 1e-5) and records weights that give it none;
   scanned and rematerialised blocks give the unrolled ones' logits; a run may set ViT-22B's
   block options and attention dropout."""
@@ -452,14 +451,7 @@ def test_the_timm_exports_loading_recipe_rebuilds_a_run_with_registers(tmp_path)
   config = architectures.MODEL_CONFIGS['testing']
   config.update(patches={'size': (PATCH, PATCH)}, num_registers=2)
   model = naflex.NaFlexViT(5, model_spec.naflex_of(Architecture.of(config), (4, 4), 'bilinear'))
-  shapes = jax.eval_shape(
-    lambda: model.init(jax.random.key(0), jnp.zeros((1, 16, 16, 3)), train=False)
-  )['params']
-  rng = np.random.default_rng(4)
-  flat = {
-    k: (0.3 * rng.normal(size=v.shape) + k.endswith('/scale')).astype(np.float32)
-    for k, v in checkpoint.flatten(shapes).items()
-  }
+  flat = random_flat_like(param_shapes(None, None, 16, module=model), seed=4, scale=0.3)
   path = checkpoint.save_npz(checkpoint.unflatten(flat), tmp_path / 'naflex.npz')
   out = str(tmp_path / 'naflex.safetensors')
   notes = export.export(path, 'timm', out, 'testing')
@@ -473,3 +465,38 @@ def test_the_timm_exports_loading_recipe_rebuilds_a_run_with_registers(tmp_path)
   theirs = _their_logits(theirs_model, packed)
   assert np.abs(theirs).max() > 0.05
   assert_close(relative_error(ours, theirs), BOUND, 'logits of the rebuilt model')
+
+
+# ---------------------------------------------------------------------------
+# What a NaFlex run says: its memory advice and its preprocessing.
+
+
+def test_out_of_memory_under_naflex_names_the_token_budget():
+  """Out of memory under NaFlex names the token budget (`--config.naflex_tokens`) beside
+  accum_steps and batch."""
+  from conftest import tiny_run_config
+  import jax
+
+  from vit_jax.training import loop
+
+  config = tiny_run_config(naflex_tokens=(4, 100_000))
+  with pytest.raises(loop.TrainingError) as e:
+    with loop._out_of_memory_advice(config):
+      raise jax.errors.JaxRuntimeError('RESOURCE_EXHAUSTED: Out of memory allocating 9 GB')
+  assert str(e.value) == (
+    'out of device memory at batch 32 per step of up to 100,000 tokens an image: lower the '
+    'largest budget in --config.naflex_tokens (now (4, 100000)), raise --config.accum_steps '
+    '(now 1), or lower --config.batch'
+  )
+
+
+def test_a_naflex_runs_preprocessing_line_says_its_budgets():
+  """A NaFlex run's preprocessing line says its token budgets, not a square crop to pp.crop."""
+  from conftest import tiny_run_config
+
+  config = tiny_run_config(model='ViT-Demo_4', naflex_tokens=(4, 9, 16))
+  line = pipeline.describe_preprocessing(config)
+  assert line.startswith(
+    'preprocessing: train inception crop (area 0.5-1) at its own aspect ratio, resized to a '
+    'budget drawn from 4, 9, 16 tokens (NaFlex), no flip; eval resize to 16 px.'
+  ), line

@@ -11,6 +11,7 @@ import io
 import os
 
 from conftest import ROOT
+from conftest import write_photo_folder
 import numpy as np
 from PIL import Image
 import pytest
@@ -30,13 +31,7 @@ def tf():
 @pytest.fixture(scope='module')
 def photos(tmp_path_factory):
   """JPEGs of several sizes (crops of scikit-learn's photos), a PNG and a grey JPEG."""
-  root = str(tmp_path_factory.mktemp('photos'))
-  input_speed.write_photos(root, 12, classes=2)
-  from sklearn.datasets import load_sample_images
-
-  flower = load_sample_images().images[1]
-  Image.fromarray(flower[::4, ::4]).save(os.path.join(root, 'train', 'class0', 'png.png'))
-  Image.fromarray(flower[::3, ::3, 1]).save(os.path.join(root, 'train', 'class1', 'grey.jpg'))
+  root = write_photo_folder(str(tmp_path_factory.mktemp('photos')), 12, classes=2)
   return input_speed.image_files(os.path.join(root, 'train'))
 
 

@@ -4,6 +4,12 @@ import json
 import os
 import shutil
 
+from conftest import CLASSES
+from conftest import TESTING_SIZE
+from conftest import assert_bitwise_equal
+from conftest import dataset_record
+from conftest import final_params
+from conftest import tiny_params
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
@@ -198,12 +204,6 @@ def _metrics(workdir):
     return [json.loads(line) for line in f]
 
 
-def _params(workdir):
-  from vit_jax import checkpoint
-
-  return checkpoint.flatten(checkpoint.load(workdir))
-
-
 def test_a_resumed_run_logs_the_loss_curve_of_an_uninterrupted_one(finished_run, tmp_path):
   """Resumed from step 6, the progress line at step 8 averages steps 5 to 8 as the
   uninterrupted run's did (the window's losses travel in the checkpoint), and metrics.jsonl
@@ -253,8 +253,137 @@ def test_a_run_whose_data_moved_resumes_from_the_new_path_and_other_data_is_refu
   shutil.copyfile(dataset, moved)  # the run's own file, copied (moved: the same)
   summary = loop.train_and_evaluate(_tiny_config(moved), workdir)
   assert summary['resumed_from_step'] == 6
-  got, want = _params(workdir), _params(run)
-  assert sorted(got) == sorted(want)
-  for key in want:
-    np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+  assert_bitwise_equal(final_params(workdir), final_params(run))
   assert json.load(open(os.path.join(workdir, workdir_lib.DATASET_FILE)))['path'] == moved
+
+
+# ---------------------------------------------------------------------------
+# What a resume says when the run's data or config changed, and what resumes as is.
+
+
+def _handmade_run(path, config, *, step=4, dataset_record=None, checkpoint_step=None):
+  """A workdir as a stopped run leaves it: config.json, dataset.json (when given), and a
+  checkpoint (params only: what `vit_jax.evaluation.loader` reads) or a summary short of the
+  end."""
+  import orbax.checkpoint as ocp
+
+  os.makedirs(path)
+  workdir_lib.write_config(str(path), config)
+  if dataset_record is not None:
+    (path / 'dataset.json').write_text(json.dumps(dataset_record))
+  if checkpoint_step is None:
+    workdir_lib.write_summary(str(path), {'step': step, 'model': config.model})
+    return str(path)
+  manager = ocp.CheckpointManager(workdir_lib.checkpoints_dir(str(path), absolute=True))
+  state = {'params': tiny_params(3), 'step': np.asarray(checkpoint_step, np.int32)}
+  manager.save(checkpoint_step, args=ocp.args.Composite(state=ocp.args.StandardSave(state)))
+  manager.wait_until_finished()
+  manager.close()
+  return str(path)
+
+
+def test_a_run_on_arrays_registered_in_python_resumed_without_them_says_how(tmp_path):
+  """A run on arrays registered in Python, resumed where they are not registered, says to resume
+  it from Python with the same arrays, never to download the name from TFDS."""
+  from conftest import tiny_run_config
+
+  from vit_jax.training import loop
+  from vit_jax.training import resume
+
+  config = tiny_run_config(dataset='myarrays')
+  run = _handmade_run(
+    tmp_path / 'run', config, dataset_record=dataset_record('myarrays', 10, registered=True)
+  )
+  with pytest.raises(resume.ResumeError) as e:
+    loop.train_and_evaluate(config, run)
+  assert str(e.value) == (
+    f"{run} holds a run on 'myarrays', arrays registered in Python (register_arrays), which "
+    'this process has not registered: resume it from Python, calling '
+    "vit_jax.input_pipeline.register_arrays('myarrays', x_train=..., y_train=..., ...) with the "
+    'same arrays before train_and_evaluate'
+  )
+
+
+def test_a_class_folder_added_between_runs_is_said_as_the_data_changing(tmp_path, digit_folder):
+  """A class folder added between runs is said as the data changing, not the config, with how to
+  resume and how to train on the new classes."""
+  import shutil
+
+  from conftest import tiny_run_config
+
+  from vit_jax.training import loop
+  from vit_jax.training import resume
+
+  data = shutil.copytree(digit_folder, tmp_path / 'data')
+  config = tiny_run_config(dataset=str(data), **{'pp.crop': TESTING_SIZE})
+  run = _handmade_run(
+    tmp_path / 'run', config, dataset_record=dataset_record(str(data), CLASSES), checkpoint_step=4
+  )
+  for split in ('train', 'test'):
+    shutil.copytree(data / split / CLASSES[0], data / split / 'new')
+  with pytest.raises(resume.ResumeError) as e:
+    loop.train_and_evaluate(config, run)
+  assert str(e.value) == (
+    f"{data} has 4 classes now, the run in {run} was trained on 3 (added 'new'): the data "
+    'changed since the run started. To resume it, restore the data as it was; to train on the '
+    f'new classes, use another --workdir (--config.pretrained_path={run} starts from its '
+    'weights)'
+  )
+
+
+@pytest.mark.parametrize('spelling', ['trailing slash', 'relative', 'symlink'])
+def test_the_same_data_spelled_otherwise_resumes(
+  spelling, tmp_path, digit_folder, monkeypatch, capsys
+):
+  """The same dataset spelled with a trailing slash, a relative path or a symlink resumes the
+  run."""
+  import shutil
+
+  from conftest import tiny_run_config
+
+  from vit_jax.training import loop
+
+  data = shutil.copytree(digit_folder, tmp_path / 'data')
+  config = tiny_run_config(dataset=str(data))
+  run = _handmade_run(
+    tmp_path / 'run', config, step=24, dataset_record=dataset_record(str(data), CLASSES)
+  )
+  monkeypatch.chdir(tmp_path)
+  os.symlink(data, tmp_path / 'link')
+  config.dataset = {'trailing slash': f'{data}/', 'relative': 'data', 'symlink': 'link'}[spelling]
+  capsys.readouterr()
+  assert loop.train_and_evaluate(config, run) == {'step': 24, 'model': 'testing'}
+  assert f'{run} has finished: step 24' in capsys.readouterr().out
+
+
+def test_fields_a_run_recorded_that_this_version_does_not_read_are_said_and_kept(
+  tmp_path, monkeypatch, capsys
+):
+  """Fields of another version in a run's config.json are named in one line on resume and kept in
+  the file."""
+  from conftest import tiny_run_config
+
+  from vit_jax.training import loop
+
+  config = tiny_run_config()
+  run = _handmade_run(tmp_path / 'run', config, step=4)
+  recorded = json.loads((tmp_path / 'run' / 'config.json').read_text())
+  recorded.update(old_field=7, pp={**recorded['pp'], 'old_crop': 3})
+  (tmp_path / 'run' / 'config.json').write_text(json.dumps(recorded))
+
+  class Stop(Exception):
+    pass
+
+  def stop(*args, **kwargs):
+    raise Stop
+
+  monkeypatch.setattr(loop, 'set_up', stop)
+  capsys.readouterr()
+  with pytest.raises(Stop):
+    loop.train_and_evaluate(config, run)
+  assert capsys.readouterr().out == (
+    f'config.json of {run} records fields this version does not read (old_field, pp.old_crop): '
+    'resumed without them, kept in the file\n'
+  )
+  kept = json.loads((tmp_path / 'run' / 'config.json').read_text())
+  assert kept['old_field'] == 7 and kept['pp']['old_crop'] == 3

@@ -25,13 +25,13 @@ import sys
 import time
 
 from conftest import ROOT
+from conftest import assert_bitwise_equal
+from conftest import final_params
+from conftest import free_port
 from conftest import said
 from conftest import subprocess_env
 from conftest import tiny_run_flags
-import numpy as np
 import pytest
-
-from vit_jax import checkpoint
 
 pytestmark = pytest.mark.slow
 
@@ -57,12 +57,6 @@ def _missing() -> str:
   if os.geteuid() != 0:
     return 'the SLURM daemons of the test cluster run as root; run the tests as root (as CI does)'
   return ''
-
-
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
 
 
 class Cluster:
@@ -117,7 +111,7 @@ class Cluster:
   def _config(self, munge_socket) -> str:
     root = self.root
     nodes = [
-      f'NodeName={node} NodeHostname={self.host} NodeAddr={address} Port={_free_port()} CPUs=8 '
+      f'NodeName={node} NodeHostname={self.host} NodeAddr={address} Port={free_port()} CPUs=8 '
       'State=UNKNOWN'
       for node, address in self.NODES.items()
     ]
@@ -131,7 +125,7 @@ class Cluster:
         'CredType=cred/munge',
         'SlurmUser=root',
         'SlurmdUser=root',
-        f'SlurmctldPort={_free_port()}',
+        f'SlurmctldPort={free_port()}',
         f'StateSaveLocation={root}/state',
         # One spool folder, pid file and log per node (%n: the node's name).
         f'SlurmdSpoolDir={root}/spool/%n',
@@ -319,7 +313,7 @@ def reference(workdir, devices, flags=FLAGS, processes=1):
   command = [sys.executable, '-m', 'vit_jax.main', f'--workdir={workdir}', *flags]
   ranks = [[]]
   if processes > 1:
-    address = f'127.0.0.1:{_free_port()}'
+    address = f'127.0.0.1:{free_port()}'
     ranks = [
       [f'--coordinator_address={address}', f'--num_processes={processes}', f'--process_id={i}']
       for i in range(processes)
@@ -344,19 +338,9 @@ def reference(workdir, devices, flags=FLAGS, processes=1):
       for process in started:
         if process.poll() is None:
           process.kill()
-    return params(workdir)
+    return final_params(workdir)
 
   return result
-
-
-def params(workdir):
-  return checkpoint.flatten(checkpoint.load(os.path.join(workdir, 'params.npz')))
-
-
-def assert_bitwise_equal(a, b):
-  assert sorted(a) == sorted(b)
-  for key in a:
-    np.testing.assert_array_equal(a[key], b[key], err_msg=key)
 
 
 def submit(cluster, workdir, *flags, tasks=2, run_flags=FLAGS, env=None) -> int:
@@ -569,7 +553,7 @@ def test_preempted_and_killed_the_job_requeues_itself_and_ends_bitwise(nodes, tm
   assert os.path.exists(os.path.join(workdir, 'launch.sbatch'))
   assert '0: step 24/24' in last_attempt and '\n1: step ' not in log
   assert '\n0: 2 processes: 0-1 on n1; coordinator n1 (127.0.0.2:' in last_attempt
-  assert_bitwise_equal(params(workdir), expected())
+  assert_bitwise_equal(final_params(workdir), expected())
 
 
 def test_two_nodes_drained_or_out_of_time_stop_all_ranks_at_one_step_and_end_bitwise(
@@ -624,7 +608,7 @@ def test_two_nodes_drained_or_out_of_time_stop_all_ranks_at_one_step_and_end_bit
   last_attempt = attempt_log(log, n + 1)
   assert f'Resuming from the checkpoint at step {stopped}' in last_attempt
   assert '\n0: 4 processes: 0-1 on n1, 2-3 on n2; coordinator n1 (127.0.0.2:' in last_attempt
-  assert_bitwise_equal(params(workdir), expected())
+  assert_bitwise_equal(final_params(workdir), expected())
 
 
 def test_a_lost_node_ends_the_job_in_one_line_and_it_goes_on_on_the_node_left(nodes, tmp_path):
@@ -673,7 +657,7 @@ def test_a_lost_node_ends_the_job_in_one_line_and_it_goes_on_on_the_node_left(no
   last_attempt = attempt_log(log, n + 1)
   assert f'Resuming from the checkpoint at step {kept}' in last_attempt
   assert '\n0: 2 processes: 0-1 on n1; coordinator n1 (127.0.0.2:' in last_attempt
-  assert_bitwise_equal(params(workdir), expected())
+  assert_bitwise_equal(final_params(workdir), expected())
 
 
 def test_a_coordinator_the_nodes_cannot_reach_is_one_line_on_every_rank_and_not_requeued(

@@ -7,7 +7,7 @@ the card's dense peak, or the collectives' bytes at NVLink and InfiniBand
 bandwidth, whichever is longer. Nothing here is a measurement.
 
 What the program launches is read from it too (`kernel_counts`, per encoder
-block `step_kernels`; benchmarks/gpu_hlo.py records them for issue 33): its
+block `step_kernels`; benchmarks/gpu_hlo.py records them): its
 kernels, the bytes they write, pads, convolutions, parameter casts.
 
 Collectives are read from the compiled program and placed on the links they
@@ -166,7 +166,7 @@ def analyse(c: aot.Compiled) -> dict:
 
 
 def kernel_counts(text: str) -> dict:
-  """What a compiled GPU program launches per call (issue 33): its kernels by name
+  """What a compiled GPU program launches per call: its kernels by name
   (`hlo.kernels`) and the bytes they write, the convolutions (XLA's or cuDNN's), the `pad`s
   inside any kernel by shape (`hlo.pads`), the
   arguments cast to a narrower float type in the program (`hlo.parameter_converts`; the

@@ -168,15 +168,17 @@ def machine_info() -> dict:
 
 
 # XLA options of the programs built for NVIDIA GPUs (train, eval, benchmark and
-# inference steps; issue 33). Triton's matmuls off: with them on, XLA turns each
-# matmul into a Triton fusion before it matches cuBLASLt's epilogues, so a
-# matmul that the autotuner then gives to cuBLAS keeps its bias, GELU and
-# residual add as kernels of their own (ViT-B/16 inference on an H100: GELU
-# 11.3%, adds 6.3% of the time). Compiled for an H100 on this CPU
-# (benchmarks/gpu_hlo), ViT-B/16 then has no GELU or bias kernel left. Not yet
-# timed on a GPU: benchmarks/gpu_session.py measures it against Triton on.
-# MaxText's and JAX-Toolbox's GPU flags set it too; the latency-hiding
-# scheduler they also set compiled to the same program here (it is on by default).
+# inference steps). Triton's matmuls off: with them on, XLA turns each matmul
+# into a Triton fusion before it matches cuBLASLt's epilogues, so a matmul that
+# the autotuner then gives to cuBLAS keeps its bias, GELU and residual add as
+# kernels of their own (ViT-B/16 inference on an H100: GELU 11.3%, adds 6.3% of
+# the time). Compiled for an H100 (benchmarks/gpu_hlo.py), ViT-B/16 then has no
+# GELU or bias kernel left. Timed on an H200 (ViT-B/16 training, bf16, batch 512;
+# `python benchmarks/gpu_session.py`, records in benchmarks/gpu_measured/h200_20261127/,
+# the README's table): 3,993 img/s with these options, 3,841 with Triton's
+# matmuls on. MaxText's and JAX-Toolbox's GPU flags set it too; the
+# latency-hiding scheduler they also set compiles to the same program (it is on
+# by default).
 GPU_COMPILER_OPTIONS = {'xla_gpu_enable_triton_gemm': False}
 
 # And where a program spans several GPUs: the gradient all-reduces (FSDP's all-gathers and
