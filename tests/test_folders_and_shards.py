@@ -303,17 +303,17 @@ def test_small_images_get_gentle_crops_and_the_run_says_so(tmp_path):
   # Digits-sized images: crops keep at least half the image; photo-sized ones
   # keep ImageNet's augmentation (paper B.1.1). Both are flipped unless asked.
   small = _config(_sized_folder(tmp_path / 'small', (8, 8)))
-  text = pipeline.describe_preprocessing(small)
+  text = pipeline.Preprocessing.of(small).describe()
   assert text.startswith(
     'preprocessing: train inception crop (area 0.5-1) to 8 px, horizontal flip;'
   )
   assert 'dataset defaults (small images: shorter side 8 px < 64)' in text
   large = _config(_sized_folder(tmp_path / 'large', (96, 80)))
-  text = pipeline.describe_preprocessing(large)
+  text = pipeline.Preprocessing.of(large).describe()
   assert 'inception crop (area 0.05-1)' in text and 'horizontal flip' in text
   assert "dataset defaults (the paper's, B.1.1)" in text
   chosen = _config(tmp_path / 'small', flip=False)
-  text = pipeline.describe_preprocessing(chosen)
+  text = pipeline.Preprocessing.of(chosen).describe()
   assert 'no flip' in text and 'set: flip' in text
   assert '--config.pp.flip' in text and 'docs/data.md' in text
 

@@ -79,7 +79,7 @@ def test_an_eval_pass_is_every_image_once_as_one_image_is_evaluated(photos):
   assert len(batches) == 4  # 26 images, batches of 8
   mask = np.concatenate([b['mask'] for b in batches])
   assert mask.tolist() == [1.0] * 26 + [0.0] * 6
-  source = pipeline._open(config, 'test')
+  source = pipeline.split_source(config, 'test')
   paths, labels = source.fetch(np.arange(26))
   want = np.stack([images.eval_image(open(p, 'rb').read(), 64, 80) for p in paths])
   np.testing.assert_array_equal(np.concatenate([b['image'] for b in batches])[:26], want)
@@ -153,7 +153,7 @@ def test_batches_do_not_depend_on_threads_and_resume_exactly(photos):
   # The examples are the ones the shared order names.
   config = _config(photos, input_threads=2)
   labels = np.concatenate([next(pipeline.make_train_iterator(config, None))['label']])
-  source = pipeline._open(config, 'train')
+  source = pipeline.split_source(config, 'train')
   _, idx = order.train_indices(
     0, global_batch=8, local_batch=8, offset=0, num_examples=26, order_key=order.keys(0)[0]
   )

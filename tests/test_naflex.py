@@ -295,8 +295,8 @@ def test_a_packed_image_is_its_resize_cut_into_patches_in_row_order():
 
 def test_train_batches_are_fixed_shape_mixed_budgets_and_a_function_of_seed_and_step():
   config = tiny_run_config(model='ViT-Demo_4', naflex_tokens=(4, 9, 16), batch=64)
-  source = pipeline._open(config, 'train')
-  pp = pipeline._pp(config)
+  source = pipeline.split_source(config, 'train')
+  pp = pipeline.Preprocessing.of(config)
 
   def batch(step):
     it = naflex_data.TrainBatches(
@@ -495,7 +495,7 @@ def test_a_naflex_runs_preprocessing_line_says_its_budgets():
   from conftest import tiny_run_config
 
   config = tiny_run_config(model='ViT-Demo_4', naflex_tokens=(4, 9, 16))
-  line = pipeline.describe_preprocessing(config)
+  line = pipeline.Preprocessing.of(config).describe()
   assert line.startswith(
     'preprocessing: train inception crop (area 0.5-1) at its own aspect ratio, resized to a '
     'budget drawn from 4, 9, 16 tokens (NaFlex), no flip; eval resize to 16 px.'

@@ -163,7 +163,7 @@ def test_reduced_scale_decode_stays_close_to_a_full_decode():
   half = images.decode(data, 200, 300)
   assert half.shape == (214, 320, 3)  # libjpeg-turbo's 1/2 scale
   cv2 = images._cv2()
-  pp = pipeline._PP(96, None, False, False, 1.0, 0, 0.0, 0.0)  # whole image, no flip
+  pp = pipeline.Preprocessing(96, None, False, False, 1.0, 0, 0.0, 0.0)  # whole image, no flip
   ours = images.train_image(data, np.zeros(images.DRAWS), pp)  # decodes at 1/4 scale
   ref = cv2.resize(full, (96, 96), interpolation=cv2.INTER_AREA)
   assert np.abs(ours.astype(int) - ref).mean() < 4
@@ -171,7 +171,7 @@ def test_reduced_scale_decode_stays_close_to_a_full_decode():
 
 def test_flip_mirrors_the_same_crop():
   data = _encoded(np.random.default_rng(0).integers(0, 255, (90, 120, 3), np.uint8), 'PNG')
-  pp = pipeline._PP(32, None, True, True, 0.3, 0, 0.0, 0.0)
+  pp = pipeline.Preprocessing(32, None, True, True, 0.3, 0, 0.0, 0.0)
   u = order.example_uniforms(1, [7], images.DRAWS)[0]
   u[-1] = 0.9
   plain = images.train_image(data, u, pp)

@@ -198,7 +198,11 @@ def test_evaluation_batches_are_timms_eval_pixels(tmp_path):
     os.symlink(tmp_path / 'data' / 'train', tmp_path / 'data' / split)
   p = timm_weights.preprocessing('deit_small_patch16_224', 'fb_in1k').at(48)
   config = data_config(tmp_path / 'data', batch_eval=3, **{'pp.crop': 48})
-  batch = next(iter(pipeline.make_eval_iterator(config, None, raw=True, transform=p)))
+  batch = next(
+    iter(
+      pipeline.make_eval_iterator(config, None, raw=True, pp=pipeline.Preprocessing.of(config, p))
+    )
+  )
   transform = create_transform(48, crop_pct=p.crop_pct, interpolation=p.interpolation)
   resize_crop = transform.transforms[:2]  # Resize, CenterCrop; then ToTensor, Normalize
   for image, label in zip(np.asarray(batch['image']), np.asarray(batch['label'])):

@@ -301,8 +301,9 @@ def evaluate(loaded: LoadedModel, data_config, split: str, batch_sharding) -> di
   """{'top1', 'top5' (single-label), 'examples'} of `loaded` on a whole dataset split."""
   from vit_jax.data import pipeline  # TensorFlow: imported when a dataset is read
 
-  source = pipeline.split_source(data_config, split)
   transform = loaded.preprocessing
+  pp = pipeline.Preprocessing.of(data_config, transform)
+  source = pipeline.split_source(data_config, split, pp)
   if transform is not None and data_config.pp.resize:
     raise InputError(
       f"--resize={data_config.pp.resize}: the checkpoint evaluates by its weights' own "
@@ -323,9 +324,7 @@ def evaluate(loaded: LoadedModel, data_config, split: str, batch_sharding) -> di
   counts_fn = jax.jit(counts_fn, compiler_options=options)
 
   params = jax.device_put(loaded.params, sharding.replicated(batch_sharding.mesh))
-  batches = pipeline.make_eval_iterator(
-    data_config, batch_sharding, split=split, raw=True, transform=transform
-  )
+  batches = pipeline.make_eval_iterator(data_config, batch_sharding, split=split, raw=True, pp=pp)
   result = metrics.accuracy(counts_fn, params, batches)
   top5 = result.pop('accuracy_top5', None)
   return {

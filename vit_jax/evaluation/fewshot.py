@@ -345,21 +345,18 @@ def evaluate_datasets(config, model, params, sharding, *, features_fn=None, tran
       tfds_manual_dir=config.tfds_manual_dir,
     )
     data.pp.crop = config.pp.crop
-    info = pipeline.get_info(data)
+    pp = pipeline.Preprocessing.of(data, transform)
+    info = pipeline.get_info(data, pp)
     train = extract_features(
       model,
       params,
-      pipeline.make_eval_iterator(
-        data, sharding, split=config.fewshot.train_split, raw=True, transform=transform
-      ),
+      pipeline.make_eval_iterator(data, sharding, config.fewshot.train_split, raw=True, pp=pp),
       features_fn=features_fn,
     )
     test = extract_features(
       model,
       params,
-      pipeline.make_eval_iterator(
-        data, sharding, split=config.fewshot.test_split, raw=True, transform=transform
-      ),
+      pipeline.make_eval_iterator(data, sharding, config.fewshot.test_split, raw=True, pp=pp),
       features_fn=features_fn,
     )
     results = fewshot_accuracy(

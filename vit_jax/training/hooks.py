@@ -80,9 +80,7 @@ def accuracy(run, params) -> dict:
   return metrics.accuracy(
     run.program.eval_step,
     params,
-    pipeline.make_eval_iterator(
-      run.config, run.program.batch_sharding, raw=True, transform=run.transform
-    ),
+    pipeline.make_eval_iterator(run.config, run.program.batch_sharding, raw=True, pp=run.pp),
   )
 
 

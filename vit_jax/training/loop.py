@@ -97,7 +97,12 @@ def train_and_evaluate(config, workdir: str) -> dict:
         loop = Loop(
           state=state,
           train_iter=pipeline.make_train_iterator(
-            config, run.program.batch_sharding, state=data_state, raw=True, model_spec=spec
+            config,
+            run.program.batch_sharding,
+            state=data_state,
+            raw=True,
+            model_spec=spec,
+            pp=run.pp,
           ),
           progress=console.Progress(config.total_steps, first_step, config.batch),
           clock=clock,
@@ -189,6 +194,7 @@ class Run:
   manager: ocp.CheckpointManager
   peak_flops: Optional[float]
   lock: Optional[workdir_lib.Lock] = None  # process 0's hold on the workdir
+  pp: Optional[pipeline.Preprocessing] = None  # the data's preprocessing, resolved once
   # A family's weights: their evaluation transform (`configs.timm_weights.Preprocessing`);
   # None: the official resize.
   transform: Any = None
@@ -310,7 +316,8 @@ def set_up(
   `program.validate` resolved, checking the config against the devices), the optimizer and the
   checkpoint manager. `transform`: the evaluation transform of a family's weights
   (`weights_of`), recorded in the workdir."""
-  info = pipeline.get_info(config)
+  pp = pipeline.Preprocessing.of(config, transform)  # the data half, as `spec` is the model
+  info = pipeline.get_info(config, pp)
   resume.check_classes(workdir, info)
   if jax.process_index() == 0:
     resume.record_dataset(workdir, info)
@@ -319,7 +326,7 @@ def set_up(
   if info.multi_label and config.loss != 'sigmoid' and config.task == 'classification':
     raise ConfigError(f'{info.name} is multi-label: set --config.loss=sigmoid')
   log = run_log.RunLog(workdir, is_main=jax.process_index() == 0, tensorboard=config.tensorboard)
-  log.info(pipeline.describe_preprocessing(config, transform))
+  log.info(pp.describe())
   device = mesh.devices.flat[0]
   if config.fp8 and not fp8.native(device):
     log.info(
@@ -346,6 +353,7 @@ def set_up(
     # A peak that does not drop on a busy machine: MFU stays at most 1 (vit_jax.core.hardware).
     peak_flops=config.peak_flops or hardware.stable_peak()[0],
     lock=lock,
+    pp=pp,
     transform=transform,
   )
 
