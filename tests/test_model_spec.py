@@ -5,8 +5,10 @@ defaults or telling families apart by name."""
 
 import ast
 import dataclasses
+import importlib.util
 import pathlib
 
+import jax
 import pytest
 
 import vit_jax
@@ -129,3 +131,47 @@ def test_interop_tells_models_apart_by_their_fields_not_their_family():
     or (isinstance(n, ast.Attribute) and n.attr == 'family_of')
   ]
   assert found == []
+
+
+@pytest.mark.skipif(not importlib.util.find_spec('timm'), reason='timm is not installed')
+def test_a_block_option_is_a_field_and_the_layers_that_read_it():
+  """RMSNorm for every norm of the encoder (`Block.norm='rms'`, a field of the declaration and
+  the norm layer that reads it): no norm biases in the tree, timm's ViT built with its RmsNorm
+  gives our logits on the same weights, and the timm export, which writes LayerNorms, refuses
+  it in one line."""
+  import functools
+
+  import numpy as np
+  from timm.layers import RmsNorm
+  from timm.models import vision_transformer
+  import torch
+
+  from vit_jax import checkpoint
+  from vit_jax.interop import timm as interop_timm
+  from vit_jax.interop import torch_layout
+
+  arch = model_spec.registered('testing').changed(
+    hidden_size=24, num_layers=2, num_heads=3, mlp_dim=48, norm='rms', layer_scale=0.5
+  )
+  model = vit.VisionTransformer(5, arch)
+  x = np.random.default_rng(0).uniform(-1, 1, (2, 32, 32, 3)).astype(np.float32)
+  shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), x, train=False))['params']
+  rng = np.random.default_rng(1)
+  flat = {
+    k: (0.1 * rng.normal(size=v.shape) + k.endswith(('/scale', 'gamma'))).astype(np.float32)
+    for k, v in checkpoint.flatten(shapes).items()
+  }
+  assert [k for k in flat if 'norm' in k.lower() and k.endswith('/bias')] == []
+  ours = np.asarray(model.apply({'params': checkpoint.unflatten(flat)}, x, train=False))
+  theirs_model = vision_transformer.VisionTransformer(
+    img_size=32, patch_size=16, embed_dim=24, depth=2, num_heads=3, mlp_ratio=2, num_classes=5,
+    init_values=0.5, act_layer='gelu_tanh', norm_layer=functools.partial(RmsNorm, eps=1e-6),
+  ).eval()  # fmt: skip
+  state = {k: torch.from_numpy(v) for k, v in interop_timm.to_timm(flat, arch).items()}
+  theirs_model.load_state_dict(state, strict=True)
+  with torch.no_grad():
+    theirs = theirs_model(torch.from_numpy(x.transpose(0, 3, 1, 2).copy())).numpy()
+  assert np.abs(theirs).max() > 0.05
+  assert np.max(np.abs(ours - theirs)) / np.max(np.abs(theirs)) < 1e-5
+  with pytest.raises(torch_layout.ExportError, match="writes the paper's ViT, not norm='rms'"):
+    torch_layout.check_writes(arch, 'timm', interop_timm.WRITES)

@@ -34,6 +34,10 @@ MLPS = ('gelu_tanh', 'gelu', 'quick_gelu', 'swiglu')
 # embeddings a key bias is rotated per position), none in the q/k/v projections (DINOv3), none
 # there and in the LayerNorms (ViT-22B); a run's config may set it (`block.biases`).
 BIASES = schema.allowed('block.biases')
+# The encoder's normalisation layers (every one the block's options make: the blocks', the q/k
+# norms, the MLP's, pre-norm, the final norm): LayerNorm (the paper), or RMSNorm (Zhang and
+# Sennrich 2019: x / rms(x) * scale, no centring and no bias, whatever the biases slot says).
+NORMS = ('layer', 'rms')
 # Pooling: the class token (paper 3.1), the mean token, the mean of the patches behind a class
 # token, multi-head attention pooling (big_vision's MAP head), or every token.
 CLASSIFIERS = ('token', 'gap', 'map', 'unpooled', 'token_unpooled', 'token_gap')
@@ -75,10 +79,12 @@ class Block:
   parallel_block: bool = False  # ViT-22B: attention and MLP read one LayerNorm, added together
   layer_scale: Optional[float] = None  # LayerScale's initial gamma (CaiT); None: none
   norm_eps: float = 1e-6  # every LayerNorm's epsilon (the original code's; CLIP: 1e-5)
+  norm: str = 'layer'  # NORMS: the encoder's normalisation layers
 
   def __post_init__(self):
     _one_of('mlp', self.mlp, MLPS)
     _one_of('biases', self.biases, BIASES)
+    _one_of('norm', self.norm, NORMS)
 
 
 @dataclasses.dataclass(frozen=True)

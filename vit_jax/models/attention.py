@@ -179,8 +179,12 @@ def _project_qkv(x, inputs_kv, params, norms, layout: str, dtype, dot):
   return out
 
 
-def layer_norm(name, dtype, use_bias=True, eps=1e-6):
-  """A LayerNorm named as the checkpoints name it (the original code's epsilon: 1e-6)."""
+def layer_norm(name, dtype, use_bias=True, eps=1e-6, kind='layer'):
+  """A normalisation layer named as the checkpoints name it (the original code's epsilon:
+  1e-6): LayerNorm, or RMSNorm where `kind` is 'rms' (`model_spec.NORMS`; its one parameter is
+  `scale`, as LayerNorm's first)."""
+  if kind == 'rms':
+    return nn.RMSNorm(epsilon=eps, dtype=dtype, name=name)
   return nn.LayerNorm(epsilon=eps, dtype=dtype, use_bias=use_bias, name=name)
 
 
@@ -197,6 +201,7 @@ class MultiHeadDotProductAttention(nn.Module):
   qk_norm: bool = False  # ViT-22B: LayerNorm of q and k, for stable logits at scale
   biases: str = 'all'  # model_spec.BIASES
   norm_eps: float = 1e-6  # of the q/k LayerNorms
+  norm: str = 'layer'  # of the q/k norms: model_spec.NORMS
   compute: Compute = Compute()
 
   @nn.compact
@@ -228,7 +233,9 @@ class MultiHeadDotProductAttention(nn.Module):
     out_kernel, out_bias = _Projection((self.num_heads, head_dim, d), (d,), 2, name='out')()
     norm_bias = self.biases != 'no_qkv_or_norm'
     norms = [
-      layer_norm(f'{n}_norm', dtype, norm_bias, self.norm_eps) if self.qk_norm else (lambda y: y)
+      layer_norm(f'{n}_norm', dtype, norm_bias, self.norm_eps, self.norm)
+      if self.qk_norm
+      else (lambda y: y)
       for n in ('query', 'key')
     ] + [lambda y: y]
     if rope is not None:  # the queries and keys rotated by their patches' positions

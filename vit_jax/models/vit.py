@@ -77,6 +77,7 @@ class MlpBlock(nn.Module):
   norm: bool = False
   norm_eps: float = 1e-6
   compute: Compute = Compute()
+  norm_kind: str = 'layer'  # of `norm`: model_spec.NORMS
 
   @nn.compact
   def __call__(self, x, *, deterministic: bool):
@@ -95,7 +96,7 @@ class MlpBlock(nn.Module):
     else:
       y = ACTIVATIONS[self.mlp](dense(self.mlp_dim, 'Dense_0')(x))
     if self.norm:
-      y = layer_norm('LayerNorm_0', dtype, eps=self.norm_eps)(y)
+      y = layer_norm('LayerNorm_0', dtype, eps=self.norm_eps, kind=self.norm_kind)(y)
     y = sharding.constrain(y, ('batch', None, 'model'))
     y = nn.Dropout(self.dropout_rate)(y, deterministic=deterministic)
     y = dense(x.shape[-1], 'Dense_1')(y)
@@ -167,18 +168,26 @@ class Encoder1DBlock(nn.Module):
     b, dtype = self.block, jnp.dtype(self.compute.dtype)
     norm_bias = b.biases != 'no_qkv_or_norm'
     x = sharding.constrain(x, ('batch', None, None))
-    y = layer_norm('LayerNorm_0', dtype, norm_bias, b.norm_eps)(x)
+    y = layer_norm('LayerNorm_0', dtype, norm_bias, b.norm_eps, b.norm)(x)
     attention = MultiHeadDotProductAttention(
       num_heads=b.num_heads,
       dropout_rate=b.attention_dropout_rate,
       qk_norm=b.qk_norm,
       biases=b.biases,
       norm_eps=b.norm_eps,
+      norm=b.norm,
       compute=self.compute,
       name='MultiHeadDotProductAttention_1',
     )(y, deterministic=deterministic, num_tokens=num_tokens, rope=rope)
     mlp = MlpBlock(
-      b.mlp_dim, b.dropout_rate, b.mlp, b.mlp_norm, b.norm_eps, self.compute, name='MlpBlock_3'
+      b.mlp_dim,
+      b.dropout_rate,
+      b.mlp,
+      b.mlp_norm,
+      b.norm_eps,
+      self.compute,
+      b.norm,
+      name='MlpBlock_3',
     )
     scaled = lambda name, y: y if b.layer_scale is None else LayerScale(b.layer_scale, name=name)(y)
     x = x + scaled('ls1', nn.Dropout(b.dropout_rate)(attention, deterministic=deterministic))
@@ -186,7 +195,7 @@ class Encoder1DBlock(nn.Module):
       x = x + scaled('ls2', mlp(y, deterministic=deterministic))
     else:
       x = sharding.constrain(x, ('batch', None, None))
-      y = layer_norm('LayerNorm_2', dtype, norm_bias, b.norm_eps)(x)
+      y = layer_norm('LayerNorm_2', dtype, norm_bias, b.norm_eps, b.norm)(x)
       x = x + scaled('ls2', mlp(y, deterministic=deterministic))
     x = sharding.constrain(x, ('batch', None, None))
     self.sow('intermediates', 'tokens', x)
@@ -234,7 +243,7 @@ class Encoder(nn.Module):
       x = jnp.concatenate([x[:, :first], posemb(x[:, first:])], 1) if first else posemb(x)
     x = nn.Dropout(b.dropout_rate)(x, deterministic=not train)
     if a.pre_norm:
-      x = layer_norm('pre_norm', dtype, eps=b.norm_eps)(x)
+      x = layer_norm('pre_norm', dtype, eps=b.norm_eps, kind=b.norm)(x)
     num_tokens = x.shape[1]
     implementation = resolve_attention(
       c.attention,
@@ -275,7 +284,7 @@ class Encoder(nn.Module):
       x = sharding.constrain(x[:, :num_tokens], ('batch', None, None))
     if a.final_norm != 'tokens':
       return x
-    return layer_norm('encoder_norm', dtype, b.biases != 'no_qkv_or_norm', b.norm_eps)(x)
+    return layer_norm('encoder_norm', dtype, b.biases != 'no_qkv_or_norm', b.norm_eps, b.norm)(x)
 
 
 class VisionTransformer(nn.Module):
@@ -304,7 +313,7 @@ class VisionTransformer(nn.Module):
     x = Encoder(a, self.compute, name='Transformer')(x, train=train, grid=grid)
     x = pool(drop_registers(x, a), a, dtype)
     if a.final_norm == 'pooled':
-      x = layer_norm('fc_norm', dtype, eps=a.block.norm_eps)(x)
+      x = layer_norm('fc_norm', dtype, eps=a.block.norm_eps, kind=a.block.norm)(x)
     return head(x, self.num_classes, a.representation_size, self.head_bias_init, dtype)
 
 
