@@ -22,6 +22,12 @@ from vit_jax.core import console
 def main(argv=None) -> int:
   parser = cli.parser('evaluate', __doc__, whole_doc=False)
   cli.add_checkpoint_flags(parser)
+  parser.add_argument(
+    '--fp8',
+    action='store_true',
+    help="bfloat16 with the encoder's dense layers as FP8 products, the kernels rounded to FP8 "
+    'once as the checkpoint loads (FP8 tensor cores on Hopper/Ada GPUs, emulated elsewhere)',
+  )
   parser.add_argument('--dataset', required=True, help='a dataset the input pipeline reads')
   parser.add_argument('--split', default='test', help="'test', 'train' or a split expression")
   parser.add_argument(

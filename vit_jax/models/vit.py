@@ -131,6 +131,35 @@ ACTIVATIONS = {
 }
 
 
+def recomputed(activation, fp8: bool = False):
+  """On a GPU, `activation` whose backward pass recomputes it from its input (the first MLP
+  matmul's output, kept anyway) instead of keeping its intermediates: GELU's tanh is 2 bytes
+  per hidden unit written and read again per block. XLA then computes the tanh GELU in that
+  matmul's cuBLASLt epilogue with its input as the auxiliary output (BIAS_GELU_AUX), no kernel
+  of its own (benchmarks/gpu_hlo.py: ablations); the optimization barrier in the backward pass
+  keeps XLA from keeping the forward pass's intermediates instead. Under FP8 a barrier keeps a
+  trained GELU out of the FP8 GEMM's epilogue, whose auxiliary output XLA's GPU backend (jax
+  0.10.2) refuses to emit; inference, not differentiated, has it there. Elsewhere `activation`
+  as it is: on a TPU v3 recomputing GELU costs more than the bytes it saves (+2.4% on a
+  one-block ViT-L/16 step, libtpu's estimate)."""
+  if hardware.target_device().platform != 'gpu':
+    return activation
+
+  @jax.custom_vjp
+  def again(x):
+    return activation(x)
+
+  def forward(x):
+    return activation(jax.lax.optimization_barrier(x) if fp8 else x), x
+
+  def backward(x, g):
+    x, g = jax.lax.optimization_barrier((x, g))  # recomputed once the gradient is there
+    return jax.vjp(activation, x)[1](g)
+
+  again.defvjp(forward, backward)
+  return again
+
+
 def _flat_init(init, num_in_dims):
   """Initialises a multi-axis kernel as the 2D matrix it multiplies as."""
 
@@ -243,11 +272,12 @@ def _explicit_attention(q, k, v, dtype, keep=None, num_tokens=None):
   the weights explicit; without it the softmax's division comes after the product.
   `num_tokens` ([batch]): each example's real keys; the padding after them takes no weight."""
   q = q * jnp.asarray(q.shape[-1] ** -0.5, dtype)
-  logits = jnp.einsum('bhqk,bhsk->bhqs', q, k, preferred_element_type=jnp.float32)
   if num_tokens is not None:
     real = jnp.arange(k.shape[2]) < jnp.reshape(num_tokens, (-1, 1))
-    logits = jnp.where(real[:, None, None, :], logits, jnp.finfo(jnp.float32).min)
   if keep is not None:
+    logits = jnp.einsum('bhqk,bhsk->bhqs', q, k, preferred_element_type=jnp.float32)
+    if num_tokens is not None:
+      logits = jnp.where(real[:, None, None, :], logits, jnp.finfo(jnp.float32).min)
     weights = jax.nn.softmax(logits, axis=-1).astype(dtype)
     if num_tokens is not None:  # a padding query's row: none, not a softmax over real keys
       weights = jnp.where(real[:, None, :, None], weights, 0)
@@ -255,10 +285,17 @@ def _explicit_attention(q, k, v, dtype, keep=None, num_tokens=None):
     return jnp.einsum('bhqs,bhsk->bhqk', weights, v)
   # softmax(l) @ v == (exp(l - max) @ v) / sum(exp(l - max)). The product is rounded to
   # `dtype` (accumulated in float32 by the hardware) so that its gradient, and with it
-  # both backward matmuls, are in `dtype` too.
+  # both backward matmuls, are in `dtype` too. The logits are laid out [batch, query, head,
+  # key]: as a TPU's matmul writes them from q and k in this layout, where [batch, head, query,
+  # key] costs a copy of the float32 logits (5% of ViT-L/16's step on a v3) and another of
+  # their gradient (benchmarks/tpu: time_by_op).
+  logits = jnp.einsum('bhqk,bhsk->bqhs', q, k, preferred_element_type=jnp.float32)
+  if num_tokens is not None:
+    logits = jnp.where(real[:, None, None, :], logits, jnp.finfo(jnp.float32).min)
   e = jnp.exp(logits - jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True)))
-  y = jnp.einsum('bhqs,bhsk->bhqk', e.astype(dtype), v)
-  return (y.astype(jnp.float32) / jnp.sum(e, axis=-1, keepdims=True)).astype(dtype)
+  y = jnp.einsum('bqhs,bhsk->bhqk', e.astype(dtype), v)
+  total = jnp.swapaxes(jnp.sum(e, axis=-1, keepdims=True), 1, 2)
+  return (y.astype(jnp.float32) / total).astype(dtype)
 
 
 def _project_qkv(x, inputs_kv, params, norms, layout: str, dtype, dot):
@@ -281,13 +318,8 @@ def _project_qkv(x, inputs_kv, params, norms, layout: str, dtype, dot):
   biases = [None if bias is None else bias.astype(dtype) for _, bias in params]
   if inputs_kv is None and layout == 'bnhk' and not sharding.splits_model():
     b, n, d = x.shape
-    matrices = [kernel.reshape(d, -1) for kernel in kernels]
-    if dot is fp8_lib.dot_general:
-      # One FP8 product of the three kernels side by side, one scale: XLA merges products
-      # that share an input, and a merged product of three scales is no FP8 GEMM.
-      matrices = [jnp.concatenate(matrices, axis=1)]
-    ys = [dot(x, m, (((2,), (0,)), ((), ()))) for m in matrices]
-    ys = jnp.split(ys[0], 3, axis=-1) if len(ys) == 1 else ys
+    # Under FP8 too: three products, as in bf16 (models/fp8.py: FP8 on Hopper GPUs).
+    ys = [dot(x, kernel.reshape(d, -1), (((2,), (0,)), ((), ()))) for kernel in kernels]
     qkv = []
     for y, kernel, bias in zip(ys, kernels, biases):
       y = y if bias is None else y + bias.reshape(-1)
@@ -378,6 +410,8 @@ class MultiHeadDotProductAttention(nn.Module):
     if implementation in ('xla', 'cudnn'):
       q, k, v = project('bnhk')
       y = fused_attention(q, k, v, implementation, num_tokens)
+      if self.fp8:  # the FP8 product as it is, with a kernel rounded once (fp8.Quantised)
+        return dot(y, out_kernel, (((2, 3), (0, 1)), ((), ()))) + out_bias
       return jnp.einsum('bnhk,hkd->bnd', y, out_kernel, _dot_general=dot) + out_bias
 
     keep = None
@@ -416,13 +450,14 @@ class MlpBlock(nn.Module):
       kernel_init=nn.initializers.xavier_uniform(),
       bias_init=nn.initializers.normal(stddev=1e-6),
       dot_general=fp8_lib.dot_general if self.fp8 else None,
+      **({'promote_dtype': fp8_lib.promote_dtype} if self.fp8 else {}),
       name=name,
     )
     if self.swiglu:
       gate, value = jnp.split(dense(2 * self.mlp_dim, 'Dense_0')(x), 2, axis=-1)
       y = nn.silu(gate) * value
     else:
-      y = ACTIVATIONS[self.activation](dense(self.mlp_dim, 'Dense_0')(x))
+      y = recomputed(ACTIVATIONS[self.activation], self.fp8)(dense(self.mlp_dim, 'Dense_0')(x))
     if self.norm:
       y = _layer_norm('LayerNorm_0', self.dtype, eps=self.norm_eps)(y)
     y = sharding.constrain(y, ('batch', None, 'model'))
