@@ -85,11 +85,14 @@ class _ConvolutionEmbedding(nn.Module):
   features: int
   patch_size: tuple
   dtype: object
+  bias: bool = True
 
   @nn.compact
   def __call__(self, x):
     p = self.patch_size
-    y = nn.Conv(self.features, p, strides=p, padding='VALID', dtype=self.dtype)(x)
+    y = nn.Conv(self.features, p, strides=p, padding='VALID', dtype=self.dtype, use_bias=self.bias)(
+      x
+    )
     return y.reshape(y.shape[0], -1, self.features)
 
 

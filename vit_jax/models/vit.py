@@ -286,9 +286,9 @@ def _explicit_attention(q, k, v, dtype, keep=None, num_tokens=None):
   # softmax(l) @ v == (exp(l - max) @ v) / sum(exp(l - max)). The product is rounded to
   # `dtype` (accumulated in float32 by the hardware) so that its gradient, and with it
   # both backward matmuls, are in `dtype` too. The logits are laid out [batch, query, head,
-  # key]: as a TPU's matmul writes them from q and k in this layout, where [batch, head, query,
-  # key] costs a copy of the float32 logits (5% of ViT-L/16's step on a v3) and another of
-  # their gradient (benchmarks/tpu: time_by_op).
+  # key], as a TPU's matmul writes them from q and k in [batch, head, tokens, head_dim]: laid
+  # out [batch, head, query, key] they cost a copy of the float32 logits, 5.1% of ViT-L/16's
+  # step on a v3, and one of their gradient (`time_by_op` of benchmarks/tpu's records).
   logits = jnp.einsum('bhqk,bhsk->bqhs', q, k, preferred_element_type=jnp.float32)
   if num_tokens is not None:
     logits = jnp.where(real[:, None, None, :], logits, jnp.finfo(jnp.float32).min)
