@@ -194,8 +194,28 @@ def fp8_recipes() -> str:
   return '\n'.join(rows)
 
 
+def gpu_overlap() -> str:
+  """`benchmarks/gpu_overlap.py`: the share of each step's gradient bytes scheduled under
+  matmuls, per bucket size."""
+  record = _record(os.path.join('gpu', 'overlap.json'))
+  sizes = record['candidates_mib']
+  rows = [
+    '| step | ' + ' | '.join(f'{mib} MiB buckets' for mib in sizes) + ' |',
+    '|---|' + '---:|' * len(sizes),
+  ]
+  for model in ('ViT-B_16', 'ViT-L_16'):
+    for topology, cases in record[model].items():
+      first = cases[f'{sizes[0]}_mib']
+      accum = f', {first["accum_steps"]} micro-batches' if first['accum_steps'] > 1 else ''
+      what = f'{model.replace("_", "/")} on {topology} ({first["bytes"] / 2**20:.0f} MiB{accum})'
+      shares = [f'{cases[f"{mib}_mib"]["share_under_matmuls"]:.0%}' for mib in sizes]
+      rows.append(f'| {what} | ' + ' | '.join(shares) + ' |')
+  return '\n'.join(rows)
+
+
 TABLES = {
   'fp8_recipes': fp8_recipes,
+  'gpu_overlap': gpu_overlap,
   'tpu_table.markdown': tpu_table.markdown,
   'tpu_table.giant_markdown': tpu_table.giant_markdown,
   'gpu_table.markdown': gpu_table.markdown,

@@ -184,7 +184,9 @@ def test_gpu_programs_are_built_with_their_xla_options(monkeypatch):
     'xla_gpu_enable_triton_gemm': False,
     **hardware.MULTI_GPU_COMPILER_OPTIONS,
   }
-  assert hardware.MULTI_GPU_COMPILER_OPTIONS['xla_gpu_all_reduce_combine_threshold_bytes'] == 2**23
+  assert hardware.MULTI_GPU_COMPILER_OPTIONS['xla_gpu_all_reduce_combine_threshold_bytes'] == (
+    30 * 2**20
+  )
   assert hardware.compiler_options(jax.devices()) == {}  # this CPU
   monkeypatch.setenv('XLA_FLAGS', '--xla_gpu_enable_triton_gemm=true')
   assert hardware.compiler_options([gpu]) == {}
@@ -557,39 +559,27 @@ def test_the_committed_gpu_records_hold_issue_33s_properties(name, layers):
       assert abs(row['kernels_per_block'] - small['kernels_per_block']) <= 0.5
 
 
-# ViT-B/16 two blocks deep on a box of 8 H100s, its train step as the trainer builds it, with
-# the trainer's options and then with XLA's own 30 MiB buckets (XLA_FLAGS wins over them).
-_OVERLAP_CHILD = textwrap.dedent("""
-  import json, os
-  from vit_jax.bench import aot, gpus, hlo
-  from vit_jax.configs import common
-
-  config = common.get_config()
-  config.update(model='ViT-B_16', depth=2, batch=64, dtype='bfloat16', dataset='imagenet21k',
-                warmup_steps=100)
-  cluster = gpus.describe('h100-8')
-  out = {}
-  for name in ('as_built', 'xla_buckets'):
-    if name == 'xla_buckets':
-      os.environ['XLA_FLAGS'] += ' --xla_gpu_all_reduce_combine_threshold_bytes=31457280'
-    compiled = aot.compile_run(config, cluster)
-    out[name] = hlo.async_collectives(compiled.train.as_text())
-  print(json.dumps(out))
-""")
-
-
-@needs_gpu_compiler
-@pytest.mark.slow
-def test_gradient_all_reduces_run_under_the_backward_pass_on_eight_gpus():
-  """hardware.MULTI_GPU_COMPILER_OPTIONS: ViT-B/16's gradients cross in buckets of at most 8 MiB,
-  each started as soon as its layers' gradients exist, with the backward pass of the layers
-  below (its matmuls) scheduled between its start and its end; with XLA's 30 MiB buckets the
-  two blocks' gradients crossed in one all-reduce with no matmul left to run under it."""
-  out = child_json(_OVERLAP_CHILD, timeout=900)
-  block_sized = lambda pairs: [p for p in pairs if 2**20 <= p['bytes'] <= 8 * 2**20]  # noqa: E731
-  built = block_sized(out['as_built'])
-  assert {p['op'] for p in out['as_built']} == {'all-reduce'}
-  assert len(built) >= 3 and all(p['matmuls_between'] >= 1 for p in built), built
-  before = [p for p in out['xla_buckets'] if p['bytes'] >= 2**20]
-  blocks = max(before, key=lambda p: p['bytes'])
-  assert blocks['bytes'] > 16 * 2**20 and blocks['matmuls_between'] == 0, before
+def test_the_multi_gpu_options_schedule_the_most_gradient_bytes_under_matmuls():
+  """hardware.MULTI_GPU_COMPILER_OPTIONS against the other bucket sizes of `python
+  benchmarks/gpu_overlap.py` (benchmarks/gpu/overlap.json): ViT-B/16's and ViT-L/16's full
+  ImageNet-21k steps compiled for 8 and 16 H100s with each. The project's bucket size (the same
+  for all-reduces, all-gathers and reduce-scatters) puts the most gradient bytes under matmuls
+  over the four steps (859 MiB: 8 MiB buckets 820, 64 MiB 817) and its share of each step's
+  within 5 points of the best candidate's (ViT-L/16 on 16 GPUs: 89% against 8 MiB's 93%;
+  ViT-B/16 on 8: 70% against 8 MiB's 39%)."""
+  record = json.loads((ROOT / 'benchmarks' / 'gpu' / 'overlap.json').read_text())
+  options = hardware.MULTI_GPU_COMPILER_OPTIONS
+  (size,) = {
+    options[f'xla_gpu_{op}_combine_threshold_bytes']
+    for op in ('all_reduce', 'all_gather', 'reduce_scatter')
+  }
+  chosen = f'{size // 2**20}_mib'
+  assert options['xla_gpu_enable_latency_hiding_scheduler']
+  cases = [record[m][t] for m in ('ViT-B_16', 'ViT-L_16') for t in ('h100-8', 'h100-16')]
+  candidates = {f'{mib}_mib' for mib in record['candidates_mib']}
+  assert chosen in candidates and all(set(rows) == candidates for rows in cases)
+  hidden = {c: sum(rows[c]['bytes_under_matmuls'] for rows in cases) for c in candidates}
+  assert hidden[chosen] == max(hidden.values()), hidden
+  for rows in cases:
+    best = max(r['share_under_matmuls'] for r in rows.values())
+    assert rows[chosen]['share_under_matmuls'] >= best - 0.05, rows
