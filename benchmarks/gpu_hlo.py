@@ -85,11 +85,14 @@ class _ConvolutionEmbedding(nn.Module):
   features: int
   patch_size: tuple
   dtype: object
+  bias: bool = True
 
   @nn.compact
   def __call__(self, x):
     p = self.patch_size
-    y = nn.Conv(self.features, p, strides=p, padding='VALID', dtype=self.dtype)(x)
+    y = nn.Conv(self.features, p, strides=p, padding='VALID', dtype=self.dtype, use_bias=self.bias)(
+      x
+    )
     return y.reshape(y.shape[0], -1, self.features)
 
 
@@ -103,6 +106,9 @@ ABLATIONS = {
   '3_float32_parameters_in_the_program': [(vit, 'compute_params', lambda params, dtype: params)],
   '5_qkv_as_one_einsum': [(sharding, 'splits_model', lambda: True)],
   '5_layout_left_to_xla': [(sharding, 'batch_outermost', lambda x: x)],
+  # And the MLP's activation recomputed in the backward pass (`vit.recomputed`) undone: GELU's
+  # intermediates kept, the GELU a kernel of its own.
+  'gelu_intermediates_kept': [(vit, 'recomputed', lambda activation, fp8=False: activation)],
 }
 ABLATIONS['all_undone'] = [change for changes in ABLATIONS.values() for change in changes]
 
@@ -118,8 +124,9 @@ def record_ablations(gpu: str, device) -> dict:
         for module, attribute, value in changes:
           stack.enter_context(mock.patch.object(module, attribute, value))
         row = gpu_record.step_kernels(dataclasses.replace(opts, depth=2), device)
-      keep = ('kernels_per_block', 'bytes_written_per_block', 'kernels', 'bytes_written', 'pads',
-              'convolutions', 'parameter_casts')  # fmt: skip
+      keep = ('kernels_per_block', 'bytes_written_per_block', 'other_kernels_per_block',
+              'other_bytes_written_per_block', 'kernels', 'bytes_written', 'pads', 'convolutions',
+              'parameter_casts')  # fmt: skip
       out['results'].setdefault(f'{opts.mode} b{batch}', {})[name] = {
         **{key: row[key] for key in keep},
         'per_block_by_name': row['per_block_by_name'],

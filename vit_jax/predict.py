@@ -29,6 +29,12 @@ from vit_jax.core import console
 def main(argv: Optional[List[str]] = None) -> int:
   parser = cli.parser('predict', __doc__)
   cli.add_checkpoint_flags(parser)
+  parser.add_argument(
+    '--fp8',
+    action='store_true',
+    help="bfloat16 with the encoder's dense layers as FP8 products, the kernels rounded to FP8 "
+    'once as the checkpoint loads (FP8 tensor cores on Hopper/Ada GPUs, emulated elsewhere)',
+  )
   parser.add_argument('--labels', help="class names, one per line, in the head's order")
   parser.add_argument('--top_k', type=cli.positive_int, default=5)
   parser.add_argument('images', nargs='+', help='image files or directories')

@@ -173,9 +173,19 @@ def kernel_counts(text: str) -> dict:
   parameters among them are named `...params[...]`), and cuBLASLt's fused epilogues."""
   kernels, ops = hlo.kernels(text), hlo.op_counts(text)
   casts = hlo.parameter_converts(text)
+  transposes = hlo.fp8_transposes(text)
   return {
     'kernels': sum(kernels.values()),
     'bytes_written': hlo.kernel_bytes(text),
+    # What the kernels between the matmuls and the attention write: norms, elementwise work,
+    # reductions, layout copies, the optimizer (`hlo.kernel_kind` 'other').
+    'other_kernels': sum(n for name, n in kernels.items() if hlo.kernel_kind(name) == 'other'),
+    'other_bytes_written': hlo.kernel_bytes(text, kinds=('other',)),
+    'fp8_gemms': sum(n for name, n in kernels.items() if name.startswith('__cublas$lt$matmul$f8')),
+    'fp8_transposes': transposes['fp8']['count'],
+    'fp8_transposed_bytes': transposes['fp8']['bytes'],
+    'cast_transposes': transposes['cast']['count'],
+    'cast_transposed_bytes': transposes['cast']['bytes'],
     'by_name': dict(sorted(kernels.items())),
     'convolutions': ops.get('convolution', 0)
     + sum(n for name, n in kernels.items() if name.startswith('__cudnn$conv')),
@@ -211,11 +221,12 @@ def step_kernels(opts, device, options=None) -> dict:
   names = sorted(set(counts['by_name']) | set(first['by_name']))
   per_block = {n: counts['by_name'].get(n, 0) - first['by_name'].get(n, 0) for n in names}
   blocks = max(depth - 1, 1)
+  totals = ('kernels', 'bytes_written', 'other_kernels', 'other_bytes_written', 'fp8_gemms',
+            'fp8_transposes', 'fp8_transposed_bytes', 'cast_transposes', 'cast_transposed_bytes')  # fmt: skip
   return {
     'depth': depth,
     **counts,
-    'kernels_per_block': (counts['kernels'] - first['kernels']) / blocks,
-    'bytes_written_per_block': (counts['bytes_written'] - first['bytes_written']) / blocks,
+    **{f'{key}_per_block': (counts[key] - first[key]) / blocks for key in totals},
     'per_block_by_name': {n: v / blocks for n, v in per_block.items() if v},
     'memory_estimate_bytes': memory.estimate_bytes(whole),
   }

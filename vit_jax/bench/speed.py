@@ -28,6 +28,7 @@ from vit_jax.configs.model_spec import ModelSpec
 from vit_jax.core import hardware
 from vit_jax.core import sharding
 from vit_jax.core.errors import UserError
+from vit_jax.models import fp8
 from vit_jax.models import vit
 from vit_jax.models.attention import ATTENTION
 from vit_jax.training import program
@@ -155,7 +156,9 @@ def build_step(opts: Options, abstract: bool = False, device=None):
     # Inference keeps its parameters in the compute dtype (vit.compute_params): no casts in the step.
     def init():
       params = model.init(jax.random.PRNGKey(0), jnp.zeros((1,) + shape[1:]), train=False)
-      return vit.compute_params(params['params'], opts.dtype)
+      params = vit.compute_params(params['params'], opts.dtype)
+      # FP8: the kernels rounded once, as `predict --fp8` loads them (fp8.quantise_params).
+      return fp8.quantise_params(params, opts.dtype) if opts.fp8 else params
 
     on_device = jax.sharding.SingleDeviceSharding(device)
     init = jax.jit(init, out_shardings=on_device)

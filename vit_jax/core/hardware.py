@@ -181,22 +181,20 @@ def machine_info() -> dict:
 # by default).
 GPU_COMPILER_OPTIONS = {'xla_gpu_enable_triton_gemm': False}
 
-# And where a program spans several GPUs: the gradient all-reduces (FSDP's all-gathers and
-# reduce-scatters too) combined into buckets of at most 8 MiB instead of XLA's 30 MiB. XLA
-# combines the collectives of one step that are ready together; with 30 MiB buckets ViT-B/16's
-# gradients crossed in one all-reduce that waited for the whole backward pass, started and
-# finished with nothing to overlap. In 8 MiB buckets (a ViT-B/16 block's gradient is 14 MB in
-# bf16) each starts once its layers' gradients exist, and the latency-hiding scheduler (on by
-# default) runs the backward pass of the layers below under it (tests/test_compile_gpu.py reads
-# the schedule at two blocks). At the full 12 blocks the schedule tells another story
-# (`python benchmarks/gpu_overlap.py`, benchmarks/gpu/overlap_vit_b16.json): the bytes of the
-# collectives with a matmul between start and done are 39% here against 70% with XLA's 30 MiB
-# on h100-8, and 84% both ways on h100-16. Which hides more time needs a card to tell.
+# And where a program spans several GPUs: the latency-hiding scheduler, which starts each
+# collective early and runs the compute that does not need it between its start and done, and
+# the collectives combined into buckets of at most 30 MiB (XLA's own default, set here so that
+# the choice is ours). Of buckets of 8, 30 and 64 MiB, 30 MiB puts the most gradient bytes
+# under matmuls in the compiled schedules of the full-depth ImageNet-21k steps (`python
+# benchmarks/gpu_overlap.py`, benchmarks/gpu/overlap.json; tests/test_compile_gpu.py holds
+# it): ViT-B/16 on 8 H100s 70% of its 197 MiB (8 MiB: 39%, 64 MiB: 62%), on 16 H100s 84%
+# (84%, 68%); ViT-L/16 on 16 H100s 89% of its 623 MiB (93%, 90%); on 8, where it accumulates 2
+# micro-batches to fit, none with any size: its gradients are reduced after the last one.
 MULTI_GPU_COMPILER_OPTIONS = {
   'xla_gpu_enable_latency_hiding_scheduler': True,
-  'xla_gpu_all_reduce_combine_threshold_bytes': 8 * 2**20,
-  'xla_gpu_all_gather_combine_threshold_bytes': 8 * 2**20,
-  'xla_gpu_reduce_scatter_combine_threshold_bytes': 8 * 2**20,
+  'xla_gpu_all_reduce_combine_threshold_bytes': 30 * 2**20,
+  'xla_gpu_all_gather_combine_threshold_bytes': 30 * 2**20,
+  'xla_gpu_reduce_scatter_combine_threshold_bytes': 30 * 2**20,
 }
 
 # The share of a GPU's memory JAX's allocator takes when the run sets

@@ -297,13 +297,14 @@ def predict(loaded: LoadedModel, files: Sequence[str], k: int = 5, *, unreadable
   return np.concatenate(indices), np.concatenate(probs)
 
 
-def evaluate(loaded: LoadedModel, data_config, split: str, batch_sharding) -> dict:
-  """{'top1', 'top5' (single-label), 'examples'} of `loaded` on a whole dataset split."""
+def evaluate(loaded: LoadedModel, data_config, split: str, batch_sharding, source=None) -> dict:
+  """{'top1', 'top5' (single-label), 'examples'} of `loaded` on a whole dataset split (`source`:
+  that split, where the caller opened it)."""
   from vit_jax.data import pipeline  # TensorFlow: imported when a dataset is read
 
   transform = loaded.preprocessing
   pp = pipeline.Preprocessing.of(data_config, transform)
-  source = pipeline.split_source(data_config, split, pp)
+  source = source or pipeline.split_source(data_config, split, pp)
   if transform is not None and data_config.pp.resize:
     raise InputError(
       f"--resize={data_config.pp.resize}: the checkpoint evaluates by its weights' own "
@@ -334,12 +335,14 @@ def evaluate(loaded: LoadedModel, data_config, split: str, batch_sharding) -> di
   }
 
 
-def evaluate_checkpoint(loaded: LoadedModel, data_config, split: str, *, warn=print) -> dict:
+def evaluate_checkpoint(
+  loaded: LoadedModel, data_config, split: str, *, warn=print, source=None
+) -> dict:
   """`evaluate` on one device mesh, with ImageNet's ReaL labels (Beyer et al. 2020) when
-  `imagenet2012_real` is prepared in the same data directory; `warn` says why they are not."""
-
+  `imagenet2012_real` is prepared in the same data directory; `warn` says why they are not.
+  `source`: the split, where the caller opened it (`pipeline.split_source`)."""
   batch_sharding = sharding.batch_sharding(sharding.make_mesh())
-  result = evaluate(loaded, data_config, split, batch_sharding)
+  result = evaluate(loaded, data_config, split, batch_sharding, source)
   if data_config.dataset == 'imagenet2012':
     real = data_config()
     real.update(data_config.to_dict())

@@ -20,11 +20,14 @@ from vit_jax import workdir
 from vit_jax.configs import families
 from vit_jax.configs import model_spec
 from vit_jax.configs import timm_weights
+from vit_jax.configs.model_spec import Compute
 from vit_jax.configs.model_spec import ModelSpec
 from vit_jax.core import cli
 from vit_jax.core.errors import UserError
 from vit_jax.models import flexi
+from vit_jax.models import fp8 as fp8_lib
 from vit_jax.models import naflex
+from vit_jax.models import vit
 from vit_jax.models import vit_checkpoint
 
 # Layers of masked patch prediction (vit_jax.models.mpp); the backbone is analysed without them.
@@ -76,6 +79,7 @@ def load_model(
   model_name: Optional[str] = None,
   patch_size: Optional[int] = None,
   resample: Optional[str] = None,
+  fp8: bool = False,
 ) -> LoadedModel:
   """The model a checkpoint holds, checked key by key and shape by shape.
 
@@ -86,6 +90,7 @@ def load_model(
     patch_size: load it at this patch size (FlexiViT's PI-resize, `models.flexi`),
       at the checkpoint's resolution; None: its own.
     resample: see `model_from_flat`; None: a NaFlex run's own (its `naflex_resample`).
+    fp8: for inference in bfloat16 with FP8 products (`model_from_flat`).
   """
   path = os.fspath(path)
   step = unfinished_run_step(path)
@@ -99,10 +104,10 @@ def load_model(
   preprocessing = recorded_preprocessing(path, metadata, model_name)
   if step is None:
     flat = checkpoint.flatten(checkpoint.load(path))
-    return model_from_flat(flat, model_name, path, patch_size, resample, preprocessing)
+    return model_from_flat(flat, model_name, path, patch_size, resample, preprocessing, fp8)
   what = f'{path} (the checkpoint at step {step} of an unfinished run)'
   flat = _checkpoint_params(path, step)
-  return model_from_flat(flat, model_name, what, patch_size, resample, preprocessing)
+  return model_from_flat(flat, model_name, what, patch_size, resample, preprocessing, fp8)
 
 
 def recorded_preprocessing(path: str, metadata: dict, model_name: str):
@@ -121,8 +126,9 @@ def recorded_preprocessing(path: str, metadata: dict, model_name: str):
 def load_from_flags(args, prog: str) -> LoadedModel:
   """The model of a command's `cli.add_checkpoint_flags` (an unfinished run's checkpoint said on
   stderr); where the command has --crop, `args.crop` becomes the resolution it runs at
-  (`check_resolution`)."""
-  loaded = load_model(args.checkpoint, args.model, args.patch_size, args.resample)
+  (`check_resolution`); where it has --fp8, the model runs in bfloat16 with FP8 products."""
+  fp8 = bool(getattr(args, 'fp8', False))
+  loaded = load_model(args.checkpoint, args.model, args.patch_size, args.resample, fp8)
   cli.note(prog, unfinished_note(args.checkpoint))
   if 'crop' in args:
     args.crop = check_resolution(loaded, args.crop)
@@ -189,6 +195,7 @@ def model_from_flat(
   patch_size: Optional[int] = None,
   resample: Optional[str] = None,
   preprocessing=None,
+  fp8: bool = False,
 ) -> LoadedModel:
   """`load_model` for parameters already in memory ({'a/b/c': array}, public names).
 
@@ -200,7 +207,9 @@ def model_from_flat(
   ViT's table to each image's grid (None: the model's, else 'bilinear'). `preprocessing`: the
   weights' (`configs.timm_weights.Preprocessing`) of a family's model, their statistics the
   model's input statistics and their resolution that of a model without a position table
-  (None: timm's default weights' of the name); the paper's models take none.
+  (None: timm's default weights' of the name); the paper's models take none. `fp8`: the model
+  computes in bfloat16 with the encoder's dense layers as FP8 products (`models.fp8`), their
+  kernels rounded to FP8 here, once (`fp8.quantise_params`), the activations per call.
   """
   flat = {k: v for k, v in flat.items() if not k.startswith(_MPP_ONLY)}
   # A model without a position table holds no resolution: its weights' is its.
@@ -217,13 +226,16 @@ def model_from_flat(
     except flexi.PatchSizeError as e:
       raise InputError(f'--patch_size={patch_size}: {e}') from None
   num_classes = int(flat['head/kernel'].shape[-1]) if 'head/kernel' in flat else None
-  model = models.build(spec, num_classes)
+  compute = Compute(dtype='bfloat16', fp8=True) if fp8 else Compute()
+  model = models.build(spec, num_classes, compute)
   size = spec.patch_size if spec.naflex else spec.image_size
   expected = jax.eval_shape(
     lambda: model.init(jax.random.key(0), jnp.zeros((1, size, size, 3)), train=False)
   )['params']
   params = checkpoint.unflatten(flat)
   checkpoint.check_tree(params, expected, what=what)
+  if fp8:
+    params = fp8_lib.quantise_params(vit.compute_params(params, jnp.bfloat16), jnp.bfloat16)
   return LoadedModel(model, params, spec, preprocessing)
 
 

@@ -86,11 +86,12 @@ def explicit_attention(q, k, v, dtype, keep=None, num_tokens=None):
   the weights explicit; without it the softmax's division comes after the product.
   `num_tokens` ([batch]): each example's real keys; the padding after them takes no weight."""
   q = q * jnp.asarray(q.shape[-1] ** -0.5, dtype)
-  logits = jnp.einsum('bhqk,bhsk->bhqs', q, k, preferred_element_type=jnp.float32)
   if num_tokens is not None:
     real = jnp.arange(k.shape[2]) < jnp.reshape(num_tokens, (-1, 1))
-    logits = jnp.where(real[:, None, None, :], logits, jnp.finfo(jnp.float32).min)
   if keep is not None:
+    logits = jnp.einsum('bhqk,bhsk->bhqs', q, k, preferred_element_type=jnp.float32)
+    if num_tokens is not None:
+      logits = jnp.where(real[:, None, None, :], logits, jnp.finfo(jnp.float32).min)
     weights = jax.nn.softmax(logits, axis=-1).astype(dtype)
     if num_tokens is not None:  # a padding query's row: none, not a softmax over real keys
       weights = jnp.where(real[:, None, :, None], weights, 0)
@@ -98,10 +99,17 @@ def explicit_attention(q, k, v, dtype, keep=None, num_tokens=None):
     return jnp.einsum('bhqs,bhsk->bhqk', weights, v)
   # softmax(l) @ v == (exp(l - max) @ v) / sum(exp(l - max)). The product is rounded to
   # `dtype` (accumulated in float32 by the hardware) so that its gradient, and with it
-  # both backward matmuls, are in `dtype` too.
+  # both backward matmuls, are in `dtype` too. The logits are laid out [batch, query, head,
+  # key], as a TPU's matmul writes them from q and k in [batch, head, tokens, head_dim]: laid
+  # out [batch, head, query, key] they cost a copy of the float32 logits, 5.1% of ViT-L/16's
+  # step on a v3, and one of their gradient (`time_by_op` of benchmarks/tpu's records).
+  logits = jnp.einsum('bhqk,bhsk->bqhs', q, k, preferred_element_type=jnp.float32)
+  if num_tokens is not None:
+    logits = jnp.where(real[:, None, None, :], logits, jnp.finfo(jnp.float32).min)
   e = jnp.exp(logits - jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True)))
-  y = jnp.einsum('bhqs,bhsk->bhqk', e.astype(dtype), v)
-  return (y.astype(jnp.float32) / jnp.sum(e, axis=-1, keepdims=True)).astype(dtype)
+  y = jnp.einsum('bqhs,bhsk->bhqk', e.astype(dtype), v)
+  total = jnp.swapaxes(jnp.sum(e, axis=-1, keepdims=True), 1, 2)
+  return (y.astype(jnp.float32) / total).astype(dtype)
 
 
 def flat_init(init, num_in_dims):
@@ -151,13 +159,8 @@ def _project_qkv(x, inputs_kv, params, norms, layout: str, dtype, dot):
   biases = [None if bias is None else bias.astype(dtype) for _, bias in params]
   if inputs_kv is None and layout == 'bnhk' and not sharding.splits_model():
     b, n, d = x.shape
-    matrices = [kernel.reshape(d, -1) for kernel in kernels]
-    if dot is fp8_lib.dot_general:
-      # One FP8 product of the three kernels side by side, one scale: XLA merges products
-      # that share an input, and a merged product of three scales is no FP8 GEMM.
-      matrices = [jnp.concatenate(matrices, axis=1)]
-    ys = [dot(x, m, (((2,), (0,)), ((), ()))) for m in matrices]
-    ys = jnp.split(ys[0], 3, axis=-1) if len(ys) == 1 else ys
+    # Under FP8 too: three products, as in bf16 (models/fp8.py: FP8 on Hopper GPUs).
+    ys = [dot(x, kernel.reshape(d, -1), (((2,), (0,)), ((), ()))) for kernel in kernels]
     qkv = []
     for y, kernel, bias in zip(ys, kernels, biases):
       y = y if bias is None else y + bias.reshape(-1)
@@ -258,6 +261,8 @@ class MultiHeadDotProductAttention(nn.Module):
     if implementation in ('xla', 'cudnn'):
       q, k, v = project('bnhk')
       y = fused_attention(q, k, v, implementation, num_tokens)
+      if c.fp8:  # the FP8 product as it is, with a kernel rounded once (fp8.Quantised)
+        return dot(y, out_kernel, (((2, 3), (0, 1)), ((), ()))) + out_bias
       return jnp.einsum('bnhk,hkd->bnd', y, out_kernel, _dot_general=dot) + out_bias
 
     keep = None

@@ -63,6 +63,35 @@ ACTIVATIONS = {
 }
 
 
+def recomputed(activation, fp8: bool = False):
+  """On a GPU, `activation` whose backward pass recomputes it from its input (the first MLP
+  matmul's output, kept anyway) instead of keeping its intermediates: GELU's tanh is 2 bytes
+  per hidden unit written and read again per block. XLA then computes the tanh GELU in that
+  matmul's cuBLASLt epilogue with its input as the auxiliary output (BIAS_GELU_AUX), no kernel
+  of its own (benchmarks/gpu_hlo.py: ablations); the optimization barrier in the backward pass
+  keeps XLA from keeping the forward pass's intermediates instead. Under FP8 a barrier keeps a
+  trained GELU out of the FP8 GEMM's epilogue, whose auxiliary output XLA's GPU backend (jax
+  0.10.2) refuses to emit; inference, not differentiated, has it there. Elsewhere `activation`
+  as it is: on a TPU v3 recomputing GELU costs more than the bytes it saves (+2.4% on a
+  one-block ViT-L/16 step, libtpu's estimate)."""
+  if hardware.target_device().platform != 'gpu':
+    return activation
+
+  @jax.custom_vjp
+  def again(x):
+    return activation(x)
+
+  def forward(x):
+    return activation(jax.lax.optimization_barrier(x) if fp8 else x), x
+
+  def backward(x, g):
+    x, g = jax.lax.optimization_barrier((x, g))  # recomputed once the gradient is there
+    return jax.vjp(activation, x)[1](g)
+
+  again.defvjp(forward, backward)
+  return again
+
+
 class MlpBlock(nn.Module):
   """Transformer MLP: Dense, activation (`mlp`: model_spec.MLPS), Dense.
 
@@ -88,13 +117,14 @@ class MlpBlock(nn.Module):
       kernel_init=nn.initializers.xavier_uniform(),
       bias_init=nn.initializers.normal(stddev=1e-6),
       dot_general=fp8_lib.dot_general if self.compute.fp8 else None,
+      **({'promote_dtype': fp8_lib.promote_dtype} if self.compute.fp8 else {}),
       name=name,
     )
     if self.mlp == 'swiglu':
       gate, value = jnp.split(dense(2 * self.mlp_dim, 'Dense_0')(x), 2, axis=-1)
       y = nn.silu(gate) * value
     else:
-      y = ACTIVATIONS[self.mlp](dense(self.mlp_dim, 'Dense_0')(x))
+      y = recomputed(ACTIVATIONS[self.mlp], self.compute.fp8)(dense(self.mlp_dim, 'Dense_0')(x))
     if self.norm:
       y = layer_norm('LayerNorm_0', dtype, eps=self.norm_eps, kind=self.norm_kind)(y)
     y = sharding.constrain(y, ('batch', None, 'model'))
