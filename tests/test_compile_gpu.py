@@ -11,15 +11,13 @@ import functools
 import importlib.util
 import json
 import re
-import subprocess
-import sys
 import textwrap
 import types
 
 from conftest import ROOT
 from conftest import assert_trees_close
 from conftest import child_json
-from conftest import subprocess_env
+from conftest import run_module
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -44,17 +42,6 @@ SMALL = [
   '--config.batch=64',
   '--config.dtype=bfloat16',
 ]
-
-
-def compile_cli(*args):
-  return subprocess.run(
-    [sys.executable, '-m', 'vit_jax.compile', *args],
-    capture_output=True,
-    text=True,
-    cwd=ROOT,
-    env=subprocess_env(),
-    timeout=300,
-  )
 
 
 @pytest.mark.parametrize(
@@ -231,7 +218,7 @@ _CHILD = textwrap.dedent("""
   out['t197'] = record('h100-1', **tiny, **{'pp.crop': 224})
   out['t577'] = record('h100-1', **tiny, **{'pp.crop': 384})
   out['t197_f32'] = record('h100-1', **tiny, **{'pp.crop': 224, 'dtype': 'float32'})
-  # One register token (issue 37): 196 patches + class token + register = 198, even.
+  # One register token: 196 patches + class token + register = 198, even.
   out['t198_register'] = record('h100-1', **tiny, **{'pp.crop': 224, 'num_registers': 1})
   # Without the padding: JAX's own check refuses cuDNN's backward pass.
   vit.pads_sequence = lambda *args, **kwargs: False
@@ -329,7 +316,7 @@ def test_attention_auto_without_half_precision_or_padding(child):
 @needs_gpu_compiler
 def test_two_boxes_reduce_gradients_over_infiniband(tmp_path):
   path = tmp_path / 'record.json'
-  result = compile_cli(*SMALL, '--topology=h100-16', f'--json={path}')
+  result = run_module('compile', *SMALL, '--topology=h100-16', f'--json={path}')
   assert result.returncode == 0, result.stderr[-3000:]
   r = json.loads(path.read_text())
   assert (r['devices'], r['boxes'], r['gpus_per_box'], r['mesh']['data']) == (16, 2, 8, 16)
@@ -360,7 +347,7 @@ def test_two_boxes_reduce_gradients_over_infiniband(tmp_path):
 
 @needs_gpu_compiler
 def test_a_batch_that_does_not_split_over_the_gpus_is_one_line():
-  result = compile_cli(*SMALL[:2], '--config.batch=24', '--topology=h100-16')
+  result = run_module('compile', *SMALL[:2], '--config.batch=24', '--topology=h100-16')
   assert result.returncode == 2 and 'Traceback' not in result.stderr
   assert result.stderr.strip().splitlines()[-1] == (
     'error: batch=24 must be a multiple of accum_steps (1) x devices (16) = 16'
@@ -368,7 +355,7 @@ def test_a_batch_that_does_not_split_over_the_gpus_is_one_line():
 
 
 def test_an_unknown_gpu_is_one_line():
-  result = compile_cli(*SMALL, '--topology=b200-8')
+  result = run_module('compile', *SMALL, '--topology=b200-8')
   assert result.returncode == 2 and 'Traceback' not in result.stderr
   (line,) = result.stderr.strip().splitlines()[-1:]
   assert line.startswith('error: --topology=b200-8: unknown GPU or slice; use one of h100-8')

@@ -2,7 +2,7 @@
 paper's ViT-B/16 step on a v3-8 and the GPU compiler's memory on an H100
 (benchmarks/step_cost.py) against their committed records, and the TPU step against its FLOPs
 bound, so that an operation priced like a matmul's worth of memory traffic (the per-pixel
-gather of c8cff89's input normalisation: 112x the step) fails whatever the record says. The
+gather an input normalisation once used: 112x the step) fails whatever the record says. The
 figures are the compilers' estimates (libtpu and the CUDA plugin on this CPU), not timings."""
 
 import importlib.util
@@ -39,7 +39,7 @@ MEMORY_TOLERANCE = 0.03
 # compiled before the gather (benchmarks/tpu/*_v3-*.json) spent 1.47x to 1.90x, their
 # LayerNorms, softmax, GELU and optimizer update being memory-bound on a v3; this one-block copy
 # of ViT-B/16, whose 21,843-class head weighs more, spends 1.72 (two blocks: 1.68). 2.2 leaves
-# every such step room; c8cff89's gather normalisation put this step at 3.99 s (193x, against
+# every such step room; the per-pixel gather normalisation put this step at 3.99 s (193x, against
 # 0.0356 s).
 FLOPS_BOUND = 2.2
 
