@@ -20,6 +20,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vit_jax.configs.model_spec import Block
+from vit_jax.configs.model_spec import Compute
+from vit_jax.models import attention as attention_lib
 from vit_jax.models import vit
 
 
@@ -38,7 +41,7 @@ def attention_op():
   x = jax.random.normal(jax.random.key(0), (batch, tokens, heads * head_dim))
   results = {}
   for attention in ('xla', 'explicit'):
-    module = vit.MultiHeadDotProductAttention(num_heads=heads, attention=attention)
+    module = attention_lib.MultiHeadDotProductAttention(heads, compute=Compute(attention=attention))
     params = module.init(jax.random.key(1), x, deterministic=True)
     fn = jax.jit(lambda p, x, m=module: m.apply(p, x, deterministic=True))
     results[f'vit_jax attention={attention}'] = median_ms(
@@ -64,11 +67,7 @@ def encoder_block():
 
   batch, tokens, width, heads = 16, 197, 384, 6
   x = jax.random.normal(jax.random.key(0), (batch, tokens, width))
-  block = vit.Encoder1DBlock(
-    vit.BlockConfig(
-      mlp_dim=4 * width, num_heads=heads, dropout_rate=0.0, attention_dropout_rate=0.0
-    )
-  )
+  block = vit.Encoder1DBlock(Block(mlp_dim=4 * width, num_heads=heads))
   params = block.init(jax.random.key(1), x, True)
   forward = jax.jit(lambda p, x: block.apply(p, x, True))
   backward = jax.jit(jax.grad(lambda p, x: jnp.sum(block.apply(p, x, True) ** 2), (0, 1)))

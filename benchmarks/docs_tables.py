@@ -1,4 +1,4 @@
-r"""The tables in docs/ that records give, written from the records, never typed.
+r"""The tables in docs/ that records or declarations give, written from them, never typed.
 
   python benchmarks/docs_tables.py           # name the tables that differ from their records
   python benchmarks/docs_tables.py --write   # write them, after a script wrote new records
@@ -20,6 +20,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpu_measured  # noqa: E402
 import gpu_table  # noqa: E402
 import tpu_table  # noqa: E402
+
+from vit_jax.configs import families  # noqa: E402
+from vit_jax.configs import schema  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GiB = 2**30
@@ -138,6 +141,7 @@ _CHANGES = {
   '3_float32_parameters_in_the_program': 'parameters float32 in the program, cast in every layer',
   '5_qkv_as_one_einsum': 'q, k, v as one einsum (a transpose and a bias add per q, k, v)',
   '5_layout_left_to_xla': 'layout left to XLA (activations batch innermost, transposed)',
+  'gelu_intermediates_kept': "GELU's intermediates kept for the backward pass (a GELU kernel)",
   'all_undone': 'all of these at once',
 }
 
@@ -161,8 +165,9 @@ def gpu_kernels() -> str:
   return '\n'.join(rows)
 
 
-def _latest(pattern: str) -> dict:
-  """(name, record) of the newest record matching `pattern` under benchmarks/."""
+def _latest(pattern: str) -> tuple:
+  """(name, record) of the newest record matching `pattern` under benchmarks/ (its name's
+  leading time stamp orders them)."""
   paths = sorted(glob.glob(os.path.join(ROOT, 'benchmarks', pattern)))
   return os.path.basename(paths[-1]), _record(os.path.basename(paths[-1]))
 
@@ -214,7 +219,109 @@ def dino_step_cost() -> str:
   )
 
 
+_TIER_ORDER = ('suite', 'fast', 'equivalence')
+
+
+def _suite_records() -> dict:
+  """{tier: its newest record} of `benchmarks/suite_time.py`, runs of chosen files left out."""
+  newest = {}
+  for path in sorted(glob.glob(os.path.join(ROOT, 'benchmarks', 'suite', '*.json'))):
+    with open(path, encoding='utf-8') as f:
+      record = json.load(f)
+    if record['tier'] != 'files' and record['date'] >= newest.get(record['tier'], {}).get(
+      'date', ''
+    ):
+      newest[record['tier']] = {**record, 'path': os.path.relpath(path, ROOT)}
+  order = lambda tier: (_TIER_ORDER.index(tier) if tier in _TIER_ORDER else len(_TIER_ORDER), tier)
+  return {tier: newest[tier] for tier in sorted(newest, key=order)}
+
+
+def suite_tiers() -> str:
+  """`benchmarks/suite_time.py`: each tier of the suite, its newest record."""
+  rows = [
+    '| tier | command | passed, skipped | wall time | machine | load average (mean, max) | record |',
+    '|---|---|---|---:|---|---|---|',
+  ]
+  for tier, r in _suite_records().items():
+    m, c, load = r['machine'], r['counts'], r['load_average']
+    cpu = f'{m["cpu_cores"]}-core {m["cpu"]} ({m["vector_isa"]})'
+    busy = f'{load["mean"]:.1f}, {load["max"]:.1f}' if load else 'not sampled'
+    rows.append(
+      f'| {tier} | `{r["command"]}` | {c["passed"]}, {c["skipped"]} '
+      f'| {r["wall_s"] / 60:.1f} min | {cpu} | {busy} | `{r["path"]}` ({r["date"][:10]}) |'
+    )
+  if len(rows) == 2:
+    rows.append('| (no record yet: `python benchmarks/suite_time.py`) | | | | | | |')
+  return '\n'.join(rows)
+
+
+def suite_slowest() -> str:
+  """The slowest tests of the newest record of the whole suite."""
+  record = _suite_records().get('suite')
+  rows = ['| test | seconds |', '|---|---:|']
+  for entry in record['slowest'] if record else []:
+    rows.append(f'| `{entry["test"]}` | {entry["seconds"]:,.0f} |')
+  if not record:
+    rows.append('| (no record of the whole suite yet: `python benchmarks/suite_time.py`) | |')
+  return '\n'.join(rows)
+
+
+_RECIPES = {
+  'bf16': 'bf16, no FP8',
+  'all_fp8_qkv_merged': 'all three products FP8, q, k, v one product',
+  'all_fp8': 'all three products FP8',
+  'bf16_weight_gradient_qkv_merged': 'weight gradient bf16, q, k, v one product',
+  'bf16_weight_gradient_gelu_kept': "weight gradient bf16, GELU's intermediates kept",
+  'bf16_weight_gradient': 'weight gradient bf16 (`--config.fp8=True`)',
+}
+
+
+def fp8_recipes() -> str:
+  """`benchmarks/fp8_recipes.py`: per encoder block, each FP8 recipe's FP8 GEMMs, FP8 bytes
+  written transposed, and the kernels and bytes outside GEMMs and attention."""
+  record = _record(os.path.join('fp8', 'recipes_h100-1.json'))
+  rows = [
+    '| per block, batch 128 | model | FP8 GEMMs | FP8 MB transposed (read in FP8 / rounded '
+    'so) | kernels outside GEMMs and attention | GB they write | memory (GiB) |',
+    '|---|---|---:|---:|---:|---:|---:|',
+  ]
+  for model, results in record['results'].items():
+    for key, what in _RECIPES.items():
+      r = results[key]
+      rows.append(
+        f'| {what} | {model} | {r["fp8_gemms_per_block"]:.0f} | '
+        f'{r["fp8_transposed_bytes_per_block"] / 1e6:.1f} / '
+        f'{r["cast_transposed_bytes_per_block"] / 1e6:.1f} | {r["other_kernels_per_block"]:.0f} '
+        f'| {r["other_bytes_written_per_block"] / 1e9:.2f} | '
+        f'{r["memory_estimate_bytes"] / GiB:.2f} |'
+      )
+  return '\n'.join(rows)
+
+
+def gpu_overlap() -> str:
+  """`benchmarks/gpu_overlap.py`: the share of each step's gradient bytes scheduled under
+  matmuls, per bucket size."""
+  record = _record(os.path.join('gpu', 'overlap.json'))
+  sizes = record['candidates_mib']
+  rows = [
+    '| step | ' + ' | '.join(f'{mib} MiB buckets' for mib in sizes) + ' |',
+    '|---|' + '---:|' * len(sizes),
+  ]
+  for model in ('ViT-B_16', 'ViT-L_16'):
+    for topology, cases in record[model].items():
+      first = cases[f'{sizes[0]}_mib']
+      accum = f', {first["accum_steps"]} micro-batches' if first['accum_steps'] > 1 else ''
+      what = f'{model.replace("_", "/")} on {topology} ({first["bytes"] / 2**20:.0f} MiB{accum})'
+      shares = [f'{cases[f"{mib}_mib"]["share_under_matmuls"]:.0%}' for mib in sizes]
+      rows.append(f'| {what} | ' + ' | '.join(shares) + ' |')
+  return '\n'.join(rows)
+
+
 TABLES = {
+  'schema.markdown_table': schema.markdown_table,  # the config fields, from their declarations
+  'families.markdown_table': families.markdown_table,  # the families, from the registry
+  'fp8_recipes': fp8_recipes,
+  'gpu_overlap': gpu_overlap,
   'tpu_table.markdown': tpu_table.markdown,
   'tpu_table.giant_markdown': tpu_table.giant_markdown,
   'tpu_table.dino_markdown': tpu_table.dino_markdown,
@@ -227,6 +334,8 @@ TABLES = {
   'loop': loop,
   'dino_digits': dino_digits,
   'dino_step_cost': dino_step_cost,
+  'suite_tiers': suite_tiers,
+  'suite_slowest': suite_slowest,
 }
 
 

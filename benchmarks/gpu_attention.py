@@ -5,7 +5,7 @@ r"""How ViT's training step compiles on a GPU with each attention: the evidence 
 Compiles the gradient of a ViT's loss (bfloat16, training mode, one GPU) with
 the GPU compiler for each attention implementation, at 224 px (197 tokens)
 and 384 px (577): cuDNN as JAX offers it, cuDNN with the odd sequence padded
-by one masked token (what `attention='auto'` does, `models.vit.pads_sequence`),
+by one masked token (what `attention='auto'` does, `models.attention.pads_sequence`),
 JAX's XLA implementation, and ours written out ('explicit'). Records whether
 it compiles (or JAX's refusal), the temporaries the compiler allots and the
 library kernels in the program, in `benchmarks/gpu/attention_<model>_<gpu>.json`.

@@ -1,4 +1,4 @@
-r"""What ViT-B/16 and ViT-L/16 launch on an H100, compiled on this CPU: the record issue 33 holds.
+r"""What ViT-B/16 and ViT-L/16 launch on an H100, compiled on this CPU.
 
   python benchmarks/gpu_hlo.py [--gpu=h100-1] [--only=NAME,...]
 
@@ -11,7 +11,7 @@ convolutions, the `pad`s, the parameters cast to bfloat16 inside the program,
 cuBLASLt's fused epilogues, and the compiler's estimate of the step's memory
 (`memory_estimate_bytes`, which benchmarks/gpu_session.py puts beside the
 peak measured on the card). `options_<gpu>.json` compiles ViT-B/16 again with
-each candidate XLA option of issue 33 item 4 against the options the programs
+each candidate XLA option (`CANDIDATES`) against the options the programs
 are built with (`hardware.GPU_COMPILER_OPTIONS`).
 
 The compiler runs without the card: no autotuning, so cuBLAS's algorithms and
@@ -56,7 +56,7 @@ ENTRIES = {
   'vit_b16_depth2_train': (dataclasses.replace(B16_TRAIN, depth=2), [128]),
   'vit_b16_depth2_infer': (dataclasses.replace(B16_INFER, depth=2), [128]),
 }
-# Issue 33 item 4: each XLA option against the programs as built, ViT-B/16 at one batch.
+# Each candidate XLA option against the programs as built, ViT-B/16 at one batch.
 CANDIDATES = {
   'triton_gemm_on': {'xla_gpu_enable_triton_gemm': True},
   'cublaslt_off': {'xla_gpu_enable_cublaslt': False},
@@ -65,8 +65,8 @@ CANDIDATES = {
 
 
 def _pad_in_every_layer(q, k, v, implementation, num_tokens=None):
-  """The attention before issue 33: an odd sequence padded in every layer (q, k and v padded,
-  the output sliced), so that cuDNN's backward pass takes it."""
+  """The attention without the sequence padded once: an odd sequence padded in every layer (q,
+  k and v padded, the output sliced), so that cuDNN's backward pass takes it."""
   del num_tokens
   n = q.shape[1]
   if implementation != 'cudnn' or n % 2 == 0:
@@ -80,20 +80,23 @@ def _pad_in_every_layer(q, k, v, implementation, num_tokens=None):
 
 
 class _ConvolutionEmbedding(nn.Module):
-  """The patch embedding before issue 33: a convolution with stride = kernel = patch."""
+  """The patch embedding as a convolution with stride = kernel = patch, not a matmul."""
 
   features: int
   patch_size: tuple
   dtype: object
+  bias: bool = True
 
   @nn.compact
   def __call__(self, x):
     p = self.patch_size
-    y = nn.Conv(self.features, p, strides=p, padding='VALID', dtype=self.dtype)(x)
+    y = nn.Conv(self.features, p, strides=p, padding='VALID', dtype=self.dtype, use_bias=self.bias)(
+      x
+    )
     return y.reshape(y.shape[0], -1, self.features)
 
 
-# Each of issue 33's changes undone on its own: (module, attribute, what replaces it).
+# Each choice of the GPU programs undone on its own: (module, attribute, what replaces it).
 ABLATIONS = {
   '1_pad_in_every_layer': [
     (vit, 'pads_sequence', lambda *args, **kwargs: False),
@@ -103,13 +106,16 @@ ABLATIONS = {
   '3_float32_parameters_in_the_program': [(vit, 'compute_params', lambda params, dtype: params)],
   '5_qkv_as_one_einsum': [(sharding, 'splits_model', lambda: True)],
   '5_layout_left_to_xla': [(sharding, 'batch_outermost', lambda x: x)],
+  # And the MLP's activation recomputed in the backward pass (`vit.recomputed`) undone: GELU's
+  # intermediates kept, the GELU a kernel of its own.
+  'gelu_intermediates_kept': [(vit, 'recomputed', lambda activation, fp8=False: activation)],
 }
 ABLATIONS['all_undone'] = [change for changes in ABLATIONS.values() for change in changes]
 
 
 def record_ablations(gpu: str, device) -> dict:
   """Kernels and bytes written per block of ViT-B/16 (training at batch 512, inference at
-  1024) with each change of issue 33 undone, beside the programs as built."""
+  1024) with each choice of `ABLATIONS` undone, beside the programs as built."""
   out = {**_header(gpu), 'results': {}}
   for opts, batch in ((B16_TRAIN, 512), (B16_INFER, 1024)):
     opts = dataclasses.replace(opts, batch=batch)
@@ -118,8 +124,9 @@ def record_ablations(gpu: str, device) -> dict:
         for module, attribute, value in changes:
           stack.enter_context(mock.patch.object(module, attribute, value))
         row = gpu_record.step_kernels(dataclasses.replace(opts, depth=2), device)
-      keep = ('kernels_per_block', 'bytes_written_per_block', 'kernels', 'bytes_written', 'pads',
-              'convolutions', 'parameter_casts')  # fmt: skip
+      keep = ('kernels_per_block', 'bytes_written_per_block', 'other_kernels_per_block',
+              'other_bytes_written_per_block', 'kernels', 'bytes_written', 'pads', 'convolutions',
+              'parameter_casts')  # fmt: skip
       out['results'].setdefault(f'{opts.mode} b{batch}', {})[name] = {
         **{key: row[key] for key in keep},
         'per_block_by_name': row['per_block_by_name'],

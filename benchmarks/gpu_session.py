@@ -6,14 +6,15 @@ r"""The whole GPU measurement of one device lease, in priority order, a record a
 
 A lease is rare and short (15 minutes of device time a session, 10 a command),
 so this script runs what matters most first and writes each record as soon as
-it exists: (1) ViT-B/16 bf16 training against timm, (2) ViT-B/16 bf16
-inference against timm, each with the kernels that took the most device time
-(`--profile`) and the step's memory as the GPU compiler predicted it on a CPU
-(benchmarks/gpu_hlo) beside the peak measured on the card; (3) ViT-L/16
-training in bf16 and with FP8 products (`--fp8`), (4) the demo's bf16 and FP8
-loss curves over 200 steps (benchmarks/fp8_curves.py), (5) ViT-B/16 training
-with FP8; (6, 7) the XLA options A/B, ours alone: each candidate against the
-programs as built (`hardware.GPU_COMPILER_OPTIONS`), run after run; (8) the
+it exists: (1) ViT-L/16 training in bf16 and with FP8 products (`--fp8`),
+(2) ViT-B/16 bf16 training against timm, (3) ViT-B/16 inference in bf16 and
+FP8 (the kernels rounded once), (4) ViT-H/14 training in bf16 and FP8, (5)
+ViT-B/16 bf16 inference against timm, the timm items with the kernels that took
+the most device time (`--profile`) and the step's memory as the GPU compiler
+predicted it on a CPU (benchmarks/gpu_hlo) beside the peak measured on the card,
+(6) the demo's bf16 and FP8 loss curves over 200 steps (benchmarks/fp8_curves.py),
+(7) ViT-B/16 training with FP8; (8, 9) the XLA options A/B, ours alone: each candidate against
+the programs as built (`hardware.GPU_COMPILER_OPTIONS`), run after run; (10) the
 whole loop (`python -m vit_jax.main` for 160 steps on the digits in memory, on
 a JPEG folder read by the host's cores and on TFRecord shards of it, each
 against the bare step, steady state and whole run; the host input pipeline
@@ -56,7 +57,8 @@ class Item(NamedTuple):
   profile: bool = False  # --profile: the kernels that took the most device time, in the record
 
 
-# Issue 33 item 4: XLA options not yet timed on a GPU, each against the programs as built.
+# XLA options that the compiled programs leave out (benchmarks/gpu_hlo.py), each timed against
+# the programs as built.
 XLA_OPTIONS = {
   'as_built': [],
   'triton_gemm_on': ['--xla_flags=--xla_gpu_enable_triton_gemm=true'],
@@ -73,13 +75,21 @@ XLA_OPTIONS = {
 # The B/16 batches are those benchmarks/gpu_hlo.py compiles (the predicted memory). Each
 # side's best batch was among them on the H200 (ours 512 training, 1024 inference; timm 512
 # both); training at 128 and inference at 256 were slower for both and are left out.
-# Issue 44: FP8 products (vit_jax.models.fp8) against bf16, ours alone, at the largest batch
+# FP8 products (vit_jax.models.fp8) against bf16, ours alone, at the largest batch
 # of the 2026-11-26 records for B/16 and its memory scaled by 3.5 for L/16 (141 GB on an H200).
 FP8 = {'bf16': [], 'fp8': ['--fp8']}
+H14_TRAIN = ['--model=ViT-H_14', '--mode=train', '--dtype=bfloat16', '--optimizer=adam']
+# First, what one call of 480 s holds at these seconds per run: FP8 (models/fp8.py: forward
+# and input-gradient products in FP8, weight gradients in bf16, no FP8 transpose) against bf16
+# for ViT-L/16 training, ViT-B/16 training against timm, FP8 against bf16 for ViT-B/16
+# inference (the kernels rounded once) and ViT-H/14 training; then ViT-B/16 inference against
+# timm. H/14's batch: L/16's 256 took 45 GiB, H/14 costs 2.7x its FLOPs per image (a guess).
 ITEMS = [
-  Item('b16_train_vs_timm', [*B16_TRAIN, '--compare=timm'], [512], True, 95, profile=True),
-  Item('b16_infer_vs_timm', [*B16_INFER, '--compare=timm'], [512, 1024], True, 50, profile=True),
   Item('l16_train_fp8', [*L16_TRAIN], [256], False, 70, FP8, profile=True),
+  Item('b16_train_vs_timm', [*B16_TRAIN, '--compare=timm'], [512], True, 95, profile=True),
+  Item('b16_infer_fp8', [*B16_INFER], [1024], False, 45, FP8),
+  Item('h14_train_fp8', [*H14_TRAIN], [96], False, 75, FP8),
+  Item('b16_infer_vs_timm', [*B16_INFER, '--compare=timm'], [512, 1024], True, 50, profile=True),
   Item('fp8_curves', None, [], False, 60),
   Item('b16_train_fp8', B16_TRAIN, [512], False, 55, {'fp8': ['--fp8']}),
   Item('b16_train_xla_options', B16_TRAIN, [512], False, 55, XLA_OPTIONS),

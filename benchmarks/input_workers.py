@@ -49,7 +49,7 @@ class _Work:
 
   def __init__(self, paths, labels):
     self.paths, self.labels = paths, labels
-    self.pp = pipeline._PP(CROP, None, True, True, 0.05, 0, 0.0, 0.0)
+    self.pp = pipeline.Preprocessing(CROP, None, True, True, 0.05, 0, 0.0, 0.0)
     self.key = order.keys(0)[1]
 
   def __len__(self):
@@ -106,7 +106,7 @@ def gil_seconds_per_image(repeats=2000):
   buf = io.BytesIO()
   Image.fromarray(np.full((16, 16, 3), 90, np.uint8)).save(buf, 'JPEG')
   data = buf.getvalue()
-  pp = pipeline._PP(16, None, True, True, 0.05, 0, 0.0, 0.0)
+  pp = pipeline.Preprocessing(16, None, True, True, 0.05, 0, 0.0, 0.0)
   uniforms = order.example_uniforms(1, np.arange(repeats), images.DRAWS)
   out = np.empty((16, 16, 3), np.float32)
   start = time.perf_counter()

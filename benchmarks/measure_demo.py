@@ -6,7 +6,7 @@ r"""Measures the README's main command: `python -m vit_jax.main` (the demo).
 
 Runs the default command in a fresh workdir, times it end to end (process
 start to exit, compilation and evaluation included), reads the run's summary,
-and writes a record `benchmarks/<time>_demo.json`. Target (issue 4): test
+and writes a record `benchmarks/<time>_demo.json`. Target: test
 accuracy >= 97% within 10 minutes on a 2-core CPU. The README's demo line and
 docs/development.md's sentences are printed from the record (`--readme` prints
 them for an existing one): copy them, do not retype the numbers. `--flags` runs the demo with

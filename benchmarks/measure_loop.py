@@ -1,4 +1,4 @@
-r"""The whole training loop against the bare train step (issue 7, "the whole loop").
+r"""The whole training loop against the bare train step.
 
   python benchmarks/measure_loop.py [--cases=demo,s16]
 

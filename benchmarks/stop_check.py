@@ -1,4 +1,4 @@
-r"""What asking "stop after this step?" costs the training loop, per step (issue 43).
+r"""What asking "stop after this step?" costs the training loop, per step.
 
   python benchmarks/stop_check.py [--calls=200000]
 

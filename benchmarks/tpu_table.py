@@ -19,7 +19,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # (record name, config, topology, extra overrides), in priority order: the two
 # models of paper Table 2 first.
 ENTRIES = [
-  ('vit_l16_jft_v3-128', 'configs/vit_l16.py:jft', 'v3-128', []),
+  # Adam's state sharded over 8 cores (FSDP): replicated, each of the 128 cores updates all
+  # 304M parameters, 6% of the step (libtpu's estimate: 0.277 s against 0.261 s).
+  ('vit_l16_jft_v3-128', 'configs/vit_l16.py:jft', 'v3-128', ['--config.mesh.fsdp=8']),
   ('vit_h14_jft_v3-256', 'configs/vit_h14.py:jft', 'v3-256', []),
   ('vit_b16_jft_v3-32', 'configs/vit_b16.py:jft', 'v3-32', []),
   ('vit_b32_jft_v3-32', 'configs/vit_b32.py:jft', 'v3-32', []),

@@ -28,6 +28,8 @@ from PIL import Image
 from vit_jax import checkpoint
 from vit_jax import models
 from vit_jax.configs import architectures
+from vit_jax.configs.model_spec import Architecture
+from vit_jax.configs.model_spec import ModelSpec
 from vit_jax.evaluation import classify
 from vit_jax.evaluation import figures
 from vit_jax.evaluation import loader
@@ -72,7 +74,7 @@ def random_crops(photos, rng, batch_size):
 
 
 def train(config, photos, steps, batch_size, seed=0):
-  model = mpp.MppViT(**config)
+  model = mpp.MppViT(Architecture.of(config))
   params = jax.jit(
     lambda: model.init(jax.random.key(seed), jnp.zeros((1, SIZE, SIZE, 3)), train=False)
   )()['params']
@@ -117,9 +119,8 @@ def main():
   path = checkpoint.save_npz(params, os.path.join(args.output, 'mpp_demo.npz'))
 
   backbone = {k: v for k, v in params.items() if k not in ('mask_token', 'mpp_head')}
-  model = models.VisionTransformer(num_classes=None, **config)
-  grid = SIZE // config.patches.size[0]
-  loaded = loader.LoadedModel(model, backbone, config, SIZE, grid, config.patches.size[0], 1)
+  spec = ModelSpec(Architecture.of(config), SIZE)
+  loaded = loader.LoadedModel(models.build(spec, None), backbone, spec)
   images = np.stack([classify.read_image(f, SIZE) for f in files])
   result = figures.compute(loaded, images, num_components=28)
   names = figures.write_outputs(

@@ -73,20 +73,58 @@ def main_command(python: str, args, workdir: str = '') -> List[str]:
   return command + list(args.overrides)
 
 
+# Untracked files shipped with the working tree at most (a dataset or a run left in the
+# checkout would otherwise travel to every machine): more is refused, naming the largest.
+UNTRACKED_LIMIT = 50 * 2**20
+
+
+def _git(*args) -> str:
+  result = subprocess.run(['git', '-C', ROOT, *args], capture_output=True, text=True)
+  if result.returncode:
+    why = (result.stderr.strip().splitlines() or ['no reason given'])[0]
+    print(f'error: git {args[0]} in {ROOT}: {why}; the code is shipped from a git checkout',
+          file=sys.stderr)  # fmt: skip
+    raise SystemExit(2)
+  return result.stdout
+
+
 def local_archive(name: str) -> tuple:
-  """(path, command): the committed tree (git HEAD) as a tarball to copy to machines."""
+  """(path, command, note): the working tree as the user has it -- the committed files with
+  their edits (`git stash create`: a commit of them that touches neither the tree nor the
+  stash) and the untracked files git does not ignore (a new config) -- as a tarball to copy
+  to machines, and a line saying what it adds to HEAD. More than UNTRACKED_LIMIT of
+  untracked files is refused in one line (exit status 2)."""
   path = os.path.join(tempfile.gettempdir(), f'{name}-{ARCHIVE}')
-  return path, [
-    'git',
-    '-C',
-    ROOT,
-    'archive',
-    '--format=tar.gz',
-    f'--prefix={REMOTE_DIR}/',
-    '-o',
-    path,
-    'HEAD',
-  ]
+  edited = _git('stash', 'create').strip()
+  untracked = sorted(
+    f for f in _git('ls-files', '-z', '--others', '--exclude-standard').split('\0') if f
+  )
+  sizes = {f: os.path.getsize(os.path.join(ROOT, f)) for f in untracked}
+  if sum(sizes.values()) > UNTRACKED_LIMIT:
+    largest = max(sizes, key=sizes.get)
+    print(
+      f'error: {sum(sizes.values()) / 2**20:,.0f} MiB of untracked files in {ROOT} would be '
+      f'shipped (the largest: {largest}); add them to .gitignore, or move them out of the '
+      'checkout',
+      file=sys.stderr,
+    )
+    raise SystemExit(2)
+  extra = []
+  for f in untracked:  # each under its own folder: --add-file takes the prefix before it
+    folder = os.path.dirname(f)
+    extra += [f'--prefix={REMOTE_DIR}/{folder + "/" if folder else ""}', f'--add-file={f}']
+  changed = len(_git('diff', 'HEAD', '--name-only').split()) if edited else 0
+  parts = [f'{changed} edited'] if changed else []
+  if untracked:
+    shown = ', '.join(untracked[:3]) + (', ...' if len(untracked) > 3 else '')
+    parts.append(f'{len(untracked)} untracked ({shown})')
+  note = (
+    f'shipping the working tree of {ROOT}: HEAD with {" and ".join(parts)} file(s)'
+    if parts
+    else f'shipping {ROOT} at HEAD (no edits, no untracked files)'
+  )
+  command = ['git', '-C', ROOT, 'archive', '--format=tar.gz', *extra, f'--prefix={REMOTE_DIR}/']
+  return path, command + ['-o', path, edited or 'HEAD'], note
 
 
 def unpack(archive: str = ARCHIVE) -> str:
@@ -129,6 +167,7 @@ def execute(commands: Sequence, dry_run: bool) -> int:
       )
       return 1
     if status:
-      print(f'error: exit status {status} from: {shell_join(command)}', file=sys.stderr)
+      if status != 2:  # 2: the command said what is wrong in one `error:` line of its own
+        print(f'error: exit status {status} from: {shell_join(command)}', file=sys.stderr)
       return status
   return 0

@@ -5,8 +5,10 @@ r"""Train on one GPU machine, this one or another over ssh: set up a venv, check
 
 Actions (positional, default `setup run`, plus `fetch` with --host):
   setup  a virtualenv with vit_jax[gpu] (jax with CUDA 12 wheels) installed from
-         this checkout (with --host: its committed tree, copied over by scp)
-  run    check that JAX sees a GPU, then python -m vit_jax.main with 90% of each
+         this checkout (with --host: its working tree as it is, edits and untracked
+         files git does not ignore included, copied over by scp)
+  run    check that JAX sees a GPU (else one `error:` line), then
+         python -m vit_jax.main with 90% of each
          GPU's memory for JAX (XLA_PYTHON_CLIENT_MEM_FRACTION, what
          `python -m vit_jax.compile --topology=h100-8` checks against); all local
          GPUs are used by the one process, so the same recipe fits an 8-GPU box
@@ -24,8 +26,27 @@ import sys
 import common
 
 ACTIONS = ('setup', 'run', 'fetch')
-# Fails (and stops the run) when JAX has no GPU backend: no driver, or a CPU-only jax.
-_GPU_CHECK = 'import jax; print(jax.devices("gpu"))'
+# Fails (and stops the run) when JAX has no GPU backend: no driver, or a CPU-only jax. The
+# libraries' start-up noise (an installed libtpu, the CUDA plugin without a driver) is hidden;
+# what is wrong is one `error:` line with exit status 2, as vit_jax's commands say it.
+_GPU_CHECK_CODE = """import os, sys
+err = os.dup(2)
+os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
+try:
+    import jax
+    gpus, why = jax.devices("gpu"), ""
+except Exception as e:
+    gpus, why = [], (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+os.dup2(err, 2)
+if not gpus:
+    print("error: JAX sees no GPU on this machine (" + why + "); check that nvidia-smi lists "
+          "one and that the venv holds vit_jax[gpu] (JAX with its CUDA wheels: run setup)",
+          file=sys.stderr)
+    sys.exit(2)
+print(len(gpus), "GPU(s):", gpus[0].device_kind)
+"""
+# One line, as the dry run prints every command (`exec` of the code above).
+_GPU_CHECK = f'exec({_GPU_CHECK_CODE!r})'
 
 
 def commands(args) -> list:
@@ -53,7 +74,8 @@ def commands(args) -> list:
   cd = f'cd {common.REMOTE_DIR}'
   for action in args.actions:
     if action == 'setup':
-      archive, make_archive = common.local_archive('gpu_box')
+      archive, make_archive, note = common.local_archive('gpu_box')
+      print(note, file=sys.stderr)
       out.append(make_archive)
       out.append(['scp', archive, f'{args.host}:{common.ARCHIVE}'])
       out.append(

@@ -6,7 +6,8 @@ r"""Train on a Cloud TPU VM or pod slice: create it, install vit_jax, run on eve
 
 Actions (positional, default `create install run fetch`):
   create   gcloud compute tpus tpu-vm create
-  install  copy the committed tree (git archive HEAD) to every worker, pip install ".[tpu]"
+  install  copy the working tree (committed files with their edits, and untracked files
+           git does not ignore, such as a new config) to every worker, pip install ".[tpu]"
   run      python3 -m vit_jax.main on all workers at once (--worker=all); each worker
            finds the others itself (jax.distributed on TPU pod slices). With
            --detach it runs in the background, appending to vit_jax/run.log
@@ -71,7 +72,8 @@ def commands(args) -> list:
           + (['--spot'] if args.spot else [])
         )
     elif action == 'install':
-      archive, make_archive = common.local_archive(args.name)
+      archive, make_archive, note = common.local_archive(args.name)
+      print(note, file=sys.stderr)
       out.append(make_archive)
       out.append(
         tpu + ['scp', archive, f'{args.name}:{common.ARCHIVE}'] + where + nodes + ['--worker=all']
@@ -160,7 +162,7 @@ def main(argv=None) -> int:
     and not os.path.isdir(os.path.join(common.ROOT, '.git'))
     and not os.path.isfile(os.path.join(common.ROOT, '.git'))
   ):
-    parser.error(f'{common.ROOT} is not a git checkout; install copies its committed tree')
+    parser.error(f'{common.ROOT} is not a git checkout; install ships its working tree by git')
   return common.execute(commands(args), args.dry_run)
 
 

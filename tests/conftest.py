@@ -18,9 +18,11 @@ import os
 import pathlib
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
+import time
 
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 if '--xla_backend_optimization_level' not in os.environ.get('XLA_FLAGS', ''):
@@ -34,9 +36,13 @@ import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
+from vit_jax import checkpoint  # noqa: E402
 from vit_jax import models  # noqa: E402
 from vit_jax.configs import architectures  # noqa: E402
-from vit_jax.configs.data import add_data_config
+from vit_jax.configs import model_spec  # noqa: E402
+from vit_jax.configs.data import add_data_config  # noqa: E402
+from vit_jax.core import cli  # noqa: E402
+from vit_jax.core import files  # noqa: E402
 from vit_jax.core import sharding  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -72,12 +78,58 @@ def small_vit_config(name='ViT-Ti_16', hybrid_units=None, **overrides):
   return config
 
 
+def small_arch(
+  name='ViT-Ti_16', hybrid_units=None, naflex_grid=None, resample='bilinear', **changes
+):
+  """`small_vit_config` as a typed `Architecture` with `changes` (its or its block's fields);
+  with `naflex_grid`, a NaFlex ViT whose 2D table has those (rows, columns), resampled by
+  `resample`."""
+  arch = model_spec.Architecture.of(small_vit_config(name, hybrid_units)).changed(**changes)
+  return model_spec.naflex_of(arch, naflex_grid, resample) if naflex_grid else arch
+
+
 def param_shapes(config, num_classes, size, module=None):
   """The parameter tree of a ViT (or `module`) at `size` px, as shape structs."""
   module = module or models.VisionTransformer(num_classes=num_classes, **config)
   return jax.eval_shape(
     lambda: module.init(jax.random.key(0), jnp.zeros((1, size, size, 3)), train=False)
   )['params']
+
+
+def random_flat_like(shapes, seed=0, scale=0.05):
+  """Flat float32 parameters shaped like the tree `shapes`: Normal(0, scale), plus 1 for norm
+  scales (LayerNorm and GroupNorm scales near 1 keep activations in a realistic range)."""
+  rng = np.random.default_rng(seed)
+  return {
+    k: (scale * rng.normal(size=v.shape) + k.endswith('/scale')).astype(np.float32)
+    for k, v in checkpoint.flatten(shapes).items()
+  }
+
+
+def random_flat(config, num_classes, size, seed=0):
+  """`random_flat_like` the parameters of a ViT of `config` at `size` px."""
+  return random_flat_like(param_shapes(config, num_classes, size), seed)
+
+
+def random_images(size, n=2, seed=1):
+  """`n` float32 images of `size` x `size` px, uniform in [-1, 1]."""
+  return np.random.default_rng(seed).uniform(-1, 1, (n, size, size, 3)).astype(np.float32)
+
+
+def relative_error(a, b):
+  """max |a - b| / max |b|: logits against a peer's."""
+  return float(np.max(np.abs(np.asarray(a) - b)) / np.max(np.abs(b)))
+
+
+def current_flax_names(flat):
+  """Flat parameters under the names current Flax gives the official model's layers (its
+  MlpBlock_0 where this package and the released files have MlpBlock_3, ...)."""
+  renames = {
+    'LayerNorm_2': 'LayerNorm_1',
+    'MultiHeadDotProductAttention_1': 'MultiHeadDotProductAttention_0',
+    'MlpBlock_3': 'MlpBlock_0',
+  }
+  return {'/'.join(renames.get(part, part) for part in k.split('/')): v for k, v in flat.items()}
 
 
 def map_head_parameter_count(d, m):
@@ -207,6 +259,19 @@ def subprocess_env(devices=1, **extra):
   return env
 
 
+def run_module(name, *args, env=None, timeout=300):
+  """`python -m vit_jax.NAME ARGS` from the checkout's root (where configs/ is), as a user runs
+  it, in `env` (default `subprocess_env()`): its CompletedProcess, output as text."""
+  return subprocess.run(
+    [sys.executable, '-m', f'vit_jax.{name}', *args],
+    capture_output=True,
+    text=True,
+    cwd=ROOT,
+    env=env or subprocess_env(),
+    timeout=timeout,
+  )
+
+
 def child_json(script: str, devices=1, timeout=600):
   """Runs `python -c script` on `devices` CPU devices (`subprocess_env`); the JSON of the last
   line it prints."""
@@ -329,3 +394,249 @@ def torch_process_group(tmp_path_factory):
   yield dist
   if dist.is_initialized():
     dist.destroy_process_group()
+
+
+def fake_image_dataset(data_dir, name, shape, classes, example, splits, label='label', **kw):
+  """`fake_tfds_dataset` of an image of `shape` and a class label named `label`: `classes` is
+  their number or their names; `example(split, i)` gives the i-th example."""
+  kind = 'names' if isinstance(classes, (list, tuple)) else 'num_classes'
+  return fake_tfds_dataset(
+    data_dir,
+    name,
+    lambda t: {
+      'image': t.features.Image(shape=shape),
+      label: t.features.ClassLabel(**{kind: classes}),
+    },
+    example,
+    splits,
+    **kw,
+  )
+
+
+def write_photo_folder(root, per_class, classes):
+  """An image folder at `root` of crops of scikit-learn's photos (`input_speed.write_photos`:
+  JPEGs of several sizes), with a PNG and a grey JPEG added to train's first two classes."""
+  from PIL import Image
+  from sklearn.datasets import load_sample_images
+
+  from vit_jax.bench import input_speed
+
+  input_speed.write_photos(root, per_class, classes=classes)
+  flower = load_sample_images().images[1]
+  Image.fromarray(flower[::4, ::4]).save(os.path.join(root, 'train', 'class0', 'png.png'))
+  Image.fromarray(flower[::3, ::3, 1]).save(os.path.join(root, 'train', 'class1', 'grey.jpg'))
+  return root
+
+
+# ---------------------------------------------------------------------------
+# What a user has: the `testing` model's weights, finished and stopped workdirs, a folder of
+# digits named in three scripts, and the commands run as `python -m` runs them.
+
+TESTING_SIZE = 32  # the `testing` model (16 px patches) at a 2 x 2 grid
+# A folder named in three scripts and with spaces; classes and files likewise, and one file
+# whose name is Latin-1 bytes (not UTF-8: Python sees surrogate escapes, in any locale).
+FOLDER = 'données данные 数据'
+CLASSES = ['zéro', 'один', '二 two']
+LATIN1_FILE = b'caf\xe9 latin-1.png'
+# What the host lookup of `vit_jax.core.files` answers for gs:// under the `offline` fixture.
+OFFLINE = ('storage.googleapis.com', 'Temporary failure in name resolution')
+
+
+def digit_pngs(root, per_split=(('train', 12), ('test', 4))):
+  """DIR/<split>/<class>/<file> of digits 0, 1, 2 under the non-ASCII names above."""
+  from PIL import Image
+
+  from vit_jax.data.readers import builtin
+
+  pixels, labels = builtin.load_digits()
+  for split, count in per_split:
+    for label, name in enumerate(CLASSES):
+      folder = os.path.join(os.fsencode(root), os.fsencode(split), name.encode('utf-8'))
+      os.makedirs(folder)
+      members = np.flatnonzero(labels == label)[: 2 * count]
+      for i, index in enumerate(members[:count] if split == 'train' else members[count:]):
+        name_bytes = LATIN1_FILE if (split, i) == ('train', 0) else f'échantillon {i} 图.png'
+        if isinstance(name_bytes, str):
+          name_bytes = name_bytes.encode('utf-8')
+        Image.fromarray(pixels[index]).save(os.path.join(folder, name_bytes), format='PNG')
+  return str(root)
+
+
+@pytest.fixture(scope='module')
+def digit_folder(tmp_path_factory):
+  """A folder dataset of three digits (12 train, 4 test images each) under FOLDER's names."""
+  return digit_pngs(tmp_path_factory.mktemp('data') / FOLDER)
+
+
+def tiny_params(num_classes, favourite=None):
+  """Random parameters of the `testing` model; with `favourite`, a head that prefers that
+  class whatever the image."""
+  shapes = param_shapes(architectures.MODEL_CONFIGS['testing'], num_classes, TESTING_SIZE)
+  params = random_like(shapes, scale=0.02)
+  if favourite is not None:
+    params['head']['kernel'] = np.zeros_like(params['head']['kernel'])
+    params['head']['bias'] = np.where(np.arange(num_classes) == favourite, 20.0, 0.0)
+  return params
+
+
+def tiny_workdir(path, dataset, *, finished=True, favourite=1, num_classes=len(CLASSES)):
+  """A training workdir of the `testing` model on `dataset`: finished (params.npz) or
+  stopped (only a checkpoint at step 5, as a preempted run leaves it)."""
+  import orbax.checkpoint as ocp
+
+  from vit_jax import workdir as workdir_lib
+
+  os.makedirs(path)
+  (path / 'config.json').write_text(json.dumps({'model': 'testing', 'dataset': dataset}))
+  params = tiny_params(num_classes, favourite)
+  if finished:
+    checkpoint.save_npz(params, path / 'params.npz')
+  else:
+    manager = ocp.CheckpointManager(workdir_lib.checkpoints_dir(str(path), absolute=True))
+    state = {'params': params, 'step': np.asarray(5, np.int32)}  # (orbax 0.11: no numpy scalars)
+    manager.save(5, args=ocp.args.Composite(state=ocp.args.StandardSave(state)))
+    manager.wait_until_finished()
+    manager.close()
+  return str(path)
+
+
+def dataset_record(dataset, classes, *, registered=False):
+  """dataset.json as a run writes it (`vit_jax.data.datasets.record`)."""
+  path = None if registered else os.path.realpath(dataset)
+  return {
+    'dataset': dataset,
+    'path': path,
+    'registered': registered,
+    'num_classes': len(classes) if isinstance(classes, list) else classes,
+    'class_names': classes if isinstance(classes, list) else None,
+  }
+
+
+def run_command(main, argv, capsys):
+  """(exit status, stdout, stderr) of a command's `main(argv)` as `python -m` runs it."""
+  capsys.readouterr()
+  try:
+    code = cli.run(main, argv)
+  except SystemExit as e:
+    code = e.code
+  out, err = capsys.readouterr()
+  return code, out, err
+
+
+@pytest.fixture
+def offline(monkeypatch):
+  """gs:// out of reach, as on a machine without network, whatever this one has."""
+  monkeypatch.setattr(
+    files, '_unreachable', lambda scheme: OFFLINE if scheme == 'gs' else None, raising=False
+  )
+
+
+@pytest.fixture
+def user_files(tmp_path):
+  """Files a user passes to the commands: {'tmp': a folder, 'npz': a checkpoint of the
+  `testing` model, 'png': an image, 'file': a text file}; beside them empty.png,
+  text.jpg (text), notes/ (no image) and latin1.txt (labels not in UTF-8)."""
+  from PIL import Image
+
+  npz = checkpoint.save_npz(tiny_params(3), tmp_path / 'model.npz')
+  png = tmp_path / 'images' / 'digit.png'
+  png.parent.mkdir()
+  Image.fromarray(np.zeros((8, 8), np.uint8)).save(png)
+  (tmp_path / 'file.txt').write_text('a file')
+  (tmp_path / 'empty.png').write_bytes(b'')
+  (tmp_path / 'text.jpg').write_text('not an image')
+  (tmp_path / 'notes').mkdir()
+  (tmp_path / 'notes' / 'a.txt').write_text('not an image')
+  (tmp_path / 'latin1.txt').write_bytes('café\nthé\nlait\n'.encode('latin-1'))
+  return {'tmp': tmp_path, 'npz': npz, 'png': png, 'file': tmp_path / 'file.txt'}
+
+
+# A run of the `testing` model long enough (400 steps) to be stopped by a signal midway, as
+# flags of python -m vit_jax.main.
+STOPPABLE_RUN = [
+  '--config.model=testing',
+  f'--config.pp.crop={TESTING_SIZE}',
+  '--config.batch=12',
+  '--config.batch_eval=12',
+  '--config.total_steps=400',
+  '--config.warmup_steps=2',
+  '--config.progress_every=2',
+  '--config.eval_every=1000',
+  '--config.checkpoint_every=1000',
+  '--config.tensorboard=True',
+]
+
+
+def wait_for_child(predicate, process, timeout=300, check=True):
+  """Polls `predicate` until it holds or `timeout` s pass; with `check`, fails at once if the
+  child `process` ends first."""
+  deadline = time.time() + timeout
+  while time.time() < deadline and not predicate():
+    if check and process.poll() is not None:
+      raise AssertionError(f'ended early: {process.communicate()[1][-3000:]}')
+    time.sleep(0.002 if not check else 0.05)
+
+
+# ---------------------------------------------------------------------------
+# Runs of several processes, as SLURM or a TPU pod starts them (jax.distributed on 127.0.0.1,
+# CPU, gloo), and their results compared bit for bit.
+
+MAIN = [sys.executable, '-m', 'vit_jax.main']
+
+
+def free_port() -> int:
+  """A TCP port of 127.0.0.1 that nothing listens on now."""
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
+def coordinator_flags(address, num_processes, process_id) -> list:
+  """The flags of python -m vit_jax.main that make it rank `process_id` of `num_processes`."""
+  return [
+    f'--coordinator_address={address}',
+    f'--num_processes={num_processes}',
+    f'--process_id={process_id}',
+  ]
+
+
+def start_ranks(argv, num_processes=2, devices=1, logs=None):
+  """Starts python -m vit_jax.main once per rank with `argv` (a list, or a function of the
+  rank) and the coordinator flags of one run, on `devices` CPU devices each; each rank's
+  stdout and stderr go to `logs`/rank{i}.out and .err, or to text pipes without `logs`."""
+  address = f'127.0.0.1:{free_port()}'
+  if logs:
+    os.makedirs(logs, exist_ok=True)
+  processes = []
+  for i in range(num_processes):
+    args = argv(i) if callable(argv) else argv
+    if logs:
+      out = open(os.path.join(logs, f'rank{i}.out'), 'w')
+      err = open(os.path.join(logs, f'rank{i}.err'), 'w')
+    else:
+      out = err = subprocess.PIPE
+    processes.append(
+      subprocess.Popen(
+        [*MAIN, *args, *coordinator_flags(address, num_processes, i)],
+        env=subprocess_env(devices=devices),
+        stdout=out,
+        stderr=err,
+        text=True,
+      )
+    )
+    if logs:
+      out.close()
+      err.close()
+  return processes
+
+
+def final_params(workdir) -> dict:
+  """The flat parameters a finished run wrote (its params.npz)."""
+  return checkpoint.flatten(checkpoint.load(os.path.join(workdir, 'params.npz')))
+
+
+def assert_bitwise_equal(a, b):
+  """Two flat parameter dicts hold the same names and the same bits."""
+  assert sorted(a) == sorted(b)
+  for key in a:
+    np.testing.assert_array_equal(a[key], b[key], err_msg=key)

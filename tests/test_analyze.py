@@ -2,9 +2,12 @@
 
 import json
 
+from conftest import TESTING_SIZE
 from conftest import command_error
 from conftest import param_shapes
 from conftest import random_like
+from conftest import run_command
+from conftest import tiny_workdir
 import jax
 import numpy as np
 from PIL import Image
@@ -14,6 +17,9 @@ from vit_jax import analyze
 from vit_jax import checkpoint
 from vit_jax import models
 from vit_jax.configs import architectures
+from vit_jax.configs.model_spec import Architecture
+from vit_jax.configs.model_spec import ModelSpec
+from vit_jax.configs.model_spec import naflex_of
 from vit_jax.data.readers import builtin
 from vit_jax.evaluation import analysis
 from vit_jax.evaluation import classify
@@ -109,7 +115,7 @@ def test_analyze_a_model_without_class_token(classifier):
   shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), images, train=False))['params']
   rng = np.random.default_rng(0)
   params = jax.tree.map(lambda s: rng.normal(0, 0.5, s.shape).astype(np.float32), shapes)
-  loaded = loader.LoadedModel(model, params, config, 32, 2, 16, 0)
+  loaded = loader.LoadedModel(model, params, ModelSpec(Architecture.of(config), 32))
   result = figures.compute(loaded, images, num_components=4)
   _, state = model.apply({'params': params}, images, train=False, mutable=['intermediates'])
   att = np.asarray(
@@ -132,11 +138,35 @@ def test_analyze_a_model_without_class_token(classifier):
   assert result['posemb_similarity'].shape == (2, 2, 2, 2)
 
 
+def test_analyze_a_model_whose_prefix_tokens_have_no_position_embeddings():
+  """timm's no_embed_class layout (posemb='patches': DINOv2 with registers, DeiT III): the class
+  token and four registers attend, but the position table holds the 2x2 patches' rows alone,
+  compared as they are."""
+  config = small_config(num_registers=4, posemb='patches')
+  model = models.VisionTransformer(num_classes=3, **config)
+  images = np.random.default_rng(0).uniform(-1, 1, (2, 32, 32, 3)).astype(np.float32)
+  shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), images, train=False))['params']
+  rng = np.random.default_rng(0)
+  params = jax.tree.map(lambda s: rng.normal(0, 0.5, s.shape).astype(np.float32), shapes)
+  posemb = params['Transformer']['posembed_input']['pos_embedding'][0]
+  assert posemb.shape[0] == 4  # patches only
+  loaded = loader.LoadedModel(model, params, ModelSpec(Architecture.of(config), 32))
+  result = figures.compute(loaded, images, num_components=4)
+  unit = posemb / np.linalg.norm(posemb, axis=1, keepdims=True)
+  np.testing.assert_allclose(
+    result['posemb_similarity'].reshape(4, 4), unit @ unit.T, rtol=1e-6, atol=1e-6
+  )
+  assert result['attention_distance'].shape == (1, 2) and result['rollout'].shape == (2, 2, 2)
+
+
 def test_analyze_an_mpp_checkpoint(tmp_path):
   """Its pre-training layers are skipped and the backbone analysed."""
   folder = image_dir(tmp_path, n=1)
   path, _ = random_checkpoint(
-    tmp_path / 'mpp.npz', small_config(), size=32, module=mpp.MppViT(**small_config())
+    tmp_path / 'mpp.npz',
+    small_config(),
+    size=32,
+    module=mpp.MppViT(Architecture.of(small_config())),
   )
   loaded = loader.load_model(path, 'testing')
   assert loaded.model.num_classes is None and 'mask_token' not in loaded.params
@@ -182,3 +212,54 @@ def test_analyze_digits_uses_the_demo_test_images(tmp_path):
   assert images.shape == (4, 64, 64, 3) and images.min() >= -1.0 and images.max() <= 1.0
   # Bright strokes on a dark ground, as the training pipeline sees them.
   assert images.min() == -1.0 and images.max() > 0.5
+
+
+# ---------------------------------------------------------------------------
+# Unreadable images, workdirs and NaFlex checkpoints.
+
+
+def test_analyze_skips_an_unreadable_image_and_titles_the_model(tmp_path, user_files, capsys):
+  """As predict, an unreadable image is named and left out (exit 1); the figures and
+  analysis.json name the model a workdir records."""
+  from vit_jax import analyze
+
+  run = tiny_workdir(tmp_path / 'run', 'digits')
+  argv = [f'--checkpoint={run}', f'--images={user_files["png"]},{tmp_path}/text.jpg']
+  code, out, err = run_command(analyze.main, argv + [f'--output={tmp_path}/out'], capsys)
+  assert code == 1 and out.startswith('wrote attention_distance.png'), err
+  assert f'skipped {tmp_path}/text.jpg: not a readable image' in err and 'Traceback' not in err
+  summary = json.loads((tmp_path / 'out' / 'analysis.json').read_text())
+  assert summary['model'] == 'testing' and summary['images'] == [str(user_files['png'])]
+
+
+def test_analyze_reads_a_naflex_checkpoint_with_a_plain_vits_attention(tmp_path, capsys):
+  """`analyze` reads a NaFlex checkpoint: its blocks sow their attention where the analyses ask,
+  the weights of a plain ViT that computes the same (its class token's position row zero, its
+  patches' the NaFlex grid)."""
+  from vit_jax import analyze
+  from vit_jax.evaluation import figures
+  from vit_jax.evaluation import loader
+  from vit_jax.models import naflex
+
+  config = architectures.MODEL_CONFIGS['testing']
+  model = naflex.NaFlexViT(3, naflex_of(Architecture.of(config), (2, 2), 'bilinear'))
+  shapes = param_shapes(config, 3, 16, module=model)
+  flat = checkpoint.flatten(random_like(shapes, seed=3, scale=0.3))
+  path = checkpoint.save_npz(checkpoint.unflatten(flat), tmp_path / 'naflex.npz')
+  table = flat['Transformer/posembed_input/pos_embedding']
+  plain = dict(flat)
+  plain['Transformer/posembed_input/pos_embedding'] = np.concatenate(
+    [np.zeros((1, 1, 10), np.float32), table.reshape(1, 4, 10)], axis=1
+  )
+  images_ = (
+    np.random.default_rng(0).uniform(-1, 1, (3, TESTING_SIZE, TESTING_SIZE, 3)).astype(np.float32)
+  )
+  got = figures.attention_weights(loader.model_from_flat(flat, 'testing', 'naflex'), images_)
+  want = figures.attention_weights(loader.model_from_flat(plain, 'testing', 'plain'), images_)
+  assert len(got) == len(want) == 1
+  np.testing.assert_allclose(got[0], want[0], atol=1e-6)
+  argv = [f'--checkpoint={path}', '--model=testing', '--images=digits', f'--output={tmp_path}/a']
+  code, out, err = run_command(analyze.main, argv, capsys)
+  assert code == 0 and out.startswith('wrote attention_distance.png'), err
+  summary = json.loads((tmp_path / 'a' / 'analysis.json').read_text())
+  assert np.shape(summary['posemb_similarity']['values']) == (2, 2, 2, 2)

@@ -1,5 +1,7 @@
 """The public .npz layout: load/save, key variants, fine-tuning adaptation, errors."""
 
+from conftest import TESTING_SIZE
+from conftest import current_flax_names
 from conftest import param_shapes
 from conftest import random_like
 from conftest import small_vit_config
@@ -47,24 +49,10 @@ def test_save_npz_accepts_jax_arrays_and_a_workdir(tmp_path):
   assert_trees_equal(checkpoint.load(tmp_path), jax.tree.map(np.asarray, params))
 
 
-def _to_new_numbering(flat):
-  renames = {
-    'LayerNorm_2': 'LayerNorm_1',
-    'MultiHeadDotProductAttention_1': 'MultiHeadDotProductAttention_0',
-    'MlpBlock_3': 'MlpBlock_0',
-  }
-  out = {}
-  for key, value in flat.items():
-    for old, new in renames.items():
-      key = key.replace(f'/{old}/', f'/{new}/')
-    out[key] = value
-  return out
-
-
 @pytest.mark.parametrize('prefix', ['', 'params/', 'opt/target/'])
 def test_newer_numbering_and_prefixes(tmp_path, prefix):
   params = random_params(small_vit_config(), 5, 32)
-  flat = _to_new_numbering(checkpoint.flatten(params))
+  flat = current_flax_names(checkpoint.flatten(params))
   assert 'Transformer/encoderblock_0/MlpBlock_0/Dense_1/bias' in flat
   path = write_npz(tmp_path / 'new.npz', {prefix + k: v for k, v in flat.items()})
   assert_trees_equal(checkpoint.load(path), params)
@@ -72,7 +60,7 @@ def test_newer_numbering_and_prefixes(tmp_path, prefix):
 
 def test_scanned_blocks_are_unstacked(tmp_path):
   params = random_params(small_vit_config(), 5, 32)
-  flat = _to_new_numbering(checkpoint.flatten(params))
+  flat = current_flax_names(checkpoint.flatten(params))
   stacked = {k: v for k, v in flat.items() if not k.startswith('Transformer/encoderblock_')}
   for key in [k for k in flat if k.startswith('Transformer/encoderblock_0/')]:
     rest = key[len('Transformer/encoderblock_0/') :]
@@ -140,7 +128,7 @@ def test_truncated_and_missing_files(tmp_path):
 
 
 def test_pickled_npz_is_refused(tmp_path):
-  """Issue 35, category 8: refused as what it is, not as "may be truncated, download it again"."""
+  """Refused as what it is, not as "may be truncated, download it again"."""
   path = tmp_path / 'pickle.npz'
   np.savez(path, obj=np.array([{'a': 1}], dtype=object))
   with pytest.raises(checkpoint.CheckpointError) as e:
@@ -297,3 +285,54 @@ def test_load_pretrained_errors(tmp_path):
     )
   with pytest.raises(checkpoint.CheckpointError, match='only square grids'):
     vit_checkpoint.resize_posemb(np.zeros((1, 1 + 12, 4)), 1 + 16, 1)
+
+
+# ---------------------------------------------------------------------------
+# Register tokens added or dropped when fine-tuning from a checkpoint.
+
+
+@pytest.mark.parametrize('before, after', [(0, 2), (2, 0), (1, 3)])
+def test_registers_added_or_dropped_on_a_checkpoint_keep_the_rest(before, after, tmp_path, capsys):
+  """`--config.pretrained_path=RUN --config.num_registers=N` on a run with another number of
+  registers: registers the checkpoint lacks start as a fresh model's (token and position row),
+  those the model lacks are dropped, every other row and parameter is loaded, and the table says
+  so."""
+  config = architectures.MODEL_CONFIGS['testing']
+  config.num_registers = before
+  pretrained = random_like(param_shapes(config, 5, TESTING_SIZE), seed=1)
+  path = checkpoint.save_npz(pretrained, tmp_path / 'run.npz')
+  config.num_registers = after
+  init = random_like(param_shapes(config, 3, 2 * TESTING_SIZE), seed=2)  # at 64 px: a 4x4 grid
+  params = checkpoint.load_pretrained(
+    pretrained_path=str(path), init_params=init, model_config=config
+  )
+  posemb = params['Transformer']['posembed_input']['pos_embedding']
+  old = pretrained['Transformer']['posembed_input']['pos_embedding']
+  fresh = init['Transformer']['posembed_input']['pos_embedding']
+  kept = min(before, after)
+  assert posemb.shape == (1, 1 + after + 16, 10)
+  np.testing.assert_array_equal(posemb[:, : 1 + kept], old[:, : 1 + kept])
+  np.testing.assert_array_equal(posemb[:, 1 + kept : 1 + after], fresh[:, 1 + kept : 1 + after])
+  np.testing.assert_array_equal(
+    posemb[:, 1 + after :],
+    vit_checkpoint.resize_posemb(old[:, [0, *range(1 + before, 5 + before)]], 17, 1)[:, 1:],
+  )
+  if after:
+    if kept:
+      np.testing.assert_array_equal(
+        params['registers'][:, :kept], pretrained['registers'][:, :kept]
+      )
+    np.testing.assert_array_equal(params['registers'][:, kept:], init['registers'][:, kept:])
+  else:
+    assert 'registers' not in params
+  for key, value in checkpoint.flatten(pretrained).items():
+    if not key.startswith(('head/', 'registers', 'Transformer/posembed_input')):
+      np.testing.assert_array_equal(checkpoint.flatten(params)[key], value, err_msg=key)
+  table = capsys.readouterr().out
+  if after > before:
+    assert (
+      f're-initialised  registers (1, {after}, 10): {after - kept} new register token(s) and '
+      f"their position rows, as a fresh model's ({kept} kept)"
+    ) in table, table
+  else:
+    assert f'dropped         registers (1, {before}, 10): {before} register token(s)' in table

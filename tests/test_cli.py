@@ -3,18 +3,23 @@
 An input error (a file that is not there, an unknown model or dataset) and a
 usage error (an unknown flag) of each command. In-process for the argparse
 commands; every command, main and compile included, once more as a user runs
-it, in a subprocess (slow: a process start each).
+it, in a subprocess (slow: a process start each). Then the table of what users
+pass that cannot work (remote storage out of reach, a path of the wrong kind,
+images and label files that do not read, values out of range), each with its
+line; help that lists every flag; library output hidden.
 """
 
 import importlib
 import inspect
+import os
 import subprocess
 import sys
 import textwrap
 
 from conftest import ROOT
 from conftest import command_error
-from conftest import said as conftest_said
+from conftest import run_command
+from conftest import said
 from conftest import subprocess_env
 import pytest
 
@@ -95,7 +100,7 @@ def test_a_usage_error_is_one_line_with_exit_status_2(name, capsys):
 @pytest.mark.parametrize('name', COMMANDS)
 def test_every_command_as_a_program(name, tmp_path):
   argv, message = _case(name, tmp_path)
-  for args, said in [(argv, f'error: {message}'), (['--no_such_flag=1'], 'error: ')]:
+  for args, start in [(argv, f'error: {message}'), (['--no_such_flag=1'], 'error: ')]:
     result = subprocess.run(
       [sys.executable, '-m', f'vit_jax.{name}', *args],
       env=subprocess_env(),
@@ -104,15 +109,15 @@ def test_every_command_as_a_program(name, tmp_path):
       timeout=300,
     )
     assert result.returncode == cli.EXIT_ERROR == 2, result.stderr[-2000:]
-    lines = conftest_said(result.stderr)
-    assert len(lines) == 1 and lines[0].startswith(said), result.stderr[-2000:]
+    lines = said(result.stderr)
+    assert len(lines) == 1 and lines[0].startswith(start), result.stderr[-2000:]
     assert 'no_such_flag' in lines[0] or args is argv or 'required' in lines[0]
 
 
 def test_a_long_wait_says_it_goes_on(monkeypatch, tmp_path, capsys):
-  """Issue 35, category 5: compiling for a big topology (10 minutes), evaluating at 384 px (6)
-  and benchmarking (4) printed nothing. `console.heartbeat` says what runs at least every 30 s,
-  on stderr (stdout keeps the result alone); here with a fake slow call and 0.05 s beats."""
+  """A long wait (compiling for a big topology, evaluating at 384 px, benchmarking) is never
+  silent: `console.heartbeat` says what runs at least every 30 s, on stderr (stdout keeps the
+  result alone); here with a fake slow call and 0.05 s beats."""
   import json
   import re
   import time
@@ -190,9 +195,9 @@ print('read')
 
 @pytest.mark.slow
 def test_start_up_noise_the_readme_says_is_hidden_is_hidden(tmp_path):
-  """Issue 35, category 8: TensorFlow's native start-up lines in `prepare` (absl's notice and
-  `I... oneDNN custom operations are on`), torchvision's warnings beside a CPU-only torch, PIL's
-  decompression-bomb warning in predict: stderr holds only what the command says."""
+  """TensorFlow's native start-up lines in `prepare` (absl's notice and `I... oneDNN custom
+  operations are on`), torchvision's warnings beside a CPU-only torch, PIL's decompression-bomb
+  warning in predict are hidden: stderr holds only what the command says."""
   from PIL import Image
 
   pytest.importorskip('tensorflow')
@@ -219,9 +224,9 @@ def test_start_up_noise_the_readme_says_is_hidden_is_hidden(tmp_path):
 
 
 def test_setup_py_admits_the_oldest_versions_ci_tests():
-  """Issue 35, category 6: `jax>=0.5` admitted 0.5.3, where the main job died (no
-  jax.set_mesh). Each lower bound in setup.py is the version .ci/oldest.txt pins, which
-  .ci/run installs and tests; the versions installed here are at least those."""
+  """Each lower bound in setup.py is the version .ci/oldest.txt pins, which .ci/run installs
+  and tests (a bound below it, such as jax 0.5.3 without jax.set_mesh, admits a version the
+  main job dies on); the versions installed here are at least those."""
   import importlib.metadata
   import re
 
@@ -339,6 +344,256 @@ def test_every_error_a_command_catches_is_a_user_error():
   def is_user_error(name):
     return name == 'UserError' or any(is_user_error(b) for b in bases.get(name, []) if b in bases)
 
-  assert len(bases) >= 18, sorted(bases)  # 17 in 15 modules when issue 36 was filed, and more
+  assert len(bases) >= 18, sorted(bases)  # the error classes are found (18 or more)
   assert sorted(name for name in bases if not is_user_error(name)) == []
   assert list(inspect.signature(cli.reported).parameters) == []
+
+
+# ---------------------------------------------------------------------------
+# Every command's bad input is one line; help lists the flags; library output hidden.
+
+
+ERRORS = [
+  # Remote storage out of reach is one line naming the path, the cause and what to do.
+  (
+    'predict',
+    ['--checkpoint=gs://vit_models/imagenet21k/ViT-B_16.npz', '--model=testing', '{png}'],
+    'gs://vit_models/imagenet21k/ViT-B_16.npz: cannot reach storage.googleapis.com (Temporary '
+    'failure in name resolution): no network here; copy the files to a local folder',
+  ),
+  (
+    'evaluate',
+    ['--checkpoint=gs://bucket/run', '--dataset=digits'],
+    'gs://bucket/run: cannot reach storage.googleapis.com',
+  ),
+  (
+    'fewshot',
+    ['--checkpoint=gs://bucket/run', '--datasets=digits'],
+    'gs://bucket/run: cannot reach storage.googleapis.com',
+  ),
+  (
+    'analyze',
+    ['--checkpoint=gs://bucket/run', '--images={png}', '--output={tmp}/a'],
+    'gs://bucket/run: cannot reach storage.googleapis.com',
+  ),
+  (
+    'export',
+    ['--checkpoint=gs://bucket/run', '--format=npz', '--output={tmp}/x.npz'],
+    'gs://bucket/run: cannot reach storage.googleapis.com',
+  ),
+  (
+    'evaluate',
+    ['--checkpoint={npz}', '--model=testing', '--dataset=gs://bucket/shards'],
+    'gs://bucket/shards/info.json: cannot reach storage.googleapis.com',
+  ),
+  # A path that names the wrong kind of thing, said before the work.
+  (
+    'evaluate',
+    ['--checkpoint={npz}', '--model=testing', '--dataset=digits', '--output={tmp}/no/x.json'],
+    '--output {tmp}/no/x.json: no folder {tmp}/no; make it or pass another file name',
+  ),
+  (
+    'evaluate',
+    ['--checkpoint={npz}', '--model=testing', '--dataset=digits', '--output={tmp}'],
+    '--output {tmp} is a folder; pass a file name for the JSON',
+  ),
+  (
+    'fewshot',
+    ['--checkpoint={npz}', '--model=testing', '--datasets=digits', '--workdir={file}'],
+    "{file} is a file: a workdir is a folder (made when missing) for the run's checkpoints",
+  ),
+  (
+    'analyze',
+    ['--checkpoint={npz}', '--model=testing', '--images={png}', '--output={file}'],
+    '--output {file} is a file; pass a folder for the figures',
+  ),
+  (
+    'export',
+    ['--checkpoint={npz}', '--model=testing', '--format=hf', '--output={file}'],
+    '--output {file} is a file; --format=hf writes a folder',
+  ),
+  ('jft', ['--folder={tmp}', '--out={file}'], '--out {file} is a file; pass a folder'),
+  # Every missing flag at once, not one at a time.
+  (
+    'jft',
+    [],
+    'the following arguments are required: --folder or --csv, --out (see python -m vit_jax.jft',
+  ),
+  ('jft', ['--out={tmp}/s'], 'the following arguments are required: --folder or --csv (see'),
+  # Images and label files that cannot be read.
+  (
+    'predict',
+    ['--checkpoint={npz}', '--model=testing', '{tmp}/empty.png'],
+    '{tmp}/empty.png: an empty file, not an image; pass a JPEG or PNG file',
+  ),
+  (
+    'predict',
+    ['--checkpoint={npz}', '--model=testing', '{tmp}/text.jpg'],
+    '{tmp}/text.jpg: not a readable image',
+  ),
+  (
+    'predict',
+    ['--checkpoint={npz}', '--model=testing', '{tmp}/notes'],
+    '{tmp}/notes: a directory without images (JPEG, PNG, WebP, TIFF, BMP, GIF or another',
+  ),
+  (
+    'predict',
+    ['--checkpoint={npz}', '--model=testing', '--labels={tmp}/latin1.txt', '{png}'],
+    "{tmp}/latin1.txt: cannot read the labels file ('utf-8' codec can't decode byte 0xe9",
+  ),
+  (
+    'analyze',
+    ['--checkpoint={npz}', '--model=testing', '--images={tmp}/text.jpg', '--output={tmp}/a'],
+    '{tmp}/text.jpg: not a readable image',
+  ),
+  (
+    'predict',
+    ['--checkpoint={png}', '--model=testing', '{png}'],
+    "{png}: not an .npz checkpoint (an .npz is a zip archive; this file starts with b'\\x89PNG')",
+  ),
+  # Values out of range: said as the flag's, not as an error deep inside.
+  (
+    'evaluate',
+    ['--checkpoint={npz}', '--model=testing', '--dataset=digits', '--batch=0'],
+    'argument --batch: 0 must be at least 1 (see python -m vit_jax.evaluate --help)',
+  ),
+  (
+    'evaluate',
+    ['--checkpoint={npz}', '--model=testing', '--dataset=digits', '--crop=48'],
+    '--crop=48: the checkpoint takes 32 px images (its position embeddings hold a 2x2 patch',
+  ),
+  (
+    'fewshot',
+    ['--checkpoint={npz}', '--model=testing', '--datasets=digits', '--shots=1,five'],
+    "argument --shots: '1,five': pass integers of at least 1, like 1,5,10,25",
+  ),
+  (
+    'fewshot',
+    ['--checkpoint={npz}', '--model=testing', '--datasets=digits,'],
+    "--datasets='digits,': an empty name; pass cifar10,pets",
+  ),
+  ('predict', ['--checkpoint={npz}', '--top_k=0', '{png}'], 'argument --top_k: 0 must be at'),
+  # Where nothing can be written, and a CSV that is not text.
+  (
+    'export',
+    ['--checkpoint={npz}', '--model=testing', '--format=npz', '--output=/proc/x.npz'],
+    '/proc/x.npz: cannot write it (No such file or directory); pass a path you can write',
+  ),
+  (
+    'jft',
+    ['--csv={png}', '--out={tmp}/shards'],
+    '{png}: not text (a NUL byte); pass a CSV of lines "path,label_id;..."',
+  ),
+]
+
+
+@pytest.mark.parametrize(
+  'name, argv, line', ERRORS, ids=[f'{i}-{case[0]}' for i, case in enumerate(ERRORS)]
+)
+def test_a_bad_input_is_one_line(name, argv, line, user_files, offline, capsys):
+  import importlib
+
+  main = importlib.import_module(f'vit_jax.{name}').main
+  code, _, err = run_command(main, [a.format(**user_files) for a in argv], capsys)
+  lines = err.strip().splitlines()
+  assert code == 2 and len(lines) == 1, err
+  assert lines[0].startswith('error: ' + line.format(**user_files)), err
+
+
+@pytest.mark.parametrize('command', ['main', 'compile'])
+def test_help_of_main_and_compile_lists_their_flags_and_every_config_field(command):
+  """`main --help` and `compile --help` exit 0 listing their flags, `--config` among them, and
+  every config field with its default and type."""
+  from vit_jax.configs import schema
+
+  result = subprocess.run(
+    [sys.executable, '-m', f'vit_jax.{command}', '--help'],
+    env=subprocess_env(),
+    capture_output=True,
+    text=True,
+  )
+  assert result.returncode == 0 and said(result.stderr) == [], result.stderr[-3000:]
+  out = result.stdout
+  flags_ = {'main': ['--workdir', '--coordinator_address'], 'compile': ['--topology', '--fit']}
+  for name in ['--config=FILE[:ARGS]', '--verbosity=N', *flags_[command]]:
+    assert f'\n  {name}' in out, name
+  for field in schema.FIELDS:
+    assert f'\n  --config.{field.name}={field.default!r} (' in out, field.name
+  assert '--config.pp.crop=224 (int in [1, inf))' in out
+
+
+ARGPARSE_COMMANDS = [
+  'predict',
+  'evaluate',
+  'fewshot',
+  'analyze',
+  'export',
+  'benchmark',
+  'benchmark_input',
+  'prepare',
+  'jft',
+]
+
+
+@pytest.mark.parametrize('command', ARGPARSE_COMMANDS)
+def test_help_of_every_other_command_lists_its_flags(command, capsys):
+  import importlib
+
+  module = importlib.import_module(f'vit_jax.{command}')
+  with pytest.raises(SystemExit) as e:
+    module.main(['--help'])
+  out = capsys.readouterr().out
+  assert e.value.code == 0 and 'options:' in out and '--help' in out and '--verbosity' in out
+
+
+def test_a_library_writing_during_an_export_is_not_shown(user_files, monkeypatch, capfd):
+  """What the exporters write to stdout and stderr (TensorFlow's lines for --format=savedmodel,
+  torch's for --format=onnx) is hidden, and shown if the export fails."""
+  from vit_jax import export
+  from vit_jax.core import console
+  from vit_jax.interop import onnx
+
+  def noisy(loaded, output):  # as torch.onnx and TensorFlow write, natively and from Python
+    os.write(1, b'[torch.onnx] Obtain model graph for `VisionTransformer` ...\n')
+    os.write(2, b'W0000 00:00:1.2 3 tf_logging.cc:1] a library line\n')
+    print('[torch.onnx] Translate the graph into ONNX... \u2705')
+    with open(output, 'wb') as f:
+      f.write(b'onnx')
+    return output
+
+  monkeypatch.setattr(onnx, 'save', noisy)
+  console.quiet_libraries(-1)
+  capfd.readouterr()
+  argv = [f'--checkpoint={user_files["npz"]}', '--model=testing', '--format=onnx']
+  assert export.main(argv + [f'--output={user_files["tmp"]}/m.onnx']) == 0
+  out, err = capfd.readouterr()
+  assert out == f'wrote onnx to {user_files["tmp"]}/m.onnx\n' and err == '', (out, err)
+  assert (user_files['tmp'] / 'm.onnx').read_bytes() == b'onnx'
+  with pytest.raises(ValueError):
+    with console.library_output_hidden():
+      os.write(2, b'why it failed\n')
+      raise ValueError('a bug')
+  assert capfd.readouterr().err == 'why it failed\n'
+
+
+@pytest.mark.skipif(
+  not __import__('importlib').util.find_spec('libtpu'), reason='libtpu is not installed'
+)
+def test_the_python_api_leaves_out_a_tpu_that_is_not_there(tmp_path):
+  """`train.train_and_evaluate` from Python says nothing of a TPU the machine lacks (libtpu's
+  `E0000 ... INVALID_ARGUMENT` lines hidden, as the commands hide them)."""
+  script = (
+    'from vit_jax import train\n'
+    'from vit_jax.configs import demo\n'
+    'config = demo.get_config()\n'
+    'config.batch = 0\n'
+    'try:\n'
+    f'  train.train_and_evaluate(config, {str(tmp_path / "w")!r})\n'
+    'except ValueError as e:\n'
+    '  print(e)\n'
+  )
+  env = subprocess_env()
+  del env['JAX_PLATFORMS']
+  result = subprocess.run([sys.executable, '-c', script], env=env, capture_output=True, text=True)
+  assert result.stdout.startswith('batch=0 must be at least 1'), result.stderr[-3000:]
+  assert said(result.stderr) == [], result.stderr[-3000:]

@@ -6,15 +6,12 @@ TPU tests skip and only the refusal message is checked.
 
 import importlib.util
 import json
-import subprocess
-import sys
 import textwrap
 
-from conftest import ROOT
 from conftest import child_json
 from conftest import param_shapes
+from conftest import run_module
 from conftest import said
-from conftest import subprocess_env
 import jax
 import jax.numpy as jnp
 import pytest
@@ -26,6 +23,7 @@ from vit_jax.bench import hlo
 from vit_jax.bench import topology
 from vit_jax.configs import demo
 from vit_jax.configs import models as model_configs
+from vit_jax.configs.model_spec import Architecture
 from vit_jax.training import loop
 
 needs_libtpu = pytest.mark.skipif(
@@ -35,17 +33,6 @@ needs_libtpu = pytest.mark.skipif(
 # 21 s for it on this CPU, 44 s at 32 px.
 SIZE = 16
 SMALL = ['--config=configs/demo.py', f'--config.pp.crop={SIZE}', '--config.batch=64']
-
-
-def compile_cli(tmp_path, *args):
-  return subprocess.run(
-    [sys.executable, '-m', 'vit_jax.compile', *args],
-    capture_output=True,
-    text=True,
-    cwd=ROOT,
-    env=subprocess_env(),
-    timeout=300,
-  )
 
 
 @pytest.mark.parametrize(
@@ -173,7 +160,9 @@ def test_time_by_op_reads_each_kernels_cycles_and_counts_loops():
 def test_closed_form_flops_of_vit_b16():
   # 2 x 17.6 G multiply-accumulates forward at 224 px (REFERENCE.md section 7).
   arch = model_configs.MODEL_CONFIGS['ViT-B_16']
-  assert flops.forward_flops_per_image(arch, 224, 1000) == pytest.approx(2 * 17.6e9, rel=0.01)
+  assert flops.forward_flops_per_image(Architecture.of(arch), 224, 1000) == pytest.approx(
+    2 * 17.6e9, rel=0.01
+  )
 
 
 def test_closed_form_flops_of_the_map_head():
@@ -188,7 +177,7 @@ def test_closed_form_flops_of_the_map_head():
     params = param_shapes(arch, 10, 32)
     forward = jax.jit(lambda p, x: model.apply({'params': p}, x, train=False))
     xla = forward.lower(params, images).compile().cost_analysis()['flops']
-    return xla, flops.forward_flops_per_image(arch, 32, 10)
+    return xla, flops.forward_flops_per_image(Architecture.of(arch), 32, 10)
 
   (xla_map, closed_map), (xla_gap, closed_gap) = both('map'), both('gap')
   head = closed_map - closed_gap
@@ -250,7 +239,7 @@ def test_trainer_and_compile_command_lower_identical_programs():
 @needs_libtpu
 def test_compile_command_reports_flops_memory_and_collectives(tmp_path):
   path = tmp_path / 'record.json'
-  result = compile_cli(tmp_path, *SMALL, '--topology=v5e:2x2', f'--json={path}')
+  result = run_module('compile', *SMALL, '--topology=v5e:2x2', f'--json={path}')
   assert result.returncode == 0, result.stderr[-3000:]
   record = json.loads(path.read_text())
   assert record['fits'] and record['devices'] == 4
@@ -280,7 +269,7 @@ def test_compile_command_reports_flops_memory_and_collectives(tmp_path):
 @pytest.mark.slow
 @needs_libtpu
 def test_a_config_that_does_not_fit_is_one_line(tmp_path):
-  result = compile_cli(tmp_path, *SMALL, '--topology=v5e-1', '--config.batch=262144')
+  result = run_module('compile', *SMALL, '--topology=v5e-1', '--config.batch=262144')
   assert result.returncode == 2
   (line,) = result.stderr.strip().splitlines()[-1:]
   assert line.startswith('error: ViT-Demo_4 at batch 262144 does not fit v5e-1 (needs ')

@@ -1,4 +1,5 @@
-"""The experiment configs: paper numbers, and every field settable from the command line."""
+"""The experiment configs: paper numbers, every field settable from the command line, every
+number bounded, and config values and files a run cannot take refused in one line."""
 
 import glob
 import importlib.util
@@ -9,6 +10,8 @@ import re
 import pytest
 
 from vit_jax.configs import ConfigError
+from vit_jax.configs import demo
+from vit_jax.configs import flag
 from vit_jax.configs import recipes
 from vit_jax.configs.model_spec import ModelSpec
 
@@ -181,8 +184,8 @@ def test_finetuning_dropout_is_the_official_model_configs(model, dropout):
   config = load('finetune.py', f'{model},cifar10')
   assert config.dropout_rate == dropout
   # What the trainer builds: the model's own dropout, no attention dropout.
-  transformer = ModelSpec.of(config).architecture.transformer
-  assert (transformer.dropout_rate, transformer.attention_dropout_rate) == (dropout, 0.0)
+  block = ModelSpec.of(config).architecture.block
+  assert (block.dropout_rate, block.attention_dropout_rate) == (dropout, 0.0)
 
 
 def test_finetuning_accumulation_per_tpu_is_what_the_compiler_found():
@@ -245,13 +248,13 @@ def test_every_choice_field_has_one_check_and_the_code_reads_its_values():
   from vit_jax.configs import common
   from vit_jax.configs import demo
   from vit_jax.configs import schema
-  from vit_jax.models import vit
+  from vit_jax.models import attention
 
   config = demo.get_config()
   choices = [f for f in schema.FIELDS if f.allowed]
   assert {'task', 'attention', 'corrupt_images'} <= {f.name for f in choices}
   for field in choices:
-    assert field.default in field.allowed, field
+    assert field.default is None or field.default in field.allowed, field
     bad = config.copy_and_resolve_references()
     _set(bad, field.name, 'nonsense')
     with pytest.raises(ConfigError) as e:
@@ -262,7 +265,7 @@ def test_every_choice_field_has_one_check_and_the_code_reads_its_values():
         schema.validate_data(bad)
   schema.validate(config, schema.Devices(1, 'cpu'))  # the demo passes
   # The tuples the code reads are the schema's.
-  assert vit.ATTENTION == schema.allowed('attention')
+  assert attention.ATTENTION == schema.allowed('attention')
   assert recipes.PRETRAIN_LOSSES == schema.allowed('loss')
   # A new field with choices is one entry: it reaches the defaults, the check and the names.
   extra = schema.Field('colour', 'red', str, 'a field added for this test', ('red', 'blue'))
@@ -293,8 +296,128 @@ def test_the_warm_up_a_short_run_gets_is_the_one_the_check_suggests():
   schema.warmup_before_the_end(config)
 
 
-def test_the_docs_table_of_fields_is_the_schemas():
+# ---------------------------------------------------------------------------
+# Config values and files a run cannot take: one line each, before anything runs.
+
+
+@pytest.mark.parametrize(
+  'model, crop, line',
+  [
+    (
+      'ViT-Demo_4',
+      30,
+      'the 4 px that one patch of ViT-Demo_4 covers: the last 2 px of each row '
+      'and column would be dropped; use --config.pp.crop=32 or 28',
+    ),
+    (
+      'R50+ViT-B_16',
+      200,
+      'the 16 px that one patch of R50+ViT-B_16 covers: the last 8 px of each '
+      'row and column would be dropped; use --config.pp.crop=208 or 192',
+    ),
+  ],
+)
+def test_a_resolution_the_patches_do_not_tile_is_one_line(model, crop, line):
+  """A pp.crop the patches do not tile (the demo at 30 px would drop 2 px of each image) is one
+  line naming the sizes that tile; the fine-tuning recipe tiles: 392 px for 14 px patches."""
+  from vit_jax.configs import ConfigError
+  from vit_jax.configs import recipes
+  from vit_jax.training import program
+
+  config = demo.get_config()
+  config.update(model=model)
+  config.pp.crop = crop
+  with pytest.raises(ConfigError) as e:
+    program.validate(config, 1)
+  assert str(e.value) == f'pp.crop={crop} is not a multiple of {line}'
+  assert recipes.finetune('ViT-H_14,cifar10').pp.crop == 392
+  program.validate(recipes.finetune('ViT-H_14,cifar10'), 8)
+
+
+def test_a_misspelt_field_in_a_config_file_is_named_with_the_field_it_meant():
+  config = demo.get_config()
+  assert flag.unknown_fields(config) == ''
+  config.total_step = 4
+  assert flag.unknown_fields(config) == (
+    "unknown config field 'total_step' (no run reads it); did you mean total_steps?"
+  )
+  config = demo.get_config()
+  config.pp.crops = 8
+  assert "'pp.crops' (no run reads it); did you mean pp.crop?" in flag.unknown_fields(config)
+  config.fewshots = {'datasets': ('cifar10',)}  # one line: the first unknown field, by name
+  assert "'fewshots' (no run reads it); did you mean fewshot?" in flag.unknown_fields(config)
+
+
+@pytest.mark.parametrize(
+  'name, text, line',
+  [
+    ('syntax.py', 'def get_config(:\n', 'line 1: SyntaxError: invalid syntax: def get_config(:;'),
+    ('config.yaml', 'total_steps: 4\n', 'is not a Python file: a config is a .py file'),
+    ('folder.py/', '', 'is not a Python file'),
+    ('nul.py', 'x = 1\0\n', 'SyntaxError'),
+  ],
+)
+def test_a_config_file_that_is_not_python_is_one_line(name, text, line, tmp_path, capsys):
+  path = tmp_path / name.rstrip('/')
+  if name.endswith('/'):
+    path.mkdir()
+  else:
+    path.write_text(text)
+  with pytest.raises(SystemExit) as e:
+    flag.check_config_file(str(path), 'configs/demo.py')
+  err = capsys.readouterr().err.strip()
+  assert e.value.code == 2 and err.startswith(f'error: config file {path}') and line in err, err
+
+
+def _outside(bounds: str):
+  """A value just outside an interval '[a, b)' of `schema.Field.bounds`."""
+  low, high = (float(v) for v in bounds[1:-1].split(','))
+  if low == float('-inf'):
+    return float('nan')
+  if high != float('inf'):
+    return high if bounds[-1] == ')' else high + 1
+  return low if bounds[0] == '(' else low - 1
+
+
+def _numeric_fields():
   from vit_jax.configs import schema
 
-  docs = open(os.path.join(os.path.dirname(__file__), '..', 'docs', 'training.md')).read()
-  assert schema.markdown_table() in docs
+  return [f for f in schema.FIELDS if f.type in (int, float) or getattr(f, 'bounds', None)]
+
+
+@pytest.mark.parametrize('name', [f.name for f in _numeric_fields()])
+def test_every_number_field_has_bounds_and_a_value_outside_is_one_line(name):
+  """Every number of the schema has its interval, checked before anything runs: a value outside
+  (`--config.num_registers=-1`, `--config.pp.crop=0`) is one line naming the field, never an
+  error from a library."""
+  from conftest import tiny_run_config
+
+  from vit_jax.configs import ConfigError
+  from vit_jax.configs import schema
+  from vit_jax.training import program
+
+  field = next(f for f in schema.FIELDS if f.name == name)
+  assert field.bounds, f'{name}: a number without bounds'
+  config = tiny_run_config()
+  program.validate(config, 1)  # its value now passes
+  value = _outside(field.bounds)
+  value = int(value) if field.type is int and value == value else value
+  *sections, last = name.split('.')
+  target = config
+  for section in sections:
+    target = target[section]
+  if field.type is tuple:
+    target[last] = (value,)
+  else:
+    with target.ignore_type():
+      target[last] = value
+  with pytest.raises(ConfigError) as e:
+    program.validate(config, 1)
+  assert str(e.value).startswith(f'{name}=') and '\n' not in str(e.value), str(e.value)
+
+
+def test_a_numeric_field_without_bounds_is_found():
+  from vit_jax.configs import schema
+
+  assert {f.name for f in _numeric_fields()} >= {'num_registers', 'pp.crop', 'seed', 'b2'}
+  assert not [f.name for f in schema.FIELDS if f.type in (int, float) and not f.bounds]

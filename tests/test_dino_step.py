@@ -26,11 +26,13 @@ dinov2_layers = pytest.importorskip('dinov2.layers')
 param_groups = pytest.importorskip('dinov2.utils.param_groups')
 
 from vit_jax import checkpoint  # noqa: E402
-from vit_jax.configs import architectures  # noqa: E402
+from vit_jax.configs import model_spec  # noqa: E402
+from vit_jax.configs.model_spec import Compute  # noqa: E402
 from vit_jax.configs.model_spec import ModelSpec  # noqa: E402
 from vit_jax.data import multicrop  # noqa: E402
 from vit_jax.interop import timm as interop_timm  # noqa: E402
 from vit_jax.training import dino  # noqa: E402
+from vit_jax.training import optim  # noqa: E402
 from vit_jax.training import steps  # noqa: E402
 
 NAME = 'vit_small_patch14_reg4_dinov2'
@@ -118,7 +120,7 @@ def _head_params(head, grad=False):
 def _our_params(backbone, heads, config, head_grads=False):
   flat = interop_timm.from_timm(
     {k: v.detach().numpy() for k, v in backbone.model.state_dict().items()},
-    architectures.MODEL_CONFIGS[NAME],
+    model_spec.registered(NAME),
     'timm',
   )
   params = checkpoint.unflatten(flat)
@@ -284,7 +286,7 @@ def test_a_whole_step_matches_a_pytorch_step_of_the_reference_modules(
   new_state, metrics = step(state, {k: jnp.asarray(v) for k, v in batch.items()})
   # Our gradient, for the bound (the same functions the step differentiates).
   prepared = dino.prepare({k: jnp.asarray(v) for k, v in batch.items()})
-  networks = dino.dino_models.build(spec, config)
+  networks = dino.dino_models.build(spec, config, Compute.of(config))
   targets, _ = dino.teacher_targets(networks, config, state.ema_params, centres, prepared, 0.04)
   loss_of = lambda p: dino.student_loss(p, networks, config, prepared, targets, jax.random.key(2))
   grads = jax.grad(lambda p: loss_of(p)[0])(state.params)
@@ -376,7 +378,7 @@ def test_learning_rate_and_decay_of_each_parameter_are_dinov2s():
   state = {
     n: np.full(p.shape, i, np.float32) for i, (n, p) in enumerate(model.state_dict().items())
   }
-  flat = interop_timm.from_timm(state, architectures.MODEL_CONFIGS[NAME], 'timm')
+  flat = interop_timm.from_timm(state, model_spec.registered(NAME), 'timm')
   reference = {}
   for module, prefix in ((backbone, ''), (head, 'dino_head/')):
     for group in param_groups.get_params_groups_with_decay(
@@ -393,7 +395,9 @@ def test_learning_rate_and_decay_of_each_parameter_are_dinov2s():
     'prototypes': {'kernel': 0, 'scale': 0},
   }
   tree = {**checkpoint.unflatten(ours), 'dino_head': jax.tree.map(np.zeros, head_params)}
-  factors = checkpoint.flatten(jax.tree.map(np.asarray, optim_factors(tree, config.layer_decay)))
+  factors = checkpoint.flatten(
+    jax.tree.map(np.asarray, optim.layer_factors(tree, config.layer_decay))
+  )
   head_names = {
     'dino_head/Dense_0/kernel': 'dino_head/mlp.0.weight',
     'dino_head/Dense_0/bias': 'dino_head/mlp.0.bias',
@@ -425,9 +429,3 @@ def test_learning_rate_and_decay_of_each_parameter_are_dinov2s():
     checked += 1
   # timm's qkv weight and bias are three of ours each; the mask token; the head's eight.
   assert checked == len(names) + 4 * depth + 1 + 8
-
-
-def optim_factors(tree, rate):
-  from vit_jax.training import optim
-
-  return optim.layer_factors(tree, rate)

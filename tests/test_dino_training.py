@@ -6,14 +6,17 @@ value it cannot take."""
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 
+from conftest import MAIN
 from conftest import ROOT
+from conftest import assert_bitwise_equal
+from conftest import final_params
 from conftest import said
+from conftest import start_ranks
 from conftest import subprocess_env
+from conftest import wait_for_child
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
@@ -68,9 +71,7 @@ def command(workdir, *flags, extra=(), overrides=None):
   """`python -m vit_jax.main` of the tiny run with `overrides` of TINY_DINO's values, `flags`."""
   tiny = [f'--config.{k}={v}' for k, v in {**TINY_DINO, **(overrides or {})}.items()]
   return [
-    sys.executable,
-    '-m',
-    'vit_jax.main',
+    *MAIN,
     '--config=configs/dino_demo.py',
     f'--workdir={workdir}',
     *tiny,
@@ -101,12 +102,6 @@ def final_state(workdir, step=6):
     '/'.join(str(getattr(k, 'key', getattr(k, 'idx', k))) for k in path): np.asarray(leaf)
     for path, leaf in leaves
   }
-
-
-def assert_bitwise_equal(a, b):
-  assert sorted(a) == sorted(b)
-  for key in a:
-    np.testing.assert_array_equal(a[key], b[key], err_msg=key)
 
 
 @pytest.fixture(scope='module')
@@ -164,17 +159,6 @@ def test_a_run_writes_its_teacher_monitors_and_knn(reference):
   assert teacher['task_state/dino_centre'].shape == (64,)
 
 
-def _wait_for(predicate, process, timeout=300):
-  deadline = time.time() + timeout
-  while time.time() < deadline:
-    if predicate():
-      return
-    if process.poll() is not None:
-      raise AssertionError(f'process ended early: {process.stderr.read()[-3000:]}')
-    time.sleep(0.05)
-  raise AssertionError('timed out')
-
-
 def test_sigterm_and_resume_are_bitwise(reference, tmp_path):
   """Stopped by SIGTERM after step 3's checkpoint, resumed: the final state (student, teacher,
   optimizer, centres, step) and params.npz equal the uninterrupted run's bit for bit."""
@@ -184,7 +168,7 @@ def test_sigterm_and_resume_are_bitwise(reference, tmp_path):
     command(workdir, rare), env=subprocess_env(), stderr=subprocess.PIPE, text=True, cwd=ROOT
   )
   metrics = os.path.join(workdir, 'metrics.jsonl')
-  _wait_for(lambda: os.path.exists(metrics) and os.path.getsize(metrics) > 0, process)
+  wait_for_child(lambda: os.path.exists(metrics) and os.path.getsize(metrics) > 0, process)
   process.send_signal(signal.SIGTERM)
   stderr = process.communicate(timeout=300)[1]
   if process.returncode == 0:
@@ -195,16 +179,7 @@ def test_sigterm_and_resume_are_bitwise(reference, tmp_path):
   result = run(workdir, rare)
   assert 'Resuming from the checkpoint at step' in result.stdout
   assert_bitwise_equal(final_state(workdir), final_state(reference[0]))
-  assert_bitwise_equal(
-    checkpoint.flatten(checkpoint.load(os.path.join(workdir, 'params.npz'))),
-    checkpoint.flatten(checkpoint.load(os.path.join(reference[0], 'params.npz'))),
-  )
-
-
-def _free_port():
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
+  assert_bitwise_equal(final_params(workdir), final_params(reference[0]))
 
 
 @pytest.mark.slow
@@ -216,26 +191,12 @@ def test_two_processes_equal_one_process_of_two_devices_bitwise(tmp_path):
   one = str(tmp_path / 'one')
   run(one, *three, devices=2)
   two = str(tmp_path / 'two')
-  address = f'127.0.0.1:{_free_port()}'
-  processes = [
-    subprocess.Popen(
-      command(
-        two,
-        *three,
-        extra=[f'--coordinator_address={address}', '--num_processes=2', f'--process_id={i}'],
-      ),
-      env=subprocess_env(devices=1),
-      stdout=subprocess.PIPE,
-      stderr=subprocess.PIPE,
-      text=True,
-      cwd=ROOT,
-    )
-    for i in range(2)
-  ]
-  for p in processes:
+  tail = command(two, *three)[len(MAIN) :]
+  for p in start_ranks(tail, num_processes=2, devices=1):
     _, err = p.communicate(timeout=600)
     assert p.returncode == 0, err[-3000:]
   assert_bitwise_equal(final_state(two, 3), final_state(one, 3))
+  assert_bitwise_equal(final_params(two), final_params(one))
 
 
 @pytest.mark.parametrize(
@@ -358,7 +319,7 @@ def test_continued_pretraining_of_a_dinov2_reg_timm_file_resumes_and_exports_bac
     text=True, cwd=ROOT,
   )  # fmt: skip
   metrics = os.path.join(workdir, 'metrics.jsonl')
-  _wait_for(lambda: os.path.exists(metrics) and os.path.getsize(metrics) > 0, process)
+  wait_for_child(lambda: os.path.exists(metrics) and os.path.getsize(metrics) > 0, process)
   process.send_signal(signal.SIGTERM)
   process.communicate(timeout=300)
   if process.returncode == 0:

@@ -15,6 +15,9 @@ from conftest import ROOT
 from conftest import assert_close
 from conftest import command_error
 from conftest import param_shapes
+from conftest import random_flat
+from conftest import random_images
+from conftest import relative_error
 from conftest import small_vit_config
 from conftest import subprocess_env
 from conftest import tiny_run_config
@@ -27,6 +30,8 @@ from vit_jax import checkpoint
 from vit_jax import export as export_cli
 from vit_jax import models
 from vit_jax.configs import architectures
+from vit_jax.configs.model_spec import Architecture
+from vit_jax.configs.model_spec import ModelSpec
 from vit_jax.evaluation import classify
 from vit_jax.evaluation import loader
 from vit_jax.interop import export
@@ -46,16 +51,6 @@ safetensors_torch = pytest.importorskip('safetensors.torch')
 BOUND = 1e-5
 
 
-def random_flat(config, num_classes, size, seed=0):
-  shapes = param_shapes(config, num_classes, size)
-  rng = np.random.default_rng(seed)
-  # LayerNorm / GroupNorm scales near 1 keep activations in a realistic range.
-  return {
-    k: (0.05 * rng.normal(size=v.shape) + k.endswith('/scale')).astype(np.float32)
-    for k, v in checkpoint.flatten(shapes).items()
-  }
-
-
 def ours(config, flat, images):
   num_classes = flat['head/kernel'].shape[-1] if 'head/kernel' in flat else None
   model = models.VisionTransformer(num_classes=num_classes, **config)
@@ -63,16 +58,8 @@ def ours(config, flat, images):
   return np.asarray(apply(checkpoint.unflatten(flat), images))
 
 
-def images(size, n=2, seed=1):
-  return np.random.default_rng(seed).uniform(-1, 1, (n, size, size, 3)).astype(np.float32)
-
-
 def nchw(x):
   return torch.from_numpy(np.ascontiguousarray(x.transpose(0, 3, 1, 2)))
-
-
-def relative_error(a, b):
-  return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
 
 
 def run(*args):
@@ -98,9 +85,9 @@ def test_every_released_architecture_has_its_timm_name():
     at_384 = interop_timm.TIMM_NAMES[name] in interop_timm.TIMM_384
     sizes = (224, 384) if at_384 else (224,)
     for size in sizes:
-      assert interop_timm.registered_name(config, size) in registered, (name, size)
+      assert interop_timm.registered_name(Architecture.of(config), size) in registered, (name, size)
   # A shrunk model under a released name is not that timm model.
-  assert interop_timm.registered_name(small_vit_config(), 224) is None
+  assert interop_timm.registered_name(Architecture.of(small_vit_config()), 224) is None
 
 
 # Every structure: ViT, gap, three- and four-stage hybrids, the largest hybrid.
@@ -111,8 +98,8 @@ def test_every_released_architecture_has_its_timm_name():
 def test_timm_names_and_shapes_of_released_architectures(name):
   """Our mapping yields exactly timm.create_model(name).state_dict()'s keys and shapes."""
   config = architectures.MODEL_CONFIGS[name]
-  timm_name = interop_timm.registered_name(config, 224)
-  kwargs = interop_timm.create_model_kwargs(config, 1000, 224)
+  timm_name = interop_timm.registered_name(Architecture.of(config), 224)
+  kwargs = interop_timm.create_model_kwargs(Architecture.of(config), 1000, 224)
   theirs = {
     k: tuple(v.shape)
     for k, v in timm.create_model(timm_name, device='meta', **kwargs).state_dict().items()
@@ -155,24 +142,29 @@ def test_timm_export_matches_timm_and_its_own_npz_loader(tmp_path, name, units, 
   torch_layout.save_safetensors(state, str(out), {})
   exported = safetensors_torch.load_file(str(out))
 
-  model = interop_timm.build_model(config, 7, size)
+  model = interop_timm.build_model(Architecture.of(config), 7, size)
   model.load_state_dict(exported, strict=True)
   with torch.no_grad():
-    theirs = model(nchw(images(size))).numpy()
+    theirs = model(nchw(random_images(size))).numpy()
   assert np.abs(theirs).max() > 0.05  # a non-trivial head
   assert_close(
-    relative_error(ours(config, flat, images(size)), theirs), BOUND, 'logits against the peer'
+    relative_error(ours(config, flat, random_images(size)), theirs),
+    BOUND,
+    'logits against the peer',
   )
 
   # timm's own reader of the public .npz layout, an independent mapping.
-  reference = interop_timm.build_model(config, 7, size)
+  reference = interop_timm.build_model(Architecture.of(config), 7, size)
   load_npz = timm.models.vision_transformer._load_weights
   load_npz(reference, str(npz))
   for key, value in reference.state_dict().items():
     assert torch.equal(value, exported[key]), key
 
   assert_flat_equal(
-    interop_timm.from_timm({k: v.numpy() for k, v in exported.items()}, config, str(out)), flat
+    interop_timm.from_timm(
+      {k: v.numpy() for k, v in exported.items()}, Architecture.of(config), str(out)
+    ),
+    flat,
   )
 
 
@@ -199,7 +191,7 @@ def test_timm_cli_writes_a_file_timm_create_model_loads_strictly(tmp_path, capsy
   assert meta['timm_model'] == 'vit_tiny_patch16_224' and meta['vit_jax_model'] == 'ViT-Ti_16'
   model = timm.create_model(meta['timm_model'], **json.loads(meta['timm_kwargs'])).eval()
   model.load_state_dict(safetensors_torch.load_file(str(out)), strict=True)
-  x = images(224)
+  x = random_images(224)
   with torch.no_grad():
     theirs = model(nchw(x)).numpy()
   assert_close(relative_error(ours(config, flat, x), theirs), BOUND, 'logits against the peer')
@@ -214,14 +206,14 @@ def test_import_a_timm_model_that_timm_initialised(tmp_path):
   """Import direction with weights written by timm itself, as .safetensors and as .pth."""
   config = architectures.MODEL_CONFIGS['testing']
   torch.manual_seed(0)
-  model = interop_timm.build_model(config, 5, 32)
+  model = interop_timm.build_model(Architecture.of(config), 5, 32)
   with torch.no_grad():
     for p in model.parameters():  # timm zero-initialises biases and the head
       p.add_(0.05 * torch.randn_like(p))
   state = {k: v.contiguous() for k, v in model.state_dict().items()}
   safetensors_torch.save_file(state, str(tmp_path / 'timm.safetensors'))
   torch.save(state, tmp_path / 'timm.pth')
-  x = images(32)
+  x = random_images(32)
   with torch.no_grad():
     theirs = model(nchw(x)).numpy()
   imported = [
@@ -272,7 +264,7 @@ def test_hf_folder_loads_with_from_pretrained_and_matches(tmp_path, capsys):
   )
   assert not info['missing_keys'] and not info['unexpected_keys'] and not info['mismatched_keys']
   assert model.config.id2label == {0: 'cat', 1: 'dog', 2: 'bird'}
-  x = images(16, n=3)
+  x = random_images(16, n=3)
   with torch.no_grad():
     theirs = model.eval()(pixel_values=nchw(x)).logits.numpy()
   assert np.abs(theirs).max() > 0.05
@@ -294,9 +286,8 @@ def test_hf_folder_loads_with_from_pretrained_and_matches(tmp_path, capsys):
 
 
 def test_an_exports_files_share_one_mode(tmp_path):
-  """Issue 35, category 8: safetensors wrote model.safetensors readable by its owner alone
-  (0600) beside an hf folder's 0644 JSON files; every exported file now gets the mode `open`
-  gives a new file here."""
+  """Every exported file gets the mode `open` gives a new file here: model.safetensors too
+  (safetensors alone writes it 0600, beside an hf folder's 0644 JSON files)."""
   _, npz = write_npz(tmp_path, architectures.MODEL_CONFIGS['testing'], 3, 32)
   (tmp_path / 'probe').write_text('')
   mode = (tmp_path / 'probe').stat().st_mode & 0o777
@@ -342,11 +333,11 @@ def test_hf_pre_logits_become_the_pooler(tmp_path, capsys):
   flat = random_flat(config, 7, 32)
   from vit_jax.interop import hf as interop_hf
 
-  notes = interop_hf.save(flat, config, 32, str(tmp_path / 'hf'))
+  notes = interop_hf.save(flat, Architecture.of(config), 32, str(tmp_path / 'hf'))
   assert any('head dropped' in n for n in notes)
   model = transformers.ViTModel.from_pretrained(str(tmp_path / 'hf')).eval()
   assert model.config.architectures == ['ViTModel'] and model.config.pooler_output_size == 20
-  x = images(32)
+  x = random_images(32)
   with torch.no_grad():
     theirs = model(pixel_values=nchw(x)).pooler_output.numpy()
   features = {k: v for k, v in flat.items() if not k.startswith('head/')}
@@ -376,7 +367,7 @@ def test_import_a_transformers_model_in_its_own_naming(tmp_path):
   assert 'vit.layers.0.attention.q_proj.weight' in state  # 5.x names
   safetensors_torch.save_file(state, str(tmp_path / 'hf5.safetensors'), metadata={'format': 'pt'})
   source = export.load(str(tmp_path / 'hf5.safetensors'), 'testing')
-  x = images(32)
+  x = random_images(32)
   with torch.no_grad():
     theirs = hf(pixel_values=nchw(x)).logits.numpy()
   flat = checkpoint.flatten(source.loaded.params)
@@ -427,8 +418,10 @@ def test_torch_forward_matches_ours(name, units, classifier):
   config = small_vit_config(name, hybrid_units=units, classifier=classifier, representation_size=12)
   flat = random_flat(config, 7, 32)
   model = models.VisionTransformer(num_classes=7, **config)
-  loaded = loader.LoadedModel(model, checkpoint.unflatten(flat), config, 32, 0, 0, 0)
-  x = images(32)
+  loaded = loader.LoadedModel(
+    model, checkpoint.unflatten(flat), ModelSpec(Architecture.of(config), 32)
+  )
+  x = random_images(32)
   with torch.no_grad():
     theirs = torch_vit.build(loaded)(torch.from_numpy(x)).numpy()
   assert_close(relative_error(ours(config, flat, x), theirs), BOUND, 'logits against the peer')
@@ -449,16 +442,12 @@ def test_onnx_with_pre_logits_matches_in_onnxruntime(tmp_path, monkeypatch):
   loaded = loader.LoadedModel(
     models.VisionTransformer(num_classes=5, **config),
     checkpoint.unflatten(flat),
-    config,
-    32,
-    2,
-    16,
-    1,
+    ModelSpec(Architecture.of(config), 32),
   )
   onnx.save(loaded, str(tmp_path / 'model.onnx'))
   session = ort.InferenceSession(str(tmp_path / 'model.onnx'))
   assert [i.name for i in session.get_inputs()] == ['images']
-  x = images(32, n=3)
+  x = random_images(32, n=3)
   expected = ours(config, flat, x)
   for n in (1, 3):  # the batch dimension is dynamic
     (logits,) = session.run(['logits'], {'images': x[:n]})
@@ -522,18 +511,18 @@ def test_errors_are_one_line(tmp_path, capsys, monkeypatch):
     capsys, ('checkpoint', bad), ('model', 'testing'), ('format', 'npz'), out
   )
 
-  hybrid = architectures.MODEL_CONFIGS['R50+ViT-B_16']
-  with pytest.raises(torch_layout.ExportError, match='no R\\+ViT hybrid'):
-    from vit_jax.interop import hf as interop_hf
+  from vit_jax.configs import model_spec
+  from vit_jax.interop import hf as interop_hf
 
-    interop_hf.check_exportable(hybrid)
+  with pytest.raises(torch_layout.ExportError, match='no R\\+ViT hybrid'):
+    interop_hf.check_exportable(model_spec.registered('R50+ViT-B_16'))
   with pytest.raises(torch_layout.ExportError, match='class token only'):
-    interop_hf.check_exportable(architectures.MODEL_CONFIGS['ViT-B_16-gap'])
+    interop_hf.check_exportable(model_spec.registered('ViT-B_16-gap'))
   with pytest.raises(torch_layout.ExportError) as error:
-    torch_layout.check_standard_blocks(architectures.MODEL_CONFIGS['ViT-22B_14'], 'timm')
+    torch_layout.check_writes(model_spec.registered('ViT-22B_14'), 'timm', interop_timm.WRITES)
   assert str(error.value) == (
-    "ViT-22B_14: the timm export writes the paper's encoder blocks, not parallel_block, "
-    'qk_norm, qkv_and_norm_biases=False; use --format=npz or --format=savedmodel'
+    "ViT-22B_14: the timm export writes the paper's ViT, not biases='no_qkv_or_norm', qk_norm, "
+    'parallel_block; use --format=npz or --format=savedmodel'
   )
 
   monkeypatch.setitem(sys.modules, 'torch', None)  # as if torch were not installed
@@ -589,9 +578,8 @@ def test_layer_scale_is_timms_ls1_ls2_and_a_run_and_a_checkpoint_take_it(tmp_pat
   """`--config.block.layer_scale=V` (CaiT's LayerScale): per block a gamma [D] that starts at V
   on each residual branch, timm's `blocks.N.ls1/ls2.gamma` (`init_values=V`): its logits within
   1e-5 of timm's on the same weights, the state both ways bitwise; a run's model starts at V;
-  a checkpoint of it loads by its model name and exports through the CLI (issue 45: a model
-  option is a schema field, a BlockConfig field and its code, and timm's names)."""
-  from vit_jax.configs.model_spec import ModelSpec
+  a checkpoint of it loads by its model name and exports through the CLI (a model option is a
+  schema field, a `Block` field and its code, and timm's names)."""
   from vit_jax.training import program
   from vit_jax.training import steps
 
@@ -601,12 +589,14 @@ def test_layer_scale_is_timms_ls1_ls2_and_a_run_and_a_checkpoint_take_it(tmp_pat
   assert flat['Transformer/encoderblock_1/ls2/gamma'].shape == (24,)
   state = interop_timm.to_timm(flat)
   assert state['blocks.1.ls2.gamma'].shape == (24,)
-  model = interop_timm.build_model(config, 7, 32)
+  model = interop_timm.build_model(Architecture.of(config), 7, 32)
   model.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()}, strict=True)
   with torch.no_grad():
-    theirs = model(nchw(images(32))).numpy()
-  assert_close(relative_error(ours(config, flat, images(32)), theirs), BOUND, 'logits')
-  assert_flat_equal(interop_timm.from_timm(state, small_vit_config('ViT-Ti_16'), 'timm'), flat)
+    theirs = model(nchw(random_images(32))).numpy()
+  assert_close(relative_error(ours(config, flat, random_images(32)), theirs), BOUND, 'logits')
+  assert_flat_equal(
+    interop_timm.from_timm(state, Architecture.of(small_vit_config('ViT-Ti_16')), 'timm'), flat
+  )
 
   run_config = tiny_run_config(**{'block.layer_scale': 0.1})
   spec = program.validate(run_config, 1)
@@ -616,11 +606,11 @@ def test_layer_scale_is_timms_ls1_ls2_and_a_run_and_a_checkpoint_take_it(tmp_pat
   np.testing.assert_array_equal(
     init['Transformer']['encoderblock_0']['ls1']['gamma'], np.float32(0.1)
   )
-  assert 'ls1' not in ModelSpec.of(tiny_run_config()).architecture.transformer  # off: the paper's
+  assert ModelSpec.of(tiny_run_config()).architecture.block.layer_scale is None  # the paper's
 
   npz = checkpoint.save_npz(init, tmp_path / 'ls.npz')
   loaded = loader.load_model(npz, 'testing')
-  assert loaded.config.transformer.layer_scale is not None
+  assert loaded.spec.architecture.block.layer_scale is not None
   assert (
     run(
       ('checkpoint', npz),
@@ -631,3 +621,144 @@ def test_layer_scale_is_timms_ls1_ls2_and_a_run_and_a_checkpoint_take_it(tmp_pat
     == 0
   )
   assert 'blocks.0.ls1.gamma' in safetensors_torch.load_file(str(tmp_path / 'ls.safetensors'))
+
+
+# ---------------------------------------------------------------------------
+# What an exported .npz records, and timm files where an .npz is read.
+
+
+def _predicted(argv, capsys):
+  """(exit status, stdout lines, stderr lines) of `python -m vit_jax.predict ARGV`."""
+  from vit_jax import predict
+  from vit_jax.core import cli
+
+  capsys.readouterr()
+  code = cli.run(predict.main, argv)
+  out, err = capsys.readouterr()
+  return code, out.splitlines(), err.splitlines()
+
+
+def _a_1000_class_run(path, dataset, names=None):
+  """A finished workdir of the `testing` model whose 1000-way head always answers class 487;
+  `names`: the class names its dataset.json records (None: it records none)."""
+  from conftest import random_like
+
+  shapes = param_shapes(architectures.MODEL_CONFIGS['testing'], 1000, 16)
+  params = random_like(shapes, scale=0.02)
+  params['head']['kernel'] = np.zeros_like(params['head']['kernel'])
+  params['head']['bias'] = np.where(np.arange(1000) == 487, 20.0, 0.0).astype(np.float32)
+  os.makedirs(path)
+  checkpoint.save_npz(params, path / 'params.npz')  # as an older version wrote it: bare
+  (path / 'summary.json').write_text(json.dumps({'model': 'testing', 'dataset': dataset}))
+  record = {'dataset': dataset, 'path': None, 'num_classes': 1000, 'class_names': names}
+  (path / 'dataset.json').write_text(json.dumps(record))
+  return str(path)
+
+
+def test_an_npz_export_carries_its_runs_class_names_and_model_to_predict(tmp_path, capsys):
+  """A custom 1000-class run exported to a bare .npz and moved away predicts with its own
+  names (not ImageNet's) and needs no --model; a run that knows no names records that it
+  has none, and predict says so; a file that records nothing gets ImageNet's, said so."""
+  from PIL import Image
+
+  image = str(tmp_path / 'x.png')
+  Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(image)
+  names = [f'part-{i:04d}' for i in range(1000)]
+  run_dir = _a_1000_class_run(tmp_path / 'named', str(tmp_path / 'parts'), names)
+  out = tmp_path / 'elsewhere' / 'parts.npz'
+  assert run(('checkpoint', run_dir), ('format', 'npz'), ('output', out)) == 0
+  said = capsys.readouterr().out
+  assert (
+    'recorded in the .npz (predict and export read it): model testing, 1000 class names, '
+    f'dataset {tmp_path}/parts'
+  ) in said
+  code, lines, err = _predicted([f'--checkpoint={out}', '--top_k=1', image], capsys)
+  assert (code, lines[1], err) == (0, '  1. 100.00%  part-0487  (class 487)', [])
+
+  nameless = _a_1000_class_run(tmp_path / 'nameless', str(tmp_path / 'gone'))
+  bare = tmp_path / 'nameless.npz'
+  assert run(('checkpoint', nameless), ('format', 'npz'), ('output', bare)) == 0
+  assert '; no class names (' in capsys.readouterr().out
+  code, lines, err = _predicted([f'--checkpoint={bare}', '--top_k=1', image], capsys)
+  assert (code, lines[1]) == (0, '  1. 100.00%  class_487  (class 487)')
+  assert err == [
+    'python -m vit_jax.predict: classes named class_<i>: the file records no class names (a '
+    f'1000-way head trained on {tmp_path}/gone); pass --labels=FILE, one name per line'
+  ]
+
+  released = checkpoint.save_npz(checkpoint.load(run_dir), tmp_path / 'released.npz')
+  argv = [f'--checkpoint={released}', '--model=testing', '--top_k=1', image]
+  code, lines, err = _predicted(argv, capsys)
+  assert lines[1].startswith('  1. 100.00%  cellular telephone')
+  assert err == [
+    "python -m vit_jax.predict: class names: ImageNet-1k's, assumed for a 1000-way head of a "
+    'file that records none (a released checkpoint); pass --labels=FILE if it was trained on '
+    'other classes'
+  ]
+
+
+@needs_timm
+def test_a_timm_file_where_an_npz_is_read_says_to_convert_it_and_the_conversion_names_it(
+  tmp_path, capsys
+):
+  """predict and --config.pretrained_path take an .npz: a timm file (safetensors or
+  torch.save) is one line saying how to convert it, before --model is asked for and before a
+  run writes anything; the conversion says which model it recognised and records it, so
+  predict then needs no --model."""
+  from vit_jax.training import loop
+
+  model = timm.create_model('deit3_small_patch16_224', depth=1, img_size=32, num_classes=10)
+  state = {k: v.contiguous() for k, v in model.state_dict().items()}
+  files = {'safetensors': str(tmp_path / 'deit3.safetensors'), 'pth': str(tmp_path / 'deit3.pth')}
+  safetensors_torch.save_file(state, files['safetensors'])
+  torch.save(state, files['pth'])
+  kinds = {'safetensors': 'a safetensors file', 'pth': 'a PyTorch file (torch.save)'}
+  image = str(tmp_path / 'x.png')
+  from PIL import Image
+
+  Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(image)
+  from vit_jax import predict
+
+  for kind, path in files.items():
+    convert = (
+      f'{path}: {kinds[kind]}, not an .npz; convert it first: python -m vit_jax.export '
+      f'--checkpoint={path} --format=npz --output=deit3.npz (it says which model it '
+      'recognised, or pass --model), then pass that .npz'
+    )
+    assert command_error(predict.main, [f'--checkpoint={path}', image], capsys) == (
+      f'error: {convert}'
+    )
+    workdir = tmp_path / f'run_{kind}'
+    config = tiny_run_config(model='deit3_small_patch16_224', pretrained_path=path)
+    with pytest.raises(loop.ConfigError) as e:
+      loop.train_and_evaluate(config, str(workdir))
+    assert str(e.value) == f'--config.pretrained_path: {convert}'
+    assert not workdir.exists()
+
+  npz = tmp_path / 'deit3.npz'
+  assert run(('checkpoint', files['safetensors']), ('format', 'npz'), ('output', npz)) == 0
+  said = capsys.readouterr().out
+  assert f'recognised {files["safetensors"]} as deit3_small_patch16_224 (its tensors' in said
+  assert checkpoint.read_metadata(npz)['model'] == 'deit3_small_patch16_224'
+  code, lines, _ = _predicted([f'--checkpoint={npz}', '--top_k=1', image], capsys)
+  assert code == 0 and lines[0] == image and lines[1].startswith('  1. ')
+
+
+def test_fine_tuning_a_family_without_a_pretrained_path_says_how_to_convert(tmp_path):
+  """configs/finetune.py names gs://vit_models/imagenet21k/MODEL.npz; no such file exists for
+  a timm family's model: one line before any network access, nothing written."""
+  from vit_jax.configs import ConfigError
+  from vit_jax.configs import recipes
+  from vit_jax.training import loop
+
+  config = recipes.finetune('deit3_small_patch16_224,digits')
+  with pytest.raises(ConfigError) as e:
+    loop.train_and_evaluate(config, str(tmp_path / 'run'))
+  assert str(e.value) == (
+    '--config.pretrained_path: gs://vit_models/imagenet21k/deit3_small_patch16_224.npz: no such '
+    "released file; gs://vit_models holds the paper's and AugReg's ViTs, not "
+    "deit3_small_patch16_224 (deit3): convert timm's weights of it first (python -m "
+    'vit_jax.export --checkpoint=FILE.safetensors --format=npz '
+    '--output=deit3_small_patch16_224.npz) and pass that .npz'
+  )
+  assert not (tmp_path / 'run').exists()

@@ -10,10 +10,10 @@ the [-1, 1] images every model here takes (the family's mean and std applied in 
 
 import functools
 import json
+import re
 
 from conftest import param_shapes
 import jax
-import ml_collections
 import numpy as np
 import pytest
 
@@ -24,11 +24,13 @@ from vit_jax.configs import architectures
 from vit_jax.configs import common
 from vit_jax.configs import families
 from vit_jax.configs import model_spec
+from vit_jax.configs import timm_weights
 from vit_jax.core import sharding
 from vit_jax.data import on_device
 from vit_jax.data.readers import builtin
 from vit_jax.interop import export as export_lib
 from vit_jax.interop import timm as interop_timm
+from vit_jax.interop import timm_files
 from vit_jax.interop import torch_layout
 from vit_jax.models import vit
 from vit_jax.models import vit_checkpoint
@@ -48,23 +50,30 @@ BOUND = 2e-6  # relative, on logits and on pre-logits features
 GRID = 3
 SIZES = {'embed_dim': 24, 'depth': 2, 'num_heads': 3}
 
-# One model of each family (and both of EVA-02's layouts in timm).
+# One model of each family (and both of EVA-02's layouts in timm, and both GELUs of SigLIP's).
 CASES = (
   'vit_base_patch14_dinov2',
   'vit_base_patch14_reg4_dinov2',
+  'deit_small_patch16_224',
   'deit3_base_patch16_224',
   'vit_base_patch16_siglip_224',
+  'vit_so400m_patch16_siglip_256',  # SigLIP 2's tanh GELU
+  'vit_base_patch16_siglip_gap_224',
+  'vit_large_patch16_siglip_gap_512',  # the tanh GELU
   'vit_base_patch16_clip_224',
   'vit_base_patch16_clip_quickgelu_224',
   'eva02_tiny_patch14_224',
   'eva02_base_patch14_224',
+  'vit_small_patch16_dinov3',
+  'vit_base_patch16_dinov3_qkvb',  # the query's and value's biases
+  'vit_huge_plus_patch16_dinov3',  # SwiGLU, its gate apart
 )
 
 
 def timm_model(name, seed=0):
   """timm's model `name` at the test size, every parameter random (norm scales and LayerScale
   gammas near 1, so that each part of the model shows in its output)."""
-  patch = architectures.MODEL_CONFIGS[name].patches.size[0]
+  patch = model_spec.registered(name).patch_size[0]
   model = timm.create_model(
     name, pretrained=False, img_size=GRID * patch, num_classes=5, **SIZES
   ).eval()
@@ -78,14 +87,14 @@ def timm_model(name, seed=0):
 
 
 def our_config(name, model):
-  """The registry entry of `name` at the test size of timm's `model`."""
-  config = architectures.MODEL_CONFIGS[name]
-  config.hidden_size = SIZES['embed_dim']
+  """The architecture of registry entry `name` at the test size of timm's `model`."""
   fc2 = model.blocks[0].mlp.fc2.weight
-  config.transformer.update(
-    num_layers=SIZES['depth'], num_heads=SIZES['num_heads'], mlp_dim=int(fc2.shape[1])
+  return model_spec.registered(name).changed(
+    hidden_size=SIZES['embed_dim'],
+    num_layers=SIZES['depth'],
+    num_heads=SIZES['num_heads'],
+    mlp_dim=int(fc2.shape[1]),
   )
-  return config
 
 
 def images(size, n=2, seed=1):
@@ -94,8 +103,7 @@ def images(size, n=2, seed=1):
 
 def timm_input(x, config):
   """Our [-1, 1] images as the family's timm model takes them: (pixel - mean) / std."""
-  mean = np.asarray(config.get('input_mean') or 0.5, np.float64)
-  std = np.asarray(config.get('input_std') or 0.5, np.float64)
+  mean, std = (np.asarray(v, np.float64) for v in config.input_stats or (0.5, 0.5))
   normalised = (((x.astype(np.float64) + 1) / 2 - mean) / std).astype(np.float32)
   return torch.from_numpy(np.ascontiguousarray(normalised.transpose(0, 3, 1, 2)))
 
@@ -109,8 +117,8 @@ def theirs(model, x, config):
 
 def ours(config, flat, x):
   """(logits, pre-logits features) of our model."""
-  with_head = models.VisionTransformer(num_classes=5, **config)
-  features = models.VisionTransformer(num_classes=None, **config)
+  with_head = vit.VisionTransformer(5, config)
+  features = vit.VisionTransformer(None, config)
   no_head = {k: v for k, v in flat.items() if not k.startswith('head/')}
   return (
     np.asarray(with_head.apply({'params': checkpoint.unflatten(flat)}, x, train=False)),
@@ -123,7 +131,7 @@ def relative_error(a, b):
 
 
 def random_flat(config, size, seed=0):
-  shapes = checkpoint.flatten(param_shapes(config, 5, size))
+  shapes = checkpoint.flatten(param_shapes(None, 5, size, vit.VisionTransformer(5, config)))
   rng = np.random.default_rng(seed)
   return {
     k: (0.1 * rng.normal(size=v.shape) + k.endswith(('/scale', 'ls1/gamma', 'ls2/gamma'))).astype(
@@ -146,7 +154,7 @@ def test_every_family_model_is_named_as_in_timm():
 def test_family_imports_from_and_exports_to_timm_with_its_outputs(name):
   model = timm_model(name)
   config = our_config(name, model)
-  size = GRID * config.patches.size[0]
+  size = GRID * config.patch_size[0]
   x = images(size)
   # timm -> ours.
   state = {k: v.numpy() for k, v in model.state_dict().items()}
@@ -176,6 +184,7 @@ _COUNTED_FAST = (
   'vit_base_patch16_siglip_224',
   'vit_base_patch32_clip_224',
   'eva02_tiny_patch14_224',
+  'vit_small_patch16_dinov3',
 )
 
 
@@ -186,31 +195,70 @@ _COUNTED_FAST = (
 )
 def test_each_named_model_has_timms_sizes_and_parameter_count(name):
   """Our registry entry of each timm name against `timm.create_model(name)` on the meta device
-  (no memory): width, depth, heads, the exact parameter count at its resolution, and the name
-  that a file of it is recognised as (`timm.family_name`)."""
+  (no memory): width, depth, heads, the MLP's activation, the exact parameter count at its
+  resolution, and the name that a file of it is recognised as (`timm_files.model_name`)."""
   theirs = timm.create_model(name, pretrained=False, num_classes=1000, device='meta')
   config = architectures.MODEL_CONFIGS[name]
-  size = theirs.patch_embed.img_size[0]
+  arch = model_spec.registered(name)
+  naflex = arch.posemb == 'grid'  # NaFlexVit: its table's grid, whatever the image
+  size = arch.posemb_grid[0] * arch.patch_size[0] if naflex else theirs.patch_embed.img_size[0]
   t = config.transformer
   assert (config.hidden_size, t.num_layers) == (theirs.embed_dim, len(theirs.blocks))
   assert t.num_heads == theirs.blocks[0].attn.num_heads
-  scanned = models.VisionTransformer(num_classes=1000, scan=True, **config)  # one block traced
+  act = getattr(theirs.blocks[0].mlp, 'act', None)
+  activation = {'GELUTanh': 'gelu_tanh', 'QuickGELU': 'quick_gelu', 'SiLU': 'swiglu'}.get(
+    type(act).__name__, 'gelu' if getattr(act, 'approximate', None) == 'none' else act
+  )
+  assert activation == model_spec.registered(name).block.mlp
+  compute = model_spec.Compute(scan=True)  # one block traced
+  scanned = models.build(model_spec.ModelSpec(arch, size), 1000, compute)
   ours = param_shapes(config, 1000, size, module=scanned)
   count = sum(int(np.prod(x.shape)) for x in checkpoint.flatten(ours).values())
   assert count == sum(p.numel() for p in theirs.parameters())
-  # A file of it, without our metadata, is recognised by its tensors; CLIP's two GELUs are
-  # not in the file: one line names both.
+  # A file of it, without our metadata, is recognised by its tensors; where they fit models
+  # that differ in what the file does not record (CLIP's two GELUs; the paper's layout of DeiT
+  # and SigLIP's mean-pooled models), one line names them.
   plain = name.replace('_quickgelu', '')
-  twins = {plain, plain.replace('_clip_', '_clip_quickgelu_')}
-  if len(twins & set(families.MODELS)) < 2:
-    assert interop_timm.family_name(theirs.state_dict(), 'f.safetensors') == name
+  quick = plain.replace('_clip_', '_clip_quickgelu_')
+  twins = _TWINS.get(re.sub(r'_\d+$', '', name))
+  if {plain, quick} <= set(families.MODELS) and plain != quick:
+    twins = {plain, quick}
+  if name in _SAME_GRID:
+    with pytest.raises(checkpoint.CheckpointError) as e:
+      timm_files.model_name(theirs.state_dict(), 'f.safetensors')
+    assert str(e.value).startswith(f'f.safetensors: its tensors fit {_SAME_GRID[name]}, whose ')
+    return
+  if twins is None:
+    assert timm_files.model_name(theirs.state_dict(), 'f.safetensors') == name
     return
   with pytest.raises(checkpoint.CheckpointError) as e:
-    interop_timm.family_name(theirs.state_dict(), 'f.safetensors')
-  assert str(e.value) == (
-    f'f.safetensors: its tensors fit {" and ".join(sorted(twins))}, which differ in what '
-    'the file does not record (the MLP activation); pass --model naming one'
+    timm_files.model_name(theirs.state_dict(), 'f.safetensors')
+  named = re.findall(r'(?:fit | and )(\S+) \(', str(e.value))
+  assert set(named) == {name if t == '*' else t for t in twins}, str(e.value)
+  assert str(e.value).endswith(
+    'which differ in what the file does not record; pass --model naming the one whose weights '
+    'it holds'
   )
+
+
+# timm's 384 px so400m/14 has the 27x27 grid of its 378 px one: the same tensors.
+_SAME_GRID = {
+  f'vit_so400m_patch14_siglip{gap}_{res}': (
+    f'vit_so400m_patch14_siglip{gap}_378 and vit_so400m_patch14_siglip{gap}_384'
+  )
+  for gap in ('', '_gap')
+  for res in (378, 384)
+}
+# The files whose tensors fit the paper's models too: their names without the resolution ('*':
+# the name itself); CLIP's files fit both GELUs' models where both are registered. (SigLIP 2's
+# mean-pooled B/32 computes what ViT-B_32-gap does, tanh GELU and all: it is named.)
+_TWINS = {
+  'deit_tiny_patch16': {'*', 'ViT-Ti_16'},
+  'deit_small_patch16': {'*', 'ViT-S_16'},
+  'deit_base_patch16': {'*', 'ViT-B_16'},
+  'vit_base_patch16_siglip_gap': {'*', 'ViT-B_16-gap'},
+  'vit_large_patch16_siglip_gap': {'*', 'ViT-L_16-gap'},
+}
 
 
 @needs_timm
@@ -220,7 +268,7 @@ def test_a_timm_file_goes_through_export_and_back_into_timm(tmp_path, name):
   (`export.load`: the name from its tensors, depth and layout from the file), and written by
   `export --format=timm` into a file that `timm.create_model` of the recorded name and
   keywords loads strictly, giving the first model's logits."""
-  patch = architectures.MODEL_CONFIGS[name].patches.size[0]
+  patch = model_spec.registered(name).patch_size[0]
   size = 2 * patch
   model = timm.create_model(name, pretrained=False, img_size=size, num_classes=5, depth=1).eval()
   generator = torch.Generator().manual_seed(0)
@@ -230,9 +278,9 @@ def test_a_timm_file_goes_through_export_and_back_into_timm(tmp_path, name):
   source = tmp_path / 'timm.safetensors'
   safetensors_torch.save_file({k: v.contiguous() for k, v in model.state_dict().items()}, source)
   x = images(size)
-  logits, _ = theirs(model, x, architectures.MODEL_CONFIGS[name])
-  loaded = export_lib.load(str(source)).loaded  # the name from its tensors (family_name)
-  assert loaded.config.model_name == name
+  logits, _ = theirs(model, x, model_spec.registered(name))
+  loaded = export_lib.load(str(source)).loaded  # the name from its tensors (timm_files.model_name)
+  assert loaded.spec.architecture.name == name
   ours_logits = np.asarray(loaded.model.apply({'params': loaded.params}, x, train=False))
   assert relative_error(ours_logits, logits) <= BOUND
   out = tmp_path / 'back.safetensors'
@@ -243,14 +291,13 @@ def test_a_timm_file_goes_through_export_and_back_into_timm(tmp_path, name):
   assert meta['timm_model'] == name and json.loads(meta['timm_kwargs'])['depth'] == 1
   again = timm.create_model(meta['timm_model'], **json.loads(meta['timm_kwargs'])).eval()
   again.load_state_dict(safetensors_torch.load_file(str(out)), strict=True)
-  back, _ = theirs(again, x, architectures.MODEL_CONFIGS[name])
+  back, _ = theirs(again, x, model_spec.registered(name))
   assert relative_error(back, logits) <= BOUND
   # transformers' ViT and our ONNX module are the paper's: refused in one line, nothing written.
   with pytest.raises(torch_layout.ExportError) as e:
     export_lib.export(str(source), 'hf', str(tmp_path / 'hf'))
-  assert str(e.value).endswith(
-    'that the hf export does not write; use --format=timm, npz or savedmodel'
-  )
+  assert str(e.value).startswith(f"{name}: the transformers export writes the paper's ViT, not ")
+  assert str(e.value).endswith('; use --format=npz or --format=savedmodel, or --format=timm')
   assert not (tmp_path / 'hf').exists()
 
 
@@ -262,6 +309,7 @@ _FINE_TUNED = (
   'vit_base_patch16_siglip_224',
   'vit_base_patch16_clip_224',
   'eva02_base_patch14_224',
+  'vit_base_patch16_dinov3',
 )
 
 
@@ -274,7 +322,7 @@ def test_a_family_fine_tunes_from_a_timm_model_on_the_digits(name):
   is under 75% of the first 5's (from ln 10 = 2.30: the head starts at zero)."""
   model = timm_model(name)
   spec_config = our_config(name, model)
-  size = GRID * spec_config.patches.size[0]
+  size = GRID * spec_config.patch_size[0]
   flat = interop_timm.from_timm(
     {k: v.numpy() for k, v in model.state_dict().items()}, our_config(name, model), 'timm'
   )
@@ -291,7 +339,7 @@ def test_a_family_fine_tunes_from_a_timm_model_on_the_digits(name):
     decay_type='cosine',
     layer_decay=0.75,
   )
-  spec = model_spec.ModelSpec(ml_collections.FrozenConfigDict(spec_config), size)
+  spec = model_spec.ModelSpec(spec_config, size)
   task = steps.make_task(config, 10, multi_label=False, spec=spec)
   tx, schedule = optim.make_optimizer(config)
   backbone = checkpoint.unflatten({k: v for k, v in flat.items() if not k.startswith('head/')})
@@ -329,12 +377,12 @@ def test_a_new_resolution_resizes_as_timm_does_in_the_familys_layout(name):
 
   model = timm_model(name)
   config = our_config(name, model)
-  patch = config.patches.size[0]
+  patch = config.patch_size[0]
   state = {k: v.numpy() for k, v in model.state_dict().items()}
   restored = interop_timm.from_timm(state, our_config(name, model), 'timm state')
   init = random_flat(config, 4 * patch)
   adapted, _ = vit_checkpoint.adapt(restored, init, config, 'bicubic_antialias', 'timm')
-  prefix = 0 if config.get('no_embed_class') else 1
+  prefix = config.posemb_prefix
   resized = resample_abs_pos_embed(
     model.pos_embed.detach(), (4, 4), (3, 3), num_prefix_tokens=prefix, antialias=True
   ).numpy()
@@ -349,17 +397,243 @@ def test_a_new_resolution_resizes_as_timm_does_in_the_familys_layout(name):
   assert relative_error(ours(config, adapted, x)[0], logits) <= BOUND
 
 
-def test_the_docs_table_of_families_is_the_registrys():
-  import os
+@needs_timm
+def test_the_fine_tune_of_a_family_resizes_its_positions_as_timm_does(tmp_path):
+  """The documented fine-tune (`configs/finetune.py:NAME,DATASET`) of a family's checkpoint at
+  a new grid: the position rows resized as timm's `resample_abs_pos_embed` (bicubic,
+  antialiased: its fine-tunes' default), within 1e-6; the paper's models keep the zoom."""
+  from timm.layers import resample_abs_pos_embed
 
-  docs = open(os.path.join(os.path.dirname(__file__), '..', 'docs', 'checkpoints_and_export.md'))
-  assert families.markdown_table() in docs.read()
+  from vit_jax.configs import recipes
+
+  name = 'vit_base_patch14_reg4_dinov2'
+  model = timm_model(name)
+  config = our_config(name, model)
+  patch = config.patch_size[0]
+  state = {k: v.numpy() for k, v in model.state_dict().items()}
+  npz = checkpoint.save_npz(
+    checkpoint.unflatten(interop_timm.from_timm(state, our_config(name, model), 'timm')),
+    tmp_path / 'dinov2.npz',
+  )
+  run = recipes.finetune(f'{name},cifar10')
+  assert recipes.finetune('ViT-B_16,cifar10').posemb_resize == 'zoom'
+  params = checkpoint.load_pretrained(
+    pretrained_path=npz,
+    init_params=checkpoint.unflatten(random_flat(config, 4 * patch)),
+    model_config=config,
+    posemb_resize=run.posemb_resize,
+  )
+  resized = resample_abs_pos_embed(
+    model.pos_embed.detach(), (4, 4), (3, 3), num_prefix_tokens=0, antialias=True
+  ).numpy()
+  posemb = checkpoint.flatten(params)['Transformer/posembed_input/pos_embedding']
+  np.testing.assert_allclose(posemb, resized, atol=1e-6)
 
 
 @needs_timm
-def test_a_file_of_the_papers_vit_is_no_familys():
+def test_layer_decay_scales_are_timms_but_the_final_norms():
+  """`layer_decay` (0.5, four blocks) scales each parameter of a DINOv2 model as timm's
+  `param_groups_layer_decay` scales the learning rate of timm's parameter of that name, except
+  the final LayerNorm (`norm`): timm gives it the last block's 0.5, ours the head's 1."""
+  from timm.optim._param_groups import param_groups_layer_decay
+
+  name = 'vit_base_patch14_dinov2'
+  theirs = timm.create_model(
+    name, pretrained=False, img_size=42, num_classes=5, **{**SIZES, 'depth': 4}
+  )
+  by_param = {id(p): n for n, p in theirs.named_parameters()}
+  timm_scale = {
+    by_param[id(p)]: group['lr_scale']
+    for group in param_groups_layer_decay(theirs, layer_decay=0.5)
+    for p in group['params']
+  }
+  config = our_config(name, theirs).changed(num_layers=4)
+  ones = {k: np.ones_like(v) for k, v in random_flat(config, 42).items()}
+  scaled, _ = optim.layer_decay(0.5).update(checkpoint.unflatten(ones), None)
+  differ = {}
+  for key, value in checkpoint.flatten(scaled).items():
+    timm_key, _ = interop_timm.timm_name(key)
+    ours = float(np.asarray(value).flat[0])
+    if ours != timm_scale[timm_key]:
+      differ[timm_key] = (ours, timm_scale[timm_key])
+  assert differ == {'norm.weight': (1.0, 0.5), 'norm.bias': (1.0, 0.5)}
+
+
+@needs_timm
+@pytest.mark.parametrize('grid, head_dim', [((3, 3), 8), ((4, 6), 64)])
+def test_dinov3_rotary_embeddings_are_timms(grid, head_dim):
+  """DINOv3's rotary angles (patch centres on [-1, 1] per axis, periods 100 ** (2k / (d / 2)))
+  equal timm's `RotaryEmbeddingDinoV3` within 2e-7, and the half-layout rotation of queries
+  equals timm's `apply_rot_embed_cat(half=True)` within 1e-6, on a non-square grid too."""
+  from timm.layers.pos_embed_sincos import RotaryEmbeddingDinoV3
+  from timm.layers.pos_embed_sincos import apply_rot_embed_cat
+
+  from vit_jax.models import rotary
+
+  embed = RotaryEmbeddingDinoV3(dim=head_dim, temperature=100, rotate_half=True)
+  theirs = embed.get_embed(list(grid)).numpy()
+  sin, cos = rotary.dinov3_tables(grid, head_dim)
+  np.testing.assert_allclose(sin, theirs[:, :head_dim], atol=2e-7)
+  np.testing.assert_allclose(cos, theirs[:, head_dim:], atol=2e-7)
+  q = np.random.default_rng(0).normal(size=(2, 1, len(sin), head_dim)).astype(np.float32)
+  rotated = apply_rot_embed_cat(torch.from_numpy(q), torch.from_numpy(theirs), half=True)
+  ours = np.asarray(rotary.rotate(q, sin, cos, 'bhnk', half=True))
+  np.testing.assert_allclose(ours, rotated.numpy(), atol=1e-6)
+
+
+@needs_timm
+def test_a_checkpoint_without_a_position_table_loads_resizes_and_exports(tmp_path):
+  """A DINOv3 file (one block, its hub folder) converted to `.npz`: it loads with no --model
+  at its weights' resolution (256 px, no table to say it), at another resolution gives timm's
+  logits there (rotary embeddings need no resizing), at patch size 8 (FlexiViT: its kernel
+  alone PI-resized), and its timm export loads strictly into `timm.create_model`."""
+  from vit_jax.evaluation import loader
+
+  name = 'vit_small_patch16_dinov3'
+  torch.manual_seed(0)
+  model = timm.create_model(name, pretrained=False, num_classes=5, depth=1).eval()
+  source = tmp_path / f'models--timm--{name}.lvd1689m' / 'snapshots' / 'c0' / 'model.safetensors'
+  source.parent.mkdir(parents=True)
+  safetensors_torch.save_file({k: v.contiguous() for k, v in model.state_dict().items()}, source)
+  npz = tmp_path / 'dinov3.npz'
+  export_lib.export(str(source), 'npz', str(npz))
+  loaded = loader.load_model(str(npz))
+  assert (loaded.spec.name, loaded.spec.image_size) == (name, 256)
+  assert 'Transformer/posembed_input/pos_embedding' not in checkpoint.flatten(loaded.params)
+  x = images(64)  # a 4x4 grid: the same weights at another resolution
+  logits, _ = theirs(model, x, loaded.spec.architecture)
+  run = lambda m, p: np.asarray(jax.jit(lambda p: m.apply({'params': p}, x, train=False))(p))  # noqa: E731
+  assert relative_error(run(loaded.model, loaded.params), logits) <= BOUND
+  flexi = loader.load_model(str(npz), patch_size=8)
+  assert flexi.spec.stride == 8 and flexi.spec.image_size == 256
+  assert run(flexi.model, flexi.params).shape == (2, 5)
+  out = tmp_path / 'back.safetensors'
+  export_lib.export(str(npz), 'timm', str(out))
+  with safetensors.safe_open(str(out), 'pt') as f:
+    meta = f.metadata()
+  again = timm.create_model(meta['timm_model'], **json.loads(meta['timm_kwargs'])).eval()
+  again.load_state_dict(safetensors_torch.load_file(str(out)), strict=True)
+  back, _ = theirs(again, x, loaded.spec.architecture)
+  assert relative_error(back, logits) <= BOUND
+
+
+def _naflex_batch(patch, seed=1):
+  """A packed NaFlex batch of three images of grids 2x3, 4x4 and 1x1 at `patch` px, 20 tokens
+  each (padding rows random: they must reach nothing)."""
+  from vit_jax.models import naflex
+
+  rng = np.random.default_rng(seed)
+  rows = []
+  for gh, gw in ((2, 3), (4, 4), (1, 1)):
+    image = rng.uniform(-1, 1, (1, gh * patch, gw * patch, 3)).astype(np.float32)
+    pixels, r, c, real = (np.asarray(a)[0] for a in naflex.patchify(image, patch))
+    pad = 20 - len(pixels)
+    noise = rng.normal(size=(pad, pixels.shape[1])).astype(np.float32)
+    zeros = np.zeros(pad)
+    rows.append(
+      naflex.pack(
+        *(np.concatenate([a, b])[None] for a, b in ((pixels, noise), (r, zeros))),
+        np.concatenate([c, zeros])[None],
+        np.concatenate([real, zeros])[None],
+      )[0]
+    )
+  return np.stack(rows)
+
+
+def _naflex_logits(model, packed):
+  with torch.no_grad():
+    return model(
+      torch.from_numpy(packed[..., :-3]),
+      patch_coord=torch.from_numpy(packed[..., -3:-1].astype(np.int64)),
+      patch_valid=torch.from_numpy(packed[..., -1] > 0),
+    ).numpy()
+
+
+@needs_timm
+@pytest.mark.parametrize(
+  'name', ['naflexvit_base_patch16_siglip', 'naflexvit_so400m_patch16_siglip']
+)
+def test_siglip2_naflex_imports_from_and_exports_to_timm_with_its_outputs(name):
+  """SigLIP 2 NaFlex (timm's NaFlexVit of the name: its 2D table resampled bilinearly with
+  antialiasing, the MAP head over the real patches) at the test size with 4 px patches and a
+  4x4 table, every parameter random, on a packed batch of three grids and padding: imported,
+  our logits are timm's within 2e-6; our random parameters exported, timm's model of the name
+  loads them strictly and gives ours within 2e-6."""
+  from vit_jax.models import naflex
+
+  sizes = dict(SIZES, patch_size=4, pos_embed_grid_size=(4, 4), num_classes=5)
+  model = timm.create_model(name, pretrained=False, **sizes).eval()
+  generator = torch.Generator().manual_seed(0)
+  with torch.no_grad():
+    for key, p in model.named_parameters():
+      p.copy_(0.1 * torch.randn(p.shape, generator=generator) + key.endswith('norm.weight'))
+  arch = model_spec.registered(name).changed(
+    hidden_size=SIZES['embed_dim'],
+    num_layers=SIZES['depth'],
+    num_heads=SIZES['num_heads'],
+    mlp_dim=int(model.blocks[0].mlp.fc2.weight.shape[1]),
+    patch_size=(4, 4),
+    posemb_grid=(4, 4),
+  )
+  packed = _naflex_batch(4)
+  state = {k: v.numpy() for k, v in model.state_dict().items()}
+  flat = interop_timm.from_timm_naflex(state, arch, 'timm state', arch.posemb_resample)
+  forward = jax.jit(lambda p: naflex.NaFlexViT(5, arch).apply({'params': p}, packed, train=False))
+  apply = lambda flat: np.asarray(forward(checkpoint.unflatten(flat)))  # noqa: E731
+  theirs = _naflex_logits(model, packed)
+  assert np.abs(theirs).max() > 0.05
+  assert relative_error(apply(flat), theirs) <= BOUND, 'logits, imported'
+  flat = {
+    k: (0.1 * np.random.default_rng(2).normal(size=v.shape) + k.endswith('/scale')).astype(
+      np.float32
+    )
+    for k, v in flat.items()
+  }
+  exported = timm.create_model(name, pretrained=False, **sizes).eval()
+  state = interop_timm.to_timm_naflex(flat)
+  exported.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()}, strict=True)
+  assert relative_error(_naflex_logits(exported, packed), apply(flat)) <= BOUND, 'exported'
+
+
+@needs_timm
+def test_a_siglip2_naflex_file_converts_as_it_is(tmp_path):
+  """timm's `naflexvit_base_patch16_siglip` file (one block) in its hub folder converts with
+  neither --model nor --resample (its name and its resampling are timm's of that name), gives
+  timm's logits on a packed batch, and its `.npz` loads with neither."""
+  name = 'naflexvit_base_patch16_siglip'
+  torch.manual_seed(0)
+  model = timm.create_model(name, pretrained=False, num_classes=5, depth=1).eval()
+  source = tmp_path / f'models--timm--{name}.v2_webli' / 'snapshots' / 'c0' / 'model.safetensors'
+  source.parent.mkdir(parents=True)
+  safetensors_torch.save_file({k: v.contiguous() for k, v in model.state_dict().items()}, source)
+  loaded = export_lib.load(str(source)).loaded
+  assert loaded.spec.name == name
+  assert loaded.spec.architecture.posemb_resample == 'bilinear_antialias'
+  packed = _naflex_batch(16)
+  ours = jax.jit(lambda p: loaded.model.apply({'params': p}, packed, train=False))(loaded.params)
+  # Its own width (768): float32's orderings reach 3e-6; the export tests' bound.
+  assert relative_error(np.asarray(ours), _naflex_logits(model, packed)) <= 1e-5
+  # Its .npz asks for nothing on loading: the name's resampling is the registry's.
+  notes = export_lib.export(str(source), 'npz', str(tmp_path / 'siglip2.npz'))
+  assert not any('--resample' in note for note in notes), notes
+  from vit_jax.evaluation import loader
+
+  again = loader.load_model(str(tmp_path / 'siglip2.npz'))
+  assert again.spec.architecture.posemb_resample == 'bilinear_antialias'
+
+
+@needs_timm
+def test_a_file_of_the_papers_vit_names_the_models_it_may_be():
+  """The paper's layout is also DeiT's: a bare file of it names both, and what tells them
+  apart, never one model by way of example."""
   vit = timm.create_model('vit_base_patch16_224', pretrained=False, device='meta').state_dict()
-  assert interop_timm.family_name(vit, 'f.safetensors') is None  # --model names it
+  with pytest.raises(checkpoint.CheckpointError) as e:
+    timm_files.model_name(vit, 'f.safetensors')
+  assert str(e.value) == (
+    "f.safetensors: its tensors fit deit_base_patch16_224 (exact GELU, ImageNet's mean and "
+    "std) and ViT-B_16 (the paper's: tanh GELU, [-1, 1] pixels), which differ in what the file "
+    'does not record; pass --model naming the one whose weights it holds'
+  )
 
 
 def test_a_familys_input_statistics_are_one_pass_over_the_pixels():
@@ -368,10 +642,10 @@ def test_a_familys_input_statistics_are_one_pass_over_the_pixels():
   devices' uint8 -> [-1, 1] step (`on_device.normalise`), one fusion reads the pixels (the
   two scalings and the patch layout in one pass; no gather, no table)."""
   config = architectures.MODEL_CONFIGS['vit_base_patch16_clip_224']
-  mean, std = (np.asarray(s, np.float64) for s in families.input_statistics('clip'))
+  mean, std = (np.asarray(s, np.float64) for s in timm_weights.STATISTICS['openai_clip'])
   pixels = np.random.default_rng(0).integers(0, 256, (2, 32, 32, 3), np.uint8)
   x = on_device.normalise(pixels)
-  ours = vit.normalise_input(x, config.input_mean, config.input_std)
+  ours = vit.normalise_input(x, model_spec.registered('vit_base_patch16_clip_224').input_stats)
   exact = (pixels / 255.0 - mean) / std
   np.testing.assert_allclose(np.asarray(ours), exact, atol=2e-6 * np.abs(exact).max())
   config.hidden_size = 24
@@ -395,13 +669,25 @@ def test_naflex_and_masked_patch_prediction_refuse_a_familys_options():
   with pytest.raises(ConfigError) as e:
     model_spec.ModelSpec.of(config)
   assert str(e.value) == (
-    'vit_base_patch16_clip_224 sets pre_norm, input_mean, input_std, which NaFlex '
+    'vit_base_patch16_clip_224 sets pre_norm, input_stats, which NaFlex '
     "(naflex_tokens) does not build (its model is the paper's ViT and registers); fine-tune it "
     'as a ViT, or pick a model without them'
   )
   config.update(model='deit3_small_patch16_224', naflex_tokens=(), task='mpp')
-  with pytest.raises(ConfigError, match='^deit3_small_patch16_224 sets no_embed_class, input_'):
+  with pytest.raises(ConfigError, match='^deit3_small_patch16_224 sets posemb, input_stats, '):
     model_spec.ModelSpec.of(config)
+  # SigLIP 2's NaFlex model trains as NaFlex: its budgets are needed, its table taken as it is.
+  config.update(model='naflexvit_base_patch16_siglip', task='classification')
+  config.pp.crop = 256
+  with pytest.raises(ConfigError) as e:
+    model_spec.ModelSpec.of(config)
+  assert str(e.value) == (
+    'naflexvit_base_patch16_siglip is a NaFlex model (2D position table): set '
+    '--config.naflex_tokens, the token budgets it trains at (e.g. 256,576)'
+  )
+  config.update(naflex_tokens=(64, 256))
+  arch = model_spec.ModelSpec.of(config).architecture
+  assert (arch.classifier, arch.posemb, arch.posemb_grid) == ('map', 'grid', (16, 16))
 
 
 @needs_timm
@@ -427,6 +713,13 @@ def test_a_run_fine_tunes_a_timm_file_and_exports_it_back(tmp_path):
   overrides.update(total_steps=12, warmup_steps=2, eval_every=12, checkpoint_every=12)
   config = tiny_run_config(pretrained_path=str(tmp_path / 'eva.npz'), **overrides)
   loop.train_and_evaluate(config, workdir)
+  # The weights' preprocessing (timm's default tag of the name) goes with the run: recorded
+  # beside it and in its params.npz, which predict and evaluate apply.
+  weights = timm_weights.default(name).at(28)
+  assert loader.load_model(workdir).preprocessing == weights
+  assert checkpoint.read_metadata(workdir)['preprocessing'] == json.loads(
+    json.dumps(weights.to_json())
+  )
   logged = [json.loads(line) for line in open(f'{workdir}/metrics.jsonl')]
   losses = [entry['train_loss'] for entry in logged if 'train_loss' in entry]
   assert losses[-1] < losses[0] - 0.2, losses
@@ -438,6 +731,6 @@ def test_a_run_fine_tunes_a_timm_file_and_exports_it_back(tmp_path):
   again.load_state_dict(safetensors_torch.load_file(str(out)), strict=True)
   run = loader.load_model(workdir)
   x = images(28)
-  logits, _ = theirs(again, x, architectures.MODEL_CONFIGS[name])
+  logits, _ = theirs(again, x, model_spec.registered(name))
   ours_logits = np.asarray(run.model.apply({'params': run.params}, x, train=False))
   assert ours_logits.shape == (2, 10) and relative_error(ours_logits, logits) <= BOUND

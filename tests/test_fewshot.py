@@ -1,5 +1,8 @@
 """Few-shot linear evaluation: parity with scikit-learn's ridge, sampling, features."""
 
+import os
+
+from conftest import run_command
 import jax
 import numpy as np
 import pytest
@@ -145,3 +148,21 @@ def test_extract_features_are_what_the_head_reads(representation_size):
     rtol=1e-5,
     atol=1e-5,
   )
+
+
+# ---------------------------------------------------------------------------
+# Metric names of folder datasets.
+
+
+def test_few_shot_keys_name_a_folder_by_its_last_part(tmp_path, digit_folder, user_files, capsys):
+  """Few-shot metric keys name a folder dataset by its last part, not its absolute path."""
+  from vit_jax import fewshot
+
+  argv = [f'--checkpoint={user_files["npz"]}', '--model=testing', f'--datasets={digit_folder}/']
+  code, out, err = run_command(fewshot.main, argv + ['--shots=1', '--seeds=0', '--crop=32'], capsys)
+  assert code == 0, err
+  assert out.startswith(f'fewshot/{os.path.basename(digit_folder)}_1shot '), out
+  from vit_jax.evaluation.fewshot import metric_name
+
+  assert metric_name('/a/odd', ['/a/odd', '/b/odd/']) == 'a/odd'
+  assert metric_name('cifar10', ['cifar10', '/x/cifar10']) == 'cifar10'

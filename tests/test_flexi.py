@@ -14,6 +14,7 @@ import os
 from conftest import assert_close
 from conftest import param_shapes
 from conftest import random_like
+from conftest import relative_error
 from conftest import small_vit_config
 import jax
 import jax.numpy as jnp
@@ -23,6 +24,7 @@ import pytest
 from vit_jax import checkpoint
 from vit_jax import models
 from vit_jax.configs import architectures
+from vit_jax.configs.model_spec import Architecture
 from vit_jax.evaluation import loader
 from vit_jax.interop import export
 from vit_jax.models import flexi
@@ -40,10 +42,6 @@ needs_timm = pytest.mark.skipif(timm is None, reason='timm is not installed (REA
 BOUND = 1e-5
 
 
-def relative_error(a, b):
-  return float(np.max(np.abs(np.asarray(a) - b)) / np.max(np.abs(b)))
-
-
 # Our resize names -> timm's (interpolation, antialias) of the same resize.
 TIMM_RESIZE = {
   'bilinear': ('bilinear', False),
@@ -56,7 +54,7 @@ TIMM_RESIZE = {
 @pytest.mark.parametrize('resize', ['bilinear', 'bicubic_antialias'])
 @pytest.mark.parametrize('old, new', [(16, 8), (16, 24), (16, 32), (4, 2), (4, 8), (14, 16)])
 def test_pi_resize_is_timms_resample_patch_embed(old, new, resize):
-  """FlexiViT's bilinear, and timm's default (bicubic, antialiased) that c8cff89 lacked."""
+  """FlexiViT's bilinear, and timm's default (bicubic, antialiased)."""
   from timm.layers.patch_embed import resample_patch_embed
 
   kernel = np.random.default_rng(0).normal(size=(old, old, 3, 8)).astype(np.float32)
@@ -91,13 +89,26 @@ def test_posemb_resizes_are_timms_resample_abs_pos_embed(old, new, resize):
   assert_close(relative_error(ours, theirs), BOUND, f'{resize} position table against timm')
 
 
+def _timm_at_patch_8(config, state):
+  """timm's model of `config` at patch 8 holding `state`, two images, and its logits on them."""
+  from vit_jax.interop import timm as interop_timm
+
+  config.patches.size = (8, 8)
+  model = interop_timm.build_model(Architecture.of(config), 5, 32)
+  model.load_state_dict(state, strict=True)
+  images = np.random.default_rng(2).uniform(-1, 1, (2, 32, 32, 3)).astype(np.float32)
+  with torch.no_grad():
+    theirs = model(torch.from_numpy(images.transpose(0, 3, 1, 2).copy())).numpy()
+  return model, images, theirs
+
+
 @needs_timm
 def test_timms_default_resizes_load_at_another_patch_size_both_ways(tmp_path):
   """A patch-16 checkpoint at patch 8: timm resizing its own state_dict with its defaults
   (`resample_patch_embed` and `resample_abs_pos_embed`: bicubic, antialiased) and ours loading
   it with --resample=bicubic_antialias give the same logits, and our export at patch 8 loads
-  into timm with them; the default resizes (FlexiViT's bilinear, the official zoom) are another
-  model (c8cff89 had only those: 1.5e-2 to 2.5e-1 apart in the issue)."""
+  into timm with them; the default resizes (FlexiViT's bilinear, the official zoom) give
+  another model (logits 1.5e-2 to 2.5e-1 apart from timm's)."""
   import safetensors.torch
   from timm.layers.patch_embed import resample_patch_embed
   from timm.layers.pos_embed import resample_abs_pos_embed
@@ -108,12 +119,7 @@ def test_timms_default_resizes_load_at_another_patch_size_both_ways(tmp_path):
   state = {k: torch.from_numpy(v) for k, v in interop_timm.to_timm(flat).items()}
   state['patch_embed.proj.weight'] = resample_patch_embed(state['patch_embed.proj.weight'], [8, 8])
   state['pos_embed'] = resample_abs_pos_embed(state['pos_embed'], [4, 4], num_prefix_tokens=1)
-  config.patches.size = (8, 8)
-  model = interop_timm.build_model(config, 5, 32)
-  model.load_state_dict(state, strict=True)
-  images = np.random.default_rng(2).uniform(-1, 1, (2, 32, 32, 3)).astype(np.float32)
-  with torch.no_grad():
-    theirs = model(torch.from_numpy(images.transpose(0, 3, 1, 2).copy())).numpy()
+  model, images, theirs = _timm_at_patch_8(config, state)
   loaded = loader.load_model(path, 'testing', patch_size=8, resample='bicubic_antialias')
   ours = loaded.model.apply({'params': loaded.params}, images, train=False)
   assert_close(relative_error(ours, theirs), BOUND, 'logits against timm at patch 8')
@@ -157,7 +163,7 @@ def test_a_checkpoint_loads_at_another_patch_size(tmp_path):
   config, flat, path = _checkpoint(tmp_path)
   for patch in (4, 8):
     loaded = loader.load_model(path, 'testing', patch_size=patch)
-    assert (loaded.image_size, loaded.grid_size, loaded.pixels_per_patch) == (
+    assert (loaded.spec.image_size, loaded.spec.grid, loaded.spec.stride) == (
       32,
       32 // patch,
       patch,
@@ -172,7 +178,7 @@ def test_a_checkpoint_loads_at_another_patch_size(tmp_path):
     for key in set(flat) - {'embedding/kernel', 'Transformer/posembed_input/pos_embedding'}:
       np.testing.assert_array_equal(got[key], flat[key])
     again = checkpoint.save_npz(loaded.params, tmp_path / f'p{patch}.npz')
-    assert loader.load_model(again, 'testing').pixels_per_patch == patch
+    assert loader.load_model(again, 'testing').spec.stride == patch
   with pytest.raises(loader.InputError, match='--patch_size=5: patch size 5 does not tile 32 px'):
     loader.load_model(path, 'testing', patch_size=5)
 
@@ -190,19 +196,12 @@ def test_export_at_another_patch_size_matches_timm(tmp_path):
   the exported weights gives our logits at patch 8."""
   import safetensors.torch
 
-  from vit_jax.interop import timm as interop_timm
-
   config, _, path = _checkpoint(tmp_path)
   out = str(tmp_path / 'p8.safetensors')
   export.export(str(path), 'timm', out, 'testing', patch_size=8)
   state = safetensors.torch.load_file(out)
   assert tuple(state['patch_embed.proj.weight'].shape) == (10, 3, 8, 8)
-  config.patches.size = (8, 8)
-  model = interop_timm.build_model(config, 5, 32)
-  model.load_state_dict(state, strict=True)
-  images = np.random.default_rng(2).uniform(-1, 1, (2, 32, 32, 3)).astype(np.float32)
-  with torch.no_grad():
-    theirs = model(torch.from_numpy(images.transpose(0, 3, 1, 2).copy())).numpy()
+  _, images, theirs = _timm_at_patch_8(config, state)
   loaded = loader.load_model(path, 'testing', patch_size=8)
   ours = loaded.model.apply({'params': loaded.params}, images, train=False)
   assert_close(relative_error(ours, theirs), BOUND, 'logits against the peer')
@@ -249,7 +248,10 @@ def test_random_patch_grad_is_the_model_at_the_drawn_patch_size():
   for size in sizes:
     at = checkpoint.unflatten(flexi.at_patch_size(flat, size, 32, 1))
     apply = jax.jit(
-      functools.partial(model.clone(patches={'size': (size, size)}).apply, train=False)
+      functools.partial(
+        model.clone(architecture=model.architecture.changed(patch_size=(size, size))).apply,
+        train=False,
+      )
     )
     expected[size] = float(_weighted_sum(apply({'params': at}, batch['image']), batch))
   seen = set()
@@ -292,7 +294,7 @@ def test_gradients_reach_the_underlying_kernel_and_position_embeddings():
     'weights': rng.normal(size=(2, 4)).astype(np.float32),
   }
   grad_fn = jax.jit(flexi.random_patch_grad(model, (8, 16), 32, _weighted_sum))
-  small = model.clone(patches={'size': (8, 8)})
+  small = model.clone(architecture=model.architecture.changed(patch_size=(8, 8)))
   at = checkpoint.unflatten(flexi.at_patch_size(checkpoint.flatten(params), 8, 32, 1))
   apply_small = lambda p: small.apply({'params': p}, batch['image'], train=False)
   want_loss, want = jax.jit(jax.value_and_grad(lambda p: _weighted_sum(apply_small(p), batch)))(at)
@@ -315,8 +317,8 @@ def test_gradients_reach_the_underlying_kernel_and_position_embeddings():
 
 def test_a_run_with_a_random_patch_size_per_step_learns_and_evaluates(tmp_path):
   """The tiny run (`testing`, 16 px patches at 16 px) drawing 8 or 16 px patches per step:
-  the loss falls (by 0.1; by 0.27-0.31 here, before and after issue 34's pixels, at base_lr 0.1;
-  at 0.3 the mixed sizes were unstable: 0.07-0.3 as the pixels changed), and the saved
+  the loss falls (by 0.1; by 0.27-0.31 here at base_lr 0.1; at 0.3 the mixed sizes are
+  unstable, 0.07-0.3), and the saved
   parameters are the model's own (16 px kernel), which then load at each patch size."""
   from conftest import tiny_run_config
 
@@ -334,7 +336,7 @@ def test_a_run_with_a_random_patch_size_per_step_learns_and_evaluates(tmp_path):
   flat = checkpoint.flatten(checkpoint.load(workdir))
   assert flat['embedding/kernel'].shape == (16, 16, 3, 10)
   for patch in (4, 8):
-    assert loader.load_model(workdir, patch_size=patch).grid_size == 16 // patch
+    assert loader.load_model(workdir, patch_size=patch).spec.grid == 16 // patch
 
 
 def test_evaluate_and_predict_take_a_patch_size(tmp_path, capsys):

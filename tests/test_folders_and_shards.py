@@ -5,8 +5,10 @@ import logging
 import os
 import re
 
+from conftest import CLASSES
 from conftest import batch_sharding
 from conftest import data_config
+from conftest import run_command
 import numpy as np
 from PIL import Image
 import pytest
@@ -95,7 +97,7 @@ def test_folder_formats_labels_and_exact_eval(tmp_path):
 
 
 def _as_users_have_it(root):
-  """A folder as tools leave it (issue 35): notebook checkpoints, macOS archive metadata, a git
+  """A folder as tools leave it: notebook checkpoints, macOS archive metadata, a git
   folder, dot-files and a note beside the images; WebP and TIFF images, and JPEGs in a
   sub-folder of their class folder; the colour of each image says its class."""
   rng = np.random.default_rng(0)
@@ -118,10 +120,10 @@ def _as_users_have_it(root):
 
 
 def test_a_folder_as_users_have_it(tmp_path, caplog, capsys):
-  """Issue 35, category 1: tools' folders are neither splits, classes nor images (and said, once
-  per split); WebP and TIFF train as predict reads them (one list of endings, from `decode`);
-  images in a class folder's sub-folders are that class's; `predict DIR` finds the images in
-  the class folders; `evaluate` on a folder with only test/ works."""
+  """Tools' folders are neither splits, classes nor images (and said, once per split); WebP and TIFF
+  train as predict reads them (one list of endings, from `decode`); images in a class folder's
+  sub-folders are that class's; `predict DIR` finds the images in the class folders; `evaluate` on a
+  folder with only test/ works."""
   from conftest import param_shapes
   from conftest import random_like
 
@@ -182,6 +184,36 @@ def test_a_folder_as_users_have_it(tmp_path, caplog, capsys):
   argv = [f'--checkpoint={npz}', '--model=testing', f'--dataset={tmp_path / "test only"}']
   code = evaluate.main(argv)
   assert code == 0 and json.loads(capsys.readouterr().out)['examples'] == 8
+
+
+def test_symlinked_sub_folders_of_a_class_folder_are_read_as_real_ones(tmp_path):
+  """A class folder's images at any depth, through symlinked sub-folders too (a shared
+  folder of images linked in), as through a real sub-folder and a symlinked class folder;
+  a link back up the tree is read once, not in a loop. Training, predict and the shards
+  converter list the same images."""
+  from vit_jax.data.readers import folder
+  from vit_jax.evaluation import classify
+
+  rng = np.random.default_rng(0)
+  shared = tmp_path / 'shared'
+  for name in ('cat', 'dog'):
+    (shared / name).mkdir(parents=True)
+    for i in range(3):
+      _image(_COLOURS[name], 'RGB', rng).save(shared / name / f's{i}.png')
+  root = tmp_path / 'data'
+  for name in ('cat', 'dog'):
+    (root / 'train' / name / 'real').mkdir(parents=True)
+    _image(_COLOURS[name], 'RGB', rng).save(root / 'train' / name / 'a.png')
+    _image(_COLOURS[name], 'RGB', rng).save(root / 'train' / name / 'real' / 'b.png')
+    os.symlink(shared / name, root / 'train' / name / 'linked')
+    os.symlink(root / 'train' / name, root / 'train' / name / 'real' / 'loop')
+  paths, labels = folder.labelled_images(str(root / 'train'), ['cat', 'dog'])
+  relative = [os.path.relpath(p, root / 'train') for p in paths]
+  want = [f'{n}/{f}' for n in ('cat', 'dog') for f in ('a.png', *(f'linked/s{i}.png' for i in range(3)), 'real/b.png')]  # fmt: skip
+  assert relative == want and labels == [0] * 5 + [1] * 5
+  assert len(classify.image_files([str(root)])) == 10
+  examples, _ = shards.examples_from_folder(str(root / 'train'))
+  assert len(examples) == 10
 
 
 def test_rgba_and_grey_become_rgb_like_pil(tmp_path):
@@ -271,17 +303,17 @@ def test_small_images_get_gentle_crops_and_the_run_says_so(tmp_path):
   # Digits-sized images: crops keep at least half the image; photo-sized ones
   # keep ImageNet's augmentation (paper B.1.1). Both are flipped unless asked.
   small = _config(_sized_folder(tmp_path / 'small', (8, 8)))
-  text = pipeline.describe_preprocessing(small)
+  text = pipeline.Preprocessing.of(small).describe()
   assert text.startswith(
     'preprocessing: train inception crop (area 0.5-1) to 8 px, horizontal flip;'
   )
   assert 'dataset defaults (small images: shorter side 8 px < 64)' in text
   large = _config(_sized_folder(tmp_path / 'large', (96, 80)))
-  text = pipeline.describe_preprocessing(large)
+  text = pipeline.Preprocessing.of(large).describe()
   assert 'inception crop (area 0.05-1)' in text and 'horizontal flip' in text
   assert "dataset defaults (the paper's, B.1.1)" in text
   chosen = _config(tmp_path / 'small', flip=False)
-  text = pipeline.describe_preprocessing(chosen)
+  text = pipeline.Preprocessing.of(chosen).describe()
   assert 'no flip' in text and 'set: flip' in text
   assert '--config.pp.flip' in text and 'docs/data.md' in text
 
@@ -389,3 +421,22 @@ def test_shards_keep_names_in_any_encoding(tmp_path):
   reader = records.open_records([(str(tmp_path / 'out' / name), 0, 2)], 'tfrecord')
   ids = {bytes(example_proto.parse(r)['image/id'][0]) for r in reader.read([0, 1])}
   assert ids == {latin1, utf8}
+
+
+# ---------------------------------------------------------------------------
+# jft's result line.
+
+
+def test_jft_prints_its_result_on_stdout(digit_folder, tmp_path, capsys):
+  """The result is a line on stdout; class names in info.json are the folders' names as text."""
+  from vit_jax import jft
+
+  argv = [f'--folder={digit_folder}/test', f'--out={tmp_path}/shards', '--shards=2']
+  code, out, err = run_command(jft.main, argv, capsys)
+  assert code == 0 and err == '', err
+  assert out == (
+    f'wrote 12 examples of split train (3 classes) in 2 shards to {tmp_path}/shards; '
+    '0 corrupt images skipped\n'
+  )
+  info = json.loads((tmp_path / 'shards' / 'info.json').read_text(encoding='utf-8'))
+  assert info['class_names'] == CLASSES

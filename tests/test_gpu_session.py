@@ -25,6 +25,18 @@ sys.meta_path[:] = [f for f in sys.meta_path if not getattr(f, '__module__', '')
 """
 
 
+def _smoke_session(out, *flags, env=None):
+  """`python benchmarks/gpu_session.py --smoke` with `flags`, its records in `out`."""
+  return subprocess.run(
+    [sys.executable, 'benchmarks/gpu_session.py', f'--out={out}', '--smoke', *flags],
+    capture_output=True,
+    text=True,
+    cwd=ROOT,
+    env=env or subprocess_env(),
+    timeout=600,
+  )
+
+
 @pytest.mark.slow
 def test_the_loop_item_runs_as_on_the_gpu_image(tmp_path):
   site = tmp_path / 'site'
@@ -33,21 +45,7 @@ def test_the_loop_item_runs_as_on_the_gpu_image(tmp_path):
   env = subprocess_env()
   env['PYTHONPATH'] = str(site)  # not the checkout: the script must find it itself
   out = tmp_path / 'out'
-  proc = subprocess.run(
-    [
-      sys.executable,
-      'benchmarks/gpu_session.py',
-      f'--out={out}',
-      '--smoke',
-      '--only=loop',
-      f'--archive={tmp_path / "records.tgz"}',
-    ],  # fmt: skip
-    capture_output=True,
-    text=True,
-    cwd=ROOT,
-    env=env,
-    timeout=600,
-  )
+  proc = _smoke_session(out, '--only=loop', f'--archive={tmp_path / "records.tgz"}', env=env)
   assert proc.returncode == 0, proc.stderr[-3000:]
   loop = json.loads((out / 'loop.json').read_text())
   assert 'error' not in loop, loop
@@ -174,20 +172,7 @@ def test_a_run_entry_sets_the_predicted_memory_beside_the_measured_peak(monkeypa
 @pytest.mark.slow
 def test_the_xla_option_items_run_each_variant_at_each_batch(tmp_path):
   out = tmp_path / 'out'
-  proc = subprocess.run(
-    [
-      sys.executable,
-      'benchmarks/gpu_session.py',
-      f'--out={out}',
-      '--smoke',
-      '--only=b16_infer_xla_options',
-    ],  # fmt: skip
-    capture_output=True,
-    text=True,
-    cwd=ROOT,
-    env=subprocess_env(),
-    timeout=600,
-  )
+  proc = _smoke_session(out, '--only=b16_infer_xla_options')
   assert proc.returncode == 0, proc.stderr[-3000:]
   (item,) = json.loads((out / 'summary.json').read_text())['items']
   assert [(r['batch'], r['variant']) for r in item['runs']] == [

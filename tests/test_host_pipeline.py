@@ -14,8 +14,8 @@ import sys
 
 from conftest import ROOT
 from conftest import subprocess_env
+from conftest import write_photo_folder
 import numpy as np
-from PIL import Image
 import pytest
 
 from vit_jax.bench import input_speed
@@ -32,14 +32,7 @@ from vit_jax.data.sources import DataError
 @pytest.fixture(scope='module')
 def photos(tmp_path_factory):
   """An image folder of crops of scikit-learn's photos: JPEGs of several sizes, PNG, grey."""
-  root = str(tmp_path_factory.mktemp('photos'))
-  input_speed.write_photos(root, 24, classes=3)
-  from sklearn.datasets import load_sample_images
-
-  flower = load_sample_images().images[1]
-  Image.fromarray(flower[::4, ::4]).save(os.path.join(root, 'train', 'class0', 'png.png'))
-  Image.fromarray(flower[::3, ::3, 1]).save(os.path.join(root, 'train', 'class1', 'grey.jpg'))
-  return root
+  return write_photo_folder(str(tmp_path_factory.mktemp('photos')), 24, classes=3)
 
 
 def _config(dataset, **overrides):
@@ -86,7 +79,7 @@ def test_an_eval_pass_is_every_image_once_as_one_image_is_evaluated(photos):
   assert len(batches) == 4  # 26 images, batches of 8
   mask = np.concatenate([b['mask'] for b in batches])
   assert mask.tolist() == [1.0] * 26 + [0.0] * 6
-  source = pipeline._open(config, 'test')
+  source = pipeline.split_source(config, 'test')
   paths, labels = source.fetch(np.arange(26))
   want = np.stack([images.eval_image(open(p, 'rb').read(), 64, 80) for p in paths])
   np.testing.assert_array_equal(np.concatenate([b['image'] for b in batches])[:26], want)
@@ -160,7 +153,7 @@ def test_batches_do_not_depend_on_threads_and_resume_exactly(photos):
   # The examples are the ones the shared order names.
   config = _config(photos, input_threads=2)
   labels = np.concatenate([next(pipeline.make_train_iterator(config, None))['label']])
-  source = pipeline._open(config, 'train')
+  source = pipeline.split_source(config, 'train')
   _, idx = order.train_indices(
     0, global_batch=8, local_batch=8, offset=0, num_examples=26, order_key=order.keys(0)[0]
   )
@@ -283,3 +276,17 @@ def test_a_state_from_the_tf_data_backend_resumes_on_the_same_examples(photos):
   for _ in range(3):
     next(fresh)
   np.testing.assert_array_equal(resumed['label'], next(fresh)['label'])
+
+
+# ---------------------------------------------------------------------------
+# A batch the host cannot hold.
+
+
+def test_host_memory_running_out_for_a_batch_is_one_line():
+  """A batch the host cannot hold (10^9 images of 4096 px: numpy refuses at once, so the test
+  needs no memory), as the input pipeline allocates each batch, is one line."""
+  from vit_jax.data import host
+
+  with pytest.raises(DataError, match='^out of host memory for a batch of 1000000000 ') as e:
+    host.batch_buffer((10**9, 4096, 4096, 3), np.float32)
+  assert '\n' not in str(e.value)

@@ -1,6 +1,6 @@
 """The package's import graph, computed from its source: no module imports one that imports it
 back, directly or around a circle, and no folder of modules (a subpackage) imports a module
-that imports back into that folder: every import runs down the house's floors (issue 36).
+that imports back into that folder: every import runs down the house's floors.
 Imports inside functions count: a lazy import hides a circle from Python, not from the
 reader."""
 
@@ -98,7 +98,7 @@ def test_a_circle_is_found():
 def test_the_package_top_holds_only_commands_and_the_official_modules():
   """`ls vit_jax/` tells commands from libraries: each module at the top is a command
   (`python -m vit_jax.NAME`) or a module of the official vit_jax API; every library lives in a
-  subpackage (issue 36: the top held 11 commands, 2 official facades and 7 libraries)."""
+  subpackage."""
   official = {'checkpoint', 'input_pipeline', 'train'}
   commands, others = [], []
   for path in sorted(PACKAGE.glob('*.py')):
@@ -136,9 +136,8 @@ def _names(tree) -> set:
 
 
 def test_the_model_registry_is_read_by_the_model_spec_alone():
-  """The architecture is resolved once, by `configs.model_spec` (issue 45: 13 calls of
-  `steps.model_config`, a second `model_config` in the loader and registry reads in `data/`
-  re-derived it on five floors). Besides the spec only the registry itself and the official
+  """The architecture is resolved once, by `configs.model_spec`, not again on other floors
+  (the trainer, the loader, `data/`). Besides the spec only the registry itself and the official
   API's modules (the `configs.models` path, `models.get_model`, the official-config
   translation) name `MODEL_CONFIGS`."""
   official = {
@@ -175,7 +174,7 @@ def test_one_resolution_of_the_model_and_one_prefix_rule():
 
 def test_one_look_ahead_queue():
   """Work drawn ahead of its use (thread-pool jobs, transfers to the devices) goes through
-  `data.host.ahead_of` (four hand-written queues before issue 45)."""
+  `data.host.ahead_of`, not a queue written by hand."""
   queues = [
     (module, n.lineno)
     for module, tree in _trees().items()

@@ -543,11 +543,11 @@ def test_bit_stem_matches_the_official_formula_in_numpy():
 
 
 def test_patch_embedding_is_the_strided_convolution():
-  """The patch embedding as a reshape and one matmul (issue 33) against the original
-  convolution with stride = kernel = patch, `lax.conv_general_dilated`: the same parameters
-  with the same initial values for a key (nn.Conv's), and the same tokens for a 35x37 image
-  in 4x5 patches (8x7 of them; the last 3 rows and 2 columns dropped, as VALID padding drops
-  them). float32 sums of the same 60 products in another order: normwise within 1e-5."""
+  """The patch embedding as a reshape and one matmul against the original convolution with stride =
+  kernel = patch, `lax.conv_general_dilated`: the same parameters with the same initial values for a
+  key (nn.Conv's), and the same tokens for a 35x37 image in 4x5 patches (8x7 of them; the last 3
+  rows and 2 columns dropped, as VALID padding drops them). float32 sums of the same 60 products in
+  another order: normwise within 1e-5."""
   images = jax.random.uniform(jax.random.key(0), (2, 35, 37, 3), minval=-1, maxval=1)
   embedding = vit.PatchEmbedding(24, (4, 5))
   convolution = nn.Conv(24, (4, 5), strides=(4, 5), padding='VALID')
@@ -584,7 +584,7 @@ def _padded_and_plain(classifier, size):
 def test_sequence_padded_once_gives_the_unpadded_values_and_gradients(classifier, size):
   """An odd sequence (17 tokens with the class token at 16 px, 9 patches at 12 px) padded to
   even once before the blocks, the padding masked in every attention and dropped before the
-  pooling (issue 33), against no padding: the masked key adds exp(-inf) = 0 to each softmax
+  pooling, against no padding: the masked key adds exp(-inf) = 0 to each softmax
   sum, so values and gradients are the same float32 sums in another order, normwise within
   1e-5. Only one `pad` in the whole forward pass."""
   (padded, plain), images = _padded_and_plain(classifier, size)

@@ -12,6 +12,7 @@ import pytest
 from vit_jax import checkpoint
 from vit_jax import models
 from vit_jax.configs import architectures
+from vit_jax.configs.model_spec import Architecture
 from vit_jax.models import mpp
 
 
@@ -127,7 +128,7 @@ def tiny_config():
 @pytest.mark.slow
 def test_mpp_learns_to_fill_in_patches_from_their_context():
   """Images of one colour each: a corrupted patch's colour is its neighbours'."""
-  model = mpp.MppViT(**tiny_config())
+  model = mpp.MppViT(Architecture.of(tiny_config()))
   rng = np.random.default_rng(0)
   colours = rng.uniform(-1, 1, size=(32, 1, 1, 3)).astype(np.float32)
   images = jnp.asarray(np.broadcast_to(colours, (32, 32, 32, 3)))  # 16 patches each
@@ -159,7 +160,7 @@ def test_mpp_learns_to_fill_in_patches_from_their_context():
 @pytest.mark.equivalence
 def test_mpp_checkpoint_fine_tunes_as_a_classifier(tmp_path, capsys):
   config = tiny_config()
-  mpp_model = mpp.MppViT(**config)
+  mpp_model = mpp.MppViT(Architecture.of(config))
   images = jax.random.uniform(jax.random.key(0), (2, 32, 32, 3), minval=-1, maxval=1)
   mpp_params = mpp_model.init(jax.random.key(1), images, train=False)['params']
   assert set(mpp_params) == {'embedding', 'cls', 'Transformer', 'mask_token', 'mpp_head'}
@@ -189,7 +190,7 @@ def test_mpp_backbone_is_the_vits_parameter_for_parameter():
   as the classifier's, so an MPP checkpoint is a ViT backbone as it stands."""
   config = tiny_config()
   images = jnp.zeros((1, 32, 32, 3))
-  ours = mpp.MppViT(**config).init(jax.random.key(3), images, train=False)['params']
+  ours = mpp.MppViT(Architecture.of(config)).init(jax.random.key(3), images, train=False)['params']
   vit = models.VisionTransformer(num_classes=None, **config)
   theirs = vit.init(jax.random.key(3), images, train=False)['params']
   assert set(theirs) == {'embedding', 'cls', 'Transformer'}
@@ -199,4 +200,6 @@ def test_mpp_backbone_is_the_vits_parameter_for_parameter():
 def test_mpp_refuses_hybrids():
   config = architectures.MODEL_CONFIGS['R50+ViT-B_16']
   with pytest.raises(ValueError, match='masked patch prediction works on plain ViTs'):
-    mpp.MppViT(**config).init(jax.random.key(0), jnp.zeros((1, 32, 32, 3)), train=False)
+    mpp.MppViT(Architecture.of(config)).init(
+      jax.random.key(0), jnp.zeros((1, 32, 32, 3)), train=False
+    )

@@ -2,11 +2,11 @@
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
 
+from conftest import free_port
 import numpy as np
 import pytest
 
@@ -55,17 +55,11 @@ _WORKER = textwrap.dedent("""
 """)
 
 
-def _free_port():
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_two_processes_read_disjoint_parts_into_one_global_batch(tmp_path):
   script = tmp_path / 'worker.py'
   script.write_text(_WORKER)
-  port = str(_free_port())
+  port = str(free_port())
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   env = {
     **os.environ,
@@ -91,19 +85,10 @@ def test_two_processes_read_disjoint_parts_into_one_global_batch(tmp_path):
     results.append(json.loads(out.split('RESULT', 1)[1]))
 
   # The examples a single process would put in the first three global batches.
+  one_process = dict(global_batch=32, local_batch=32, offset=0, num_examples=1438)
   order_key = order.keys(0)[0]
   expected = np.concatenate(
-    [
-      order.train_indices(
-        s,
-        global_batch=32,
-        local_batch=32,
-        offset=0,
-        num_examples=1438,
-        order_key=order_key,
-      )[1]
-      for s in range(3)
-    ]
+    [order.train_indices(s, **one_process, order_key=order_key)[1] for s in range(3)]
   ).reshape(3, 2, 16)
   for p, result in enumerate(results):
     assert result['shapes'] == [[32, 16, 16, 3]] * 3  # global batch = config.batch

@@ -12,7 +12,10 @@ import json
 import os
 
 from conftest import assert_close
-from conftest import small_vit_config
+from conftest import param_shapes
+from conftest import random_flat_like
+from conftest import relative_error
+from conftest import small_arch
 from conftest import tiny_run_config
 import jax
 import jax.numpy as jnp
@@ -20,7 +23,10 @@ import numpy as np
 import pytest
 
 from vit_jax import checkpoint
+from vit_jax.configs import model_spec
 from vit_jax.configs.data import data_config
+from vit_jax.configs.model_spec import Architecture
+from vit_jax.configs.model_spec import Compute
 from vit_jax.configs.model_spec import ModelSpec
 from vit_jax.data import images
 from vit_jax.data import naflex as naflex_data
@@ -33,6 +39,8 @@ from vit_jax.interop import export
 from vit_jax.interop import timm as interop_timm
 from vit_jax.interop import torch_layout
 from vit_jax.models import naflex
+from vit_jax.models import vit
+from vit_jax.models import vit_checkpoint
 
 try:
   import timm
@@ -48,13 +56,9 @@ GRIDS = ((2, 3), (4, 4), (5, 2), (1, 1))  # (rows, columns) of the images of one
 LENGTH = 20  # the batch's token budget: the largest grid, 16 patches, plus padding
 
 
-def relative_error(a, b):
-  return float(np.max(np.abs(np.asarray(a) - b)) / np.max(np.abs(b)))
-
-
 def model_and_params(classifier, seed=0):
-  config = small_vit_config('ViT-Ti_16', patches={'size': (PATCH, PATCH)}, classifier=classifier)
-  model = naflex.NaFlexViT(num_classes=5, posemb_grid=(4, 4), **config)
+  config = small_arch(patch_size=(PATCH, PATCH), classifier=classifier, naflex_grid=(4, 4))
+  model = naflex.NaFlexViT(5, config)
   shapes = jax.eval_shape(
     lambda: model.init(jax.random.key(0), jnp.zeros((1, 16, 16, 3)), train=False)
   )['params']
@@ -113,7 +117,7 @@ def test_naflex_matches_timms_naflexvit_and_converts_both_ways(tmp_path, classif
   packed, _ = packed_batch()
   ours = model.apply({'params': checkpoint.unflatten(flat)}, packed, train=False)
   state = interop_timm.to_timm_naflex(flat)
-  theirs_model = interop_timm.build_naflex_model(config, 5, (4, 4))
+  theirs_model = interop_timm.build_naflex_model(config, 5)
   theirs_model.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()}, strict=True)
   coords = torch.from_numpy(packed[..., -3:-1].astype(np.int64))
   with torch.no_grad():
@@ -175,15 +179,15 @@ def _their_logits(model, packed):
 def test_a_conv_projection_naflexvit_imports_with_timms_logits():
   """timm's NaFlexVit with `embed_proj_type='conv'` holds its patch kernel as a Conv2d
   [D, C, P, P]: imported, it gives timm's logits on the same images, at the table's grid and
-  at another (c8cff89 swapped each patch's rows and columns: 0.33 off in the issue)."""
+  at another (each patch's rows and columns in timm's order, not swapped)."""
   theirs = _timm_naflexvit(
     'token', embed_proj_type='conv', pos_embed_interp_mode='bilinear', pos_embed_antialias=False
   )
   state = {k: v.numpy() for k, v in theirs.state_dict().items()}
   assert state['embeds.proj.weight'].shape == (24, 3, PATCH, PATCH)
-  config = small_vit_config('ViT-Ti_16', patches={'size': (PATCH, PATCH)})
+  config = small_arch(patch_size=(PATCH, PATCH))
   flat = interop_timm.from_timm_naflex(state, config, 'timm state', 'bilinear')
-  model = naflex.NaFlexViT(num_classes=5, posemb_grid=(4, 4), **config)
+  model = naflex.NaFlexViT(5, model_spec.naflex_of(config, (4, 4), 'bilinear'))
   rng = np.random.default_rng(3)
   for rows, cols in ((4, 4), (3, 6)):
     images = rng.uniform(-1, 1, (2, rows * PATCH, cols * PATCH, 3)).astype(np.float32)
@@ -200,8 +204,8 @@ def test_naflex_resamples_its_table_as_timms_antialiased_modes(resample):
   """timm NaFlexVit's default resampling of the position table (bicubic, antialiased) and
   its antialiased bilinear, each on a packed batch of grids below, at and above the table's
   4x4: the logits of ours with `posemb_resample` set so (bilinear: the test above); the file
-  records none, so importing one asks for it. c8cff89 imported such files silently as bilinear
-  (4.5e-2 to 7.0e-2 off in the issue)."""
+  records none, so importing one asks for it (read as bilinear, such a file's logits are
+  4.5e-2 to 7.0e-2 off)."""
   mode, antialias = interop_timm.NAFLEX_RESAMPLE[resample]
   theirs = _timm_naflexvit(
     'gap', embed_proj_type='linear', pos_embed_interp_mode=mode, pos_embed_antialias=antialias
@@ -209,25 +213,21 @@ def test_naflex_resamples_its_table_as_timms_antialiased_modes(resample):
   state = {k: v.numpy() for k, v in theirs.state_dict().items()}
   packed, _ = packed_batch()
   want = _their_logits(theirs, packed)
-  config = small_vit_config('ViT-Ti_16', patches={'size': (PATCH, PATCH)}, classifier='gap')
+  config = small_arch(patch_size=(PATCH, PATCH), classifier='gap')
   with pytest.raises(torch_layout.ExportError, match='does not record how its position table'):
-    interop_timm.from_timm_naflex(state, config.copy_and_resolve_references(), 'f', None)
+    interop_timm.from_timm_naflex(state, config, 'f', None)
   flat = interop_timm.from_timm_naflex(state, config, 'timm state', resample)
   params = {'params': checkpoint.unflatten(flat)}
-  ours = naflex.NaFlexViT(num_classes=5, posemb_grid=(4, 4), **config).apply(
-    params, packed, train=False
-  )
+  resampled = model_spec.naflex_of(config, (4, 4), resample)
+  ours = naflex.NaFlexViT(5, resampled).apply(params, packed, train=False)
   assert_close(relative_error(ours, want), BOUND, f'logits against timm ({resample})')
   # The mode matters on these grids: bilinear is 100x the bound off.
-  config.posemb_resample = 'bilinear'
-  other = naflex.NaFlexViT(num_classes=5, posemb_grid=(4, 4), **config).apply(
-    params, packed, train=False
-  )
+  bilinear = model_spec.naflex_of(config, (4, 4), 'bilinear')
+  other = naflex.NaFlexViT(5, bilinear).apply(params, packed, train=False)
   assert relative_error(other, want) > 100 * BOUND
   # And our export to timm says the mode: it loads back as it was.
-  assert interop_timm.build_naflex_model(config, 5, (4, 4)).embeds.pos_embed_interp_mode == (
-    'bilinear'
-  )
+  assert interop_timm.build_naflex_model(bilinear, 5).embeds.pos_embed_interp_mode == 'bilinear'
+  assert interop_timm.build_naflex_model(resampled, 5).embeds.pos_embed_interp_mode == mode
 
 
 # (height, width, budget) -> (rows, columns): timm's `get_image_size_for_seq` at patch 16
@@ -247,8 +247,8 @@ TIMM_GRIDS = {
 
 
 def test_grids_are_timms_for_the_same_budget():
-  """The grid of each image and budget is the one timm's NaFlex pipeline picks (c8cff89's
-  rounded both sides down: 13x18 = 234 tokens for 480x640 at 256, timm 14x18 = 252)."""
+  """The grid of each image and budget is the one timm's NaFlex pipeline picks (not both sides
+  rounded down: 14x18 = 252 tokens for 480x640 at 256, not 13x18 = 234)."""
   for (height, width, budget), want in TIMM_GRIDS.items():
     assert naflex_data.grid_for(height, width, budget) == want, (height, width, budget)
   if timm is None:
@@ -295,8 +295,8 @@ def test_a_packed_image_is_its_resize_cut_into_patches_in_row_order():
 
 def test_train_batches_are_fixed_shape_mixed_budgets_and_a_function_of_seed_and_step():
   config = tiny_run_config(model='ViT-Demo_4', naflex_tokens=(4, 9, 16), batch=64)
-  source = pipeline._open(config, 'train')
-  pp = pipeline._pp(config)
+  source = pipeline.split_source(config, 'train')
+  pp = pipeline.Preprocessing.of(config)
 
   def batch(step):
     it = naflex_data.TrainBatches(
@@ -339,7 +339,10 @@ def test_a_naflex_run_trains_at_mixed_budgets_and_evaluates_at_three_resolutions
   losses = [entry['train_loss'] for entry in logged if 'train_loss' in entry]
   assert losses[-1] < losses[0] - 0.1, losses
   loaded = loader.load_model(workdir)
-  assert isinstance(loaded.model, naflex.NaFlexViT) and loaded.model.posemb_grid == (4, 4)
+  assert isinstance(loaded.model, naflex.NaFlexViT) and loaded.spec.architecture.posemb_grid == (
+    4,
+    4,
+  )
   for crop in (8, 16, 24):
     data = data_config()
     data.update(dataset='digits', batch_eval=128)
@@ -359,7 +362,7 @@ def test_a_naflex_run_trains_at_mixed_budgets_and_evaluates_at_three_resolutions
 @pytest.mark.equivalence
 def test_naflex_runs_on_the_vits_encoder_with_its_options():
   """NaFlex's blocks are `vit.Encoder`'s over each image's real tokens, so it takes the
-  encoder's options (issue 45): the written-out attention masks the padding as XLA's kernel
+  encoder's options: the written-out attention masks the padding as XLA's kernel
   does (the same math in another order, within 1e-5) and records weights that give it none;
   scanned and rematerialised blocks give the unrolled ones' logits; a run may set ViT-22B's
   block options and attention dropout."""
@@ -374,13 +377,14 @@ def test_naflex_runs_on_the_vits_encoder_with_its_options():
   def logits(module, tree):
     return jax.jit(functools.partial(module.apply, train=False))({'params': tree}, packed)
 
-  fused = logits(model.clone(attention='xla'), params)
-  explicit = logits(model.clone(attention='explicit'), params)
+  fused = logits(model.clone(compute=Compute(attention='xla')), params)
+  explicit = logits(model.clone(compute=Compute(attention='explicit')), params)
   assert_close(relative_error(explicit, fused), BOUND, 'written-out attention')
-  remat = logits(model.clone(remat=True), params)
+  remat = logits(model.clone(compute=Compute(remat=True)), params)
   assert_close(relative_error(remat, fused), BOUND, 'rematerialised blocks')
   stacked = vit_checkpoint.stack_blocks(params)
-  assert_close(relative_error(logits(model.clone(scan=True), stacked), fused), BOUND, 'scan')
+  scanned = logits(model.clone(compute=Compute(scan=True)), stacked)
+  assert_close(relative_error(scanned, fused), BOUND, 'scan')
   _, state = model.apply({'params': params}, packed, train=False, mutable=['intermediates'])
   block = state['intermediates']['Transformer']['encoderblock_0']
   weights = np.asarray(block['MultiHeadDotProductAttention_1']['attention_weights'][0])
@@ -403,3 +407,96 @@ def test_naflex_runs_on_the_vits_encoder_with_its_options():
   loss = jax.jit(task.loss_fn, static_argnums=3)
   losses = [loss(init, batch, jax.random.key(k), True) for k in (0, 1)]
   assert np.isfinite(losses).all() and losses[0] != losses[1]  # attention dropout draws
+
+
+def test_naflex_fine_tunes_from_a_plain_vits_checkpoint(tmp_path):
+  """A plain ViT's 1D table (class token row, then a 4x4 grid) becomes NaFlex's 2D table: the
+  patch rows as they are at the same grid, resized by posemb_resize at another (the 1D 'zoom'
+  resize of the same grid, laid out in 2D), the class token row dropped; the rest kept."""
+  from conftest import param_shapes
+  from conftest import random_like
+
+  config = small_arch(patch_size=(PATCH, PATCH))
+  plain = random_like(param_shapes(None, 5, 16, vit.VisionTransformer(5, config)), seed=3)
+  path = checkpoint.save_npz(plain, tmp_path / 'plain.npz')
+  table = np.asarray(plain['Transformer']['posembed_input']['pos_embedding'])
+  for grid in ((4, 4), (2, 2)):
+    model = naflex.NaFlexViT(5, model_spec.naflex_of(config, grid, 'bilinear'))
+    init = jax.eval_shape(
+      lambda: model.init(jax.random.key(0), jnp.zeros((1, 16, 16, 3)), train=False)
+    )['params']
+    init = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), init)
+    got = checkpoint.flatten(
+      checkpoint.load_pretrained(
+        pretrained_path=str(path), init_params=init, model_config=config, verbose=False
+      )
+    )
+    posemb = got['Transformer/posembed_input/pos_embedding']
+    side = grid[0]
+    want = vit_checkpoint.resize_posemb(table, 1 + side * side, 1, 'zoom')[0, 1:]
+    np.testing.assert_allclose(posemb.reshape(side * side, -1), want, rtol=1e-6, atol=1e-7)
+    if grid == (4, 4):
+      np.testing.assert_array_equal(posemb.reshape(16, -1), table[0, 1:])
+    for key, value in checkpoint.flatten(plain).items():
+      if not key.startswith(('Transformer/posembed_input', 'head/')):
+        np.testing.assert_array_equal(got[key], value, err_msg=key)
+
+
+@needs_timm
+def test_the_timm_exports_loading_recipe_rebuilds_a_run_with_registers(tmp_path):
+  """The line `--format=timm` prints for a NaFlex ViT, run as printed, gives timm's NaFlexVit
+  with the file's two registers (which the model name's registry entry lacks) and our logits."""
+  from vit_jax.configs import architectures
+
+  config = architectures.MODEL_CONFIGS['testing']
+  config.update(patches={'size': (PATCH, PATCH)}, num_registers=2)
+  model = naflex.NaFlexViT(5, model_spec.naflex_of(Architecture.of(config), (4, 4), 'bilinear'))
+  flat = random_flat_like(param_shapes(None, None, 16, module=model), seed=4, scale=0.3)
+  path = checkpoint.save_npz(checkpoint.unflatten(flat), tmp_path / 'naflex.npz')
+  out = str(tmp_path / 'naflex.safetensors')
+  notes = export.export(path, 'timm', out, 'testing')
+  [recipe] = [n for n in notes if n.startswith('load: ')]
+  call = recipe[len('load: ') :].split(' (timm NaFlexVit')[0]
+  import vit_jax.interop.export  # noqa: F401  the recipe names it from the package
+
+  theirs_model = eval(call, {'vit_jax': __import__('vit_jax')})
+  packed, _ = packed_batch()
+  ours = model.apply({'params': checkpoint.unflatten(flat)}, packed, train=False)
+  theirs = _their_logits(theirs_model, packed)
+  assert np.abs(theirs).max() > 0.05
+  assert_close(relative_error(ours, theirs), BOUND, 'logits of the rebuilt model')
+
+
+# ---------------------------------------------------------------------------
+# What a NaFlex run says: its memory advice and its preprocessing.
+
+
+def test_out_of_memory_under_naflex_names_the_token_budget():
+  """Out of memory under NaFlex names the token budget (`--config.naflex_tokens`) beside
+  accum_steps and batch."""
+  from conftest import tiny_run_config
+  import jax
+
+  from vit_jax.training import loop
+
+  config = tiny_run_config(naflex_tokens=(4, 100_000))
+  with pytest.raises(loop.TrainingError) as e:
+    with loop._out_of_memory_advice(config):
+      raise jax.errors.JaxRuntimeError('RESOURCE_EXHAUSTED: Out of memory allocating 9 GB')
+  assert str(e.value) == (
+    'out of device memory at batch 32 per step of up to 100,000 tokens an image: lower the '
+    'largest budget in --config.naflex_tokens (now (4, 100000)), raise --config.accum_steps '
+    '(now 1), or lower --config.batch'
+  )
+
+
+def test_a_naflex_runs_preprocessing_line_says_its_budgets():
+  """A NaFlex run's preprocessing line says its token budgets, not a square crop to pp.crop."""
+  from conftest import tiny_run_config
+
+  config = tiny_run_config(model='ViT-Demo_4', naflex_tokens=(4, 9, 16))
+  line = pipeline.Preprocessing.of(config).describe()
+  assert line.startswith(
+    'preprocessing: train inception crop (area 0.5-1) at its own aspect ratio, resized to a '
+    'budget drawn from 4, 9, 16 tokens (NaFlex), no flip; eval resize to 16 px.'
+  ), line

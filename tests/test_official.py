@@ -13,7 +13,8 @@ import sys
 from conftest import assert_close
 from conftest import assert_trees_close
 from conftest import batch_sharding
-from conftest import fake_tfds_dataset
+from conftest import current_flax_names
+from conftest import fake_image_dataset
 from conftest import param_shapes
 from conftest import random_like
 from conftest import subprocess_env
@@ -48,13 +49,11 @@ def colours(tmp_path_factory):
   """The TFDS data_dir of a prepared dataset of solid images whose colour is the label (5
   classes): quick to learn."""
   data_dir = str(tmp_path_factory.mktemp('tfds'))
-  fake_tfds_dataset(
+  fake_image_dataset(
     data_dir,
     'official_colours',
-    lambda t: {
-      'image': t.features.Image(shape=(20, 20, 3)),
-      'label': t.features.ClassLabel(num_classes=5),
-    },
+    (20, 20, 3),
+    5,
     lambda split, i: {'image': np.tile(_COLOURS[i % 5], (20, 20, 1)), 'label': i % 5},
     {'train': 40, 'test': 10},
   )
@@ -108,14 +107,7 @@ def test_official_blocks_take_their_official_keywords():
 
 def _official_layout(params):
   """Our parameter tree under the names the official model gets from current Flax."""
-  renames = {
-    'LayerNorm_2': 'LayerNorm_1',
-    'MultiHeadDotProductAttention_1': 'MultiHeadDotProductAttention_0',
-    'MlpBlock_3': 'MlpBlock_0',
-  }
-  flat = {}
-  for key, value in checkpoint.flatten(params).items():
-    flat['/'.join(renames.get(part, part) for part in key.split('/'))] = value
+  flat = current_flax_names(checkpoint.flatten(params))
   flat['pre_logits'] = {}  # the official IdentityLayer: a name without parameters
   return checkpoint.unflatten(flat)
 
@@ -222,8 +214,7 @@ def test_official_config_trains_as_the_official_fine_tuning():
     1,
   )
   assert (
-    'pretrained_dir' not in config
-    and ModelSpec.of(config).architecture.transformer.dropout_rate == 0.1
+    'pretrained_dir' not in config and ModelSpec.of(config).architecture.block.dropout_rate == 0.1
   )
 
 

@@ -6,6 +6,7 @@ public .npz layout, read by `checkpoint.load` and mapped by hand onto
 """
 
 from conftest import assert_close
+from conftest import relative_error
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -76,10 +77,6 @@ def random_npz(tmp_path, config, num_classes, size, seed=0):
   # LayerNorm scales near 1 keep activations in a realistic range.
   flat = {k: v + 1.0 if k.endswith('/scale') else v for k, v in checkpoint.flatten(params).items()}
   return model, checkpoint.save_npz(checkpoint.unflatten(flat), tmp_path / 'model.npz')
-
-
-def relative_error(a, b):
-  return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
 
 
 @pytest.mark.slow

@@ -6,7 +6,12 @@ import pathlib
 import subprocess
 import sys
 
+from conftest import CLASSES
 from conftest import command_error
+from conftest import dataset_record
+from conftest import run_command
+from conftest import tiny_params
+from conftest import tiny_workdir
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -107,7 +112,7 @@ def test_image_files_expands_directories_and_commas(tmp_path):
 )
 def test_the_stride_is_the_token_stride(name, stride):
   config = architectures.MODEL_CONFIGS[name]
-  assert model_spec.stride(config) == stride
+  assert model_spec.Architecture.of(config).stride == stride
   model = models.VisionTransformer(num_classes=None, **config)
   shapes = jax.eval_shape(
     lambda: model.init(jax.random.key(0), jnp.zeros((1, 128, 128, 3)), train=False)
@@ -143,8 +148,8 @@ def solid_png(path, colour=(10, 200, 30), size=(20, 24)):
 def test_load_model_reads_classes_and_resolution(tmp_path):
   path = write_checkpoint(tmp_path / 'c.npz', 7, size=48, representation_size=8)
   loaded = loader.load_model(path, 'testing')
-  assert loaded.model.num_classes == 7 and loaded.config.representation_size == 8
-  assert (loaded.image_size, loaded.grid_size, loaded.pixels_per_patch) == (48, 3, 16)
+  assert loaded.model.num_classes == 7 and loaded.spec.architecture.representation_size == 8
+  assert (loaded.spec.image_size, loaded.spec.grid, loaded.spec.stride) == (48, 3, 16)
   with pytest.raises(
     checkpoint.CheckpointError,
     match=r'encoder_norm/bias has shape \(10,\), the model expects \(192,\)',
@@ -258,3 +263,157 @@ def test_commands_read_the_model_from_a_workdir_and_predict_skips_bad_images(tmp
   # A bare .npz does not say which model it holds.
   err = command_error(predict.main, [f'--checkpoint={workdir / "params.npz"}', good[0]], capsys)
   assert 'pass --model' in err
+
+
+# ---------------------------------------------------------------------------
+# Class names: a run's own, and why they fall back to class_<i>; stopped workdirs.
+
+
+def test_predict_says_why_classes_are_class_i(tmp_path, digit_folder, capsys):
+  """Names that fall back to class_<i> say why, and what to do."""
+  import shutil
+
+  from vit_jax import predict
+
+  npz = checkpoint.save_npz(tiny_params(3), tmp_path / 'bare.npz')
+  moved = shutil.copytree(digit_folder, tmp_path / 'data')
+  run = tiny_workdir(tmp_path / 'run', str(moved))
+  shutil.rmtree(moved)  # the dataset the run trained on, gone
+  image = os.path.join(digit_folder, 'test', CLASSES[0])
+  line = 'python -m vit_jax.predict: classes named class_<i>: '
+  code, out, err = run_command(
+    predict.main, [f'--checkpoint={npz}', '--model=testing', image], capsys
+  )
+  assert code == 0 and '(class 1)' in out and 'class_1' in out, err
+  assert (
+    err
+    == line
+    + 'a 3-way head, not an ImageNet one (1000 or 21843); pass --labels=FILE, one name per line\n'
+  )
+  code, out, err = run_command(predict.main, [f'--checkpoint={run}', image], capsys)
+  assert code == 0 and err.startswith(
+    f'{line}its dataset {moved} does not open here ({moved}: no such folder'
+  ), err
+  assert err.endswith('; pass --labels=FILE, one name per line\n') and err.count('\n') == 1
+
+
+def test_a_class_name_with_a_newline_is_one_line_of_predict(tmp_path, capsys):
+  """A class folder whose name holds a newline keeps predict's lines one per class: control
+  characters are shown as escapes."""
+  from vit_jax import predict
+
+  root = tmp_path / 'data'
+  for split in ('train', 'test'):
+    for name in ('a', 'b\nc.png', 'd'):
+      (root / split / name).mkdir(parents=True)
+      Image.fromarray(np.zeros((8, 8), np.uint8)).save(root / split / name / 'x.png')
+  run = tiny_workdir(tmp_path / 'run', str(root), favourite=1)
+  code, out, err = run_command(
+    predict.main, [f'--checkpoint={run}', str(root / 'test' / 'a')], capsys
+  )
+  assert code == 0, err
+  assert out.splitlines() == [
+    str(root / 'test' / 'a' / 'x.png'),
+    '  1. 100.00%  b\\nc.png  (class 1)',
+    '  2.   0.00%  a  (class 0)',
+    '  3.   0.00%  d  (class 2)',
+  ]
+
+
+def test_predict_names_a_folder_trained_workdirs_classes(digit_folder, tmp_path, capsys):
+  """A workdir trained on a folder gives the class folders' names, not class_0, class_1, ..."""
+  from vit_jax import predict
+
+  run = tiny_workdir(tmp_path / 'run', digit_folder, favourite=1)
+  code, out, err = run_command(
+    predict.main, [f'--checkpoint={run}', f'{digit_folder}/test/{CLASSES[0]}'], capsys
+  )
+  assert code == 0, err
+  assert out.count(f'  1. 100.00%  {CLASSES[1]}  (class 1)') == 4, out
+
+
+def test_an_unfinished_workdir_is_read_from_its_checkpoint(digit_folder, tmp_path, capsys):
+  """A preempted run has no params.npz; its newest checkpoint is read, and said so."""
+  from vit_jax import evaluate
+  from vit_jax import predict
+
+  run = tiny_workdir(tmp_path / 'stopped', digit_folder, finished=False, favourite=2)
+  code, out, err = run_command(
+    predict.main, [f'--checkpoint={run}', f'{digit_folder}/test/{CLASSES[0]}'], capsys
+  )
+  assert code == 0, err
+  assert (
+    f'{run} has no params.npz (its run has not finished): using its checkpoint at step 5' in err
+  )
+  assert out.count(f'  1. 100.00%  {CLASSES[2]}  (class 2)') == 4, out
+  code, out, err = run_command(
+    evaluate.main, [f'--checkpoint={run}', f'--dataset={digit_folder}'], capsys
+  )
+  assert code == 0 and json.loads(out)['top1'] == pytest.approx(1 / 3), err
+
+
+def test_a_1000_class_head_gets_its_runs_names_never_imagenets(tmp_path, capsys):
+  """A 1000-class head trained on a folder that is gone gets the run's own class names (its
+  dataset.json) from predict and export's id2label, never ImageNet-1k's; without a record,
+  class_<i> and why; a bare file is ImageNet's."""
+  from vit_jax import export
+  from vit_jax import predict
+
+  names = [f'k{i:04d}' for i in range(1000)]
+  image = tmp_path / 'x.png'
+  Image.fromarray(np.zeros((8, 8), np.uint8)).save(image)
+  gone = str(tmp_path / 'gone')
+  recorded = tiny_workdir(tmp_path / 'recorded', gone, favourite=487, num_classes=1000)
+  (tmp_path / 'recorded' / 'dataset.json').write_text(json.dumps(dataset_record(gone, names)))
+  old = tiny_workdir(tmp_path / 'old', gone, favourite=487, num_classes=1000)
+  bare = checkpoint.save_npz(tiny_params(1000, 487), tmp_path / 'bare.npz')
+  code, out, err = run_command(
+    predict.main, [f'--checkpoint={recorded}', '--top_k=1', str(image)], capsys
+  )
+  assert code == 0 and out.splitlines()[1] == '  1. 100.00%  k0487  (class 487)' and not err, err
+  code, out, err = run_command(
+    predict.main, [f'--checkpoint={old}', '--top_k=1', str(image)], capsys
+  )
+  assert code == 0 and out.splitlines()[1] == '  1. 100.00%  class_487  (class 487)', out
+  assert err.startswith(
+    f'python -m vit_jax.predict: classes named class_<i>: its dataset {gone} does not open here'
+  ), err
+  argv = [f'--checkpoint={bare}', '--model=testing', '--top_k=1', str(image)]
+  code, out, err = run_command(predict.main, argv, capsys)
+  assert out.splitlines()[1].startswith('  1. 100.00%  cellular telephone, cellular phone'), out
+  for run, label in ((recorded, 'k0487'), (old, 'LABEL_487')):
+    argv = [f'--checkpoint={run}', '--format=hf', f'--output={tmp_path}/hf_{label}']
+    code, out, err = run_command(export.main, argv, capsys)
+    assert code == 0, err
+    hf = json.loads((tmp_path / f'hf_{label}' / 'config.json').read_text())
+    assert hf['id2label']['487'] == label
+
+
+def test_predict_on_a_workdir_says_nothing_of_its_training_folder(
+  tmp_path, digit_folder, capsys, caplog
+):
+  """predict on a workdir says nothing of the training folder (no `DATA/train: skipped 2 corrupt
+  image(s) ...` for an unrelated image): a run's record names its classes without a scan, and an
+  older run's scan is silent."""
+  import logging
+  import shutil
+
+  from vit_jax import predict
+  from vit_jax.data.readers import folder as folder_reader
+
+  data = shutil.copytree(digit_folder, tmp_path / 'data')
+  (data / 'train' / CLASSES[0] / 'broken.png').write_bytes(b'\x89PNG\r\n\x1a\nnot a png')
+  (data / 'train' / 'notes.txt').write_text('left out')
+  image = tmp_path / 'x.png'
+  Image.fromarray(np.zeros((8, 8), np.uint8)).save(image)
+  for name, record in (('old', None), ('recorded', dataset_record(str(data), CLASSES))):
+    folder_reader.warn_once.cache_clear()
+    run = tiny_workdir(tmp_path / name, str(data))
+    if record:
+      (tmp_path / name / 'dataset.json').write_text(json.dumps(record))
+    caplog.clear()
+    logging.getLogger().setLevel(logging.WARNING)
+    argv = [f'--checkpoint={run}', '--top_k=1', str(image)]
+    code, out, err = run_command(predict.main, argv, capsys)
+    assert code == 0 and err == '' and f'{CLASSES[1]}  (class 1)' in out, err
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == [], name

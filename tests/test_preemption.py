@@ -10,49 +10,31 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 
+from conftest import MAIN
+from conftest import assert_bitwise_equal
+from conftest import final_params
 from conftest import said
+from conftest import start_ranks
 from conftest import subprocess_env
 from conftest import tiny_run_flags
-import numpy as np
 import pytest
-
-from vit_jax import checkpoint
 
 # Progress every 2 steps (so that a step between two lines is not a boundary of any hook), no
 # periodic checkpoint: the only checkpoint of a stopped run is the one its stop writes.
 FLAGS = tiny_run_flags(progress_every=2, checkpoint_every=1000)
 
 
-def _free_port():
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
-
-
 def main_command(workdir, *extra):
-  return [sys.executable, '-m', 'vit_jax.main', f'--workdir={workdir}', *FLAGS, *extra]
+  return [*MAIN, f'--workdir={workdir}', *FLAGS, *extra]
 
 
 def start_two(workdir, logs, workdirs=None):
   """The two processes of one run, each writing its stdout and stderr to `logs`/rank{i}.*
   (`workdirs`: one for each, as if each node had a disk of its own)."""
-  address = f'127.0.0.1:{_free_port()}'
-  os.makedirs(logs, exist_ok=True)
-  processes = []
-  for i in range(2):
-    flags = [f'--coordinator_address={address}', '--num_processes=2', f'--process_id={i}']
-    processes.append(
-      subprocess.Popen(
-        main_command(workdirs[i] if workdirs else workdir, *flags),
-        env=subprocess_env(devices=1),
-        stdout=open(os.path.join(logs, f'rank{i}.out'), 'w'),
-        stderr=open(os.path.join(logs, f'rank{i}.err'), 'w'),
-      )
-    )
-  return processes
+  argv = lambda i: [f'--workdir={workdirs[i] if workdirs else workdir}', *FLAGS]  # noqa: E731
+  return start_ranks(argv, logs=logs)
 
 
 def wait_all(processes, timeout):
@@ -80,16 +62,6 @@ def logged_steps(workdir):
   return [line['step'] for line in lines if 'train_loss' in line]
 
 
-def params(workdir):
-  return checkpoint.flatten(checkpoint.load(os.path.join(workdir, 'params.npz')))
-
-
-def assert_bitwise_equal(a, b):
-  assert sorted(a) == sorted(b)
-  for key in a:
-    np.testing.assert_array_equal(a[key], b[key], err_msg=key)
-
-
 @pytest.fixture(scope='module')
 def reference(tmp_path_factory):
   """The uninterrupted run, one process with two devices."""
@@ -99,7 +71,7 @@ def reference(tmp_path_factory):
     timeout=600,
   )  # fmt: skip
   assert result.returncode == 0, result.stderr[-3000:]
-  return params(workdir)
+  return final_params(workdir)
 
 
 def stop_by_sigterm(workdir, logs, rank, after_step):
@@ -150,7 +122,7 @@ def test_sigterm_to_either_rank_stops_both_at_the_next_step_and_resumes_bitwise(
   )  # fmt: skip
   assert result.returncode == 0, result.stderr[-3000:]
   assert f'Resuming from the checkpoint at step {second}' in result.stdout
-  assert_bitwise_equal(params(workdir), reference)
+  assert_bitwise_equal(final_params(workdir), reference)
 
 
 def wait_for_step(workdir, step, processes, logs):
@@ -181,7 +153,8 @@ def test_a_killed_rank_ends_the_other_within_seconds_with_one_line(tmp_path):
   step = int(line.split(' after step ')[1].split()[0])
   assert last <= step <= last + 2
   assert line == (
-    f'error: process 1 of 2 stopped answering after step {step} (killed, crashed, or its '
+    f'error: process 1 of 2 on {socket.gethostname().split(".")[0]} stopped answering after '
+    f'step {step} (killed, crashed, or its '
     'machine lost; its own log says why); process 0 cannot go on without it and stopped. Run '
     'the same command again (under SLURM: the job requeues itself, or resubmit it) to resume '
     'from the start'

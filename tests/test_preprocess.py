@@ -11,6 +11,7 @@ import io
 import os
 
 from conftest import ROOT
+from conftest import write_photo_folder
 import numpy as np
 from PIL import Image
 import pytest
@@ -30,13 +31,7 @@ def tf():
 @pytest.fixture(scope='module')
 def photos(tmp_path_factory):
   """JPEGs of several sizes (crops of scikit-learn's photos), a PNG and a grey JPEG."""
-  root = str(tmp_path_factory.mktemp('photos'))
-  input_speed.write_photos(root, 12, classes=2)
-  from sklearn.datasets import load_sample_images
-
-  flower = load_sample_images().images[1]
-  Image.fromarray(flower[::4, ::4]).save(os.path.join(root, 'train', 'class0', 'png.png'))
-  Image.fromarray(flower[::3, ::3, 1]).save(os.path.join(root, 'train', 'class1', 'grey.jpg'))
+  root = write_photo_folder(str(tmp_path_factory.mktemp('photos')), 12, classes=2)
   return input_speed.image_files(os.path.join(root, 'train'))
 
 
@@ -168,7 +163,7 @@ def test_reduced_scale_decode_stays_close_to_a_full_decode():
   half = images.decode(data, 200, 300)
   assert half.shape == (214, 320, 3)  # libjpeg-turbo's 1/2 scale
   cv2 = images._cv2()
-  pp = pipeline._PP(96, None, False, False, 1.0, 0, 0.0, 0.0)  # whole image, no flip
+  pp = pipeline.Preprocessing(96, None, False, False, 1.0, 0, 0.0, 0.0)  # whole image, no flip
   ours = images.train_image(data, np.zeros(images.DRAWS), pp)  # decodes at 1/4 scale
   ref = cv2.resize(full, (96, 96), interpolation=cv2.INTER_AREA)
   assert np.abs(ours.astype(int) - ref).mean() < 4
@@ -176,7 +171,7 @@ def test_reduced_scale_decode_stays_close_to_a_full_decode():
 
 def test_flip_mirrors_the_same_crop():
   data = _encoded(np.random.default_rng(0).integers(0, 255, (90, 120, 3), np.uint8), 'PNG')
-  pp = pipeline._PP(32, None, True, True, 0.3, 0, 0.0, 0.0)
+  pp = pipeline.Preprocessing(32, None, True, True, 0.3, 0, 0.0, 0.0)
   u = order.example_uniforms(1, [7], images.DRAWS)[0]
   u[-1] = 0.9
   plain = images.train_image(data, u, pp)

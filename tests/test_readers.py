@@ -12,6 +12,7 @@ from vit_jax.data import readers
 from vit_jax.data import sources
 from vit_jax.data.readers import reader
 from vit_jax.data.readers import shards
+from vit_jax.data.sources import DataError
 
 
 @pytest.fixture
@@ -105,3 +106,27 @@ def test_a_new_reader_is_one_entry(monkeypatch):
   finally:
     datasets.defaults.cache_clear()
     datasets.open_split.cache_clear()
+
+
+# ---------------------------------------------------------------------------
+# Arrays registered twice under one name.
+
+
+def test_register_arrays_twice_under_a_name_takes_the_same_arrays_only(monkeypatch):
+  """A second `register_arrays('mine', ...)` takes the same arrays (a notebook cell run again);
+  other arrays are one line, unless replace=True."""
+  from vit_jax.data import datasets
+  from vit_jax.data.readers import arrays
+
+  monkeypatch.setattr(arrays, '_REGISTERED', {})
+  x, y = np.zeros((4, 8, 8, 3), np.uint8), np.array([0, 1, 0, 1])
+  datasets.register_arrays('mine', x_train=x, y_train=y)
+  datasets.register_arrays('mine', x_train=x.copy(), y_train=y)  # a notebook cell run again
+  with pytest.raises(DataError) as e:
+    datasets.register_arrays('mine', x_train=x + 1, y_train=y)
+  assert str(e.value) == (
+    "register_arrays: 'mine' holds other arrays already in this process; pick another name, "
+    'or pass replace=True to read these under it from now on'
+  )
+  datasets.register_arrays('mine', replace=True, x_train=x + 1, y_train=y)
+  assert arrays._data('mine')['splits']['train'][0]().max() == 1

@@ -11,6 +11,11 @@ import os
 
 from conftest import assert_close
 from conftest import param_shapes
+from conftest import random_flat
+from conftest import random_flat_like
+from conftest import random_images
+from conftest import relative_error
+from conftest import small_arch
 from conftest import small_vit_config
 from conftest import tiny_run_config
 import jax
@@ -21,6 +26,7 @@ import pytest
 from vit_jax import checkpoint
 from vit_jax import models
 from vit_jax.configs import architectures
+from vit_jax.configs.model_spec import Architecture
 from vit_jax.evaluation import loader
 from vit_jax.interop import export
 from vit_jax.interop import timm as interop_timm
@@ -38,23 +44,6 @@ except ImportError:
 needs_timm = pytest.mark.skipif(timm is None, reason='timm is not installed (README: Set-up)')
 
 BOUND = 1e-5  # max |ours - theirs| / max |theirs| of the logits, as tests/test_export.py
-
-
-def relative_error(a, b):
-  return float(np.max(np.abs(np.asarray(a) - b)) / np.max(np.abs(b)))
-
-
-def random_flat(config, num_classes, size, seed=0):
-  shapes = param_shapes(config, num_classes, size)
-  rng = np.random.default_rng(seed)
-  return {
-    k: (0.05 * rng.normal(size=v.shape) + k.endswith('/scale')).astype(np.float32)
-    for k, v in checkpoint.flatten(shapes).items()
-  }
-
-
-def images(size, n=2, seed=1):
-  return np.random.default_rng(seed).uniform(-1, 1, (n, size, size, 3)).astype(np.float32)
 
 
 def ours(config, flat, x):
@@ -79,7 +68,7 @@ def test_registers_add_their_embeddings_and_position_rows_only():
 def test_registers_are_dropped_before_the_head():
   config = small_vit_config('ViT-Ti_16', classifier='token_unpooled', num_registers=3)
   flat = random_flat(config, None, 32)
-  tokens = ours(config, flat, images(32))
+  tokens = ours(config, flat, random_images(32))
   assert tokens.shape == (2, 1 + 4, 24)  # the class token and the 2x2 patches, no registers
 
 
@@ -92,15 +81,17 @@ def test_registers_export_to_timms_reg_tokens_and_back(classifier):
   flat = random_flat(config, 7, size)
   state = interop_timm.to_timm(flat)
   assert state['reg_token'].shape == (1, 2, 24)
-  model = interop_timm.build_model(config, 7, size)
+  model = interop_timm.build_model(Architecture.of(config), 7, size)
   model.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()}, strict=True)
   assert model.num_reg_tokens == 2 and not model.no_embed_class
-  x = images(size)
+  x = random_images(size)
   with torch.no_grad():
     theirs = model(torch.from_numpy(x.transpose(0, 3, 1, 2).copy())).numpy()
   assert np.abs(theirs).max() > 0.05
   assert_close(relative_error(ours(config, flat, x), theirs), BOUND, 'logits against the peer')
-  back = interop_timm.from_timm(state, small_vit_config(name), 'timm state')  # reads reg_token
+  back = interop_timm.from_timm(
+    state, Architecture.of(small_vit_config(name)), 'timm state'
+  )  # reads reg_token
   assert sorted(back) == sorted(flat)
   for key in flat:
     np.testing.assert_array_equal(back[key], flat[key], err_msg=key)
@@ -112,14 +103,14 @@ def test_a_timm_model_with_registers_that_timm_initialised_imports(tmp_path):
   # 2 registers: with 4, the 9 position rows would fit a 3x3 grid too (the test below).
   config.num_registers = 2
   torch.manual_seed(0)
-  model = interop_timm.build_model(config, 5, 32)
+  model = interop_timm.build_model(Architecture.of(config), 5, 32)
   with torch.no_grad():
     for p in model.parameters():  # timm zero-initialises biases and the head
       p.add_(0.05 * torch.randn_like(p))
   torch.save({k: v.contiguous() for k, v in model.state_dict().items()}, tmp_path / 'reg.pth')
   loaded = export.load(str(tmp_path / 'reg.pth'), 'testing').loaded
-  assert loaded.config.num_registers == 2 and loaded.num_prefix_tokens == 3
-  x = images(32)
+  assert loaded.spec.architecture.num_registers == 2 and loaded.spec.num_prefix_tokens == 3
+  x = random_images(32)
   with torch.no_grad():
     theirs = model(torch.from_numpy(x.transpose(0, 3, 1, 2).copy())).numpy()
   logits = loaded.model.apply({'params': loaded.params}, x, train=False)
@@ -156,23 +147,22 @@ def _timm_vit(classifier, registers, grid, no_embed_class, seed=0):
 def test_timms_no_embed_class_register_files_import_with_their_logits(tmp_path, classifier):
   """DINOv2-reg and timm's `*_reg*_gap_256` files leave the class token and registers out
   of the position embeddings (`no_embed_class=True`): each imports (their rows zero in ours),
-  gives timm's logits, and exports to a timm model that gives them too. c8cff89 refused
-  these files, blaming the token count."""
+  gives timm's logits, and exports to a timm model that gives them too."""
   model, state = _timm_vit(classifier, 4, 8, no_embed_class=True)
   assert state['pos_embed'].shape == (1, 64, 24)
   name = 'ViT-Ti_16' if classifier == 'token' else 'ViT-S_16-gap'
-  config = small_vit_config(name, patches={'size': (4, 4)})
-  flat = interop_timm.from_timm(state, config, 'timm state')
+  config = small_vit_config(name, patches={'size': (4, 4)}, num_registers=4)
+  flat = interop_timm.from_timm(state, Architecture.of(config), 'timm state')
   prefix = 4 + (classifier == 'token')
   posemb = flat['Transformer/posembed_input/pos_embedding']
   np.testing.assert_array_equal(posemb[:, :prefix], 0)
   np.testing.assert_array_equal(posemb[:, prefix:], state['pos_embed'])
-  x = images(32)
+  x = random_images(32)
   with torch.no_grad():
     theirs = model(torch.from_numpy(x.transpose(0, 3, 1, 2).copy())).numpy()
   assert np.abs(theirs).max() > 0.05
   assert_close(relative_error(ours(config, flat, x), theirs), BOUND, 'logits against timm')
-  exported = interop_timm.build_model(config, 5, 32)
+  exported = interop_timm.build_model(Architecture.of(config), 5, 32)
   exported.load_state_dict(
     {k: torch.from_numpy(v) for k, v in interop_timm.to_timm(flat).items()}, strict=True
   )
@@ -184,17 +174,17 @@ def test_timms_no_embed_class_register_files_import_with_their_logits(tmp_path, 
 @needs_timm
 def test_a_position_count_that_fits_both_layouts_is_refused_naming_them():
   """A class token, 4 registers and 9 position rows: a 3x3 grid in timm's no_embed_class
-  layout or 2x2 in the other. c8cff89 imported it silently as 2x2, its rows mis-assigned;
-  now it is one line naming both."""
+  layout or 2x2 in the other: refused in one line naming both, never imported with its rows
+  mis-assigned."""
   _, state = _timm_vit('token', 4, 3, no_embed_class=True)
   config = small_vit_config('ViT-Ti_16', patches={'size': (4, 4)})
   with pytest.raises(checkpoint.CheckpointError) as e:
-    interop_timm.from_timm(state, config, 'f.safetensors')
+    interop_timm.from_timm(state, Architecture.of(config), 'f.safetensors')
   assert str(e.value) == (
     "f.safetensors: its 9 position embeddings fit both of timm's layouts: 3x3 patches with the "
     '5 class/register token(s) unembedded (no_embed_class=True) or 2x2 patches with them '
-    'embedded (no_embed_class=False); pass --model naming a model whose MODEL_CONFIGS entry '
-    'sets no_embed_class'
+    "embedded (no_embed_class=False); pass --model naming a model of timm's whose layout is "
+    'known (vit_jax.configs.families)'
   )
 
 
@@ -204,8 +194,8 @@ def test_the_pytorch_forward_of_the_onnx_export_places_registers_as_ours(tmp_pat
   flat = random_flat(config, 5, 32)
   path = checkpoint.save_npz(checkpoint.unflatten(flat), tmp_path / 'reg.npz')
   loaded = loader.load_model(path, 'testing')
-  assert loaded.config.num_registers == 2 and loaded.num_prefix_tokens == 3
-  x = images(32)
+  assert loaded.spec.architecture.num_registers == 2 and loaded.spec.num_prefix_tokens == 3
+  x = random_images(32)
   with torch.no_grad():
     theirs = torch_vit.build(loaded)(torch.from_numpy(x)).numpy()
   assert_close(relative_error(ours(config, flat, x), theirs), BOUND, 'logits against the peer')
@@ -237,21 +227,14 @@ def test_fine_tuning_and_patch_resizing_keep_the_register_rows(tmp_path, capsys)
 
 @needs_timm
 def test_naflex_registers_match_timms_naflexvit():
-  config = small_vit_config('ViT-Ti_16', patches={'size': (4, 4)}, num_registers=2)
-  model = naflex.NaFlexViT(num_classes=5, posemb_grid=(4, 4), **config)
-  shapes = jax.eval_shape(
-    lambda: model.init(jax.random.key(0), jnp.zeros((1, 16, 16, 3)), train=False)
-  )['params']
-  rng = np.random.default_rng(0)
-  flat = {
-    k: (0.05 * rng.normal(size=v.shape) + k.endswith('/scale')).astype(np.float32)
-    for k, v in checkpoint.flatten(shapes).items()
-  }
-  x = images(12, n=2)[:, :, :8]  # 12 x 8 px: a 3 x 2 grid of one image per row
+  config = small_arch(patch_size=(4, 4), num_registers=2, naflex_grid=(4, 4))
+  model = naflex.NaFlexViT(5, config)
+  flat = random_flat_like(param_shapes(None, None, 16, module=model), seed=0)
+  x = random_images(12, n=2)[:, :, :8]  # 12 x 8 px: a 3 x 2 grid of one image per row
   pixels, rows, cols, real = (np.asarray(a) for a in naflex.patchify(x, 4))
   packed = naflex.pack(pixels, rows, cols, real)
   logits = model.apply({'params': checkpoint.unflatten(flat)}, packed, train=False)
-  theirs_model = interop_timm.build_naflex_model(config, 5, (4, 4))
+  theirs_model = interop_timm.build_naflex_model(config, 5)
   theirs_model.load_state_dict(
     {k: torch.from_numpy(v) for k, v in interop_timm.to_timm_naflex(flat).items()}, strict=True
   )
@@ -275,6 +258,6 @@ def test_a_run_with_a_register_learns_and_saves_it(tmp_path):
   losses = [entry['train_loss'] for entry in logged if 'train_loss' in entry]
   assert losses[-1] < losses[0] - 0.1, losses
   assert checkpoint.flatten(checkpoint.load(workdir))['registers'].shape == (1, 1, 10)
-  assert loader.load_model(workdir).num_prefix_tokens == 2
+  assert loader.load_model(workdir).spec.num_prefix_tokens == 2
   with pytest.raises(program.ConfigError, match='masked patch prediction reads patch tokens'):
     program.validate(tiny_run_config(num_registers=1, task='mpp'), 1)

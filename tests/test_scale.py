@@ -50,7 +50,7 @@ def test_scanned_blocks_compute_what_unrolled_blocks_do():
   """nn.scan over stacked blocks against unrolled blocks (also remat'd): the same float32 ops,
   fused differently, so outputs and gradients agree normwise within 1e-5."""
   images = _images()
-  for flags in ({}, {'parallel_block': True, 'qk_norm': True, 'qkv_and_norm_biases': False}):
+  for flags in ({}, {'parallel_block': True, 'qk_norm': True, 'biases': 'no_qkv_or_norm'}):
     config = small_vit_config()
     config.transformer.update(num_layers=3, **flags)
     unrolled = models.VisionTransformer(num_classes=5, **config)
@@ -378,7 +378,7 @@ def _giant_closed_form(config, num_classes, size=224):
   d, m = config.hidden_size, config.transformer.mlp_dim
   p, t = config.patches.size[0], config.transformer
   k = d // t.num_heads
-  bias = t.get('qkv_and_norm_biases', True)
+  bias = t.get('biases', 'all') != 'no_qkv_or_norm'
   norm = d * (1 + bias)
   block = (
     norm * (1 if t.get('parallel_block') else 2)  # LayerNorm_0 (and LayerNorm_2)

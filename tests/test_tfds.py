@@ -8,6 +8,7 @@ import textwrap
 
 from conftest import batch_sharding
 from conftest import data_config
+from conftest import fake_image_dataset
 from conftest import fake_tfds_dataset
 from conftest import subprocess_env
 import numpy as np
@@ -42,13 +43,11 @@ def _solid(i, shape=(12, 10, 3)):
 
 def test_cifar10_preset_reads_its_prepared_splits(tmp_path):
   names = [f'class_{k}' for k in range(10)]
-  fake_tfds_dataset(
+  fake_image_dataset(
     tmp_path,
     'cifar10',
-    lambda t: {
-      'image': t.features.Image(shape=(32, 32, 3)),
-      'label': t.features.ClassLabel(names=names),
-    },
+    (32, 32, 3),
+    names,
     lambda split, i: {'image': _solid(i, (32, 32, 3)), 'label': i % 10},
     {'train': 50, 'test': 10},
   )
@@ -94,15 +93,14 @@ def test_imagenet_real_labels_are_multi_hot_and_empty_sets_masked(tmp_path):
 
 
 def test_vtab_task_uses_the_1k_protocol_splits_and_its_label(tmp_path):
-  fake_tfds_dataset(
+  fake_image_dataset(
     tmp_path,
     'dsprites',
-    lambda t: {
-      'image': t.features.Image(shape=(12, 10, 3)),
-      'label_orientation': t.features.ClassLabel(num_classes=40),
-    },
+    (12, 10, 3),
+    40,
     lambda split, i: {'image': _solid(i), 'label_orientation': (7 * i) % 40},
     {'train': 30},
+    label='label_orientation',
   )
   config = _config('vtab/dsprites_orientation', tfds_data_dir=str(tmp_path))
   info = pipeline.get_info(config)
@@ -132,13 +130,11 @@ def test_vtab_label_functions_bin_as_the_protocol():
 
 @pytest.mark.parametrize('file_format', ['tfrecord', 'array_record'])
 def test_prepared_dataset_reads_every_example_in_tfds_order(tmp_path, file_format):
-  builder = fake_tfds_dataset(
+  builder = fake_image_dataset(
     tmp_path,
     'tiny',
-    lambda t: {
-      'image': t.features.Image(shape=(12, 10, 3)),
-      'label': t.features.ClassLabel(num_classes=5),
-    },
+    (12, 10, 3),
+    5,
     lambda split, i: {'image': _solid(i), 'label': i % 5},
     {'train': 23, 'test': 7},
     file_format=file_format,
@@ -189,13 +185,11 @@ _READ_WITHOUT_TENSORFLOW = textwrap.dedent("""
 
 
 def test_a_prepared_dataset_trains_and_evaluates_without_tensorflow(tmp_path):
-  fake_tfds_dataset(
+  fake_image_dataset(
     tmp_path,
     'cifar10',
-    lambda t: {
-      'image': t.features.Image(shape=(32, 32, 3)),
-      'label': t.features.ClassLabel(num_classes=10),
-    },
+    (32, 32, 3),
+    10,
     lambda split, i: {'image': _solid(i, (32, 32, 3)), 'label': i % 10},
     {'train': 20, 'test': 10},
   )

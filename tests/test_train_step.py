@@ -372,7 +372,7 @@ def test_every_pixel_value_normalises_within_its_bound_of_the_host():
 @pytest.mark.equivalence
 def test_parameters_cast_once_per_step_train_as_the_layers_casting_them():
   """bf16 training casts the float32 parameters to bf16 once, at the top of the loss
-  (`vit.compute_params`, issue 33), instead of in every layer: the layers compute with the
+  (`vit.compute_params`), instead of in every layer: the layers compute with the
   very same bf16 values, so loss and gradients equal those of the model applied to the
   float32 parameters (normwise within 1e-6: the same operations, fused differently), the
   gradients come back float32, and both stay within bf16's 5% of float32 training."""

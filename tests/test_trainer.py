@@ -10,18 +10,21 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 
+from conftest import MAIN
+from conftest import assert_bitwise_equal
 from conftest import assert_close
 from conftest import assert_trees_close
 from conftest import batch_sharding
 from conftest import data_config
+from conftest import final_params
 from conftest import gpu_plugin_notice
 from conftest import heartbeat_line
 from conftest import said
+from conftest import start_ranks
 from conftest import subprocess_env
 from conftest import tiny_run_config
 from conftest import tiny_run_flags
@@ -41,8 +44,8 @@ from vit_jax.training import loop
 TINY = tiny_run_flags()
 
 
-def command(workdir, *overrides, extra=()):
-  return [sys.executable, '-m', 'vit_jax.main', f'--workdir={workdir}', *TINY, *overrides, *extra]
+def command(workdir, *overrides):
+  return [*MAIN, f'--workdir={workdir}', *TINY, *overrides]
 
 
 def run(workdir, *overrides, devices=1, check=True, timeout=600):
@@ -56,16 +59,6 @@ def run(workdir, *overrides, devices=1, check=True, timeout=600):
   if check and result.returncode:
     raise AssertionError(f'run failed ({result.returncode}):\n{result.stderr[-3000:]}')
   return result
-
-
-def params(workdir):
-  return checkpoint.flatten(checkpoint.load(os.path.join(workdir, 'params.npz')))
-
-
-def assert_bitwise_equal(a, b):
-  assert sorted(a) == sorted(b)
-  for key in a:
-    np.testing.assert_array_equal(a[key], b[key], err_msg=key)
 
 
 def snapshot(workdir):
@@ -140,7 +133,7 @@ def test_outputs_of_a_run(reference_run):
   assert logged[-1]['train_loss'] < logged[0]['train_loss'] - 0.1  # it learns
   assert 'step 24/24' in result.stdout and 'ETA' in result.stdout
   # params.npz is the public layout of the configured model.
-  flat = params(workdir)
+  flat = final_params(workdir)
   assert flat['Transformer/posembed_input/pos_embedding'].shape == (1, 2, 10)
   assert flat['head/kernel'].shape == (10, 10)
   # Three most recent checkpoints are kept.
@@ -171,7 +164,7 @@ def test_a_run_stopped_after_its_last_checkpoint_sums_up_the_whole_run(reference
     32 * totals['timed_steps'] / totals['train_time_s']
   )
   assert totals['timed_steps'] == 23 and summary['wall_time_s'] > totals['wall_time_s'] > 0
-  assert_bitwise_equal(params(workdir), params(reference_run[0]))
+  assert_bitwise_equal(final_params(workdir), final_params(reference_run[0]))
 
 
 @pytest.mark.slow
@@ -195,7 +188,7 @@ def test_a_truncated_latest_checkpoint_is_set_aside_and_the_one_before_resumed(
   assert 'Resuming from the checkpoint at step 16' in result.stdout
   # Kept aside as it was, not deleted; the run finished as if nothing had happened.
   assert snapshot(os.path.join(workdir, 'corrupt_checkpoints', '24')) == truncated
-  assert_bitwise_equal(params(workdir), params(reference_run[0]))
+  assert_bitwise_equal(final_params(workdir), final_params(reference_run[0]))
   summary = json.load(open(os.path.join(workdir, 'summary.json')))
   reference = json.load(open(os.path.join(reference_run[0], 'summary.json')))
   assert summary['step'] == 24 and summary['train_loss'] == reference['train_loss']
@@ -233,7 +226,7 @@ def test_a_second_run_on_a_workdir_is_refused_and_the_first_loses_nothing(refere
   first_stderr = first.communicate(timeout=600)[1]
   assert first.returncode == 0, first_stderr[-3000:]
   assert not os.path.exists(os.path.join(workdir, 'lock.json'))  # released
-  assert_bitwise_equal(params(workdir), params(reference_run[0]))
+  assert_bitwise_equal(final_params(workdir), final_params(reference_run[0]))
 
 
 @pytest.fixture
@@ -296,7 +289,7 @@ def test_a_full_disk_or_read_only_workdir_is_one_line_and_the_run_resumes(
   assert loop.train_and_evaluate(tiny_run_config(), workdir)['resumed_from_step'] == 8
   # The unfinished temporary checkpoint was cleaned up; the result is the uninterrupted run's.
   assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == ['16', '24', '8']
-  assert_bitwise_equal(params(workdir), params(reference_run[0]))
+  assert_bitwise_equal(final_params(workdir), final_params(reference_run[0]))
 
 
 def _wait_for(predicate, process, timeout=300):
@@ -328,7 +321,7 @@ def test_sigkill_and_resume_is_bitwise(reference_run, tmp_path):
   result = run(workdir)
   assert f'from a run that is gone (pid {process.pid} on ' in result.stdout
   assert 'Resuming from the checkpoint at step' in result.stdout
-  assert_bitwise_equal(params(workdir), params(reference_run[0]))
+  assert_bitwise_equal(final_params(workdir), final_params(reference_run[0]))
 
 
 @pytest.mark.slow
@@ -361,7 +354,7 @@ def test_an_npz_of_the_digits_trains_evaluates_and_resumes_as_the_builtin_digits
   process.wait()
   result = run(workdir, *flags)
   assert 'Resuming from the checkpoint at step' in result.stdout
-  assert_bitwise_equal(params(workdir), params(reference_run[0]))
+  assert_bitwise_equal(final_params(workdir), final_params(reference_run[0]))
   summary = json.load(open(os.path.join(workdir, 'summary.json')))
   reference = json.load(open(os.path.join(reference_run[0], 'summary.json')))
   assert summary['test_examples'] == reference['test_examples'] == 359
@@ -401,7 +394,7 @@ def test_sigterm_or_ctrl_c_writes_a_checkpoint_and_resumes(reference_run, tmp_pa
   assert len(steps) == 1 and 0 < int(steps[0]) < 24
   result = run(workdir, *slow)
   assert f'Resuming from the checkpoint at step {steps[0]}' in result.stdout
-  assert_bitwise_equal(params(workdir), params(reference_run[0]))
+  assert_bitwise_equal(final_params(workdir), final_params(reference_run[0]))
 
 
 @pytest.mark.slow
@@ -441,17 +434,16 @@ def test_nan_loss_stops_and_keeps_the_last_checkpoint(tmp_path, monkeypatch, cap
   capsys.readouterr()
   summary = loop.train_and_evaluate(config, str(tmp_path / 'skip'))
   assert summary['skipped_steps'] == 1 and summary['step'] == 12
-  # The last line says what was skipped (issue 35: a run that skipped most steps said `Done:`).
+  # The last line says what was skipped.
   done = capsys.readouterr().out.splitlines()[-1]
   assert done.startswith('Done: step 12, ') and ', 1 of 12 steps skipped (NaN/Inf); wrote ' in done
 
 
 @pytest.mark.slow
 def test_a_diverged_run_stops_and_every_line_it_logged_is_json(tmp_path, capsys):
-  """Issue 35: with skip_nonfinite, a run at base_lr=1e4 skipped 297 of 300 steps and ended
-  `Done:` (exit 0, accuracy at chance), and metrics.jsonl held bare NaNs. Now
-  `max_nonfinite_in_a_row` skipped steps in a row stop it in one line; a run that skipped a
-  few says how many in its `Done:` line; NaN is logged as null."""
+  """With skip_nonfinite, a run at base_lr=1e4 would skip nearly every step and end `Done:` at
+  chance: `max_nonfinite_in_a_row` skipped steps in a row stop it in one line; a run that
+  skipped a few says how many in its `Done:` line; NaN is logged as null."""
   config = tiny_run_config(total_steps=12, warmup_steps=2, checkpoint_every=4, eval_every=100)
   config.update(base_lr=1e4, skip_nonfinite=True, max_nonfinite_in_a_row=3, progress_every=1)
   with pytest.raises(loop.TrainingError) as e:
@@ -516,7 +508,7 @@ def assert_same_run(workdir, reference, name):
   for (step, *a), (_, *b) in zip(got, want):
     errors = {name: abs(x - y) / abs(y) for name, x, y in zip(('loss', 'grad_norm'), a, b)}
     assert_close(errors, 1e-5, f'{name}: step {step}')
-  assert_trees_close(params(workdir), params(reference), 1e-5, f'{name}: parameters')
+  assert_trees_close(final_params(workdir), final_params(reference), 1e-5, f'{name}: parameters')
 
 
 @pytest.mark.slow
@@ -528,31 +520,11 @@ def test_eight_devices_and_fsdp_match_one_device(short_reference, tmp_path):
     assert_same_run(workdir, short_reference, name)
 
 
-def _free_port():
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
-
-
 @pytest.mark.slow
 @pytest.mark.equivalence
 def test_two_processes_match_one(short_reference, tmp_path):
   workdir = str(tmp_path / 'two')
-  address = f'127.0.0.1:{_free_port()}'
-  processes = [
-    subprocess.Popen(
-      command(
-        workdir,
-        *SHORT,
-        extra=[f'--coordinator_address={address}', '--num_processes=2', f'--process_id={i}'],
-      ),
-      env=subprocess_env(devices=2),
-      stdout=subprocess.PIPE,
-      stderr=subprocess.PIPE,
-      text=True,
-    )
-    for i in range(2)
-  ]
+  processes = start_ranks([f'--workdir={workdir}', *TINY, *SHORT], devices=2)
   outputs = [p.communicate(timeout=600) for p in processes]
   for p, (_, err) in zip(processes, outputs):
     assert p.returncode == 0, err[-3000:]
@@ -628,11 +600,11 @@ def test_bugs_keep_their_tracebacks(tmp_path):
 
 
 def test_the_readmes_demo_figures_are_records_and_hold_the_target(monkeypatch):
-  """Issue 35, category 9: the README said 98.33% and "the accuracy does not vary", but the
-  demo ends at 97.77% where XLA generates AVX-512 code (Intel Xeon, AMD EPYC) and 98.33% with
-  AVX2. Each figure is now a record's sentence (`benchmarks/measure_demo.py`): the README's
-  Set-up line, and docs/development.md's naming each CPU, its vector instructions and load;
-  what is tested is the bound, the target of at least 97%."""
+  """The demo's accuracy depends on the vector instructions XLA generates code for (AVX-512
+  and AVX2 round float32 sums differently). Each figure is a record's sentence
+  (`benchmarks/measure_demo.py`): the README's Set-up line, and docs/development.md's naming
+  each CPU, its vector instructions and load; what is tested is the bound, the target of at
+  least 97%."""
   from conftest import ROOT
 
   monkeypatch.syspath_prepend(str(ROOT / 'benchmarks'))
@@ -775,7 +747,7 @@ def test_out_of_memory_suggests_accumulation(tmp_path, monkeypatch):
 
 def test_the_variants_table_in_the_docs_is_its_records(monkeypatch):
   """docs/registers_flexi_naflex.md quotes the table `benchmarks/measure_variants.py --table`
-  prints for the record it names (issue 37: the demo each way)."""
+  prints for the record it names (the demo each way)."""
   from conftest import ROOT
 
   monkeypatch.syspath_prepend(str(ROOT / 'benchmarks'))

@@ -93,7 +93,7 @@ def test_the_heartbeat_refreshes_and_notices_a_replaced_lock(tmp_path, monkeypat
 
 
 def test_the_lock_is_whole_whenever_it_is_there(tmp_path):
-  """Issue 35: a second run that reads lock.json the moment it appears finds the holder's pid,
+  """A second run that reads lock.json the moment it appears finds the holder's pid,
   never an empty file ("pid ?", seen on a loaded machine). Checked at every line our code runs
   while taking the lock and refreshing it, not by racing a reader."""
   import threading
@@ -205,7 +205,7 @@ def test_a_workdir_on_another_file_system_names_its_model_and_holds_its_results(
   assert workdir.recorded(remote, 'model') == 'testing'
   assert workdir.read_config(remote)['model'] == 'ViT-Demo_4'
   loaded = loader.load_model(remote)  # no --model: the summary names it
-  assert (loaded.model.num_classes, loaded.image_size) == (10, 16)
+  assert (loaded.model.num_classes, loaded.spec.image_size) == (10, 16)
   np.testing.assert_array_equal(loaded.params['head']['kernel'], params['head']['kernel'])
   # Nothing was written locally.
   assert not os.path.exists('memory:')
@@ -236,3 +236,15 @@ def test_each_file_of_a_run_is_named_in_this_module_only():
       if name == 'config.json' and path.name == 'hf.py':
         continue
       assert f"'{name}'" not in text and f'"{name}"' not in text, (path, name)
+
+
+# ---------------------------------------------------------------------------
+# A workdir that cannot be one.
+
+
+def test_a_workdir_that_is_a_file_is_one_line(tmp_path):
+  (tmp_path / 'file').write_text('')
+  workdir.check_folder(str(tmp_path / 'new' / 'run'))  # made when missing: fine
+  for path, where in [('file', 'is a file'), ('file/run', f'is inside the file {tmp_path}/file')]:
+    with pytest.raises(workdir.WorkdirError, match=f'^{tmp_path}/{path} {where}: a workdir'):
+      workdir.check_folder(str(tmp_path / path))

@@ -65,9 +65,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     loaded = loader.load_from_flags(args, parser.prog)
     unreadable = []
     if digits:
-      paths, images = figures.test_digits(loaded.image_size)
+      paths, images = figures.test_digits(loaded.spec.image_size)
     else:
-      paths, images = _readable(paths, loaded.image_size, unreadable)
+      paths, images = _readable(paths, loaded.spec.image_size, unreadable)
     result = figures.compute(loaded, images, args.num_components)
     with cli.writing(args.output):
       written = figures.write_outputs(result, loaded, images, paths, args)

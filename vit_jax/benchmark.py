@@ -36,7 +36,7 @@ from vit_jax.core import console
 
 def _parser():
   from vit_jax.bench import speed
-  from vit_jax.models import vit
+  from vit_jax.models.attention import ATTENTION
 
   p = cli.parser('benchmark', __doc__)
   d = speed.Options()
@@ -55,7 +55,7 @@ def _parser():
     help="Adam's first moment / SGD's momentum (default: %(default)s, as timm's Adam)",
   )
   p.add_argument('--num_classes', type=int, default=d.num_classes)
-  p.add_argument('--attention', default=d.attention, choices=vit.ATTENTION)
+  p.add_argument('--attention', default=d.attention, choices=ATTENTION)
   p.add_argument(
     '--fp8',
     action='store_true',

@@ -11,6 +11,7 @@ resizing and head) is the model's: `vit_jax.models.vit_checkpoint`.
 """
 
 import io
+import json
 import os
 import re
 from typing import Any, Mapping, Optional
@@ -19,6 +20,8 @@ import zipfile
 import numpy as np
 
 from vit_jax import workdir
+from vit_jax.configs import families
+from vit_jax.configs import model_spec
 from vit_jax.core import files
 from vit_jax.models import vit_checkpoint
 from vit_jax.models.vit_checkpoint import CheckpointError
@@ -55,6 +58,10 @@ def resolve(path: str) -> str:
       if match
     ]
     if not steps:
+      # A transformers (or Hub) model folder: its weights under the names transformers gives.
+      weights = ('model.safetensors', 'pytorch_model.bin')
+      if any(files.exists(os.path.join(path, name)) for name in weights):
+        raise CheckpointError(_convert_first(path, 'a transformers model folder'))
       raise CheckpointError(
         f'{path}: a directory without {workdir.PARAMS_FILE} or checkpoint_<step>; pass the .npz '
         'file itself'
@@ -190,6 +197,9 @@ def load_flat(path: str) -> dict:
       data = path
       with open(path, 'rb') as f:
         head = f.read(4)
+    torch_kind = _torch_file_kind(data, head)
+    if torch_kind:
+      raise CheckpointError(_convert_first(path, torch_kind))
     if head != _ZIP_MAGIC:
       # np.load would read other files as pickles and suggest allow_pickle=True.
       raise CheckpointError(
@@ -206,6 +216,83 @@ def load_flat(path: str) -> dict:
       f'{path}: not a readable .npz checkpoint ({type(e).__name__}: {e}); '
       'the file may be truncated, download it again'
     ) from None
+
+
+# Where the released .npz files are (gs://vit_models/imagenet21k/ViT-B_16.npz, augreg/...).
+_RELEASED = re.compile(r'gs://vit_models/[^/]+/([^/]+)\.npz')
+
+
+def released_file(path: str) -> None:
+  """CheckpointError for a path in the released bucket named after a model whose weights are
+  timm's, never released there (a family of `configs.families`, as configs/finetune.py names
+  its default): before any network access, saying how to convert timm's file."""
+  match = _RELEASED.fullmatch(os.fspath(path))
+  family = families.family_of(match.group(1)) if match else None
+  if family is None:
+    return
+  name = match.group(1)
+  raise CheckpointError(
+    f"{path}: no such released file; gs://vit_models holds the paper's and AugReg's ViTs, not "
+    f"{name} ({family}): convert timm's weights of it first (python -m vit_jax.export "
+    f'--checkpoint=FILE.safetensors --format=npz --output={name}.npz) and pass that .npz'
+  )
+
+
+def refuse_torch_file(path: str) -> None:
+  """CheckpointError, saying how to convert it, when the local file `path` (resolved) is a
+  timm or transformers checkpoint: before a command asks for --model or reads it as an .npz."""
+  path = resolve(path)
+  if files.is_remote(path) or os.path.isdir(path):
+    return
+  try:
+    with open(path, 'rb') as f:
+      head = f.read(4)
+  except OSError:
+    return
+  kind = _torch_file_kind(path, head)
+  if kind:
+    raise CheckpointError(_convert_first(path, kind))
+
+
+def _torch_file_kind(data, head: bytes) -> str:
+  """What a PyTorch checkpoint (timm's, transformers') is, by its first bytes and, for a
+  zip archive, its members: 'a safetensors file', 'a PyTorch file' (torch.save), or ''."""
+  if head != _ZIP_MAGIC:
+    try:
+      if hasattr(data, 'getvalue'):
+        start = data.getvalue()[:9]
+      else:
+        with open(data, 'rb') as f:
+          start = f.read(9)
+    except OSError:
+      return ''
+    # safetensors: an 8-byte little-endian header length, then the JSON header.
+    if len(start) == 9 and start[8:9] == b'{' and int.from_bytes(start[:8], 'little') < 1 << 32:
+      return 'a safetensors file'
+    if start[:1] == b'\x80':  # a pickle: torch.save's legacy format
+      return 'a PyTorch file (torch.save)'
+    return ''
+  try:
+    with zipfile.ZipFile(data) as archive:
+      names = archive.namelist()
+  except (zipfile.BadZipFile, OSError):
+    return ''
+  finally:
+    if hasattr(data, 'seek'):
+      data.seek(0)  # np.load reads the buffer from where it is
+  if any(name.endswith('data.pkl') for name in names):  # torch.save's zip format
+    return 'a PyTorch file (torch.save)'
+  return ''
+
+
+def _convert_first(path: str, kind: str) -> str:
+  """The line for a timm or transformers checkpoint where an .npz is read."""
+  stem = os.path.splitext(os.path.basename(path.rstrip('/')))[0] or 'converted'
+  return (
+    f'{path}: {kind}, not an .npz; convert it first: python -m vit_jax.export '
+    f'--checkpoint={path} --format=npz --output={stem}.npz (it says which model it recognised, '
+    'or pass --model), then pass that .npz'
+  )
 
 
 def _array(npz, key: str, path: str) -> np.ndarray:
@@ -244,32 +331,90 @@ def load(path: str, like: Optional[Params] = None) -> dict:
   return params
 
 
-def save_npz(params: Params, path: str) -> str:
+def save_npz(params: Params, path: str, metadata: Optional[Mapping] = None) -> str:
   """Writes `params` in the public layout; returns `path`.
 
   Local files are written to a temporary name and renamed, so a killed process
   never leaves a truncated file under `path` (a failed write removes its temporary file, the
   next write one that a killed process left). Arrays are stored as their numpy
   dtype; bfloat16 leaves are widened to float32 (numpy cannot read bfloat16
-  from `.npz` without pickling).
+  from `.npz` without pickling). `metadata` (the model's name, the run's class names and
+  dataset: `read_metadata`) goes in the archive's comment, where no reader of the public
+  layout looks: the file holds the same arrays as one without it.
   """
   path = os.fspath(path)
   flat = {}
   for key, value in flatten(vit_checkpoint.unstack_blocks(params)).items():
     array = np.asarray(value)
     flat[key] = array.astype(np.float32) if array.dtype.name == 'bfloat16' else array
+  comment = _comment(metadata) if metadata else b''
   if files.is_remote(path):
     buffer = io.BytesIO()
     np.savez(buffer, **flat)
+    _set_comment(buffer, comment)
     with files.open_file(path, 'wb') as f:
       f.write(buffer.getvalue())
     return path
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   with files.temporary_beside(path) as tmp:  # removed if the write fails (a full disk)
-    with open(tmp, 'wb') as f:
+    with open(tmp, 'w+b') as f:
       np.savez(f, **flat)
+    _set_comment(tmp, comment)
     os.replace(tmp, path)
   return path
+
+
+# The zip format's limit on an archive comment.
+_COMMENT_BYTES = 65535
+_METADATA_KEY = 'vit_jax'
+_COMPRESSED = b'zlib:'
+
+
+def _comment(metadata: Mapping) -> bytes:
+  """`metadata` as an archive comment: ASCII JSON (no byte a zip reader could take for the end
+  of the archive), compressed when long; class names left out when even that is too long
+  (a head of some 10^5 classes), which `read_metadata` then lacks."""
+  import base64
+  import zlib
+
+  metadata = {k: v for k, v in metadata.items() if v is not None}
+  for attempt in (metadata, {k: v for k, v in metadata.items() if k != 'class_names'}):
+    text = json.dumps({_METADATA_KEY: attempt}, ensure_ascii=True, separators=(',', ':'))
+    data = text.encode('ascii')
+    if len(data) > _COMMENT_BYTES:
+      data = _COMPRESSED + base64.b64encode(zlib.compress(data, 9))
+    if len(data) <= _COMMENT_BYTES:
+      return data
+  return b''
+
+
+def _set_comment(file, comment: bytes) -> None:
+  if comment:
+    with zipfile.ZipFile(file, 'a') as archive:
+      archive.comment = comment
+
+
+def read_metadata(path) -> dict:
+  """What `save_npz` recorded with a local `.npz` (a workdir: its params.npz): {'model': a
+  MODEL_CONFIGS name, 'class_names': [...], 'dataset': ...}, each where known; {} for a file
+  without it (a released checkpoint), a remote or unreadable one."""
+  import base64
+  import zlib
+
+  path = os.fspath(path)
+  if files.is_remote(path):
+    return {}
+  if os.path.isdir(path):
+    path = workdir.params_path(path.rstrip('/'))
+  try:
+    with zipfile.ZipFile(path) as archive:
+      data = archive.comment
+    if data.startswith(_COMPRESSED):
+      data = zlib.decompress(base64.b64decode(data[len(_COMPRESSED) :]))
+    found = json.loads(data.decode('ascii')).get(_METADATA_KEY) if data else None
+  except (OSError, zipfile.BadZipFile, ValueError, zlib.error, AttributeError):
+    return {}
+  return found if isinstance(found, dict) else {}
 
 
 # ---------------------------------------------------------------------------
@@ -292,7 +437,8 @@ def load_pretrained(
   Args:
     pretrained_path: a released `.npz`, or a workdir holding `params.npz`.
     init_params: freshly initialised parameters of the model to fine-tune.
-    model_config: its config (a `MODEL_CONFIGS` entry), for the classifier.
+    model_config: its architecture (a `model_spec.Architecture`, or a `MODEL_CONFIGS` entry
+      as the official code passes), for the tokens before the patches.
     verbose: print a table of what was kept, resized, dropped or re-initialised.
     posemb_resize: how position embeddings change resolution
       (`vit_checkpoint.POSEMB_RESIZE`);
@@ -308,6 +454,8 @@ def load_pretrained(
   restored = flatten(load(pretrained_path))
   stacked = vit_checkpoint.is_stacked(init_params)  # a model with scan_layers=True
   init = flatten(vit_checkpoint.unstack_blocks(init_params))
+  if not isinstance(model_config, model_spec.Architecture):
+    model_config = model_spec.Architecture.of(model_config)
   out, report = vit_checkpoint.adapt(
     restored, init, model_config, posemb_resize, pretrained_path, patch_resize
   )

@@ -129,6 +129,11 @@ def _describe(record: dict) -> str:
 def main(argv):
   if len(argv) > 1:
     _exit(f'unexpected arguments {argv[1:]}')
+  with cli.reported():  # JAX_PLATFORMS naming an absent platform, as every command: one line
+    _compile_and_report()
+
+
+def _compile_and_report() -> None:
   from vit_jax import workdir
   from vit_jax.bench import aot
   from vit_jax.bench import gpu_record
@@ -222,4 +227,4 @@ def _fit(config, tpu, error):
 
 
 if __name__ == '__main__':
-  app.run(main, flags_parser=_CONFIG.parse)
+  sys.exit(cli.run(app.run, main, flags_parser=_CONFIG.parse))

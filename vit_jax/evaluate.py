@@ -22,6 +22,12 @@ from vit_jax.core import console
 def main(argv=None) -> int:
   parser = cli.parser('evaluate', __doc__, whole_doc=False)
   cli.add_checkpoint_flags(parser)
+  parser.add_argument(
+    '--fp8',
+    action='store_true',
+    help="bfloat16 with the encoder's dense layers as FP8 products, the kernels rounded to FP8 "
+    'once as the checkpoint loads (FP8 tensor cores on Hopper/Ada GPUs, emulated elsewhere)',
+  )
   parser.add_argument('--dataset', required=True, help='a dataset the input pipeline reads')
   parser.add_argument('--split', default='test', help="'test', 'train' or a split expression")
   parser.add_argument(
@@ -38,6 +44,7 @@ def main(argv=None) -> int:
   args = parser.parse_args(argv)
   console.quiet_libraries(args.verbosity)
 
+  from vit_jax.data import pipeline
   from vit_jax.evaluation import classify
   from vit_jax.evaluation import loader
 
@@ -54,9 +61,11 @@ def main(argv=None) -> int:
     )
     data.pp.crop = args.crop
     data.pp.resize = args.resize
+    # The split opened first: a dataset that is not there is said before any wait is shown.
+    source = pipeline.split_source(data, args.split)
     with console.heartbeat(f'{parser.prog}: evaluating on {args.dataset} {args.split}'):
       numbers = classify.evaluate_checkpoint(
-        loaded, data, args.split, warn=lambda line: print(line, file=sys.stderr)
+        loaded, data, args.split, warn=lambda line: print(line, file=sys.stderr), source=source
       )
   result = {'checkpoint': args.checkpoint, 'dataset': args.dataset, 'split': args.split, **numbers}
   text = json.dumps(result, indent=2)

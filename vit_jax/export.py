@@ -53,6 +53,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     'folder (hf, savedmodel)',
   )
   parser.add_argument('--labels', help="class names for hf, one per line, in the head's order")
+  parser.add_argument(
+    '--tag',
+    help="a timm file's weights, as timm names them (TAG or NAME.TAG, e.g. "
+    'vit_large_patch14_clip_224.openai): their preprocessing is recorded with the conversion '
+    '(default: what the file, a config.json beside it or its hub folder says)',
+  )
   console.add_verbosity_flag(parser)
   args = parser.parse_args(argv)
   with cli.reported():
@@ -66,6 +72,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         args.labels,
         args.patch_size,
         args.resample,
+        args.tag,
       )
     cli.note(parser.prog, loader.unfinished_note(args.checkpoint))
   print(f'wrote {args.format} to {output}')

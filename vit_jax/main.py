@@ -91,16 +91,16 @@ def main(argv):
   # On a GPU, JAX takes 75% of its memory by default; `python -m vit_jax.compile
   # --topology=h100-8` and the launch scripts count on 90% (read as its backends start).
   os.environ.setdefault('XLA_PYTHON_CLIENT_MEM_FRACTION', str(hardware.GPU_MEMORY_FRACTION))
-  with cli.reported():  # a launch that cannot work (vit_jax.core.processes): one line
-    processes.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
-
-  # Imported here: these pull in JAX and the input pipeline.
-  from vit_jax.training import loop
-
-  config = _CONFIG.value  # an official vit_jax config already translated
-  _fit_warmup(config, sys.argv)
-  workdir = _WORKDIR.value or _default_workdir(sys.argv)
+  # Everything that may ask JAX for its platform or raise a UserError is inside: a launch that
+  # cannot work (vit_jax.core.processes), JAX_PLATFORMS naming an absent platform, a bad run.
   with cli.reported():
+    processes.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+    # Imported here: these pull in JAX and the input pipeline.
+    from vit_jax.training import loop
+
+    config = _CONFIG.value  # an official vit_jax config already translated
+    _fit_warmup(config, sys.argv)
+    workdir = _WORKDIR.value or _default_workdir(sys.argv)
     loop.train_and_evaluate(config, workdir)
 
 

@@ -123,7 +123,7 @@ def compile_run(config, tpu) -> Compiled:
     return Compiled(config, tpu, built, train, evaluate, seconds)
   micro = None
   if config.scan_layers:
-    layers = spec.architecture.transformer.num_layers
+    layers = spec.architecture.num_layers
     micro = _depth_extrapolation(config, layers, mesh, num_classes, multi_label)
   elif config.accum_steps > 1 and _cost(train).get('optimal_seconds', -1.0) <= 0:
     one = with_overrides(config, {'batch': config.batch // config.accum_steps, 'accum_steps': 1})

@@ -7,7 +7,7 @@ the card's dense peak, or the collectives' bytes at NVLink and InfiniBand
 bandwidth, whichever is longer. Nothing here is a measurement.
 
 What the program launches is read from it too (`kernel_counts`, per encoder
-block `step_kernels`; benchmarks/gpu_hlo.py records them for issue 33): its
+block `step_kernels`; benchmarks/gpu_hlo.py records them): its
 kernels, the bytes they write, pads, convolutions, parameter casts.
 
 Collectives are read from the compiled program and placed on the links they
@@ -166,16 +166,26 @@ def analyse(c: aot.Compiled) -> dict:
 
 
 def kernel_counts(text: str) -> dict:
-  """What a compiled GPU program launches per call (issue 33): its kernels by name
+  """What a compiled GPU program launches per call: its kernels by name
   (`hlo.kernels`) and the bytes they write, the convolutions (XLA's or cuDNN's), the `pad`s
   inside any kernel by shape (`hlo.pads`), the
   arguments cast to a narrower float type in the program (`hlo.parameter_converts`; the
   parameters among them are named `...params[...]`), and cuBLASLt's fused epilogues."""
   kernels, ops = hlo.kernels(text), hlo.op_counts(text)
   casts = hlo.parameter_converts(text)
+  transposes = hlo.fp8_transposes(text)
   return {
     'kernels': sum(kernels.values()),
     'bytes_written': hlo.kernel_bytes(text),
+    # What the kernels between the matmuls and the attention write: norms, elementwise work,
+    # reductions, layout copies, the optimizer (`hlo.kernel_kind` 'other').
+    'other_kernels': sum(n for name, n in kernels.items() if hlo.kernel_kind(name) == 'other'),
+    'other_bytes_written': hlo.kernel_bytes(text, kinds=('other',)),
+    'fp8_gemms': sum(n for name, n in kernels.items() if name.startswith('__cublas$lt$matmul$f8')),
+    'fp8_transposes': transposes['fp8']['count'],
+    'fp8_transposed_bytes': transposes['fp8']['bytes'],
+    'cast_transposes': transposes['cast']['count'],
+    'cast_transposed_bytes': transposes['cast']['bytes'],
     'by_name': dict(sorted(kernels.items())),
     'convolutions': ops.get('convolution', 0)
     + sum(n for name, n in kernels.items() if name.startswith('__cudnn$conv')),
@@ -204,18 +214,19 @@ def step_kernels(opts, device, options=None) -> dict:
   per encoder block (the whole program less its one-block copy, over the other blocks), and
   the compiler's estimate of its memory (`bench.memory.estimate_bytes`, what the benchmark's
   record on the card calls `memory_estimate_bytes`)."""
-  depth = opts.depth or ModelSpec.of(speed.train_config(opts)).architecture.transformer.num_layers
+  depth = opts.depth or ModelSpec.of(speed.train_config(opts)).architecture.num_layers
   whole = compile_benchmark_step(dataclasses.replace(opts, depth=depth), device, options)
   one = compile_benchmark_step(dataclasses.replace(opts, depth=1), device, options)
   counts, first = kernel_counts(whole.as_text()), kernel_counts(one.as_text())
   names = sorted(set(counts['by_name']) | set(first['by_name']))
   per_block = {n: counts['by_name'].get(n, 0) - first['by_name'].get(n, 0) for n in names}
   blocks = max(depth - 1, 1)
+  totals = ('kernels', 'bytes_written', 'other_kernels', 'other_bytes_written', 'fp8_gemms',
+            'fp8_transposes', 'fp8_transposed_bytes', 'cast_transposes', 'cast_transposed_bytes')  # fmt: skip
   return {
     'depth': depth,
     **counts,
-    'kernels_per_block': (counts['kernels'] - first['kernels']) / blocks,
-    'bytes_written_per_block': (counts['bytes_written'] - first['bytes_written']) / blocks,
+    **{f'{key}_per_block': (counts[key] - first[key]) / blocks for key in totals},
     'per_block_by_name': {n: v / blocks for n, v in per_block.items() if v},
     'memory_estimate_bytes': memory.estimate_bytes(whole),
   }

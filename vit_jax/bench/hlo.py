@@ -32,7 +32,8 @@ COLLECTIVES = ('all-reduce', 'all-gather', 'reduce-scatter', 'all-to-all', 'coll
 _COMPUTATION = re.compile(r'^(ENTRY\s+)?%([\w.\-]+)\s.*\{\s*$')
 _INSTRUCTION = re.compile(r'^\s*(?:ROOT\s+)?%([\w.\-]+)\s*=\s*(.*)$')
 _OP = re.compile(r'\s([a-z][\w\-]*)\(')
-_ARRAY = re.compile(r'\b(pred|[suf]\d+|bf16)\[([\d,]*)\]')
+# Element types: pred, s8 ... f64, bf16, and the FP8 types (f8e4m3fn, f8e5m2, ...).
+_ARRAY = re.compile(r'\b(pred|[suf]\d+(?:e\d+m\d+[a-z]*)?|bf16)\[([\d,]*)\]')
 _CALLS = re.compile(
   r'(?:calls|to_apply|condition|body|branch_computations|called_computations)=\{?([^}]*?)(?:\}|,\s*\w+=|$)'
 )
@@ -42,7 +43,8 @@ def array_bytes(type_text: str) -> int:
   """Bytes of every array in a (possibly tuple) HLO type, layouts ignored."""
   total = 0
   for dtype, dims in _ARRAY.findall(re.sub(r'\{[^{}]*\}', '', type_text)):
-    total += _DTYPE_BYTES.get(dtype, 4) * math.prod(int(d) for d in dims.split(',') if d)
+    size = 1 if dtype.startswith('f8') else _DTYPE_BYTES.get(dtype, 4)
+    total += size * math.prod(int(d) for d in dims.split(',') if d)
   return total
 
 
@@ -441,6 +443,17 @@ def kernel_name(name: str, op: str, line: str) -> str:
   return op
 
 
+def kernel_kind(name: str) -> str:
+  """'gemm' (a cuBLAS matmul or cuDNN convolution), 'attention' (cuDNN's fused attention) or
+  'other' (fusions and unfused ops: norms, elementwise work, reductions, copies, the optimizer)
+  of a `kernel_name`."""
+  if name.startswith('__cudnn$fmha'):
+    return 'attention'
+  if name.startswith('__cublas') or name.startswith('__cudnn$conv'):
+    return 'gemm'
+  return 'other'
+
+
 def _kernel_rows(text: str):
   """(kernel name, launches per call, bytes it writes per launch) of every kernel-level
   instruction (`kernel_name`); a library call's workspace is not counted as written."""
@@ -463,11 +476,53 @@ def kernels(text: str) -> dict:
   return dict(out)
 
 
-def kernel_bytes(text: str) -> int:
-  """Bytes that a compiled GPU program's kernels write per call: the size of every kernel's
-  outputs, a proxy for the memory traffic of the elementwise and copy kernels between the
-  matmuls (what a transpose, a pad or an unfused bias add costs)."""
-  return sum(times * size for _, times, size in _kernel_rows(text))
+def kernel_bytes(text: str, kinds=('gemm', 'attention', 'other')) -> int:
+  """Bytes that a compiled GPU program's kernels of `kinds` (`kernel_kind`) write per call: the
+  size of every kernel's outputs, a proxy for the memory traffic of the elementwise and copy
+  kernels between the matmuls (what a transpose, a pad or an unfused bias add costs)."""
+  return sum(times * size for name, times, size in _kernel_rows(text) if kernel_kind(name) in kinds)
+
+
+def _is_fp8(type_text: str) -> bool:
+  array = _ARRAY.search(type_text)
+  return bool(array) and array.group(1).startswith('f8')
+
+
+def fp8_transposes(text: str) -> dict:
+  """The FP8 arrays a compiled GPU program writes through a `transpose` or `copy` (a layout
+  change; an FP8 GEMM on Hopper reads both operands with the contracted dimension minor), per
+  call, in two kinds by what the layout change reads:
+
+  - 'fp8': an FP8 array read from memory and written again in another layout, a pass over
+    FP8 data that exists only for the GEMM;
+  - 'cast': a wider array (bf16) rounded to FP8 and written in the new layout by the same
+    kernel that quantises it (one pass, as Transformer Engine's cast-transpose).
+
+  {kind: {'count': layout changes, 'bytes': the FP8 bytes they write}}."""
+  computations = _computations(text)
+  out = {kind: {'count': 0, 'bytes': 0} for kind in ('fp8', 'cast')}
+  for computation, times in _kernel_computations(computations).items():
+    for name, (op, result, operands, line) in _parsed(computations.get(computation, ())).items():
+      if op == 'fusion':
+        called = re.search(r'calls=%([\w.\-]+)', line)
+        body = _parsed(computations.get(called.group(1), ())) if called else {}
+      elif op in ('transpose', 'copy'):
+        body = {name: (op, result, operands, line)}
+      else:
+        continue
+      for inner_op, inner_result, inner_operands, _ in body.values():
+        if inner_op not in ('transpose', 'copy') or not _is_fp8(inner_result):
+          continue
+        source = inner_operands[0] if inner_operands else None
+        while source in body and body[source][0] in ('bitcast', 'reshape') and body[source][2]:
+          source = body[source][2][0]
+        # Inside a fusion the array comes from a parameter (memory) or from a convert (a cast
+        # in the same kernel); an unfused transpose reads its operand from memory.
+        from_memory = source not in body or body[source][0] == 'parameter'
+        kind = 'fp8' if from_memory else 'cast'
+        out[kind]['count'] += times
+        out[kind]['bytes'] += times * array_bytes(inner_result)
+  return out
 
 
 def op_counts(text: str) -> dict:

@@ -28,7 +28,9 @@ from vit_jax.configs.model_spec import ModelSpec
 from vit_jax.core import hardware
 from vit_jax.core import sharding
 from vit_jax.core.errors import UserError
+from vit_jax.models import fp8
 from vit_jax.models import vit
+from vit_jax.models.attention import ATTENTION
 from vit_jax.training import program
 from vit_jax.training import steps
 
@@ -44,7 +46,7 @@ class Options:
   remat: bool = False
   optimizer: str = 'adam'  # 'adam' (pre-training) or 'sgd' (fine-tuning)
   optim_dtype: str = 'float32'  # Adam's first moment / SGD's momentum: 'float32' or 'bfloat16'
-  attention: str = 'auto'  # see vit.ATTENTION
+  attention: str = 'auto'  # see ATTENTION
   fp8: bool = False  # the encoder's dense layers as FP8 products (vit_jax.models.fp8)
   num_classes: int = 1000
   warmup: int = 2  # untimed steps per side
@@ -77,8 +79,8 @@ def validate(opts: Options) -> None:
     raise BenchmarkError('--steps and --repeats must be >= 1, --warmup >= 0')
   if opts.compare not in (None, 'timm'):
     raise BenchmarkError(f"--compare={opts.compare}: only 'timm' is supported")
-  if opts.attention not in vit.ATTENTION:
-    raise BenchmarkError(f'--attention={opts.attention}: use one of {", ".join(vit.ATTENTION)}')
+  if opts.attention not in ATTENTION:
+    raise BenchmarkError(f'--attention={opts.attention}: use one of {", ".join(ATTENTION)}')
   if opts.attention == 'cudnn' and (opts.dtype != 'bfloat16' or jax.default_backend() != 'gpu'):
     raise BenchmarkError("--attention=cudnn needs a CUDA GPU and --dtype=bfloat16; use 'auto'")
   if opts.compare == 'timm' and opts.optimizer != 'adam':
@@ -91,8 +93,8 @@ def validate(opts: Options) -> None:
     arch = model_spec.registered(opts.model)
   except KeyError as e:  # its message names close matches
     raise BenchmarkError(e.args[0]) from None
-  patch = arch.patches.size[0]
-  if arch.get('resnet') is None and opts.resolution % patch:
+  patch = arch.patch_size[0]
+  if arch.resnet is None and opts.resolution % patch:
     raise BenchmarkError(
       f'--resolution={opts.resolution} must be a multiple of the patch size {patch} of {opts.model}'
     )
@@ -154,7 +156,9 @@ def build_step(opts: Options, abstract: bool = False, device=None):
     # Inference keeps its parameters in the compute dtype (vit.compute_params): no casts in the step.
     def init():
       params = model.init(jax.random.PRNGKey(0), jnp.zeros((1,) + shape[1:]), train=False)
-      return vit.compute_params(params['params'], opts.dtype)
+      params = vit.compute_params(params['params'], opts.dtype)
+      # FP8: the kernels rounded once, as `predict --fp8` loads them (fp8.quantise_params).
+      return fp8.quantise_params(params, opts.dtype) if opts.fp8 else params
 
     on_device = jax.sharding.SingleDeviceSharding(device)
     init = jax.jit(init, out_shardings=on_device)

@@ -58,9 +58,9 @@ def matmul_flops(n: int, dtype_name: str, repeats: int = 5) -> float:
 
 
 def _timm_model(timm, torch, arch, resolution: int, num_classes: int):
-  if arch.get('resnet') is not None:
-    raise CompareError(f'{arch.model_name}: the timm comparison covers plain ViTs, not hybrids')
-  if arch.get('representation_size') is not None:
+  if arch.resnet is not None:
+    raise CompareError(f'{arch.name}: the timm comparison covers plain ViTs, not hybrids')
+  if arch.representation_size is not None:
     raise CompareError('the timm comparison has no pre-logits layer; use a model without one')
   if arch.classifier not in ('token', 'gap'):
     raise CompareError(
@@ -68,14 +68,14 @@ def _timm_model(timm, torch, arch, resolution: int, num_classes: int):
     )
   from timm.models import vision_transformer
 
-  t = arch.transformer
+  t = arch.block
   return vision_transformer.VisionTransformer(
     img_size=resolution,
-    patch_size=arch.patches.size[0],
+    patch_size=arch.patch_size[0],
     in_chans=3,
     num_classes=num_classes,
     embed_dim=arch.hidden_size,
-    depth=t.num_layers,
+    depth=arch.num_layers,
     num_heads=t.num_heads,
     mlp_ratio=t.mlp_dim / arch.hidden_size,
     qkv_bias=True,

@@ -91,7 +91,7 @@ GIANTS = {
     24576,
     48,
     48,
-    {'parallel_block': True, 'qk_norm': True, 'qkv_and_norm_biases': False},
+    {'parallel_block': True, 'qk_norm': True, 'biases': 'no_qkv_or_norm'},
   ),
 }
 

@@ -89,7 +89,7 @@ class ConfigFlag:
     except flags.UnrecognizedFlagError as e:
       cli.fail(_unknown_flag(e, argv[0]))
     except flags.Error as e:
-      cli.fail(_flags_error(e))
+      cli.fail(_flags_error(e, spec or self._default))
 
   def help(self, program: str) -> str:
     """--help: the command's docstring, its flags, and every config field with its default,
@@ -289,13 +289,36 @@ def _attribute_error(e: AttributeError, argv) -> str:
   return f'unknown config field {field!r}; see the config file'
 
 
-def _flags_error(e) -> str:
-  """absl wraps what the config file raised: a ConfigError there is the user's argument,
-  anything else a bug whose traceback absl's message carries. (ml_collections re-raises the
-  file's exception as its own type with the traceback as message: the innermost ConfigError
-  holds the real message.)"""
-  cause, original = e.__cause__ or e.__context__, None
+def _flags_error(e, spec: str) -> str:
+  """absl wraps what the config file raised: a ConfigError there is the user's argument, and
+  so is a call of `get_config` with arguments it does not take (`spec`'s `:ARGS`); anything
+  else is a bug whose traceback absl's message carries. (ml_collections re-raises the file's
+  exception as its own type with the traceback as message: the innermost ConfigError holds
+  the real message.)"""
+  cause, original, call = e.__cause__ or e.__context__, None, None
   while cause is not None:
     original = cause if isinstance(cause, ConfigError) else original
+    call = cause if _a_call_of_get_config(cause) else call
     cause = cause.__cause__ or cause.__context__
-  return cli.message_of(original) if original is not None else str(e)
+  if original is not None:
+    return cli.message_of(original)
+  if call is not None:
+    path, colon, args = spec.partition(':')
+    text = str(call).splitlines()[0]
+    if 'takes 0 positional arguments' in text:
+      fix = f'it takes no :ARGS, pass --config={path}'
+    elif colon:
+      fix = f'pass the arguments its get_config takes after the colon (see {path})'
+    else:
+      fix = f'it needs arguments: pass --config={path}:ARGS (see {path})'
+    return f'--config={spec}: {text}; {fix}'
+  return str(e)
+
+
+def _a_call_of_get_config(error: BaseException) -> bool:
+  """A TypeError raised by the call of a config file's `get_config` itself (the arguments do
+  not fit its signature), not inside it: its innermost frame is the caller's."""
+  if not isinstance(error, TypeError) or 'get_config()' not in str(error):
+    return False
+  frames = traceback.extract_tb(error.__traceback__)
+  return bool(frames) and os.path.basename(frames[-1].filename) == 'config_flags.py'

@@ -15,6 +15,7 @@ import ml_collections
 
 from vit_jax.configs import ConfigError
 from vit_jax.configs import common
+from vit_jax.configs import families
 from vit_jax.configs import model_spec
 from vit_jax.configs import schema
 from vit_jax.configs.common import finetune_steps
@@ -160,13 +161,13 @@ def finetune(arg: str) -> ml_collections.ConfigDict:
   config.dataset = dataset
   # The official fine-tuning trains with its model config's dropout: 0.1 for
   # ViT-L/16, ViT-H/14, R50+ViT-B/16 and R50+ViT-L/32, 0.0 for the others.
-  config.dropout_rate = model_spec.registered(model).transformer.dropout_rate
+  config.dropout_rate = model_spec.registered(model).block.dropout_rate
   config.dtype = 'bfloat16'
   # Released ImageNet-21k weights; set --config.pretrained_path to another
   # .npz or to one of our workdirs.
   config.pretrained_path = f'gs://vit_models/imagenet21k/{model}.npz'
   # Paper B.1.1: fine-tune at 384 px; 392 for 14 px patches (384 would drop 6 px per side).
-  patch = model_spec.registered(model).patches.size[0]
+  patch = model_spec.registered(model).patch_size[0]
   config.pp.crop = -(-384 // patch) * patch
   config.batch = 512
   config.batch_eval = 512
@@ -180,6 +181,10 @@ def finetune(arg: str) -> ml_collections.ConfigDict:
   config.base_lr = 0.01 if dataset.startswith('vtab/') else 0.03
   config.total_steps = finetune_steps(dataset)
   config.ema_decay = 0.0  # Polyak averaging: --config.ema_decay=0.9999
+  if families.family_of(model) is not None:
+    # A family's weights come from timm, whose fine-tunes resize the position table by
+    # `resample_abs_pos_embed` (bicubic, antialiased); the paper's keep the official zoom.
+    config.posemb_resize = 'bicubic_antialias'
   config.progress_every = 50
   config.eval_every = 1000
   config.checkpoint_every = 1000

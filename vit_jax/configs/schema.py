@@ -5,7 +5,7 @@ A `Field` is a dotted name, its default, its type, the values it may take
 the defaults of every experiment config (`defaults`, which
 `common.get_config` and `data.data_config` return), the names the command
 line knows (`names`, `configs.flag.unknown_fields`), the tuples the code reads
-(`allowed`: `vit.ATTENTION`, ...) and the table in
+(`allowed`: `attention.ATTENTION`, ...) and the table in
 docs/training.md (`python -m vit_jax.configs.schema` prints it;
 tests/test_configs.py holds the two equal).
 
@@ -99,10 +99,13 @@ FIELDS = (
   Field('block.parallel_block', None, bool, "attention and MLP in parallel; None: the model's"),
   Field('block.qk_norm', None, bool, "LayerNorm of queries and keys; None: the model's"),
   Field(
-    'block.qkv_and_norm_biases',
+    'block.biases',
     None,
-    bool,
-    "biases in the q/k/v projections and LayerNorms; None: the model's",
+    str,
+    "which biases exist: 'all', 'no_key' (none in the keys' projection: EVA-02), 'no_qkv' "
+    "(none in the q/k/v projections: DINOv3) or 'no_qkv_or_norm' (none there and in the "
+    "LayerNorms: ViT-22B); None: the model's",
+    ('all', 'no_key', 'no_qkv', 'no_qkv_or_norm'),
   ),
   Field(
     'block.layer_scale',
@@ -689,10 +692,11 @@ def _value(config, name: str):
 
 
 def values_allowed(config, devices=None) -> None:
-  """A field with choices holds one of them."""
+  """A field with choices holds one of them (or None where None is its default: unset)."""
   for field in FIELDS:
     value = _value(config, field.name)
-    if field.allowed and value is not _ABSENT and value not in field.allowed:
+    unset = value is None and field.default is None
+    if field.allowed and value is not _ABSENT and not unset and value not in field.allowed:
       raise ConfigError(f'{field.name}={value!r}: use one of {", ".join(field.allowed)}')
 
 

@@ -138,6 +138,14 @@ def library_versions(names=('jax', 'jaxlib', 'flax', 'optax', 'numpy', 'torch', 
   return versions
 
 
+def host_memory() -> Optional[int]:
+  """This machine's physical memory in bytes (None where the OS does not say)."""
+  try:
+    return os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
+  except (AttributeError, ValueError, OSError):
+    return None
+
+
 def machine_info() -> dict:
   """What a benchmark number depends on: CPU, cores, devices, libraries, XLA flags."""
   cpu, cpu_flags = _cpu_model_and_flags()
@@ -160,33 +168,33 @@ def machine_info() -> dict:
 
 
 # XLA options of the programs built for NVIDIA GPUs (train, eval, benchmark and
-# inference steps; issue 33). Triton's matmuls off: with them on, XLA turns each
-# matmul into a Triton fusion before it matches cuBLASLt's epilogues, so a
-# matmul that the autotuner then gives to cuBLAS keeps its bias, GELU and
-# residual add as kernels of their own (ViT-B/16 inference on an H100: GELU
-# 11.3%, adds 6.3% of the time). Compiled for an H100 on this CPU
-# (benchmarks/gpu_hlo), ViT-B/16 then has no GELU or bias kernel left. Not yet
-# timed on a GPU: benchmarks/gpu_session.py measures it against Triton on.
-# MaxText's and JAX-Toolbox's GPU flags set it too; the latency-hiding
-# scheduler they also set compiled to the same program here (it is on by default).
+# inference steps). Triton's matmuls off: with them on, XLA turns each matmul
+# into a Triton fusion before it matches cuBLASLt's epilogues, so a matmul that
+# the autotuner then gives to cuBLAS keeps its bias, GELU and residual add as
+# kernels of their own (ViT-B/16 inference on an H100: GELU 11.3%, adds 6.3% of
+# the time). Compiled for an H100 (benchmarks/gpu_hlo.py), ViT-B/16 then has no
+# GELU or bias kernel left. Timed on an H200 (ViT-B/16 training, bf16, batch 512;
+# `python benchmarks/gpu_session.py`, records in benchmarks/gpu_measured/h200_20261127/,
+# the README's table): 3,993 img/s with these options, 3,841 with Triton's
+# matmuls on. MaxText's and JAX-Toolbox's GPU flags set it too; the
+# latency-hiding scheduler they also set compiles to the same program (it is on
+# by default).
 GPU_COMPILER_OPTIONS = {'xla_gpu_enable_triton_gemm': False}
 
-# And where a program spans several GPUs: the gradient all-reduces (FSDP's all-gathers and
-# reduce-scatters too) combined into buckets of at most 8 MiB instead of XLA's 30 MiB. XLA
-# combines the collectives of one step that are ready together; with 30 MiB buckets ViT-B/16's
-# gradients crossed in one all-reduce that waited for the whole backward pass, started and
-# finished with nothing to overlap. In 8 MiB buckets (a ViT-B/16 block's gradient is 14 MB in
-# bf16) each starts once its layers' gradients exist, and the latency-hiding scheduler (on by
-# default) runs the backward pass of the layers below under it (tests/test_compile_gpu.py reads
-# the schedule at two blocks). At the full 12 blocks the schedule tells another story
-# (`python benchmarks/gpu_overlap.py`, benchmarks/gpu/overlap_vit_b16.json): the bytes of the
-# collectives with a matmul between start and done are 39% here against 70% with XLA's 30 MiB
-# on h100-8, and 84% both ways on h100-16. Which hides more time needs a card to tell.
+# And where a program spans several GPUs: the latency-hiding scheduler, which starts each
+# collective early and runs the compute that does not need it between its start and done, and
+# the collectives combined into buckets of at most 30 MiB (XLA's own default, set here so that
+# the choice is ours). Of buckets of 8, 30 and 64 MiB, 30 MiB puts the most gradient bytes
+# under matmuls in the compiled schedules of the full-depth ImageNet-21k steps (`python
+# benchmarks/gpu_overlap.py`, benchmarks/gpu/overlap.json; tests/test_compile_gpu.py holds
+# it): ViT-B/16 on 8 H100s 70% of its 197 MiB (8 MiB: 39%, 64 MiB: 62%), on 16 H100s 84%
+# (84%, 68%); ViT-L/16 on 16 H100s 89% of its 623 MiB (93%, 90%); on 8, where it accumulates 2
+# micro-batches to fit, none with any size: its gradients are reduced after the last one.
 MULTI_GPU_COMPILER_OPTIONS = {
   'xla_gpu_enable_latency_hiding_scheduler': True,
-  'xla_gpu_all_reduce_combine_threshold_bytes': 8 * 2**20,
-  'xla_gpu_all_gather_combine_threshold_bytes': 8 * 2**20,
-  'xla_gpu_reduce_scatter_combine_threshold_bytes': 8 * 2**20,
+  'xla_gpu_all_reduce_combine_threshold_bytes': 30 * 2**20,
+  'xla_gpu_all_gather_combine_threshold_bytes': 30 * 2**20,
+  'xla_gpu_reduce_scatter_combine_threshold_bytes': 30 * 2**20,
 }
 
 # The share of a GPU's memory JAX's allocator takes when the run sets

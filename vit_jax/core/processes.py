@@ -4,7 +4,9 @@ would leave it hanging or idle, named in one line before any work.
 The processes find each other through `jax.distributed.initialize`: from the
 flags (`--coordinator_address`, `--num_processes`, `--process_id`), or from
 the environment of a TPU pod slice or a SLURM job step. Under SLURM that is
-one process per task of `srun`, each driving the GPU numbered SLURM_LOCALID:
+one process per task of `srun`, each driving the GPU numbered SLURM_LOCALID,
+meeting at the first node's NodeAddr; a coordinator they cannot reach ends
+each of them in one line (`vit_jax.core.coordinator`). Launch mistakes:
 
 - a command run once in an allocation of several tasks (in the batch script
   or an `salloc` shell, without `srun`) has no job step to read;
@@ -18,6 +20,7 @@ import os
 import re
 from typing import Optional
 
+from vit_jax.core import coordinator
 from vit_jax.core.errors import UserError
 
 
@@ -74,29 +77,69 @@ def initialize(
   environ=os.environ,
 ) -> None:
   """jax.distributed for a run of several processes; one process when nothing says otherwise.
-  LaunchError for the mistakes in the module's docstring."""
+  LaunchError for the mistakes in the module's docstring; under srun, a coordinator that the
+  processes cannot reach ends each of them in one line (`coordinator.Join`)."""
   import jax
 
-  explicit = bool(coordinator_address or num_processes)
   mistake = slurm_mistake(environ, num_processes)
   if mistake:
     raise LaunchError(mistake)
   # CPU processes talk through gloo; accelerators ignore this setting.
   jax.config.update('jax_cpu_collectives_implementation', 'gloo')
-  if explicit:
+  tasks = int(environ.get('SLURM_NTASKS', '1') or 1)
+  place = None
+  if 'SLURM_STEP_ID' in environ and tasks > 1:
+    place = coordinator.slurm_coordinator(environ, coordinator_address)
+    rank = int(environ['SLURM_PROCID']) if process_id is None else process_id
+    join = coordinator.Join(place, rank, tasks, coordinator.this_node(environ), environ)
+    join.run(
+      lambda address, timeout: jax.distributed.initialize(
+        coordinator_address=address,
+        num_processes=num_processes,
+        process_id=process_id,
+        initialization_timeout=timeout,
+      )
+    )
+  elif coordinator_address or num_processes:
     jax.distributed.initialize(
       coordinator_address=coordinator_address,
       num_processes=num_processes,
       process_id=process_id,
     )
-  elif (
-    int(environ.get('SLURM_NTASKS', '1') or 1) > 1
-    or len(environ.get('TPU_WORKER_HOSTNAMES', '').split(',')) > 1
-  ):
-    jax.distributed.initialize()  # detects SLURM and TPU pod slices itself
-  tasks = int(environ.get('SLURM_NTASKS', '1') or 1)
+  elif len(environ.get('TPU_WORKER_HOSTNAMES', '').split(',')) > 1:
+    jax.distributed.initialize()  # a TPU pod slice: JAX finds the others itself
   if 'SLURM_STEP_ID' in environ and jax.process_count() != tasks:
     raise LaunchError(_count_mismatch(tasks, jax.process_count()))
+  if jax.process_count() > 1:
+    _announce(place, environ)
+
+
+def _announce(place, environ) -> None:
+  """Each process records its node (for the line that names a lost one); process 0 prints
+  where they all run, once: `4 processes: 0-1 on n1, 2-3 on n2; coordinator n1 (...)`."""
+  import jax
+  from jax._src import distributed  # the client jax.distributed.initialize made
+
+  client = distributed.global_state.client
+  coordinator.publish_node(client, jax.process_index(), coordinator.this_node(environ))
+  try:
+    client.wait_at_barrier('vit_jax/nodes', 60_000)
+  except Exception:  # noqa: BLE001  a process gone already: the run says so at its first step
+    return
+  if jax.process_index() != 0:
+    return
+  nodes = {int(k.rsplit('/', 1)[1]): v for k, v in client.key_value_dir_get('vit_jax/node/')}
+  groups = []  # [node, first rank, last rank], runs of consecutive ranks on one node
+  for rank in sorted(nodes):
+    if groups and groups[-1][0] == nodes[rank] and groups[-1][2] == rank - 1:
+      groups[-1][2] = rank
+    else:
+      groups.append([nodes[rank], rank, rank])
+  where = ', '.join(
+    f'{first}{f"-{last}" if last > first else ""} on {node}' for node, first, last in groups
+  )
+  met = f'; coordinator {place.named()}' if place else ''
+  print(f'{jax.process_count()} processes: {where}{met}', flush=True)
 
 
 def _count_mismatch(tasks: int, processes: int) -> str:

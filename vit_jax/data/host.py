@@ -194,22 +194,29 @@ class TrainBatches:
 
 
 def eval_batches(source, pp, *, positions_fn, num_threads=0, ahead=2):
-  """Host eval batches (uint8 images, labels, mask) at the (indices, mask) of `positions_fn()`.
+  """Host eval batches (uint8 images, labels, mask) at the (indices, mask) of `positions_fn()`:
+  the official resize, or timm's transform of the weights (`pp.transform`, at `pp.crop` px).
 
   The next `ahead` batches are read and decoded while the caller evaluates one,
   `_CHUNK` images a job (images in memory: each chunk resized as one array).
   """
   pool = concurrent.futures.ThreadPoolExecutor(threads(num_threads))
 
+  transform = pp.transform  # the weights' own (timm's), else the official resize
+  if transform is not None:
+    from_array = lambda items: images.timm_eval_array(items, transform)
+    from_bytes = lambda data: images.timm_eval_image(data, transform)
+  else:
+    from_array = lambda items: images.eval_array(items, pp.crop, pp.resize)
+    from_bytes = lambda data: images.eval_image(data, pp.crop, pp.resize)
+
   def decode_rows(idx, rows, out):
     items, labels = source.fetch(idx)
     if source.decoded:
-      out[rows[0] : rows[-1] + 1] = images.eval_array(items, pp.crop, pp.resize)
+      out[rows[0] : rows[-1] + 1] = from_array(items)
       return labels
     for k, i in enumerate(rows):
-      out[i] = _decoded(
-        source, idx[k], items[k], lambda d: images.eval_image(d, pp.crop, pp.resize)
-      )
+      out[i] = _decoded(source, idx[k], items[k], from_bytes)
     return labels
 
   def submit(idx, mask):

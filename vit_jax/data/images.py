@@ -191,6 +191,64 @@ def eval_array(image, crop: int, resize_to: Optional[int] = None) -> np.ndarray:
   return image[..., start : start + crop, start : start + crop, :]
 
 
+# timm's interpolation names -> PIL's filters (torchvision resizes a PIL image with PIL's).
+_PIL_FILTERS = {
+  'bicubic': 'BICUBIC',
+  'bilinear': 'BILINEAR',
+  'nearest': 'NEAREST',
+  'lanczos': 'LANCZOS',
+  'box': 'BOX',
+  'hamming': 'HAMMING',
+}
+
+
+def timm_eval_image(data: bytes, transform) -> np.ndarray:
+  """Encoded image -> uint8 [size, size, 3]: timm's evaluation pixels for weights whose
+  preprocessing is `transform` (a `configs.timm_weights.Preprocessing`). Decoded as timm's
+  datasets read a file (PIL, converted to RGB), then `timm_eval_array`."""
+  from PIL import Image
+
+  try:
+    with Image.open(io.BytesIO(data)) as image:
+      image.seek(0)
+      return timm_eval_array(image.convert('RGB'), transform)
+  except Image.DecompressionBombError as e:
+    raise TooLarge(too_large_reason(e)) from None
+  except (OSError, ValueError, SyntaxError) as e:
+    reason = re.sub(r'<_io\.BytesIO object at 0x[0-9a-f]+>', 'the data', str(e))
+    raise BadImage((reason.strip().splitlines() or [type(e).__name__])[0][:200]) from None
+
+
+def timm_eval_array(image, transform) -> np.ndarray:
+  """A uint8 [h, w, 3] array or PIL image (or a batch of arrays) -> uint8 [size, size, 3]:
+  timm's evaluation transform (`transforms_imagenet_eval`): the shorter side resized to
+  `transform.scale_size` (the longer to int(scale * long / short), torchvision's rule), or both
+  sides with crop_mode 'squash', by PIL's filter; then the centre crop, offsets rounded as
+  torchvision's `center_crop`."""
+  from PIL import Image
+
+  if isinstance(image, np.ndarray) and image.ndim == 4:
+    return np.stack([timm_eval_array(one, transform) for one in image])
+  if isinstance(image, np.ndarray):
+    image = Image.fromarray(image)
+  width, height = image.size
+  scale, size = transform.scale_size, transform.size
+  if transform.crop_mode == 'squash':
+    new = (scale, scale)
+  elif width <= height:
+    new = (scale, int(scale * height / width))
+  else:
+    new = (int(scale * width / height), scale)
+  if new != (width, height):
+    image = image.resize(new, getattr(Image, _PIL_FILTERS[transform.interpolation]))
+  pixels = np.asarray(image)
+  if pixels.shape[0] < size or pixels.shape[1] < size:
+    raise BadImage(f'{pixels.shape[1]}x{pixels.shape[0]} px after the resize, under the crop')
+  top = int(round((pixels.shape[0] - size) / 2.0))
+  left = int(round((pixels.shape[1] - size) / 2.0))
+  return np.ascontiguousarray(pixels[top : top + size, left : left + size])
+
+
 def crop_window(uniforms, height: int, width: int, area_min: float):
   """(y, x, h, w) of one image's inception crop from its `CROP_DRAWS` uniforms in [0, 1): the
   first attempt whose box fits, else the whole image; offsets as TensorFlow places them, y

@@ -351,21 +351,16 @@ class TrainBatches(host.TrainBatches):
     return {**out, 'label': np.concatenate([job.result() for job in jobs])}
 
 
-def describe(config, flip: bool, resize) -> str:
-  """The preprocessing of a self-distillation run, in one line."""
+def train_line(config, flip: bool) -> str:
+  """The train transform of a self-distillation run, in words (`pipeline.Preprocessing`)."""
   d, ibot = config.dino, config.ibot
   scale = lambda s: f'area {s[0]:g}-{s[1]:g}'
-  evaluation = (
-    f'resize to {resize}, centre crop {config.pp.crop} px'
-    if resize
-    else f'resize to {config.pp.crop} px'
-  )
   return (
-    f'preprocessing: train 2 global crops ({scale(d.global_scale)}) to {config.pp.crop} px and '
+    f'2 global crops ({scale(d.global_scale)}) to {config.pp.crop} px and '
     f'{d.local_crops} local crops ({scale(d.local_scale)}) to {d.local_crop} px, '
     f'{"horizontal flip" if flip else "no flip"}, colour jitter, grey, blur and solarisation as '
-    f'DINOv2; iBOT masks of {ibot.mask_ratio[0]:g}-{ibot.mask_ratio[1]:g} of the patches in '
-    f'{ibot.mask_probability:g} of the global crops; eval {evaluation} (docs/self_supervised.md)'
+    f'DINOv2, iBOT masks of {ibot.mask_ratio[0]:g}-{ibot.mask_ratio[1]:g} of the patches in '
+    f'{ibot.mask_probability:g} of the global crops (docs/self_supervised.md)'
   )
 
 

@@ -33,7 +33,7 @@ its part to the same number of batches and marks padding with mask = 0.
 
 import dataclasses
 import functools
-from typing import Iterator, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence, Tuple
 
 import jax
 import numpy as np
@@ -59,8 +59,10 @@ class DatasetInfo:
   class_names: Optional[Sequence[str]]
 
 
-def get_info(config) -> DatasetInfo:
-  train, test = _open(config, 'train'), _open(config, 'test')
+def get_info(config, pp: Optional['Preprocessing'] = None) -> DatasetInfo:
+  """The dataset of `config` (`pp`: its preprocessing, when the caller resolved it)."""
+  pp = pp or Preprocessing.of(config)
+  train, test = _open(config, pp.split('train')), _open(config, pp.split('test'))
   return DatasetInfo(
     config.dataset,
     train.num_classes,
@@ -76,7 +78,11 @@ def get_info(config) -> DatasetInfo:
 
 
 @dataclasses.dataclass(frozen=True)
-class _PP:
+class Preprocessing:
+  """The data half of a run, resolved once from its config (`Preprocessing.of`) and handed to
+  the iterators, as a `ModelSpec` is to the model: the dataset's defaults filled in where the
+  config leaves a choice to them, the splits, and the weights' evaluation transform."""
+
   crop: int
   resize: Optional[int]
   flip: bool
@@ -85,94 +91,102 @@ class _PP:
   randaug_layers: int
   randaug_magnitude: float
   mixup: float
+  train_split: str = 'train'  # split expressions: pp.train / pp.test or the dataset's default
+  test_split: str = 'test'
+  defaults: str = ''  # where the dataset's defaults come from, and the fields the config set
+  naflex_tokens: Tuple[int, ...] = ()  # NaFlex's budgets, for the description
+  # Evaluation by the weights' own transform (`configs.timm_weights.Preprocessing`, at `crop`
+  # px) instead of the official resize: a checkpoint of a family converted from timm.
+  transform: Any = None
+  # The train transform in words where the task brings its own (self-distillation's multi-crop,
+  # `data.multicrop`); None: the fields above.
+  train_line: Optional[str] = None
 
-
-def _pp(config) -> _PP:
-  # The data fields' rules, as the trainer checks them (`program.validate`), for the callers of
-  # the iterators that do not go through it.
-  schema.validate_data(config)
-  pp, base = config.pp, datasets.defaults(config.dataset, config.tfds_data_dir)
-  pick = lambda value, default: default if value is None else value
-  return _PP(
-    int(pp.crop),
-    pp.resize,
-    bool(pick(pp.flip, base.flip)),
-    bool(pick(pp.inception_crop, base.inception_crop)),
-    float(pick(pp.area_min, base.area_min)),
-    int(pp.randaug_layers),
-    float(pp.randaug_magnitude),
-    float(pp.mixup),
-  )
-
-
-def describe_preprocessing(config) -> str:
-  """The preprocessing a run uses, in one line, with where its defaults come from."""
-  pp = _pp(config)
-  base = datasets.defaults(config.dataset, config.tfds_data_dir)
-  if config.get('task') == 'dino':
-    return multicrop.describe(config, pp.flip, pp.resize)
-  tokens = tuple(config.get('naflex_tokens') or ())
-  if tokens:  # NaFlex (data.naflex): the crop keeps its aspect ratio, sized by a token budget
-    budgets = (
-      f'a budget of {tokens[0]} tokens'
-      if len(tokens) == 1
-      else (f'a budget drawn from {", ".join(map(str, tokens))} tokens')
+  @classmethod
+  def of(cls, config, transform=None) -> 'Preprocessing':
+    """The preprocessing of a run's (or a command's) data config; the data fields' rules
+    checked, as the trainer checks them (`program.validate`), for the callers that skip it."""
+    if config.get('dataset') is None:
+      raise DataError(
+        'config.dataset is not set: pass --config.dataset=NAME_OR_DIR (a TFDS name '
+        'such as imagenet2012, an image folder, or a directory of JFT-style shards)'
+      )
+    schema.validate_data(config)
+    pp, base = config.pp, datasets.defaults(config.dataset, config.tfds_data_dir)
+    pick = lambda value, default: default if value is None else value  # noqa: E731
+    chosen = [name for name in ('flip', 'inception_crop', 'area_min') if pp[name] is not None]
+    return cls(
+      crop=int(pp.crop),
+      resize=pp.resize,
+      flip=bool(pick(pp.flip, base.flip)),
+      inception_crop=bool(pick(pp.inception_crop, base.inception_crop)),
+      area_min=float(pick(pp.area_min, base.area_min)),
+      randaug_layers=int(pp.randaug_layers),
+      randaug_magnitude=float(pp.randaug_magnitude),
+      mixup=float(pp.mixup),
+      train_split=pp.train or base.train,
+      test_split=pp.test or base.test,
+      defaults=f'dataset defaults ({base.why})' + (f', set: {", ".join(chosen)}' if chosen else ''),
+      naflex_tokens=tuple(config.get('naflex_tokens') or ()),
+      transform=None if transform is None else transform.at(int(pp.crop)),
+      train_line=(
+        multicrop.train_line(config, bool(pick(pp.flip, base.flip)))
+        if config.get('task') == 'dino'
+        else None
+      ),
     )
-    box = f'inception crop (area {pp.area_min:g}-1)' if pp.inception_crop else 'the whole image'
-    crop = f'{box} at its own aspect ratio, resized to {budgets} (NaFlex)'
-  elif pp.inception_crop:
-    crop = f'inception crop (area {pp.area_min:g}-1) to {pp.crop} px'
-  else:
-    crop = f'resize to {pp.crop} px'
-  train = [crop, 'horizontal flip' if pp.flip else 'no flip']
-  if pp.randaug_layers:
-    train.append(f'RandAugment {pp.randaug_layers}x{pp.randaug_magnitude:g}')
-  if pp.mixup:
-    train.append(f'Mixup {pp.mixup:g}')
-  evaluation = (
-    f'resize to {pp.resize}, centre crop {pp.crop} px' if pp.resize else f'resize to {pp.crop} px'
-  )
-  chosen = [
-    name
-    for name, value in (
-      ('flip', config.pp.flip),
-      ('inception_crop', config.pp.inception_crop),
-      ('area_min', config.pp.area_min),
+
+  def split(self, split: str) -> str:
+    """'train' / 'test' -> their split expressions; others as given."""
+    return {'train': self.train_split, 'test': self.test_split}.get(split, split)
+
+  def describe(self) -> str:
+    """The preprocessing in one line, with where its defaults come from."""
+    tokens = self.naflex_tokens
+    if tokens:  # NaFlex (data.naflex): the crop keeps its aspect ratio, sized by a token budget
+      budgets = (
+        f'a budget of {tokens[0]} tokens'
+        if len(tokens) == 1
+        else (f'a budget drawn from {", ".join(map(str, tokens))} tokens')
+      )
+      box = (
+        f'inception crop (area {self.area_min:g}-1)' if self.inception_crop else 'the whole image'
+      )
+      crop = f'{box} at its own aspect ratio, resized to {budgets} (NaFlex)'
+    elif self.inception_crop:
+      crop = f'inception crop (area {self.area_min:g}-1) to {self.crop} px'
+    else:
+      crop = f'resize to {self.crop} px'
+    train = [crop, 'horizontal flip' if self.flip else 'no flip']
+    if self.randaug_layers:
+      train.append(f'RandAugment {self.randaug_layers}x{self.randaug_magnitude:g}')
+    if self.mixup:
+      train.append(f'Mixup {self.mixup:g}')
+    if self.train_line:
+      train = [self.train_line]
+    evaluation = (
+      f'resize to {self.resize}, centre crop {self.crop} px'
+      if self.resize
+      else f'resize to {self.crop} px'
     )
-    if value is not None
-  ]
-  source = f'dataset defaults ({base.why})' + (f', set: {", ".join(chosen)}' if chosen else '')
-  return (
-    f'preprocessing: train {", ".join(train)}; eval {evaluation}. From: {source}; '
-    'change with --config.pp.flip, .area_min, .inception_crop (docs/data.md)'
-  )
+    if self.transform is not None:
+      evaluation = self.transform.line()
+    return (
+      f'preprocessing: train {", ".join(train)}; eval {evaluation}. From: {self.defaults}; '
+      'change with --config.pp.flip, .area_min, .inception_crop (docs/data.md)'
+    )
 
 
-def split_expression(config, split: str) -> str:
-  """'train' / 'test' -> pp.train / pp.test or the dataset's default; others as given."""
-  base = datasets.defaults(config.dataset, config.tfds_data_dir)
-  if split == 'train':
-    return config.pp.train or base.train
-  if split == 'test':
-    return config.pp.test or base.test
-  return split
-
-
-def split_source(config, split: str) -> sources.Source:
+def split_source(config, split: str, pp: Optional[Preprocessing] = None) -> sources.Source:
   """One split's examples (their count, classes, kind of labels) without opening the others:
   evaluation needs no train split."""
-  return _open(config, split)
+  return _open(config, (pp or Preprocessing.of(config)).split(split))
 
 
-def _open(config, split) -> sources.Source:
-  if config.get('dataset') is None:
-    raise DataError(
-      'config.dataset is not set: pass --config.dataset=NAME_OR_DIR (a TFDS name '
-      'such as imagenet2012, an image folder, or a directory of JFT-style shards)'
-    )
+def _open(config, expression: str) -> sources.Source:
   return datasets.open_split(
     config.dataset,
-    split_expression(config, split),
+    expression,
     config.tfds_data_dir,
     config.tfds_manual_dir,
     config.corrupt_images,
@@ -264,13 +278,14 @@ class TrainIterator:
 
 
 def make_train_iterator(
-  config, sharding, *, state=None, raw=False, model_spec=None
+  config, sharding, *, state=None, raw=False, model_spec=None, pp=None
 ) -> TrainIterator:
   """Global train batches of `config.batch` (see module docstring); `raw`: uint8, for a step
   that prepares them (`on_device.prepare`); `model_spec`: the run's model
-  (`configs.model_spec.ModelSpec`), whose NaFlex token budgets pack patches instead."""
-  source = _open(config, 'train')
-  pp = _pp(config)
+  (`configs.model_spec.ModelSpec`), whose NaFlex token budgets pack patches instead; `pp`:
+  the run's `Preprocessing` (None: resolved from `config`)."""
+  pp = pp or Preprocessing.of(config)
+  source = _open(config, pp.split('train'))
   local_batch = _local_batch(config.batch, 'batch', sharding, jax.process_count())
   if source.num_examples < 1:
     raise DataError(f'{source.name}: the train split is empty; check pp.train')
@@ -325,12 +340,14 @@ def _eval_batches(config, source, pp, local_batch):
     yield {'image': batch['image'], 'label': batch['label'], 'mask': mask}
 
 
-def make_eval_iterator(config, sharding, split='test', *, raw=False) -> Iterator[dict]:
+def make_eval_iterator(config, sharding, split='test', *, raw=False, pp=None) -> Iterator[dict]:
   """One pass over `split` ('test', 'train' or a split expression), every example once;
-  `raw`: uint8 images, for a step that prepares them (`on_device.prepare`)."""
-  source = _open(config, split)
+  `raw`: uint8 images, for a step that prepares them (`on_device.prepare`); `pp`: the
+  `Preprocessing` (with the weights' own evaluation transform, where a checkpoint has one;
+  None: resolved from `config`, the official resize)."""
+  pp = pp or Preprocessing.of(config)
+  source = _open(config, pp.split(split))
   prepare = None if raw else _prepare_fn(source.num_classes, sharding is None)
-  pp = _pp(config)
   local_batch = _local_batch(config.batch_eval, 'batch_eval', sharding, jax.process_count())
   batches = _eval_batches(config, source, pp, local_batch)
   for batch in host.ahead_of((_to_device(b, sharding) for b in batches), config.prefetch):

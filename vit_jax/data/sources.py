@@ -44,10 +44,27 @@ class Source:
   mask_empty_labels: bool = False
 
 
+def class_ids(what: str, labels, num_classes: int) -> np.ndarray:
+  """int32 class ids from integer `labels`, checked to lie in [0, num_classes) in their own
+  dtype first: a cast before the check would renumber a label (2**32 + 3 becomes 3)."""
+  labels = np.asarray(labels)
+  if labels.size and not np.issubdtype(labels.dtype, np.integer):
+    raise DataError(f'{what}: labels of dtype {labels.dtype}; give integer class ids')
+  if labels.size:
+    low, high = int(labels.min()), int(labels.max())
+    if low < 0 or high >= num_classes:
+      bad = low if low < 0 else high
+      raise DataError(
+        f'{what}: a label {bad:,} outside the {num_classes:,} classes (ids 0..{num_classes - 1}); '
+        'give class ids 0..K-1 (renumber them: np.unique(y, return_inverse=True)[1])'
+      )
+  return labels.astype(np.int32)
+
+
 def array_source(name, images, labels, num_classes, class_names=None):
   """Decoded uint8 images [N, h, w, 3] (or grey: [N, h, w, 1], [N, h, w]) and int labels [N]
   held in memory or memory-mapped (`vit_jax.data.readers.arrays` checks what users hand over)."""
-  labels = np.asarray(labels, np.int32)
+  labels = class_ids(name, labels, num_classes)
   if images.dtype != np.uint8 or images.ndim not in (3, 4) or len(images) != len(labels):
     raise DataError(
       f'{name}: in-memory images must be uint8 [N, h, w, 3] with N labels, '
@@ -75,7 +92,7 @@ def array_source(name, images, labels, num_classes, class_names=None):
 
 def file_source(name, paths, labels, num_classes, class_names):
   """Encoded image files with int labels (paths as `vit_jax.core.files` opens them)."""
-  labels = np.asarray(labels, np.int32)
+  labels = class_ids(name, labels, num_classes)
   return Source(
     name,
     len(paths),
@@ -99,6 +116,8 @@ def record_source(
     for i, record in zip(idx, reader.read(idx)):
       try:
         parsed.append(parse(record))
+      except DataError as e:  # the record parsed, and `parse` said what is wrong with it
+        raise DataError(f'{reader.describe(i)}: {e}') from None
       except (KeyError, IndexError, ValueError) as e:  # not the schema `parse` expects
         raise DataError(
           f'{reader.describe(i)}: not a record of this format ({type(e).__name__}: {e}); '

@@ -4,14 +4,15 @@
 `evaluate` the exact top-1 and top-5 accuracy over a split (`python -m
 vit_jax.evaluate`, with ImageNet's ReaL labels in `evaluate_checkpoint`).
 Images are read as the evaluation pipeline reads them: RGB, a bilinear resize
-to the checkpoint's resolution, uint8 pixels made [-1, 1] on the device.
+to the checkpoint's resolution, uint8 pixels made [-1, 1] on the device; a family's
+checkpoint by its weights' own transform (timm's: `LoadedModel.preprocessing`).
 """
 
 import contextlib
 import importlib.resources
 import logging
 import os
-from typing import List, Optional, Sequence
+from typing import List, NamedTuple, Optional, Sequence
 
 import jax
 import numpy as np
@@ -51,19 +52,20 @@ def image_files(specs: Sequence[str]) -> List[str]:
   return files
 
 
-def read_image(path: str, size: int) -> np.ndarray:
+def read_image(path: str, size: int, transform=None) -> np.ndarray:
   """[size, size, 3] float32 in [-1, 1]: the evaluation pipeline's pixels for the same file, scaled on the host."""
   from vit_jax.data import images
 
-  return images.to_float(read_pixels(path, size))
+  return images.to_float(read_pixels(path, size, transform))
 
 
-def read_pixels(path: str, size: int) -> np.ndarray:
+def read_pixels(path: str, size: int, transform=None) -> np.ndarray:
   """`read_image` as uint8 pixels [size, size, 3], before the [-1, 1] scaling.
 
   `vit_jax.data.images` decodes (every PIL mode as training reads it: 16-bit
   grey by its high byte, alpha dropped, CMYK converted, EXIF orientation not
-  applied, as TensorFlow) and resizes as `tf.image.resize`.
+  applied, as TensorFlow) and resizes as `tf.image.resize`; with `transform` (a family's
+  weights' `configs.timm_weights.Preprocessing`) it reads and resizes as timm evaluates them.
   """
   from vit_jax.data import images
 
@@ -72,7 +74,10 @@ def read_pixels(path: str, size: int) -> np.ndarray:
       data = f.read()
     if not data:
       raise InputError(f'{path}: an empty file, not an image; pass a JPEG or PNG file')
-    pixels = images.eval_image(data, size)
+    if transform is not None:
+      pixels = images.timm_eval_image(data, transform.at(size))
+    else:
+      pixels = images.eval_image(data, size)
   except OSError as e:
     raise InputError(
       f'{path}: cannot read it ({e.strerror or e}); pass a JPEG or PNG file'
@@ -133,33 +138,68 @@ def _imagenet_names(num_classes: int) -> List[str]:
   )
 
 
+class ClassNames(NamedTuple):
+  """A head's class names and where they come from."""
+
+  names: List[str]
+  why: str  # '' or why the names are `class_<i>`, and what to do
+  note: str  # '' or a remark beside names that were assumed (ImageNet's, for a bare file)
+  source: str  # 'labels', 'run' (dataset.json), 'file' (its record), 'dataset', 'imagenet', ''
+
+
 def class_names_and_why(
   num_classes: int, labels_file: Optional[str] = None, checkpoint: Optional[str] = None
 ) -> tuple:
   """(`class_names`, '' or a line saying why the names are `class_<i>` and what to do)."""
+  found = class_names_of(num_classes, labels_file, checkpoint)
+  return found.names, found.why
+
+
+def class_names_of(
+  num_classes: int, labels_file: Optional[str] = None, checkpoint: Optional[str] = None
+) -> ClassNames:
+  """`class_names` with where they come from: --labels, the run's record (a workdir's
+  dataset.json, or what an .npz this package wrote records, `checkpoint.read_metadata`), its
+  dataset, ImageNet's for a 1000- or 21843-way head of a file that records none (said in
+  `note`) or of an ImageNet run, else `class_<i>` (`why`)."""
+  from vit_jax import checkpoint as checkpoint_lib
   from vit_jax import workdir
 
   if labels_file:
-    return _labels_file(labels_file, num_classes), ''
+    return ClassNames(_labels_file(labels_file, num_classes), '', '', 'labels')
   why = []
-  recorded = (
-    (workdir.read_dataset(checkpoint) or {}) if workdir.is_workdir(checkpoint or '') else {}
-  )
+  run = workdir.is_workdir(checkpoint or '')
+  if run:
+    recorded, source = workdir.read_dataset(checkpoint) or {}, 'run'
+  else:
+    recorded, source = (checkpoint_lib.read_metadata(checkpoint) if checkpoint else {}), 'file'
   names = recorded.get('class_names')
-  if names is None and checkpoint:
-    names = dataset_class_names(checkpoint, why)
+  if names is None and run:
+    names, source = dataset_class_names(checkpoint, why), 'dataset'
   if names is not None and len(names) == num_classes:
-    return list(names), ''
-  dataset = workdir.recorded(checkpoint, 'dataset') if checkpoint else None
+    return ClassNames(list(names), '', '', source)
+  dataset = workdir.recorded(checkpoint, 'dataset') if run else recorded.get('dataset')
   if num_classes in LABEL_FILES and (not dataset or _is_imagenet(dataset)):
-    return _imagenet_names(num_classes), ''
+    note = ''
+    if not run and not recorded:
+      which = 'ImageNet-1k' if num_classes == 1000 else 'ImageNet-21k'
+      note = (
+        f"class names: {which}'s, assumed for a {num_classes}-way head of a file that records "
+        'none (a released checkpoint); pass --labels=FILE if it was trained on other classes'
+      )
+    return ClassNames(_imagenet_names(num_classes), '', note, 'imagenet')
   if names is not None:
     why.append(f'its dataset has {len(names)} classes, the head {num_classes}')
   reason = why[0] if why else f'a {num_classes}-way head, not an ImageNet one (1000 or 21843)'
   if not why and num_classes in LABEL_FILES:
     reason = f'a {num_classes}-way head trained on {dataset}, not ImageNet'
-  return [f'class_{i}' for i in range(num_classes)], (
-    f'classes named class_<i>: {reason}; pass --labels=FILE, one name per line'
+  if not why and not run and recorded and not names:
+    reason = f'the file records no class names (a {num_classes}-way head trained on {dataset})'
+  return ClassNames(
+    [f'class_{i}' for i in range(num_classes)],
+    f'classes named class_<i>: {reason}; pass --labels=FILE, one name per line',
+    '',
+    '',
   )
 
 
@@ -243,7 +283,7 @@ def predict(loaded: LoadedModel, files: Sequence[str], k: int = 5, *, unreadable
     images = []
     for f in files[start : start + _PREDICT_BATCH]:
       try:
-        images.append(read_pixels(f, loaded.image_size))
+        images.append(read_pixels(f, loaded.spec.image_size, loaded.preprocessing))
       except InputError as e:
         if unreadable is None:
           raise
@@ -257,11 +297,19 @@ def predict(loaded: LoadedModel, files: Sequence[str], k: int = 5, *, unreadable
   return np.concatenate(indices), np.concatenate(probs)
 
 
-def evaluate(loaded: LoadedModel, data_config, split: str, batch_sharding) -> dict:
-  """{'top1', 'top5' (single-label), 'examples'} of `loaded` on a whole dataset split."""
+def evaluate(loaded: LoadedModel, data_config, split: str, batch_sharding, source=None) -> dict:
+  """{'top1', 'top5' (single-label), 'examples'} of `loaded` on a whole dataset split (`source`:
+  that split, where the caller opened it)."""
   from vit_jax.data import pipeline  # TensorFlow: imported when a dataset is read
 
-  source = pipeline.split_source(data_config, split)
+  transform = loaded.preprocessing
+  pp = pipeline.Preprocessing.of(data_config, transform)
+  source = source or pipeline.split_source(data_config, split, pp)
+  if transform is not None and data_config.pp.resize:
+    raise InputError(
+      f"--resize={data_config.pp.resize}: the checkpoint evaluates by its weights' own "
+      f'transform ({transform.line()}); leave --resize out'
+    )
   if loaded.model.num_classes != source.num_classes:
     raise InputError(
       f"{data_config.dataset} has {source.num_classes} classes, the checkpoint's head "
@@ -277,7 +325,7 @@ def evaluate(loaded: LoadedModel, data_config, split: str, batch_sharding) -> di
   counts_fn = jax.jit(counts_fn, compiler_options=options)
 
   params = jax.device_put(loaded.params, sharding.replicated(batch_sharding.mesh))
-  batches = pipeline.make_eval_iterator(data_config, batch_sharding, split=split, raw=True)
+  batches = pipeline.make_eval_iterator(data_config, batch_sharding, split=split, raw=True, pp=pp)
   result = metrics.accuracy(counts_fn, params, batches)
   top5 = result.pop('accuracy_top5', None)
   return {
@@ -287,12 +335,14 @@ def evaluate(loaded: LoadedModel, data_config, split: str, batch_sharding) -> di
   }
 
 
-def evaluate_checkpoint(loaded: LoadedModel, data_config, split: str, *, warn=print) -> dict:
+def evaluate_checkpoint(
+  loaded: LoadedModel, data_config, split: str, *, warn=print, source=None
+) -> dict:
   """`evaluate` on one device mesh, with ImageNet's ReaL labels (Beyer et al. 2020) when
-  `imagenet2012_real` is prepared in the same data directory; `warn` says why they are not."""
-
+  `imagenet2012_real` is prepared in the same data directory; `warn` says why they are not.
+  `source`: the split, where the caller opened it (`pipeline.split_source`)."""
   batch_sharding = sharding.batch_sharding(sharding.make_mesh())
-  result = evaluate(loaded, data_config, split, batch_sharding)
+  result = evaluate(loaded, data_config, split, batch_sharding, source)
   if data_config.dataset == 'imagenet2012':
     real = data_config()
     real.update(data_config.to_dict())

@@ -300,7 +300,7 @@ def extract_features(model, params, batches: Iterable[Mapping], *, features_fn=N
   """
   features_fn = features_fn or representation_fn(model)
   # Cast once for every batch, not in every layer of every call (vit.compute_params).
-  params = jax.jit(vit.compute_params, static_argnums=1)(params, jnp.dtype(model.dtype))
+  params = jax.jit(vit.compute_params, static_argnums=1)(params, jnp.dtype(model.compute.dtype))
   features, labels = [], []
   for batch in batches:
     out = _host(features_fn(params, batch['image']))
@@ -319,11 +319,12 @@ def extract_features(model, params, batches: Iterable[Mapping], *, features_fn=N
 # On datasets the input pipeline reads: during training and from the command line.
 
 
-def evaluate_datasets(config, model, params, sharding, *, features_fn=None) -> dict:
+def evaluate_datasets(config, model, params, sharding, *, features_fn=None, transform=None) -> dict:
   """Few-shot accuracies on every dataset of `config.fewshot.datasets`.
 
   Features of each dataset's train and test splits (eval preprocessing at
-  `config.pp.crop`) are extracted with `model`, then `fewshot_accuracy` runs.
+  `config.pp.crop`: the official resize, or `transform`, the weights' own) are extracted with
+  `model`, then `fewshot_accuracy` runs.
 
   Args:
     config: a run config: `fewshot.*`, plus `pp.crop`, `batch_eval`,
@@ -348,17 +349,18 @@ def evaluate_datasets(config, model, params, sharding, *, features_fn=None) -> d
       tfds_manual_dir=config.tfds_manual_dir,
     )
     data.pp.crop = config.pp.crop
-    info = pipeline.get_info(data)
+    pp = pipeline.Preprocessing.of(data, transform)
+    info = pipeline.get_info(data, pp)
     train = extract_features(
       model,
       params,
-      pipeline.make_eval_iterator(data, sharding, split=config.fewshot.train_split, raw=True),
+      pipeline.make_eval_iterator(data, sharding, config.fewshot.train_split, raw=True, pp=pp),
       features_fn=features_fn,
     )
     test = extract_features(
       model,
       params,
-      pipeline.make_eval_iterator(data, sharding, split=config.fewshot.test_split, raw=True),
+      pipeline.make_eval_iterator(data, sharding, config.fewshot.test_split, raw=True, pp=pp),
       features_fn=features_fn,
     )
     results = fewshot_accuracy(
@@ -401,7 +403,8 @@ def evaluate_checkpoint(loaded, datasets: Sequence[str], *, crop=None, batch=256
   `fields`: `shots`, `seeds`, `l2_reg`, `train_split`, `test_split` of
   `config.fewshot` (None or absent: the defaults above), `tfds_data_dir`,
   `tfds_manual_dir`. `crop` defaults to the checkpoint's resolution. The
-  parameters are replicated over one mesh of every device.
+  parameters are replicated over one mesh of every device; a family's checkpoint is read by its
+  weights' own transform (`LoadedModel.preprocessing`).
   """
   import ml_collections
 
@@ -418,7 +421,7 @@ def evaluate_checkpoint(loaded, datasets: Sequence[str], *, crop=None, batch=256
   method.update({k: v for k, v in fields.items() if v is not None})
   config = ml_collections.ConfigDict(
     {
-      'pp': {'crop': crop or loaded.image_size},
+      'pp': {'crop': crop or loaded.spec.image_size},
       'batch_eval': batch,
       **data_dirs,
       'fewshot': {'datasets': tuple(datasets), **method},
@@ -426,4 +429,6 @@ def evaluate_checkpoint(loaded, datasets: Sequence[str], *, crop=None, batch=256
   )
   batch_sharding = sharding.batch_sharding(sharding.make_mesh())
   params = jax.device_put(loaded.params, sharding.replicated(batch_sharding.mesh))
-  return evaluate_datasets(config, loaded.model, params, batch_sharding)
+  return evaluate_datasets(
+    config, loaded.model, params, batch_sharding, transform=loaded.preprocessing
+  )

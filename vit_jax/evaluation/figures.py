@@ -55,21 +55,23 @@ def _attention(loaded: loader.LoadedModel, images: np.ndarray):
 
 def compute(loaded: loader.LoadedModel, images: np.ndarray, num_components: int) -> dict:
   """Every analysis as numpy arrays (None where it does not apply)."""
-  g = loaded.grid_size
+  g = loaded.spec.grid
   attentions, probe = _attention(loaded, images)
   distances = np.stack(
     [
-      analysis.mean_attention_distance(a, (g, g), loaded.pixels_per_patch, loaded.num_prefix_tokens)
+      analysis.mean_attention_distance(a, (g, g), loaded.spec.stride, loaded.spec.num_prefix_tokens)
       for a in attentions
     ]
   )
   readout = None if probe is None else probe.mean(axis=1)[:, 0]  # heads averaged
   rollout = analysis.rollout_maps(
-    analysis.attention_rollout(attentions), (g, g), loaded.num_prefix_tokens, readout
+    analysis.attention_rollout(attentions), (g, g), loaded.spec.num_prefix_tokens, readout
   )
   posemb = np.asarray(loaded.params['Transformer']['posembed_input']['pos_embedding'])
-  # A NaFlex ViT's are a grid of their own [1, rows, columns, D], the prefix tokens without any.
-  table, prefix = ((g, g), loaded.num_prefix_tokens) if posemb.ndim == 3 else (posemb.shape[1:3], 0)
+  # A NaFlex ViT's are a grid of their own [1, rows, columns, D], the prefix tokens without any;
+  # a 1D table has rows for the prefix tokens unless they have none (posemb='patches').
+  embedded = loaded.spec.posemb_prefix
+  table, prefix = ((g, g), embedded) if posemb.ndim == 3 else (posemb.shape[1:3], 0)
   kernel = np.asarray(loaded.params['embedding']['kernel'])
   components = ratio = None
   if kernel.shape[2] == 3:  # hybrids embed ResNet features, not RGB pixels
@@ -235,8 +237,8 @@ def write_outputs(
 ) -> List[str]:
   os.makedirs(args.output, exist_ok=True)
   out = lambda name: os.path.join(args.output, name)
-  model = loaded.config.get('model_name') or args.model
-  title = f'{model} ({loaded.image_size}x{loaded.image_size})'
+  model = loaded.spec.architecture.name or args.model
+  title = f'{model} ({loaded.spec.image_size}x{loaded.spec.image_size})'
   written = []
   plot_attention_distance(result['attention_distance'], title, out('attention_distance.png'))
   plot_rollout(images, result['rollout'], names, title, out('attention_rollout.png'))
@@ -259,9 +261,9 @@ def write_outputs(
   summary = {
     'checkpoint': files.text(args.checkpoint),
     'model': model,
-    'image_size': loaded.image_size,
-    'patch_grid': [loaded.grid_size, loaded.grid_size],
-    'pixels_per_patch': loaded.pixels_per_patch,
+    'image_size': loaded.spec.image_size,
+    'patch_grid': [loaded.spec.grid, loaded.spec.grid],
+    'pixels_per_patch': loaded.spec.stride,
     'images': [files.text(name) for name in names],
     'mean_attention_distance': {
       'about': 'pixels; [layer][head], mean over images and query patches; class token '

@@ -71,39 +71,40 @@ def hf_name(key: str) -> Tuple[Optional[str], None]:
   return torch_layout.rename(key, _RULES), None
 
 
-def check_exportable(config) -> None:
-  if config.get('resnet') is not None:
+def check_exportable(arch) -> None:
+  """ExportError unless transformers' ViT holds `arch`: the paper's ViT with a class token."""
+  if arch.resnet is not None:
     raise torch_layout.ExportError(
-      f'{config.model_name}: transformers has no R+ViT hybrid (ViTHybrid '
+      f'{arch.name}: transformers has no R+ViT hybrid (ViTHybrid '
       'was removed in 5.0); use --format=timm or --format=onnx'
     )
-  if config.classifier != 'token':
+  if arch.classifier != 'token':
     raise torch_layout.ExportError(
-      f"{config.model_name}: transformers' ViT pools with a class token "
-      f'only, not classifier={config.classifier}; use --format=timm'
+      f"{arch.name}: transformers' ViT pools with a class token "
+      f'only, not classifier={arch.classifier}; use --format=timm'
     )
-  if config.get('num_registers', 0):
+  if arch.num_registers:
     raise torch_layout.ExportError(
-      f"{config.model_name}: transformers' ViT has no register tokens; use --format=timm"
+      f"{arch.name}: transformers' ViT has no register tokens; use --format=timm"
     )
 
 
 def hf_config(
-  config,
+  arch,
   num_classes: Optional[int],
   image_size: int,
   class_names: Optional[Sequence[str]],
   representation_size: Optional[int],
 ) -> dict:
   """config.json of the Hub's ViT checkpoints, with our numerics."""
-  patch = config.patches.size[0]
+  patch = arch.patch_size[0]
   out = {
     'architectures': ['ViTModel' if num_classes is None else 'ViTForImageClassification'],
     'model_type': 'vit',
-    'hidden_size': config.hidden_size,
-    'num_hidden_layers': config.transformer.num_layers,
-    'num_attention_heads': config.transformer.num_heads,
-    'intermediate_size': config.transformer.mlp_dim,
+    'hidden_size': arch.hidden_size,
+    'num_hidden_layers': arch.num_layers,
+    'num_attention_heads': arch.block.num_heads,
+    'intermediate_size': arch.block.mlp_dim,
     'hidden_act': HIDDEN_ACT,
     'layer_norm_eps': 1e-6,
     'image_size': image_size,
@@ -142,13 +143,14 @@ def preprocessor_config(image_size: int) -> dict:
 
 def save(
   flat: Dict[str, np.ndarray],
-  config,
+  arch,
   image_size: int,
   output: str,
   class_names: Optional[Sequence[str]] = None,
 ) -> List[str]:
-  """Writes the folder; returns notes on what did not carry over (a dropped head)."""
-  check_exportable(config)
+  """Writes the folder of architecture `arch`; returns notes on what did not carry over (a
+  dropped head)."""
+  check_exportable(arch)
   notes = []
   flat = dict(flat)
   representation_size = None
@@ -173,10 +175,10 @@ def save(
     )
   os.makedirs(output, exist_ok=True)
   torch_layout.save_safetensors(
-    state, os.path.join(output, 'model.safetensors'), {'vit_jax_model': config.model_name or ''}
+    state, os.path.join(output, 'model.safetensors'), {'vit_jax_model': arch.name or ''}
   )
   files = {
-    CONFIG_FILE: hf_config(config, num_classes, image_size, class_names, representation_size),
+    CONFIG_FILE: hf_config(arch, num_classes, image_size, class_names, representation_size),
     'preprocessor_config.json': preprocessor_config(image_size),
   }
   for name, content in files.items():
@@ -230,23 +232,24 @@ def read_folder(path: str) -> Tuple[Dict[str, np.ndarray], dict, dict]:
   return canonical_names(state), hf, metadata
 
 
-def from_hf(state: Dict[str, np.ndarray], hf: dict, config, what: str) -> Tuple[dict, List[str]]:
-  """(our flat parameters, notes) from a transformers ViT state_dict and its config.json."""
-  check_exportable(config)
+def from_hf(state: Dict[str, np.ndarray], hf: dict, arch, what: str) -> Tuple[dict, List[str]]:
+  """(our flat parameters, notes) from a transformers ViT state_dict and its config.json, for
+  the architecture `arch` (a `model_spec.Architecture`)."""
+  check_exportable(arch)
   mismatches = [
     f'{theirs}={hf.get(theirs)} vs {ours}'
     for theirs, ours in (
-      ('hidden_size', config.hidden_size),
-      ('num_hidden_layers', config.transformer.num_layers),
-      ('num_attention_heads', config.transformer.num_heads),
-      ('intermediate_size', config.transformer.mlp_dim),
-      ('patch_size', config.patches.size[0]),
+      ('hidden_size', arch.hidden_size),
+      ('num_hidden_layers', arch.num_layers),
+      ('num_attention_heads', arch.block.num_heads),
+      ('intermediate_size', arch.block.mlp_dim),
+      ('patch_size', arch.patch_size[0]),
     )
     if theirs in hf and hf[theirs] != ours
   ]
   if mismatches:
     raise checkpoint.CheckpointError(
-      f'{what}: config.json has {mismatches[0]} of {config.model_name}; check --model'
+      f'{what}: config.json has {mismatches[0]} of {arch.name}; check --model'
     )
   notes = []
   if hf.get('hidden_act', 'gelu') not in _TANH_GELUS:
@@ -259,15 +262,15 @@ def from_hf(state: Dict[str, np.ndarray], hf: dict, config, what: str) -> Tuple[
   if 'vit.embeddings.position_embeddings' not in state:
     raise checkpoint.CheckpointError(f'{what}: no embeddings.position_embeddings; is it a ViT?')
   if 'vit.pooler.dense.weight' in state:
-    config.representation_size = int(state['vit.pooler.dense.weight'].shape[0])
+    arch = arch.changed(representation_size=int(state['vit.pooler.dense.weight'].shape[0]))
   if 'classifier.weight' in state and 'vit.pooler.dense.weight' in state:
     # ViTForImageClassification never reads the pooler; our model would.
     state = {k: v for k, v in state.items() if not k.startswith('vit.pooler.')}
-    config.representation_size = None
+    arch = arch.changed(representation_size=None)
     notes.append('pooler dropped: ViTForImageClassification classifies the class token directly')
   num_classes = int(state['classifier.weight'].shape[0]) if 'classifier.weight' in state else None
   tokens = int(state['vit.embeddings.position_embeddings'].shape[1])
-  expected = torch_layout.expected_shapes(config, num_classes, tokens, what)
+  expected = torch_layout.expected_shapes(arch, num_classes, tokens, what)
   return torch_layout.from_torch_state(state, expected, hf_name, what), notes
 
 

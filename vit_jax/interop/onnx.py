@@ -34,7 +34,7 @@ def save(loaded: loader.LoadedModel, output: str) -> str:
   torch_layout.require('onnx')
   torch_layout.require('onnxscript')
   module = torch_module(loaded)
-  size = loaded.image_size
+  size = loaded.spec.image_size
   example = torch.zeros(2, size, size, 3)  # batch 2: a batch of 1 would be specialised
   num_bytes = 4 * sum(p.numel() for p in module.parameters())
   os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)

@@ -24,7 +24,7 @@ def save(loaded: loader.LoadedModel, output: str, platforms=PLATFORMS) -> str:
   tf = torch_layout.require('tensorflow', 'tensorflow-cpu')
   from jax.experimental import jax2tf
 
-  size = loaded.image_size
+  size = loaded.spec.image_size
   model = loaded.model
   apply = jax2tf.convert(
     lambda params, images: model.apply({'params': params}, images, train=False),

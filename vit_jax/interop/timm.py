@@ -18,20 +18,17 @@ files), so a checkpoint with `pre_logits` exports as timm's features-only
 model (no head), like timm's own `*.orig_in21k` weights.
 """
 
-import dataclasses
 import functools
 import math
 import re
 from typing import Dict, Optional, Tuple
 
-import ml_collections
 import numpy as np
 
 from vit_jax import checkpoint
 from vit_jax.configs import families
 from vit_jax.configs import model_spec
 from vit_jax.interop import torch_layout
-from vit_jax.models import vit
 
 # Released architectures -> timm's names (without the `_<resolution>` suffix).
 TIMM_NAMES = {
@@ -61,9 +58,9 @@ TIMM_384 = (
   'vit_large_r50_s32',
 )
 
-# Block options beyond the paper's blocks (`model_spec.BLOCK_OPTIONS`) that timm's
-# VisionTransformer has too, under its names and `build_model`'s arguments: they export.
-BLOCK_OPTIONS = ('layer_scale',)
+# Options beyond the paper's ViT (`torch_layout.beyond_paper`) that timm's VisionTransformer
+# has too, under its names and `build_model`'s arguments: they export.
+WRITES = ('layer_scale',)
 
 STD_CONV_EPS = 1e-5  # models_resnet.StdConv: (w - mean) / (std + eps)
 GROUP_NORM_EPS = 1e-6  # flax.linen.GroupNorm's default, as the original code
@@ -129,74 +126,63 @@ def _pooling_kwargs(classifier: str) -> dict:
   }[classifier]
 
 
-def registered_name(config, image_size: int) -> Optional[str]:
-  """timm's registered name for a released architecture at `image_size`, else None."""
-  if families.family_of(config.model_name or '') is not None:
-    return config.model_name  # timm's own name; create_model_kwargs sets what differs
-  name = (config.model_name or '').removesuffix('-gap')
+def registered_name(arch, image_size: int) -> Optional[str]:
+  """timm's registered name for an architecture at `image_size`: a family's own name
+  (`configs.families` keeps timm's), a released architecture's at 224 or 384 px; else None."""
+  if arch.name in families.MODELS:
+    return arch.name  # create_model_kwargs sets what differs
+  name = (arch.name or '').removesuffix('-gap')
   if name not in TIMM_NAMES:
     return None
   released = model_spec.registered(name)
-  # A loaded checkpoint's `transformer` also names the block options its parameters show; the
-  # released entry leaves them at the blocks' defaults.
-  blocks = {f.name: f.default for f in dataclasses.fields(vit.BlockConfig)}
-  extra = {k: blocks[k] for k in (config.get('transformer') or {}) if k in blocks}
-  released.transformer = {**extra, **released.transformer}
-  for field in ('hidden_size', 'patches', 'transformer', 'resnet'):
-    if _frozen(config.get(field)) != _frozen(released.get(field)):
-      return None  # same name, other sizes or block options (a shrunk test model)
+  same = ('hidden_size', 'num_layers', 'patch_size', 'block', 'resnet')
+  if any(getattr(arch, field) != getattr(released, field) for field in same):
+    return None  # same name, other sizes or block options (a shrunk test model)
   base = TIMM_NAMES[name]
   return f'{base}_384' if image_size == 384 and base in TIMM_384 else f'{base}_224'
 
 
-def _frozen(value):
-  """`value`, a registry section as a FrozenConfigDict: sections compare by their contents."""
-  if isinstance(value, (dict, ml_collections.ConfigDict)):
-    return ml_collections.FrozenConfigDict(value)
-  return value
-
-
-def create_model_kwargs(config, num_classes: Optional[int], image_size: int) -> dict:
+def create_model_kwargs(arch, num_classes: Optional[int], image_size: int) -> dict:
   """Keyword arguments of `timm.create_model(registered_name(...), **kwargs)`."""
-  if families.family_of(config.model_name or '') is not None:
-    return _family_kwargs(config, num_classes, image_size)
-  registers = config.get('num_registers', 0)
+  if arch.name in families.MODELS:
+    return _family_kwargs(arch, num_classes, image_size)
   return {
     'num_classes': num_classes or 0,
     'img_size': image_size,
     'act_layer': 'gelu_tanh',
-    **_pooling_kwargs(config.classifier),
-    **({'reg_tokens': registers} if registers else {}),
+    **_pooling_kwargs(arch.classifier),
+    **({'reg_tokens': arch.num_registers} if arch.num_registers else {}),
   }
 
 
-def _family_kwargs(config, num_classes: Optional[int], image_size: int) -> dict:
-  """`create_model_kwargs` of a family's model (`configs.families`): its head, resolution and
-  the sizes that differ from timm's model of that name (a run's depth, a shrunk test model)."""
-  registered = model_spec.registered(config.model_name)
-  t, r = config.transformer, registered.transformer
+def _family_kwargs(arch, num_classes: Optional[int], image_size: int) -> dict:
+  """`create_model_kwargs` of a model under timm's own name (`configs.families`): its head,
+  resolution and the sizes that differ from timm's model of that name (a run's depth, a
+  shrunk test model)."""
+  registered = model_spec.registered(arch.name)
   kwargs = {'num_classes': num_classes or 0, 'img_size': image_size}
-  if config.hidden_size != registered.hidden_size:
-    kwargs['embed_dim'] = config.hidden_size
-  for ours, theirs in (('num_layers', 'depth'), ('num_heads', 'num_heads')):
-    if t[ours] != r[ours]:
-      kwargs[theirs] = t[ours]
-  if (t.mlp_dim, config.hidden_size) != (r.mlp_dim, registered.hidden_size):
-    kwargs['mlp_ratio'] = _mlp_ratio(config)
-  if tuple(config.patches.size) != tuple(registered.patches.size):
-    kwargs['patch_size'] = tuple(config.patches.size)
-  if config.get('num_registers', 0) != registered.get('num_registers', 0):
-    kwargs['reg_tokens'] = config.get('num_registers', 0)
+  changed = lambda field: getattr(arch, field) != getattr(registered, field)  # noqa: E731
+  if changed('hidden_size'):
+    kwargs['embed_dim'] = arch.hidden_size
+  if changed('num_layers'):
+    kwargs['depth'] = arch.num_layers
+  if arch.block.num_heads != registered.block.num_heads:
+    kwargs['num_heads'] = arch.block.num_heads
+  if changed('hidden_size') or arch.block.mlp_dim != registered.block.mlp_dim:
+    kwargs['mlp_ratio'] = _mlp_ratio(arch)
+  if changed('patch_size'):
+    kwargs['patch_size'] = arch.patch_size
+  if changed('num_registers'):  # timm's Eva (the rotary models) names it its own way
+    kwargs['num_reg_tokens' if arch.rotary is not None else 'reg_tokens'] = arch.num_registers
   return kwargs
 
 
-def _mlp_ratio(config) -> float:
-  """timm's `mlp_ratio` of `config`: its MLP's first width over the model's (a packed SwiGLU's
-  first layer is twice the gated width, except EVA-02's, whose ratio is of the gated width)."""
-  hidden, mlp_dim = config.hidden_size, config.transformer.mlp_dim
-  packed = (
-    config.transformer.get('swiglu', False) and families.family_of(config.model_name) != 'eva02'
-  )
+def _mlp_ratio(arch) -> float:
+  """timm's `mlp_ratio` of `arch`: its MLP's first width over the model's (a packed SwiGLU's
+  first layer is twice the gated width, except in timm's `Eva` models, the rotary ones, whose
+  ratio is of the gated width)."""
+  hidden, mlp_dim = arch.hidden_size, arch.block.mlp_dim
+  packed = arch.block.mlp == 'swiglu' and arch.rotary is None
   width = 2 * mlp_dim if packed else mlp_dim
   ratio = width / hidden
   if int(hidden * ratio) != width:
@@ -226,45 +212,45 @@ def _std_conv_layer():
   return functools.partial(OriginalStdConv2dSame, eps=STD_CONV_EPS)
 
 
-def build_model(config, num_classes: Optional[int], image_size: int):
-  """timm's `VisionTransformer` of `config`, numerically ours (tanh GELU, our eps); a family's
-  model (`configs.families`) as `timm.create_model` of its name builds it."""
+def build_model(arch, num_classes: Optional[int], image_size: int):
+  """timm's `VisionTransformer` of `arch`, numerically ours (tanh GELU, our eps); a model under
+  timm's own name (`configs.families`) as `timm.create_model` of that name builds it."""
   timm = torch_layout.require('timm')
-  if families.family_of(config.model_name or '') is not None:
-    kwargs = _family_kwargs(config, num_classes, image_size)
-    return timm.create_model(config.model_name, pretrained=False, **kwargs).eval()
+  if arch.name in families.MODELS:
+    kwargs = _family_kwargs(arch, num_classes, image_size)
+    return timm.create_model(arch.name, pretrained=False, **kwargs).eval()
   from timm.layers import GroupNormAct
   from timm.layers import HybridEmbed
   from timm.models import resnetv2
 
-  hidden, mlp_dim = config.hidden_size, config.transformer.mlp_dim
+  hidden, mlp_dim = arch.hidden_size, arch.block.mlp_dim
   if int(hidden * (mlp_dim / hidden)) != mlp_dim:
     raise torch_layout.ExportError(
       f'timm sizes the MLP as a ratio of the width; {mlp_dim}/{hidden} does not round-trip'
     )
   kwargs = dict(
     img_size=image_size,
-    patch_size=tuple(config.patches.size),
+    patch_size=arch.patch_size,
     embed_dim=hidden,
-    depth=config.transformer.num_layers,
-    num_heads=config.transformer.num_heads,
+    depth=arch.num_layers,
+    num_heads=arch.block.num_heads,
     mlp_ratio=mlp_dim / hidden,
     num_classes=num_classes or 0,
     act_layer='gelu_tanh',
-    reg_tokens=config.get('num_registers', 0),
-    init_values=config.transformer.get('layer_scale'),
-    **_pooling_kwargs(config.classifier),
+    reg_tokens=arch.num_registers,
+    init_values=arch.block.layer_scale,
+    **_pooling_kwargs(arch.classifier),
   )
-  if config.get('resnet') is not None:
+  if arch.resnet is not None:
     # timm's own hybrids: ResNetV2(preact=False, stem_type='same', StdConv2dSame),
     # here with the original standardisation and epsilons.
     backbone = resnetv2.ResNetV2(
-      layers=tuple(config.resnet.num_layers),
+      layers=arch.resnet.num_layers,
       num_classes=0,
       global_pool='',
       preact=False,
       stem_type='same',
-      width_factor=config.resnet.width_factor,
+      width_factor=arch.resnet.width_factor,
       conv_layer=_std_conv_layer(),
       norm_layer=functools.partial(GroupNormAct, num_groups=32, eps=GROUP_NORM_EPS),
     )
@@ -272,39 +258,55 @@ def build_model(config, num_classes: Optional[int], image_size: int):
   return timm.models.vision_transformer.VisionTransformer(**kwargs).eval()
 
 
-def to_timm(flat: Dict[str, np.ndarray], config=None) -> Dict[str, np.ndarray]:
-  """Our flat parameters (no `pre_logits`) -> timm's state_dict as numpy arrays; an EVA-02
-  `config` (`configs.families`) gets timm's `Eva` layout."""
+def to_timm(flat: Dict[str, np.ndarray], arch=None) -> Dict[str, np.ndarray]:
+  """Our flat parameters (no `pre_logits`) -> timm's state_dict as numpy arrays; a rotary
+  `arch` gets the layout of timm's `Eva` models (`_to_eva`)."""
   if 'pre_logits/kernel' in flat:
     raise torch_layout.ExportError(
       "timm's ViT has no pre-logits layer; drop pre_logits and the head first (export does this)"
     )
-  eva = config is not None and families.family_of(config.model_name or '') == 'eva02'
+  eva = arch is not None and arch.rotary is not None
   if eva:  # a zero key bias for the fused projection's bias, which _to_eva leaves out
     flat = dict(flat)
     for key in [k for k in flat if k.endswith('MultiHeadDotProductAttention_1/query/bias')]:
       flat.setdefault(key.replace('/query/', '/key/'), np.zeros_like(flat[key]))
   state = torch_layout.to_torch_state(flat, timm_name)
   if eva:
-    state = _to_eva(state, config.transformer.get('mlp_norm', False))
+    state = _to_eva(state, *eva_apart(arch))
   return state
 
 
+def eva_apart(arch) -> Tuple[bool, bool]:
+  """Whether timm's `Eva` of `arch` keeps q, k, v apart (EVA-02's B and L: those with the MLP's
+  LayerNorm), and the SwiGLU's gate and value apart (those too, and DINOv3's SwiGLU models)."""
+  swiglu = arch.block.mlp == 'swiglu'
+  return arch.block.mlp_norm, swiglu and (arch.block.mlp_norm or arch.rotary == 'normalised')
+
+
 # ---------------------------------------------------------------------------
-# EVA-02: timm's `Eva` names its blocks' q/k/v and MLP its own way. Its B and L models
-# (those with the MLP's LayerNorm) keep q, k, v apart (`q_proj`, `k_proj`, `v_proj`) and the
-# SwiGLU's gate and value apart (`fc1_g`, `fc1_x`); Ti and S fuse q/k/v (`qkv`, with `q_bias`
-# and `v_bias`) and pack the SwiGLU as `fc1` (gate first). Neither has a key bias, nor has
-# our EVA-02 (`key_bias=False`): the fused bias gets zeros in its place.
+# timm's `Eva` (its rotary models: EVA-02, DINOv3) names its blocks' q/k/v, MLP and LayerScale
+# its own way. EVA-02's B and L (those with the MLP's LayerNorm) keep q, k, v apart (`q_proj`,
+# `k_proj`, `v_proj`) and the SwiGLU's gate and value apart (`fc1_g`, `fc1_x`); its Ti and S
+# fuse q/k/v (`qkv`, with `q_bias` and `v_bias`) and pack the SwiGLU as `fc1` (gate first);
+# DINOv3 fuses q/k/v (biases none, or `q_bias` and `v_bias`: the `_qkvb` models) and keeps its
+# SwiGLU's gate and value apart. None has a key bias, nor have ours (`biases='no_key'` or
+# 'no_qkv'): a fused bias gets zeros in its place. LayerScale's gammas are `gamma_1`, `gamma_2`.
 
 _EVA_BLOCK = re.compile(r'^(blocks\.\d+\.)(attn\.qkv|mlp\.fc1)\.(weight|bias)$')
+_LAYER_SCALE = re.compile(r'^(blocks\.\d+\.)ls([12])\.gamma$')
+_EVA_SCALE = re.compile(r'^(blocks\.\d+\.)gamma_([12])$')
 
 
-def _to_eva(state: Dict[str, np.ndarray], apart: bool) -> Dict[str, np.ndarray]:
-  """A state_dict in the ViT's names (fused `attn.qkv`, packed `mlp.fc1`) -> `Eva`'s."""
+def _to_eva(state: Dict[str, np.ndarray], apart: bool, gate_apart: bool) -> Dict[str, np.ndarray]:
+  """A state_dict in the ViT's names (fused `attn.qkv`, packed `mlp.fc1`, LayerScale `ls1`)
+  -> `Eva`'s (`_eva_apart`; LayerScale `gamma_1`)."""
   out = {}
   for key, value in state.items():
     match = _EVA_BLOCK.match(key)
+    scale = _LAYER_SCALE.match(key)
+    if scale:
+      out[f'{scale.group(1)}gamma_{scale.group(2)}'] = value
+      continue
     if not match:
       out[key] = value
       continue
@@ -319,7 +321,7 @@ def _to_eva(state: Dict[str, np.ndarray], apart: bool) -> Dict[str, np.ndarray]:
         out[f'{block}attn.qkv.weight'] = value
       else:
         out.update({f'{block}attn.q_bias': q, f'{block}attn.v_bias': v})
-    elif apart:  # the SwiGLU's gate, then its value
+    elif gate_apart:  # the SwiGLU's gate, then its value
       gate, x = np.split(value, 2, axis=0)
       out.update({f'{block}mlp.fc1_g.{leaf}': gate, f'{block}mlp.fc1_x.{leaf}': x})
     else:
@@ -353,6 +355,11 @@ def _from_eva(state: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
       if gate in state and x in state:
         out[f'{block}mlp.fc1.{leaf}'] = np.concatenate([state[gate], state[x]], axis=0)
         taken.update((gate, x))
+  for key in state:
+    scale = _EVA_SCALE.match(key)
+    if scale:
+      out[f'{scale.group(1)}ls{scale.group(2)}.gamma'] = state[key]
+      taken.add(key)
   out.update({k: v for k, v in state.items() if k not in taken})
   return out
 
@@ -363,23 +370,23 @@ def _square(n: int) -> Optional[int]:
   return side if n > 0 and side * side == n else None
 
 
-def _position_layout(state, config, what: str) -> bool:
+def _position_layout(state, arch, what: str) -> bool:
   """Whether timm's `pos_embed` has rows for the patches alone (`no_embed_class=True`: the
   class token and registers get no position embedding, as DINOv2 and DeiT III) rather than
   for the prefix tokens too (False, ours). The row count decides unless both fit, which
   registers allow on small grids (9 rows: 3x3 patches, or a class token, 4 registers and
-  2x2 patches); then the model's entry must say it (its `no_embed_class`)."""
+  2x2 patches); then a model under timm's own name decides (its `posemb`)."""
   rows = int(state['pos_embed'].shape[1])
-  prefix = model_spec.prefix_tokens(config.classifier, config.get('num_registers', 0))
+  prefix = arch.num_prefix_tokens
   embedded, alone = _square(rows - prefix), _square(rows) if prefix else None
   if embedded and alone:
-    if 'no_embed_class' in config:
-      return bool(config.no_embed_class)
+    if arch.name in families.MODELS:
+      return arch.posemb == 'patches'
     raise checkpoint.CheckpointError(
       f"{what}: its {rows} position embeddings fit both of timm's layouts: {alone}x{alone} "
       f'patches with the {prefix} class/register token(s) unembedded (no_embed_class=True) '
       f'or {embedded}x{embedded} patches with them embedded (no_embed_class=False); pass '
-      '--model naming a model whose MODEL_CONFIGS entry sets no_embed_class'
+      "--model naming a model of timm's whose layout is known (vit_jax.configs.families)"
     )
   if alone:
     return True
@@ -387,99 +394,49 @@ def _position_layout(state, config, what: str) -> bool:
     raise checkpoint.CheckpointError(
       f'{what}: its {rows} position embeddings are neither {prefix} class/register token(s) '
       "and a square patch grid (timm's no_embed_class=False) nor a square grid alone "
-      f'(no_embed_class=True), as {config.model_name} (classifier={config.classifier}) '
-      'needs; check --model'
+      f'(no_embed_class=True), as {arch.name} (classifier={arch.classifier}) needs; '
+      'check --model'
     )
   return False
 
 
-# What a family's timm file holds that the others' do not (`family_name`).
-_MARKS = {
-  'norm_pre.weight': ('clip', 'clip_quickgelu'),
-  'attn_pool.latent': ('siglip',),
-  'reg_token': ('dinov2_reg',),
-  'blocks.0.ls1.gamma': ('dinov2', 'dinov2_reg', 'deit3'),
-  'fc_norm.weight': ('eva02',),
-}
-
-
-def family_name(state, what: str) -> Optional[str]:
-  """The `configs.families` name of a timm file without our metadata, from its tensors'
-  names and shapes: the family's marks (`_MARKS`), the width, MLP width and patch size, and
-  the resolution where names differ by it alone; None for no family's (the paper's ViTs need
-  --model). A file that fits models of several families (CLIP's two GELUs: the file does not
-  record its activation) is one line naming them."""
-  shape = lambda key: tuple(state[key].shape) if key in state else None  # noqa: E731
-  kernel = shape('patch_embed.proj.weight')
-  fc2 = shape('blocks.0.mlp.fc2.weight')
-  if kernel is None or fc2 is None or shape('pos_embed') is None:
-    return None
-  width, patch = kernel[0], kernel[2]
-  eva = any(
-    k.startswith('blocks.0.attn.') and k.endswith(('q_bias', 'q_proj.weight')) for k in state
-  )
-  fits = []
-  for name, (family, (hidden, mlp_dim, _, _), size, extra) in families.MODELS.items():
-    marks = {mark for mark, owners in _MARKS.items() if family in owners}
-    if (hidden, mlp_dim, size) != (width, fc2[1], patch) or eva != (family == 'eva02'):
-      continue
-    if marks == {mark for mark in _MARKS if mark in state}:
-      fits.append(name)
-  if not fits:
-    return None
-  rows = shape('pos_embed')[1]
-  at_size = [n for n in fits if re.search(r'_(\d+)$', n) is None or _grid_fits(n, rows)]
-  fits = at_size or fits
-  kinds = {families.MODELS[n][0] for n in fits}
-  if len(kinds) > 1:
-    raise checkpoint.CheckpointError(
-      f'{what}: its tensors fit {" and ".join(sorted(fits))}, which differ in what the file '
-      'does not record (the MLP activation); pass --model naming one'
-    )
-  return fits[0]
-
-
-def _grid_fits(name: str, rows: int) -> bool:
-  """Whether `rows` position embeddings are the grid of `name`'s resolution suffix."""
-  config = model_spec.registered(name)
-  side = int(re.search(r'_(\d+)$', name).group(1)) // config.patches.size[0]
-  return rows - model_spec.embedded_prefix(config) == side * side
-
-
-def from_timm(state: Dict[str, np.ndarray], config, what: str) -> Dict[str, np.ndarray]:
-  """timm's state_dict -> our flat parameters for `config` (checked key by key).
+def from_timm(state: Dict[str, np.ndarray], arch, what: str) -> Dict[str, np.ndarray]:
+  """timm's state_dict -> our flat parameters for `arch` (checked key by key).
 
   Either position layout of timm's converts: rows for the prefix tokens and patches (ours),
   or for the patches alone (`no_embed_class=True`), which gets zero rows for the prefix
   tokens: the class token and registers plus zero are themselves, so the model is the same.
   """
-  if 'pos_embed' not in state or np.ndim(state['pos_embed']) != 3:
+  table = arch.posemb != 'none'  # rotary embeddings alone: no table (DINOv3)
+  if table and ('pos_embed' not in state or np.ndim(state['pos_embed']) != 3):
     raise checkpoint.CheckpointError(
       f'{what}: no pos_embed [1, tokens, width]; is it a timm ViT state_dict?'
     )
-  if families.family_of(config.get('model_name') or '') == 'eva02':
+  if not table and 'pos_embed' in state:
+    raise checkpoint.CheckpointError(
+      f'{what}: has a position table (pos_embed), which {arch.name} has not; check --model'
+    )
+  if arch.rotary is not None:
     state = _from_eva(state)
-  if 'fc_norm.weight' in state and not config.get('fc_norm', False):
+  if 'fc_norm.weight' in state and arch.final_norm != 'pooled':
     raise checkpoint.CheckpointError(
       f"{what}: normalises after pooling (fc_norm), unlike the paper's ViT and "
-      f'{config.model_name}; pass --model naming a model that does (an EVA-02 of '
+      f'{arch.name}; pass --model naming a model that does (an EVA-02 of '
       'vit_jax.configs.families)'
     )
   num_classes = int(state['head.weight'].shape[0]) if 'head.weight' in state else None
   if 'reg_token' in state:  # timm's register tokens
-    config.num_registers = int(state['reg_token'].shape[1])
+    arch = arch.changed(num_registers=int(state['reg_token'].shape[1]))
   if 'blocks.0.ls1.gamma' in state:  # timm's LayerScale (init_values; the value only initialises)
-    config.transformer.layer_scale = 1.0
+    arch = arch.changed(layer_scale=1.0)
   blocks = {k.split('.')[1] for k in state if k.startswith('blocks.')}
-  config.transformer.num_layers = len(blocks) or config.transformer.num_layers  # as a run's
-  if _position_layout(state, config, what) and not config.get('no_embed_class', False):
+  arch = arch.changed(num_layers=len(blocks) or arch.num_layers)  # as a run's
+  if table and _position_layout(state, arch, what) and arch.posemb == 'tokens':
     posemb = np.asarray(state['pos_embed'])
-    prefix = model_spec.prefix_tokens(config.classifier, config.get('num_registers', 0))
-    zeros = np.zeros((1, prefix, posemb.shape[-1]), posemb.dtype)
+    zeros = np.zeros((1, arch.num_prefix_tokens, posemb.shape[-1]), posemb.dtype)
     state = {**state, 'pos_embed': np.concatenate([zeros, posemb], axis=1)}
-  expected = torch_layout.expected_shapes(
-    config, num_classes, int(state['pos_embed'].shape[1]), what
-  )
+  rows = int(state['pos_embed'].shape[1]) if table else None
+  expected = torch_layout.expected_shapes(arch, num_classes, rows, what)
   return torch_layout.from_torch_state(state, expected, timm_name, what)
 
 
@@ -530,10 +487,10 @@ RESAMPLE_METADATA = 'vit_jax_posemb_resample'  # where our exports record it
 
 
 def from_timm_naflex(
-  state: Dict[str, np.ndarray], config, what: str, resample: Optional[str]
+  state: Dict[str, np.ndarray], arch, what: str, resample: Optional[str]
 ) -> Dict[str, np.ndarray]:
-  """timm NaFlexVit's state_dict -> our NaFlex flat parameters for `config`, which gets the
-  model's `posemb_resample`: `resample` (one of NAFLEX_RESAMPLE, how the position table is
+  """timm NaFlexVit's state_dict -> our NaFlex flat parameters for `arch` as a NaFlex ViT whose
+  `posemb_resample` is `resample` (one of NAFLEX_RESAMPLE, how the position table is
   resampled to each image's grid), which the file itself does not record.
 
   The patch embedding may be timm's `embed_proj_type='linear'` (a Linear over
@@ -558,16 +515,21 @@ def from_timm_naflex(
       f"each image's grid (timm's pos_embed_interp_mode and pos_embed_antialias; its default "
       f'is bicubic with antialias); say which with --resample: one of {modes}'
     )
-  config.posemb_resample = resample
+  grid = tuple(int(g) for g in posemb.shape[1:3])
+  arch = arch.changed(posemb='grid', posemb_grid=grid, posemb_resample=resample)
   num_classes = int(state['head.weight'].shape[0]) if 'head.weight' in state else None
-  patch = config.patches.size[0]
+  # The patch size is the file's (a run may train at another than its model name's): a conv's
+  # [D, C, P, P], or a linear's [D, P * P * C].
+  weight = state[theirs]
+  patch = int(weight.shape[2]) if np.ndim(weight) == 4 else math.isqrt(int(weight.shape[1]) // 3)
+  arch = arch.changed(patch_size=(patch, patch))
   if 'embeds.reg_token' in state:
-    config.num_registers = int(state['embeds.reg_token'].shape[1])
+    arch = arch.changed(num_registers=int(state['embeds.reg_token'].shape[1]))
   if 'blocks.0.ls1.gamma' in state:
-    config.transformer.layer_scale = 1.0
+    arch = arch.changed(layer_scale=1.0)
   blocks = {k.split('.')[1] for k in state if k.startswith('blocks.')}
-  config.transformer.num_layers = len(blocks) or config.transformer.num_layers
-  model = naflex.NaFlexViT(num_classes=num_classes, posemb_grid=posemb.shape[1:3], **config)
+  arch = arch.changed(num_layers=len(blocks) or arch.num_layers)
+  model = naflex.NaFlexViT(num_classes, arch)
   shapes = checkpoint.flatten(
     jax_eval_shape(model, (1, posemb.shape[1] * patch, posemb.shape[2] * patch, 3))
   )
@@ -597,30 +559,37 @@ def jax_eval_shape(model, image_shape):
   ]
 
 
-def build_naflex_model(config, num_classes: Optional[int], posemb_grid):
-  """timm's `NaFlexVit` of a NaFlex `config`, numerically ours: tanh GELU, the final
-  LayerNorm before pooling (fc_norm=False), position embeddings resampled as the config's
-  `posemb_resample` says (NAFLEX_RESAMPLE; ours: vit_jax.models.naflex.GridPositionEmbs)."""
+_ACT_LAYERS = {'gelu_tanh': 'gelu_tanh', 'gelu': 'gelu', 'quick_gelu': 'quick_gelu'}
+
+
+def build_naflex_model(arch, num_classes: Optional[int], posemb_grid=None):
+  """timm's `NaFlexVit` of a NaFlex ViT's architecture (a `model_spec.Architecture`, or a
+  registry entry), numerically ours: its MLP's GELU, its pooling, the final LayerNorm before pooling
+  (fc_norm=False), position embeddings resampled as its `posemb_resample` says
+  (NAFLEX_RESAMPLE; ours: vit_jax.models.positions.GridPositionEmbs), its table of
+  `posemb_grid` (None: the architecture's)."""
   torch_layout.require('timm')
   from timm.models import naflexvit
 
-  hidden, mlp_dim = config.hidden_size, config.transformer.mlp_dim
-  interp_mode, antialias = NAFLEX_RESAMPLE[config.get('posemb_resample', 'bilinear')]
+  if not isinstance(arch, model_spec.Architecture):
+    arch = model_spec.Architecture.of(arch)
+  hidden, mlp_dim = arch.hidden_size, arch.block.mlp_dim
+  interp_mode, antialias = NAFLEX_RESAMPLE[arch.posemb_resample]
   return naflexvit.NaFlexVit(
     num_classes=num_classes or 0,
-    patch_size=tuple(config.patches.size),
+    patch_size=arch.patch_size,
     embed_dim=hidden,
-    depth=config.transformer.num_layers,
-    num_heads=config.transformer.num_heads,
+    depth=arch.num_layers,
+    num_heads=arch.block.num_heads,
     mlp_ratio=mlp_dim / hidden,
-    class_token=config.classifier == 'token',
-    global_pool='token' if config.classifier == 'token' else 'avg',
+    class_token=arch.classifier == 'token',
+    global_pool={'token': 'token', 'gap': 'avg', 'map': 'map'}[arch.classifier],
     fc_norm=False,
-    act_layer='gelu_tanh',
+    act_layer=_ACT_LAYERS[arch.block.mlp],
     embed_proj_type='linear',
-    pos_embed_grid_size=tuple(int(g) for g in posemb_grid),
+    pos_embed_grid_size=tuple(int(g) for g in (posemb_grid or arch.posemb_grid)),
     pos_embed_interp_mode=interp_mode,
     pos_embed_antialias=antialias,
-    reg_tokens=config.get('num_registers', 0),
-    init_values=config.transformer.get('layer_scale'),
+    reg_tokens=arch.num_registers,
+    init_values=arch.block.layer_scale,
   ).eval()

@@ -25,15 +25,12 @@ from typing import Callable, Dict, Mapping, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
 from vit_jax import checkpoint
 from vit_jax import models
-from vit_jax.configs import model_spec
 from vit_jax.configs.model_spec import ModelSpec
 from vit_jax.core.errors import UserError
-from vit_jax.models import vit
 from vit_jax.models import vit_checkpoint
 
 NameFn = Callable[[str], Tuple[Optional[str], Optional[Tuple[int, int]]]]
@@ -75,21 +72,43 @@ def rename(key: str, rules) -> Optional[str]:
   return None
 
 
-def check_standard_blocks(config, fmt: str, writes: Tuple[str, ...] = ()) -> None:
-  """ExportError unless every block option (`model_spec.BLOCK_OPTIONS`: ViT-22B's parallel,
-  QK-norm and bias-free blocks, ...) is the paper's, or one that the format `writes`."""
-  paper = {f.name: f.default for f in dataclasses.fields(vit.BlockConfig)}
-  t = config.transformer
-  values = {option: t.get(option, paper[option]) for option in model_spec.BLOCK_OPTIONS}
+# Architecture fields beyond the paper's ViT that a format may or may not write (the block's
+# are every `Block` field but its sizes and dropout).
+_OPTIONS = ('posemb', 'rotary', 'pre_norm', 'final_norm', 'input_stats')
+_SIZES = ('mlp_dim', 'num_heads', 'dropout_rate', 'attention_dropout_rate')
+_ABSENT = object()
+
+
+def beyond_paper(arch) -> dict:
+  """{option: value} of what `arch` computes otherwise than the paper's ViT: its block's
+  options and its architecture's (`_OPTIONS`) that differ from their defaults."""
+  block = {
+    f.name: getattr(arch.block, f.name)
+    for f in dataclasses.fields(arch.block)
+    if f.name not in _SIZES and getattr(arch.block, f.name) != f.default
+  }
+  return block | {
+    f.name: getattr(arch, f.name)
+    for f in dataclasses.fields(arch)
+    if f.name in _OPTIONS and getattr(arch, f.name) != f.default
+  }
+
+
+def check_writes(arch, fmt: str, writes: Tuple[str, ...] = (), reference=None) -> None:
+  """ExportError unless the format writes every choice of `arch` beyond the paper's
+  (`beyond_paper`): those named in `writes`, and those `reference` (the architecture that the
+  format's own name for the model builds) has too."""
+  known = beyond_paper(reference) if reference is not None else {}
   flags = [
-    option if value is True else f'{option}={value}'
-    for option, value in values.items()
-    if option not in writes and value != paper[option]
+    option if value is True else f'{option}={value!r}'
+    for option, value in beyond_paper(arch).items()
+    if option not in writes and known.get(option, _ABSENT) != value
   ]
   if flags:
     raise ExportError(
-      f"{config.model_name}: the {fmt} export writes the paper's encoder blocks, not "
-      f'{", ".join(flags)}; use --format=npz or --format=savedmodel'
+      f"{arch.name}: the {fmt} export writes the paper's ViT, not {', '.join(flags)}; use "
+      '--format=npz or --format=savedmodel'
+      + (', or --format=timm' if fmt != 'timm' and reference is None else '')
     )
 
 
@@ -205,11 +224,11 @@ def from_torch_state(
 # Shapes our model expects for a foreign checkpoint.
 
 
-def expected_shapes(config, num_classes: Optional[int], num_tokens: int, what: str) -> dict:
-  """{key: shape} of the ViT of architecture `config` with a head of `num_classes` and
-  `num_tokens` position embeddings."""
-  grid = vit_checkpoint.square_grid(num_tokens, config, what)
-  spec = ModelSpec(ml_collections.FrozenConfigDict(config), grid * model_spec.stride(config))
+def expected_shapes(arch, num_classes: Optional[int], num_tokens, what: str) -> dict:
+  """{key: shape} of the ViT of architecture `arch` with a head of `num_classes` and
+  `num_tokens` position embeddings (None for a model without a table: posemb='none')."""
+  grid = 2 if arch.posemb == 'none' else vit_checkpoint.square_grid(num_tokens, arch, what)
+  spec = ModelSpec(arch, grid * arch.stride)
   model = models.build(spec, num_classes)
   shapes = jax.eval_shape(
     lambda: model.init(

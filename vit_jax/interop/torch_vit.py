@@ -25,8 +25,8 @@ _GN_GROUPS = 32
 def build(loaded):
   """A `torch.nn.Module` computing `loaded`'s outputs (logits, or features without a head)."""
   torch = torch_layout.require('torch')
-  config = loaded.config
-  torch_layout.check_standard_blocks(config, 'ONNX')
+  arch = loaded.spec.architecture
+  torch_layout.check_writes(arch, 'ONNX')
   flat = checkpoint.flatten(loaded.params)
 
   class ViT(torch.nn.Module):
@@ -43,7 +43,7 @@ def build(loaded):
       )
 
     def forward(self, images):
-      return _forward(_Ops(torch, self.weights, flat), images, config)
+      return _forward(_Ops(torch, self.weights, flat), images, arch)
 
   return ViT().eval()
 
@@ -108,11 +108,11 @@ class _Ops:
     )
 
 
-def _forward(ops, images, config):
+def _forward(ops, images, arch):
   x = images.permute(0, 3, 1, 2)  # NHWC -> NCHW
-  if config.get('resnet') is not None:
-    x = _resnet(ops, x, config.resnet.num_layers)
-  x = ops.conv(x, 'embedding', config.patches.size[0], 'VALID')
+  if arch.resnet is not None:
+    x = _resnet(ops, x, arch.resnet.num_layers)
+  x = ops.conv(x, 'embedding', arch.patch_size[0], 'VALID')
   x = x.flatten(2).transpose(1, 2)  # [b, tokens, width], row-major over the grid
   first = 1 if 'cls' in ops.flat else 0
   if 'cls' in ops.flat:
@@ -122,7 +122,7 @@ def _forward(ops, images, config):
     reg = ops.p('registers').expand(x.shape[0], -1, -1)
     x = ops.torch.cat([x[:, :first], reg, x[:, first:]], dim=1)
   x = x + ops.p('Transformer/posembed_input/pos_embedding')
-  for i in range(config.transformer.num_layers):
+  for i in range(arch.num_layers):
     block = f'Transformer/encoderblock_{i}'
     x = x + ops.attention(
       ops.layer_norm(x, f'{block}/LayerNorm_0'), f'{block}/MultiHeadDotProductAttention_1'
@@ -131,7 +131,7 @@ def _forward(ops, images, config):
   x = ops.layer_norm(x, 'Transformer/encoder_norm')
   if registers:  # dropped before pooling
     x = ops.torch.cat([x[:, :first], x[:, first + registers :]], dim=1)
-  x = _pool(ops, x, config.classifier)
+  x = _pool(ops, x, arch.classifier)
   if 'pre_logits/kernel' in ops.flat:
     x = ops.torch.tanh(ops.dense(x, 'pre_logits'))  # paper 3.1
   return ops.dense(x, 'head') if 'head/kernel' in ops.flat else x

@@ -2,10 +2,11 @@
 with a mask token, the DINO head, and the backbone at another crop size.
 
 `build` makes the student's networks (the teacher is the same networks on the EMA of the
-student's parameters) from a `ModelSpec`: the backbone is the spec's `VisionTransformer`
-returning every token after the final LayerNorm, with `mask_token` (iBOT's masked patches),
-so its parameters keep the names of the public files (`embedding`, `cls`, `registers`,
-`Transformer/...`) and a run's teacher loads, exports and fine-tunes as any ViT. Beside them
+student's parameters) from a `ModelSpec` and a `Compute`: the backbone (`Backbone`) is the
+spec's ViT returning every token after the final LayerNorm, with `mask_token` (iBOT's masked
+patches), its parameters under the names of `vit.VisionTransformer`'s (`embedding`, `cls`,
+`registers`, `Transformer/...`), so that a run's teacher loads, exports and fine-tunes as any
+ViT. Beside them
 the parameter tree holds the heads, `dino_head` (the class token's) and, when iBOT has its own,
 `ibot_head` (the masked patches'): `vit_checkpoint` drops them when fine-tuning.
 
@@ -26,12 +27,38 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vit_jax import models
-from vit_jax.configs import model_spec
+from vit_jax.configs.model_spec import Architecture
+from vit_jax.configs.model_spec import Compute
+from vit_jax.models import vit
 from vit_jax.models import vit_checkpoint
 
 _POSEMB = ('Transformer', 'posembed_input', 'pos_embedding')
 HEADS = ('dino_head', 'ibot_head')  # the parameters beside the backbone's
+
+
+class Backbone(nn.Module):
+  """`architecture`'s ViT up to its final LayerNorm, with iBOT's mask token: images [B, H, W, 3]
+  in [-1, 1] -> tokens [B, 1 + patches, D], the class token first (registers dropped).
+
+  `masks` (bool [B, patches]): those patch embeddings replaced by `mask_token` (DINOv2: zeros
+  at start) before the learned tokens and the position embeddings join them. Its parameters
+  are `vit.VisionTransformer`'s of the same architecture (no head), and `mask_token`."""
+
+  architecture: Architecture
+  compute: Compute = Compute()
+
+  @nn.compact
+  def __call__(self, images, masks=None, *, train: bool):
+    a = self.architecture
+    dtype = jnp.dtype(self.compute.dtype)
+    x = vit.embed_patches(vit.normalise_input(images, a.input_stats), a, dtype)
+    token = self.param('mask_token', nn.initializers.zeros, (1, 1, x.shape[-1]), jnp.float32)
+    if masks is not None:
+      x = jnp.where(masks[..., None], token.astype(x.dtype), x)
+    grid = (images.shape[1] // a.patch_size[0], images.shape[2] // a.patch_size[1])
+    x = vit.prepend_tokens(self, x, a)
+    x = vit.Encoder(a, self.compute, name='Transformer')(x, train=train, grid=grid)
+    return vit.drop_registers(x, a)
 
 
 class DinoHead(nn.Module):
@@ -121,14 +148,12 @@ class Networks(NamedTuple):
     return 1
 
 
-def build(spec, config, **options) -> Networks:
-  """The student's networks of the model `spec` (a `ModelSpec` with a class token) with the
-  heads of `config.dino` and `config.ibot`; `options` are `models.build`'s (dtype, attention,
-  remat, scan, fp8)."""
-  backbone = models.build(
-    spec.changed(classifier='token_unpooled', mask_token=True), None, **options
-  )
-  dtype = options.get('dtype', jnp.float32)
+def build(spec, config, compute: Compute = Compute()) -> Networks:
+  """The student's networks of the model `spec` (a `ModelSpec` whose architecture has a class
+  token and puts its final norm on every token: `training.dino.check_model`) with the heads of
+  `config.dino` and `config.ibot`, running as `compute`."""
+  backbone = Backbone(spec.architecture, compute)
+  dtype = jnp.dtype(compute.dtype)
   dino = config.dino
   dino_head = DinoHead(
     dino.prototypes, dino.head_hidden, dino.head_bottleneck, dino.head_layers, dtype
@@ -142,6 +167,12 @@ def build(spec, config, **options) -> Networks:
   return Networks(backbone, dino_head, ibot_head, spec)
 
 
+def features(spec, compute: Compute = Compute()) -> nn.Module:
+  """The backbone's class token after the final norm, as `vit.VisionTransformer` without a head
+  computes it on the same parameters (the mask token unread): what k-NN and probes read."""
+  return vit.VisionTransformer(None, spec.architecture, compute)
+
+
 def at_grid(params, spec, grid: int, method: str):
   """`params` with the position embeddings of the backbone resized from the spec's patch grid
   to `grid` x `grid` by `method` (`vit_checkpoint.POSEMB_RESIZE`; DINOv2 and timm take bicubic),
@@ -149,7 +180,7 @@ def at_grid(params, spec, grid: int, method: str):
   old = spec.grid
   if grid == old:
     return params
-  prefix = model_spec.embedded_prefix(spec.architecture)
+  prefix = spec.architecture.posemb_prefix
   posemb = params[_POSEMB[0]][_POSEMB[1]][_POSEMB[2]]
   matrix = jnp.asarray(vit_checkpoint.resize_matrix(old, grid, method), jnp.float32)
   table = posemb[0, prefix:].reshape(old, old, -1)

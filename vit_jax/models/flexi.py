@@ -16,7 +16,6 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 
-from vit_jax.configs import model_spec
 from vit_jax.core.errors import UserError
 from vit_jax.models import vit_checkpoint
 
@@ -62,9 +61,10 @@ def at_patch_size(
   size = (patch_size, patch_size)
   out[_KERNEL] = vit_checkpoint.resize_patch_embedding(flat[_KERNEL], size, patch_resize)
   grid = image_size // patch_size
-  out[_POSEMB] = vit_checkpoint.resize_posemb(
-    flat[_POSEMB], num_prefix + grid * grid, num_prefix, posemb_resize
-  )
+  if _POSEMB in flat:  # a model with rotary embeddings alone has no table (posemb='none')
+    out[_POSEMB] = vit_checkpoint.resize_posemb(
+      flat[_POSEMB], num_prefix + grid * grid, num_prefix, posemb_resize
+    )
   return out
 
 
@@ -88,7 +88,7 @@ def load_at_patch_size(flat: dict, spec, patch_size: int, resample=None) -> tupl
       resample or 'zoom',
       resample or 'bilinear',
     )
-  return flat, spec.changed(patches={'size': (patch_size, patch_size)})
+  return flat, spec.changed(patch_size=(patch_size, patch_size))
 
 
 def _resized(params, base, size, image_size, num_prefix, posemb_resize, patch_resize):
@@ -98,6 +98,9 @@ def _resized(params, base, size, image_size, num_prefix, posemb_resize, patch_re
   kernel = params['embedding']['kernel']
   pinv = jnp.asarray(vit_checkpoint.pi_resize_matrix(base, size, patch_resize), jnp.float32)
   kernel = jnp.einsum('ah,bw,hwcd->abcd', pinv, pinv, kernel, precision='highest')
+  resized = {**params, 'embedding': {**params['embedding'], 'kernel': kernel}}
+  if 'posembed_input' not in params['Transformer']:  # no table (posemb='none')
+    return resized
   posemb = params['Transformer']['posembed_input']['pos_embedding']
   old, new = image_size // base, image_size // size
   zoom = jnp.asarray(vit_checkpoint.resize_matrix(old, new, posemb_resize), jnp.float32)
@@ -105,11 +108,7 @@ def _resized(params, base, size, image_size, num_prefix, posemb_resize, patch_re
   grid = jnp.einsum('ah,bw,hwd->abd', zoom, zoom, grid, precision='highest')
   posemb = jnp.concatenate([posemb[:, :num_prefix], grid.reshape(1, new * new, -1)], axis=1)
   transformer = {**params['Transformer'], 'posembed_input': {'pos_embedding': posemb}}
-  return {
-    **params,
-    'embedding': {**params['embedding'], 'kernel': kernel},
-    'Transformer': transformer,
-  }
+  return {**resized, 'Transformer': transformer}
 
 
 def random_patch_grad(
@@ -133,12 +132,11 @@ def random_patch_grad(
   always drawing the smallest patch). The draw comes from the dropout key, so it is the
   same on every device and a pure function of the step.
   """
-  base = model.patches['size'][0]
-  layout = ('classifier', 'num_registers', 'no_embed_class')
-  num_prefix = model_spec.embedded_prefix({k: getattr(model, k, None) for k in layout})
+  base = model.architecture.patch_size[0]
+  num_prefix = model.architecture.posemb_prefix
 
   def at(size):
-    sized = model.clone(patches={'size': (size, size)})
+    sized = model.clone(architecture=model.architecture.changed(patch_size=(size, size)))
 
     def loss(params, batch, rng):
       resized = _resized(params, base, size, image_size, num_prefix, posemb_resize, patch_resize)

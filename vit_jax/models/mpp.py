@@ -11,18 +11,20 @@ quantised to level = floor((m + 1) / 2 * 8), clipped to 0..7 (so level k holds
 means in [-1 + k/4, -1 + (k+1)/4), and 1.0 belongs to level 7). The class is
 64 * red + 8 * green + blue: bits 8-6 are red, 5-3 green, 2-0 blue.
 
-`MppViT` names its layers as `models.VisionTransformer` does (`embedding`,
+`MppViT` names its layers as `vit.VisionTransformer` does (`embedding`,
 `cls`, `Transformer/...`) and adds `mask_token` and `mpp_head`, so
 `checkpoint.load_pretrained` turns an MPP checkpoint into a classifier to
 fine-tune: it drops those two like `pre_logits`.
 """
 
-from typing import Any, Mapping, NamedTuple, Optional
+from typing import NamedTuple, Optional
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from vit_jax.configs.model_spec import Architecture
+from vit_jax.configs.model_spec import Compute
 from vit_jax.models import vit
 
 NUM_COLOUR_BITS = 3
@@ -117,46 +119,36 @@ def apply_corruption(
 class MppViT(nn.Module):
   """A ViT with a mask token and a per-patch colour head (paper B.1.2).
 
-  Attributes are those of `models.VisionTransformer`, so
-  `MppViT(**MODEL_CONFIGS['ViT-B_16'])` works; hybrids and pre-logits
-  layers are refused (the targets are pixel patches, the head reads patch
-  tokens). Returns logits [B, N, 512] for every patch position.
+  Its architecture is a `VisionTransformer`'s; hybrids and pre-logits layers are refused
+  (the targets are pixel patches, the head reads patch tokens). Returns logits [B, N, 512]
+  for every patch position.
   """
 
-  patches: Mapping[str, Any]
-  transformer: Mapping[str, Any]
-  hidden_size: int
-  classifier: str = 'token'
-  resnet: Optional[Mapping[str, Any]] = None
-  representation_size: Optional[int] = None
-  model_name: Optional[str] = None
-  dtype: Any = jnp.float32
-  remat: bool = False
-  remat_policy: str = 'nothing_saveable'
-  scan: bool = False
-  attention: str = 'auto'
-  fp8: bool = False  # the encoder's dense layers as FP8 products (vit_jax.models.fp8)
+  architecture: Architecture
+  compute: Compute = Compute()
 
   @nn.compact
   def __call__(self, images, corruption: Optional[Corruption] = None, *, train: bool):
-    if self.resnet is not None or self.representation_size is not None:
+    a = self.architecture
+    if a.resnet is not None or a.representation_size is not None:
       raise ValueError(
-        f'{self.model_name or "this model"}: masked patch prediction works on '
+        f'{a.name or "this model"}: masked patch prediction works on '
         'plain ViTs without pre-logits; pick a ViT-* model'
       )
-    if self.classifier not in ('token', 'gap'):
-      raise ValueError(f'classifier={self.classifier!r}; MPP models use token or gap')
-    x = vit.embed_patches(images, self.patches, self.hidden_size, None, self.dtype)
+    if a.classifier not in ('token', 'gap'):
+      raise ValueError(f'classifier={a.classifier!r}; MPP models use token or gap')
+    dtype = jnp.dtype(self.compute.dtype)
+    x = vit.embed_patches(images, a, dtype)
     num_patches = x.shape[1]
-    shape = (1, 1, self.hidden_size)
+    shape = (1, 1, a.hidden_size)
     mask_token = self.param('mask_token', nn.initializers.normal(stddev=0.02), shape, jnp.float32)
     if corruption is not None:
       x = apply_corruption(x, corruption, mask_token)
     # The class token takes part, so the encoder sees the sequence it will see
     # when fine-tuned from this checkpoint.
-    x = vit.prepend_tokens(self, x, self.classifier)
-    x = vit.encoder(self)(x, train=train)
-    logits = nn.Dense(NUM_COLOURS, dtype=self.dtype, name='mpp_head')(x[:, -num_patches:])
+    x = vit.prepend_tokens(self, x, a)
+    x = vit.Encoder(a, self.compute, name='Transformer')(x, train=train)
+    logits = nn.Dense(NUM_COLOURS, dtype=dtype, name='mpp_head')(x[:, -num_patches:])
     return logits.astype(jnp.float32)
 
 
@@ -195,7 +187,7 @@ def loss_fn(
   `rng` draws the corruption and, when `train`, the dropout masks.
   """
   corruption_rng, dropout_rng = jax.random.split(rng)
-  targets = colour_targets(images, tuple(model.patches['size']))
+  targets = colour_targets(images, model.architecture.patch_size)
   corruption = sample_corruption(
     corruption_rng,
     *targets.shape,
@@ -212,7 +204,7 @@ def loss_fn(
 def eval_counts(params, images, mask, *, model: MppViT) -> dict:
   """{'correct', 'count'}: the corrupted patches of the real examples (`mask`) whose colour
   `model` predicts, under a fixed corruption, so the evaluations of one run are comparable."""
-  targets = colour_targets(images, tuple(model.patches['size']))
+  targets = colour_targets(images, model.architecture.patch_size)
   corruption = sample_corruption(jax.random.PRNGKey(0), *targets.shape)
   logits = model.apply({'params': params}, images, corruption, train=False)
   counted = corruption.corrupted * mask[:, None]

@@ -8,7 +8,7 @@ padding), their (row, column) in the image's grid and whether each is real.
 Attention ignores the padding (each image's sequence is its real tokens), the
 learned 2D position embeddings (a grid of the model's size) are resampled
 to each image's grid (`posemb_resample`: bilinearly, as big_vision's SigLIP 2, or with
-an antialiased filter, timm NaFlexVit's default being bicubic: `vit.NAFLEX_RESAMPLE`),
+an antialiased filter, timm NaFlexVit's default being bicubic: `positions.NAFLEX_RESAMPLE`),
 and pooling reads real tokens only.
 
 One array carries a packed batch, so the trainer's steps and every
@@ -23,16 +23,18 @@ The patch embedding and the encoder are the ViT's (`vit.PatchEmbedding`,
 sequence length per image; `embedding/kernel` keeps the conv layout
 [P, P, C, D] (a plain ViT's kernel loads as it is). The position embeddings
 are `Transformer/posembed_input/pos_embedding` [1, gh, gw, D] (patches only;
-the class token has none, as in timm's naflexvit: `vit.GridPositionEmbs`).
+the class token has none, as in timm's naflexvit: `positions.GridPositionEmbs`).
 """
 
-from typing import Any, Mapping, Optional
+from typing import Optional
 
 import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 
 from vit_jax.configs import model_spec
+from vit_jax.configs.model_spec import Architecture
+from vit_jax.configs.model_spec import Compute
 from vit_jax.models import vit
 
 CLASSIFIERS = model_spec.NAFLEX_CLASSIFIERS
@@ -66,47 +68,38 @@ def _tokens(inputs, patch: int):
 
 
 class NaFlexViT(nn.Module):
-  """A ViT of `MODEL_CONFIGS` sizes taking packed NaFlex batches or images (see above).
-
-  `posemb_grid` is the (rows, columns) of the learned position embeddings: the
-  grid of the resolution it is trained at. Classifiers: 'token' or 'gap'
-  (the mean of the real patches' outputs). The other attributes are
-  `vit.VisionTransformer`'s.
+  """A ViT taking packed NaFlex batches or images (see above): its architecture's position
+  table is NaFlex's 2D one (`posemb='grid'`, `posemb_grid` the (rows, columns) of the grid of
+  the resolution it is trained at; `model_spec.naflex_of`). Classifiers: 'token', 'gap' (the
+  mean of the real patches' outputs) or 'map' (the MAP head over them, SigLIP 2's). The fields
+  are `vit.VisionTransformer`'s.
   """
 
   num_classes: Optional[int]
-  patches: Mapping[str, Any]
-  transformer: Mapping[str, Any]
-  hidden_size: int
-  posemb_grid: tuple
-  representation_size: Optional[int] = None
-  classifier: str = 'token'
+  architecture: Architecture
+  compute: Compute = Compute()
   head_bias_init: float = 0.0
-  model_name: Optional[str] = None
-  dtype: Any = jnp.float32
-  attention: str = 'auto'
-  num_registers: int = 0  # register tokens after the class token (vit.prepend_tokens)
-  remat: bool = False
-  remat_policy: str = 'nothing_saveable'
-  scan: bool = False
-  pad_odd: Optional[bool] = None
-  fp8: bool = False
-  posemb_resample: str = 'bilinear'  # how the table meets each image's grid (vit.NAFLEX_RESAMPLE)
 
   @nn.compact
   def __call__(self, inputs, *, train: bool):
-    if self.classifier not in CLASSIFIERS:
-      raise ValueError(f'classifier={self.classifier!r}: NaFlex ViTs take one of {CLASSIFIERS}')
-    patches = tuple(self.patches['size'])
-    pixels, rows, cols, real = _tokens(inputs.astype(jnp.float32), patches[0])
-    x = vit.PatchEmbedding(self.hidden_size, patches, self.dtype, name='embedding')(pixels)
-    x = vit.prepend_tokens(self, x, self.classifier, self.num_registers)
+    a = self.architecture
+    if a.classifier not in CLASSIFIERS:
+      raise ValueError(f'classifier={a.classifier!r}: NaFlex ViTs take one of {CLASSIFIERS}')
+    dtype = jnp.dtype(self.compute.dtype)
+    pixels, rows, cols, real = _tokens(inputs.astype(jnp.float32), a.patch_size[0])
+    x = vit.PatchEmbedding(a.hidden_size, a.patch_size, dtype, name='embedding')(pixels)
+    x = vit.prepend_tokens(self, x, a)
     num_prefix = x.shape[1] - pixels.shape[1]
-    positions = (rows, cols, real)
-    x = vit.encoder(self, self.posemb_grid)(x, train=train, positions=positions)
-    if self.classifier == 'token':
+    encoder = vit.Encoder(a, self.compute, name='Transformer')
+    x = encoder(x, train=train, positions=(rows, cols, real))
+    if a.classifier == 'token':
       x = x[:, 0]
+    elif a.classifier == 'map':  # the MAP head over the real patches (SigLIP 2, timm's)
+      b = a.block
+      real_patches = jnp.sum(real > 0, axis=1).astype(jnp.int32)
+      head = vit.MAPHead(b.num_heads, b.mlp_dim, b.mlp, b.norm_eps, dtype, name='MAPHead_0')
+      x = head(x[:, num_prefix:], real_patches)
     else:  # the mean of the real patches (registers, padding left out)
       weights = real[..., None].astype(x.dtype)
       x = jnp.sum(x[:, num_prefix:] * weights, axis=1) / jnp.maximum(jnp.sum(weights, axis=1), 1)
-    return vit.head(x, self.num_classes, self.representation_size, self.head_bias_init, self.dtype)
+    return vit.head(x, self.num_classes, a.representation_size, self.head_bias_init, dtype)

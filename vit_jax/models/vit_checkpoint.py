@@ -14,10 +14,9 @@ holds from its shapes (`configs.model_spec.ModelSpec`). Reading and writing file
 import functools
 import math
 import re
-from typing import Mapping
+from typing import Mapping, Optional
 
 import jax
-import ml_collections
 import numpy as np
 
 from vit_jax.configs import model_spec
@@ -25,7 +24,6 @@ from vit_jax.configs import schema
 from vit_jax.configs.model_spec import ModelSpec
 from vit_jax.core.errors import UserError
 from vit_jax.models import resample
-from vit_jax.models import vit
 
 _PREFIXES = ('opt/target/', 'params/')
 # Newer Flax numbering inside an encoder block -> the original release's.
@@ -288,23 +286,46 @@ def interpolate_posembed(posemb, num_tokens: int, has_class_token: bool) -> np.n
   return resize_posemb(np.asarray(posemb), num_tokens, int(has_class_token), 'zoom')
 
 
-def spec_of(flat: dict, name: str, what: str) -> ModelSpec:
+def block_options_of(names) -> dict:
+  """The `Block` fields that the parameter names of one encoder block ('LayerNorm_0/scale',
+  ...) show: what a checkpoint holds of its blocks' options."""
+  attention = 'MultiHeadDotProductAttention_1/'
+  if 'LayerNorm_0/bias' not in names:
+    biases = 'no_qkv_or_norm'
+  elif attention + 'query/bias' not in names:
+    biases = 'no_qkv'
+  elif attention + 'key/bias' not in names:
+    biases = 'no_key'
+  else:
+    biases = 'all'
+  return {
+    'parallel_block': 'LayerNorm_2/scale' not in names,
+    'qk_norm': attention + 'query_norm/scale' in names,
+    'biases': biases,
+    'layer_scale': 1.0 if 'ls1/gamma' in names else None,  # the value only initialises
+    'mlp_norm': 'MlpBlock_3/LayerNorm_0/scale' in names,
+  }
+
+
+def spec_of(flat: dict, name: str, what: str, image_size: Optional[int] = None) -> ModelSpec:
   """The model that flat parameters ({'a/b': array} in this model's names, blocks unrolled) of
   registry model `name` hold: what their shapes fix taken from them (depth, a plain ViT's patch
-  size, the pre-logits width, registers, the resolution its position embeddings hold; a 2D
-  table is a NaFlex ViT), the rest from the registry. CheckpointError (one line) for shapes
-  that `name` cannot have; `what` names the parameters in it."""
-  arch = model_spec.registered(name)
+  size, the pre-logits width, registers, block options, the resolution its position
+  embeddings hold; a 2D table is a NaFlex ViT), the rest from the registry. A model without a
+  position table (posemb='none': rotary embeddings alone) holds no resolution: `image_size`
+  is its (None: the patch size times 16). CheckpointError (one line) for shapes that `name`
+  cannot have; `what` names the parameters in it."""
+  registered = model_spec.registered(name)
   kernel = flat.get(_EMBEDDING)
   patch = None
-  if arch.get('resnet') is None and kernel is not None and np.ndim(kernel) == 4:
+  if registered.resnet is None and kernel is not None and np.ndim(kernel) == 4:
     patch = tuple(int(n) for n in np.shape(kernel)[:2])  # a run may train at another patch
   blocks = {m.group(1) for m in map(_BLOCK.match, flat) if m}  # a run may set its depth
   first = [key.split('/', 2)[2] for key in flat if key.startswith('Transformer/encoderblock_0/')]
   arch = model_spec.resolve(
     name,
     num_layers=len(blocks) or None,
-    block=vit.block_options_of(first) if first else None,
+    block=block_options_of(first) if first else None,
     patch_size=patch,
     num_registers=int(np.shape(flat['registers'])[1]) if 'registers' in flat else 0,
     representation_size=(
@@ -315,31 +336,35 @@ def spec_of(flat: dict, name: str, what: str) -> ModelSpec:
   if posemb is not None and np.ndim(posemb) == 4:  # NaFlex's table of rows x columns
     if arch.classifier not in model_spec.NAFLEX_CLASSIFIERS:
       raise CheckpointError(
-        f'{what} is a NaFlex ViT (2D position embeddings); {arch.model_name} pools with '
+        f'{what} is a NaFlex ViT (2D position embeddings); {arch.name} pools with '
         f'{arch.classifier!r}, NaFlex with one of {model_spec.NAFLEX_CLASSIFIERS}: check --model'
       )
     grid = tuple(int(g) for g in np.shape(posemb)[1:3])
-    return ModelSpec(
-      ml_collections.FrozenConfigDict(arch), grid[0] * arch.patches.size[0], posemb_grid=grid
-    )
+    arch = arch.changed(posemb='grid', posemb_grid=grid)
+    return ModelSpec(arch, grid[0] * arch.patch_size[0])
+  if posemb is None and arch.posemb == 'none':
+    return ModelSpec(arch, image_size or _NO_TABLE_GRID * arch.stride)
   if posemb is None or np.ndim(posemb) != 3:
     raise CheckpointError(
       f'{what}: no {_POSEMB} of shape [1, tokens, width]; is it a ViT checkpoint?'
     )
   grid = square_grid(np.shape(posemb)[1], arch, what)
-  return ModelSpec(ml_collections.FrozenConfigDict(arch), grid * model_spec.stride(arch))
+  return ModelSpec(arch, grid * arch.stride)
+
+
+_NO_TABLE_GRID = 16  # patches per side of a checkpoint without a table, unless told otherwise
 
 
 def square_grid(num_tokens: int, architecture, what: str) -> int:
-  """Patches per side of `num_tokens` position embeddings of `architecture`: its prefix tokens,
-  then a square grid; CheckpointError for other counts."""
-  num_prefix = model_spec.embedded_prefix(architecture)
+  """Patches per side of `num_tokens` position embeddings of `architecture`: its prefix tokens
+  with rows in the table, then a square grid; CheckpointError for other counts."""
+  num_prefix = architecture.posemb_prefix
   num_patches = num_tokens - num_prefix
   grid = math.isqrt(max(num_patches, 0))
   if num_patches < 1 or grid * grid != num_patches:
     raise CheckpointError(
       f'{what}: {num_tokens} position embeddings are not {num_prefix} class token(s) + a square '
-      f'patch grid, as {architecture.model_name} (classifier={architecture.classifier}) needs; '
+      f'patch grid, as {architecture.name} (classifier={architecture.classifier}) needs; '
       'check --model'
     )
   return grid
@@ -348,7 +373,7 @@ def square_grid(num_tokens: int, architecture, what: str) -> int:
 _REGISTERS = 'registers'
 
 
-def match_registers(restored: dict, init: dict, model_config: Mapping) -> tuple:
+def match_registers(restored: dict, init: dict, architecture) -> tuple:
   """`restored` with as many register tokens (Darcet et al. 2023) as the model `init` is of:
   a released ViT without registers fine-tuned with some, or a run's registers dropped.
 
@@ -361,16 +386,18 @@ def match_registers(restored: dict, init: dict, model_config: Mapping) -> tuple:
   report = {'re-initialised': [], 'dropped': []}
   if old == new or _POSEMB not in restored or _POSEMB not in init:
     return restored, report
-  first = int(model_spec.has_class_token(model_config.get('classifier', 'token')))
+  first = int(architecture.has_class_token)
   posemb, fresh = restored[_POSEMB], init[_POSEMB]
   kept = min(old, new)
-  if posemb.ndim == 3 and not model_config.get('no_embed_class', False):
-    # 1D position embeddings hold a row per register (2D ones and no_embed_class: patches only)
-    rows = [
-      posemb[:, : first + kept],
-      fresh[:, first + kept : first + new],
-      posemb[:, first + old :],
-    ]
+  if posemb.ndim == 3 and architecture.posemb != 'patches':
+    # A 1D table holds a row per register (posemb='tokens'; 'patches': none); a NaFlex model's
+    # 2D table has none, so the new rows there are placeholders `adapt` drops.
+    added = (
+      fresh[:, first + kept : first + new]
+      if np.ndim(fresh) == 3
+      else np.zeros((1, new - kept, posemb.shape[-1]), np.float32)
+    )
+    rows = [posemb[:, : first + kept], added, posemb[:, first + old :]]
     posemb = np.concatenate([np.asarray(r, np.float32) for r in rows], axis=1)
   out = {k: v for k, v in restored.items() if k != _REGISTERS}
   out[_POSEMB] = posemb.astype(np.asarray(restored[_POSEMB]).dtype)
@@ -392,7 +419,7 @@ def match_registers(restored: dict, init: dict, model_config: Mapping) -> tuple:
 def adapt(
   restored: dict,
   init: dict,
-  model_config: Mapping,
+  architecture,
   posemb_resize: str = 'zoom',
   what='checkpoint',
   patch_resize: str = 'bilinear',
@@ -411,8 +438,8 @@ def adapt(
     restored: the pre-trained flat parameters {'a/b': array} in this model's names
       (`canonical`), blocks unrolled.
     init: the new model's freshly initialised flat parameters, blocks unrolled.
-    model_config: its architecture (a registry entry, a `ModelSpec.architecture`), for the
-      tokens before the patches (classifier, registers).
+    architecture: its `model_spec.Architecture`, for the tokens before the patches (classifier,
+      registers, which of them have position embeddings).
     posemb_resize: 'zoom' (the official code's and big_vision's), 'bilinear', or an
       antialiased one (timm's: 'bicubic_antialias'); see POSEMB_RESIZE.
     what: the checkpoint's name in errors.
@@ -422,8 +449,11 @@ def adapt(
     (flat parameters shaped as `init`, {'kept', 'resized', 'dropped', 're-initialised':
     [what, one line each]}).
   """
-  num_prefix = model_spec.embedded_prefix(model_config)
-  restored, registers = match_registers(restored, init, model_config)
+  # The prefix rows of a 1D table: the model's own, or, for a NaFlex model started from a plain
+  # ViT, those of the paper's layout (a row per prefix token; NaFlex takes no other).
+  grid = architecture.posemb == 'grid'
+  num_prefix = architecture.num_prefix_tokens if grid else architecture.posemb_prefix
+  restored, registers = match_registers(restored, init, architecture)
   out = {}
   report = {'kept': [], 'resized': [], 'dropped': [], 're-initialised': []}
   for key, value in init.items():
@@ -446,6 +476,46 @@ def adapt(
   return out, report
 
 
+def resize_posemb_grid(table: np.ndarray, rows: int, cols: int, method: str = 'zoom') -> np.ndarray:
+  """A 2D table of position embeddings [1, h, w, D] (a NaFlex ViT's) resized to
+  [1, rows, cols, D] by `method` (POSEMB_RESIZE), one axis after the other; float32."""
+  if method not in POSEMB_RESIZE:
+    raise CheckpointError(f'posemb_resize={method!r}: use one of {", ".join(POSEMB_RESIZE)}')
+  grid = np.asarray(table, np.float64)[0]
+  down = resize_matrix(grid.shape[0], rows, method)
+  across = resize_matrix(grid.shape[1], cols, method)
+  return np.einsum('ah,bw,hwd->abd', down, across, grid)[None].astype(np.float32)
+
+
+def _between_layouts(posemb, init, num_prefix: int, method: str, what: str) -> tuple:
+  """(the table of `init`'s layout from `posemb`, how): a plain ViT's 1D table [1, prefix +
+  g*g, D] and a NaFlex ViT's 2D one [1, rows, cols, D] (no rows for prefix tokens), either way
+  or between two 2D grids; the patches' grid is resized by `method`. A NaFlex table becomes
+  a plain one with `init`'s (fresh) rows for the prefix tokens."""
+  posemb = np.asarray(posemb)
+  if posemb.ndim == 3:
+    patches = posemb[0, num_prefix:]
+    side = math.isqrt(len(patches))
+    if side * side != len(patches):
+      raise CheckpointError(
+        f'{what}: its {posemb.shape[1]} position embeddings are no {num_prefix} prefix rows and '
+        'a square grid of patches; fine-tune it as the model it is'
+      )
+    grid = patches.reshape(1, side, side, -1)
+    rows = 'row' if num_prefix == 1 else 'rows'
+    dropped = f', {num_prefix} prefix {rows} dropped' if num_prefix else ''
+  else:
+    grid, dropped = posemb, ''
+  if np.ndim(init) == 4:
+    resized = resize_posemb_grid(grid, init.shape[1], init.shape[2], method)
+    return resized.astype(np.asarray(posemb).dtype), f'as a 2D grid, {method}{dropped}'
+  side = math.isqrt(init.shape[1] - num_prefix)
+  table = resize_posemb_grid(grid, side, side, method).reshape(1, side * side, -1)
+  prefix = np.asarray(init[:, :num_prefix], np.float32)
+  fresh = f', {num_prefix} fresh prefix row{"" if num_prefix == 1 else "s"}' if num_prefix else ''
+  return np.concatenate([prefix, table], axis=1), f'from a 2D grid, {method}{fresh}'
+
+
 def _adapted(key, value, restored, num_prefix, posemb_resize, what, patch_resize) -> tuple:
   """(the fine-tuning value of `init`'s `key`, what `adapt` did, its report line)."""
   if key.startswith('head/') or key not in restored and key.startswith(_PRETRAINING_ONLY):
@@ -456,6 +526,9 @@ def _adapted(key, value, restored, num_prefix, posemb_resize, what, patch_resize
       'model?'
     )
   old, new = shape_of(restored[key]), shape_of(value)
+  if key == _POSEMB and old != new and (len(old) == 4 or len(new) == 4):
+    resized, how = _between_layouts(restored[key], value, num_prefix, posemb_resize, what)
+    return resized, 'resized', f'{key} {old} -> {new} ({how})'
   if key == _POSEMB and old != new:
     resized = resize_posemb(restored[key], value.shape[1], num_prefix, posemb_resize)
     return resized, 'resized', f'{key} {old} -> {new} ({posemb_resize})'

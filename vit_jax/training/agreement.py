@@ -16,16 +16,31 @@ crashed, or its machine lost), and one whose coordination service is
 unreachable has lost process 0: the thread then ends this process with one
 line naming the lost process (`on_lost`), since no collective can complete
 without it. Rounds repeat: a roll call after an error is a new round.
+
+A process can also be lost while the others wait in a collective that never
+fails (a machine lost with its network link: no connection is closed, and a
+GPU collective waits forever): the threads beat too. Every `BEAT_S` seconds
+each process writes a count to the store, and process 0 reads them all (one
+request): a process whose count stands still for `ANSWER_S` seconds is gone,
+and process 0 posts a notice naming it, which ends every process with the
+same line. The others ask for process 0's count every beat (one request,
+answered at once while its service is up); `ANSWER_S` seconds without an
+answer is process 0 lost. A thread that did not run for a while (the process
+paused, or starved of CPU) starts counting again rather than blame the others.
 """
 
 import itertools
 import threading
+import time
 from typing import Callable, Optional
 
 import jax
 
 ANSWER_S = 10  # a live process answers in milliseconds; SLURM's KillWait is 30 s by default
+BEAT_S = 2  # between two beats of a process (each one request to process 0's service)
+FIRST_BEAT_S = 60  # for a process's first beat: the processes reach their loop at their pace
 _POLL_MS = 1000  # how long one wait for a notice lasts before the thread looks at `close`
+_GONE = 'gone '  # a notice from process 0: `gone 2,3`, processes that stopped beating
 
 # Each run's agreements are numbered alike on every process (they make them in the same
 # order), so that their keys in the shared store are the same and never reused.
@@ -65,6 +80,10 @@ class Agreement:
     self.stop_at: Optional[int] = None  # every process stops after this step
     self.signal = 0  # the signal that asked for the stop (the first one answered)
     self._closed = threading.Event()
+    self._beats = 0  # this process's count
+    now = time.monotonic()
+    self._beat_at = now  # when this thread last beat
+    self._heard = {r: (None, now + FIRST_BEAT_S - ANSWER_S) for r in range(self.count)}
     self._thread = threading.Thread(target=self._watch, name='vit_jax-agreement', daemon=True)
     self._thread.start()
 
@@ -109,13 +128,62 @@ class Agreement:
   def _watch(self) -> None:
     while not self._closed.is_set():
       try:
+        if not self._beat():
+          return
         notice = self._client.blocking_key_value_get(f'{self._key}/{self._next}/notice', _POLL_MS)
       except Exception as e:  # noqa: BLE001
         if _timed_out(e):
           continue
         self._service_lost()
         return
+      if notice.startswith(_GONE):
+        if not self._closed.is_set():
+          self._on_lost([int(r) for r in notice[len(_GONE) :].split(',')], self._last)
+        return
       self._round(notice)
+
+  def _beat(self) -> bool:
+    """Every BEAT_S: this process's count to the store, and (process 0) the others' read, or
+    (the others) process 0's asked for. False once a lost process has ended this one."""
+    now = time.monotonic()
+    if now - self._beat_at < BEAT_S:
+      return True
+    if now - self._beat_at > ANSWER_S / 2:  # this thread stood still: nobody is to blame
+      self._heard = {r: (count, max(heard, now)) for r, (count, heard) in self._heard.items()}
+    self._beat_at = now
+    self._beats += 1
+    beat = (f'{self._key}/beat/{self.rank}', str(self._beats), True)
+    if self.rank != 0:
+      try:
+        # Answered at once while process 0's service is up; only then the beat, which has no
+        # deadline of its own (a service cut off by the network would hold it).
+        self._client.blocking_key_value_get(f'{self._key}/beat/0', _POLL_MS)
+        self._heard[0] = (None, now)
+        self._client.key_value_set(*beat)
+      except Exception as e:  # noqa: BLE001
+        if not _timed_out(e):
+          raise
+      if now - self._heard[0][1] > ANSWER_S and not self._closed.is_set():
+        self._service_lost()
+        return False
+      return True
+    self._client.key_value_set(*beat)
+    counts = dict(self._client.key_value_dir_get(f'{self._key}/beat/'))
+    closed = {
+      k.rsplit('/', 1)[1] for k, _ in self._client.key_value_dir_get(f'{self._key}/closed/')
+    }
+    for rank in range(self.count):
+      count = counts.get(f'{self._key}/beat/{rank}')
+      if count is not None and count != self._heard[rank][0]:
+        self._heard[rank] = (count, now)
+    gone = [
+      r
+      for r, (_, heard) in self._heard.items()
+      if r != 0 and str(r) not in closed and now - heard > ANSWER_S
+    ]
+    if gone and not self._closed.is_set():
+      self._post(self._next, _GONE + ','.join(map(str, gone)))
+    return True
 
   def _round(self, notice: str) -> None:
     with self._lock:

@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import optax
 
 from vit_jax.configs import ConfigError
+from vit_jax.configs.model_spec import Compute
 from vit_jax.data import on_device
 from vit_jax.evaluation import fewshot
 from vit_jax.evaluation import knn
@@ -171,15 +172,18 @@ def make_optimizer(config):
 
 def check_model(spec, config) -> None:
   """ConfigError (one line) for a model or crop that self-distillation cannot take: it reads
-  the class token and the patch tokens of a plain ViT, at two crop sizes."""
+  the class token and the patch tokens of a ViT after its final norm, at two crop sizes."""
   arch = spec.architecture
   problems = [
-    (arch.get('classifier', 'token') != 'token', f'classifier={arch.get("classifier")!r}'),
+    (spec.naflex, "NaFlex (naflex_tokens: each image at its own aspect ratio, where the crops "
+     "are square)"),
+    (arch.classifier != 'token', f'classifier={arch.classifier!r}'),
     (spec.hybrid, 'a ResNet stem (a hybrid)'),
-    (bool(arch.get('fc_norm')), 'fc_norm (a norm after pooling instead of on every token)'),
-    (bool(arch.get('rotary')), 'rotary position embeddings'),
-    (arch.get('representation_size') is not None, 'a pre-logits layer'),
-  ]
+    (arch.final_norm != 'tokens', 'final_norm=pooled (a norm after pooling, not on every token)'),
+    (arch.rotary is not None, 'rotary position embeddings'),
+    (arch.posemb not in ('tokens', 'patches'), f'posemb={arch.posemb!r}'),
+    (arch.representation_size is not None, 'a pre-logits layer'),
+  ]  # fmt: skip
   for bad, what in problems:
     if bad:
       raise ConfigError(
@@ -226,16 +230,9 @@ def _gather(tokens, index):
 
 def make_task(config, num_classes: int, multi_label: bool, spec) -> steps.Task:
   """The task of `config` (task='dino') on the model `spec`."""
-  options = dict(
-    dtype=jnp.dtype(config.dtype),
-    attention=config.attention,
-    remat=config.remat,
-    remat_policy=config.remat_policy,
-    scan=config.scan_layers,
-    fp8=config.fp8,
-  )
-  networks = dino_models.build(spec, config, **options)
-  features = networks.backbone.clone(classifier='token', mask_token=False)
+  compute = Compute.of(config)
+  networks = dino_models.build(spec, config, compute)
+  features = dino_models.features(spec, compute)
 
   def eval_fn(params, batch):
     """The evaluated (teacher's) class tokens of a batch: what k-NN and probes read."""

@@ -102,7 +102,7 @@ def accuracy(run, params) -> dict:
   return metrics.accuracy(
     run.program.eval_step,
     params,
-    pipeline.make_eval_iterator(run.config, run.program.batch_sharding, raw=True),
+    pipeline.make_eval_iterator(run.config, run.program.batch_sharding, raw=True, pp=run.pp),
   )
 
 
@@ -138,6 +138,7 @@ class FewShotProbe:
       evaluated(run, loop.state),
       run.program.batch_sharding,
       features_fn=self._features,
+      transform=run.transform,
     )
     run.log.scalars(step, scalars)
     run.log.info(

@@ -27,11 +27,14 @@ import orbax.checkpoint as ocp
 from vit_jax import checkpoint
 from vit_jax import workdir as workdir_lib
 from vit_jax.configs import ConfigError
+from vit_jax.configs import families
+from vit_jax.configs import timm_weights
 from vit_jax.core import console
 from vit_jax.core import files
 from vit_jax.core import hardware
 from vit_jax.core.errors import UserError
 from vit_jax.data import pipeline
+from vit_jax.evaluation import loader
 from vit_jax.models import fp8
 from vit_jax.models import vit_checkpoint
 from vit_jax.training import hooks
@@ -51,6 +54,9 @@ def train_and_evaluate(config, workdir: str) -> dict:
   clock = Clock()
   mesh = program.make_mesh(config)
   spec = program.validate(config, mesh.size)
+  program.check_host_batch(config, jax.process_count(), hardware.host_memory())
+  created = workdir_lib.first_missing(workdir)  # removed again if the run fails before a step
+  failed = False
   # Our own one-line errors pass as they are; a failed write becomes one.
   with workdir_lib.storage_errors(workdir, keep=(UserError,)):
     workdir_lib.check_folder(workdir)
@@ -62,6 +68,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
     resume.check_dataset(workdir, config)
     if config.pretrained_path and not workdir_lib.saved_steps(workdir):
       _check_pretrained(config.pretrained_path)
+    spec, transform = weights_of(config, spec, workdir)  # after: it reads the pretrained file
     stop, lock = stopping.Stop(workdir), None
     try:
       with stop.held():  # a stop raised halfway through taking the lock would leave it
@@ -78,31 +85,49 @@ def train_and_evaluate(config, workdir: str) -> dict:
           workdir_lib.write_config(workdir, config, keep=unknown)
         # Orbax logs each unreadable checkpoint file it meets; resume says it in one line.
         with resume.without_orbax_errors():
-          run = set_up(config, workdir, mesh, spec, lock=lock)
+          run = set_up(config, workdir, mesh, spec, lock=lock, transform=transform)
           stop.check()
           state, data_state, clock.prior = restore_or_initialize(run)
         stop.check()
         first_step = int(state.step)
+        if first_step:  # resumed: the lines of steps it will take again go
+          run.log.rewind(first_step)
         if data_state and resume.same_data(workdir, data_state.get('dataset'), config.dataset):
           data_state = {**data_state, 'dataset': config.dataset}  # the same data, spelled anew
         loop = Loop(
           state=state,
           train_iter=pipeline.make_train_iterator(
-            config, run.program.batch_sharding, state=data_state, raw=True, model_spec=spec
+            config,
+            run.program.batch_sharding,
+            state=data_state,
+            raw=True,
+            model_spec=spec,
+            pp=run.pp,
           ),
           progress=console.Progress(config.total_steps, first_step, config.batch),
           clock=clock,
+          losses=Losses.resumed(clock.prior),
         )
         periodic = hooks.hooks(run)
         train(run, loop, periodic, stop)
         return finish(run, loop, periodic, first_step=first_step)
     except stopping.StopNow as e:
       _quiet_a_write_cut_short()
+      failed = True
       raise stopping.Stopped(str(e), stop.signum) from None
+    except UserError:
+      failed = True
+      raise
     finally:
       stop.restore()
       if lock is not None:
+        # A run refused before its first step, in a workdir it made, leaves nothing behind.
+        undo = failed and created is not None and not clock.stepped
+        if undo:
+          workdir_lib.remove_unstarted(workdir, created, lock_released=False)
         lock.release()
+        if undo:
+          workdir_lib.remove_unstarted(workdir, created, lock_released=True)
 
 
 def _quiet_a_write_cut_short() -> None:
@@ -116,11 +141,32 @@ def _quiet_a_write_cut_short() -> None:
 def _check_pretrained(path: str) -> None:
   """A pretrained checkpoint out of reach stops a new run before its set-up, in one line."""
   try:
-    checkpoint.resolve(path)
-  except (files.RemoteFilesError, checkpoint.CheckpointError) as e:
+    checkpoint.released_file(path)
+    checkpoint.refuse_torch_file(path)
+  except checkpoint.CheckpointError as e:  # no such file, or one to convert first
+    raise ConfigError(f'--config.pretrained_path: {e}') from None
+  except files.RemoteFilesError as e:
     raise ConfigError(
       f'--config.pretrained_path: {e} (--config.pretrained_path=LOCAL_COPY.npz)'
     ) from None
+
+
+def weights_of(config, spec, workdir: str) -> tuple:
+  """(`spec` with the input statistics of the weights it trains, their evaluation transform) for
+  a family's model: the preprocessing the run recorded (a resumed run), else what its
+  pretrained checkpoint records for its model, else timm's default weights' of the name
+  (`loader.with_weights`); (spec, None) for the paper's models, which keep the official resize."""
+  if families.family_of(spec.name or '') is None:
+    return spec, None  # nothing to read: a pretrained gs:// file is not opened twice
+  record = workdir_lib.read_preprocessing(workdir) if workdir_lib.is_workdir(workdir) else None
+  if record is None and config.pretrained_path:
+    metadata = checkpoint.read_metadata(config.pretrained_path)
+    if metadata.get('model') in (None, config.model):
+      record = metadata.get('preprocessing')
+    if record is None and workdir_lib.is_workdir(config.pretrained_path):
+      record = workdir_lib.read_preprocessing(config.pretrained_path)
+  preprocessing = None if record is None else timm_weights.Preprocessing.from_json(record)
+  return loader.with_weights(spec, preprocessing)
 
 
 def _report_finished(workdir: str, summary: dict) -> None:
@@ -148,15 +194,38 @@ class Run:
   manager: ocp.CheckpointManager
   peak_flops: Optional[float]
   lock: Optional[workdir_lib.Lock] = None  # process 0's hold on the workdir
+  pp: Optional[pipeline.Preprocessing] = None  # the data's preprocessing, resolved once
+  # A family's weights: their evaluation transform (`configs.timm_weights.Preprocessing`);
+  # None: the official resize.
+  transform: Any = None
 
 
 class Losses:
-  """The step losses since the last progress line, and the mean of the last window."""
+  """The step losses since the last progress line, and the mean of the last window.
 
-  def __init__(self, last_mean: float = float('nan')):
-    self._window = []
+  The window and the count of skipped steps are saved with each checkpoint (`totals`), so a
+  resumed run's first progress line averages the same steps as an uninterrupted run's."""
+
+  def __init__(self, last_mean: float = float('nan'), window=(), nonfinite_in_a_row: int = 0):
+    self._window = [float(x) for x in window]
     self.last_mean = last_mean
-    self.nonfinite_in_a_row = 0  # skipped steps since the last finite one (skip_nonfinite)
+    self.nonfinite_in_a_row = nonfinite_in_a_row  # skipped steps since the last finite one
+
+  @classmethod
+  def resumed(cls, prior: dict) -> 'Losses':
+    """The losses a checkpoint's totals (`Clock.totals`) carry on; fresh ones for a new run
+    (or a checkpoint written before they were saved)."""
+    last = prior.get('train_loss')
+    return cls(
+      float('nan') if last is None else float(last),
+      prior.get('loss_window') or (),
+      int(prior.get('nonfinite_in_a_row') or 0),
+    )
+
+  @property
+  def window(self) -> list:
+    """The open window's finite losses (the only ones its mean reads)."""
+    return [x for x in self._window if np.isfinite(x)]
 
   def add(self, loss: float) -> None:
     self._window.append(loss)
@@ -184,6 +253,11 @@ class Clock:
   _loop_start: Optional[float] = None  # perf_counter at the end of the first step
   _eval_time: float = 0.0  # in evaluation since _loop_start
   _timed_steps: int = 0  # steps of this session after the first
+
+  @property
+  def stepped(self) -> bool:
+    """Whether this session has taken a step."""
+    return self._loop_start is not None
 
   def step_done(self, metrics) -> None:
     if self._loop_start is None:
@@ -225,18 +299,30 @@ class Loop:
   metrics: Optional[dict] = None  # the latest step's, still on the devices
 
   def totals(self) -> dict:
-    """The run's totals so far, over every session (saved with each checkpoint)."""
-    return self.clock.totals(self.losses.last_mean)
+    """The run's totals so far, over every session, and the losses of the open progress window
+    (saved with each checkpoint)."""
+    return {
+      **self.clock.totals(self.losses.last_mean),
+      # JSON keeps each float exactly (repr): the resumed mean is the uninterrupted run's.
+      'loss_window': self.losses.window,
+      'nonfinite_in_a_row': self.losses.nonfinite_in_a_row,
+    }
 
 
-def set_up(config, workdir: str, mesh, spec, lock: Optional[workdir_lib.Lock] = None) -> Run:
+def set_up(
+  config, workdir: str, mesh, spec, lock: Optional[workdir_lib.Lock] = None, transform=None
+) -> Run:
   """Checks the config against the data; builds the task of the model `spec` (which
   `program.validate` resolved, checking the config against the devices), the optimizer and the
-  checkpoint manager."""
-  info = pipeline.get_info(config)
+  checkpoint manager. `transform`: the evaluation transform of a family's weights
+  (`weights_of`), recorded in the workdir."""
+  pp = pipeline.Preprocessing.of(config, transform)  # the data half, as `spec` is the model
+  info = pipeline.get_info(config, pp)
   resume.check_classes(workdir, info)
   if jax.process_index() == 0:
     resume.record_dataset(workdir, info)
+    if transform is not None:
+      workdir_lib.write_preprocessing(workdir, transform.to_json())
   if info.num_classes < 1 and config.task == 'classification':
     raise ConfigError(
       f'{info.name}: its images are not in class folders (DIR/train/<class>/<image>), which '
@@ -245,7 +331,7 @@ def set_up(config, workdir: str, mesh, spec, lock: Optional[workdir_lib.Lock] = 
   if info.multi_label and config.loss != 'sigmoid' and config.task == 'classification':
     raise ConfigError(f'{info.name} is multi-label: set --config.loss=sigmoid')
   log = run_log.RunLog(workdir, is_main=jax.process_index() == 0, tensorboard=config.tensorboard)
-  log.info(pipeline.describe_preprocessing(config))
+  log.info(pp.describe())
   device = mesh.devices.flat[0]
   if config.fp8 and not fp8.native(device):
     log.info(
@@ -272,6 +358,8 @@ def set_up(config, workdir: str, mesh, spec, lock: Optional[workdir_lib.Lock] = 
     # A peak that does not drop on a busy machine: MFU stays at most 1 (vit_jax.core.hardware).
     peak_flops=config.peak_flops or hardware.stable_peak()[0],
     lock=lock,
+    pp=pp,
+    transform=transform,
   )
 
 
@@ -387,9 +475,16 @@ def _a_lost_process(stop: stopping.Stop):
 
 @contextlib.contextmanager
 def _out_of_memory_advice(config):
-  """Out of device memory: one line with the three ways out."""
+  """Out of device memory: one line with the three ways out; out of host memory (numpy's
+  MemoryError, assembling batches): one line too."""
   try:
     yield
+  except MemoryError as e:
+    raise TrainingError(
+      f'out of host memory ({e}) at batch {config.batch:,} of {config.pp.crop} px images: '
+      f'lower --config.batch, or --config.prefetch (now {config.prefetch}) and '
+      '--config.eval_cache_mb, which hold batches in memory'
+    ) from None
   except jax.errors.JaxRuntimeError as e:
     if hardware.is_out_of_memory(e):
       tokens = tuple(config.get('naflex_tokens') or ())
@@ -467,9 +562,17 @@ def _write_results(run: Run, loop: Loop, summary: dict) -> None:
   params = _host_tree(hooks.evaluated(run, loop.state))
   ema = _host_tree(loop.state.ema_params) if run.config.ema_decay else None
   if jax.process_index() == 0:
-    checkpoint.save_npz(params, workdir_lib.params_path(run.workdir))
+    # The file names its model and classes itself: a copy taken out of the workdir predicts;
+    # and a family's weights' preprocessing, which predict and evaluate apply.
+    record = {
+      'model': run.config.model,
+      'class_names': list(run.info.class_names) if run.info.class_names else None,
+      'dataset': run.info.name,
+      'preprocessing': run.transform.to_json() if run.transform is not None else None,
+    }
+    checkpoint.save_npz(params, workdir_lib.params_path(run.workdir), metadata=record)
     if ema is not None:
-      checkpoint.save_npz(ema, workdir_lib.params_path(run.workdir, ema=True))
+      checkpoint.save_npz(ema, workdir_lib.params_path(run.workdir, ema=True), metadata=record)
   summary['wall_time_s'] = loop.totals()['wall_time_s']
   if jax.process_index() == 0:
     workdir_lib.write_summary(run.workdir, summary)

@@ -47,12 +47,30 @@ def validate(config, num_devices: int) -> ModelSpec:
   if config.task == 'dino':
     dino.check_model(spec, config)
   if config.mesh.model > 1:
-    t = spec.architecture.transformer
+    block = spec.architecture.block
     try:
-      sharding.check_model_fits(t.num_heads, t.mlp_dim, config.mesh.model)
+      sharding.check_model_fits(block.num_heads, block.mlp_dim, config.mesh.model)
     except sharding.MeshError as e:
       raise ConfigError(f'{config.model}: {e}') from None
   return spec
+
+
+def check_host_batch(config, process_count: int, memory: Optional[int]) -> None:
+  """ConfigError when one batch of a process, as the uint8 pixels the input pipeline assembles,
+  is larger than this machine's `memory` (bytes): a batch that could never be read (a digit
+  too many in --config.batch) is one line before the run starts, not an allocation failure."""
+  if not memory:
+    return
+  side = int(config.pp.crop)
+  for name in ('batch', 'batch_eval'):
+    need = config[name] // max(process_count, 1) * side * side * 3
+    if need > memory:
+      per = ' in each of the processes' if process_count > 1 else ''
+      raise ConfigError(
+        f'{name}={config[name]:,}: one batch of {side} px images takes {need / 2**30:,.0f} GiB '
+        f"of host memory{per}, more than this machine's {memory / 2**30:,.0f} GiB; lower "
+        f'--config.{name}'
+      )
 
 
 def make_mesh(config, devices=None):

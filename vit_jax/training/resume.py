@@ -17,6 +17,7 @@ all resume from the same step.
 
 import contextlib
 import logging
+import os
 import shlex
 from typing import Callable, Optional
 
@@ -25,6 +26,7 @@ from jax.experimental import multihost_utils
 import numpy as np
 
 from vit_jax import workdir as workdir_lib
+from vit_jax.core import files
 from vit_jax.data import datasets
 
 # Config fields a resumed run may change: how long, on what and how fast it
@@ -116,8 +118,11 @@ def check_config(workdir: str, config) -> None:
   differ = sorted(
     k for k in before.keys() & now.keys() if before[k] != now[k] and not _may_change(k)
   )
-  if 'dataset' in differ and same_data(workdir, before['dataset'], now['dataset']):
-    differ.remove('dataset')  # another spelling of its path: a trailing slash, relative, a link
+  if 'dataset' in differ and (
+    same_data(workdir, before['dataset'], now['dataset'])  # a trailing slash, relative, a link
+    or moved_here(workdir, now['dataset'])
+  ):
+    differ.remove('dataset')
   if not differ:
     return
   weights = '' if workdir_lib.has_params(workdir) else ', once that run has finished'
@@ -140,6 +145,45 @@ def same_data(workdir: str, before: str, now: str) -> bool:
     return False
   path = (workdir_lib.read_dataset(workdir) or {}).get('path')
   return any(datasets.same_path(recorded, now) for recorded in (path, before) if recorded)
+
+
+def moved_here(workdir: str, now) -> bool:
+  """Whether `now` is a local folder or file holding the data the run in `workdir` recorded
+  at another path (its fingerprint in dataset.json, `data.datasets.fingerprint`): a dataset
+  moved, copied or renamed. Where the recorded path is gone, another `now` is a ResumeError
+  saying how they differ (the run cannot be resumed on the old path either)."""
+  recorded = workdir_lib.read_dataset(workdir) or {}
+  old = recorded.get('path')
+  if not old or not isinstance(now, str) or files.is_remote(now):
+    return False
+  gone = not os.path.exists(old)
+  path = os.path.expanduser(now)
+  then = recorded.get('fingerprint')
+  if not os.path.exists(path) or not then:
+    if gone:
+      raise ResumeError(
+        f'{workdir} holds a run on {old}, which is no longer there, and its dataset.json has no '
+        f'fingerprint of that data (an older version wrote it) to check {now} against: put the '
+        f'data back at {old} (a symlink there will do), or use another --workdir'
+      )
+    return False
+  got = datasets.fingerprint(os.path.realpath(path))
+  if got == then:
+    return True
+  if not gone:
+    return False  # both exist and differ: the config's difference, said as any other
+  if (got['files'], got['bytes']) != (then['files'], then['bytes']):
+    how = (
+      f"{got['files']:,} files of {got['bytes']:,} bytes where the run's data had "
+      f'{then["files"]:,} of {then["bytes"]:,}'
+    )
+  else:
+    how = 'as many files and bytes, but other names or contents'
+  raise ResumeError(
+    f'{now} is not the data the run in {workdir} was trained on ({old}, no longer there): '
+    f'{how}. Pass the folder or file that data moved to (checked by its fingerprint in '
+    f'{workdir_lib.DATASET_FILE}), or use another --workdir to train on this data'
+  )
 
 
 def _has_work(workdir: str) -> bool:
@@ -193,7 +237,10 @@ def check_classes(workdir: str, info) -> None:
 
 def record_dataset(workdir: str, info) -> None:
   """Records the run's data in `workdir` (dataset.json, `data.datasets.record`)."""
-  workdir_lib.write_dataset(workdir, datasets.record(info.name, info.num_classes, info.class_names))
+  previous = workdir_lib.read_dataset(workdir)
+  workdir_lib.write_dataset(
+    workdir, datasets.record(info.name, info.num_classes, info.class_names, previous)
+  )
 
 
 def unknown_fields(workdir: str, config) -> dict:

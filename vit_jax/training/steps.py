@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import optax
 
 from vit_jax import models
+from vit_jax.configs.model_spec import Compute
 from vit_jax.configs.model_spec import ModelSpec
 from vit_jax.core import hardware
 from vit_jax.core import sharding
@@ -76,27 +77,19 @@ def make_task(
   through that cast to float32, and no layer casts on every call.
   """
   spec = spec or ModelSpec.of(config)
-  options = dict(  # how the model computes, beside its architecture
-    dtype=jnp.dtype(config.dtype),
-    attention=config.attention,
-    remat=config.remat,
-    remat_policy=config.remat_policy,
-    scan=config.scan_layers,
-    head_bias_init=config.head_bias_init,
-    fp8=config.fp8,
-  )
+  compute = Compute.of(config)
   # The classification loss, of labels or of Mixup's soft ones.
   objective = lambda logits, batch: cross_entropy(
     logits, batch['label'], loss=config.loss, label_smoothing=config.label_smoothing
   )
-  compute = lambda params: vit.compute_params(params, config.dtype)
-  features = models.build(spec, None, **options)
+  cast = lambda params: vit.compute_params(params, config.dtype)
+  features = models.build(spec, None, compute)
 
   if config.task == 'classification':
-    model = models.build(spec, num_classes, **options)
+    model = models.build(spec, num_classes, compute, config.head_bias_init)
 
     def loss_fn(params, batch, rng, train):
-      variables = {'params': compute(params)}
+      variables = {'params': cast(params)}
       logits = model.apply(variables, batch['image'], train=train, rngs={'dropout': rng})
       return objective(logits, batch)
 
@@ -104,23 +97,22 @@ def make_task(
     if config.flexi_patch_sizes:  # FlexiViT: a random patch size per training step
       sizes = tuple(config.flexi_patch_sizes)
       grad_fn = flexi.random_patch_grad(
-        model, sizes, spec.image_size, objective, compute, config.posemb_resize, config.patch_resize
+        model, sizes, spec.image_size, objective, cast, config.posemb_resize, config.patch_resize
       )
 
     def eval_fn(params, batch):
-      logits = model.apply({'params': compute(params)}, batch['image'], train=False)
+      logits = model.apply({'params': cast(params)}, batch['image'], train=False)
       return metrics.classification_counts(logits, batch['label'], batch['mask'], multi_label)
 
   else:
     assert config.task == 'mpp', config.task  # the schema's other choice
-    options.pop('head_bias_init')  # the colour head's bias starts at zero
-    model = mpp.MppViT(**options, **spec.architecture)
+    model = mpp.MppViT(spec.architecture, compute)  # the colour head's bias starts at zero
 
     def loss_fn(params, batch, rng, train):
-      return mpp.loss_fn(compute(params), batch['image'], rng, model=model, train=train)[0]
+      return mpp.loss_fn(cast(params), batch['image'], rng, model=model, train=train)[0]
 
     def eval_fn(params, batch):
-      return mpp.eval_counts(compute(params), batch['image'], batch['mask'], model=model)
+      return mpp.eval_counts(cast(params), batch['image'], batch['mask'], model=model)
 
     grad_fn = None
 

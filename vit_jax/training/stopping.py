@@ -19,6 +19,7 @@ import jax
 
 from vit_jax import workdir as workdir_lib
 from vit_jax.core import cli
+from vit_jax.core import coordinator
 from vit_jax.core.errors import UserError
 from vit_jax.training import agreement as agreement_lib
 
@@ -190,6 +191,8 @@ class Stop:
     count = jax.process_count()
     who = ', '.join(str(r) for r in missing[:8]) + (' ...' if len(missing) > 8 else '')
     processes = f'process{"es" if len(missing) > 1 else ""} {who} of {count}'
+    nodes = coordinator.nodes_of(agreement_lib.client(), missing[:8])
+    processes += f' on {", ".join(nodes)}' if nodes else ''
     saved = workdir_lib.saved_steps(self.workdir)
     kept = f'from the checkpoint at step {saved[-1]}' if saved else 'from the start'
     after = f' after step {last_step}' if last_step >= 0 else ' before the first step'

@@ -3,6 +3,7 @@
   WORKDIR/
     config.json            the run's config; a run resumes only when it agrees (training.resume)
     dataset.json           its data: the path it names, its class names (for predict and export)
+    preprocessing.json     a family model's weights: their statistics and evaluation transform
     checkpoints/<step>/    orbax checkpoints: train state, data iterator position, run totals
     corrupt_checkpoints/   checkpoints that did not restore, moved aside, never deleted
     summary.json           the finished run: step, accuracy, speed and its model's name
@@ -15,6 +16,7 @@
 Every path here may be local or behind a scheme (`gs://`, `vit_jax.core.files`).
 """
 
+import contextlib
 import json
 import math
 import os
@@ -26,6 +28,7 @@ from vit_jax.core.errors import UserError
 __all__ = [  # `vit_jax.workdir`'s names for the files of a run
   'CONFIG_FILE',
   'DATASET_FILE',
+  'PREPROCESSING_FILE',
   'CHECKPOINTS',
   'CORRUPT_CHECKPOINTS',
   'SUMMARY_FILE',
@@ -54,16 +57,21 @@ __all__ = [  # `vit_jax.workdir`'s names for the files of a run
   'write_config',
   'read_dataset',
   'write_dataset',
+  'read_preprocessing',
+  'write_preprocessing',
   'saved_steps',
   'checkpoint_has_item',
   'set_aside',
   'corrupt_checkpoints_dir',
   'add_fewshot',
   'add_knn',
+  'first_missing',
+  'remove_unstarted',
 ]
 
 CONFIG_FILE = 'config.json'
 DATASET_FILE = 'dataset.json'
+PREPROCESSING_FILE = 'preprocessing.json'
 CHECKPOINTS = 'checkpoints'
 CORRUPT_CHECKPOINTS = 'corrupt_checkpoints'
 SUMMARY_FILE = 'summary.json'
@@ -106,6 +114,7 @@ _RUN_WORK = (PARAMS_FILE, PARAMS_EMA_FILE, CHECKPOINTS, SUMMARY_FILE, LOCK_FILE)
 _RUN_FILES = _RUN_WORK + (
   CONFIG_FILE,
   DATASET_FILE,
+  PREPROCESSING_FILE,
   CORRUPT_CHECKPOINTS,
   FEWSHOT_FILE,
   KNN_FILE,
@@ -137,6 +146,44 @@ def check_output(path, flag: str, *, folder: bool = False) -> None:
     raise WorkdirError(
       f"{flag} {what} holds a run's work ({shown}) that this would replace; pass {instead}"
     )
+
+
+def first_missing(workdir: str) -> Optional[str]:
+  """The outermost of `workdir` and its parents that does not exist yet: what a run there
+  creates, and may remove again (`remove_unstarted`); None when `workdir` exists or is remote."""
+  if files.is_remote(workdir):
+    return None
+  path, missing = os.path.abspath(workdir), None
+  while not os.path.lexists(path) and os.path.dirname(path) != path:
+    path, missing = os.path.dirname(path), path
+  return missing
+
+
+def remove_unstarted(workdir: str, created: str, lock_released: bool) -> None:
+  """What a run that never took a step wrote in the `workdir` it created (`first_missing`):
+  its config, data record, empty logs and checkpoints folder; once `lock_released`, the folders
+  from `workdir` up to `created` left empty. A command that failed leaves nothing behind; a
+  file of anyone else keeps its folder."""
+  import shutil
+
+  if not lock_released:
+    if saved_steps(workdir):
+      return
+    for name in (CONFIG_FILE, DATASET_FILE, METRICS_FILE):
+      with contextlib.suppress(FileNotFoundError):
+        os.remove(os.path.join(workdir, name))
+    for name in (TENSORBOARD, CHECKPOINTS):
+      shutil.rmtree(os.path.join(workdir, name), ignore_errors=True)
+    return
+  path = os.path.abspath(workdir)
+  while True:
+    try:
+      os.rmdir(path)
+    except OSError:  # not empty: someone else's file
+      return
+    if path == created or os.path.dirname(path) == path:
+      return
+    path = os.path.dirname(path)
 
 
 def checkpoints_dir(workdir: str, absolute: bool = False) -> str:
@@ -269,6 +316,21 @@ def write_dataset(workdir: str, record: dict) -> None:
   """Records the run's data; an unchanged record is not rewritten."""
   if read_dataset(workdir) != record:
     _write_json(os.path.join(workdir, DATASET_FILE), record)
+
+
+def read_preprocessing(workdir: str) -> Optional[dict]:
+  """The preprocessing of the weights the run in `workdir` trains (a family model's:
+  `configs.timm_weights.Preprocessing.to_json`), None when it recorded none."""
+  try:
+    return _read_json(os.path.join(workdir, PREPROCESSING_FILE))
+  except (OSError, ValueError):
+    return None
+
+
+def write_preprocessing(workdir: str, record: dict) -> None:
+  """Records the weights' preprocessing; an unchanged record is not rewritten."""
+  if read_preprocessing(workdir) != record:
+    _write_json(os.path.join(workdir, PREPROCESSING_FILE), record)
 
 
 def saved_steps(workdir: str) -> list:

@@ -77,6 +77,14 @@ def write_scalars(logdir: str, step: int, values: dict) -> None:
   events.close()
 
 
+def _step_of(line: str) -> float:
+  """The step of a metrics.jsonl line; a line that does not read as one is kept (-inf)."""
+  try:
+    return float(json.loads(line).get('step', float('-inf')))
+  except (ValueError, AttributeError):
+    return float('-inf')
+
+
 class RunLog:
   """Scalars to TensorBoard (`workdir/tensorboard`) and `workdir/metrics.jsonl`.
 
@@ -111,6 +119,23 @@ class RunLog:
     if self._tb is not None:
       self._tb.scalars(step, values)
       self._tb.flush()
+
+  def rewind(self, step: int) -> None:
+    """Drops the metrics.jsonl lines past `step` (and a line cut short): a run resumed from
+    its checkpoint at `step` logs those steps again, as an uninterrupted run logged them once."""
+    if not self._active or self._jsonl is None:
+      return
+    path = os.path.join(self._workdir, layout.METRICS_FILE)
+    self._jsonl.close()
+    with open(path, encoding='utf-8') as f:
+      text = f.read()
+    lines = text.splitlines(keepends=True)
+    kept = [line for line in lines if line.endswith('\n') and _step_of(line) <= step]
+    if len(kept) != len(lines):
+      with open(path + '.tmp', 'w', encoding='utf-8') as f:
+        f.writelines(kept)
+      os.replace(path + '.tmp', path)
+    self._jsonl = open(path, 'a', encoding='utf-8')
 
   def info(self, message: str, *args) -> None:
     if self._active:

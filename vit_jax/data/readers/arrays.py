@@ -153,7 +153,7 @@ def check_labels(where: str, split: str, y, count: int) -> np.ndarray:
     )
   if y.size and y.min() < 0:
     raise DataError(f'{name}: a label {y.min()} < 0; labels are class ids 0..K-1')
-  return y.astype(np.int32)
+  return y  # in its own dtype: `_classes` checks the largest before the cast to int32
 
 
 @functools.lru_cache(maxsize=32)
@@ -177,9 +177,15 @@ def load(path: str) -> dict:
   class_names = None
   if 'class_names' in members:
     class_names = [str(n) for n in np.asarray(members['class_names']()).reshape(-1)]
+  classes = _classes(path, labels, class_names)
+  labels = _class_ids(path, labels, classes['num_classes'])
+  return {'splits': {s: (members[f'x_{s}'], labels[s]) for s in splits}, **classes}
+
+
+def _class_ids(where: str, labels: dict, num_classes: int) -> dict:
+  """{split: int32 class ids}, each checked against `num_classes` in its own dtype first."""
   return {
-    'splits': {s: (members[f'x_{s}'], labels[s]) for s in splits},
-    **_classes(path, labels, class_names),
+    split: sources.class_ids(f'{where}: y_{split}', y, num_classes) for split, y in labels.items()
   }
 
 
@@ -229,10 +235,9 @@ def from_arrays(name: str, arrays: dict) -> dict:
     x = check_images(name, split, arrays[f'x_{split}'])
     labels[split] = check_labels(name, split, arrays[f'y_{split}'], len(x))
   names = arrays.get('class_names')
-  return {
-    'splits': {s: (lambda s=s: arrays[f'x_{s}'], labels[s]) for s in splits},
-    **_classes(name, labels, None if names is None else [str(n) for n in names]),
-  }
+  classes = _classes(name, labels, None if names is None else [str(n) for n in names])
+  labels = _class_ids(name, labels, classes['num_classes'])
+  return {'splits': {s: (lambda s=s: arrays[f'x_{s}'], labels[s]) for s in splits}, **classes}
 
 
 def image_side(data: dict):

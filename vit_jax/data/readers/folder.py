@@ -90,11 +90,26 @@ def subfolders(path: str) -> List[str]:
   )
 
 
+def walk(folder: str):
+  """`os.walk` of `folder` (top-down) that follows symlinked folders, as it follows symlinked
+  files and class folders: a link to a folder of images is that folder. Each real folder is
+  read once; a link back up the tree would otherwise loop."""
+  seen = set()
+  for top, dirs, names in os.walk(folder, followlinks=True):
+    real = os.path.realpath(top)
+    if real in seen:
+      dirs[:] = []
+      continue
+    seen.add(real)
+    yield top, dirs, names
+
+
 def images_under(folder: str) -> Tuple[List[str], List[str], List[str]]:
-  """(images, tools' entries, other files) under `folder`, at any depth, as sorted paths
-  relative to it; nothing inside a tool's folder is looked at."""
+  """(images, tools' entries, other files) under `folder`, at any depth (symlinked folders
+  followed, `walk`), as sorted paths relative to it; nothing inside a tool's folder is looked
+  at."""
   found, tools, others = [], [], []
-  for top, dirs, names in os.walk(folder):
+  for top, dirs, names in walk(folder):
     where = os.path.relpath(top, folder)
     relative = lambda name: name if where == '.' else os.path.join(where, name)
     tools += [relative(d) for d in dirs if is_tool_entry(d)]
@@ -314,7 +329,16 @@ def _unlabelled(root: str, split: str, name: str, options: reader.Options) -> so
     paths = [os.path.join(folder, f) for f in found]
     paths = _checked(folder, paths, options.corrupt_images)
   where = root if folder == root else os.path.join(root, name)
-  return sources.file_source(where, paths, [0] * len(paths), 0, [])
+  labels = np.zeros(len(paths), np.int32)  # read by no one: the split has no classes
+  return sources.Source(
+    where,
+    len(paths),
+    0,
+    False,
+    [],
+    fetch=lambda idx: ([paths[i] for i in idx], labels[idx]),
+    describe=lambda i: str(paths[i]),
+  )
 
 
 def _checked(folder: str, paths: List[str], corrupt_images: str, threads: int = 8) -> List[str]:

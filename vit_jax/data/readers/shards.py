@@ -52,7 +52,13 @@ def parse_example(serialized: bytes, num_classes: int):
   """A shard record -> (encoded image bytes, multi-hot float32 [K])."""
   features = example_proto.parse(serialized)
   hot = np.zeros(num_classes, np.float32)
-  ids = [i for i in np.asarray(features.get('image/labels', []), np.int64) if 0 <= i < num_classes]
+  ids = np.asarray(features.get('image/labels', []), np.int64)
+  if ids.size and (ids.min() < 0 or ids.max() >= num_classes):  # dropped, it would be unlearnt
+    bad = int(ids.min() if ids.min() < 0 else ids.max())
+    raise DataError(
+      f'image/labels: a label {bad} outside the {num_classes} classes of info.json; '
+      're-create the shards (python -m vit_jax.jft)'
+    )
   hot[ids] = 1.0
   return features['image/encoded'][0], hot
 

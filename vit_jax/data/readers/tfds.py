@@ -157,14 +157,17 @@ def _split_files(folder: str, info: dict, split: str):
   return paths, file_format
 
 
-def _parser(preset, label_key, multi_label):
-  """record -> (encoded image, int32 label or float32 multi-hot), as the preset builds labels."""
+def _parser(preset, label_key, multi_label, num_classes):
+  """record -> (encoded image, int32 label or float32 multi-hot), as the preset builds labels;
+  a label outside [0, num_classes) is a DataError, not a class id cast out of range."""
   label_fn = preset.label_fn if preset else None
 
   def parse(record: bytes):
     example = example_proto.parse(record)
     label = label_fn(example) if label_fn is not None else example[label_key][0]
-    return example['image'][0], np.asarray(label, np.float32 if multi_label else np.int32)
+    if multi_label:
+      return example['image'][0], np.asarray(label, np.float32)
+    return example['image'][0], sources.class_ids(label_key, label, num_classes)
 
   return parse
 
@@ -189,7 +192,7 @@ def open_split(dataset: str, split: str, tfds_data_dir=None, tfds_manual_dir=Non
       'only image classification datasets are supported'
     )
   multi_label = bool(preset and preset.multi_label)
-  parse = _parser(preset, label_key, multi_label)
+  parse = _parser(preset, label_key, multi_label, num_classes)
   parts = (preset.named_splits.get(split) if preset else None) or ((split, None),)
   pieces = []
   for expression, take in parts:
