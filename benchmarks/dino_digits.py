@@ -74,11 +74,11 @@ def measure(workdir: str) -> dict:
 
   loaded = loader.load_model(workdir)
   random_params = loaded.model.init(
-    jax.random.key(0), np.zeros((1, loaded.image_size, loaded.image_size, 3)), train=False
+    jax.random.key(0), np.zeros((1, loaded.spec.image_size, loaded.spec.image_size, 3)), train=False
   )['params']
   return {
-    'teacher': figures(*model_features(loaded.model, loaded.params, loaded.image_size)),
-    'random_init': figures(*model_features(loaded.model, random_params, loaded.image_size)),
+    'teacher': figures(*model_features(loaded.model, loaded.params, loaded.spec.image_size)),
+    'random_init': figures(*model_features(loaded.model, random_params, loaded.spec.image_size)),
     'raw_pixels': figures(*digits_pixels()),
   }
 

@@ -378,3 +378,27 @@ def test_the_demo_learns_features_without_labels(tmp_path):
   prototypes = config.dino.prototypes
   assert 0.5 < last['teacher_entropy'] < np.log(prototypes) - 0.2, last
   assert last['prototype_usage'] > 0.5 and last['feature_std'] > 0.5, last
+
+
+def test_a_pretrained_file_of_another_model_is_one_line(tmp_path):
+  """Continued pre-training from the weights of another architecture (width 12 where the run's
+  model has 10) stops before its first step in one `error:` line that names the file."""
+  from conftest import param_shapes
+  from conftest import random_like
+
+  from vit_jax.configs import architectures
+
+  other = architectures.MODEL_CONFIGS['testing']
+  other.hidden_size = 12
+  path = tmp_path / 'other.npz'
+  checkpoint.save_npz(random_like(param_shapes(other, None, 32), scale=0.02), path)
+  result = subprocess.run(
+    command(str(tmp_path / 'w'), f'--config.pretrained_path={path}'),
+    env=subprocess_env(), capture_output=True, text=True, timeout=300, cwd=ROOT,
+  )  # fmt: skip
+  lines = said(result.stderr)
+  assert result.returncode == 2 and len(lines) == 1, result.stderr[-3000:]
+  assert lines[0].startswith(f'error: {path}: ') and 'the model expects (10,)' in lines[0], lines
+  assert not os.path.exists(tmp_path / 'w' / 'checkpoints') or not os.listdir(
+    tmp_path / 'w' / 'checkpoints'
+  )

@@ -73,10 +73,13 @@ def knn_accuracy(train_features, train_labels, test_features, test_labels, **met
   return float(np.mean(np.argmax(scores, axis=1) == np.asarray(test_labels)))
 
 
-def dataset_accuracy(config, name: str, model, params, sharding, *, features_fn=None) -> tuple:
+def dataset_accuracy(
+  config, name: str, model, params, sharding, *, features_fn=None, transform=None
+) -> tuple:
   """(k-NN accuracy, test images) on dataset `name`: features of its `knn.train_split` and
-  `knn.test_split` (evaluation preprocessing at `config.pp.crop`) by `model` (a ViT without a
-  head: its class token), then `knn_accuracy` with `knn.k` and `knn.temperature`."""
+  `knn.test_split` (evaluation preprocessing at `config.pp.crop`, or the weights' own
+  `transform`) by `model` (a ViT without a head: its class token), then `knn_accuracy` with
+  `knn.k` and `knn.temperature`."""
   from vit_jax.data import pipeline
 
   features_fn = features_fn or fewshot.representation_fn(model)
@@ -88,10 +91,11 @@ def dataset_accuracy(config, name: str, model, params, sharding, *, features_fn=
     tfds_manual_dir=config.tfds_manual_dir,
   )
   data.pp.crop = config.pp.crop
-  info = pipeline.get_info(data)
+  pp = pipeline.Preprocessing.of(data, transform)
+  info = pipeline.get_info(data, pp)
   splits = []
   for split in (config.knn.train_split, config.knn.test_split):
-    batches = pipeline.make_eval_iterator(data, sharding, split=split, raw=True)
+    batches = pipeline.make_eval_iterator(data, sharding, split=split, raw=True, pp=pp)
     splits += fewshot.extract_features(model, params, batches, features_fn=features_fn)
   accuracy = knn_accuracy(
     *splits[:3],
@@ -103,13 +107,15 @@ def dataset_accuracy(config, name: str, model, params, sharding, *, features_fn=
   return accuracy, len(splits[3])
 
 
-def evaluate_datasets(config, model, params, sharding, *, features_fn=None) -> dict:
+def evaluate_datasets(config, model, params, sharding, *, features_fn=None, transform=None) -> dict:
   """k-NN accuracies on every dataset of `config.knn.datasets`: {'knn/<name>': accuracy}
   (`dataset_accuracy`)."""
   features_fn = features_fn or fewshot.representation_fn(model)
   scalars = {}
   for name in config.knn.datasets:
-    accuracy, _ = dataset_accuracy(config, name, model, params, sharding, features_fn=features_fn)
+    accuracy, _ = dataset_accuracy(
+      config, name, model, params, sharding, features_fn=features_fn, transform=transform
+    )
     scalars[f'knn/{fewshot.metric_name(name, config.knn.datasets)}'] = accuracy
   return scalars
 
@@ -128,7 +134,8 @@ def evaluate_checkpoint(
   tfds_manual_dir=None,
 ) -> dict:
   """k-NN accuracies of a loaded checkpoint (`evaluation.loader`) on `datasets`; the
-  parameters replicated over one mesh of every device."""
+  parameters replicated over one mesh of every device; a family's checkpoint read by its
+  weights' own transform (`LoadedModel.preprocessing`), as the few-shot probes read it."""
   import jax
   import ml_collections
 
@@ -136,7 +143,7 @@ def evaluate_checkpoint(
 
   config = ml_collections.ConfigDict(
     {
-      'pp': {'crop': crop or loaded.image_size},
+      'pp': {'crop': crop or loaded.spec.image_size},
       'batch_eval': batch,
       'tfds_data_dir': tfds_data_dir,
       'tfds_manual_dir': tfds_manual_dir,
@@ -151,7 +158,9 @@ def evaluate_checkpoint(
   )
   batch_sharding = sharding.batch_sharding(sharding.make_mesh())
   params = jax.device_put(loaded.params, sharding.replicated(batch_sharding.mesh))
-  return evaluate_datasets(config, loaded.model, params, batch_sharding)
+  return evaluate_datasets(
+    config, loaded.model, params, batch_sharding, transform=loaded.preprocessing
+  )
 
 
 def record(workdir: str, scalars: dict, *, k: int, temperature: float) -> str:

@@ -271,6 +271,7 @@ def evaluate(run, params, *, cache) -> dict:
     params,
     run.program.batch_sharding,
     features_fn=cache['features'],
+    transform=run.transform,
   )
   return {'accuracy': accuracy, 'examples': examples, 'what': 'k-NN accuracy'}
 

@@ -165,6 +165,7 @@ class KnnProbe:
       evaluated(run, loop.state),
       run.program.batch_sharding,
       features_fn=self._features,
+      transform=run.transform,
     )
     run.log.scalars(step, scalars)
     run.log.info('step %d: %s', step, ', '.join(f'{k} {v:.4f}' for k, v in scalars.items()))
