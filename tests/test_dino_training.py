@@ -95,8 +95,13 @@ def run(workdir, *flags, devices=1, timeout=600, overrides=None):
 
 def final_state(workdir, step=6):
   """The train state of the checkpoint at `step`, flattened to {path: array}."""
-  item = os.path.join(workdir, 'checkpoints', str(step), 'state')
-  state = ocp.StandardCheckpointer().restore(os.path.abspath(item))
+  item = os.path.abspath(os.path.join(workdir, 'checkpoints', str(step), 'state'))
+  checkpointer = ocp.StandardCheckpointer()
+  # Onto this process's one device, whatever devices and processes wrote it.
+  tree = checkpointer.metadata(item).item_metadata.tree
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), tree)
+  state = checkpointer.restore(item, target)
   leaves = jax.tree_util.tree_flatten_with_path(state)[0]
   return {
     '/'.join(str(getattr(k, 'key', getattr(k, 'idx', k))) for k in path): np.asarray(leaf)
