@@ -65,7 +65,7 @@ def self_distillation_flops_per_image(arch, config) -> Optional[float]:
     patch_head = head_macs_per_vector(
       width, ibot.head_hidden, ibot.head_bottleneck, ibot.head_layers, ibot.prototypes
     )
-  grid = config.pp.crop // arch.patches.size[0]
+  grid = config.pp.crop // arch.patch_size[0]
   slots = 2 * max(int(grid * grid * ibot.mask_ratio[1]), 1) if ibot.weight else 0
   heads = dino_head * (3 * (2 + d.local_crops) + 2) + patch_head * slots * (3 + 1)
   return backbone + 2.0 * heads
