@@ -209,6 +209,7 @@ def suite_slowest() -> str:
     rows.append(f'| `{entry["test"]}` | {entry["seconds"]:,.0f} |')
   if not record:
     rows.append('| (no record of the whole suite yet: `python benchmarks/suite_time.py`) | |')
+  return '\n'.join(rows)
 
 
 _RECIPES = {
