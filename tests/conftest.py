@@ -300,6 +300,19 @@ def child_json(script: str, devices=1, timeout=600):
 # which is how the tolerances in the tests were chosen (benchmarks/equivalence_spread.py).
 
 
+def timm_naflex_logits(model, packed):
+  """The logits of timm's NaFlexVit `model` on a packed batch ([batch, tokens, pixels + 3]:
+  each token's pixels, then its patch row and column and 1 where it is real)."""
+  import torch
+
+  with torch.no_grad():
+    return model(
+      torch.from_numpy(packed[..., :-3]),
+      patch_coord=torch.from_numpy(packed[..., -3:-1].astype(np.int64)),
+      patch_valid=torch.from_numpy(packed[..., -1] > 0),
+    ).numpy()
+
+
 def tree_errors(got, want, floor=1e-2):
   """{path: max |got - want| / max(max |want|, floor * the tree's max |want|)} per tensor."""
   pairs = {

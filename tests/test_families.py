@@ -13,6 +13,7 @@ import json
 import re
 
 from conftest import param_shapes
+from conftest import timm_naflex_logits
 import jax
 import numpy as np
 import pytest
@@ -540,15 +541,6 @@ def _naflex_batch(patch, seed=1):
   return np.stack(rows)
 
 
-def _naflex_logits(model, packed):
-  with torch.no_grad():
-    return model(
-      torch.from_numpy(packed[..., :-3]),
-      patch_coord=torch.from_numpy(packed[..., -3:-1].astype(np.int64)),
-      patch_valid=torch.from_numpy(packed[..., -1] > 0),
-    ).numpy()
-
-
 @needs_timm
 @pytest.mark.parametrize(
   'name', ['naflexvit_base_patch16_siglip', 'naflexvit_so400m_patch16_siglip']
@@ -580,7 +572,7 @@ def test_siglip2_naflex_imports_from_and_exports_to_timm_with_its_outputs(name):
   flat = interop_timm.from_timm_naflex(state, arch, 'timm state', arch.posemb_resample)
   forward = jax.jit(lambda p: naflex.NaFlexViT(5, arch).apply({'params': p}, packed, train=False))
   apply = lambda flat: np.asarray(forward(checkpoint.unflatten(flat)))  # noqa: E731
-  theirs = _naflex_logits(model, packed)
+  theirs = timm_naflex_logits(model, packed)
   assert np.abs(theirs).max() > 0.05
   assert relative_error(apply(flat), theirs) <= BOUND, 'logits, imported'
   flat = {
@@ -592,7 +584,7 @@ def test_siglip2_naflex_imports_from_and_exports_to_timm_with_its_outputs(name):
   exported = timm.create_model(name, pretrained=False, **sizes).eval()
   state = interop_timm.to_timm_naflex(flat)
   exported.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()}, strict=True)
-  assert relative_error(_naflex_logits(exported, packed), apply(flat)) <= BOUND, 'exported'
+  assert relative_error(timm_naflex_logits(exported, packed), apply(flat)) <= BOUND, 'exported'
 
 
 @needs_timm
@@ -612,7 +604,7 @@ def test_a_siglip2_naflex_file_converts_as_it_is(tmp_path):
   packed = _naflex_batch(16)
   ours = jax.jit(lambda p: loaded.model.apply({'params': p}, packed, train=False))(loaded.params)
   # Its own width (768): float32's orderings reach 3e-6; the export tests' bound.
-  assert relative_error(np.asarray(ours), _naflex_logits(model, packed)) <= 1e-5
+  assert relative_error(np.asarray(ours), timm_naflex_logits(model, packed)) <= 1e-5
   # Its .npz asks for nothing on loading: the name's resampling is the registry's.
   notes = export_lib.export(str(source), 'npz', str(tmp_path / 'siglip2.npz'))
   assert not any('--resample' in note for note in notes), notes

@@ -175,3 +175,44 @@ def test_a_block_option_is_a_field_and_the_layers_that_read_it():
   assert np.max(np.abs(ours - theirs)) / np.max(np.abs(theirs)) < 1e-5
   with pytest.raises(torch_layout.ExportError, match="writes the paper's ViT, not norm='rms'"):
     torch_layout.check_writes(arch, 'timm', interop_timm.WRITES)
+
+
+def test_a_compute_option_is_a_field_and_the_layer_that_reads_it():
+  """Query-chunked attention (`Compute.attention_chunk`: a config field, the Compute field and
+  the attention layer that reads it): the outputs and every gradient of one attention layer at
+  ViT-S/16's width over 1,025 tokens (512 px) equal the whole attention's to rounding, and the
+  CPU compiler's scratch memory for the gradient (an estimate of its buffer assignment) is at
+  most half the whole's: the float32 logits are held one chunk at a time."""
+  import jax.numpy as jnp
+  import numpy as np
+
+  from vit_jax.configs import common
+  from vit_jax.models import attention
+
+  config = common.get_config()
+  config.attention_chunk = 64
+  assert model_spec.Compute.of(config).attention_chunk == 64
+  x = jax.random.normal(jax.random.PRNGKey(0), (2, 1025, 384))
+
+  def gradient(chunk):
+    layer = attention.MultiHeadDotProductAttention(
+      6, compute=model_spec.Compute(attention='explicit', attention_chunk=chunk)
+    )
+    params = layer.init(jax.random.PRNGKey(1), x, deterministic=True)
+    loss = lambda p, x: jnp.sum(layer.apply(p, x, deterministic=True) ** 2)
+    step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
+    scratch = step.lower(params, x).compile().memory_analysis().temp_size_in_bytes
+    return step(params, x), scratch
+
+  (whole, whole_grads), whole_scratch = gradient(0)
+  (chunked, chunked_grads), chunked_scratch = gradient(64)
+  np.testing.assert_allclose(chunked, whole, rtol=1e-6)
+  for path, a, b in zip(
+    jax.tree_util.tree_leaves_with_path(whole_grads),
+    jax.tree.leaves(chunked_grads),
+    jax.tree.leaves(whole_grads),
+  ):
+    # The key bias's gradient is zero but for rounding (a constant per query's logits), so
+    # every leaf is held to the largest gradient's scale.
+    np.testing.assert_allclose(a, b, atol=2e-6 * float(jnp.abs(b).max()) + 1e-3, err_msg=path[0])
+  assert chunked_scratch <= 0.5 * whole_scratch, (chunked_scratch, whole_scratch)

@@ -16,6 +16,7 @@ from conftest import param_shapes
 from conftest import random_flat_like
 from conftest import relative_error
 from conftest import small_arch
+from conftest import timm_naflex_logits
 from conftest import tiny_run_config
 import jax
 import jax.numpy as jnp
@@ -166,15 +167,6 @@ def _timm_naflexvit(classifier, **kwargs):
   ).eval()
 
 
-def _their_logits(model, packed):
-  with torch.no_grad():
-    return model(
-      torch.from_numpy(packed[..., :-3]),
-      patch_coord=torch.from_numpy(packed[..., -3:-1].astype(np.int64)),
-      patch_valid=torch.from_numpy(packed[..., -1] > 0),
-    ).numpy()
-
-
 @needs_timm
 def test_a_conv_projection_naflexvit_imports_with_timms_logits():
   """timm's NaFlexVit with `embed_proj_type='conv'` holds its patch kernel as a Conv2d
@@ -212,7 +204,7 @@ def test_naflex_resamples_its_table_as_timms_antialiased_modes(resample):
   )
   state = {k: v.numpy() for k, v in theirs.state_dict().items()}
   packed, _ = packed_batch()
-  want = _their_logits(theirs, packed)
+  want = timm_naflex_logits(theirs, packed)
   config = small_arch(patch_size=(PATCH, PATCH), classifier='gap')
   with pytest.raises(torch_layout.ExportError, match='does not record how its position table'):
     interop_timm.from_timm_naflex(state, config, 'f', None)
@@ -462,7 +454,7 @@ def test_the_timm_exports_loading_recipe_rebuilds_a_run_with_registers(tmp_path)
   theirs_model = eval(call, {'vit_jax': __import__('vit_jax')})
   packed, _ = packed_batch()
   ours = model.apply({'params': checkpoint.unflatten(flat)}, packed, train=False)
-  theirs = _their_logits(theirs_model, packed)
+  theirs = timm_naflex_logits(theirs_model, packed)
   assert np.abs(theirs).max() > 0.05
   assert_close(relative_error(ours, theirs), BOUND, 'logits of the rebuilt model')
 

@@ -95,7 +95,7 @@ def test_the_b16_step_is_within_its_flops_bound(compiled):
   # No single other operation takes a tenth of the step.
   assert by_op['top_other'][0]['share'] < 0.1, by_op['top_other']
   # No copy of the attention's logits or their gradient between its two matmuls and the
-  # softmax (vit._explicit_attention's layout): 4.9% of this step when they were there.
+  # softmax (attention.explicit_attention's layout): 4.9% of this step when they were there.
   copies = [o for o in by_op['top_other'] if '->' in o['op'] and o['op'].endswith('(copy)')]
   assert not copies, copies
 
@@ -114,7 +114,7 @@ def test_the_l16_pretraining_step_on_a_v3_128_is_within_its_bound():
   benchmarks/tpu_table.py --only=vit_l16_jft_v3-128 --again`), Adam's state sharded over 8 of
   them: libtpu's estimate at most 0.27 s, the MFU bound at least 0.71, and no operation but the
   matmuls a twentieth of the step. Before, 0.293 s: the copy of the attention's float32 logits
-  into the softmax's layout took 5.1% of it (vit._explicit_attention now lays them out as the
+  into the softmax's layout took 5.1% of it (attention.explicit_attention now lays them out as the
   matmul writes them) and the Adam update of all 304M parameters on every core 5.6%."""
   name = 'vit_l16_jft_v3-128'
   record = json.loads((ROOT / 'benchmarks' / 'tpu' / f'{name}.json').read_text())

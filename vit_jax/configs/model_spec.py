@@ -262,7 +262,9 @@ class Compute:
   applies); `fp8`: the encoder's dense layers as FP8 products (`models.fp8`); `remat` with
   `remat_policy` (a `jax.checkpoint_policies` name): blocks recomputed in the backward pass;
   `scan`: the blocks as one `nn.scan`; `pad_odd`: whether an odd token count is padded to even
-  (None: where attention runs on cuDNN, whose backward pass refuses odd counts).
+  (None: where attention runs on cuDNN, whose backward pass refuses odd counts);
+  `attention_chunk`: the written-out attention takes this many queries at a time, recomputing
+  their logits in the backward pass (0: all at once; `attention.chunked_attention`).
   """
 
   dtype: Any = 'float32'
@@ -272,6 +274,7 @@ class Compute:
   remat_policy: str = 'nothing_saveable'
   scan: bool = False
   pad_odd: Optional[bool] = None
+  attention_chunk: int = 0
 
   @classmethod
   def of(cls, config) -> 'Compute':
@@ -283,6 +286,7 @@ class Compute:
       remat=config.remat,
       remat_policy=config.remat_policy,
       scan=config.scan_layers,
+      attention_chunk=config.attention_chunk,
     )
 
 

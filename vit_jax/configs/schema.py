@@ -88,6 +88,15 @@ FIELDS = (
     ('auto', 'xla', 'cudnn', 'explicit'),
   ),
   Field(
+    'attention_chunk',
+    0,
+    int,
+    'where attention is written out (CPUs, TPUs; `explicit`): queries per chunk, each '
+    "chunk's logits recomputed in the backward pass, so a long sequence holds one chunk's "
+    'logits instead of all; 0: all queries at once',
+    bounds='[0, inf)',
+  ),
+  Field(
     'depth',
     None,
     int,

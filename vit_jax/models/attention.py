@@ -10,7 +10,8 @@ cuDNN's fused (flash) attention where it applies (CUDA GPUs of compute capabilit
 half precision, head_dim a multiple of 8 up to 128) on the device the program is traced for
 (`hardware.target_device`; an odd token count padded once, `pads_sequence`) and 'explicit'
 elsewhere, where XLA's implementation fills its layout with transposes and copies
-(docs/speed_and_scale.md: CPU).
+(docs/speed_and_scale.md: CPU). 'explicit' takes `Compute.attention_chunk` queries at a time
+where that is set (`chunked_attention`: the memory of a long sequence without a fused kernel).
 """
 
 import math
@@ -110,6 +111,23 @@ def explicit_attention(q, k, v, dtype, keep=None, num_tokens=None):
   y = jnp.einsum('bqhs,bhsk->bhqk', e.astype(dtype), v)
   total = jnp.swapaxes(jnp.sum(e, axis=-1, keepdims=True), 1, 2)
   return (y.astype(jnp.float32) / total).astype(dtype)
+
+
+def chunked_attention(q, k, v, dtype, num_tokens=None, chunk=0):
+  """`explicit_attention` `chunk` queries at a time (0: all at once), each chunk's logits
+  recomputed in the backward pass: the float32 logits held at once shrink from [batch, tokens,
+  heads, tokens] to [batch, chunk, heads, tokens], what caps a long sequence's memory where no
+  fused kernel runs (TPUs, CPUs: a high-resolution fine-tune). Every query row is the same
+  computation, so the outputs are those of the whole (to rounding by the matmuls' tiling)."""
+  b, h, n, d = q.shape
+  if not chunk or chunk >= n:
+    return explicit_attention(q, k, v, dtype, None, num_tokens)
+  count = -(-n // chunk)
+  q = jnp.pad(q, ((0, 0), (0, 0), (0, count * chunk - n), (0, 0)))
+  chunks = jnp.moveaxis(q.reshape(b, h, count, chunk, d), 2, 0)
+  one = jax.checkpoint(lambda qc: explicit_attention(qc, k, v, dtype, None, num_tokens))
+  y = jnp.moveaxis(jax.lax.map(one, chunks), 0, 2).reshape(b, h, count * chunk, d)
+  return y[:, :, :n]
 
 
 def flat_init(init, num_in_dims):
@@ -272,5 +290,8 @@ class MultiHeadDotProductAttention(nn.Module):
         self.sow('intermediates', 'attention_weights', weights)
         return nn.Dropout(self.dropout_rate)(weights, deterministic=deterministic)
 
-    y = explicit_attention(*project('bhnk'), dtype, keep, num_tokens)
+    if keep is None:
+      y = chunked_attention(*project('bhnk'), dtype, num_tokens, c.attention_chunk)
+    else:
+      y = explicit_attention(*project('bhnk'), dtype, keep, num_tokens)
     return jnp.einsum('bhnk,hkd->bnd', y, out_kernel, _dot_general=dot) + out_bias
