@@ -356,19 +356,20 @@ def test_continued_pretraining_of_a_dinov2_reg_timm_file_resumes_and_exports_bac
 
 @pytest.mark.slow
 def test_the_demo_learns_features_without_labels(tmp_path):
-  """A short version of the demo (configs/dino_demo.py, 150 steps of 128 digits, labels never
-  read): the teacher's frozen class tokens classify the test digits by k-NN better than the
-  same ViT's at initialisation, by 5 points, and the monitors show no collapse (targets neither
-  uniform nor one-hot, features spread)."""
+  """A short version of the demo (configs/dino_demo.py, 200 steps of 128 digits, labels never
+  read, a teacher of momentum 0.97 that follows the student within them): the teacher's frozen
+  class tokens classify the test digits by k-NN better than the same ViT's at initialisation,
+  by 5 points (measured: 77.2% against 71.0%), and the monitors show no collapse (targets
+  neither uniform nor one-hot, features spread)."""
   from vit_jax.evaluation import knn
   from vit_jax.evaluation import loader
   from vit_jax.training import loop
 
   config = dino_demo.get_config()
-  config.update(total_steps=150, warmup_steps=20, eval_every=1000, checkpoint_every=1000)
+  config.update(total_steps=200, warmup_steps=20, eval_every=1000, checkpoint_every=1000)
   config.update(progress_every=50, tensorboard=False)
   config.dino.teacher_temp_warmup_steps = 50
-  config.dino.freeze_last_layer_steps = 150
+  config.dino.teacher_momentum = 0.97  # a teacher that follows within the short run
   workdir = str(tmp_path / 'demo')
   summary = loop.train_and_evaluate(config, workdir)
   trained = loader.load_model(workdir)
@@ -379,7 +380,9 @@ def test_the_demo_learns_features_without_labels(tmp_path):
   learnt = knn.evaluate_checkpoint(trained, ['digits'])['knn/digits']
   assert learnt == pytest.approx(summary['test_accuracy'], abs=1.5 / 359)  # the run's own k-NN
   assert learnt >= at_init + 0.05, (learnt, at_init)
-  last = [json.loads(x) for x in open(os.path.join(workdir, 'metrics.jsonl'))][-1]
+  lines = [json.loads(x) for x in open(os.path.join(workdir, 'metrics.jsonl'))]
+  last = [x for x in lines if 'teacher_entropy' in x][-1]
+  assert last['step'] == 200
   prototypes = config.dino.prototypes
   assert 0.5 < last['teacher_entropy'] < np.log(prototypes) - 0.2, last
   assert last['prototype_usage'] > 0.5 and last['feature_std'] > 0.5, last
