@@ -290,8 +290,15 @@ def dino_markdown() -> str:
     with open(path, encoding='utf-8') as f:
       r = json.load(f)
     run = f'`{config}`' + ''.join(f' `{x}`' for x in extra)
-    if not r.get('fits', True) or 'error' in r:
+    if 'error' in r:
       rows.append(f'| {run} | {topology} | does not fit | | | | | | | | {_compiled(r)} |')
+      continue
+    if not r.get('fits', True):  # what it needs against what a device has
+      need, has = r['hbm_bytes_per_device'] / 2**30, r['hbm_capacity_bytes'] / 2**30
+      rows.append(
+        f'| {run} | {topology} | does not fit as it is (`--fit` names remat, FSDP) '
+        f'| {need:.1f} GiB of {has:.1f} | | | | | | | {_compiled(r)} |'
+      )
       continue
     devices = r['devices']
     closed = r['closed_form_flops_per_step_per_device']
