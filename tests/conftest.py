@@ -313,6 +313,22 @@ def timm_naflex_logits(model, packed):
     ).numpy()
 
 
+def save_timm_file(model, path) -> str:
+  """A torch `model`'s state dict written as a safetensors file at `path` (folders made)."""
+  from safetensors import torch as safetensors_torch
+
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  safetensors_torch.save_file({k: v.contiguous() for k, v in model.state_dict().items()}, path)
+  return str(path)
+
+
+def timm_hub_file(tmp_path, name, tag, model) -> str:
+  """`model` saved where `timm.create_model(name.tag, pretrained=True)` leaves its download."""
+  return save_timm_file(
+    model, tmp_path / f'models--timm--{name}.{tag}' / 'snapshots' / 'c0' / 'model.safetensors'
+  )
+
+
 def tree_errors(got, want, floor=1e-2):
   """{path: max |got - want| / max(max |want|, floor * the tree's max |want|)} per tensor."""
   pairs = {

@@ -414,7 +414,7 @@ def token_pads(pads, tokens=198):
 
 
 @needs_gpu_compiler
-def test_vit_b16_inference_on_an_h100_as_issue_33_left_it(kernels):
+def test_vit_b16_inference_on_an_h100_is_matmuls_with_fused_epilogues_and_fused_attention(kernels):
   """No convolution (the patch embedding is one matmul), one pad of the token sequence per
   forward pass (197 -> 198 for cuDNN), no parameter cast inside the program (they are stored
   in bfloat16), and per block 13 kernels: the three q, k, v matmuls and the attention output
@@ -434,7 +434,7 @@ def test_vit_b16_inference_on_an_h100_as_issue_33_left_it(kernels):
 
 
 @needs_gpu_compiler
-def test_vit_b16_training_on_an_h100_as_issue_33_left_it(kernels):
+def test_vit_b16_training_on_an_h100_pads_once_casts_once_and_transposes_no_activation(kernels):
   """No convolution; the token sequence padded once (its transpose pads the gradient once, going
   back) and nowhere in a block; each cast parameter cast once per step; the three q, k, v
   matmuls with their biases in cuBLASLt's epilogue, the first MLP matmul with its bias and the
@@ -530,7 +530,7 @@ def test_gpu_steps_are_built_without_triton_matmuls_unless_xla_flags_asks(kernel
 @pytest.mark.parametrize(
   'name, layers', [('vit_b16_train', 12), ('vit_b16_infer', 12), ('vit_l16_train', 24)]
 )
-def test_the_committed_gpu_records_hold_issue_33s_properties(name, layers):
+def test_the_committed_full_size_gpu_records_hold_the_same_program_properties(name, layers):
   """The full-size records (benchmarks/gpu_hlo.py): no convolution, the token sequence padded
   once per forward pass, no parameter cast in inference and each cast once per training
   step (12 per block, 6 outside), and ViT-B/16's block the same as the tests' two-block

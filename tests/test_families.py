@@ -13,6 +13,7 @@ import json
 import re
 
 from conftest import param_shapes
+from conftest import timm_hub_file
 from conftest import timm_naflex_logits
 import jax
 import numpy as np
@@ -493,9 +494,7 @@ def test_a_checkpoint_without_a_position_table_loads_resizes_and_exports(tmp_pat
   name = 'vit_small_patch16_dinov3'
   torch.manual_seed(0)
   model = timm.create_model(name, pretrained=False, num_classes=5, depth=1).eval()
-  source = tmp_path / f'models--timm--{name}.lvd1689m' / 'snapshots' / 'c0' / 'model.safetensors'
-  source.parent.mkdir(parents=True)
-  safetensors_torch.save_file({k: v.contiguous() for k, v in model.state_dict().items()}, source)
+  source = timm_hub_file(tmp_path, name, 'lvd1689m', model)
   npz = tmp_path / 'dinov3.npz'
   export_lib.export(str(source), 'npz', str(npz))
   loaded = loader.load_model(str(npz))
@@ -595,9 +594,7 @@ def test_a_siglip2_naflex_file_converts_as_it_is(tmp_path):
   name = 'naflexvit_base_patch16_siglip'
   torch.manual_seed(0)
   model = timm.create_model(name, pretrained=False, num_classes=5, depth=1).eval()
-  source = tmp_path / f'models--timm--{name}.v2_webli' / 'snapshots' / 'c0' / 'model.safetensors'
-  source.parent.mkdir(parents=True)
-  safetensors_torch.save_file({k: v.contiguous() for k, v in model.state_dict().items()}, source)
+  source = timm_hub_file(tmp_path, name, 'v2_webli', model)
   loaded = export_lib.load(str(source)).loaded
   assert loaded.spec.name == name
   assert loaded.spec.architecture.posemb_resample == 'bilinear_antialias'

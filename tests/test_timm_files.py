@@ -12,6 +12,8 @@ import os
 
 from conftest import command_error
 from conftest import data_config
+from conftest import save_timm_file
+from conftest import timm_hub_file
 import numpy as np
 import pytest
 
@@ -79,19 +81,6 @@ def _timm_model(name, tag, num_classes, seed=0):
   return model
 
 
-def _save(model, path):
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  safetensors_torch.save_file({k: v.contiguous() for k, v in model.state_dict().items()}, path)
-  return str(path)
-
-
-def _hub_file(tmp_path, name, tag, model):
-  """Where `timm.create_model(name.tag, pretrained=True)` leaves its download."""
-  return _save(
-    model, tmp_path / f'models--timm--{name}.{tag}' / 'snapshots' / 'c0' / 'model.safetensors'
-  )
-
-
 def _photo(path, width=300, height=200):
   """A 3:2 JPEG with structure at every scale (gradients, a disc, noise)."""
   rng = np.random.default_rng(0)
@@ -117,7 +106,7 @@ def test_predict_gives_timms_top5_on_a_non_square_photo(tmp_path, capsys, name, 
   from timm.data import resolve_data_config
 
   model = _timm_model(name, tag, 1000)
-  source = _hub_file(tmp_path, name, tag, model)
+  source = timm_hub_file(tmp_path, name, tag, model)
   npz = str(tmp_path / 'converted.npz')
   assert export_cli.main([f'--checkpoint={source}', '--format=npz', f'--output={npz}']) == 0
   line = timm_weights.preprocessing(name, tag).line()
@@ -150,7 +139,7 @@ def test_a_file_whose_tags_differ_names_them_and_the_flag_that_settles_it(tmp_pa
   weights, two with OpenAI CLIP's statistics and two with 0.5: one line names both groups and
   --tag; --tag=NAME.TAG records that tag's."""
   name = 'vit_large_patch14_clip_224'
-  source = _save(_timm_model(name, 'openai_ft_in1k', 1000), tmp_path / 'clip.safetensors')
+  source = save_timm_file(_timm_model(name, 'openai_ft_in1k', 1000), tmp_path / 'clip.safetensors')
   npz = str(tmp_path / 'clip.npz')
   args = [f'--checkpoint={source}', f'--model={name}', '--format=npz', f'--output={npz}']
   assert command_error(export_cli.main, args, capsys) == (
@@ -172,7 +161,7 @@ def test_a_timm_config_beside_the_file_is_its_preprocessing(tmp_path):
   that file's statistics and crop are the ones recorded, over the table's."""
   name = 'deit_small_patch16_224'
   model = _timm_model(name, 'fb_in1k', 10)
-  source = _save(model, tmp_path / 'mine' / 'model.safetensors')
+  source = save_timm_file(model, tmp_path / 'mine' / 'model.safetensors')
   cfg = {'tag': 'fb_in1k', 'mean': [0.4, 0.4, 0.4], 'std': [0.2, 0.2, 0.2], 'crop_pct': 0.8}
   cfg.update(input_size=[3, 224, 224], interpolation='bilinear')
   with open(tmp_path / 'mine' / 'config.json', 'w') as f:
@@ -215,7 +204,7 @@ def test_evaluation_batches_are_timms_eval_pixels(tmp_path):
 
 def test_evaluate_refuses_an_official_resize_for_a_familys_checkpoint(tmp_path, capsys):
   name = 'deit_small_patch16_224'
-  source = _hub_file(tmp_path, name, 'fb_in1k', _timm_model(name, 'fb_in1k', 10))
+  source = timm_hub_file(tmp_path, name, 'fb_in1k', _timm_model(name, 'fb_in1k', 10))
   npz = str(tmp_path / 'deit.npz')
   assert export_cli.main([f'--checkpoint={source}', '--format=npz', f'--output={npz}']) == 0
   args = [f'--checkpoint={npz}', '--dataset=digits', '--resize=256']
@@ -241,7 +230,7 @@ def test_a_file_of_a_family_we_do_not_have_is_named_and_refused(
 ):
   """Bare, it is named by its tensors; under --model=ViT-B_16 too (never 'pass --model')."""
   model = timm.create_model(name, pretrained=False, num_classes=10, **depth).eval()
-  source = _save(model, tmp_path / 'f.safetensors')
+  source = save_timm_file(model, tmp_path / 'f.safetensors')
   args = [f'--checkpoint={source}', '--format=npz', f'--output={tmp_path / "x.npz"}']
   expected = (
     f'error: {source}: its tensors are those of {title}, a family vit_jax does not convert (its '
@@ -254,7 +243,7 @@ def test_a_file_of_a_family_we_do_not_have_is_named_and_refused(
 
 def test_a_hub_file_of_a_family_we_do_not_have_is_named_by_its_folder(tmp_path, capsys):
   model = timm.create_model('beit_base_patch16_224', pretrained=False, depth=1).eval()
-  source = _hub_file(tmp_path, 'beit_base_patch16_224', 'in22k_ft_in22k_in1k', model)
+  source = timm_hub_file(tmp_path, 'beit_base_patch16_224', 'in22k_ft_in22k_in1k', model)
   args = [f'--checkpoint={source}', '--format=npz', f'--output={tmp_path / "x.npz"}']
   assert command_error(export_cli.main, args, capsys) == (
     f'error: {source}: its folder models--timm--beit_base_patch16_224.in22k_ft_in22k_in1k '
@@ -279,10 +268,10 @@ def test_a_model_that_would_change_the_files_activation_or_input_is_refused(
   model = _timm_model(name, tag, 0 if 'siglip' in name else 1000)
   for source, by in (
     (
-      _hub_file(tmp_path, name, tag, model),
+      timm_hub_file(tmp_path, name, tag, model),
       f"its folder models--timm--{name}.{tag} (timm's hub download)",
     ),
-    (_save(model, tmp_path / f'{name}.safetensors'), f'its name {name}'),
+    (save_timm_file(model, tmp_path / f'{name}.safetensors'), f'its name {name}'),
   ):
     args = [f'--checkpoint={source}', '--format=npz', f'--output={tmp_path / "x.npz"}']
     assert command_error(export_cli.main, args + [f'--model={model_name}'], capsys) == (
@@ -308,7 +297,7 @@ def test_a_model_the_tensors_contradict_is_refused(tmp_path, capsys):
   """A bare DeiT III file (LayerScale, the patches' positions alone) under the paper's
   ViT-B_16, which would load its LayerScale but run the tanh GELU on [-1, 1] pixels."""
   model = timm.create_model('deit3_base_patch16_224', pretrained=False, depth=1).eval()
-  source = _save(model, tmp_path / 'f.safetensors')
+  source = save_timm_file(model, tmp_path / 'f.safetensors')
   args = [f'--checkpoint={source}', '--model=ViT-B_16', '--format=npz']
   assert command_error(export_cli.main, args + [f'--output={tmp_path / "x.npz"}'], capsys) == (
     f'error: --model=ViT-B_16: the tensors of {source} show the layout of deit3_base_patch16_224 '
@@ -319,7 +308,7 @@ def test_a_model_the_tensors_contradict_is_refused(tmp_path, capsys):
 def test_the_papers_timm_weights_of_other_statistics_are_refused(tmp_path, capsys):
   """timm's `vit_base_patch16_224.mae` has the paper's tensors and MAE's ImageNet statistics."""
   model = timm.create_model('vit_base_patch16_224', pretrained=False, num_classes=0, depth=1)
-  source = _hub_file(tmp_path, 'vit_base_patch16_224', 'mae', model)
+  source = timm_hub_file(tmp_path, 'vit_base_patch16_224', 'mae', model)
   args = [f'--checkpoint={source}', '--format=npz', f'--output={tmp_path / "x.npz"}']
   assert command_error(export_cli.main, args, capsys) == (
     f"error: {source}: its folder models--timm--vit_base_patch16_224.mae (timm's hub download) says "
@@ -328,7 +317,7 @@ def test_the_papers_timm_weights_of_other_statistics_are_refused(tmp_path, capsy
     'convert them'
   )
   # The paper's own weights of the name convert as ViT-B_16, fed as the paper's.
-  source = _hub_file(tmp_path, 'vit_base_patch16_224', 'augreg2_in21k_ft_in1k', model)
+  source = timm_hub_file(tmp_path, 'vit_base_patch16_224', 'augreg2_in21k_ft_in1k', model)
   loaded = export_lib.load(source).loaded
   assert loaded.spec.name == 'ViT-B_16' and loaded.preprocessing is None
   assert interop_timm.TIMM_NAMES['ViT-B_16'] == 'vit_base_patch16'
