@@ -165,6 +165,60 @@ def gpu_kernels() -> str:
   return '\n'.join(rows)
 
 
+def _latest(pattern: str) -> tuple:
+  """(name, record) of the newest record matching `pattern` under benchmarks/ (its name's
+  leading time stamp orders them)."""
+  paths = sorted(glob.glob(os.path.join(ROOT, 'benchmarks', pattern)))
+  return os.path.basename(paths[-1]), _record(os.path.basename(paths[-1]))
+
+
+def dino_digits() -> str:
+  """`benchmarks/dino_digits.py --record`: the demo's frozen features against the same model at
+  random initialisation and the raw pixels (few-shot ridge probes, k-NN)."""
+  name, r = _latest('*_dino_digits.json')
+  shots = r['shots']
+  rows = [
+    '| features | ' + ' | '.join(f'{n}-shot' for n in shots) + ' | k-NN (all labels) |',
+    '|---|' + '---:|' * (len(shots) + 1),
+  ]
+  titles = {
+    'teacher': f'self-distillation, {r["run"]["step"]} steps (the teacher)',
+    'random_init': 'the same ViT, randomly initialised',
+    'raw_pixels': 'the 64 raw pixels',
+  }
+  for key, title in titles.items():
+    f = r[key]
+    cells = ' | '.join(f'{100 * f[f"{n}shot"]:.1f}%' for n in shots)
+    rows.append(f'| {title} | {cells} | {100 * f["knn"]:.1f}% |')
+  return '\n'.join(rows) + f'\n\n(`benchmarks/{name}`)'
+
+
+def dino_step_cost() -> str:
+  """`benchmarks/dino_step_cost.py --record`: the self-distillation step against a supervised
+  step of the same backbone on this project's CPU."""
+  name, r = _latest('*_dino_step_cost.json')
+  rows = [
+    '| step (batch {batch}, float32) | s/step | FLOPs (XLA) | FLOPs (closed form) | MFU |'.format(
+      batch=r['batch']
+    ),
+    '|---|---:|---:|---:|---:|',
+  ]
+  for key, title in (('self_distillation', 'self-distillation'), ('supervised', 'supervised')):
+    x = r[key]
+    rows.append(
+      f'| {title} | {x["seconds_per_step"]:.2f} | {x["xla_flops_per_step"]:.3g} '
+      f'| {x["closed_form_flops_per_step"]:.3g} | {x["mfu"]:.3f} |'
+    )
+  rows.append(
+    f'| ratio | **{r["time_ratio"]:.2f}x** | {r["xla_flops_ratio"]:.2f}x '
+    f'| {r["closed_form_flops_ratio"]:.2f}x | |'
+  )
+  return (
+    '\n'.join(rows)
+    + f'\n\n(`{r["recipe"]}`, load average {r["load_average_1min"]:.1f}; `benchmarks/{name}`)'
+  )
+
+
 _TIER_ORDER = ('suite', 'fast', 'equivalence')
 
 
@@ -270,6 +324,7 @@ TABLES = {
   'gpu_overlap': gpu_overlap,
   'tpu_table.markdown': tpu_table.markdown,
   'tpu_table.giant_markdown': tpu_table.giant_markdown,
+  'tpu_table.dino_markdown': tpu_table.dino_markdown,
   'gpu_table.markdown': gpu_table.markdown,
   'gpu_measured.table': lambda: gpu_measured.table(gpu_measured.load(gpu_measured.DEFAULT)),
   'gpu_attention': gpu_attention,
@@ -277,6 +332,8 @@ TABLES = {
   'cpu_speed': cpu_speed,
   'max_batch': max_batch,
   'loop': loop,
+  'dino_digits': dino_digits,
+  'dino_step_cost': dino_step_cost,
   'suite_tiers': suite_tiers,
   'suite_slowest': suite_slowest,
 }

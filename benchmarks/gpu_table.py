@@ -61,6 +61,19 @@ GIANT_ENTRIES = [
 ]
 
 
+# Self-distillation as DINOv2 (configs/dinov2.py): its ViT-L/14 recipe at DINOv2's 32 images
+# per GPU on one box, its ViT-g/14 at 12 per GPU on two boxes (FSDP within each box).
+DINO_ENTRIES = [
+  ('dinov2_vitl14_h100-8', 'configs/dinov2.py:ViT-L_14', 'h100-8', ['--config.batch=256']),
+  (
+    'dinov2_vitg14_h100-16',
+    'configs/dinov2.py:ViT-g_14',
+    'h100-16',
+    ['--config.batch=192', '--config.mesh.fsdp=8'],
+  ),
+]
+
+
 def _record(name):
   path = os.path.join(ROOT, 'benchmarks', 'gpu', f'{name}.json')
   if not os.path.exists(path):
@@ -135,7 +148,7 @@ def main():
   if args.markdown:
     print(markdown())
     return
-  for name, config, topology, extra in ENTRIES + GIANT_ENTRIES:
+  for name, config, topology, extra in ENTRIES + GIANT_ENTRIES + DINO_ENTRIES:
     if args.only and name != args.only:
       continue
     path = os.path.join(ROOT, 'benchmarks', 'gpu', f'{name}.json')

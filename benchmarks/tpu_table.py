@@ -117,6 +117,15 @@ GIANT_ENTRIES = [
 ]
 
 
+# Self-distillation as DINOv2 (configs/dinov2.py, docs/self_supervised.md): its ViT-L/14 and
+# ViT-g/14 recipes at 2,048 images a step (DINOv2: 32 and 12 per GPU), every crop counted in
+# the closed-form FLOPs (bench/flops.py).
+DINO_ENTRIES = [
+  ('dinov2_vitl14_v5p-128', 'configs/dinov2.py:ViT-L_14', 'v5p-128', []),
+  ('dinov2_vitg14_v5p-256', 'configs/dinov2.py:ViT-g_14', 'v5p-256', ['--config.mesh.fsdp=16']),
+]
+
+
 # Paper Table 2, TPUv3-core-days to pre-train (REFERENCE.md section 6).
 # ViT-L/16 on ImageNet-21k: the paper's Table 2, third column (0.23k).
 PAPER_CORE_DAYS = {
@@ -260,6 +269,55 @@ def giant_markdown() -> str:
   return '\n'.join(rows)
 
 
+def dino_markdown() -> str:
+  """The self-distillation recipes' table (TPU and GPU records), from the records written so
+  far: memory, the compiler's FLOPs against the closed form of every crop, the step-time
+  bounds and the MFU they allow."""
+  import gpu_table
+
+  rows = [
+    '| run | devices | fitting overrides | memory per device | FLOPs per step and device '
+    '(closed form) | compute at peak | communication (lower bound) | step time | img/s per '
+    'device (upper bound) | MFU (upper bound) | compiled |',
+    '|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|',
+  ]
+  entries = [(n, c, t, e, 'tpu') for n, c, t, e in DINO_ENTRIES]
+  entries += [(n, c, t, e, 'gpu') for n, c, t, e in gpu_table.DINO_ENTRIES]
+  for name, config, topology, extra, folder in entries:
+    path = os.path.join(ROOT, 'benchmarks', folder, f'{name}.json')
+    if not os.path.exists(path):
+      continue
+    with open(path, encoding='utf-8') as f:
+      r = json.load(f)
+    run = f'`{config}`' + ''.join(f' `{x}`' for x in extra)
+    if 'error' in r:
+      rows.append(f'| {run} | {topology} | does not fit | | | | | | | | {_compiled(r)} |')
+      continue
+    if not r.get('fits', True):  # what it needs against what a device has
+      need, has = r['hbm_bytes_per_device'] / 2**30, r['hbm_capacity_bytes'] / 2**30
+      rows.append(
+        f'| {run} | {topology} | does not fit as it is (`--fit` names remat, FSDP) '
+        f'| {need:.1f} GiB of {has:.1f} | | | | | | | {_compiled(r)} |'
+      )
+      continue
+    devices = r['devices']
+    closed = r['closed_form_flops_per_step_per_device']
+    flops = r.get('flops_per_step_per_device', closed)  # GPU records: the closed form alone
+    compute = closed / r['peak_flops_per_device']
+    comm = r.get('comm_seconds_lower_bound') or 0.0
+    seconds = (
+      r.get('step_seconds_estimate') or r.get('step_seconds_lower_bound') or max(compute, comm)
+    )
+    memory = r['hbm_bytes_per_device'] / 2**30
+    rows.append(
+      f'| {run} | {topology} | {" ".join(r.get("overrides") or []) or "none"} '
+      f'| {memory:.1f} GiB | {flops:.3g} ({closed:.3g}) | {compute:.3f} s | {comm:.3f} s '
+      f'| {seconds:.3f} s | {r["batch"] / devices / seconds:,.0f} '
+      f'| {closed / (seconds * r["peak_flops_per_device"]):.2f} | {_compiled(r)} |'
+    )
+  return '\n'.join(rows)
+
+
 def compile_entry(name, config, topology, extra, max_compiles, folder='tpu'):
   """Runs the compile command for one entry (its record: benchmarks/<folder>/<name>.json) and
   prints the end of what it said; returns the record's path, the exit status and the error
@@ -303,7 +361,7 @@ def main():
   if args.markdown:
     print(markdown() + '\n\n' + giant_markdown())
     return
-  for name, config, topology, extra in ENTRIES + GIANT_ENTRIES:
+  for name, config, topology, extra in ENTRIES + GIANT_ENTRIES + DINO_ENTRIES:
     if args.only and name != args.only:
       continue
     path = os.path.join(ROOT, 'benchmarks', 'tpu', f'{name}.json')

@@ -412,6 +412,19 @@ def fake_tfds_dataset(data_dir, name, features, example, splits, file_format='ar
   return builder
 
 
+@pytest.fixture(scope='session')
+def torch_process_group(tmp_path_factory):
+  """A one-process gloo group of torch.distributed: DINOv2's reference losses all-reduce (its
+  iBOT Sinkhorn-Knopp even without a group)."""
+  dist = pytest.importorskip('torch.distributed')
+  if not dist.is_initialized():
+    store = tmp_path_factory.mktemp('torch_dist') / 'store'
+    dist.init_process_group('gloo', init_method=f'file://{store}', rank=0, world_size=1)
+  yield dist
+  if dist.is_initialized():
+    dist.destroy_process_group()
+
+
 def fake_image_dataset(data_dir, name, shape, classes, example, splits, label='label', **kw):
   """`fake_tfds_dataset` of an image of `shape` and a class label named `label`: `classes` is
   their number or their names; `example(split, i)` gives the i-th example."""

@@ -41,6 +41,10 @@ INPUT_ERRORS = {
     ['--checkpoint={tmp}/nope.npz', '--model=testing', '--datasets=digits'],
     '{tmp}/nope.npz: no such checkpoint',
   ),
+  'knn': (
+    ['--checkpoint={tmp}/nope.npz', '--model=testing', '--datasets=digits'],
+    '{tmp}/nope.npz: no such checkpoint',
+  ),
   'analyze': (
     ['--checkpoint={tmp}/nope.npz', '--images={tmp}/x.png', '--output={tmp}/out'],
     '{tmp}/x.png: no such image file or directory',
@@ -270,6 +274,10 @@ _COMMANDS = {
     ['--checkpoint={tmp}/x.npz', '--dataset=digits'],
   ),
   'fewshot': (
+    'vit_jax.evaluation.loader.load_model',
+    ['--checkpoint={tmp}/x.npz', '--datasets=digits'],
+  ),
+  'knn': (
     'vit_jax.evaluation.loader.load_model',
     ['--checkpoint={tmp}/x.npz', '--datasets=digits'],
   ),

@@ -229,9 +229,9 @@ def test_every_field_is_declared_once_and_the_configs_are_the_schemas():
   names = [f.name for f in schema.FIELDS]
   assert len(names) == len(set(names))
   run, data_only = common.get_config(), data.data_config()
-  sections = ('pp', 'block', 'fewshot', 'mesh')
+  sections = ('pp', 'block', 'dino', 'ibot', 'fewshot', 'knn', 'mesh')
   assert sorted(n for n in flag._field_names(run) if n not in sections) == sorted(names)
-  data_names = [n for n in flag._field_names(data_only) if n != 'pp']
+  data_names = [n for n in flag._field_names(data_only) if n not in sections]
   assert sorted(data_names) == sorted(f.name for f in schema.FIELDS if f.data)
   assert sorted(flag._field_names(run)) == sorted(schema.names())
   for field in schema.FIELDS:

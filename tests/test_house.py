@@ -116,6 +116,7 @@ def test_the_package_top_holds_only_commands_and_the_official_modules():
     'export',
     'fewshot',
     'jft',
+    'knn',
     'main',
     'predict',
     'prepare',

@@ -268,7 +268,7 @@ def analyse(c: Compiled) -> dict:
   text = c.train.as_text()
   step_flops, seconds = _step_estimates(c)
   arch = c.program.spec.architecture
-  per_image = flops_lib.train_flops_per_image(arch, config.pp.crop, c.program.num_classes)
+  per_image = flops_lib.run_flops_per_image(config, arch, c.program.num_classes)
   model_flops = per_image * config.batch / devices if per_image else None
   train_memory, eval_memory = memory(c.train), memory(c.eval)
   hbm = max(train_memory['total_bytes'], eval_memory['total_bytes'])
@@ -322,6 +322,8 @@ def fit_message(error: DoesNotFit, config, tpu) -> str:
       f' (needs {error.needed / GiB:.2f} GiB per device, has {error.available / GiB:.2f} GiB)'
     )
   tries = [f'--config.accum_steps={2 * config.accum_steps}', '--config.remat=True']
+  if config.get('task') == 'dino':  # its losses take the whole batch at once
+    tries = tries[1:]
   if len(tpu.devices) >= 2 * config.mesh.fsdp:  # FSDP needs devices to shard over
     tries.append(f'--config.mesh.fsdp={2 * config.mesh.fsdp}')
   return (
@@ -344,6 +346,8 @@ def candidates(config, devices: int, error: Optional[DoesNotFit] = None):
   accums = [
     a * config.accum_steps for a in accums if config.batch % (a * config.accum_steps * devices) == 0
   ]
+  if config.get('task') == 'dino':  # self-distillation's losses take the whole batch at once
+    accums = []
   fsdps = [
     f
     for f in (2**k for k in range(1, 12))

@@ -116,7 +116,7 @@ def analyse(c: aot.Compiled) -> dict:
   mesh = c.program.batch_sharding.mesh
   collectives = place_collectives(text, list(mesh.devices.flat))
   arch = c.program.spec.architecture
-  per_image = flops_lib.train_flops_per_image(arch, config.pp.crop, c.program.num_classes)
+  per_image = flops_lib.run_flops_per_image(config, arch, c.program.num_classes)
   flops = per_image * config.batch / devices if per_image else None
   train_memory, eval_memory = aot.memory(c.train), aot.memory(c.eval)
   needed = max(train_memory['total_bytes'], eval_memory['total_bytes'])

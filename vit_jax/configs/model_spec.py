@@ -80,6 +80,9 @@ class Block:
   layer_scale: Optional[float] = None  # LayerScale's initial gamma (CaiT); None: none
   norm_eps: float = 1e-6  # every LayerNorm's epsilon (the original code's; CLIP: 1e-5)
   norm: str = 'layer'  # NORMS: the encoder's normalisation layers
+  # Stochastic depth (Huang et al. 2016; DINOv2 trains with it): in training each residual
+  # branch is dropped for an example with this probability, kept ones scaled by 1 / (1 - p).
+  drop_path_rate: float = 0.0
 
   def __post_init__(self):
     _one_of('mlp', self.mlp, MLPS)
@@ -302,14 +305,18 @@ def resolve(
   representation_size: Optional[int] = None,
   dropout: Optional[Tuple[float, float]] = None,
   block: Optional[dict] = None,
+  drop_path: Optional[float] = None,
 ) -> Architecture:
   """Registry entry `name` with the given parts changed (None: the entry's own): the depth, the
   patch size (FlexiViT; a number, or (rows, columns)), register tokens, the pre-logits width,
-  (dropout, attention dropout), and `Block` fields (a None value keeps the entry's)."""
+  (dropout, attention dropout), `Block` fields (a None value keeps the entry's) and stochastic
+  depth (`Block.drop_path_rate`)."""
   arch = registered(name)
   changes = {k: v for k, v in (block or {}).items() if v is not None}
   if dropout is not None:
     changes.update(dropout_rate=dropout[0], attention_dropout_rate=dropout[1])
+  if drop_path is not None:
+    changes['drop_path_rate'] = drop_path
   if representation_size is not None:
     changes['representation_size'] = representation_size
   if num_layers is not None:
@@ -344,6 +351,7 @@ class ModelSpec:
       representation_size=config.representation_size,
       dropout=(config.dropout_rate, config.attention_dropout_rate),
       block=dict(config.block),
+      drop_path=config.drop_path_rate,
     )
     crop = config.pp.crop
     step = arch.stride

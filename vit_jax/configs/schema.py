@@ -51,8 +51,9 @@ FIELDS = (
     'task',
     'classification',
     str,
-    'what is learnt: labels, or masked patch prediction (paper B.1.2, labels unused)',
-    ('classification', 'mpp'),
+    'what is learnt: labels, masked patch prediction (paper B.1.2), or self-distillation as '
+    'DINOv2 (`dino`: a student and its EMA teacher on multi-crops; labels unused by both)',
+    ('classification', 'mpp', 'dino'),
   ),
   Field('dtype', 'float32', str, 'the compute dtype', _DTYPES),
   Field(
@@ -182,6 +183,14 @@ FIELDS = (
   ),
   Field('dropout_rate', 0.0, float, "dropout of the encoder's activations", bounds='[0, 1)'),
   Field('attention_dropout_rate', 0.0, float, 'dropout of the attention weights', bounds='[0, 1)'),
+  Field(
+    'drop_path_rate',
+    0.0,
+    float,
+    "stochastic depth: each block's residual branches dropped per example in training with "
+    'this probability, the same in every block (DINOv2: 0.3-0.4)',
+    bounds='[0, 1)',
+  ),
   Field(
     'representation_size', None, int, "the pre-logits width; None: the model's", bounds='[1, inf)'
   ),
@@ -421,6 +430,187 @@ FIELDS = (
     "'train' / 'test' = the dataset's own; or a split expression",
   ),
   Field('fewshot.test_split', 'test', str, "'train' / 'test' = the dataset's own, or a split"),
+  # Self-distillation as DINOv2 (task='dino'; vit_jax.training.dino, docs/self_supervised.md).
+  # Counted in optimizer steps; DINOv2's recipes count epochs of 1,250 steps.
+  Field(
+    'dino.local_crops',
+    8,
+    int,
+    'local crops per image, beside the 2 global crops at pp.crop',
+    data=True,
+    bounds='[0, inf)',
+  ),
+  Field(
+    'dino.local_crop',
+    98,
+    int,
+    "the local crops' side in px, a multiple of the patch size (DINOv2: 98 for patch 14)",
+    data=True,
+    bounds='[1, inf)',
+  ),
+  Field(
+    'dino.global_scale',
+    (0.32, 1.0),
+    tuple,
+    "the global crops' (smallest, largest) fraction of the image's area",
+    data=True,
+    bounds='(0, 1]',
+  ),
+  Field(
+    'dino.local_scale',
+    (0.05, 0.32),
+    tuple,
+    "the local crops' (smallest, largest) fraction of the image's area",
+    data=True,
+    bounds='(0, 1]',
+  ),
+  Field(
+    'dino.prototypes',
+    65536,
+    int,
+    "the DINO head's prototypes, its output width (DINOv2 ViT-L/g: 131072)",
+    bounds='[1, inf)',
+  ),
+  Field('dino.head_hidden', 2048, int, "the DINO head's hidden width", bounds='[1, inf)'),
+  Field(
+    'dino.head_bottleneck',
+    256,
+    int,
+    "the DINO head's bottleneck, L2-normalised before the prototypes (DINOv2 ViT-L/g: 384)",
+    bounds='[1, inf)',
+  ),
+  Field(
+    'dino.head_layers', 3, int, "the DINO head's linear layers before the norm", bounds='[1, inf)'
+  ),
+  Field(
+    'dino.weight',
+    1.0,
+    float,
+    'weight of the DINO loss (class tokens: each view against the other views)',
+    bounds='[0, inf)',
+  ),
+  Field(
+    'dino.koleo_weight',
+    0.1,
+    float,
+    "weight of KoLeo, spreading the student's class tokens of each global crop",
+    bounds='[0, inf)',
+  ),
+  Field(
+    'dino.centering',
+    'sinkhorn_knopp',
+    str,
+    "the teacher's targets: Sinkhorn-Knopp (DINOv2's recipes) or a softmax less a running "
+    'centre (DINO)',
+    ('sinkhorn_knopp', 'centre'),
+  ),
+  Field(
+    'dino.centre_momentum',
+    0.9,
+    float,
+    "with centering='centre': the running centre's momentum per step",
+    bounds='[0, 1)',
+  ),
+  Field('dino.student_temp', 0.1, float, "the student's softmax temperature", bounds='(0, inf)'),
+  Field(
+    'dino.teacher_temp',
+    0.07,
+    float,
+    "the teacher's temperature after its warm-up",
+    bounds='(0, inf)',
+  ),
+  Field(
+    'dino.warmup_teacher_temp',
+    0.04,
+    float,
+    "the teacher's temperature at step 0, linear to teacher_temp",
+    bounds='(0, inf)',
+  ),
+  Field(
+    'dino.teacher_temp_warmup_steps',
+    37_500,
+    int,
+    "steps of the teacher temperature's warm-up (DINOv2: 30 epochs)",
+    bounds='[0, inf)',
+  ),
+  Field(
+    'dino.teacher_momentum',
+    0.992,
+    float,
+    "the teacher's EMA momentum at step 0, cosine to 1 at the last step",
+    bounds='[0, 1]',
+  ),
+  Field(
+    'dino.weight_decay_end',
+    0.4,
+    float,
+    'weight decay follows a cosine from weight_decay to this (no decay of biases, norms, '
+    'LayerScale)',
+    bounds='[0, inf)',
+  ),
+  Field(
+    'dino.min_lr',
+    1e-6,
+    float,
+    "where the learning rate's cosine ends, after the linear warm-up to base_lr",
+    bounds='[0, inf)',
+  ),
+  Field(
+    'dino.freeze_last_layer_steps',
+    1250,
+    int,
+    "the heads' prototypes stay as they are for this many steps (DINOv2: 1 epoch)",
+    bounds='[0, inf)',
+  ),
+  Field(
+    'dino.patch_embed_lr_mult',
+    0.2,
+    float,
+    "the patch embedding's learning rate relative to the layer-decayed one",
+    bounds='[0, inf)',
+  ),
+  # iBOT's masked-patch loss (Zhou et al. 2022) on block-masked global crops.
+  Field('ibot.weight', 1.0, float, "weight of iBOT's masked-patch loss", bounds='[0, inf)'),
+  Field(
+    'ibot.mask_probability',
+    0.5,
+    float,
+    'the probability that a global crop is masked',
+    data=True,
+    bounds='[0, 1]',
+  ),
+  Field(
+    'ibot.mask_ratio',
+    (0.1, 0.5),
+    tuple,
+    "a masked crop's (smallest, largest) fraction of masked patches",
+    data=True,
+    bounds='[0, 1]',
+  ),
+  Field(
+    'ibot.separate_head',
+    False,
+    bool,
+    "the masked patches through their own head (DINOv2 ViT-L/g), else the DINO head's",
+  ),
+  Field('ibot.prototypes', 65536, int, "a separate iBOT head's prototypes", bounds='[1, inf)'),
+  Field('ibot.head_hidden', 2048, int, "a separate iBOT head's hidden width", bounds='[1, inf)'),
+  Field('ibot.head_bottleneck', 256, int, "a separate iBOT head's bottleneck", bounds='[1, inf)'),
+  Field('ibot.head_layers', 3, int, "a separate iBOT head's linear layers", bounds='[1, inf)'),
+  # k-NN classification of frozen features (DINO: cosine, k = 20, T = 0.07), of the evaluated
+  # parameters (the teacher of a dino run), every `every` steps and at the end.
+  Field('knn.datasets', (), tuple, "e.g. ('digits', 'cifar10'); () = off"),
+  Field('knn.every', 0, int, 'steps between evaluations; 0 = only at the end', bounds='[0, inf)'),
+  Field('knn.k', 20, int, 'neighbours that vote', bounds='[1, inf)'),
+  Field(
+    'knn.temperature',
+    0.07,
+    float,
+    "each neighbour's vote: exp(cosine / temperature)",
+    bounds='(0, inf)',
+  ),
+  Field('knn.train_split', 'train', str, "the labelled neighbours: 'train', or a split"),
+  Field('knn.test_split', 'test', str, "what is classified: 'test', or a split"),
   # Devices: a (slice, data, fsdp, model) mesh over all devices (vit_jax.core.sharding); slices come
   # from the devices.
   Field(
@@ -630,7 +820,7 @@ def cudnn_on_a_gpu_in_half_precision(config, devices: Devices) -> None:
 
 
 def registers_with_classification(config, devices=None) -> None:
-  if config.num_registers and config.task != 'classification':
+  if config.num_registers and config.task == 'mpp':
     raise ConfigError(
       f'num_registers={config.num_registers}: masked patch prediction reads patch tokens at '
       'fixed positions; train it without registers'
@@ -663,6 +853,33 @@ def naflex_trains_classification(config, devices=None) -> None:
       )
 
 
+def self_distillation_fits(config, devices=None) -> None:
+  """task='dino': ranges that are pairs in order, and what its losses need of a step: the
+  whole batch at once (Sinkhorn-Knopp and KoLeo couple its images), no second EMA."""
+  if config.get('task') != 'dino':
+    return
+  for name in ('dino.global_scale', 'dino.local_scale', 'ibot.mask_ratio'):
+    value = _value(config, name)
+    if len(value) != 2 or value[0] > value[1]:
+      raise ConfigError(f'{name}={tuple(value)!r}: give (smallest, largest), e.g. (0.05, 0.32)')
+  if config.accum_steps != 1:
+    raise ConfigError(
+      f'accum_steps={config.accum_steps}: task=dino normalises and compares over the whole '
+      'batch (Sinkhorn-Knopp, KoLeo), which micro-batches would change; set accum_steps=1 and '
+      'save memory with --config.remat=True or --config.mesh.fsdp'
+    )
+  if config.ema_decay:
+    raise ConfigError(
+      f'ema_decay={config.ema_decay}: task=dino already keeps its teacher as the EMA of the '
+      'student (dino.teacher_momentum); set ema_decay=0'
+    )
+  if config.batch < 2:
+    raise ConfigError(
+      f'batch={config.batch}: task=dino compares the images of a batch (KoLeo, Sinkhorn-Knopp); '
+      'use at least 2'
+    )
+
+
 # What the input pipeline checks for callers that skip `validate` (data fields alone).
 DATA_RULES = (values_allowed, area_min_a_fraction, numbers_in_bounds, resize_covers_crop)
 RULES = (
@@ -673,6 +890,7 @@ RULES = (
   registers_with_classification,
   flexi_with_classification,
   naflex_trains_classification,
+  self_distillation_fits,
 )
 
 

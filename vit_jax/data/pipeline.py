@@ -41,6 +41,7 @@ import numpy as np
 from vit_jax.configs import schema
 from vit_jax.data import datasets
 from vit_jax.data import host
+from vit_jax.data import multicrop
 from vit_jax.data import naflex
 from vit_jax.data import on_device
 from vit_jax.data import order
@@ -97,6 +98,9 @@ class Preprocessing:
   # Evaluation by the weights' own transform (`configs.timm_weights.Preprocessing`, at `crop`
   # px) instead of the official resize: a checkpoint of a family converted from timm.
   transform: Any = None
+  # The train transform in words where the task brings its own (self-distillation's multi-crop,
+  # `data.multicrop`); None: the fields above.
+  train_line: Optional[str] = None
 
   @classmethod
   def of(cls, config, transform=None) -> 'Preprocessing':
@@ -125,6 +129,11 @@ class Preprocessing:
       defaults=f'dataset defaults ({base.why})' + (f', set: {", ".join(chosen)}' if chosen else ''),
       naflex_tokens=tuple(config.get('naflex_tokens') or ()),
       transform=None if transform is None else transform.at(int(pp.crop)),
+      train_line=(
+        multicrop.train_line(config, bool(pick(pp.flip, base.flip)))
+        if config.get('task') == 'dino'
+        else None
+      ),
     )
 
   def split(self, split: str) -> str:
@@ -153,6 +162,8 @@ class Preprocessing:
       train.append(f'RandAugment {self.randaug_layers}x{self.randaug_magnitude:g}')
     if self.mixup:
       train.append(f'Mixup {self.mixup:g}')
+    if self.train_line:
+      train = [self.train_line]
     evaluation = (
       f'resize to {self.resize}, centre crop {self.crop} px'
       if self.resize
@@ -214,6 +225,10 @@ def _train_batches(config, source, pp, local_batch, step, model_spec):
   )
   if model_spec is not None and model_spec.naflex_tokens:  # each image at its aspect ratio
     return naflex.TrainBatches(source, pp, model_spec.naflex_tokens, model_spec.patch_size, **where)
+  if config.get('task') == 'dino':  # self-distillation: global and local crops, block masks
+    settings = multicrop.Settings.of(config, model_spec.patch_size, pp.flip)
+    multicrop.check(settings, source.num_examples, int(config.batch), source.name)
+    return multicrop.TrainBatches(source, settings, **where)
   return host.TrainBatches(source, pp, **where)
 
 

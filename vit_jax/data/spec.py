@@ -19,6 +19,8 @@ def batch_spec(config, num_classes: int, multi_label: bool, *, train: bool, mode
   """
   batch = config.batch if train else config.batch_eval
   crop = config.pp.crop
+  if train and config.get('task') == 'dino':  # self-distillation: multi-crop (data.multicrop)
+    return multicrop_spec(config, num_classes, multi_label, model_spec)
   image = jax.ShapeDtypeStruct((batch, crop, crop, 3), np.uint8)
   if train and model_spec is not None and model_spec.naflex_tokens:  # packed patches
     patch = model_spec.patch_size
@@ -36,3 +38,18 @@ def batch_spec(config, num_classes: int, multi_label: bool, *, train: bool, mode
   if not train:
     spec['mask'] = jax.ShapeDtypeStruct((batch,), np.float32)
   return spec
+
+
+def multicrop_spec(config, num_classes: int, multi_label: bool, model_spec) -> dict:
+  """A multi-crop train batch (`data.multicrop`): 'global' uint8 [B, 2, crop, crop, 3], 'local'
+  uint8 [B, L, l, l, 3], 'masks' bool [B, 2, (crop / patch)^2], and the labels."""
+  batch, crop = config.batch, config.pp.crop
+  local, grid = config.dino.local_crop, crop // model_spec.patch_size
+  return {
+    'global': jax.ShapeDtypeStruct((batch, 2, crop, crop, 3), np.uint8),
+    'local': jax.ShapeDtypeStruct((batch, config.dino.local_crops, local, local, 3), np.uint8),
+    'masks': jax.ShapeDtypeStruct((batch, 2, grid * grid), np.bool_),
+    'label': jax.ShapeDtypeStruct(
+      (batch, num_classes) if multi_label else (batch,), np.float32 if multi_label else np.int32
+    ),
+  }

@@ -251,6 +251,11 @@ def summary_scalars(results: Mapping[int, Mapping], name: str) -> dict:
 # Frozen representations.
 
 
+# Layers beside the backbone that features do not read: the classifier's head, masked patch
+# prediction's (models.mpp), self-distillation's heads (models.dino).
+_NOT_FEATURES = ('head', 'mask_token', 'mpp_head', 'dino_head', 'ibot_head')
+
+
 def representation_fn(model):
   """A jitted `fn(params, images) -> [B, D]` of the features the head would read.
 
@@ -262,8 +267,7 @@ def representation_fn(model):
   feature_model = model.clone(num_classes=None)
 
   def fn(params, images):
-    # The head, and the masked-patch-prediction parts of an MPP model, are unused.
-    params = {k: v for k, v in params.items() if k not in ('head', 'mask_token', 'mpp_head')}
+    params = {k: v for k, v in params.items() if k not in _NOT_FEATURES}
     return feature_model.apply({'params': params}, on_device.normalise(images), train=False)
 
   return jax.jit(fn, compiler_options=hardware.compiler_options(jax.devices()))

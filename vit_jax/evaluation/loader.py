@@ -30,8 +30,9 @@ from vit_jax.models import naflex
 from vit_jax.models import vit
 from vit_jax.models import vit_checkpoint
 
-# Layers of masked patch prediction (vit_jax.models.mpp); the backbone is analysed without them.
-_MPP_ONLY = ('mask_token', 'mpp_head/')
+# Layers of self-supervised pre-training (masked patch prediction, vit_jax.models.mpp;
+# self-distillation's heads, vit_jax.models.dino); the backbone is analysed without them.
+_PRETRAINING_ONLY = ('mask_token', 'mpp_head/', 'dino_head/', 'ibot_head/')
 
 
 class InputError(UserError, ValueError):
@@ -173,7 +174,8 @@ def unfinished_note(path: str) -> str:
 
 
 def _checkpoint_params(path: str, step: int) -> dict:
-  """{'a/b/c': array}: the parameters of a training checkpoint (`training.hooks`)."""
+  """{'a/b/c': array}: the parameters of a training checkpoint (`training.hooks`): its trained
+  parameters, or a self-distillation run's teacher."""
   import numpy as np
   import orbax.checkpoint as ocp
 
@@ -185,7 +187,9 @@ def _checkpoint_params(path: str, step: int) -> dict:
       f'{item}: the checkpoint does not restore ({type(e).__name__}); pass a finished run or '
       'an .npz file'
     ) from None
-  return checkpoint.flatten(jax.tree.map(np.asarray, state['params']))
+  # A self-distillation run is its teacher, the EMA (what its params.npz will hold).
+  evaluated = 'ema_params' if workdir.recorded(path, 'task') == 'dino' else 'params'
+  return checkpoint.flatten(jax.tree.map(np.asarray, state[evaluated]))
 
 
 def model_from_flat(
@@ -211,7 +215,7 @@ def model_from_flat(
   computes in bfloat16 with the encoder's dense layers as FP8 products (`models.fp8`), their
   kernels rounded to FP8 here, once (`fp8.quantise_params`), the activations per call.
   """
-  flat = {k: v for k, v in flat.items() if not k.startswith(_MPP_ONLY)}
+  flat = {k: v for k, v in flat.items() if not k.startswith(_PRETRAINING_ONLY)}
   # A model without a position table holds no resolution: its weights' is its.
   weights = preprocessing or (
     timm_weights.default(model_name) if model_name in families.MODELS else None

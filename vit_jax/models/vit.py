@@ -167,6 +167,16 @@ class MAPHead(nn.Module):
     return y[:, 0]
 
 
+def drop_path(module, x, rate: float, deterministic: bool):
+  """`x` [B, ...] with whole examples zeroed with probability `rate` (a key of `module`'s
+  'dropout' stream), the others scaled by 1 / (1 - rate); as it is when `deterministic`."""
+  if deterministic or not rate:
+    return x
+  keep = jax.random.bernoulli(module.make_rng('dropout'), 1.0 - rate, (x.shape[0],))
+  scale = jnp.where(keep, 1.0 / (1.0 - rate), 0.0).astype(x.dtype)
+  return x * scale.reshape((-1,) + (1,) * (x.ndim - 1))
+
+
 class LayerScale(nn.Module):
   """CaiT's LayerScale (Touvron et al. 2021): a residual branch scaled per channel by a learned
   `gamma` [D] that starts at `init` (timm's `ls1`, `ls2`)."""
@@ -219,7 +229,12 @@ class Encoder1DBlock(nn.Module):
       b.norm,
       name='MlpBlock_3',
     )
-    scaled = lambda name, y: y if b.layer_scale is None else LayerScale(b.layer_scale, name=name)(y)
+    scaled = lambda name, y: drop_path(
+      self,
+      y if b.layer_scale is None else LayerScale(b.layer_scale, name=name)(y),
+      b.drop_path_rate,
+      deterministic,
+    )
     x = x + scaled('ls1', nn.Dropout(b.dropout_rate)(attention, deterministic=deterministic))
     if b.parallel_block:  # the MLP reads the same normalised input as attention
       x = x + scaled('ls2', mlp(y, deterministic=deterministic))

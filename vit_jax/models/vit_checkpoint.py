@@ -36,8 +36,10 @@ _POSEMB = 'Transformer/posembed_input/pos_embedding'
 _BLOCK = re.compile(r'^Transformer/encoderblock_(\d+)/')
 _EMBEDDING = 'embedding/kernel'
 # Layers only pre-training uses (paper 3.1 pre-logits; B.1.2 masked patch
-# prediction); fine-tuning drops them when the new model has none.
-_PRETRAINING_ONLY = ('pre_logits/', 'mask_token', 'mpp_head/')
+# prediction; self-distillation's heads, models.dino); fine-tuning drops them when the new
+# model has none, and a model that has them (continued pre-training) starts them fresh where
+# the checkpoint has none.
+_PRETRAINING_ONLY = ('pre_logits/', 'mask_token', 'mpp_head/', 'dino_head/', 'ibot_head/')
 
 
 class CheckpointError(UserError, ValueError):
@@ -426,7 +428,8 @@ def adapt(
 
   The backbone is kept. The head is `init`'s (zeros: paper 3.2), `pre_logits` is dropped
   when the new model has none, as are the `mask_token` and `mpp_head` of masked patch
-  prediction (`vit_jax.models.mpp`); position embeddings are resized when the resolution
+  prediction (`vit_jax.models.mpp`) and self-distillation's heads (`vit_jax.models.dino`), and
+  those the new model has but the checkpoint lacks are `init`'s; position embeddings are resized when the resolution
   differs (`posemb_resize`, see POSEMB_RESIZE), the patch-embedding kernel when the patch
   size does (FlexiViT, over `patch_resize`: see PATCH_RESIZE); register tokens the checkpoint lacks are added as a fresh model's, and
   those the model lacks dropped (`match_registers`).
@@ -515,7 +518,7 @@ def _between_layouts(posemb, init, num_prefix: int, method: str, what: str) -> t
 
 def _adapted(key, value, restored, num_prefix, posemb_resize, what, patch_resize) -> tuple:
   """(the fine-tuning value of `init`'s `key`, what `adapt` did, its report line)."""
-  if key.startswith('head/') or key not in restored and key.startswith('pre_logits/'):
+  if key.startswith('head/') or key not in restored and key.startswith(_PRETRAINING_ONLY):
     return value, 're-initialised', f'{key} {shape_of(value)}'
   if key not in restored:
     raise CheckpointError(

@@ -12,6 +12,7 @@ import orbax.checkpoint as ocp
 
 from vit_jax.data import pipeline
 from vit_jax.evaluation import fewshot
+from vit_jax.evaluation import knn
 from vit_jax.evaluation import metrics
 from vit_jax.models import vit_checkpoint
 
@@ -48,6 +49,7 @@ def hooks(run) -> list:
       FewShotProbe(),
       evaluation=True,
     ),
+    Hook('knn', config.knn.every if config.knn.datasets else 0, KnnProbe(), evaluation=True),
     Hook('checkpoint', config.checkpoint_every, save_checkpoint, at_end=True),
   ]
 
@@ -57,26 +59,46 @@ def named(periodic: list, name: str) -> Hook:
   return next(hook for hook in periodic if hook.name == name)
 
 
+# What a step reports beside its loss and is said in the progress line (self-distillation's
+# collapse monitors), with its format there.
+MONITORS = {'teacher_entropy': '.3f', 'prototype_usage': '.3f', 'feature_std': '.3f'}
+
+
 def log_progress(run, loop, step: int) -> None:
-  """The progress line and the training scalars: mean loss since the last line, lr, img/s, MFU."""
+  """The progress line and the training scalars: mean loss since the last line, lr, img/s, MFU;
+  and the latest step's other metrics (a task's loss parts and monitors)."""
   train_loss = loop.losses.close_window()
   rates = loop.progress.update(step)
+  standard = ('loss', 'grad_norm', 'learning_rate', 'finite')
+  extra = {k: float(v) for k, v in loop.metrics.items() if k not in standard}
   scalars = {
     'train_loss': train_loss,
     'learning_rate': float(loop.metrics['learning_rate']),
     'grad_norm': float(loop.metrics['grad_norm']),
     **rates,
     'skipped_steps': float(loop.state.num_skipped),
+    **extra,
   }
   flops = loop.clock.flops
   if run.peak_flops and flops and loop.progress.step_time:
     scalars['mfu'] = flops / (loop.progress.step_time * run.peak_flops)
   run.log.scalars(step, scalars)
-  run.log.info('%s', loop.progress.line(step, train_loss, scalars['learning_rate']))
+  line = loop.progress.line(step, train_loss, scalars['learning_rate'])
+  said = [f'{k} {extra[k]:{f}}' for k, f in MONITORS.items() if k in extra]
+  run.log.info('%s', line + ('  ' + '  '.join(said) if said else ''))
+
+
+def evaluated(run, state):
+  """The parameters a run evaluates and writes: its trained ones, or its task's (the teacher
+  of self-distillation: `steps.Task.evaluated`)."""
+  return getattr(state, run.program.task.evaluated)
 
 
 def accuracy(run, params) -> dict:
-  """Exact top-1 (and top-5) accuracy over the whole test split."""
+  """Exact top-1 (and top-5) accuracy over the whole test split, or the task's own evaluation
+  ({} when it has none)."""
+  if run.program.task.evaluate is not None:
+    return run.program.task.evaluate(run, params)
   return metrics.accuracy(
     run.program.eval_step,
     params,
@@ -85,10 +107,16 @@ def accuracy(run, params) -> dict:
 
 
 def evaluate(run, loop, step: int) -> None:
-  result = accuracy(run, loop.state.params)
+  result = accuracy(run, evaluated(run, loop.state))
+  if not result:
+    return
   run.log.scalars(step, {'test_accuracy': result['accuracy']})
   run.log.info(
-    'step %d: test accuracy %.4f (%d examples)', step, result['accuracy'], result['examples']
+    'step %d: %s %.4f (%d examples)',
+    step,
+    result.get('what', 'test accuracy'),
+    result['accuracy'],
+    result['examples'],
   )
 
 
@@ -107,7 +135,7 @@ class FewShotProbe:
     scalars = fewshot.evaluate_datasets(
       run.config,
       self._model,
-      loop.state.params,
+      evaluated(run, loop.state),
       run.program.batch_sharding,
       features_fn=self._features,
       transform=run.transform,
@@ -116,6 +144,31 @@ class FewShotProbe:
     run.log.info(
       'step %d: %s', step, ', '.join(f'{k} {v:.4f}' for k, v in scalars.items() if '-seed' not in k)
     )
+    return scalars
+
+
+class KnnProbe:
+  """The k-NN hook (DINO's evaluation of frozen features: cosine, k neighbours, weighted
+  votes): the backbone's class-token features of the evaluated parameters, jitted once."""
+
+  def __init__(self):
+    self._model = self._features = None
+
+  def __call__(self, run, loop, step: int) -> dict:
+    """k-NN accuracies of the current parameters on `knn.datasets`, logged; returns them."""
+    if self._model is None:
+      self._model = run.program.task.features
+      self._features = fewshot.representation_fn(self._model)
+    scalars = knn.evaluate_datasets(
+      run.config,
+      self._model,
+      evaluated(run, loop.state),
+      run.program.batch_sharding,
+      features_fn=self._features,
+      transform=run.transform,
+    )
+    run.log.scalars(step, scalars)
+    run.log.info('step %d: %s', step, ', '.join(f'{k} {v:.4f}' for k, v in scalars.items()))
     return scalars
 
 

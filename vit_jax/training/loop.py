@@ -323,6 +323,11 @@ def set_up(
     resume.record_dataset(workdir, info)
     if transform is not None:
       workdir_lib.write_preprocessing(workdir, transform.to_json())
+  if info.num_classes < 1 and config.task == 'classification':
+    raise ConfigError(
+      f'{info.name}: its images are not in class folders (DIR/train/<class>/<image>), which '
+      'classification needs; self-distillation (--config.task=dino) reads them as they are'
+    )
   if info.multi_label and config.loss != 'sigmoid' and config.task == 'classification':
     raise ConfigError(f'{info.name} is multi-label: set --config.loss=sigmoid')
   log = run_log.RunLog(workdir, is_main=jax.process_index() == 0, tensorboard=config.tensorboard)
@@ -390,8 +395,11 @@ def restore_or_initialize(run: Run):
       posemb_resize=config.posemb_resize,
       patch_resize=config.patch_resize,
     )
+    ema = None
+    if state.ema_params is not None:  # an EMA (a self-distillation teacher) starts there too,
+      ema = jax.device_put(params, built.state_shardings.ema_params)  # in buffers of its own
     params = jax.device_put(params, built.state_shardings.params)
-    state = state.replace(params=params, ema_params=params if config.ema_decay else None)
+    state = state.replace(params=params, ema_params=ema)
   return state, None, {}
 
 
@@ -504,12 +512,14 @@ def finish(run: Run, loop: Loop, periodic: list, *, first_step: int) -> dict:
   config, workdir, state = run.config, run.workdir, loop.state
   totals = loop.totals()
   with console.heartbeat(f'step {int(state.step)}: final evaluation', say=run.log.info):
-    final = hooks.accuracy(run, state.params)
+    final = hooks.accuracy(run, hooks.evaluated(run, state))
+  what = final.pop('what', 'test accuracy')
   summary = {
     'step': int(state.step),
     'train_loss': totals['train_loss'],
-    'test_accuracy': final['accuracy'],
-    'test_examples': final['examples'],
+    # A run with nothing to evaluate (self-distillation on unlabelled images) has no accuracy.
+    'test_accuracy': final.get('accuracy', float('nan')),
+    'test_examples': final.get('examples', 0),
     **({'test_accuracy_top5': final['accuracy_top5']} if 'accuracy_top5' in final else {}),
     'img_per_sec': (
       config.batch * totals['timed_steps'] / totals['train_time_s']
@@ -525,12 +535,16 @@ def finish(run: Run, loop: Loop, periodic: list, *, first_step: int) -> dict:
     summary['test_accuracy_ema'] = hooks.accuracy(run, state.ema_params)['accuracy']
   if config.fewshot.datasets:
     summary.update(hooks.named(periodic, 'fewshot').fn(run, loop, summary['step']))
-  run.log.scalars(summary['step'], {'test_accuracy': summary['test_accuracy']})
+  if config.knn.datasets:
+    summary.update(hooks.named(periodic, 'knn').fn(run, loop, summary['step']))
+  if final:
+    run.log.scalars(summary['step'], {'test_accuracy': summary['test_accuracy']})
   _write_results(run, loop, summary)
   skipped = summary['skipped_steps']
   run.log.info(
-    'Done: step %d, test accuracy %.4f, %.0f img/s, %.0f s%s; wrote %s',
+    'Done: step %d, %s %.4f, %.0f img/s, %.0f s%s; wrote %s',
     summary['step'],
+    what,
     summary['test_accuracy'],
     summary['img_per_sec'],
     summary['wall_time_s'],
@@ -545,7 +559,7 @@ def finish(run: Run, loop: Loop, periodic: list, *, first_step: int) -> dict:
 def _write_results(run: Run, loop: Loop, summary: dict) -> None:
   """The final parameters (and EMA's), then the summary with the whole run's wall time."""
   # Gathered on every process (a collective in multi-host runs); written by process 0.
-  params = _host_tree(loop.state.params)
+  params = _host_tree(hooks.evaluated(run, loop.state))
   ema = _host_tree(loop.state.ema_params) if run.config.ema_decay else None
   if jax.process_index() == 0:
     # The file names its model and classes itself: a copy taken out of the workdir predicts;

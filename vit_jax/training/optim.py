@@ -41,7 +41,7 @@ _BLOCK = re.compile(r'^encoderblock(_(\d+))?$')
 # position embeddings, CLIP's pre-norm); what is neither these nor a block (final norms, heads)
 # is above the last block.
 _EMBEDDING = re.compile(
-  r'^(embedding|cls|registers|posembed_input|pre_norm|conv_root|gn_root|block\d+)$'
+  r'^(embedding|cls|registers|mask_token|posembed_input|pre_norm|conv_root|gn_root|block\d+)$'
 )
 
 
@@ -69,18 +69,23 @@ def _depths(params):
   return blocks, depth
 
 
+def layer_factors(tree, rate: float):
+  """rate ** (L + 1 - depth) per leaf of a parameter tree (`_depths`): 1 for heads, rate **
+  (L - i) for block i (an array over a scanned stack), rate ** (L + 1) for the embeddings."""
+  blocks, depth = _depths(tree)
+  return jax.tree_util.tree_map_with_path(
+    lambda path, leaf: jnp.power(jnp.float32(rate), blocks + 1 - depth(path, leaf)), tree
+  )
+
+
 def layer_decay(rate: float) -> optax.GradientTransformation:
-  """Scales each parameter's update by rate ** (L + 1 - depth) (`_depths`): the head by 1,
-  block i by rate ** (L - i), the embeddings by rate ** (L + 1)."""
+  """Scales each parameter's update by its `layer_factors`: the head by 1, block i by
+  rate ** (L - i), the embeddings by rate ** (L + 1)."""
 
   def update(updates, state, params=None):
-    blocks, depth = _depths(updates)
-
-    def scaled(path, u):
-      factor = jnp.power(jnp.float32(rate), blocks + 1 - depth(path, u))
-      return u * factor.astype(u.dtype)
-
-    return jax.tree_util.tree_map_with_path(scaled, updates), state
+    factors = layer_factors(updates, rate)
+    scaled = jax.tree.map(lambda u, f: u * f.astype(u.dtype), updates, factors)
+    return scaled, state
 
   return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 

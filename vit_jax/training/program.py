@@ -23,6 +23,7 @@ from vit_jax.configs.model_spec import ModelSpec
 from vit_jax.core import sharding
 from vit_jax.data import spec as data_spec
 from vit_jax.models import flexi
+from vit_jax.training import dino
 from vit_jax.training import optim
 from vit_jax.training import steps
 
@@ -43,6 +44,8 @@ def validate(config, num_devices: int) -> ModelSpec:
       flexi.check_patch_sizes(spec, [spec.patch_size, *config.flexi_patch_sizes])
     except flexi.PatchSizeError as e:
       raise ConfigError(f'pp.crop={config.pp.crop}: {e}') from None
+  if config.task == 'dino':
+    dino.check_model(spec, config)
   if config.mesh.model > 1:
     block = spec.architecture.block
     try:
@@ -114,15 +117,19 @@ def build(
   `spec` (None: `ModelSpec.of(config)`; the trainer passes `validate`'s)."""
   spec = spec or ModelSpec.of(config)
   batch_sharding = sharding.batch_sharding(mesh)
-  task = steps.make_task(config, num_classes, multi_label, spec)
-  tx, schedule = optim.make_optimizer(config)
-  init = functools.partial(
-    steps.init_state,
-    model=task.model,
-    tx=tx,
-    image_size=spec.image_size,
-    ema=bool(config.ema_decay),
-  )
+  make_task = dino.make_task if config.task == 'dino' else steps.make_task
+  task = make_task(config, num_classes, multi_label, spec)
+  tx, schedule = (task.make_optimizer or optim.make_optimizer)(config)
+  if task.init is not None:
+    init = functools.partial(task.init, tx=tx)
+  else:
+    init = functools.partial(
+      steps.init_state,
+      model=task.model,
+      tx=tx,
+      image_size=spec.image_size,
+      ema=bool(config.ema_decay),
+    )
   state_shardings = sharding.tree_shardings(jax.eval_shape(init, _KEY), mesh)
   return Program(
     config=config,

@@ -36,6 +36,7 @@ class TrainState:
   ema_params: Any  # Polyak average of params, or None
   rng: jax.Array  # base PRNG key (raw uint32); step keys are folded from it
   num_skipped: jax.Array  # steps whose loss or gradient was not finite
+  task_state: Any = None  # what a task carries from step to step (DINO's running centres)
 
 
 class Task(NamedTuple):
@@ -51,6 +52,18 @@ class Task(NamedTuple):
   grad_fn: Optional[Callable] = None
   # The backbone without a head (pre-logits features) on the same parameters: few-shot probes.
   features: Optional[nn.Module] = None
+  # A task that trains more than one set of parameters (self-distillation) brings its own:
+  # `init(rng, tx) -> TrainState`, `step` with `train_step`'s signature, `make_optimizer(config)
+  # -> (tx, schedule)`; None: those of this module and `optim`.
+  init: Optional[Callable] = None
+  step: Optional[Callable] = None
+  make_optimizer: Optional[Callable] = None
+  # The TrainState field that evaluation, few-shot probes and a run's params.npz read: the
+  # trained parameters, or (self-distillation) the EMA teacher's.
+  evaluated: str = 'params'
+  # `evaluate(run, params) -> {'accuracy', 'examples'}` instead of the eval step's accuracy on
+  # the test split ({}: nothing to evaluate); None: `metrics.accuracy` of `eval_fn`.
+  evaluate: Optional[Callable] = None
 
 
 def make_task(
@@ -210,7 +223,8 @@ def train_step(state: TrainState, batch, *, task: Task, tx, schedule, config):
 
 
 def jit_train_step(*, task, tx, schedule, config, state_shardings, batch_sharding):
-  step = functools.partial(train_step, task=task, tx=tx, schedule=schedule, config=config)
+  step_fn = task.step or train_step
+  step = functools.partial(step_fn, task=task, tx=tx, schedule=schedule, config=config)
   metric_sharding = sharding.replicated(batch_sharding.mesh)
   return jax.jit(
     step,

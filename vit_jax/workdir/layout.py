@@ -9,6 +9,7 @@
     summary.json           the finished run: step, accuracy, speed and its model's name
     params.npz             its final parameters in the public layout (params_ema.npz: EMA)
     fewshot.json           results of `python -m vit_jax.fewshot` (TensorBoard: tensorboard/fewshot)
+    knn.json               results of `python -m vit_jax.knn`
     lock.json              held while a run writes (`workdir.lock`)
     metrics.jsonl, tensorboard/   what the run logs as it goes (`workdir.run_log`)
 
@@ -34,6 +35,7 @@ __all__ = [  # `vit_jax.workdir`'s names for the files of a run
   'PARAMS_FILE',
   'PARAMS_EMA_FILE',
   'FEWSHOT_FILE',
+  'KNN_FILE',
   'LOCK_FILE',
   'METRICS_FILE',
   'TENSORBOARD',
@@ -62,6 +64,7 @@ __all__ = [  # `vit_jax.workdir`'s names for the files of a run
   'set_aside',
   'corrupt_checkpoints_dir',
   'add_fewshot',
+  'add_knn',
   'first_missing',
   'remove_unstarted',
 ]
@@ -75,6 +78,7 @@ SUMMARY_FILE = 'summary.json'
 PARAMS_FILE = 'params.npz'
 PARAMS_EMA_FILE = 'params_ema.npz'
 FEWSHOT_FILE = 'fewshot.json'
+KNN_FILE = 'knn.json'
 LOCK_FILE = 'lock.json'
 METRICS_FILE = 'metrics.jsonl'  # written by workdir.run_log
 TENSORBOARD = 'tensorboard'  # event files, by workdir.run_log
@@ -113,6 +117,7 @@ _RUN_FILES = _RUN_WORK + (
   PREPROCESSING_FILE,
   CORRUPT_CHECKPOINTS,
   FEWSHOT_FILE,
+  KNN_FILE,
   METRICS_FILE,
   TENSORBOARD,
 )
@@ -358,7 +363,17 @@ def add_fewshot(workdir: str, scalars: dict) -> str:
   """Adds few-shot `scalars` to `fewshot.json` (other datasets' results kept); its path. A
   training run's own files (summary, metrics) stay as the run wrote them; the TensorBoard
   copy is `run_log.record_fewshot`'s."""
-  path = os.path.join(workdir, FEWSHOT_FILE)
+  return _add_results(workdir, FEWSHOT_FILE, scalars)
+
+
+def add_knn(workdir: str, scalars: dict) -> str:
+  """Adds k-NN `scalars` to `knn.json` (other datasets' and settings' results kept); its
+  path."""
+  return _add_results(workdir, KNN_FILE, scalars)
+
+
+def _add_results(workdir: str, name: str, scalars: dict) -> str:
+  path = os.path.join(workdir, name)
   results = _read_json(path) or {}
   results.update(scalars)
   files.makedirs(workdir)

@@ -303,9 +303,65 @@ def _claims(dataset: str) -> bool:
   return True
 
 
+def unlabelled_dir(root: str, split: str) -> Optional[str]:
+  """The folder of `split`'s images when the folder `root` holds them without class folders:
+  DIR/<split>/<image> (a split of loose images), or DIR/<image> with no split folders (every
+  image the train split); None for the class layout."""
+  split_dir = os.path.join(root, split)
+  if os.path.isdir(split_dir):
+    if subfolders(split_dir):
+      return None
+    return split_dir if any(is_image_file(split_dir, n) for n in os.listdir(split_dir)) else None
+  if subfolders(root):
+    return None
+  return root if any(is_image_file(root, n) for n in os.listdir(root)) else None
+
+
+def _unlabelled(root: str, split: str, name: str, options: reader.Options) -> sources.Source:
+  """A split of images without class folders (self-supervised data): labels all 0 of no
+  classes; a root of loose images is its train split, its other splits empty."""
+  folder = unlabelled_dir(root, name)
+  if folder is None or folder == root and name != 'train':
+    paths = []
+  else:
+    found, tools, others = images_under(folder)
+    warn_once(left_out_line(folder, tools, others))
+    paths = [os.path.join(folder, f) for f in found]
+    paths = _checked(folder, paths, options.corrupt_images)
+  where = root if folder == root else os.path.join(root, name)
+  labels = np.zeros(len(paths), np.int32)  # read by no one: the split has no classes
+  return sources.Source(
+    where,
+    len(paths),
+    0,
+    False,
+    [],
+    fetch=lambda idx: ([paths[i] for i in idx], labels[idx]),
+    describe=lambda i: str(paths[i]),
+  )
+
+
+def _checked(folder: str, paths: List[str], corrupt_images: str, threads: int = 8) -> List[str]:
+  """`paths` less the images that do not decode (or the first one as a DataError with 'fail')."""
+  with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+    problems = list(pool.map(check_image, paths))
+  bad = [(p, why) for p, why in zip(paths, problems) if why]
+  if bad and corrupt_images == 'fail':
+    path, why = bad[0]
+    raise DataError(
+      f'{path}: corrupt or truncated image ({why}); replace or delete it, or set '
+      "corrupt_images='skip' to leave such files out"
+    )
+  if bad:
+    logging.warning('%s: skipped %d corrupt image(s) of %d', folder, len(bad), len(paths))
+  return [p for p, why in zip(paths, problems) if not why]
+
+
 def _open_split(dataset: str, split: str, options: reader.Options) -> sources.Source:
   root = os.path.expanduser(dataset)
   name, start, stop = sources.parse_split(split)
+  if unlabelled_dir(root, name) is not None or (name != 'train' and unlabelled_dir(root, 'train')):
+    return reader.sliced(_unlabelled(root, split, name, options), start, stop)
   classes = class_names(root)
   if len(classes) == 1:
     # One class: every prediction is right, and training "reaches 100%".
