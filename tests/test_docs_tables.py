@@ -89,3 +89,17 @@ def test_the_suite_tables_are_the_newest_record_of_each_tier(docs_tables, tmp_pa
     '| `benchmarks/suite/2_fast.json` (2026-11-28) |'
   ]
   assert 'no record of the whole suite yet' in docs_tables.suite_slowest()
+
+
+def test_the_readmes_self_distillation_figures_are_the_newest_record(docs_tables):
+  """The README's line on the digits demo without labels quotes the newest
+  `benchmarks/dino_digits.py --record` (its table in docs/self_supervised.md is generated)."""
+  _, r = docs_tables._latest('*_dino_digits.json')
+  pct = lambda x: f'{100 * x:.1f}%'  # noqa: E731
+  teacher, start, pixels = r['teacher'], r['random_init'], r['raw_pixels']
+  line = (
+    f'# {pct(teacher["knn"])} (at initialisation {pct(start["knn"])}, raw pixels '
+    f'{pct(pixels["knn"])}), 10-shot probes {pct(teacher["10shot"])} ({pct(start["10shot"])}, '
+    f'{pct(pixels["10shot"])}).'
+  )
+  assert line in (ROOT / 'README.md').read_text(encoding='utf-8'), line
