@@ -121,7 +121,7 @@ GIANT_ENTRIES = [
 # ViT-g/14 recipes at 2,048 images a step (DINOv2: 32 and 12 per GPU), every crop counted in
 # the closed-form FLOPs (bench/flops.py).
 DINO_ENTRIES = [
-  ('dinov2_vitl14_v5p-128', 'configs/dinov2.py:ViT-L_14', 'v5p-128', []),
+  ('dinov2_vitl14_v5p-128', 'configs/dinov2.py:ViT-L_14', 'v5p-128', ['--config.remat=True']),
   ('dinov2_vitg14_v5p-256', 'configs/dinov2.py:ViT-g_14', 'v5p-256', ['--config.mesh.fsdp=16']),
 ]
 
