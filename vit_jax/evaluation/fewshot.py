@@ -319,6 +319,23 @@ def extract_features(model, params, batches: Iterable[Mapping], *, features_fn=N
 # On datasets the input pipeline reads: during training and from the command line.
 
 
+def probe_data(config, name: str, transform=None):
+  """(data config, Preprocessing, DatasetInfo) of dataset `name` as a probe of a run reads it:
+  the run's evaluation batch, TFDS folders and crop, or the weights' own `transform`."""
+  from vit_jax.data import pipeline
+
+  data = data_config()
+  data.update(
+    dataset=name,
+    batch_eval=config.batch_eval,
+    tfds_data_dir=config.tfds_data_dir,
+    tfds_manual_dir=config.tfds_manual_dir,
+  )
+  data.pp.crop = config.pp.crop
+  pp = pipeline.Preprocessing.of(data, transform)
+  return data, pp, pipeline.get_info(data, pp)
+
+
 def evaluate_datasets(config, model, params, sharding, *, features_fn=None, transform=None) -> dict:
   """Few-shot accuracies on every dataset of `config.fewshot.datasets`.
 
@@ -341,16 +358,7 @@ def evaluate_datasets(config, model, params, sharding, *, features_fn=None, tran
   features_fn = features_fn or representation_fn(model)
   scalars = {}
   for name in config.fewshot.datasets:
-    data = data_config()
-    data.update(
-      dataset=name,
-      batch_eval=config.batch_eval,
-      tfds_data_dir=config.tfds_data_dir,
-      tfds_manual_dir=config.tfds_manual_dir,
-    )
-    data.pp.crop = config.pp.crop
-    pp = pipeline.Preprocessing.of(data, transform)
-    info = pipeline.get_info(data, pp)
+    data, pp, info = probe_data(config, name, transform)
     train = extract_features(
       model,
       params,

@@ -14,7 +14,6 @@ from typing import Sequence
 
 import numpy as np
 
-from vit_jax.configs.data import data_config
 from vit_jax.core.errors import UserError
 from vit_jax.evaluation import fewshot
 
@@ -83,16 +82,7 @@ def dataset_accuracy(
   from vit_jax.data import pipeline
 
   features_fn = features_fn or fewshot.representation_fn(model)
-  data = data_config()
-  data.update(
-    dataset=name,
-    batch_eval=config.batch_eval,
-    tfds_data_dir=config.tfds_data_dir,
-    tfds_manual_dir=config.tfds_manual_dir,
-  )
-  data.pp.crop = config.pp.crop
-  pp = pipeline.Preprocessing.of(data, transform)
-  info = pipeline.get_info(data, pp)
+  data, pp, info = fewshot.probe_data(config, name, transform)
   splits = []
   for split in (config.knn.train_split, config.knn.test_split):
     batches = pipeline.make_eval_iterator(data, sharding, split=split, raw=True, pp=pp)

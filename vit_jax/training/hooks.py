@@ -46,10 +46,15 @@ def hooks(run) -> list:
     Hook(
       'fewshot',
       config.fewshot.every if config.fewshot.datasets else 0,
-      FewShotProbe(),
+      FeatureProbe(fewshot.evaluate_datasets),
       evaluation=True,
     ),
-    Hook('knn', config.knn.every if config.knn.datasets else 0, KnnProbe(), evaluation=True),
+    Hook(
+      'knn',
+      config.knn.every if config.knn.datasets else 0,
+      FeatureProbe(knn.evaluate_datasets),
+      evaluation=True,
+    ),
     Hook('checkpoint', config.checkpoint_every, save_checkpoint, at_end=True),
   ]
 
@@ -120,19 +125,22 @@ def evaluate(run, loop, step: int) -> None:
   )
 
 
-class FewShotProbe:
-  """The few-shot hook (paper 4.1): its state, the backbone as a plain ViT (also for MPP runs)
-  and its jitted pre-logits features, built on first use and kept for the run."""
+class FeatureProbe:
+  """A hook that probes the frozen backbone's features: few-shot linear probes (paper 4.1,
+  `fewshot.evaluate_datasets`) or k-NN (DINO's evaluation, `knn.evaluate_datasets`). The
+  backbone as a plain ViT (also for MPP and self-distillation runs) and its jitted pre-logits
+  features are built on first use and kept for the run."""
 
-  def __init__(self):
+  def __init__(self, evaluate_datasets):
+    self._evaluate_datasets = evaluate_datasets
     self._model = self._features = None
 
   def __call__(self, run, loop, step: int) -> dict:
-    """Few-shot accuracies of the current parameters, logged; returns them."""
+    """The probe's accuracies of the evaluated parameters, logged; returns them."""
     if self._model is None:
       self._model = run.program.task.features
       self._features = fewshot.representation_fn(self._model)
-    scalars = fewshot.evaluate_datasets(
+    scalars = self._evaluate_datasets(
       run.config,
       self._model,
       evaluated(run, loop.state),
@@ -144,31 +152,6 @@ class FewShotProbe:
     run.log.info(
       'step %d: %s', step, ', '.join(f'{k} {v:.4f}' for k, v in scalars.items() if '-seed' not in k)
     )
-    return scalars
-
-
-class KnnProbe:
-  """The k-NN hook (DINO's evaluation of frozen features: cosine, k neighbours, weighted
-  votes): the backbone's class-token features of the evaluated parameters, jitted once."""
-
-  def __init__(self):
-    self._model = self._features = None
-
-  def __call__(self, run, loop, step: int) -> dict:
-    """k-NN accuracies of the current parameters on `knn.datasets`, logged; returns them."""
-    if self._model is None:
-      self._model = run.program.task.features
-      self._features = fewshot.representation_fn(self._model)
-    scalars = knn.evaluate_datasets(
-      run.config,
-      self._model,
-      evaluated(run, loop.state),
-      run.program.batch_sharding,
-      features_fn=self._features,
-      transform=run.transform,
-    )
-    run.log.scalars(step, scalars)
-    run.log.info('step %d: %s', step, ', '.join(f'{k} {v:.4f}' for k, v in scalars.items()))
     return scalars
 
 
