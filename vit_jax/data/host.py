@@ -136,8 +136,9 @@ class TrainBatches:
   def __iter__(self):
     return self
 
-  def _submit(self, step):
-    positions, idx = order.train_indices(
+  def _indices(self, step):
+    """(positions in the epoch order, example indices) of this host's share of `step`."""
+    return order.train_indices(
       step,
       global_batch=self._global,
       local_batch=self._b,
@@ -145,6 +146,9 @@ class TrainBatches:
       num_examples=self._source.num_examples,
       order_key=self._order_key,
     )
+
+  def _submit(self, step):
+    positions, idx = self._indices(step)
     pp = self._pp
     uniforms = order.example_uniforms(self._aug_key, positions, self._draws())
     ra_uniforms = None

@@ -36,7 +36,6 @@ import numpy as np
 
 from vit_jax.data import host
 from vit_jax.data import images
-from vit_jax.data import order
 from vit_jax.data.sources import DataError
 
 NUM_GLOBAL = 2
@@ -316,14 +315,7 @@ class TrainBatches(host.TrainBatches):
     super().__init__(source, None, **kwargs)
 
   def _submit(self, step):
-    positions, idx = order.train_indices(
-      step,
-      global_batch=self._global,
-      local_batch=self._b,
-      offset=self._offset,
-      num_examples=self._source.num_examples,
-      order_key=self._order_key,
-    )
+    positions, idx = self._indices(step)
     s, b = self._settings, self._b
     grid = s.grid
     out = {
