@@ -26,7 +26,7 @@ def get_config():
   # An 8 x 8 digit holds little: crops keep most of it (DINOv2: 0.32-1 and 0.05-0.32), and
   # local crops (4 of 8 px, 2 x 2 patches at 0.3-0.6) cost 4.6x the time and 8 points of 1-shot
   # accuracy at 1,500 steps: none.
-  d.local_crops, d.local_crop = 0, 8
+  d.local_crops, d.local_crop = 0, 8  # 8 px and local_scale for --config.dino.local_crops=N
   d.global_scale, d.local_scale = (0.6, 1.0), (0.3, 0.6)
   # Few prototypes balanced by Sinkhorn-Knopp: ten classes of digits, not ImageNet's thousands.
   d.prototypes, d.head_hidden, d.head_bottleneck = 64, 256, 16
